@@ -1,0 +1,79 @@
+# Helpers that give every module the same shape: one static target, one gtest binary,
+# one set of warnings. Sources are always listed explicitly (no file(GLOB)).
+
+set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor)
+if(ROLLOUTCORE_WERROR)
+  list(APPEND RC_WARNINGS -Werror)
+endif()
+
+if(ROLLOUTCORE_SANITIZER STREQUAL "asan")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(ROLLOUTCORE_SANITIZER STREQUAL "tsan")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT ROLLOUTCORE_SANITIZER STREQUAL "")
+  message(FATAL_ERROR "ROLLOUTCORE_SANITIZER must be '', 'asan' or 'tsan', got '${ROLLOUTCORE_SANITIZER}'")
+endif()
+
+# rc_add_module(NAME SOURCES ... [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
+# Makes static library rc_<NAME> with alias rolloutcore::<NAME>.
+function(rc_add_module name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(rc_${name} STATIC ${ARG_SOURCES})
+  add_library(rolloutcore::${name} ALIAS rc_${name})
+  target_include_directories(rc_${name}
+    PUBLIC ${PROJECT_SOURCE_DIR}/include
+    PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_compile_options(rc_${name} PRIVATE ${RC_WARNINGS})
+  target_link_libraries(rc_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# rc_add_test(NAME LABEL label SOURCES ... DEPS ... [TIMEOUT s])
+# Makes gtest binary NAME, registered with gtest_discover_tests under CTest label LABEL.
+function(rc_add_test name)
+  cmake_parse_arguments(ARG "" "LABEL;TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  if(NOT ROLLOUTCORE_BUILD_TESTS)
+    return()
+  endif()
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL unit)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_compile_options(${name} PRIVATE ${RC_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  gtest_discover_tests(${name}
+    PROPERTIES LABELS ${ARG_LABEL} TIMEOUT ${ARG_TIMEOUT}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# rc_add_benchmark(NAME SOURCES ... DEPS ...): a Google Benchmark binary (not run by ctest).
+function(rc_add_benchmark name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  if(NOT ROLLOUTCORE_BUILD_BENCHMARKS)
+    return()
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_compile_options(${name} PRIVATE ${RC_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark)
+endfunction()
+
+# rc_add_fuzzer(NAME SOURCES ... DEPS ...): a libFuzzer target, built only with clang and
+# ROLLOUTCORE_BUILD_FUZZERS=ON (preset 'fuzz').
+function(rc_add_fuzzer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  if(NOT ROLLOUTCORE_BUILD_FUZZERS)
+    return()
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_compile_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+endfunction()

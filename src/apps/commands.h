@@ -1,0 +1,15 @@
+// Subcommands of the `rolloutcore` command line. Each subcommand lives in its own file
+// (<name>_cmd.cc) and is added to the CLI by one Register function listed in main.cc.
+//
+// A Register function adds its subcommand to `app` and sets a callback that stores the
+// subcommand's exit code in *exit_code. Subcommands print human-readable output by default and
+// JSON with --json where they offer it; errors go to stderr naming the bad input.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace rc::apps {
+
+void RegisterSimulateCommand(CLI::App& app, int* exit_code);
+
+}  // namespace rc::apps

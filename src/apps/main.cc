@@ -1,0 +1,28 @@
+// The `rolloutcore` command line: one binary, one subcommand per job.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "apps/commands.h"
+#include "rolloutcore/base/log.h"
+#include "rolloutcore/base/version.h"
+
+int main(int argc, char** argv) {
+  rc::InitLoggingFromEnv();
+  CLI::App app{
+      "rolloutcore: safe, fast and provable weight updates for RL rollouts.\n"
+      "Run `rolloutcore <command> --help` for the options of each command."};
+  app.set_version_flag("--version", std::string("rolloutcore ") + rc::kVersion);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  int exit_code = 0;
+  rc::apps::RegisterSimulateCommand(app, &exit_code);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
