@@ -1,0 +1,85 @@
+// Pending<T>: the result of an asynchronous operation that completes at most once.
+//
+// The producer (an adapter's worker thread, or a scripted fake ticking in virtual time) calls
+// Fulfill() once; consumers poll Ready() or block in WaitFor(). A consumer that stops caring
+// (the call overran its deadline) simply drops its copy: the shared state lives until the
+// producer is done with it too, so an abandoned call can never write into freed memory.
+//
+// Thread safety: all methods may be called from any thread; copies share one state.
+// Invariant: once Ready() is true the value never changes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "rolloutcore/base/status.h"
+
+namespace rc {
+
+template <typename T>
+class Pending {
+ public:
+  Pending() : state_(std::make_shared<State>()) {}
+
+  // A Pending that is already complete.
+  static Pending Completed(Result<T> value) {
+    Pending p;
+    p.Fulfill(std::move(value));
+    return p;
+  }
+
+  // Completes the operation; later calls are ignored (returns false).
+  bool Fulfill(Result<T> value) const {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->value.has_value()) return false;
+      state_->value.emplace(std::move(value));
+    }
+    state_->cv.notify_all();
+    return true;
+  }
+
+  bool Ready() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->value.has_value();
+  }
+
+  // Blocks up to `timeout` of real time; true when ready.
+  bool WaitFor(std::chrono::nanoseconds timeout) const {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    return state_->cv.wait_for(lock, timeout, [&] { return state_->value.has_value(); });
+  }
+
+  // The result; only valid once Ready().
+  Result<T> Get() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->value.has_value()) return Internal("Pending::Get called before the operation completed");
+    return *state_->value;
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<Result<T>> value;  // guarded by mu
+  };
+  std::shared_ptr<State> state_;
+};
+
+// Runs fn on a detached thread and returns its Pending. If the caller abandons the Pending
+// (deadline), the thread still runs to completion and its result is dropped; fn must own
+// everything it touches (capture shared_ptrs, not references).
+template <typename T>
+Pending<T> RunDetached(std::function<Result<T>()> fn) {
+  Pending<T> p;
+  std::thread([p, fn = std::move(fn)]() mutable { p.Fulfill(fn()); }).detach();
+  return p;
+}
+
+}  // namespace rc

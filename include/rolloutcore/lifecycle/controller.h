@@ -1,0 +1,163 @@
+// Controller: the pure lifecycle state machine of one engine.
+//
+// It owns the state, the committed version, the rollout bindings and the update records, and
+// it checks typed evidence against each operation's postcondition before it moves. It has no
+// threads, sockets or engine of its own: the Runner calls the engine and feeds the evidence in.
+//
+// Rules it enforces:
+//  * Admission only in READY; elsewhere Admit fails with Unavailable (retryable while an update
+//    runs, not retryable-soon while TAINTED) and nothing changes.
+//  * Every transition follows NextState() (state.h); an illegal one returns FailedPrecondition
+//    and changes nothing. Evidence that fails its postcondition also changes nothing.
+//  * DRAINING → QUIESCED needs BOTH the engine reporting no work AND zero active bindings.
+//  * Every transition, admission and finish is appended to the journal (and synced) before it
+//    takes effect; if the journal refuses, the operation fails and nothing changes.
+//  * Open() rebuilds from the journal: an update that began UPDATING (or a recovery) without a
+//    commit record comes back TAINTED; one still DRAINING/QUIESCED comes back READY on the old
+//    version; bindings active at the crash are journaled as interrupted, never dropped.
+//
+// Thread safety: every public method may be called from any thread; one mutex (mu_) guards
+// state, version, bindings and records, and is held across the journal append so the journal
+// order is the effect order.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/clock.h"
+#include "rolloutcore/lifecycle/journal.h"
+#include "rolloutcore/lifecycle/state.h"
+#include "rolloutcore/lifecycle/types.h"
+
+namespace rc::lifecycle {
+
+enum class UpdateOutcome { kInProgress, kCommitted, kRejected, kTainted };
+std::string_view UpdateOutcomeName(UpdateOutcome o);
+
+// One update or recovery as the controller saw it.
+struct UpdateRecord {
+  int64_t ordinal = 0;
+  bool recovery = false;
+  UpdateTarget target;
+  WeightVersion from_version;
+  UpdateOutcome outcome = UpdateOutcome::kInProgress;
+  std::string reason;                  // why it was rejected / tainted
+  std::string phase;                   // current (or last) state name
+  std::map<std::string, int64_t> phases_ms;  // ms spent in each state, by state name
+  int64_t requested_ms = 0;
+  int64_t ended_ms = -1;
+  Json evidence = Json::object();      // evidence accepted, by event name
+};
+Json ToJson(const UpdateRecord& u);
+
+struct Counters {
+  int64_t admissions = 0;
+  int64_t refusals = 0;
+  int64_t finishes = 0;
+  int64_t aborted_by_drain = 0;
+  int64_t interrupted = 0;
+  int64_t updates_committed = 0;
+  int64_t updates_rejected = 0;
+  int64_t updates_tainted = 0;
+  int64_t recoveries = 0;
+  std::map<std::string, int64_t> phase_ms_total;  // by state name
+  std::map<std::string, int64_t> phase_count;
+};
+Json ToJson(const Counters& c);
+
+// What Open() found in the journal.
+struct RestoreSummary {
+  bool restored = false;               // the journal had records
+  State state_at_crash = State::kUninitialized;
+  State state_now = State::kUninitialized;
+  std::vector<std::string> interrupted;  // rollouts recorded interrupted
+  bool engine_may_be_paused = false;     // the caller should resume (READY) or recover (TAINTED)
+};
+
+class Controller {
+ public:
+  // Opens a controller over `journal`, restoring from its records if there are any.
+  // `clock` and `journal` must outlive the controller.
+  static Result<std::unique_ptr<Controller>> Open(const Clock* clock, Journal* journal,
+                                                  RestoreSummary* summary = nullptr);
+
+  // ---- Observers ----
+  State state() const;
+  WeightVersion version() const;
+  WeightIdentity identity() const;
+  std::optional<UpdateTarget> pending_target() const;  // update or recovery in progress
+  int64_t active_count() const;
+  std::vector<std::string> ActiveRolloutIds() const;
+  std::optional<RolloutBinding> Binding(const std::string& rollout_id) const;
+  std::vector<UpdateRecord> Updates() const;
+  std::optional<UpdateRecord> Update(int64_t ordinal) const;
+  Counters counters() const;
+
+  // ---- Rollouts ----
+  // UNINITIALIZED → READY with the version the engine serves at start.
+  Status Initialize(const WeightVersion& version, const WeightIdentity& identity);
+  // Binds a rollout to the committed version; empty id → a fresh "r-<n>" id.
+  Result<RolloutBinding> Admit(const std::string& rollout_id);
+  // Ends a binding. NotFound for an unknown (or interrupted) rollout.
+  Status Finish(const std::string& rollout_id, const Json& detail = Json::object());
+  // Ends bindings because the drain policy aborted them on the engine (DRAINING only).
+  Status AbortForDrain(const std::vector<std::string>& rollout_ids, const AbortEvidence& evidence);
+
+  // ---- Update path (each needs the evidence of its postcondition) ----
+  Result<UpdateTarget> RequestUpdate(UpdateTarget target);        // READY → DRAINING
+  Status DrainComplete(const DrainStatus& engine);                // DRAINING → QUIESCED
+  Status BeginInstall(const PauseEvidence& pause);                // QUIESCED → UPDATING
+  Status InstallComplete(const InstallEvidence& install);         // UPDATING → INVALIDATING
+  // INVALIDATING → VALIDATING: every cache in `required` reset with success.
+  Status CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required);
+  // VALIDATING → RESUMING: label == target; digest == target when the engine offers one.
+  Status Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
+                   bool digest_offered);
+  Status Resumed(const ResumeEvidence& resume);                   // RESUMING → READY (commit)
+  // DRAINING | QUIESCED | UPDATING → READY on the old version. From UPDATING only when the
+  // engine refused the install before mutating (install_refused_before_mutation).
+  Status RejectBeforeMutation(const std::string& reason, bool install_refused_before_mutation);
+  // → TAINTED from UPDATING..RESUMING or RECOVERING.
+  Status Taint(const std::string& reason);
+
+  // ---- Recovery ----
+  Result<UpdateTarget> BeginRecovery(UpdateTarget target);        // TAINTED → RECOVERING
+  // RECOVERING → READY: a full install, the label read back, and a digest of ALL live weights
+  // equal to the target's (a target without a digest cannot be recovered to).
+  Status Recovered(const InstallEvidence& install, const LabelEvidence& label, const DigestEvidence& digest);
+
+ private:
+  Controller(const Clock* clock, Journal* journal) : clock_(clock), journal_(journal) {}
+  Status Restore(RestoreSummary* summary);
+
+  // Appends a transition record and applies it. Caller holds mu_ and has checked evidence.
+  Status TransitionLocked(Event event, Json detail);
+  Status CheckLegalLocked(Event event) const;
+  Status AppendLocked(JournalRecord& rec);
+  void ApplyRecordLocked(const JournalRecord& rec);
+
+  const Clock* clock_;
+  Journal* journal_;
+
+  mutable std::mutex mu_;
+  State state_ = State::kUninitialized;                 // guarded by mu_
+  int64_t state_entered_ms_ = 0;                        // guarded by mu_
+  WeightVersion version_;                               // guarded by mu_
+  WeightIdentity identity_;                             // guarded by mu_
+  std::optional<UpdateTarget> pending_;                 // guarded by mu_
+  std::map<std::string, RolloutBinding> active_;        // guarded by mu_
+  std::set<std::string> interrupted_;                   // guarded by mu_
+  std::set<std::string> aborted_;                       // guarded by mu_
+  std::map<int64_t, UpdateRecord> updates_;             // guarded by mu_
+  int64_t last_ordinal_ = 0;                            // guarded by mu_
+  int64_t next_rollout_ = 1;                            // guarded by mu_
+  Counters counters_;                                   // guarded by mu_
+};
+
+}  // namespace rc::lifecycle

@@ -1,0 +1,43 @@
+// EngineAdapter: how the lifecycle talks to one inference engine.
+//
+// Every operation is asynchronous and returns a Pending<Evidence>: the Runner polls it against
+// the operation's deadline and abandons it when it overruns (the adapter must keep its own state
+// alive until the call returns; see Pending). Evidence must be observed, not assumed: e.g.
+// Pause() reads is_paused back, ResetCache() returns the engine's own success flag, ReadLabel()
+// reads the label the engine reports.
+//
+// Stage() is a separate, non-mutating step (pull new weights into staging while the engine
+// still serves); Install() is the only call that mutates live weights and is called only while
+// the engine is paused.
+//
+// Thread safety: implementations must accept calls from any one thread at a time (the Runner's),
+// plus AbortRequests from the Runner only; completions may happen on any thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/pending.h"
+#include "rolloutcore/lifecycle/types.h"
+
+namespace rc::lifecycle {
+
+class EngineAdapter {
+ public:
+  virtual ~EngineAdapter() = default;
+
+  virtual Result<EngineDescription> Describe() = 0;
+  virtual Pending<DrainStatus> GetDrainStatus() = 0;
+  virtual Pending<PauseEvidence> Pause(PauseMode mode) = 0;
+  virtual Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& rollout_ids) = 0;
+  virtual Pending<StageEvidence> Stage(const UpdateTarget& target) = 0;
+  // `full` asks for a complete re-install (recovery): every parameter is rewritten.
+  virtual Pending<InstallEvidence> Install(const UpdateTarget& target, bool full) = 0;
+  virtual Pending<CacheResetResult> ResetCache(CacheKind kind) = 0;
+  virtual Pending<LabelEvidence> ReadLabel() = 0;
+  // Only when Describe().offers_content_digest; otherwise Unimplemented.
+  virtual Pending<DigestEvidence> ReadContentDigest() = 0;
+  virtual Pending<ResumeEvidence> Resume() = 0;
+};
+
+}  // namespace rc::lifecycle

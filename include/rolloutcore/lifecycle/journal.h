@@ -1,0 +1,84 @@
+// Journal: the durable, append-only record of every lifecycle transition, admission and finish.
+//
+// The Controller appends a record — and the journal has synced it — BEFORE the effect becomes
+// visible (a state change, a binding handed out). A restarted controller rebuilds its state from
+// the records alone (Controller::Open).
+//
+// Implementations: SqliteJournal (SQLite in WAL mode with synchronous=FULL: durable across
+// process death and power loss as far as the filesystem honours fsync) and MemoryJournal (tests,
+// and the simulator; it survives a simulated controller crash because it outlives the
+// Controller object, and can inject a failure after N appends to simulate a crash at any point).
+//
+// Thread safety: Append and Read* may be called from any thread; appends are serialized and
+// seq numbers are dense and increasing from 1.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/status.h"
+
+namespace rc::lifecycle {
+
+struct JournalRecord {
+  int64_t seq = 0;       // assigned by Append
+  int64_t t_ms = 0;      // the controller clock's time (monotonic; virtual in the simulator)
+  int64_t wall_ms = 0;   // wall-clock time, for people
+  std::string event;     // e.g. "request_update", "admit", "finish", "interrupted", "restart"
+  std::string from;      // state before (transitions only)
+  std::string to;        // state after (transitions only)
+  int64_t update = 0;    // update ordinal, 0 when none
+  std::string rollout;   // rollout id, empty when none
+  Json detail;           // event-specific evidence (object)
+};
+
+Json ToJson(const JournalRecord& r);
+
+class Journal {
+ public:
+  virtual ~Journal() = default;
+  // Durably appends; assigns rec.seq. On error nothing was appended.
+  virtual Status Append(JournalRecord& rec) = 0;
+  // Records with seq > since, in order.
+  virtual Result<std::vector<JournalRecord>> ReadSince(int64_t since) const = 0;
+  Result<std::vector<JournalRecord>> ReadAll() const { return ReadSince(0); }
+};
+
+class MemoryJournal final : public Journal {
+ public:
+  Status Append(JournalRecord& rec) override;
+  Result<std::vector<JournalRecord>> ReadSince(int64_t since) const override;
+  // After `n` more successful appends, every Append fails with Unavailable (a crash point).
+  // Negative: never fail.
+  void FailAfter(int64_t n);
+  // Keeps only the first n records (what a crash after record n leaves behind).
+  void Truncate(int64_t n);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<JournalRecord> records_;  // guarded by mu_
+  int64_t fail_after_ = -1;             // guarded by mu_
+};
+
+class SqliteJournal final : public Journal {
+ public:
+  // Opens (creating if needed) the journal database at `path`.
+  static Result<std::unique_ptr<SqliteJournal>> Open(const std::string& path);
+  ~SqliteJournal() override;
+  Status Append(JournalRecord& rec) override;
+  Result<std::vector<JournalRecord>> ReadSince(int64_t since) const override;
+  const std::string& path() const { return path_; }
+
+ private:
+  SqliteJournal(void* db, std::string path) : db_(db), path_(std::move(path)) {}
+  mutable std::mutex mu_;
+  void* db_;  // sqlite3*, guarded by mu_
+  std::string path_;
+};
+
+}  // namespace rc::lifecycle

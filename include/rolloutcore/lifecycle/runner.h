@@ -1,0 +1,131 @@
+// Runner: executes updates and recoveries against an EngineAdapter, feeding typed evidence to
+// the Controller, with a deadline on every adapter call.
+//
+// The runner is a non-blocking, step-wise machine: Poll() looks at the calls in flight, checks
+// their deadlines against the injected Clock, and issues the next call. A driver calls Poll()
+// repeatedly — RunToCompletion() does so in real time, the simulator in virtual time — so a
+// hung call is detected at its deadline to within one poll interval, and the controller reaches
+// TAINTED (mutation may have begun) or READY on the old version (provably no mutation) then.
+//
+// Update sequence: RequestUpdate (DRAINING; Stage() prefetches meanwhile, non-mutating) → poll
+// drain status until the engine is idle AND no binding is active (drain policy after the drain
+// deadline: wait | abort | cancel) → QUIESCED → Pause (read back) → UPDATING → Install →
+// INVALIDATING → every cache reset confirmed (refusals retried within the reset deadline) →
+// VALIDATING: label == target, content digest == target when offered → RESUMING → Resume (read
+// back) → READY on the new version.
+// Failure classes: stage/drain/pause failure or an install refused with FailedPrecondition ⇒
+// READY on the old version (plus a best-effort resume); any other failure after the install was
+// issued ⇒ TAINTED.
+// Recovery: TAINTED → RECOVERING → Pause → full Install → cache resets → label + content digest
+// of all live weights → Resume → READY; any failure ⇒ TAINTED.
+//
+// Thread safety: one thread drives a Runner (StartUpdate/StartRecovery/Poll). The Controller it
+// drives may be used by other threads concurrently (admissions, finishes).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/clock.h"
+#include "rolloutcore/lifecycle/controller.h"
+#include "rolloutcore/lifecycle/engine_adapter.h"
+
+namespace rc::lifecycle {
+
+struct RunnerOptions {
+  Deadlines deadlines;
+  DrainPolicy drain_policy = DrainPolicy::kWait;
+  PauseMode pause_mode = PauseMode::kWait;
+  int64_t drain_poll_interval_ms = 5;
+  int64_t reset_retry_interval_ms = 5;
+  int max_reset_attempts = 3;
+  bool prefetch = true;  // Stage() while draining
+};
+
+class Runner {
+ public:
+  Runner(Controller* controller, EngineAdapter* adapter, Clock* clock, RunnerOptions options);
+  ~Runner();
+
+  // READY → DRAINING and starts the update. FailedPrecondition while another runs.
+  Result<UpdateTarget> StartUpdate(UpdateTarget target);
+  // TAINTED → RECOVERING and starts a verified full re-install of `target`.
+  Result<UpdateTarget> StartRecovery(UpdateTarget target);
+  // Issues a resume whose outcome nobody waits for (after a restart that came back READY from
+  // DRAINING/QUIESCED, the engine may still be paused).
+  void ResumeBestEffort(const std::string& why);
+
+  // Advances the operation in progress as far as possible without blocking.
+  // Returns true while an operation is still in progress.
+  bool Poll();
+  bool busy() const { return phase_ != Phase::kIdle; }
+  // Blocks (sleeping on the clock in small steps) until the operation ends; returns its record.
+  Result<UpdateRecord> RunToCompletion();
+  // Notes about the operation (deadline passes, retries, best-effort resume results).
+  const std::vector<std::string>& notes() const { return notes_; }
+  const RunnerOptions& options() const { return options_; }
+
+ private:
+  enum class Phase { kIdle, kDraining, kPausing, kInstalling, kResetting, kValidating, kResuming,
+                     kRecoverPausing, kRecoverInstalling, kRecoverResetting, kRecoverValidating,
+                     kRecoverResuming };
+  template <typename T>
+  struct Call {
+    std::optional<Pending<T>> pending;
+    int64_t deadline_ms = 0;
+    bool active() const { return pending.has_value(); }
+    void Start(Pending<T> p, int64_t deadline) { pending = std::move(p); deadline_ms = deadline; }
+    void Clear() { pending.reset(); }
+  };
+
+  int64_t Now() const { return clock_->NowMs(); }
+  void Finish();
+  void RejectAndResume(const std::string& reason, bool install_refused);
+  void TaintWith(const std::string& reason);
+  void Note(const std::string& text);
+  void IssueResets();
+  void IssueValidation();
+  void StepDraining();
+  void StepPausing(bool recovery);
+  void StepInstalling(bool recovery);
+  void StepResetting(bool recovery);
+  void StepValidating(bool recovery);
+  void StepResuming(bool recovery);
+
+  Controller* controller_;
+  EngineAdapter* adapter_;
+  Clock* clock_;
+  RunnerOptions options_;
+  EngineDescription description_;
+
+  Phase phase_ = Phase::kIdle;
+  UpdateTarget target_;
+  int64_t started_ms_ = 0;
+  int64_t next_drain_poll_ms_ = 0;
+  bool drain_deadline_noted_ = false;
+  bool stage_done_ = false;
+  bool abort_issued_ = false;
+  std::vector<std::string> abort_ids_;
+  int64_t reset_deadline_ms_ = 0;
+  std::vector<int> reset_attempts_;
+  std::vector<std::optional<CacheResetResult>> reset_results_;
+  std::optional<InstallEvidence> install_evidence_;
+  std::optional<LabelEvidence> label_evidence_;
+  std::optional<DigestEvidence> digest_evidence_;
+  std::vector<std::string> notes_;
+
+  Call<DrainStatus> drain_call_;
+  Call<StageEvidence> stage_call_;
+  Call<AbortEvidence> abort_call_;
+  Call<PauseEvidence> pause_call_;
+  Call<InstallEvidence> install_call_;
+  std::vector<Call<CacheResetResult>> reset_calls_;
+  Call<LabelEvidence> label_call_;
+  Call<DigestEvidence> digest_call_;
+  Call<ResumeEvidence> resume_call_;
+  std::vector<Pending<ResumeEvidence>> background_resumes_;
+};
+
+}  // namespace rc::lifecycle

@@ -1,0 +1,145 @@
+// Value types of the lifecycle: versions, identities, rollout bindings, update targets and the
+// typed evidence an engine adapter returns for each operation.
+//
+// Evidence is what the engine *observably* reports (a label read back, per-cache reset results,
+// a content digest of live weights) — never "the HTTP call returned 200". The Controller checks
+// each piece against the operation's postcondition before it moves.
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+
+namespace rc::lifecycle {
+
+// The committed generation an engine serves. `generation` increases by one with every commit
+// (update or recovery) of one engine's lifecycle; `label` is the name the trainer gave it.
+struct WeightVersion {
+  std::string label;
+  int64_t generation = 0;
+  friend bool operator==(const WeightVersion&, const WeightVersion&) = default;
+};
+
+// What a version contains: the content digest of its weights plus declared provenance.
+struct WeightIdentity {
+  std::string content_digest;  // hex; empty when unknown
+  std::string checkpoint;      // e.g. a path or directory version id
+  std::string run;             // trainer run id
+  int64_t step = -1;           // training step; -1 when unknown
+  friend bool operator==(const WeightIdentity&, const WeightIdentity&) = default;
+};
+
+// One rollout admitted under one committed generation.
+struct RolloutBinding {
+  std::string rollout_id;
+  WeightVersion version;
+  WeightIdentity identity;
+  int64_t admitted_at_ms = 0;
+};
+
+// What an update (or a recovery) should install.
+struct UpdateTarget {
+  std::string label;
+  WeightIdentity identity;
+  std::string model;    // directory model name (informational for the controller)
+  int64_t ordinal = 0;  // 1-based update number, assigned by the Controller
+};
+
+enum class PauseMode { kAbort, kWait, kKeep };
+std::string_view PauseModeName(PauseMode m);
+
+enum class CacheKind { kPrefix, kEncoder, kMultimodal };
+std::string_view CacheKindName(CacheKind k);
+
+// What the engine is and can do.
+struct EngineDescription {
+  std::string name;
+  std::string kind;                      // "embedded", "http", "scripted", ...
+  bool offers_content_digest = false;    // can report a content digest of live weights
+  bool supports_staging = false;         // Stage() does work; otherwise a no-op
+  std::vector<CacheKind> caches;         // caches that exist and must be reset on update
+};
+
+// Engine-side work observed at one moment.
+struct DrainStatus {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  bool idle() const { return running == 0 && waiting == 0; }
+};
+
+struct PauseEvidence {
+  bool paused = false;   // read back from the engine after the pause call
+  int64_t running = 0;   // requests still running after the pause
+};
+
+struct StageEvidence {
+  std::string label;       // the version staged
+  int64_t bytes = 0;
+  Json detail;             // plan and timing evidence from the engine
+};
+
+// Install evidence. An adapter whose install fails returns an error Status instead; by
+// contract it returns FailedPrecondition ONLY when it knows nothing live was mutated (the
+// engine refused up front). Every other error is treated as ambiguous: mutation may have begun.
+struct InstallEvidence {
+  std::string label;       // the label the install path set
+  int64_t bytes = 0;       // bytes written into live parameters
+  Json detail;
+};
+
+struct CacheResetResult {
+  CacheKind kind = CacheKind::kPrefix;
+  bool success = false;
+  int64_t freed_blocks = 0;
+  int64_t blocks_in_use = 0;
+};
+
+struct LabelEvidence {
+  std::string label;
+};
+
+struct DigestEvidence {
+  std::string content_digest;
+};
+
+struct ResumeEvidence {
+  bool paused_after = true;  // read back: false means the engine generates again
+};
+
+struct AbortEvidence {
+  int64_t aborted = 0;
+};
+
+// Deadlines per operation, in milliseconds.
+struct Deadlines {
+  int64_t drain_ms = 2000;     // after this, the drain policy applies
+  int64_t stage_ms = 60000;
+  int64_t pause_ms = 500;
+  int64_t install_ms = 1000;
+  int64_t reset_ms = 500;
+  int64_t validate_ms = 500;
+  int64_t resume_ms = 500;
+  int64_t poll_ms = 500;       // drain-status polls and other reads
+};
+
+enum class DrainPolicy {
+  kWait,    // keep waiting for admitted rollouts to finish (never mutate under them)
+  kAbort,   // after the drain deadline, abort stragglers on the engine and record them aborted
+  kCancel,  // after the drain deadline, give the update up: READY on the old version
+};
+std::string_view DrainPolicyName(DrainPolicy p);
+std::optional<DrainPolicy> DrainPolicyFromName(std::string_view name);
+
+Json ToJson(const WeightVersion& v);
+Json ToJson(const WeightIdentity& id);
+Json ToJson(const RolloutBinding& b);
+Json ToJson(const UpdateTarget& t);
+Result<WeightIdentity> WeightIdentityFromJson(const Json& j, std::string_view path);
+Result<UpdateTarget> UpdateTargetFromJson(const Json& j, std::string_view path);
+
+}  // namespace rc::lifecycle

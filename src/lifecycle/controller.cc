@@ -1,0 +1,582 @@
+#include "rolloutcore/lifecycle/controller.h"
+
+#include <algorithm>
+
+namespace rc::lifecycle {
+
+std::string_view UpdateOutcomeName(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kInProgress: return "in_progress";
+    case UpdateOutcome::kCommitted: return "committed";
+    case UpdateOutcome::kRejected: return "rejected";
+    case UpdateOutcome::kTainted: return "tainted";
+  }
+  return "unknown";
+}
+
+Json ToJson(const UpdateRecord& u) {
+  Json phases = Json::object();
+  for (const auto& [k, v] : u.phases_ms) phases[k] = v;
+  return Json{{"ordinal", u.ordinal},
+              {"recovery", u.recovery},
+              {"target", u.target.label},
+              {"target_identity", ToJson(u.target.identity)},
+              {"from", ToJson(u.from_version)},
+              {"outcome", UpdateOutcomeName(u.outcome)},
+              {"reason", u.reason},
+              {"phase", u.phase},
+              {"phases_ms", phases},
+              {"requested_ms", u.requested_ms},
+              {"ended_ms", u.ended_ms},
+              {"evidence", u.evidence}};
+}
+
+Json ToJson(const Counters& c) {
+  Json j{{"admissions", c.admissions},
+         {"refusals", c.refusals},
+         {"finishes", c.finishes},
+         {"aborted_by_drain", c.aborted_by_drain},
+         {"interrupted", c.interrupted},
+         {"updates_committed", c.updates_committed},
+         {"updates_rejected", c.updates_rejected},
+         {"updates_tainted", c.updates_tainted},
+         {"recoveries", c.recoveries}};
+  Json phases = Json::object();
+  for (const auto& [k, v] : c.phase_ms_total) {
+    phases[k] = Json{{"total_ms", v}, {"count", c.phase_count.at(k)}};
+  }
+  j["phases"] = phases;
+  return j;
+}
+
+namespace {
+
+Json ResetResultsJson(const std::vector<CacheResetResult>& results) {
+  Json arr = Json::array();
+  for (const auto& r : results) {
+    arr.push_back(Json{{"cache", CacheKindName(r.kind)},
+                       {"success", r.success},
+                       {"freed_blocks", r.freed_blocks},
+                       {"blocks_in_use", r.blocks_in_use}});
+  }
+  return arr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Opening and restoring
+
+Result<std::unique_ptr<Controller>> Controller::Open(const Clock* clock, Journal* journal,
+                                                     RestoreSummary* summary) {
+  if (clock == nullptr || journal == nullptr) return InvalidArgument("Controller::Open needs a clock and a journal");
+  std::unique_ptr<Controller> c(new Controller(clock, journal));
+  RestoreSummary local;
+  RC_RETURN_IF_ERROR(c->Restore(summary ? summary : &local));
+  return c;
+}
+
+Status Controller::Restore(RestoreSummary* summary) {
+  RC_ASSIGN_OR_RETURN(std::vector<JournalRecord> records, journal_->ReadAll());
+  std::lock_guard<std::mutex> lock(mu_);
+  *summary = RestoreSummary();
+  if (records.empty()) return OkStatus();
+  summary->restored = true;
+  for (const auto& r : records) ApplyRecordLocked(r);
+  summary->state_at_crash = state_;
+
+  // Normalize: the controller must come back in a state it can justify from the journal.
+  State to = state_;
+  std::string reason;
+  if (state_ == State::kDraining || state_ == State::kQuiesced) {
+    to = State::kReady;
+    reason = "controller restarted in " + std::string(StateName(state_)) +
+             ": no weight was touched, the update is rejected and the old version stays";
+  } else if (MutationMayHaveBegun(state_) && state_ != State::kTainted) {
+    to = State::kTainted;
+    reason = "controller restarted in " + std::string(StateName(state_)) +
+             " with no commit record: live weights are unproven";
+  }
+  JournalRecord rr;
+  rr.t_ms = clock_->NowMs();
+  rr.event = "restart";
+  rr.from = std::string(StateName(state_));
+  rr.to = std::string(StateName(to));
+  rr.update = pending_ ? pending_->ordinal : 0;
+  rr.detail = Json{{"reason", reason.empty() ? "restarted in a settled state" : reason},
+                   {"active_at_crash", static_cast<int64_t>(active_.size())}};
+  RC_RETURN_IF_ERROR(AppendLocked(rr));
+  ApplyRecordLocked(rr);
+
+  // Bindings alive at the crash: their rollouts may have finished or not; we cannot know, so
+  // they are recorded interrupted (never silently dropped).
+  std::vector<std::string> ids;
+  for (const auto& [id, b] : active_) ids.push_back(id);
+  for (const auto& id : ids) {
+    JournalRecord ir;
+    ir.t_ms = clock_->NowMs();
+    ir.event = "interrupted";
+    ir.rollout = id;
+    ir.detail = Json{{"reason", "active when the controller restarted"},
+                     {"label", active_[id].version.label},
+                     {"generation", active_[id].version.generation}};
+    RC_RETURN_IF_ERROR(AppendLocked(ir));
+    ApplyRecordLocked(ir);
+    summary->interrupted.push_back(id);
+  }
+  summary->state_now = state_;
+  summary->engine_may_be_paused = EngineMayBePaused(summary->state_at_crash);
+  return OkStatus();
+}
+
+// Applies one journal record to the in-memory state. Live operations append a record and then
+// call this, and Restore replays the same function: what a restart rebuilds is exactly what the
+// live controller had.
+void Controller::ApplyRecordLocked(const JournalRecord& r) {
+  const std::string& ev = r.event;
+  if (ev == "admit") {
+    RolloutBinding b;
+    b.rollout_id = r.rollout;
+    b.version.label = r.detail.value("label", "");
+    b.version.generation = r.detail.value("generation", int64_t{0});
+    if (r.detail.contains("identity")) {
+      auto id = WeightIdentityFromJson(r.detail["identity"], "identity");
+      if (id.ok()) b.identity = *id;
+    }
+    b.admitted_at_ms = r.t_ms;
+    active_[r.rollout] = b;
+    ++counters_.admissions;
+    // Keep generated ids unique across restarts.
+    if (r.rollout.rfind("r-", 0) == 0) {
+      try {
+        next_rollout_ = std::max<int64_t>(next_rollout_, std::stoll(r.rollout.substr(2)) + 1);
+      } catch (...) {
+      }
+    }
+    return;
+  }
+  if (ev == "finish") {
+    active_.erase(r.rollout);
+    ++counters_.finishes;
+    return;
+  }
+  if (ev == "aborted_by_drain") {
+    active_.erase(r.rollout);
+    aborted_.insert(r.rollout);
+    ++counters_.aborted_by_drain;
+    return;
+  }
+  if (ev == "interrupted") {
+    active_.erase(r.rollout);
+    interrupted_.insert(r.rollout);
+    ++counters_.interrupted;
+    return;
+  }
+
+  // A transition (or a restart). Account the time spent in the state we leave.
+  auto prev = state_;
+  auto next = StateFromName(r.to).value_or(state_);
+  int64_t spent = std::max<int64_t>(0, r.t_ms - state_entered_ms_);
+  if (pending_ && prev != State::kReady && prev != State::kUninitialized && prev != State::kTainted) {
+    auto it = updates_.find(pending_->ordinal);
+    if (it != updates_.end()) it->second.phases_ms[std::string(StateName(prev))] += spent;
+    counters_.phase_ms_total[std::string(StateName(prev))] += spent;
+    counters_.phase_count[std::string(StateName(prev))] += 1;
+  }
+  state_ = next;
+  state_entered_ms_ = r.t_ms;
+
+  auto current = [&]() -> UpdateRecord* {
+    if (!pending_) return nullptr;
+    auto it = updates_.find(pending_->ordinal);
+    return it == updates_.end() ? nullptr : &it->second;
+  };
+  if (UpdateRecord* u = current()) {
+    u->phase = std::string(StateName(next));
+    if (!r.detail.is_null() && r.detail.contains("evidence")) u->evidence[ev] = r.detail["evidence"];
+  }
+
+  auto close = [&](UpdateOutcome outcome, const std::string& reason) {
+    if (UpdateRecord* u = current()) {
+      u->outcome = outcome;
+      u->reason = reason;
+      u->ended_ms = r.t_ms;
+      switch (outcome) {
+        case UpdateOutcome::kCommitted: ++counters_.updates_committed; break;
+        case UpdateOutcome::kRejected: ++counters_.updates_rejected; break;
+        case UpdateOutcome::kTainted: ++counters_.updates_tainted; break;
+        case UpdateOutcome::kInProgress: break;
+      }
+    }
+    pending_.reset();
+  };
+
+  auto read_version = [&]() {
+    if (r.detail.contains("version")) {
+      version_.label = r.detail["version"].value("label", version_.label);
+      version_.generation = r.detail["version"].value("generation", version_.generation);
+    }
+    if (r.detail.contains("identity")) {
+      auto id = WeightIdentityFromJson(r.detail["identity"], "identity");
+      if (id.ok()) identity_ = *id;
+    }
+  };
+
+  if (ev == "initialize") {
+    read_version();
+  } else if (ev == "request_update" || ev == "begin_recovery") {
+    auto t = UpdateTargetFromJson(r.detail.value("target", Json::object()), "target");
+    if (t.ok()) {
+      pending_ = *t;
+      last_ordinal_ = std::max(last_ordinal_, t->ordinal);
+      UpdateRecord u;
+      u.ordinal = t->ordinal;
+      u.recovery = ev == "begin_recovery";
+      u.target = *t;
+      u.from_version = version_;
+      u.requested_ms = r.t_ms;
+      u.phase = std::string(StateName(next));
+      updates_[t->ordinal] = u;
+    }
+  } else if (ev == "resumed" || ev == "recovered") {
+    read_version();
+    if (ev == "recovered") ++counters_.recoveries;
+    close(UpdateOutcome::kCommitted, "");
+  } else if (ev == "reject_before_mutation") {
+    close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
+  } else if (ev == "taint") {
+    close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
+  } else if (ev == "restart") {
+    if (next == State::kTainted && prev != State::kTainted) {
+      close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
+    } else if (next == State::kReady && prev != State::kReady) {
+      close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Observers
+
+State Controller::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+WeightVersion Controller::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return version_;
+}
+WeightIdentity Controller::identity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return identity_;
+}
+std::optional<UpdateTarget> Controller::pending_target() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_;
+}
+int64_t Controller::active_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(active_.size());
+}
+std::vector<std::string> Controller::ActiveRolloutIds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, b] : active_) ids.push_back(id);
+  return ids;
+}
+std::optional<RolloutBinding> Controller::Binding(const std::string& rollout_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(rollout_id);
+  if (it == active_.end()) return std::nullopt;
+  return it->second;
+}
+std::vector<UpdateRecord> Controller::Updates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<UpdateRecord> out;
+  for (const auto& [k, u] : updates_) out.push_back(u);
+  return out;
+}
+std::optional<UpdateRecord> Controller::Update(int64_t ordinal) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = updates_.find(ordinal);
+  if (it == updates_.end()) return std::nullopt;
+  return it->second;
+}
+Counters Controller::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+Status Controller::AppendLocked(JournalRecord& rec) {
+  Status s = journal_->Append(rec);
+  if (!s.ok()) return s.WithContext("journal refused '" + rec.event + "', nothing changed");
+  return OkStatus();
+}
+
+Status Controller::CheckLegalLocked(Event event) const {
+  if (!NextState(state_, event)) {
+    return FailedPrecondition("illegal transition: '" + std::string(EventName(event)) + "' in state " +
+                              std::string(StateName(state_)));
+  }
+  return OkStatus();
+}
+
+Status Controller::TransitionLocked(Event event, Json detail) {
+  RC_RETURN_IF_ERROR(CheckLegalLocked(event));
+  JournalRecord rec;
+  rec.t_ms = clock_->NowMs();
+  rec.event = std::string(EventName(event));
+  rec.from = std::string(StateName(state_));
+  rec.to = std::string(StateName(*NextState(state_, event)));
+  rec.update = pending_ ? pending_->ordinal : 0;
+  if (event == Event::kRequestUpdate || event == Event::kBeginRecovery) {
+    rec.update = detail["target"].value("ordinal", int64_t{0});
+  }
+  rec.detail = std::move(detail);
+  RC_RETURN_IF_ERROR(AppendLocked(rec));
+  ApplyRecordLocked(rec);
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rollouts
+
+Status Controller::Initialize(const WeightVersion& version, const WeightIdentity& identity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInitialize));
+  if (version.label.empty()) return InvalidArgument("initialize: the version label is empty");
+  return TransitionLocked(Event::kInitialize,
+                          Json{{"version", ToJson(version)}, {"identity", ToJson(identity)}});
+}
+
+Result<RolloutBinding> Controller::Admit(const std::string& rollout_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kReady) {
+    ++counters_.refusals;
+    std::string why = "engine is " + std::string(StateName(state_));
+    if (state_ == State::kTainted || state_ == State::kRecovering) {
+      return Unavailable(why + ": live weights are unproven until a recovery completes");
+    }
+    if (pending_) why += " for update " + std::to_string(pending_->ordinal) + " to " + pending_->label;
+    return Unavailable(why + "; admissions resume when it is READY (retry)");
+  }
+  std::string id = rollout_id;
+  if (id.empty()) id = "r-" + std::to_string(next_rollout_);
+  if (active_.count(id)) return AlreadyExists("rollout " + id + " is already active");
+  JournalRecord rec;
+  rec.t_ms = clock_->NowMs();
+  rec.event = "admit";
+  rec.rollout = id;
+  rec.detail = Json{{"label", version_.label}, {"generation", version_.generation}, {"identity", ToJson(identity_)}};
+  RC_RETURN_IF_ERROR(AppendLocked(rec));
+  ApplyRecordLocked(rec);
+  return active_.at(id);
+}
+
+Status Controller::Finish(const std::string& rollout_id, const Json& detail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!active_.count(rollout_id)) {
+    if (interrupted_.count(rollout_id)) {
+      return NotFound("rollout " + rollout_id + " is not active: it was recorded interrupted at a controller restart");
+    }
+    if (aborted_.count(rollout_id)) {
+      return NotFound("rollout " + rollout_id + " is not active: the drain policy aborted it");
+    }
+    return NotFound("rollout " + rollout_id + " is not active");
+  }
+  JournalRecord rec;
+  rec.t_ms = clock_->NowMs();
+  rec.event = "finish";
+  rec.rollout = rollout_id;
+  rec.detail = detail.is_object() ? detail : Json::object();
+  rec.detail["label"] = active_[rollout_id].version.label;
+  rec.detail["generation"] = active_[rollout_id].version.generation;
+  RC_RETURN_IF_ERROR(AppendLocked(rec));
+  ApplyRecordLocked(rec);
+  return OkStatus();
+}
+
+Status Controller::AbortForDrain(const std::vector<std::string>& rollout_ids, const AbortEvidence& evidence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kDraining) {
+    return FailedPrecondition("abort for drain is only legal in DRAINING, not " + std::string(StateName(state_)));
+  }
+  for (const auto& id : rollout_ids) {
+    if (!active_.count(id)) continue;
+    JournalRecord rec;
+    rec.t_ms = clock_->NowMs();
+    rec.event = "aborted_by_drain";
+    rec.rollout = id;
+    rec.update = pending_ ? pending_->ordinal : 0;
+    rec.detail = Json{{"engine_aborted", evidence.aborted}, {"label", active_[id].version.label}};
+    RC_RETURN_IF_ERROR(AppendLocked(rec));
+    ApplyRecordLocked(rec);
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Update path
+
+Result<UpdateTarget> Controller::RequestUpdate(UpdateTarget target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRequestUpdate));
+  if (target.label.empty()) return InvalidArgument("update: the target label is empty");
+  target.ordinal = last_ordinal_ + 1;
+  RC_RETURN_IF_ERROR(TransitionLocked(Event::kRequestUpdate, Json{{"target", ToJson(target)}}));
+  return target;
+}
+
+Status Controller::DrainComplete(const DrainStatus& engine) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
+  if (!engine.idle()) {
+    return FailedPrecondition("drain not complete: the engine reports " + std::to_string(engine.running) +
+                              " running and " + std::to_string(engine.waiting) + " waiting requests");
+  }
+  if (!active_.empty()) {
+    return FailedPrecondition("drain not complete: " + std::to_string(active_.size()) +
+                              " admitted rollouts are still active (first: " + active_.begin()->first + ")");
+  }
+  return TransitionLocked(Event::kDrainComplete,
+                          Json{{"evidence", {{"engine_running", engine.running},
+                                             {"engine_waiting", engine.waiting},
+                                             {"active_bindings", 0}}}});
+}
+
+Status Controller::BeginInstall(const PauseEvidence& pause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginInstall));
+  if (!pause.paused) return FailedPrecondition("install refused: the engine does not report itself paused");
+  if (pause.running != 0) {
+    return FailedPrecondition("install refused: the paused engine still reports " + std::to_string(pause.running) +
+                              " running requests");
+  }
+  if (!active_.empty()) {
+    return FailedPrecondition("install refused: " + std::to_string(active_.size()) + " admitted rollouts are active");
+  }
+  return TransitionLocked(Event::kBeginInstall,
+                          Json{{"evidence", {{"paused", pause.paused}, {"running", pause.running}}}});
+}
+
+Status Controller::InstallComplete(const InstallEvidence& install) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
+  if (install.label != pending_->label) {
+    return FailedPrecondition("install evidence is for '" + install.label + "', not the target '" +
+                              pending_->label + "'");
+  }
+  return TransitionLocked(Event::kInstallComplete,
+                          Json{{"evidence", {{"label", install.label}, {"bytes", install.bytes}, {"detail", install.detail}}}});
+}
+
+Status Controller::CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
+  for (CacheKind kind : required) {
+    auto it = std::find_if(results.begin(), results.end(), [&](const CacheResetResult& r) { return r.kind == kind; });
+    if (it == results.end()) {
+      return FailedPrecondition("no reset result for the " + std::string(CacheKindName(kind)) + " cache");
+    }
+    if (!it->success) {
+      return FailedPrecondition("the " + std::string(CacheKindName(kind)) + " cache reset was refused (" +
+                                std::to_string(it->blocks_in_use) + " blocks in use)");
+    }
+  }
+  return TransitionLocked(Event::kCachesReset, Json{{"evidence", ResetResultsJson(results)}});
+}
+
+Status Controller::Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
+                             bool digest_offered) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kValidated));
+  if (label.label != pending_->label) {
+    return FailedPrecondition("validation failed: the engine reports label '" + label.label + "', target is '" +
+                              pending_->label + "'");
+  }
+  Json ev{{"label", label.label}};
+  const std::string& want = pending_->identity.content_digest;
+  if (digest_offered && !want.empty()) {
+    if (!digest) return FailedPrecondition("validation failed: the engine offers a content digest but none was read");
+    if (digest->content_digest != want) {
+      return FailedPrecondition("validation failed: live content digest " + digest->content_digest +
+                                " != target digest " + want);
+    }
+  }
+  if (digest) ev["content_digest"] = digest->content_digest;
+  ev["digest_checked"] = digest_offered && !want.empty();
+  return TransitionLocked(Event::kValidated, Json{{"evidence", ev}});
+}
+
+Status Controller::Resumed(const ResumeEvidence& resume) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kResumed));
+  if (resume.paused_after) return FailedPrecondition("resume not confirmed: the engine still reports itself paused");
+  WeightVersion v{pending_->label, version_.generation + 1};
+  return TransitionLocked(Event::kResumed, Json{{"version", ToJson(v)},
+                                                {"identity", ToJson(pending_->identity)},
+                                                {"evidence", {{"paused_after", resume.paused_after}}}});
+}
+
+Status Controller::RejectBeforeMutation(const std::string& reason, bool install_refused_before_mutation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRejectBeforeMutation));
+  if (state_ == State::kUpdating && !install_refused_before_mutation) {
+    return FailedPrecondition("cannot return to READY from UPDATING: nothing proves the install did not mutate");
+  }
+  return TransitionLocked(Event::kRejectBeforeMutation,
+                          Json{{"reason", reason}, {"install_refused_before_mutation", install_refused_before_mutation}});
+}
+
+Status Controller::Taint(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kTaint));
+  return TransitionLocked(Event::kTaint, Json{{"reason", reason}});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recovery
+
+Result<UpdateTarget> Controller::BeginRecovery(UpdateTarget target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginRecovery));
+  if (target.label.empty()) return InvalidArgument("recovery: the target label is empty");
+  if (target.identity.content_digest.empty()) {
+    return InvalidArgument("recovery to '" + target.label +
+                           "' needs the version's content digest: recovery is proven byte for byte");
+  }
+  if (!active_.empty()) {
+    return FailedPrecondition("recovery refused: " + std::to_string(active_.size()) + " rollouts still active");
+  }
+  target.ordinal = last_ordinal_ + 1;
+  RC_RETURN_IF_ERROR(TransitionLocked(Event::kBeginRecovery, Json{{"target", ToJson(target)}}));
+  return target;
+}
+
+Status Controller::Recovered(const InstallEvidence& install, const LabelEvidence& label, const DigestEvidence& digest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRecovered));
+  if (install.label != pending_->label) {
+    return FailedPrecondition("recovery install evidence is for '" + install.label + "', not '" + pending_->label + "'");
+  }
+  if (label.label != pending_->label) {
+    return FailedPrecondition("recovery failed: the engine reports label '" + label.label + "', target is '" +
+                              pending_->label + "'");
+  }
+  if (digest.content_digest != pending_->identity.content_digest) {
+    return FailedPrecondition("recovery failed: live content digest " + digest.content_digest +
+                              " != target digest " + pending_->identity.content_digest);
+  }
+  WeightVersion v{pending_->label, version_.generation + 1};
+  return TransitionLocked(Event::kRecovered,
+                          Json{{"version", ToJson(v)},
+                               {"identity", ToJson(pending_->identity)},
+                               {"evidence", {{"label", label.label},
+                                             {"content_digest", digest.content_digest},
+                                             {"bytes", install.bytes}}}});
+}
+
+}  // namespace rc::lifecycle

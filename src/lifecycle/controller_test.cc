@@ -1,0 +1,254 @@
+#include "rolloutcore/lifecycle/controller.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+namespace rc::lifecycle {
+namespace {
+
+UpdateTarget Target(const std::string& label, const std::string& digest, int64_t step = 1) {
+  UpdateTarget t;
+  t.label = label;
+  t.identity.content_digest = digest;
+  t.identity.step = step;
+  t.identity.run = "run-a";
+  return t;
+}
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    c_ = std::move(Controller::Open(&clock_, &journal_)).value();
+    ASSERT_TRUE(c_->Initialize({"rc-0", 0}, {"d0", "ckpt-0", "run-a", 0}).ok());
+  }
+  void ToQuiesced() {
+    ASSERT_TRUE(c_->RequestUpdate(Target("rc-1", "d1")).ok());
+    ASSERT_TRUE(c_->DrainComplete({0, 0}).ok());
+  }
+  void ToValidating() {
+    ToQuiesced();
+    ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+    ASSERT_TRUE(c_->InstallComplete({"rc-1", 100, Json::object()}).ok());
+    ASSERT_TRUE(c_->CachesReset({{CacheKind::kPrefix, true, 1, 0}}, {CacheKind::kPrefix}).ok());
+  }
+  ManualClock clock_;
+  MemoryJournal journal_;
+  std::unique_ptr<Controller> c_;
+};
+
+TEST_F(ControllerTest, AdmissionBindsVersionAndIdentity) {
+  clock_.AdvanceMs(7);
+  auto b = c_->Admit("r1");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->rollout_id, "r1");
+  EXPECT_EQ(b->version.label, "rc-0");
+  EXPECT_EQ(b->version.generation, 0);
+  EXPECT_EQ(b->identity.content_digest, "d0");
+  EXPECT_EQ(b->identity.checkpoint, "ckpt-0");
+  EXPECT_EQ(b->admitted_at_ms, 7);
+  EXPECT_EQ(c_->Admit("r1").status().code(), StatusCode::kAlreadyExists);
+  auto generated = c_->Admit("");
+  ASSERT_TRUE(generated.ok());
+  EXPECT_EQ(generated->rollout_id, "r-1");
+  EXPECT_EQ(c_->active_count(), 2);
+  EXPECT_EQ(c_->counters().admissions, 2);
+}
+
+TEST_F(ControllerTest, DrainNeedsEngineIdleAndNoActiveBinding) {
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  ASSERT_TRUE(c_->RequestUpdate(Target("rc-1", "d1")).ok());
+  auto refused = c_->Admit("r2");
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("retry"), std::string::npos);
+  EXPECT_EQ(c_->counters().refusals, 1);
+
+  // Engine idle, but a binding is active: not enough.
+  Status s = c_->DrainComplete({0, 0});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("r1"), std::string::npos);
+  EXPECT_EQ(c_->state(), State::kDraining);
+  ASSERT_TRUE(c_->Finish("r1").ok());
+  // No binding, but the engine is busy (a client talking to it directly): not enough either.
+  s = c_->DrainComplete({1, 0});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("1 running"), std::string::npos);
+  s = c_->DrainComplete({0, 2});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kDraining);
+  EXPECT_TRUE(c_->DrainComplete({0, 0}).ok());
+  EXPECT_EQ(c_->state(), State::kQuiesced);
+}
+
+TEST_F(ControllerTest, InstallNeedsConfirmedPause) {
+  ToQuiesced();
+  EXPECT_EQ(c_->BeginInstall({false, 0}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->BeginInstall({true, 2}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kQuiesced);
+  EXPECT_TRUE(c_->BeginInstall({true, 0}).ok());
+  // Install evidence for another label is not evidence for the target.
+  Status s = c_->InstallComplete({"rc-9", 1, Json::object()});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kUpdating);
+}
+
+TEST_F(ControllerTest, EveryCacheMustConfirmItsReset) {
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  ASSERT_TRUE(c_->InstallComplete({"rc-1", 100, Json::object()}).ok());
+  std::vector<CacheKind> required = {CacheKind::kPrefix, CacheKind::kEncoder};
+  Status s = c_->CachesReset({{CacheKind::kPrefix, true, 3, 0}}, required);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("encoder"), std::string::npos);
+  s = c_->CachesReset({{CacheKind::kPrefix, false, 0, 4}, {CacheKind::kEncoder, true, 0, 0}}, required);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("4 blocks in use"), std::string::npos);
+  EXPECT_EQ(c_->state(), State::kInvalidating);
+  EXPECT_TRUE(c_->CachesReset({{CacheKind::kPrefix, true, 3, 0}, {CacheKind::kEncoder, true, 0, 0}}, required).ok());
+}
+
+TEST_F(ControllerTest, ValidationChecksLabelAndDigest) {
+  ToValidating();
+  EXPECT_EQ(c_->Validated({"rc-0"}, DigestEvidence{"d1"}, true).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->Validated({"rc-1"}, DigestEvidence{"dX"}, true).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->Validated({"rc-1"}, std::nullopt, true).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kValidating);
+  EXPECT_TRUE(c_->Validated({"rc-1"}, DigestEvidence{"d1"}, true).ok());
+  EXPECT_EQ(c_->Resumed({true}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kResuming);
+  ASSERT_TRUE(c_->Resumed({false}).ok());
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version(), (WeightVersion{"rc-1", 1}));
+  EXPECT_EQ(c_->identity().content_digest, "d1");
+  auto u = c_->Update(1);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_EQ(u->outcome, UpdateOutcome::kCommitted);
+  EXPECT_EQ(c_->counters().updates_committed, 1);
+  // A binding after the commit carries the new version and identity.
+  auto b = c_->Admit("r9");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->version.generation, 1);
+  EXPECT_EQ(b->identity.content_digest, "d1");
+}
+
+TEST_F(ControllerTest, RejectFromUpdatingNeedsProofOfNoMutation) {
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  EXPECT_EQ(c_->RejectBeforeMutation("timeout", false).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kUpdating);
+  EXPECT_TRUE(c_->RejectBeforeMutation("engine refused", true).ok());
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version().label, "rc-0");
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+}
+
+TEST_F(ControllerTest, RecoveryNeedsDigestOfAllLiveWeights) {
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  ASSERT_TRUE(c_->Taint("install failed").ok());
+  EXPECT_EQ(c_->Admit("r1").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(c_->BeginRecovery(Target("rc-0", "")).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c_->BeginRecovery(Target("rc-0", "d0")).ok());
+  EXPECT_EQ(c_->Recovered({"rc-0", 1, {}}, {"rc-0"}, {"dX"}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->Recovered({"rc-0", 1, {}}, {"rc-1"}, {"d0"}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->state(), State::kRecovering);
+  ASSERT_TRUE(c_->Recovered({"rc-0", 1, {}}, {"rc-0"}, {"d0"}).ok());
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version(), (WeightVersion{"rc-0", 1}));
+  EXPECT_EQ(c_->counters().recoveries, 1);
+}
+
+TEST_F(ControllerTest, JournalFailureChangesNothing) {
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  journal_.FailAfter(0);
+  EXPECT_FALSE(c_->Admit("r2").ok());
+  EXPECT_FALSE(c_->Finish("r1").ok());
+  EXPECT_FALSE(c_->RequestUpdate(Target("rc-1", "d1")).ok());
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->active_count(), 1);
+  EXPECT_FALSE(c_->Binding("r2").has_value());
+  journal_.FailAfter(-1);
+  EXPECT_TRUE(c_->Finish("r1").ok());
+}
+
+TEST_F(ControllerTest, RestoreMidUpdateIsTaintedAndRolloutsInterrupted) {
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  ASSERT_TRUE(c_->Finish("r1").ok());
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  c_.reset();  // crash
+
+  RestoreSummary summary;
+  auto c2 = std::move(Controller::Open(&clock_, &journal_, &summary)).value();
+  EXPECT_TRUE(summary.restored);
+  EXPECT_EQ(summary.state_at_crash, State::kUpdating);
+  EXPECT_EQ(summary.state_now, State::kTainted);
+  EXPECT_EQ(c2->state(), State::kTainted);
+  EXPECT_EQ(c2->version().label, "rc-0");
+  EXPECT_EQ(c2->Update(1)->outcome, UpdateOutcome::kTainted);
+  EXPECT_EQ(c2->counters().admissions, 1);
+}
+
+TEST_F(ControllerTest, RestoreWhileDrainingIsReadyOnOldVersion) {
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  ASSERT_TRUE(c_->Admit("r2").ok());
+  ASSERT_TRUE(c_->Finish("r2").ok());
+  ASSERT_TRUE(c_->RequestUpdate(Target("rc-1", "d1")).ok());
+  c_.reset();
+
+  RestoreSummary summary;
+  auto c2 = std::move(Controller::Open(&clock_, &journal_, &summary)).value();
+  EXPECT_EQ(summary.state_at_crash, State::kDraining);
+  EXPECT_EQ(c2->state(), State::kReady);
+  EXPECT_EQ(c2->version().label, "rc-0");
+  ASSERT_EQ(summary.interrupted, std::vector<std::string>{"r1"});
+  EXPECT_EQ(c2->active_count(), 0);
+  Status fin = c2->Finish("r1");
+  EXPECT_EQ(fin.code(), StatusCode::kNotFound);
+  EXPECT_NE(fin.message().find("interrupted"), std::string::npos);
+  // The journal says so too, and the next update gets the next ordinal.
+  auto records = journal_.ReadAll().value();
+  EXPECT_EQ(records.back().event, "interrupted");
+  EXPECT_EQ(records.back().rollout, "r1");
+  auto t = c2->RequestUpdate(Target("rc-1", "d1"));
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->ordinal, 2);
+  // A generated id after restart does not collide with one from before.
+  ASSERT_TRUE(c2->RejectBeforeMutation("test", false).ok());
+  auto g = c2->Admit("");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->rollout_id, "r-1");
+}
+
+TEST(SqliteJournalTest, SurvivesReopenAndRestoresController) {
+  auto path = (std::filesystem::temp_directory_path() / ("rc_journal_test_" + std::to_string(::getpid()) + ".db")).string();
+  std::filesystem::remove(path);
+  ManualClock clock;
+  {
+    auto j = std::move(SqliteJournal::Open(path)).value();
+    auto c = std::move(Controller::Open(&clock, j.get())).value();
+    ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+    ASSERT_TRUE(c->Admit("r1").ok());
+    ASSERT_TRUE(c->RequestUpdate(Target("rc-1", "d1")).ok());
+  }
+  {
+    auto j = std::move(SqliteJournal::Open(path)).value();
+    auto records = j->ReadAll().value();
+    ASSERT_EQ(records.size(), 3u);
+    EXPECT_EQ(records[0].event, "initialize");
+    EXPECT_EQ(records[1].rollout, "r1");
+    EXPECT_EQ(records[2].detail["target"]["label"], "rc-1");
+    RestoreSummary summary;
+    auto c = std::move(Controller::Open(&clock, j.get(), &summary)).value();
+    EXPECT_EQ(c->state(), State::kReady);
+    EXPECT_EQ(summary.interrupted, std::vector<std::string>{"r1"});
+    EXPECT_EQ(j->ReadSince(3).value().size(), 2u);  // restart + interrupted
+  }
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + "-wal");
+  std::filesystem::remove(path + "-shm");
+}
+
+}  // namespace
+}  // namespace rc::lifecycle

@@ -1,0 +1,424 @@
+#include "rolloutcore/lifecycle/runner.h"
+
+#include <algorithm>
+
+#include "rolloutcore/base/log.h"
+
+namespace rc::lifecycle {
+
+Runner::Runner(Controller* controller, EngineAdapter* adapter, Clock* clock, RunnerOptions options)
+    : controller_(controller), adapter_(adapter), clock_(clock), options_(options) {}
+
+Runner::~Runner() = default;
+
+void Runner::Note(const std::string& text) {
+  notes_.push_back("t=" + std::to_string(Now()) + "ms " + text);
+  RC_LOG_INFO("runner: {}", text);
+}
+
+Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
+  if (busy()) return FailedPrecondition("update " + std::to_string(target_.ordinal) + " is still in progress");
+  RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
+  RC_ASSIGN_OR_RETURN(target_, controller_->RequestUpdate(std::move(target)));
+  notes_.clear();
+  phase_ = Phase::kDraining;
+  started_ms_ = Now();
+  next_drain_poll_ms_ = started_ms_;
+  drain_deadline_noted_ = false;
+  abort_issued_ = false;
+  stage_done_ = !options_.prefetch;
+  if (options_.prefetch) stage_call_.Start(adapter_->Stage(target_), Now() + options_.deadlines.stage_ms);
+  Poll();
+  return target_;
+}
+
+Result<UpdateTarget> Runner::StartRecovery(UpdateTarget target) {
+  if (busy()) return FailedPrecondition("operation " + std::to_string(target_.ordinal) + " is still in progress");
+  RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
+  RC_ASSIGN_OR_RETURN(target_, controller_->BeginRecovery(std::move(target)));
+  notes_.clear();
+  started_ms_ = Now();
+  if (!description_.offers_content_digest) {
+    phase_ = Phase::kRecoverValidating;  // so TaintWith closes it
+    TaintWith("engine '" + description_.name + "' offers no content digest: recovery cannot be proven");
+    return target_;
+  }
+  phase_ = Phase::kRecoverPausing;
+  // No rollout is admitted in TAINTED; abort anything an outside client may have started.
+  pause_call_.Start(adapter_->Pause(PauseMode::kAbort), Now() + options_.deadlines.pause_ms);
+  Poll();
+  return target_;
+}
+
+void Runner::ResumeBestEffort(const std::string& why) {
+  Note("best-effort resume: " + why);
+  background_resumes_.push_back(adapter_->Resume());
+}
+
+void Runner::Finish() {
+  phase_ = Phase::kIdle;
+  drain_call_.Clear();
+  stage_call_.Clear();
+  abort_call_.Clear();
+  pause_call_.Clear();
+  install_call_.Clear();
+  reset_calls_.clear();
+  label_call_.Clear();
+  digest_call_.Clear();
+  resume_call_.Clear();
+  install_evidence_.reset();
+  label_evidence_.reset();
+  digest_evidence_.reset();
+}
+
+void Runner::RejectAndResume(const std::string& reason, bool install_refused) {
+  Status s = controller_->RejectBeforeMutation(reason, install_refused);
+  if (!s.ok()) {
+    // Only possible if the state moved under us; taint is the safe answer after an install.
+    Note("reject failed: " + s.ToString());
+    if (phase_ == Phase::kInstalling) (void)controller_->Taint(reason + "; " + s.message());
+  }
+  bool paused = phase_ != Phase::kDraining;
+  Note("rejected before mutation: " + reason);
+  Finish();
+  if (paused) ResumeBestEffort("update rejected before mutation");
+}
+
+void Runner::TaintWith(const std::string& reason) {
+  Status s = controller_->Taint(reason);
+  if (!s.ok()) Note("taint failed: " + s.ToString());
+  Note("tainted: " + reason);
+  Finish();
+}
+
+bool Runner::Poll() {
+  // Drop finished background resumes, noting their outcome.
+  for (auto it = background_resumes_.begin(); it != background_resumes_.end();) {
+    if (it->Ready()) {
+      auto r = it->Get();
+      Note(std::string("best-effort resume ") + (r.ok() && !r->paused_after ? "confirmed" : "not confirmed"));
+      it = background_resumes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Each step may complete several calls; loop until nothing moves.
+  for (int guard = 0; guard < 16; ++guard) {
+    Phase before = phase_;
+    switch (phase_) {
+      case Phase::kIdle: return false;
+      case Phase::kDraining: StepDraining(); break;
+      case Phase::kPausing: StepPausing(false); break;
+      case Phase::kInstalling: StepInstalling(false); break;
+      case Phase::kResetting: StepResetting(false); break;
+      case Phase::kValidating: StepValidating(false); break;
+      case Phase::kResuming: StepResuming(false); break;
+      case Phase::kRecoverPausing: StepPausing(true); break;
+      case Phase::kRecoverInstalling: StepInstalling(true); break;
+      case Phase::kRecoverResetting: StepResetting(true); break;
+      case Phase::kRecoverValidating: StepValidating(true); break;
+      case Phase::kRecoverResuming: StepResuming(true); break;
+    }
+    if (phase_ == before) break;
+  }
+  return busy();
+}
+
+Result<UpdateRecord> Runner::RunToCompletion() {
+  int64_t ordinal = target_.ordinal;
+  while (Poll()) clock_->SleepForMs(1);
+  auto u = controller_->Update(ordinal);
+  if (!u) return NotFound("no record of update " + std::to_string(ordinal));
+  return *u;
+}
+
+// ---- Draining ------------------------------------------------------------------------------
+
+void Runner::StepDraining() {
+  const int64_t now = Now();
+  if (stage_call_.active()) {
+    if (stage_call_.pending->Ready()) {
+      auto r = stage_call_.pending->Get();
+      stage_call_.Clear();
+      if (!r.ok()) return RejectAndResume("staging " + target_.label + " failed: " + r.status().ToString(), false);
+      stage_done_ = true;
+    } else if (now > stage_call_.deadline_ms) {
+      stage_call_.Clear();
+      return RejectAndResume("staging " + target_.label + " overran its " + std::to_string(options_.deadlines.stage_ms) +
+                                 " ms deadline",
+                             false);
+    }
+  }
+
+  if (abort_call_.active()) {
+    if (abort_call_.pending->Ready()) {
+      auto r = abort_call_.pending->Get();
+      abort_call_.Clear();
+      if (!r.ok()) return RejectAndResume("aborting stragglers failed: " + r.status().ToString(), false);
+      Status s = controller_->AbortForDrain(abort_ids_, *r);
+      if (!s.ok()) return RejectAndResume("recording aborted stragglers failed: " + s.ToString(), false);
+    } else if (now > abort_call_.deadline_ms) {
+      abort_call_.Clear();
+      return RejectAndResume("aborting stragglers overran its deadline", false);
+    }
+  }
+
+  if (now - started_ms_ > options_.deadlines.drain_ms && controller_->active_count() > 0) {
+    switch (options_.drain_policy) {
+      case DrainPolicy::kWait:
+        if (!drain_deadline_noted_) {
+          Note("drain deadline passed with " + std::to_string(controller_->active_count()) +
+               " active rollouts; policy 'wait' keeps waiting");
+          drain_deadline_noted_ = true;
+        }
+        break;
+      case DrainPolicy::kAbort:
+        if (!abort_issued_) {
+          abort_ids_ = controller_->ActiveRolloutIds();
+          Note("drain deadline passed; aborting " + std::to_string(abort_ids_.size()) + " stragglers");
+          abort_call_.Start(adapter_->AbortRequests(abort_ids_), now + options_.deadlines.poll_ms);
+          abort_issued_ = true;
+        }
+        break;
+      case DrainPolicy::kCancel:
+        return RejectAndResume("drain deadline of " + std::to_string(options_.deadlines.drain_ms) + " ms passed with " +
+                                   std::to_string(controller_->active_count()) + " active rollouts (policy 'cancel')",
+                               false);
+    }
+  }
+
+  if (drain_call_.active()) {
+    if (drain_call_.pending->Ready()) {
+      auto r = drain_call_.pending->Get();
+      drain_call_.Clear();
+      if (!r.ok()) return RejectAndResume("drain status failed: " + r.status().ToString(), false);
+      if (r->idle() && controller_->active_count() == 0 && stage_done_) {
+        Status s = controller_->DrainComplete(*r);
+        if (s.ok()) {
+          phase_ = Phase::kPausing;
+          pause_call_.Start(adapter_->Pause(options_.pause_mode), now + options_.deadlines.pause_ms);
+          return;
+        }
+      }
+      next_drain_poll_ms_ = now + options_.drain_poll_interval_ms;
+    } else if (now > drain_call_.deadline_ms) {
+      drain_call_.Clear();
+      return RejectAndResume("drain status overran its " + std::to_string(options_.deadlines.poll_ms) + " ms deadline",
+                             false);
+    }
+  }
+  if (!drain_call_.active() && now >= next_drain_poll_ms_ && controller_->active_count() == 0) {
+    drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);
+  }
+}
+
+// ---- Pause ---------------------------------------------------------------------------------
+
+void Runner::StepPausing(bool recovery) {
+  if (!pause_call_.active()) return;
+  const int64_t now = Now();
+  if (!pause_call_.pending->Ready()) {
+    if (now > pause_call_.deadline_ms) {
+      pause_call_.Clear();
+      std::string why = "pause overran its " + std::to_string(options_.deadlines.pause_ms) + " ms deadline";
+      return recovery ? TaintWith("recovery: " + why) : RejectAndResume(why, false);
+    }
+    return;
+  }
+  auto r = pause_call_.pending->Get();
+  pause_call_.Clear();
+  if (!r.ok()) {
+    std::string why = "pause failed: " + r.status().ToString();
+    return recovery ? TaintWith("recovery: " + why) : RejectAndResume(why, false);
+  }
+  if (recovery) {
+    if (!r->paused || r->running != 0) return TaintWith("recovery: the engine did not confirm it is paused and idle");
+    phase_ = Phase::kRecoverInstalling;
+  } else {
+    Status s = controller_->BeginInstall(*r);
+    if (!s.ok()) return RejectAndResume(s.message(), false);
+    phase_ = Phase::kInstalling;
+  }
+  install_call_.Start(adapter_->Install(target_, recovery), now + options_.deadlines.install_ms);
+}
+
+// ---- Install -------------------------------------------------------------------------------
+
+void Runner::StepInstalling(bool recovery) {
+  if (!install_call_.active()) return;
+  const int64_t now = Now();
+  if (!install_call_.pending->Ready()) {
+    if (now > install_call_.deadline_ms) {
+      install_call_.Clear();
+      return TaintWith("install overran its " + std::to_string(options_.deadlines.install_ms) +
+                       " ms deadline: mutation may have begun");
+    }
+    return;
+  }
+  auto r = install_call_.pending->Get();
+  install_call_.Clear();
+  if (!r.ok()) {
+    if (!recovery && r.status().code() == StatusCode::kFailedPrecondition) {
+      return RejectAndResume("install refused before mutation: " + r.status().message(), true);
+    }
+    return TaintWith("install failed: " + r.status().ToString());
+  }
+  if (recovery) {
+    install_evidence_ = *r;
+    phase_ = Phase::kRecoverResetting;
+  } else {
+    Status s = controller_->InstallComplete(*r);
+    if (!s.ok()) return TaintWith(s.message());
+    phase_ = Phase::kResetting;
+  }
+  IssueResets();
+}
+
+void Runner::IssueResets() {
+  reset_calls_.assign(description_.caches.size(), {});
+  reset_attempts_.assign(description_.caches.size(), 1);
+  reset_results_.assign(description_.caches.size(), std::nullopt);
+  reset_deadline_ms_ = Now() + options_.deadlines.reset_ms;
+  for (size_t i = 0; i < description_.caches.size(); ++i) {
+    reset_calls_[i].Start(adapter_->ResetCache(description_.caches[i]), reset_deadline_ms_);
+  }
+}
+
+// ---- Cache resets ----------------------------------------------------------------------------
+
+void Runner::StepResetting(bool recovery) {
+  const int64_t now = Now();
+  bool all_done = true;
+  for (size_t i = 0; i < reset_calls_.size(); ++i) {
+    if (reset_results_[i] && reset_results_[i]->success) continue;
+    auto& call = reset_calls_[i];
+    std::string cache(CacheKindName(description_.caches[i]));
+    if (!call.active()) {
+      // A refused reset waiting for its retry slot.
+      all_done = false;
+      if (now > reset_deadline_ms_) {
+        return TaintWith("the " + cache + " cache reset was refused " + std::to_string(reset_attempts_[i]) +
+                         " times within " + std::to_string(options_.deadlines.reset_ms) + " ms: stale KV may remain");
+      }
+      if (now >= call.deadline_ms) {
+        ++reset_attempts_[i];
+        call.Start(adapter_->ResetCache(description_.caches[i]), reset_deadline_ms_);
+      }
+      continue;
+    }
+    if (!call.pending->Ready()) {
+      all_done = false;
+      if (now > reset_deadline_ms_) {
+        return TaintWith("the " + cache + " cache reset overran its " + std::to_string(options_.deadlines.reset_ms) +
+                         " ms deadline");
+      }
+      continue;
+    }
+    auto r = call.pending->Get();
+    call.Clear();
+    if (!r.ok()) return TaintWith("the " + cache + " cache reset failed: " + r.status().ToString());
+    reset_results_[i] = *r;
+    if (!r->success) {
+      all_done = false;
+      if (reset_attempts_[i] >= options_.max_reset_attempts) {
+        return TaintWith("the " + cache + " cache reset was refused " + std::to_string(reset_attempts_[i]) +
+                         " times (" + std::to_string(r->blocks_in_use) + " blocks in use): stale KV may remain");
+      }
+      Note("the " + cache + " cache reset was refused; retrying");
+      call.deadline_ms = now + options_.reset_retry_interval_ms;  // retry slot (call inactive)
+    }
+  }
+  if (!all_done) return;
+  std::vector<CacheResetResult> results;
+  for (auto& r : reset_results_) results.push_back(*r);
+  if (recovery) {
+    phase_ = Phase::kRecoverValidating;
+  } else {
+    Status s = controller_->CachesReset(results, description_.caches);
+    if (!s.ok()) return TaintWith(s.message());
+    phase_ = Phase::kValidating;
+  }
+  IssueValidation();
+}
+
+void Runner::IssueValidation() {
+  int64_t deadline = Now() + options_.deadlines.validate_ms;
+  label_evidence_.reset();
+  digest_evidence_.reset();
+  label_call_.Start(adapter_->ReadLabel(), deadline);
+  if (description_.offers_content_digest) digest_call_.Start(adapter_->ReadContentDigest(), deadline);
+}
+
+// ---- Validation ------------------------------------------------------------------------------
+
+void Runner::StepValidating(bool recovery) {
+  const int64_t now = Now();
+  for (auto* call : {&label_call_}) {
+    if (!call->active()) continue;
+    if (call->pending->Ready()) {
+      auto r = call->pending->Get();
+      call->Clear();
+      if (!r.ok()) return TaintWith("reading the label failed: " + r.status().ToString());
+      label_evidence_ = *r;
+    } else if (now > call->deadline_ms) {
+      call->Clear();
+      return TaintWith("reading the label overran its " + std::to_string(options_.deadlines.validate_ms) +
+                       " ms deadline");
+    }
+  }
+  if (digest_call_.active()) {
+    if (digest_call_.pending->Ready()) {
+      auto r = digest_call_.pending->Get();
+      digest_call_.Clear();
+      if (!r.ok()) return TaintWith("reading the content digest failed: " + r.status().ToString());
+      digest_evidence_ = *r;
+    } else if (now > digest_call_.deadline_ms) {
+      digest_call_.Clear();
+      return TaintWith("reading the content digest overran its " + std::to_string(options_.deadlines.validate_ms) +
+                       " ms deadline");
+    }
+  }
+  if (label_call_.active() || digest_call_.active()) return;
+  if (!label_evidence_) return;
+  if (recovery) {
+    if (label_evidence_->label != target_.label) {
+      return TaintWith("recovery: the engine reports label '" + label_evidence_->label + "', target is '" +
+                       target_.label + "'");
+    }
+    if (!digest_evidence_ || digest_evidence_->content_digest != target_.identity.content_digest) {
+      return TaintWith("recovery: live content digest " + (digest_evidence_ ? digest_evidence_->content_digest : "?") +
+                       " != target digest " + target_.identity.content_digest);
+    }
+    phase_ = Phase::kRecoverResuming;
+  } else {
+    Status s = controller_->Validated(*label_evidence_, digest_evidence_, description_.offers_content_digest);
+    if (!s.ok()) return TaintWith(s.message());
+    phase_ = Phase::kResuming;
+  }
+  resume_call_.Start(adapter_->Resume(), now + options_.deadlines.resume_ms);
+}
+
+// ---- Resume ----------------------------------------------------------------------------------
+
+void Runner::StepResuming(bool recovery) {
+  if (!resume_call_.active()) return;
+  const int64_t now = Now();
+  if (!resume_call_.pending->Ready()) {
+    if (now > resume_call_.deadline_ms) {
+      resume_call_.Clear();
+      return TaintWith("resume overran its " + std::to_string(options_.deadlines.resume_ms) + " ms deadline");
+    }
+    return;
+  }
+  auto r = resume_call_.pending->Get();
+  resume_call_.Clear();
+  if (!r.ok()) return TaintWith("resume failed: " + r.status().ToString());
+  Status s = recovery ? (r->paused_after ? FailedPrecondition("the engine still reports itself paused")
+                                         : controller_->Recovered(*install_evidence_, *label_evidence_, *digest_evidence_))
+                      : controller_->Resumed(*r);
+  if (!s.ok()) return TaintWith(std::string(recovery ? "recovery: " : "") + s.message());
+  Note(std::string(recovery ? "recovered to " : "committed ") + target_.label);
+  Finish();
+}
+
+}  // namespace rc::lifecycle
