@@ -1,0 +1,205 @@
+// Runner in virtual time against the ScriptedEngine: each failure class lands where the
+// contract says, within deadline + one poll.
+#include "rolloutcore/lifecycle/runner.h"
+
+#include <gtest/gtest.h>
+
+#include "rolloutcore/lifecycle/scripted_engine.h"
+
+namespace rc::lifecycle {
+namespace {
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  void Build(ScriptedEngineConfig cfg, RunnerOptions opts = {}) {
+    cfg.label = "rc-0";
+    cfg.digest = "d0";
+    engine_ = std::make_unique<ScriptedEngine>(&clock_, cfg);
+    c_ = std::move(Controller::Open(&clock_, &journal_)).value();
+    ASSERT_TRUE(c_->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+    runner_ = std::make_unique<Runner>(c_.get(), engine_.get(), &clock_, opts);
+  }
+  // Steps virtual time 1 ms at a time until the runner is idle; returns elapsed ms.
+  int64_t Run(int64_t max_ms = 100000) {
+    int64_t start = clock_.NowMs();
+    while (runner_->Poll()) {
+      clock_.AdvanceMs(1);
+      for (const auto& id : engine_->Tick()) (void)c_->Finish(id);
+      if (clock_.NowMs() - start > max_ms) break;
+    }
+    return clock_.NowMs() - start;
+  }
+  static UpdateTarget Target() {
+    UpdateTarget t;
+    t.label = "rc-1";
+    t.identity.content_digest = "d1";
+    return t;
+  }
+  static ScriptedEngineConfig With(const std::string& op, const std::string& behavior, int64_t latency = 0) {
+    ScriptedEngineConfig c;
+    c.ops[op] = {OpScript{latency, behavior, 0}};
+    return c;
+  }
+
+  ManualClock clock_;
+  MemoryJournal journal_;
+  std::unique_ptr<ScriptedEngine> engine_;
+  std::unique_ptr<Controller> c_;
+  std::unique_ptr<Runner> runner_;
+};
+
+TEST_F(RunnerTest, HappyPathCommitsAndResumes) {
+  Build({});
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version(), (WeightVersion{"rc-1", 1}));
+  EXPECT_FALSE(engine_->paused());
+  EXPECT_EQ(engine_->label(), "rc-1");
+  auto u = c_->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->outcome, UpdateOutcome::kCommitted);
+  // Evidence of every step was accepted and recorded.
+  for (const char* ev : {"drain_complete", "begin_install", "install_complete", "caches_reset", "validated", "resumed"}) {
+    EXPECT_TRUE(u->evidence.contains(ev)) << ev;
+  }
+  EXPECT_EQ(u->evidence["caches_reset"].size(), 3u);
+}
+
+TEST_F(RunnerTest, HungInstallTaintsWithinDeadlinePlus100) {
+  RunnerOptions o;
+  o.deadlines.install_ms = 1000;
+  Build(With("install", "hang"), o);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kTainted);
+  auto u = c_->Update(1);
+  EXPECT_EQ(u->outcome, UpdateOutcome::kTainted);
+  EXPECT_LE(u->phases_ms.at("UPDATING"), 1000 + 100);
+  EXPECT_GE(u->phases_ms.at("UPDATING"), 1000);
+  EXPECT_NE(u->reason.find("mutation may have begun"), std::string::npos);
+}
+
+TEST_F(RunnerTest, InstallRefusedBeforeMutationReturnsToOldVersion) {
+  Build(With("install", "fail_before_mutation", 10));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  for (int i = 0; i < 5; ++i) {  // let the best-effort resume land
+    clock_.AdvanceMs(1);
+    engine_->Tick();
+    runner_->Poll();
+  }
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version().label, "rc-0");
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_FALSE(engine_->paused());
+  EXPECT_TRUE(engine_->mutation_windows().empty());
+}
+
+TEST_F(RunnerTest, HungPauseIsRejectedNotTainted) {
+  RunnerOptions o;
+  o.deadlines.pause_ms = 300;
+  Build(With("pause", "hang"), o);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  int64_t elapsed = Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_LE(elapsed, 300 + 100);
+  EXPECT_TRUE(engine_->mutation_windows().empty());
+}
+
+TEST_F(RunnerTest, StagingFailureRejectsWhileServing) {
+  Build(With("stage", "fail", 5));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_NE(c_->Update(1)->reason.find("staging rc-1 failed"), std::string::npos);
+  EXPECT_FALSE(engine_->paused());
+}
+
+TEST_F(RunnerTest, RefusedResetIsRetriedThenTaints) {
+  // Refuses on every attempt: tainted after max attempts.
+  Build(With("reset_encoder_cache", "refuse", 2));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kTainted);
+  EXPECT_NE(c_->Update(1)->reason.find("encoder cache reset was refused 3 times"), std::string::npos);
+  EXPECT_TRUE(engine_->paused()) << "never resumed on an unverified version";
+}
+
+TEST_F(RunnerTest, WrongDigestAndStaleLabelTaint) {
+  Build(With("content_digest", "wrong"));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kTainted);
+  EXPECT_NE(c_->Update(1)->reason.find("content digest"), std::string::npos);
+}
+
+TEST_F(RunnerTest, DrainWaitsForRolloutThenInstalls) {
+  Build({});
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  engine_->StartRequest("r1", 250);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  ASSERT_EQ(engine_->mutation_windows().size(), 1u);
+  EXPECT_GE(engine_->mutation_windows()[0].first, 250);
+}
+
+TEST_F(RunnerTest, DrainPolicyCancelGivesUp) {
+  RunnerOptions o;
+  o.drain_policy = DrainPolicy::kCancel;
+  o.deadlines.drain_ms = 100;
+  Build({}, o);
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  engine_->StartRequest("r1", 1000);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  int64_t elapsed = Run();
+  EXPECT_LE(elapsed, 110);
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_TRUE(c_->Binding("r1").has_value()) << "the rollout is untouched";
+}
+
+TEST_F(RunnerTest, RecoveryWithoutDigestCapabilityStaysTainted) {
+  ScriptedEngineConfig cfg = With("install", "fail_after_mutation");
+  cfg.offers_content_digest = false;
+  Build(cfg);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  ASSERT_EQ(c_->state(), State::kTainted);
+  UpdateTarget back;
+  back.label = "rc-0";
+  back.identity.content_digest = "d0";
+  ASSERT_TRUE(runner_->StartRecovery(back).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kTainted);
+  EXPECT_NE(c_->Update(2)->reason.find("offers no content digest"), std::string::npos);
+}
+
+TEST_F(RunnerTest, RecoveryReinstallsAndVerifies) {
+  Build(With("install", "fail_after_mutation"));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  ASSERT_EQ(c_->state(), State::kTainted);
+  UpdateTarget back;
+  back.label = "rc-0";
+  back.identity.content_digest = "d0";
+  ASSERT_TRUE(runner_->StartRecovery(back).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version(), (WeightVersion{"rc-0", 1}));
+  EXPECT_EQ(engine_->digest(), "d0");
+  EXPECT_FALSE(engine_->paused());
+}
+
+TEST_F(RunnerTest, SecondUpdateWhileBusyIsRefused) {
+  Build(With("install", "ok", 50));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  auto again = runner_->StartUpdate(Target());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace rc::lifecycle
