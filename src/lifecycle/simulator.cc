@@ -14,7 +14,8 @@
 namespace rc::lifecycle {
 namespace {
 
-constexpr int64_t kMaxTailMs = 600'000;  // how long to run past the last event at most
+constexpr int64_t kMaxTailMs = 600'000;        // how long to run past the last event at most
+constexpr int64_t kMaxScenarioMs = 3'600'000;  // the latest time a scenario may name
 
 struct SimEvent {
   int64_t at_ms = 0;
@@ -137,24 +138,65 @@ bool Overlaps(int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
   return a0 < b_end && b0 <= a1;
 }
 
-}  // namespace
+struct ParsedScenario {
+  std::string initial_label;
+  std::string initial_digest;
+  RunnerOptions options;
+  ScriptedEngineConfig engine_config;
+  std::vector<SimEvent> events;
+  std::string journal_spec;
+};
 
-Result<Json> RunScenario(const Json& scenario) {
+Result<ParsedScenario> ParseScenario(const Json& scenario) {
+  ParsedScenario p;
   RC_RETURN_IF_ERROR(CheckKnownKeys(scenario,
                                     {"initial", "deadlines_ms", "drain_policy", "pause_mode", "max_reset_attempts",
                                      "prefetch", "journal", "engine", "events", "comment", "expect"},
                                     ""));
   RC_ASSIGN_OR_RETURN(const Json* initial, GetObject(scenario, "initial", ""));
   RC_RETURN_IF_ERROR(CheckKnownKeys(*initial, {"label", "digest", "step", "checkpoint", "run"}, "initial"));
-  RC_ASSIGN_OR_RETURN(std::string initial_label, GetString(*initial, "label", "initial"));
-  RC_ASSIGN_OR_RETURN(std::string initial_digest, GetString(*initial, "digest", "initial", std::string()));
-  RC_ASSIGN_OR_RETURN(RunnerOptions options, ParseRunnerOptions(scenario));
-  RC_ASSIGN_OR_RETURN(ScriptedEngineConfig engine_config,
-                      ParseScriptedEngineConfig(scenario.value("engine", Json()), "engine"));
-  engine_config.label = initial_label;
-  engine_config.digest = initial_digest;
-  RC_ASSIGN_OR_RETURN(std::vector<SimEvent> events, ParseEvents(scenario));
-  RC_ASSIGN_OR_RETURN(std::string journal_spec, GetString(scenario, "journal", "", std::string("memory")));
+  RC_ASSIGN_OR_RETURN(p.initial_label, GetString(*initial, "label", "initial"));
+  RC_ASSIGN_OR_RETURN(p.initial_digest, GetString(*initial, "digest", "initial", std::string()));
+  RC_ASSIGN_OR_RETURN(p.options, ParseRunnerOptions(scenario));
+  RC_ASSIGN_OR_RETURN(p.engine_config, ParseScriptedEngineConfig(scenario.value("engine", Json()), "engine"));
+  p.engine_config.label = p.initial_label;
+  p.engine_config.digest = p.initial_digest;
+  RC_ASSIGN_OR_RETURN(p.events, ParseEvents(scenario));
+  RC_ASSIGN_OR_RETURN(p.journal_spec, GetString(scenario, "journal", "", std::string("memory")));
+  // Virtual time is stepped 1 ms at a time: keep every time in the scenario within the horizon.
+  auto check = [](int64_t v, const std::string& what) -> Status {
+    if (v > kMaxScenarioMs) {
+      return InvalidArgument(what + ": " + std::to_string(v) + " ms is beyond the simulator's horizon of " +
+                             std::to_string(kMaxScenarioMs) + " ms");
+    }
+    return OkStatus();
+  };
+  for (const auto& e : p.events) {
+    RC_RETURN_IF_ERROR(check(e.at_ms, "events[" + std::to_string(e.index) + "].at_ms"));
+    RC_RETURN_IF_ERROR(check(e.duration_ms, "events[" + std::to_string(e.index) + "].duration_ms"));
+  }
+  for (const auto& [op, list] : p.engine_config.ops) {
+    for (const auto& sc : list) RC_RETURN_IF_ERROR(check(sc.latency_ms, "engine.ops." + op + ".latency_ms"));
+  }
+  const Deadlines& d = p.options.deadlines;
+  for (int64_t v : {d.drain_ms, d.stage_ms, d.pause_ms, d.install_ms, d.reset_ms, d.validate_ms, d.resume_ms, d.poll_ms}) {
+    RC_RETURN_IF_ERROR(check(v, "deadlines_ms"));
+  }
+  return p;
+}
+
+}  // namespace
+
+Status ValidateScenario(const Json& scenario) { return ParseScenario(scenario).status(); }
+
+Result<Json> RunScenario(const Json& scenario) {
+  RC_ASSIGN_OR_RETURN(ParsedScenario parsed, ParseScenario(scenario));
+  const std::string& initial_label = parsed.initial_label;
+  const std::string& initial_digest = parsed.initial_digest;
+  const RunnerOptions& options = parsed.options;
+  const ScriptedEngineConfig& engine_config = parsed.engine_config;
+  const std::vector<SimEvent>& events = parsed.events;
+  const std::string& journal_spec = parsed.journal_spec;
 
   ManualClock clock(0);
   std::unique_ptr<Journal> journal;

@@ -29,6 +29,8 @@
 namespace rc::lifecycle {
 
 Result<Json> RunScenario(const Json& scenario);
+// Parses and checks a scenario without running it (every time it names must be ≤ 1 hour).
+Status ValidateScenario(const Json& scenario);
 
 // Checks that `actual` contains `expected`: objects key by key (extra actual keys are fine),
 // arrays element by element with equal length, scalars equal. Operators inside expected:
