@@ -1,0 +1,44 @@
+// ControllerHttpServer: the controller's HTTP API (docs/controller.md) over a ControllerService.
+//
+//   POST /v1/rollouts                 generate under a binding (503 + Retry-After when no engine is READY)
+//   POST /v1/rollouts:admit           lease mode: a binding for a client that generates itself
+//   POST /v1/rollouts/{id}:finish     lease mode: finish with {token_ids, logprobs, finish_reason, ...}
+//   POST /v1/updates {model, version} queue an update of every engine → {"id"}
+//   GET  /v1/updates/{id}             phase, per-phase ms, outcome and evidence per engine
+//   POST /v1/recover {model, version} recover TAINTED engines to a committed version
+//   GET  /v1/status, GET /v1/journal?since=SEQ&engine=I, GET /v1/trajectories?label=L&format=jsonl|json,
+//   GET  /metrics, GET /health
+//
+// Errors are JSON {"error": message, "code": StatusCodeName} with 400 (bad input, naming the
+// field), 404, 409 (state conflict), 503 (retryable), 504, 500. Handlers never let an exception
+// escape. Binds 127.0.0.1 unless told otherwise.
+//
+// Thread safety: Start/Stop from the owning thread; handlers run on httplib's worker threads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "rolloutcore/controller/service.h"
+
+namespace rc::controller {
+
+class ControllerHttpServer {
+ public:
+  ControllerHttpServer(ControllerService* service, std::string host, int port);
+  ~ControllerHttpServer();
+  // Binds and starts serving on a background thread; Unavailable when the port is taken.
+  Status Start();
+  int port() const;
+  void Stop();
+  void Wait();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// HTTP status for a Status code (the mapping every rolloutcore server uses).
+int HttpStatusFor(const Status& s);
+
+}  // namespace rc::controller

@@ -1,0 +1,159 @@
+// ControllerService: the controller a user runs. One lifecycle (Controller + Runner + durable
+// journal) per engine, a rollout proxy that binds every rollout to the committed generation it
+// ran under, lease-mode admission for clients that talk to engines themselves, update and
+// recovery requests resolved against the directory, a trajectory store and metrics.
+//
+// Threads: one driver thread per engine owns that engine's Runner (starts queued updates when
+// at most `max_updating` engines are updating, polls every millisecond); an optional auto-update
+// thread follows the directory's commits. Everything else (HTTP handlers) calls the thread-safe
+// Controller API and the queues under mu_.
+//
+// Invariants: a rollout is sent to an engine only after its Controller admitted it (READY), and
+// its binding is finished (journaled) before the trajectory row is written; an update starts on
+// an engine only from READY; engines update independently, at most max_updating at once, so the
+// rest keep serving.
+//
+// Thread safety: all public methods may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/controller/trajectory_store.h"
+#include "rolloutcore/lifecycle/controller.h"
+#include "rolloutcore/lifecycle/engine_adapter.h"
+#include "rolloutcore/lifecycle/runner.h"
+
+namespace rc::controller {
+
+// One engine as the service sees it.
+struct EngineHandle {
+  std::string name;  // its URL, or "embedded"
+  std::unique_ptr<lifecycle::EngineAdapter> adapter;
+  // Generates one completion (OpenAI completions request body → response body).
+  std::function<Result<Json>(const Json& body)> complete;
+};
+
+// Where committed versions come from (the directory).
+class VersionSource {
+ public:
+  virtual ~VersionSource() = default;
+  // The update target for a committed version: label = version, identity.content_digest = the
+  // manifest's combined digest (16 hex digits), checkpoint = "model@version".
+  virtual Result<lifecycle::UpdateTarget> Resolve(const std::string& model, const std::string& version) = 0;
+  struct Commit {
+    uint64_t seq = 0;
+    std::string version;
+  };
+  // Commits after `after_seq`, waiting up to timeout_ms for one (empty on timeout).
+  virtual Result<std::vector<Commit>> WaitForCommits(const std::string& model, uint64_t after_seq,
+                                                     int64_t timeout_ms) = 0;
+};
+
+struct ServiceOptions {
+  std::string state_dir;               // journals and the trajectory store live here
+  lifecycle::RunnerOptions runner;
+  int max_updating = 1;
+  bool auto_update = false;
+  std::string model;                   // the directory model followed by auto-update
+  int64_t retry_after_s = 1;           // Retry-After for refused rollouts
+};
+
+class ControllerService {
+ public:
+  static Result<std::unique_ptr<ControllerService>> Create(std::vector<EngineHandle> engines, VersionSource* versions,
+                                                           ServiceOptions options);
+  ~ControllerService();
+  ControllerService(const ControllerService&) = delete;
+  ControllerService& operator=(const ControllerService&) = delete;
+
+  // ---- Rollouts ----
+  // Admits, generates on a READY engine and finishes; the answer is the engine's completion
+  // plus "binding". Unavailable (retryable) when no engine is READY.
+  Result<Json> Rollout(const Json& request);
+  // Lease mode: a binding on some READY engine; the client generates and calls FinishLease.
+  Result<Json> Admit(const std::string& rollout_id);
+  Status FinishLease(const std::string& rollout_id, const Json& body);
+
+  // ---- Updates ----
+  // Queues an update of every engine to the committed (model, version); returns its id.
+  Result<std::string> RequestUpdate(const std::string& model, const std::string& version);
+  Result<std::string> RequestRecovery(const std::string& model, const std::string& version);
+  Result<Json> UpdateStatus(const std::string& id) const;
+  // Blocks until the update ended on every engine or timeout_ms passed.
+  Result<Json> WaitForUpdate(const std::string& id, int64_t timeout_ms) const;
+
+  // ---- Observation ----
+  Json StatusJson() const;
+  Result<Json> Journal(int64_t since, int engine) const;
+  TrajectoryStore* trajectories() { return trajectories_.get(); }
+  std::string Metrics() const;
+  size_t num_engines() const { return engines_.size(); }
+  lifecycle::Controller* controller(size_t engine) { return engines_[engine]->controller.get(); }
+
+ private:
+  struct Op {
+    std::string id;
+    bool recovery = false;
+    lifecycle::UpdateTarget target;
+  };
+  struct EngineSlot {
+    size_t index = 0;
+    EngineHandle handle;
+    std::unique_ptr<lifecycle::Journal> journal;
+    std::unique_ptr<lifecycle::Controller> controller;
+    std::unique_ptr<lifecycle::Runner> runner;  // touched only by the driver thread
+    std::deque<Op> queue;                       // guarded by ControllerService::mu_
+    std::string running_op;                     // guarded by mu_
+    std::thread driver;
+  };
+  struct OpRecord {
+    std::string id;
+    std::string model;
+    std::string version;
+    bool recovery = false;
+    std::map<size_t, int64_t> ordinals;  // engine → ordinal once started
+    std::map<size_t, std::string> errors;  // engine → why it did not start
+    int64_t requested_wall_ms = 0;
+  };
+
+  ControllerService() = default;
+  Status InitEngine(EngineSlot* slot);
+  void Drive(EngineSlot* slot);
+  void FollowDirectory();
+  Result<std::string> Enqueue(const std::string& model, const std::string& version, bool recovery);
+  Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id);
+  Json OpJson(const OpRecord& rec) const;  // caller holds mu_
+
+  VersionSource* versions_ = nullptr;
+  ServiceOptions options_;
+  std::vector<std::unique_ptr<EngineSlot>> engines_;
+  std::unique_ptr<TrajectoryStore> trajectories_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::map<std::string, OpRecord> ops_;                       // guarded by mu_
+  std::map<std::string, size_t> leases_;                      // rollout → engine, guarded by mu_
+  std::map<std::string, std::pair<Json, int64_t>> lease_meta_;  // guarded by mu_
+  int updating_ = 0;                                          // guarded by mu_
+  int64_t next_op_ = 1;                                       // guarded by mu_
+  std::atomic<int64_t> next_rollout_{1};
+  std::atomic<size_t> round_robin_{0};
+  std::atomic<bool> stop_{false};
+  std::thread follower_;
+  std::atomic<int64_t> rollouts_ok_{0};
+  std::atomic<int64_t> rollouts_refused_{0};
+  std::atomic<int64_t> rollouts_failed_{0};
+};
+
+}  // namespace rc::controller

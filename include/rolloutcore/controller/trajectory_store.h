@@ -1,0 +1,56 @@
+// TrajectoryStore: every finished rollout with the binding it ran under, in SQLite.
+//
+// One row per rollout: binding (rollout id, engine, label, generation, content digest,
+// checkpoint, run, step), prompt and output token ids, logprobs, finish reason, cached prompt
+// tokens, and timings. Rows are written once, when the rollout finishes (or is recorded
+// interrupted), and never changed.
+//
+// Thread safety: all methods may be called from any thread (one connection, one mutex).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/lifecycle/types.h"
+
+namespace rc::controller {
+
+struct Trajectory {
+  lifecycle::RolloutBinding binding;
+  std::string engine;
+  std::vector<int64_t> prompt_token_ids;
+  std::vector<int64_t> output_token_ids;
+  std::vector<double> logprobs;
+  std::string finish_reason;  // stop | length | abort | interrupted | error
+  int64_t cached_tokens = 0;
+  int64_t admitted_ms = 0;    // wall clock
+  int64_t finished_ms = 0;    // wall clock
+  std::string engine_weight_version;  // what the engine reported per choice, when it did
+  Json extra = Json::object();        // client-supplied fields (lease mode)
+};
+
+Json ToJson(const Trajectory& t);
+
+class TrajectoryStore {
+ public:
+  static Result<std::unique_ptr<TrajectoryStore>> Open(const std::string& path);
+  ~TrajectoryStore();
+  Status Insert(const Trajectory& t);
+  // Rows in insertion order; label empty = all.
+  Result<std::vector<Trajectory>> List(const std::string& label, int64_t limit = -1) const;
+  Result<int64_t> Count(const std::string& label) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  TrajectoryStore(void* db, std::string path) : db_(db), path_(std::move(path)) {}
+  mutable std::mutex mu_;
+  void* db_;  // sqlite3*, guarded by mu_
+  std::string path_;
+};
+
+}  // namespace rc::controller

@@ -1,0 +1,208 @@
+#include "rolloutcore/controller/http_server.h"
+
+#include <httplib.h>
+
+#include <thread>
+
+#include "rolloutcore/base/log.h"
+
+namespace rc::controller {
+
+int HttpStatusFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAborted: return 409;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kUnimplemented: return 501;
+    default: return 500;
+  }
+}
+
+namespace {
+
+void SendJson(httplib::Response& r, int status, const Json& j) {
+  r.status = status;
+  r.set_content(j.dump(), "application/json");
+}
+
+void SendError(httplib::Response& r, const Status& s, int64_t retry_after_s = 1) {
+  if (s.code() == StatusCode::kUnavailable) r.set_header("Retry-After", std::to_string(retry_after_s));
+  SendJson(r, HttpStatusFor(s), Json{{"error", s.message()}, {"code", StatusCodeName(s.code())}});
+}
+
+Result<Json> Body(const httplib::Request& q) {
+  if (q.body.empty()) return Json::object();
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(q.body, "request body"));
+  if (!j.is_object()) return InvalidArgument("request body: expected a JSON object, got " + JsonTypeName(j));
+  return j;
+}
+
+Result<int64_t> IntParam(const httplib::Request& q, const std::string& name, int64_t dflt) {
+  if (!q.has_param(name.c_str())) return dflt;
+  std::string v = q.get_param_value(name.c_str());
+  try {
+    size_t used = 0;
+    int64_t x = std::stoll(v, &used);
+    if (used != v.size() || x < 0) throw std::invalid_argument(v);
+    return x;
+  } catch (...) {
+    return InvalidArgument(name + ": expected a non-negative integer, got '" + v + "'");
+  }
+}
+
+}  // namespace
+
+class ControllerHttpServer::Impl {
+ public:
+  Impl(ControllerService* s, std::string host, int port) : svc_(s), host_(std::move(host)), port_(port) {}
+
+  template <typename F>
+  httplib::Server::Handler Guard(F f) {
+    return [f](const httplib::Request& q, httplib::Response& r) {
+      try {
+        f(q, r);
+      } catch (const std::exception& e) {
+        SendJson(r, 500, Json{{"error", std::string("internal error: ") + e.what()}, {"code", "Internal"}});
+      } catch (...) {
+        SendJson(r, 500, Json{{"error", "internal error"}, {"code", "Internal"}});
+      }
+    };
+  }
+
+  void Routes() {
+    int64_t retry = 1;
+    svr_.Post("/v1/rollouts", Guard([this, retry](const httplib::Request& q, httplib::Response& r) {
+      auto body = Body(q);
+      if (!body.ok()) return SendError(r, body.status());
+      auto out = svc_->Rollout(*body);
+      if (!out.ok()) return SendError(r, out.status(), retry);
+      SendJson(r, 200, *out);
+    }));
+    svr_.Post("/v1/rollouts:admit", Guard([this, retry](const httplib::Request& q, httplib::Response& r) {
+      auto body = Body(q);
+      if (!body.ok()) return SendError(r, body.status());
+      auto id = GetString(*body, "rollout_id", "", std::string());
+      if (!id.ok()) return SendError(r, id.status());
+      auto out = svc_->Admit(*id);
+      if (!out.ok()) return SendError(r, out.status(), retry);
+      SendJson(r, 200, *out);
+    }));
+    svr_.Post(R"(/v1/rollouts/([^/:]+):finish)", Guard([this](const httplib::Request& q, httplib::Response& r) {
+      auto body = Body(q);
+      if (!body.ok()) return SendError(r, body.status());
+      Status s = svc_->FinishLease(q.matches[1], *body);
+      if (!s.ok()) return SendError(r, s);
+      SendJson(r, 200, Json{{"status", "finished"}, {"rollout_id", std::string(q.matches[1])}});
+    }));
+    auto model_version = [](const Json& body) -> Result<std::pair<std::string, std::string>> {
+      RC_ASSIGN_OR_RETURN(std::string model, GetString(body, "model", ""));
+      RC_ASSIGN_OR_RETURN(std::string version, GetString(body, "version", ""));
+      return std::make_pair(model, version);
+    };
+    svr_.Post("/v1/updates", Guard([this, model_version](const httplib::Request& q, httplib::Response& r) {
+      auto body = Body(q);
+      if (!body.ok()) return SendError(r, body.status());
+      auto mv = model_version(*body);
+      if (!mv.ok()) return SendError(r, mv.status());
+      auto id = svc_->RequestUpdate(mv->first, mv->second);
+      if (!id.ok()) return SendError(r, id.status());
+      SendJson(r, 202, Json{{"id", *id}});
+    }));
+    svr_.Post("/v1/recover", Guard([this, model_version](const httplib::Request& q, httplib::Response& r) {
+      auto body = Body(q);
+      if (!body.ok()) return SendError(r, body.status());
+      auto mv = model_version(*body);
+      if (!mv.ok()) return SendError(r, mv.status());
+      auto id = svc_->RequestRecovery(mv->first, mv->second);
+      if (!id.ok()) return SendError(r, id.status());
+      SendJson(r, 202, Json{{"id", *id}});
+    }));
+    svr_.Get(R"(/v1/updates/([^/]+))", Guard([this](const httplib::Request& q, httplib::Response& r) {
+      auto wait = IntParam(q, "wait_ms", 0);
+      if (!wait.ok()) return SendError(r, wait.status());
+      auto out = *wait > 0 ? svc_->WaitForUpdate(q.matches[1], *wait) : svc_->UpdateStatus(q.matches[1]);
+      if (!out.ok() && out.status().code() == StatusCode::kDeadlineExceeded) {
+        out = svc_->UpdateStatus(q.matches[1]);
+      }
+      if (!out.ok()) return SendError(r, out.status());
+      SendJson(r, 200, *out);
+    }));
+    svr_.Get("/v1/status", Guard([this](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, svc_->StatusJson()); }));
+    svr_.Get("/v1/journal", Guard([this](const httplib::Request& q, httplib::Response& r) {
+      auto since = IntParam(q, "since", 0);
+      if (!since.ok()) return SendError(r, since.status());
+      auto engine = IntParam(q, "engine", 0);
+      if (!engine.ok()) return SendError(r, engine.status());
+      auto out = svc_->Journal(*since, static_cast<int>(*engine));
+      if (!out.ok()) return SendError(r, out.status());
+      SendJson(r, 200, *out);
+    }));
+    svr_.Get("/v1/trajectories", Guard([this](const httplib::Request& q, httplib::Response& r) {
+      std::string label = q.has_param("label") ? q.get_param_value("label") : "";
+      std::string format = q.has_param("format") ? q.get_param_value("format") : "json";
+      if (format != "json" && format != "jsonl") {
+        return SendError(r, InvalidArgument("format: expected json or jsonl, got '" + format + "'"));
+      }
+      auto limit = IntParam(q, "limit", 0);
+      if (!limit.ok()) return SendError(r, limit.status());
+      auto rows = svc_->trajectories()->List(label, *limit > 0 ? *limit : -1);
+      if (!rows.ok()) return SendError(r, rows.status());
+      if (format == "jsonl") {
+        std::string out;
+        for (const auto& t : *rows) out += ToJson(t).dump() + "\n";
+        r.set_content(out, "application/x-ndjson");
+        return;
+      }
+      Json arr = Json::array();
+      for (const auto& t : *rows) arr.push_back(ToJson(t));
+      SendJson(r, 200, Json{{"trajectories", arr}});
+    }));
+    svr_.Get("/metrics", Guard([this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(svc_->Metrics(), "text/plain; version=0.0.4");
+    }));
+    svr_.Get("/health", Guard([](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, Json{{"status", "ok"}}); }));
+  }
+
+  Status Start() {
+    Routes();
+    if (port_ == 0) {
+      port_ = svr_.bind_to_any_port(host_.c_str());
+      if (port_ < 0) return Unavailable("cannot bind " + host_);
+    } else if (!svr_.bind_to_port(host_.c_str(), port_)) {
+      return Unavailable("cannot bind " + host_ + ":" + std::to_string(port_) + " (in use?)");
+    }
+    thread_ = std::thread([this] { svr_.listen_after_bind(); });
+    while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return OkStatus();
+  }
+  void Stop() {
+    svr_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  void Wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  ControllerService* svc_;
+  std::string host_;
+  int port_;
+  httplib::Server svr_;
+  std::thread thread_;
+};
+
+ControllerHttpServer::ControllerHttpServer(ControllerService* service, std::string host, int port)
+    : impl_(std::make_unique<Impl>(service, std::move(host), port)) {}
+ControllerHttpServer::~ControllerHttpServer() { impl_->Stop(); }
+Status ControllerHttpServer::Start() { return impl_->Start(); }
+int ControllerHttpServer::port() const { return impl_->port(); }
+void ControllerHttpServer::Stop() { impl_->Stop(); }
+void ControllerHttpServer::Wait() { impl_->Wait(); }
+
+}  // namespace rc::controller

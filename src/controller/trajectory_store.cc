@@ -1,0 +1,132 @@
+#include "rolloutcore/controller/trajectory_store.h"
+
+#include <sqlite3.h>
+
+namespace rc::controller {
+namespace {
+
+sqlite3* Db(void* p) { return static_cast<sqlite3*>(p); }
+
+template <typename T>
+Json Arr(const std::vector<T>& v) {
+  Json a = Json::array();
+  for (const auto& x : v) a.push_back(x);
+  return a;
+}
+
+template <typename T>
+std::vector<T> FromArr(const Json& j) {
+  std::vector<T> out;
+  if (!j.is_array()) return out;
+  for (const auto& x : j) {
+    if (x.is_number()) out.push_back(x.get<T>());
+  }
+  return out;
+}
+
+}  // namespace
+
+Json ToJson(const Trajectory& t) {
+  return Json{{"binding", lifecycle::ToJson(t.binding)},
+              {"engine", t.engine},
+              {"prompt_token_ids", Arr(t.prompt_token_ids)},
+              {"output_token_ids", Arr(t.output_token_ids)},
+              {"logprobs", Arr(t.logprobs)},
+              {"finish_reason", t.finish_reason},
+              {"cached_tokens", t.cached_tokens},
+              {"admitted_ms", t.admitted_ms},
+              {"finished_ms", t.finished_ms},
+              {"engine_weight_version", t.engine_weight_version},
+              {"extra", t.extra}};
+}
+
+Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
+      SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return Unavailable("cannot open trajectory store '" + path + "': " + msg);
+  }
+  std::unique_ptr<TrajectoryStore> s(new TrajectoryStore(db, path));
+  const char* ddl =
+      "PRAGMA journal_mode=WAL;"
+      "CREATE TABLE IF NOT EXISTS trajectories ("
+      " id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, label TEXT NOT NULL, generation INTEGER NOT NULL,"
+      " body TEXT NOT NULL);"
+      "CREATE INDEX IF NOT EXISTS trajectories_label ON trajectories(label);";
+  char* err = nullptr;
+  if (sqlite3_exec(db, ddl, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    return Internal("trajectory store '" + path + "': " + msg);
+  }
+  return s;
+}
+
+TrajectoryStore::~TrajectoryStore() { sqlite3_close(Db(db_)); }
+
+Status TrajectoryStore::Insert(const Trajectory& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(Db(db_), "INSERT INTO trajectories (rollout_id, label, generation, body) VALUES (?,?,?,?)",
+                         -1, &st, nullptr) != SQLITE_OK) {
+    return Internal("trajectory store: " + std::string(sqlite3_errmsg(Db(db_))));
+  }
+  std::string body = ToJson(t).dump();
+  sqlite3_bind_text(st, 1, t.binding.rollout_id.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 2, t.binding.version.label.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(st, 3, t.binding.version.generation);
+  sqlite3_bind_text(st, 4, body.c_str(), -1, SQLITE_TRANSIENT);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return Unavailable("trajectory store insert failed: " + std::string(sqlite3_errmsg(Db(db_))));
+  return OkStatus();
+}
+
+Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, int64_t limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  sqlite3_stmt* st = nullptr;
+  std::string sql = "SELECT body FROM trajectories";
+  if (!label.empty()) sql += " WHERE label = ?";
+  sql += " ORDER BY id";
+  if (limit >= 0) sql += " LIMIT " + std::to_string(limit);
+  if (sqlite3_prepare_v2(Db(db_), sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
+    return Internal("trajectory store: " + std::string(sqlite3_errmsg(Db(db_))));
+  }
+  if (!label.empty()) sqlite3_bind_text(st, 1, label.c_str(), -1, SQLITE_TRANSIENT);
+  std::vector<Trajectory> out;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    auto j = ParseJson(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)), "trajectory row");
+    if (!j.ok()) continue;
+    Trajectory t;
+    const Json& b = (*j)["binding"];
+    t.binding.rollout_id = b.value("rollout_id", "");
+    t.binding.version.label = b.value("label", "");
+    t.binding.version.generation = b.value("generation", int64_t{0});
+    if (auto id = lifecycle::WeightIdentityFromJson(b.value("identity", Json::object()), "identity"); id.ok()) {
+      t.binding.identity = *id;
+    }
+    t.binding.admitted_at_ms = b.value("admitted_at_ms", int64_t{0});
+    t.engine = j->value("engine", "");
+    t.prompt_token_ids = FromArr<int64_t>((*j)["prompt_token_ids"]);
+    t.output_token_ids = FromArr<int64_t>((*j)["output_token_ids"]);
+    t.logprobs = FromArr<double>((*j)["logprobs"]);
+    t.finish_reason = j->value("finish_reason", "");
+    t.cached_tokens = j->value("cached_tokens", int64_t{0});
+    t.admitted_ms = j->value("admitted_ms", int64_t{0});
+    t.finished_ms = j->value("finished_ms", int64_t{0});
+    t.engine_weight_version = j->value("engine_weight_version", "");
+    t.extra = j->value("extra", Json::object());
+    out.push_back(std::move(t));
+  }
+  sqlite3_finalize(st);
+  return out;
+}
+
+Result<int64_t> TrajectoryStore::Count(const std::string& label) const {
+  RC_ASSIGN_OR_RETURN(auto rows, List(label));
+  return static_cast<int64_t>(rows.size());
+}
+
+}  // namespace rc::controller
