@@ -1,7 +1,9 @@
 # Helpers that give every module the same shape: one static target, one gtest binary,
 # one set of warnings. Sources are always listed explicitly (no file(GLOB)).
 
-set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor)
+set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wnon-virtual-dtor
+  $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local>
+  $<$<CXX_COMPILER_ID:Clang>:-Wshadow-uncaptured-local>)
 if(ROLLOUTCORE_WERROR)
   list(APPEND RC_WARNINGS -Werror)
 endif()

@@ -24,18 +24,13 @@ Status Missing(std::string_view path, std::string_view key) {
 }  // namespace
 
 Result<Json> ParseJson(std::string_view text, std::string_view what) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Re-parse with exceptions only to get the position for the message.
-    try {
-      Json ignored = Json::parse(text.begin(), text.end());
-      (void)ignored;
-    } catch (const Json::parse_error& e) {
-      return InvalidArgument(std::string(what) + " is malformed: " + e.what());
-    }
-    return InvalidArgument(std::string(what) + " is malformed");
+  // nlohmann's allow_exceptions=false still throws for some inputs (a number that overflows a
+  // double raises out_of_range 406), so parse with exceptions and translate every one of them.
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return InvalidArgument(std::string(what) + " is malformed: " + e.what());
   }
-  return j;
 }
 
 Result<Json> ReadJsonFile(const std::string& path) {

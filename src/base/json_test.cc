@@ -12,6 +12,14 @@ TEST(JsonTest, ParseErrorsNameTheInput) {
   EXPECT_NE(r.status().message().find("scenario.json is malformed"), std::string::npos);
 }
 
+TEST(JsonTest, NumberOverflowIsAnErrorNotAnException) {
+  // Found by the scenario fuzzer: nlohmann throws out_of_range even with allow_exceptions=false.
+  auto r = ParseJson("333e3333333333333", "body");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("body is malformed"), std::string::npos);
+  EXPECT_FALSE(ParseJson("[1, 2e999]").ok());
+}
+
 TEST(JsonTest, TypedAccessorsNameTheField) {
   Json j = ParseJson(R"({"n": 3, "neg": -2, "s": "x", "b": true, "d": 1.5, "o": {}})").value();
   EXPECT_EQ(GetInt(j, "n", "root").value(), 3);
