@@ -7,9 +7,10 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
-  libspdlog-dev libfmt-dev libxxhash-dev libsqlite3-dev sqlite3
+  libspdlog-dev libfmt-dev libxxhash-dev libsqlite3-dev sqlite3 libucx-dev
   clang clang-format clang-tidy libclang-rt-dev
   python3 python3-pip
+  etcd-server
 )
 
 missing=()

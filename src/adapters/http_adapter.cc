@@ -308,6 +308,20 @@ Pending<ResumeEvidence> HttpEngineAdapter::Resume() {
   });
 }
 
+std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms) {
+  return [base_url, timeout_ms](const Json& body) -> Result<Json> {
+    httplib::Client c(base_url);
+    c.set_connection_timeout(5, 0);
+    c.set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r) return Unavailable("POST " + base_url + "/v1/completions: " + httplib::to_string(r.error()));
+    if (r->status == 400) return InvalidArgument("engine " + base_url + ": " + r->body);
+    if (r->status == 503) return Unavailable("engine " + base_url + ": " + r->body);
+    if (r->status != 200) return Internal("engine " + base_url + " answered " + std::to_string(r->status) + ": " + r->body);
+    return ParseJson(r->body, "completion from " + base_url);
+  };
+}
+
 Status HttpEngineAdapter::WarmCanary() { return s_->Canary().status(); }
 
 }  // namespace rc::adapters

@@ -11,5 +11,8 @@
 namespace rc::apps {
 
 void RegisterSimulateCommand(CLI::App& app, int* exit_code);
+void RegisterPlanCommand(CLI::App& app, int* exit_code);
+void RegisterDirectoryCommand(CLI::App& app, int* exit_code);
+void RegisterControllerCommand(CLI::App& app, int* exit_code);
 
 }  // namespace rc::apps

@@ -24,8 +24,10 @@
 // Thread safety: all methods may be called from any thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rolloutcore/lifecycle/engine_adapter.h"
 
@@ -66,6 +68,11 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
  private:
   std::shared_ptr<Shared> s_;
 };
+
+// A completion function for the controller's rollout proxy: POSTs the body to
+// base_url/v1/completions and returns the response JSON; non-2xx answers become errors carrying
+// the engine's message (400 → InvalidArgument, 503 → Unavailable, others → Internal).
+std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms = 600000);
 
 // Parses one sample value from Prometheus text ("name{labels} value"); NotFound when absent.
 // Sums the samples of all label sets of `name`.

@@ -1,0 +1,82 @@
+// DirectoryClient: the directory's HTTP API (docs/directory.md) as a DirectoryStore, so a trainer
+// publisher or an engine receiver written against DirectoryStore works in-process or remote alike.
+//
+// Every call is one HTTP request with a deadline (request_timeout_ms; long-polls get their wait on
+// top). Server-side refusals come back with the server's Status code and message; a directory
+// that cannot be reached is Unavailable naming the URL; an answer that is not the documented JSON
+// is Internal.
+//
+// LeaseKeeper renews one lease on a background thread until destroyed, for ranks that publish and
+// then wait for the other ranks.
+//
+// Thread safety: all DirectoryClient methods may be called concurrently from any thread (each
+// request uses its own connection). LeaseKeeper's methods may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rolloutcore/directory/store.h"
+
+namespace rc::directory {
+
+struct ClientOptions {
+  int64_t connect_timeout_ms = 2'000;
+  int64_t request_timeout_ms = 30'000;
+};
+
+class DirectoryClient final : public DirectoryStore {
+ public:
+  // base_url: "http://127.0.0.1:PORT".
+  explicit DirectoryClient(std::string base_url, ClientOptions options = {});
+
+  Result<PublishResult> Publish(const PublishRequest& request) override;
+  Result<LeaseInfo> KeepAlive(int64_t lease_id) override;
+  Result<refit::Manifest> Get(std::string_view model, std::string_view version) override;
+  Result<VersionInfo> GetInfo(std::string_view model, std::string_view version) override;
+  Result<std::vector<VersionInfo>> List(std::string_view model, StateFilter filter = StateFilter::kCommitted) override;
+  Result<std::vector<CommitEvent>> WaitForCommits(std::string_view model, uint64_t after_seq,
+                                                  int64_t timeout_ms) override;
+  Status Release(std::string_view model, std::string_view version) override;
+
+  // GET /health: OK when the directory answers.
+  [[nodiscard]] Status Health();
+
+ private:
+  [[nodiscard]] Result<Json> Call(const std::string& method, const std::string& path, const std::string& body,
+                                  int64_t extra_wait_ms = 0);
+
+  const std::string base_url_;
+  const ClientOptions options_;
+};
+
+class LeaseKeeper {
+ public:
+  // Calls store->KeepAlive(lease_id) every interval_ms until destroyed. The store must outlive it.
+  LeaseKeeper(DirectoryStore* store, int64_t lease_id, int64_t interval_ms);
+  ~LeaseKeeper();
+  LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
+
+  // The outcome of the latest renewal (OK before the first one). A NotFound here means the lease
+  // expired and whatever it held is gone; the keeper stops trying after it.
+  Status last_status() const;
+
+ private:
+  void Run();
+
+  DirectoryStore* const store_;
+  const int64_t lease_id_;
+  const int64_t interval_ms_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  Status last_;        // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace rc::directory

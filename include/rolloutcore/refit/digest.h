@@ -1,0 +1,77 @@
+// Content digests: a sharding-invariant fingerprint of tensor contents.
+//
+// The digest of tensor T is
+//
+//     D(T) = sum over elements e of T of  Mix64(Mix64(i_e) ^ b_e)   (mod 2^64)
+//
+// where i_e is e's global row-major linear index in T's source (HF) shape, b_e is e's bits in
+// T's source dtype zero-extended to 64 bits, and Mix64 is the SplitMix64 finalizer
+// (rolloutcore/base/hash.h), a bijection on 64-bit words with full avalanche.
+//
+// Why this mix: the index is avalanched on its own first, so the per-position keys Mix64(i) have
+// no linear structure (with i * K ^ b, nearby indices differ by a fixed additive constant that
+// interacts with the low bits of b through carries); the outer Mix64 then makes each term a
+// pseudo-random function of (position, value), so a flipped bit, two swapped rows (even rows
+// with equal value sums), a run shifted by one element or a missing region each change the sum
+// except with probability about 2^-64. Because D is a sum of per-position terms it decomposes over
+// any partition of T: trainer ranks digest their shards, engine ranks digest what they installed
+// (mapped back to source coordinates through the captured copies), and the sums agree.
+//
+// Installed elements of another dtype are mapped back to source bits: f32 installed from bf16
+// must have zero low 16 bits and f32 installed from f16 must round-trip through f16 exactly;
+// anything else maps to a poisoned value (bit 40 set plus the f32 bits) that no source element
+// has, so corruption of the extra bits is detected too. Narrowing installs (f32 -> bf16/f16) lose
+// information and are not expected to match.
+//
+// The combined digest of a version is xxh3-64 over (name length, name bytes, tensor digest)
+// for every tensor in name order.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/refit/capture.h"
+#include "rolloutcore/refit/manifest.h"
+#include "rolloutcore/refit/tensor.h"
+
+namespace rc::refit {
+
+constexpr uint64_t DigestTerm(uint64_t global_index, uint64_t bits) {
+  return Mix64(Mix64(global_index) ^ bits);
+}
+
+// Digest of `box` of a tensor with global shape `tensor_shape`, whose elements are given in
+// `data` as the box's row-major contents in `dtype`. The box must lie inside the tensor.
+uint64_t DigestBlock(DType dtype, const Shape& tensor_shape, const Box& box, const void* data);
+
+// Hash of (name, digest) pairs in name order.
+uint64_t CombineTensorDigests(const TensorDigests& digests);
+
+// Adds `from` into `into`, tensor by tensor, modulo 2^64.
+void AddDigests(TensorDigests& into, const TensorDigests& from);
+
+// Several copies (on one rank or across ranks) may install the same source elements (replicated
+// parameters, kv heads replicated when tp > kv heads, tied embeddings, overlapping views). To
+// digest each source element exactly once, every element is attributed to the first copy in
+// (rank, copy) order that installs it: a DigestRegion is that copy plus the sub-box of its view
+// box it owns (identical boxes are owned whole by their first copy; partial overlaps are cut into
+// disjoint boxes). Returns the regions of each rank.
+struct DigestRegion {
+  uint32_t copy = 0;
+  Box box;  // inside capture.copies[copy].box
+};
+std::vector<std::vector<DigestRegion>> AssignDigestOwnership(std::span<const Capture* const> ranks);
+
+// Digest contributions of the given regions of `capture`'s copies, read from the installed
+// destination buffers (name -> bytes). FailedPrecondition naming the parameter when a buffer is
+// missing or has the wrong size; InvalidArgument when a region is not inside its copy.
+[[nodiscard]] Result<TensorDigests> DigestInstalled(const Capture& capture,
+                                                    const DestinationBuffers& buffers,
+                                                    std::span<const DigestRegion> regions);
+
+}  // namespace rc::refit

@@ -1,0 +1,72 @@
+// Shard tables and manifests: what a trainer publishes for one weight version.
+//
+// A ShardTable describes one tensor (name, dtype, global shape) and the shards that hold it: per
+// shard the owning rank, the global offset and local shape of its box, an opaque memory handle
+// (a transport descriptor a peer can import) and the shard's content digest (see digest.h).
+// Shards with identical boxes on different ranks are replicas (data parallel): a reader needs
+// only one of them. Shards with different boxes must not overlap.
+// A Manifest is the set of shard tables of one version plus the model name, version label, the
+// number of ranks expected to publish, and the combined content digest.
+//
+// Thread safety: values and pure functions.
+// Invariants kept by ValidateShardTable: every shard box has the tensor's rank, lies inside the
+// global shape, and non-identical boxes are disjoint; with require_complete the distinct boxes
+// also cover the whole tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/refit/tensor.h"
+
+namespace rc::refit {
+
+struct ShardInfo {
+  int32_t rank = 0;
+  Shape offset;  // global start of the shard's box
+  Shape shape;   // local (box) extent; the shard's bytes are this box, row-major
+  std::string handle;  // transport descriptor, opaque to refit
+  uint64_t digest = 0;  // content digest of the box (DigestBlock)
+
+  Box box() const { return Box{offset, shape}; }
+};
+
+struct ShardTable {
+  std::string name;
+  DType dtype = DType::kBF16;
+  Shape shape;  // global shape
+  std::vector<ShardInfo> shards;
+
+  TensorSpec spec() const { return TensorSpec{name, dtype, shape}; }
+};
+
+struct Manifest {
+  std::string model;
+  std::string version;
+  int32_t expected_ranks = 0;
+  std::vector<ShardTable> tables;
+  uint64_t content_digest = 0;  // CombineTensorDigests over the per-tensor digests
+};
+
+// Checks the shard table as described in the header comment. Errors name the tensor, the ranks
+// and the boxes: "tensor X: shards of rank 1 [0:8, 0:4] and rank 2 [4:12, 0:4] overlap at
+// [4:8, 0:4]"; "tensor X: rows 1024..1280 missing from the published shards".
+[[nodiscard]] Status ValidateShardTable(const ShardTable& table, bool require_complete);
+
+// Per-tensor digests in name order (std::map orders by name).
+using TensorDigests = std::map<std::string, uint64_t, std::less<>>;
+
+// Per-tensor digest = sum of the shard digests over distinct boxes (a replica is counted once).
+// DataLoss when two replicas of one box publish different digests.
+[[nodiscard]] Result<TensorDigests> TensorDigestsFromShards(const Manifest& manifest);
+
+// JSON form of a manifest (digests as 16-hex-digit strings, since JSON numbers lose 64-bit
+// precision in many readers).
+Json ManifestToJson(const Manifest& manifest);
+[[nodiscard]] Result<Manifest> ManifestFromJson(const Json& json);
+
+}  // namespace rc::refit

@@ -1,0 +1,124 @@
+// `rolloutcore controller serve`: the controller service over HTTP engines and a directory.
+#include <csignal>
+#include <iostream>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "rolloutcore/adapters/http_adapter.h"
+#include "rolloutcore/controller/directory_versions.h"
+#include "rolloutcore/controller/http_server.h"
+#include "rolloutcore/directory/client.h"
+
+namespace rc::apps {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+void RegisterControllerCommand(CLI::App& app, int* exit_code) {
+  auto* ctl = app.add_subcommand("controller", "The rolloutcore controller (lifecycle per engine, rollout proxy)");
+  ctl->require_subcommand(1);
+  auto* serve = ctl->add_subcommand(
+      "serve",
+      "Serve the controller HTTP API (docs/controller.md): rollouts bound to committed versions, updates and "
+      "recoveries through the lifecycle, journal, trajectories, metrics.");
+  struct Opts {
+    std::string engines;
+    std::string directory;
+    std::string state_dir;
+    std::string host = "127.0.0.1";
+    int port = 8100;
+    bool auto_update = false;
+    std::string model;
+    int max_updating = 1;
+    std::string drain_policy = "wait";
+    int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
+            validate_ms = 60000, resume_ms = 5000;
+  };
+  auto o = std::make_shared<Opts>();
+  serve->add_option("--engine", o->engines, "Engine base URL(s), comma-separated (http://127.0.0.1:8000,...)")
+      ->required();
+  serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)");
+  serve->add_option("--state-dir", o->state_dir, "Where the journals and the trajectory store live")->required();
+  serve->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
+  serve->add_option("--port", o->port, "Port to listen on (0: any free port)");
+  serve->add_flag("--auto-update", o->auto_update, "Follow new committed versions of --model in the directory");
+  serve->add_option("--model", o->model, "Directory model name (for --auto-update and the engines' staging)");
+  serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")->check(CLI::PositiveNumber);
+  serve->add_option("--drain-policy", o->drain_policy, "After the drain deadline: wait | abort | cancel")
+      ->check(CLI::IsMember({"wait", "abort", "cancel"}));
+  serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
+  serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
+  serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
+  serve->add_option("--install-deadline-ms", o->install_ms, "Install deadline (ms)");
+  serve->add_option("--reset-deadline-ms", o->reset_ms, "Cache-reset deadline (ms)");
+  serve->add_option("--validate-deadline-ms", o->validate_ms, "Validation (label + digest) deadline (ms)");
+  serve->add_option("--resume-deadline-ms", o->resume_ms, "Resume deadline (ms)");
+  serve->callback([o, exit_code] {
+    std::unique_ptr<directory::DirectoryClient> dir;
+    std::unique_ptr<controller::DirectoryVersionSource> versions;
+    if (!o->directory.empty()) {
+      dir = std::make_unique<directory::DirectoryClient>(o->directory);
+      versions = std::make_unique<controller::DirectoryVersionSource>(dir.get());
+    }
+    std::vector<controller::EngineHandle> engines;
+    for (const auto& url : SplitCommas(o->engines)) {
+      adapters::HttpAdapterOptions ao;
+      ao.base_url = url;
+      ao.directory_url = o->directory;
+      ao.model = o->model;
+      controller::EngineHandle h;
+      h.name = url;
+      h.adapter = std::make_unique<adapters::HttpEngineAdapter>(ao);
+      h.complete = adapters::MakeHttpCompleter(url);
+      engines.push_back(std::move(h));
+    }
+    controller::ServiceOptions so;
+    so.state_dir = o->state_dir;
+    so.max_updating = o->max_updating;
+    so.auto_update = o->auto_update;
+    so.model = o->model;
+    so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o->drain_policy);
+    so.runner.deadlines.drain_ms = o->drain_ms;
+    so.runner.deadlines.stage_ms = o->stage_ms;
+    so.runner.deadlines.pause_ms = o->pause_ms;
+    so.runner.deadlines.install_ms = o->install_ms;
+    so.runner.deadlines.reset_ms = o->reset_ms;
+    so.runner.deadlines.validate_ms = o->validate_ms;
+    so.runner.deadlines.resume_ms = o->resume_ms;
+    auto svc = controller::ControllerService::Create(std::move(engines), versions.get(), so);
+    if (!svc.ok()) {
+      std::cerr << "controller serve: " << svc.status().ToString() << "\n";
+      *exit_code = 1;
+      return;
+    }
+    controller::ControllerHttpServer server(svc->get(), o->host, o->port);
+    Status s = server.Start();
+    if (!s.ok()) {
+      std::cerr << "controller serve: " << s.ToString() << "\n";
+      *exit_code = 1;
+      return;
+    }
+    std::cout << "controller listening on http://" << o->host << ":" << server.port() << " (state in "
+              << o->state_dir << ")" << std::endl;
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    server.Stop();
+    *exit_code = 0;
+  });
+}
+
+}  // namespace rc::apps

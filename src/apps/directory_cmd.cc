@@ -1,0 +1,136 @@
+// `rolloutcore directory ...`: serve the version directory, and a few operator commands that talk
+// to a running one (list, get, release). HTTP API: docs/directory.md.
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "apps/commands.h"
+#include "directory/codec.h"
+#include "rolloutcore/directory/client.h"
+#include "rolloutcore/directory/server.h"
+#include "rolloutcore/directory/store.h"
+
+namespace rc::apps {
+namespace {
+
+struct ServeOptions {
+  std::string store = "memory";
+  std::string host = "127.0.0.1";
+  int port = 7470;
+  int64_t max_wait_ms = 60'000;
+};
+
+int Serve(const ServeOptions& o) {
+  // Block the stop signals before any thread starts, so every thread inherits the mask and the
+  // main thread alone receives them through sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto store = directory::OpenDirectoryStore(o.store);
+  if (!store.ok()) {
+    fmt::print(stderr, "directory: cannot open store '{}': {}\n", o.store, store.status().ToString());
+    return 1;
+  }
+  if (o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1") {
+    fmt::print(stderr, "directory: warning: serving on {} (not loopback); the API has no authentication\n", o.host);
+  }
+  directory::ServerOptions options;
+  options.host = o.host;
+  options.port = o.port;
+  options.max_wait_ms = o.max_wait_ms;
+  options.store_kind = o.store.substr(0, o.store.find(':'));
+  directory::DirectoryServer server(store->get(), options);
+  Status s = server.Start();
+  if (!s.ok()) {
+    fmt::print(stderr, "directory: {}\n", s.ToString());
+    return 1;
+  }
+  fmt::print("directory listening on {} (store {})\n", server.url(), o.store);
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  fmt::print(stderr, "directory: signal {}, stopping\n", sig);
+  server.Stop();
+  return 0;
+}
+
+int PrintResult(const Result<Json>& r) {
+  if (!r.ok()) {
+    fmt::print(stderr, "directory: {}\n", r.status().ToString());
+    return r.status().code() == StatusCode::kNotFound ? 3 : 1;
+  }
+  fmt::print("{}\n", r->dump(2));
+  return 0;
+}
+
+}  // namespace
+
+void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
+  auto* dir = app.add_subcommand(
+      "directory", "The version directory: trainer ranks publish shard tables, engines discover committed versions.");
+  dir->require_subcommand(1);
+
+  auto serve_opts = std::make_shared<ServeOptions>();
+  auto* serve = dir->add_subcommand("serve", "Serve the directory's HTTP/JSON API (docs/directory.md).");
+  serve->add_option("--store", serve_opts->store, "memory | sqlite:PATH | etcd:URL[/PREFIX]")->capture_default_str();
+  serve->add_option("--host", serve_opts->host, "Address to bind (loopback by default)")->capture_default_str();
+  serve->add_option("--port", serve_opts->port, "Port to bind (0: any free port; the URL is printed)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  serve->add_option("--max-wait-ms", serve_opts->max_wait_ms, "Longest long-poll a client may ask for")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  serve->callback([serve_opts, exit_code] { *exit_code = Serve(*serve_opts); });
+
+  struct ClientOpts {
+    std::string url = "http://127.0.0.1:7470";
+    std::string model;
+    std::string version;
+    std::string state = "committed";
+  };
+  auto copts = std::make_shared<ClientOpts>();
+  auto* list = dir->add_subcommand("list", "List the versions of a model (JSON).");
+  auto* get = dir->add_subcommand("get", "Print the committed manifest of a version (JSON).");
+  auto* release = dir->add_subcommand("release", "Release a version (it disappears from list and get).");
+  for (CLI::App* c : {list, get, release}) {
+    c->add_option("--url", copts->url, "Directory URL")->capture_default_str();
+    c->add_option("--model", copts->model, "Model name")->required();
+  }
+  for (CLI::App* c : {get, release}) c->add_option("--version", copts->version, "Version label")->required();
+  list->add_option("--state", copts->state, "committed | staging | abandoned | all")->capture_default_str();
+
+  list->callback([copts, exit_code] {
+    auto filter = directory::ParseStateFilter(copts->state);
+    if (!filter.ok()) {
+      *exit_code = PrintResult(filter.status());
+      return;
+    }
+    directory::DirectoryClient client(copts->url);
+    auto versions = client.List(copts->model, *filter);
+    if (!versions.ok()) {
+      *exit_code = PrintResult(versions.status());
+      return;
+    }
+    Json out = Json::array();
+    for (const auto& v : *versions) out.push_back(directory::internal::VersionInfoToJson(v));
+    *exit_code = PrintResult(out);
+  });
+  get->callback([copts, exit_code] {
+    directory::DirectoryClient client(copts->url);
+    auto m = client.Get(copts->model, copts->version);
+    *exit_code = m.ok() ? PrintResult(refit::ManifestToJson(*m)) : PrintResult(m.status());
+  });
+  release->callback([copts, exit_code] {
+    directory::DirectoryClient client(copts->url);
+    Status s = client.Release(copts->model, copts->version);
+    *exit_code = s.ok() ? PrintResult(Json{{"released", true}}) : PrintResult(s);
+  });
+}
+
+}  // namespace rc::apps

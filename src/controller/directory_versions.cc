@@ -1,0 +1,40 @@
+#include "rolloutcore/controller/directory_versions.h"
+
+#include "rolloutcore/base/hash.h"
+
+namespace rc::controller {
+
+int64_t StepFromLabel(const std::string& label) {
+  size_t i = label.size();
+  while (i > 0 && label[i - 1] >= '0' && label[i - 1] <= '9') --i;
+  if (i == label.size() || label.size() - i > 18) return -1;
+  return std::stoll(label.substr(i));
+}
+
+Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::string& model, const std::string& version) {
+  RC_ASSIGN_OR_RETURN(directory::VersionInfo info, store_->GetInfo(model, version));
+  if (info.state != directory::VersionState::kCommitted) {
+    return FailedPrecondition("version " + version + " of " + model + " is " +
+                              std::string(directory::VersionStateName(info.state)) + ", not COMMITTED" +
+                              (info.reason.empty() ? "" : " (" + info.reason + ")"));
+  }
+  lifecycle::UpdateTarget t;
+  t.label = version;
+  t.model = model;
+  t.identity.content_digest = Hex64(info.content_digest);
+  t.identity.checkpoint = model + "@" + version;
+  t.identity.run = model;
+  t.identity.step = StepFromLabel(version);
+  return t;
+}
+
+Result<std::vector<VersionSource::Commit>> DirectoryVersionSource::WaitForCommits(const std::string& model,
+                                                                                  uint64_t after_seq,
+                                                                                  int64_t timeout_ms) {
+  RC_ASSIGN_OR_RETURN(auto events, store_->WaitForCommits(model, after_seq, timeout_ms));
+  std::vector<Commit> out;
+  for (const auto& e : events) out.push_back(Commit{e.seq, e.version});
+  return out;
+}
+
+}  // namespace rc::controller

@@ -1,0 +1,161 @@
+#include "rolloutcore/directory/client.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "directory/codec.h"
+
+namespace rc::directory {
+namespace {
+
+void SetTimeout(httplib::Client& c, int64_t connect_ms, int64_t rw_ms) {
+  c.set_connection_timeout(static_cast<time_t>(connect_ms / 1000), static_cast<time_t>((connect_ms % 1000) * 1000));
+  c.set_read_timeout(static_cast<time_t>(rw_ms / 1000), static_cast<time_t>((rw_ms % 1000) * 1000));
+  c.set_write_timeout(static_cast<time_t>(rw_ms / 1000), static_cast<time_t>((rw_ms % 1000) * 1000));
+}
+
+Status CheckNames(std::string_view model, std::string_view version) {
+  RC_RETURN_IF_ERROR(ValidateName(model, "model"));
+  return ValidateName(version, "version");
+}
+
+std::string VersionPath(std::string_view model, std::string_view version) {
+  return fmt::format("/v1/models/{}/versions/{}", model, version);
+}
+
+}  // namespace
+
+DirectoryClient::DirectoryClient(std::string base_url, ClientOptions options)
+    : base_url_(std::move(base_url)), options_(options) {}
+
+Result<Json> DirectoryClient::Call(const std::string& method, const std::string& path, const std::string& body,
+                                   int64_t extra_wait_ms) {
+  httplib::Client client(base_url_);
+  if (!client.is_valid()) return InvalidArgument(fmt::format("directory URL '{}' is not valid", base_url_));
+  SetTimeout(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
+  httplib::Result res = method == "GET"      ? client.Get(path)
+                        : method == "DELETE" ? client.Delete(path)
+                                             : client.Post(path, body, "application/json");
+  if (!res) {
+    return Unavailable(fmt::format("directory at {} did not answer {} {}: {}", base_url_, method, path,
+                                   httplib::to_string(res.error())));
+  }
+  auto j = internal::ParseBoundedJson(res->body, "directory response");
+  if (res->status != 200) {
+    if (!j.ok()) {
+      return Internal(fmt::format("directory {} {} answered HTTP {} with a body that is not JSON", method, path,
+                                  res->status));
+    }
+    return internal::StatusFromErrorJson(*j, res->status);
+  }
+  if (!j.ok()) return Internal(fmt::format("directory {} {}: {}", method, path, j.status().message()));
+  return std::move(*j);
+}
+
+Status DirectoryClient::Health() { return Call("GET", "/health", "").status(); }
+
+Result<PublishResult> DirectoryClient::Publish(const PublishRequest& r) {
+  RC_RETURN_IF_ERROR(CheckNames(r.model, r.version));
+  if (r.rank < 0) return InvalidArgument(fmt::format("rank: must not be negative, got {}", r.rank));
+  RC_ASSIGN_OR_RETURN(Json j, Call("POST", fmt::format("{}/ranks/{}", VersionPath(r.model, r.version), r.rank),
+                                   internal::PublishBodyToJson(r).dump()));
+  auto out = internal::PublishResultFromJson(j);
+  if (!out.ok()) return Internal("directory publish answer: " + out.status().message());
+  return out;
+}
+
+Result<LeaseInfo> DirectoryClient::KeepAlive(int64_t lease_id) {
+  if (lease_id <= 0) return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
+  RC_ASSIGN_OR_RETURN(Json j, Call("POST", fmt::format("/v1/leases/{}:keepalive", lease_id), "{}"));
+  auto out = internal::LeaseInfoFromJson(j);
+  if (!out.ok()) return Internal("directory keepalive answer: " + out.status().message());
+  return out;
+}
+
+Result<refit::Manifest> DirectoryClient::Get(std::string_view model, std::string_view version) {
+  RC_RETURN_IF_ERROR(CheckNames(model, version));
+  RC_ASSIGN_OR_RETURN(Json j, Call("GET", VersionPath(model, version), ""));
+  auto it = j.find("manifest");
+  if (it == j.end()) return Internal("directory get answer: manifest is missing");
+  auto m = refit::ManifestFromJson(*it);
+  if (!m.ok()) return Internal("directory get answer: " + m.status().message());
+  return m;
+}
+
+Result<VersionInfo> DirectoryClient::GetInfo(std::string_view model, std::string_view version) {
+  RC_RETURN_IF_ERROR(CheckNames(model, version));
+  RC_ASSIGN_OR_RETURN(Json j, Call("GET", VersionPath(model, version) + "/status", ""));
+  auto out = internal::VersionInfoFromJson(j, "");
+  if (!out.ok()) return Internal("directory status answer: " + out.status().message());
+  return out;
+}
+
+Result<std::vector<VersionInfo>> DirectoryClient::List(std::string_view model, StateFilter filter) {
+  RC_RETURN_IF_ERROR(ValidateName(model, "model"));
+  RC_ASSIGN_OR_RETURN(Json j, Call("GET", fmt::format("/v1/models/{}/versions?state={}", model, StateFilterName(filter)), ""));
+  auto it = j.find("versions");
+  if (it == j.end() || !it->is_array()) return Internal("directory list answer: versions is missing");
+  std::vector<VersionInfo> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    auto v = internal::VersionInfoFromJson((*it)[i], fmt::format("versions[{}]", i));
+    if (!v.ok()) return Internal("directory list answer: " + v.status().message());
+    out.push_back(std::move(*v));
+  }
+  return out;
+}
+
+Result<std::vector<CommitEvent>> DirectoryClient::WaitForCommits(std::string_view model, uint64_t after_seq,
+                                                                 int64_t timeout_ms) {
+  RC_RETURN_IF_ERROR(ValidateName(model, "model"));
+  timeout_ms = std::max<int64_t>(timeout_ms, 0);
+  RC_ASSIGN_OR_RETURN(Json j, Call("GET", fmt::format("/v1/models/{}/commits?after={}&timeout_ms={}", model, after_seq,
+                                                      timeout_ms),
+                                   "", timeout_ms));
+  auto it = j.find("commits");
+  if (it == j.end() || !it->is_array()) return Internal("directory commits answer: commits is missing");
+  std::vector<CommitEvent> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    auto e = internal::CommitEventFromJson((*it)[i], fmt::format("commits[{}]", i));
+    if (!e.ok()) return Internal("directory commits answer: " + e.status().message());
+    out.push_back(std::move(*e));
+  }
+  return out;
+}
+
+Status DirectoryClient::Release(std::string_view model, std::string_view version) {
+  RC_RETURN_IF_ERROR(CheckNames(model, version));
+  return Call("DELETE", VersionPath(model, version), "").status();
+}
+
+LeaseKeeper::LeaseKeeper(DirectoryStore* store, int64_t lease_id, int64_t interval_ms)
+    : store_(store), lease_id_(lease_id), interval_ms_(std::max<int64_t>(interval_ms, 1)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+LeaseKeeper::~LeaseKeeper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Status LeaseKeeper::last_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_;
+}
+
+void LeaseKeeper::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (cv_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [this] { return stop_; })) break;
+    lock.unlock();
+    Status s = store_->KeepAlive(lease_id_).status();
+    lock.lock();
+    last_ = s;
+    if (s.code() == StatusCode::kNotFound) break;  // the lease is gone; renewing cannot bring it back
+  }
+}
+
+}  // namespace rc::directory

@@ -1,0 +1,240 @@
+#include "directory/etcd_client.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "directory/codec.h"
+
+namespace rc::directory::internal {
+namespace {
+
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+int B64Value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+' || c == '-') return 62;
+  if (c == '/' || c == '_') return 63;
+  return -1;
+}
+
+int64_t IntField(const Json& j, std::string_view key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) {
+    auto v = ParseDecimal(it->get_ref<const std::string&>(), key, true);
+    return v.ok() ? *v : 0;
+  }
+  return 0;
+}
+
+StatusCode FromGrpcCode(int64_t code) {
+  switch (code) {
+    case 3: return StatusCode::kInvalidArgument;
+    case 4: return StatusCode::kDeadlineExceeded;
+    case 5: return StatusCode::kNotFound;
+    case 6: return StatusCode::kAlreadyExists;
+    case 9: return StatusCode::kFailedPrecondition;
+    case 10: return StatusCode::kAborted;
+    case 12: return StatusCode::kUnimplemented;
+    case 14: return StatusCode::kUnavailable;
+    default: return StatusCode::kInternal;
+  }
+}
+
+Result<EtcdKv> KvFromJson(const Json& j) {
+  EtcdKv kv;
+  auto key = j.find("key");
+  if (key == j.end() || !key->is_string()) return Internal("etcd: a kv without a key");
+  RC_ASSIGN_OR_RETURN(kv.key, Base64Decode(key->get_ref<const std::string&>()));
+  auto value = j.find("value");
+  if (value != j.end() && value->is_string()) {
+    RC_ASSIGN_OR_RETURN(kv.value, Base64Decode(value->get_ref<const std::string&>()));
+  }
+  kv.create_revision = IntField(j, "create_revision");
+  kv.mod_revision = IntField(j, "mod_revision");
+  kv.lease = IntField(j, "lease");
+  return kv;
+}
+
+}  // namespace
+
+std::string Base64Encode(std::string_view in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (uint32_t{static_cast<uint8_t>(in[i])} << 16) | (uint32_t{static_cast<uint8_t>(in[i + 1])} << 8) |
+                       uint32_t{static_cast<uint8_t>(in[i + 2])};
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+    out += kB64[v & 63];
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = uint32_t{static_cast<uint8_t>(in[i])} << 16;
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += "==";
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = (uint32_t{static_cast<uint8_t>(in[i])} << 16) | (uint32_t{static_cast<uint8_t>(in[i + 1])} << 8);
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
+Result<std::string> Base64Decode(std::string_view in) {
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const int v = B64Value(c);
+    if (v < 0) return Internal(fmt::format("etcd: invalid base64 character 0x{:02x}", static_cast<unsigned char>(c)));
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xFF);
+    }
+  }
+  return out;
+}
+
+std::string PrefixRangeEnd(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    auto& last = reinterpret_cast<unsigned char&>(end.back());
+    if (last < 0xFF) {
+      ++last;
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdTxn& EtcdTxn::ModRevisionIs(std::string_view key, int64_t revision) {
+  compare_.push_back({{"key", Base64Encode(key)},
+                      {"target", "MOD"},
+                      {"result", "EQUAL"},
+                      {"mod_revision", std::to_string(revision)}});
+  return *this;
+}
+
+EtcdTxn& EtcdTxn::Put(std::string_view key, std::string_view value, int64_t lease) {
+  Json put{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  success_.push_back({{"request_put", put}});
+  return *this;
+}
+
+EtcdTxn& EtcdTxn::Delete(std::string_view key) {
+  success_.push_back({{"request_delete_range", {{"key", Base64Encode(key)}}}});
+  return *this;
+}
+
+EtcdTxn& EtcdTxn::DeletePrefix(std::string_view prefix) {
+  success_.push_back(
+      {{"request_delete_range", {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}}}});
+  return *this;
+}
+
+Json EtcdTxn::ToJson() const { return Json{{"compare", compare_}, {"success", success_}, {"failure", Json::array()}}; }
+
+EtcdClient::EtcdClient(std::string endpoint, int64_t timeout_ms)
+    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms) {}
+
+Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
+  httplib::Client client(endpoint_);
+  const time_t sec = static_cast<time_t>(timeout_ms_ / 1000);
+  const time_t usec = static_cast<time_t>((timeout_ms_ % 1000) * 1000);
+  client.set_connection_timeout(sec, usec);
+  client.set_read_timeout(sec, usec);
+  client.set_write_timeout(sec, usec);
+  auto res = client.Post(std::string(path), body.dump(), "application/json");
+  if (!res) {
+    return Unavailable(fmt::format("etcd at {} did not answer {}: {}", endpoint_, path, httplib::to_string(res.error())));
+  }
+  auto j = ParseJson(res->body, "etcd response");
+  if (!j.ok()) return Internal(fmt::format("etcd {} (HTTP {}): {}", path, res->status, j.status().message()));
+  if (res->status != 200 || j->contains("error")) {
+    std::string message = j->value("message", j->value("error", std::string("unknown error")));
+    return Status(FromGrpcCode(IntField(*j, "code")), fmt::format("etcd {}: {}", path, message));
+  }
+  return std::move(*j);
+}
+
+Status EtcdClient::Health() {
+  httplib::Client client(endpoint_);
+  client.set_connection_timeout(static_cast<time_t>(timeout_ms_ / 1000), static_cast<time_t>((timeout_ms_ % 1000) * 1000));
+  auto res = client.Get("/health");
+  if (!res) return Unavailable(fmt::format("etcd at {} did not answer /health: {}", endpoint_, httplib::to_string(res.error())));
+  if (res->status != 200) return Unavailable(fmt::format("etcd at {} is unhealthy (HTTP {})", endpoint_, res->status));
+  return OkStatus();
+}
+
+Result<std::optional<EtcdKv>> EtcdClient::Get(std::string_view key) {
+  RC_ASSIGN_OR_RETURN(Json j, Call("/v3/kv/range", Json{{"key", Base64Encode(key)}}));
+  auto kvs = j.find("kvs");
+  if (kvs == j.end() || !kvs->is_array() || kvs->empty()) return std::optional<EtcdKv>();
+  RC_ASSIGN_OR_RETURN(EtcdKv kv, KvFromJson((*kvs)[0]));
+  return std::optional<EtcdKv>(std::move(kv));
+}
+
+Result<std::vector<EtcdKv>> EtcdClient::RangePrefix(std::string_view prefix, bool keys_only, std::string_view from_key) {
+  Json body{{"key", Base64Encode(from_key.empty() ? prefix : from_key)},
+            {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
+  if (keys_only) body["keys_only"] = true;
+  RC_ASSIGN_OR_RETURN(Json j, Call("/v3/kv/range", body));
+  std::vector<EtcdKv> out;
+  auto kvs = j.find("kvs");
+  if (kvs == j.end() || !kvs->is_array()) return out;
+  for (const Json& e : *kvs) {
+    RC_ASSIGN_OR_RETURN(EtcdKv kv, KvFromJson(e));
+    out.push_back(std::move(kv));
+  }
+  return out;
+}
+
+Result<bool> EtcdClient::Commit(const EtcdTxn& txn) {
+  RC_ASSIGN_OR_RETURN(Json j, Call("/v3/kv/txn", txn.ToJson()));
+  auto it = j.find("succeeded");
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+Result<int64_t> EtcdClient::LeaseGrant(int64_t ttl_s, int64_t* granted_ttl_s) {
+  RC_ASSIGN_OR_RETURN(Json j, Call("/v3/lease/grant", Json{{"TTL", std::to_string(ttl_s)}}));
+  const int64_t id = IntField(j, "ID");
+  if (id == 0) return Internal("etcd granted a lease without an ID");
+  if (granted_ttl_s) *granted_ttl_s = IntField(j, "TTL");
+  return id;
+}
+
+Result<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease_id) {
+  RC_ASSIGN_OR_RETURN(Json j, Call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease_id)}}));
+  auto result = j.find("result");
+  const int64_t ttl = result != j.end() && result->is_object() ? IntField(*result, "TTL") : 0;
+  if (ttl <= 0) return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
+  return ttl;
+}
+
+Result<int64_t> EtcdClient::LeaseGrantedTtl(int64_t lease_id) {
+  RC_ASSIGN_OR_RETURN(Json j, Call("/v3/lease/timetolive", Json{{"ID", std::to_string(lease_id)}}));
+  if (IntField(j, "TTL") <= 0) {
+    return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
+  }
+  return IntField(j, "grantedTTL");
+}
+
+Status EtcdClient::LeaseRevoke(int64_t lease_id) {
+  return Call("/v3/lease/revoke", Json{{"ID", std::to_string(lease_id)}}).status();
+}
+
+}  // namespace rc::directory::internal

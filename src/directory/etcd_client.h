@@ -1,0 +1,80 @@
+// EtcdClient: the few etcd v3 calls the directory needs, over etcd's JSON gateway (POST
+// /v3/kv/range, /v3/kv/txn, /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke on the client
+// URL). Keys and values travel base64-encoded; 64-bit integers arrive as JSON strings.
+//
+// Errors: a gRPC error from etcd becomes the matching Status (NotFound for "requested lease not
+// found", ...); a connection failure is Unavailable naming the endpoint.
+//
+// Thread safety: all methods may be called from any thread; every request opens its own
+// connection (cheap on loopback, and no connection state is shared).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/status.h"
+
+namespace rc::directory::internal {
+
+std::string Base64Encode(std::string_view bytes);
+[[nodiscard]] Result<std::string> Base64Decode(std::string_view text);
+// The smallest key greater than every key that starts with `prefix` (etcd's range_end).
+std::string PrefixRangeEnd(std::string_view prefix);
+
+struct EtcdKv {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t lease = 0;
+};
+
+// A transaction under construction: compares, then the operations run on success.
+class EtcdTxn {
+ public:
+  // The key's mod_revision equals `revision` (0: the key does not exist).
+  EtcdTxn& ModRevisionIs(std::string_view key, int64_t revision);
+  EtcdTxn& Put(std::string_view key, std::string_view value, int64_t lease = 0);
+  EtcdTxn& Delete(std::string_view key);
+  EtcdTxn& DeletePrefix(std::string_view prefix);
+  Json ToJson() const;
+
+ private:
+  Json compare_ = Json::array();
+  Json success_ = Json::array();
+};
+
+class EtcdClient {
+ public:
+  // endpoint: "http://host:port".
+  EtcdClient(std::string endpoint, int64_t timeout_ms);
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  [[nodiscard]] Status Health();
+  [[nodiscard]] Result<std::optional<EtcdKv>> Get(std::string_view key);
+  // Keys in [prefix, PrefixRangeEnd(prefix)) or from `from_key` to that end; sorted by key.
+  [[nodiscard]] Result<std::vector<EtcdKv>> RangePrefix(std::string_view prefix, bool keys_only = false,
+                                                        std::string_view from_key = {});
+  // true when the compares held and the operations were applied.
+  [[nodiscard]] Result<bool> Commit(const EtcdTxn& txn);
+  // Returns the lease id; ttl_s is what etcd granted.
+  [[nodiscard]] Result<int64_t> LeaseGrant(int64_t ttl_s, int64_t* granted_ttl_s);
+  // The lease's TTL in seconds, restarted; NotFound when it has expired.
+  [[nodiscard]] Result<int64_t> LeaseKeepAlive(int64_t lease_id);
+  [[nodiscard]] Status LeaseRevoke(int64_t lease_id);
+  // The TTL (seconds) the lease was granted with; NotFound when it has expired. Does not renew it.
+  [[nodiscard]] Result<int64_t> LeaseGrantedTtl(int64_t lease_id);
+
+ private:
+  [[nodiscard]] Result<Json> Call(std::string_view path, const Json& body);
+
+  std::string endpoint_;
+  int64_t timeout_ms_;
+};
+
+}  // namespace rc::directory::internal

@@ -1,0 +1,491 @@
+#include "rolloutcore/directory/sqlite_store.h"
+
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "directory/version_record.h"
+
+namespace rc::directory {
+namespace {
+
+using internal::VersionMeta;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS rc_dir_models(
+  model TEXT PRIMARY KEY,
+  last_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS rc_dir_versions(
+  model TEXT NOT NULL,
+  version TEXT NOT NULL,
+  state TEXT NOT NULL,
+  released INTEGER NOT NULL DEFAULT 0,
+  expected_ranks INTEGER NOT NULL,
+  commit_seq INTEGER NOT NULL DEFAULT 0,
+  content_digest INTEGER NOT NULL DEFAULT 0,
+  reason TEXT NOT NULL DEFAULT '',
+  manifest TEXT,
+  PRIMARY KEY(model, version));
+CREATE INDEX IF NOT EXISTS rc_dir_versions_seq ON rc_dir_versions(model, commit_seq);
+CREATE TABLE IF NOT EXISTS rc_dir_ranks(
+  model TEXT NOT NULL,
+  version TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  lease_id INTEGER NOT NULL,
+  tables TEXT NOT NULL,
+  PRIMARY KEY(model, version, rank));
+CREATE INDEX IF NOT EXISTS rc_dir_ranks_lease ON rc_dir_ranks(lease_id);
+CREATE TABLE IF NOT EXISTS rc_dir_leases(
+  id INTEGER PRIMARY KEY,
+  ttl_ms INTEGER NOT NULL,
+  expires_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS rc_dir_leases_expiry ON rc_dir_leases(expires_ms);
+)sql";
+
+// One prepared statement; finalized on destruction.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& Bind(int i, std::string_view text) {
+    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_text(stmt_, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& Bind(int i, int64_t v) {
+    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  // Steps once: true with a row, false when done; errors land in status().
+  bool Step() {
+    if (rc_ != SQLITE_OK && rc_ != SQLITE_ROW && rc_ != SQLITE_DONE) return false;
+    rc_ = sqlite3_step(stmt_);
+    return rc_ == SQLITE_ROW;
+  }
+  Status Run() {
+    while (Step()) {
+    }
+    return status();
+  }
+  Status status() const {
+    if (rc_ == SQLITE_OK || rc_ == SQLITE_ROW || rc_ == SQLITE_DONE) return OkStatus();
+    const std::string msg = fmt::format("sqlite: {}", sqlite3_errmsg(db_));
+    if (rc_ == SQLITE_BUSY || rc_ == SQLITE_LOCKED) return Unavailable(msg);
+    return Internal(msg);
+  }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  std::string Text(int col) const {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(stmt_, col))) : std::string();
+  }
+  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_OK;
+};
+
+Status Exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+  if (rc == SQLITE_OK) return OkStatus();
+  std::string msg = fmt::format("sqlite: {}", err ? err : sqlite3_errstr(rc));
+  sqlite3_free(err);
+  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) return Unavailable(msg);
+  return Internal(msg);
+}
+
+struct LoadedVersion {
+  VersionMeta meta;
+  bool exists = false;
+};
+
+class SqliteStore final : public DirectoryStore {
+ public:
+  SqliteStore(sqlite3* db, Clock* clock, SqliteStoreOptions options)
+      : db_(db), clock_(clock), options_(options), rng_(std::random_device{}()) {}
+  ~SqliteStore() override { sqlite3_close(db_); }
+
+  Status Init() {
+    RC_RETURN_IF_ERROR(Exec(db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;"));
+    return InTxn([&]() -> Status { return Exec(db_, kSchema); });
+  }
+
+  Result<PublishResult> Publish(const PublishRequest& r) override {
+    RC_RETURN_IF_ERROR(internal::ValidatePublishRequest(r));
+    PublishResult out;
+    Status s = InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(r.model, r.version));
+      RC_ASSIGN_OR_RETURN(bool completes, internal::CheckPublish(v.exists ? &v.meta : nullptr, r));
+      int64_t lease_id = r.lease_id;
+      int64_t ttl_ms = r.lease_ttl_ms;
+      if (lease_id != 0) {
+        Stmt q(db_, "SELECT ttl_ms FROM rc_dir_leases WHERE id = ?");
+        q.Bind(1, lease_id);
+        if (!q.Step()) {
+          RC_RETURN_IF_ERROR(q.status());
+          return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
+        }
+        ttl_ms = q.Int(0);
+      }
+      out = PublishResult();
+      out.expected_ranks = r.expected_ranks;
+      if (completes) {
+        std::map<int32_t, std::vector<refit::ShardTable>> others;
+        Stmt q(db_, "SELECT rank, tables FROM rc_dir_ranks WHERE model = ? AND version = ?");
+        q.Bind(1, r.model).Bind(2, r.version);
+        while (q.Step()) {
+          const auto rank = static_cast<int32_t>(q.Int(0));
+          if (rank == r.rank) continue;
+          auto j = ParseJson(q.Text(1), "stored tables");
+          if (!j.ok()) return DataLoss(j.status().message());
+          auto tables = internal::TablesFromJson(*j);
+          if (!tables.ok()) return DataLoss("stored tables of rank " + std::to_string(rank) + ": " + tables.status().message());
+          others[rank] = std::move(*tables);
+        }
+        RC_RETURN_IF_ERROR(q.status());
+        std::map<int32_t, const std::vector<refit::ShardTable>*> by_rank;
+        for (const auto& [rank, tables] : others) by_rank[rank] = &tables;
+        by_rank[r.rank] = &r.tables;
+        RC_ASSIGN_OR_RETURN(refit::Manifest manifest,
+                            internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank));
+        if (lease_id == 0) {
+          RC_ASSIGN_OR_RETURN(lease_id, GrantLease(ttl_ms));
+        }
+        int64_t seq = 0;
+        {
+          Stmt m(db_, "SELECT last_seq FROM rc_dir_models WHERE model = ?");
+          m.Bind(1, r.model);
+          if (m.Step()) seq = m.Int(0);
+          RC_RETURN_IF_ERROR(m.status());
+        }
+        ++seq;
+        RC_RETURN_IF_ERROR(Stmt(db_, "INSERT INTO rc_dir_models(model, last_seq) VALUES(?, ?) "
+                                     "ON CONFLICT(model) DO UPDATE SET last_seq = excluded.last_seq")
+                               .Bind(1, r.model)
+                               .Bind(2, seq)
+                               .Run());
+        RC_RETURN_IF_ERROR(
+            Stmt(db_, "INSERT INTO rc_dir_versions(model, version, state, expected_ranks, commit_seq, content_digest, "
+                      "manifest) VALUES(?, ?, 'COMMITTED', ?, ?, ?, ?) ON CONFLICT(model, version) DO UPDATE SET "
+                      "state = 'COMMITTED', commit_seq = excluded.commit_seq, content_digest = "
+                      "excluded.content_digest, manifest = excluded.manifest")
+                .Bind(1, r.model)
+                .Bind(2, r.version)
+                .Bind(3, int64_t{r.expected_ranks})
+                .Bind(4, seq)
+                .Bind(5, static_cast<int64_t>(manifest.content_digest))
+                .Bind(6, refit::ManifestToJson(manifest).dump())
+                .Run());
+        RC_RETURN_IF_ERROR(Stmt(db_, "DELETE FROM rc_dir_ranks WHERE model = ? AND version = ?")
+                               .Bind(1, r.model)
+                               .Bind(2, r.version)
+                               .Run());
+        out.state = VersionState::kCommitted;
+        out.ranks_published = r.expected_ranks;
+        out.commit_seq = static_cast<uint64_t>(seq);
+        out.content_digest = manifest.content_digest;
+      } else {
+        if (lease_id == 0) {
+          RC_ASSIGN_OR_RETURN(lease_id, GrantLease(ttl_ms));
+        }
+        RC_RETURN_IF_ERROR(Stmt(db_, "INSERT OR IGNORE INTO rc_dir_versions(model, version, state, expected_ranks) "
+                                     "VALUES(?, ?, 'STAGING', ?)")
+                               .Bind(1, r.model)
+                               .Bind(2, r.version)
+                               .Bind(3, int64_t{r.expected_ranks})
+                               .Run());
+        RC_RETURN_IF_ERROR(
+            Stmt(db_, "INSERT OR REPLACE INTO rc_dir_ranks(model, version, rank, lease_id, tables) VALUES(?, ?, ?, ?, ?)")
+                .Bind(1, r.model)
+                .Bind(2, r.version)
+                .Bind(3, int64_t{r.rank})
+                .Bind(4, lease_id)
+                .Bind(5, internal::TablesToJson(r.tables).dump())
+                .Run());
+        out.state = VersionState::kStaging;
+        out.ranks_published =
+            static_cast<int32_t>(v.meta.rank_leases.size() + (v.meta.rank_leases.count(r.rank) ? 0 : 1));
+      }
+      out.lease_id = lease_id;
+      out.lease_ttl_ms = ttl_ms;
+      return OkStatus();
+    });
+    RC_RETURN_IF_ERROR(s);
+    if (out.state == VersionState::kCommitted) {
+      {
+        std::lock_guard<std::mutex> lock(wait_mu_);
+        ++commit_generation_;
+      }
+      commit_cv_.notify_all();
+    }
+    return out;
+  }
+
+  Result<LeaseInfo> KeepAlive(int64_t lease_id) override {
+    LeaseInfo info;
+    Status txn_status = InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      Stmt q(db_, "SELECT ttl_ms FROM rc_dir_leases WHERE id = ?");
+      q.Bind(1, lease_id);
+      if (!q.Step()) {
+        RC_RETURN_IF_ERROR(q.status());
+        return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
+      }
+      info = LeaseInfo{lease_id, q.Int(0)};
+      return Stmt(db_, "UPDATE rc_dir_leases SET expires_ms = ? WHERE id = ?")
+          .Bind(1, clock_->NowMs() + info.ttl_ms)
+          .Bind(2, lease_id)
+          .Run();
+    });
+    if (!txn_status.ok()) return txn_status;
+    return info;
+  }
+
+  Result<refit::Manifest> Get(std::string_view model, std::string_view version) override {
+    refit::Manifest manifest;
+    Status txn_status = InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
+      if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
+      if (v.meta.state == VersionState::kAbandoned) {
+        return FailedPrecondition(
+            fmt::format("{} is ABANDONED ({})", internal::DescribeVersion(model, version), v.meta.reason));
+      }
+      if (v.meta.state == VersionState::kStaging) {
+        return FailedPrecondition(fmt::format("{} is STAGING ({} of {} ranks published)",
+                                              internal::DescribeVersion(model, version), v.meta.rank_leases.size(),
+                                              v.meta.expected_ranks));
+      }
+      Stmt q(db_, "SELECT manifest FROM rc_dir_versions WHERE model = ? AND version = ?");
+      q.Bind(1, model).Bind(2, version);
+      if (!q.Step()) {
+        RC_RETURN_IF_ERROR(q.status());
+        return internal::VersionNotFound(model, version);
+      }
+      auto j = ParseJson(q.Text(0), "stored manifest");
+      if (!j.ok()) return DataLoss(j.status().message());
+      auto m = refit::ManifestFromJson(*j);
+      if (!m.ok()) return DataLoss("stored manifest: " + m.status().message());
+      manifest = std::move(*m);
+      return OkStatus();
+    });
+    if (!txn_status.ok()) return txn_status;
+    return manifest;
+  }
+
+  Result<VersionInfo> GetInfo(std::string_view model, std::string_view version) override {
+    VersionInfo info;
+    Status txn_status = InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
+      if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
+      info = internal::MakeVersionInfo(model, version, v.meta);
+      return OkStatus();
+    });
+    if (!txn_status.ok()) return txn_status;
+    return info;
+  }
+
+  Result<std::vector<VersionInfo>> List(std::string_view model, StateFilter filter) override {
+    RC_RETURN_IF_ERROR(ValidateName(model, "model"));
+    std::vector<VersionInfo> out;
+    Status txn_status = InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      out.clear();
+      std::vector<std::string> names;
+      Stmt q(db_, "SELECT version FROM rc_dir_versions WHERE model = ? AND released = 0");
+      q.Bind(1, model);
+      while (q.Step()) names.push_back(q.Text(0));
+      RC_RETURN_IF_ERROR(q.status());
+      for (const std::string& name : names) {
+        RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, name));
+        if (v.exists && FilterMatches(filter, v.meta.state)) out.push_back(internal::MakeVersionInfo(model, name, v.meta));
+      }
+      return OkStatus();
+    });
+    if (!txn_status.ok()) return txn_status;
+    internal::SortVersionInfos(&out);
+    return out;
+  }
+
+  Result<std::vector<CommitEvent>> WaitForCommits(std::string_view model, uint64_t after_seq,
+                                                  int64_t timeout_ms) override {
+    RC_RETURN_IF_ERROR(ValidateName(model, "model"));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
+    while (true) {
+      uint64_t generation = 0;
+      {
+        std::lock_guard<std::mutex> lock(wait_mu_);
+        generation = commit_generation_;
+      }
+      RC_ASSIGN_OR_RETURN(std::vector<CommitEvent> events, CommitsAfter(model, after_seq));
+      const auto now = std::chrono::steady_clock::now();
+      if (!events.empty() || now >= deadline) return events;
+      // Commits through this instance wake us at once; other processes are seen by polling.
+      std::unique_lock<std::mutex> lock(wait_mu_);
+      commit_cv_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(options_.poll_interval_ms)),
+                            [&] { return commit_generation_ != generation; });
+    }
+  }
+
+  Status Release(std::string_view model, std::string_view version) override {
+    return InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
+      if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
+      RC_RETURN_IF_ERROR(Stmt(db_, "UPDATE rc_dir_versions SET released = 1, manifest = NULL WHERE model = ? AND "
+                                   "version = ?")
+                             .Bind(1, model)
+                             .Bind(2, version)
+                             .Run());
+      return Stmt(db_, "DELETE FROM rc_dir_ranks WHERE model = ? AND version = ?").Bind(1, model).Bind(2, version).Run();
+    });
+  }
+
+ private:
+  // Runs fn inside BEGIN IMMEDIATE ... COMMIT (ROLLBACK when fn fails), holding mu_.
+  template <typename Fn>
+  Status InTxn(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RC_RETURN_IF_ERROR(Exec(db_, "BEGIN IMMEDIATE"));
+    Status s = fn();
+    if (s.ok()) {
+      s = Exec(db_, "COMMIT");
+      if (s.ok()) return s;
+    }
+    Status rb = Exec(db_, "ROLLBACK");
+    (void)rb;  // the original failure is what the caller needs
+    return s;
+  }
+
+  Result<LoadedVersion> Load(std::string_view model, std::string_view version) {
+    LoadedVersion v;
+    Stmt q(db_, "SELECT state, released, expected_ranks, commit_seq, content_digest, reason FROM rc_dir_versions "
+                "WHERE model = ? AND version = ?");
+    q.Bind(1, model).Bind(2, version);
+    if (!q.Step()) {
+      RC_RETURN_IF_ERROR(q.status());
+      return v;
+    }
+    v.exists = true;
+    auto state = ParseVersionState(q.Text(0));
+    if (!state.ok()) return DataLoss("stored version state: " + state.status().message());
+    v.meta.state = *state;
+    v.meta.released = q.Int(1) != 0;
+    v.meta.expected_ranks = static_cast<int32_t>(q.Int(2));
+    v.meta.commit_seq = static_cast<uint64_t>(q.Int(3));
+    v.meta.content_digest = static_cast<uint64_t>(q.Int(4));
+    v.meta.reason = q.Text(5);
+    if (v.meta.state == VersionState::kStaging && !v.meta.released) {
+      Stmt r(db_, "SELECT rank, lease_id FROM rc_dir_ranks WHERE model = ? AND version = ?");
+      r.Bind(1, model).Bind(2, version);
+      while (r.Step()) v.meta.rank_leases[static_cast<int32_t>(r.Int(0))] = r.Int(1);
+      RC_RETURN_IF_ERROR(r.status());
+    }
+    return v;
+  }
+
+  Result<int64_t> GrantLease(int64_t ttl_ms) {
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      int64_t id = 0;
+      {
+        std::lock_guard<std::mutex> lock(wait_mu_);
+        id = static_cast<int64_t>(rng_() >> 1);
+      }
+      if (id == 0) continue;
+      Stmt ins(db_, "INSERT OR IGNORE INTO rc_dir_leases(id, ttl_ms, expires_ms) VALUES(?, ?, ?)");
+      ins.Bind(1, id).Bind(2, ttl_ms).Bind(3, clock_->NowMs() + ttl_ms);
+      RC_RETURN_IF_ERROR(ins.Run());
+      if (sqlite3_changes(db_) == 1) return id;
+    }
+    return Internal("could not draw an unused lease id");
+  }
+
+  // Abandons every STAGING version one of whose ranks holds an expired lease, then deletes the
+  // expired leases. Runs first inside every transaction.
+  Status ExpireLeases() {
+    const int64_t now = clock_->NowMs();
+    struct Victim {
+      std::string model, version;
+      int64_t rank, lease;
+    };
+    std::vector<Victim> victims;
+    {
+      Stmt q(db_, "SELECT r.model, r.version, r.rank, r.lease_id FROM rc_dir_ranks r JOIN rc_dir_leases l "
+                  "ON r.lease_id = l.id WHERE l.expires_ms <= ? ORDER BY r.model, r.version, r.rank");
+      q.Bind(1, now);
+      while (q.Step()) victims.push_back(Victim{q.Text(0), q.Text(1), q.Int(2), q.Int(3)});
+      RC_RETURN_IF_ERROR(q.status());
+    }
+    for (const Victim& v : victims) {
+      RC_RETURN_IF_ERROR(Stmt(db_, "UPDATE rc_dir_versions SET state = 'ABANDONED', reason = ? WHERE model = ? AND "
+                                   "version = ? AND state = 'STAGING'")
+                             .Bind(1, internal::LeaseExpiredReason(static_cast<int32_t>(v.rank), v.lease))
+                             .Bind(2, v.model)
+                             .Bind(3, v.version)
+                             .Run());
+      RC_RETURN_IF_ERROR(
+          Stmt(db_, "DELETE FROM rc_dir_ranks WHERE model = ? AND version = ?").Bind(1, v.model).Bind(2, v.version).Run());
+    }
+    return Stmt(db_, "DELETE FROM rc_dir_leases WHERE expires_ms <= ?").Bind(1, now).Run();
+  }
+
+  Result<std::vector<CommitEvent>> CommitsAfter(std::string_view model, uint64_t after_seq) {
+    std::vector<CommitEvent> out;
+    if (after_seq >= static_cast<uint64_t>(INT64_MAX)) return out;
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt q(db_, "SELECT version, commit_seq, content_digest FROM rc_dir_versions WHERE model = ? AND state = "
+                "'COMMITTED' AND released = 0 AND commit_seq > ? ORDER BY commit_seq");
+    q.Bind(1, model).Bind(2, static_cast<int64_t>(after_seq));
+    while (q.Step()) {
+      out.push_back(CommitEvent{std::string(model), q.Text(0), static_cast<uint64_t>(q.Int(1)),
+                                static_cast<uint64_t>(q.Int(2))});
+    }
+    RC_RETURN_IF_ERROR(q.status());
+    return out;
+  }
+
+  sqlite3* const db_;  // guarded by mu_
+  Clock* const clock_;
+  const SqliteStoreOptions options_;
+  std::mutex mu_;  // serializes use of db_
+  std::mutex wait_mu_;
+  std::condition_variable commit_cv_;
+  uint64_t commit_generation_ = 0;  // guarded by wait_mu_
+  std::mt19937_64 rng_;             // guarded by wait_mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DirectoryStore>> OpenSqliteStore(const std::string& path, Clock* clock,
+                                                        const SqliteStoreOptions& options) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                                 nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = fmt::format("cannot open directory database '{}': {}", path,
+                                  db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+    sqlite3_close(db);
+    return Unavailable(msg);
+  }
+  sqlite3_busy_timeout(db, static_cast<int>(options.busy_timeout_ms));
+  auto store = std::make_unique<SqliteStore>(db, clock, options);
+  Status s = store->Init();
+  if (!s.ok()) return s.WithContext(fmt::format("directory database '{}'", path));
+  return std::unique_ptr<DirectoryStore>(std::move(store));
+}
+
+}  // namespace rc::directory

@@ -1,0 +1,187 @@
+#include "rolloutcore/refit/digest.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "refit/geometry.h"
+
+namespace rc::refit {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> Iota(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i % 17) - 8.0f;
+  return v;
+}
+
+uint64_t Full(const std::vector<float>& v, const Shape& shape) {
+  return DigestBlock(DType::kF32, shape, FullBox(shape), v.data());
+}
+
+// Digest of `box` of a whole row-major f32 tensor.
+uint64_t OfBox(const std::vector<float>& v, const Shape& shape, const Box& box) {
+  std::vector<float> sub(static_cast<size_t>(box.numel()));
+  std::vector<int32_t> id(shape.size());
+  for (size_t d = 0; d < id.size(); ++d) id[d] = static_cast<int32_t>(d);
+  internal::CopyViewFromBlock(DType::kF32, reinterpret_cast<const std::byte*>(v.data()), FullBox(shape), box, id,
+                              DType::kF32, reinterpret_cast<std::byte*>(sub.data()), 0, RowMajorStrides(box.extent));
+  return DigestBlock(DType::kF32, shape, box, sub.data());
+}
+
+TEST(DigestTest, TermIsTheDocumentedMix) {
+  EXPECT_EQ(DigestTerm(5, 0x3f80), Mix64(Mix64(5) ^ 0x3f80));
+  const float one = 1.0f;
+  EXPECT_EQ(DigestBlock(DType::kF32, {1}, FullBox({1}), &one), Mix64(Mix64(0) ^ 0x3f800000u));
+}
+
+TEST(DigestTest, FlippedBitChangesIt) {
+  const Shape shape{6, 5};
+  auto v = Iota(30);
+  const uint64_t d = Full(v, shape);
+  uint32_t bits;
+  std::memcpy(&bits, &v[13], 4);
+  bits ^= 1u;  // lowest mantissa bit
+  std::memcpy(&v[13], &bits, 4);
+  EXPECT_NE(Full(v, shape), d);
+}
+
+TEST(DigestTest, SwappedEqualSumRowsChangeIt) {
+  const Shape shape{2, 4};
+  std::vector<float> a{1, 2, 3, 4, 4, 3, 2, 1};  // both rows sum to 10
+  std::vector<float> b{4, 3, 2, 1, 1, 2, 3, 4};
+  EXPECT_NE(Full(a, shape), Full(b, shape));
+}
+
+TEST(DigestTest, ShiftedRunChangesIt) {
+  const Shape shape{32};
+  auto v = Iota(32);
+  const uint64_t d = Full(v, shape);
+  std::vector<float> shifted(32, 0.0f);
+  std::copy(v.begin(), v.begin() + 31, shifted.begin() + 1);
+  shifted[0] = v[31];  // same multiset of values, every position moved by one
+  EXPECT_NE(Full(shifted, shape), d);
+}
+
+TEST(DigestTest, MissingRegionChangesIt) {
+  const Shape shape{8, 4};
+  auto v = Iota(32);
+  const uint64_t d = Full(v, shape);
+  EXPECT_NE(OfBox(v, shape, Box{{0, 0}, {6, 4}}), d);  // rows 6..8 never digested
+  auto zeroed = v;
+  std::fill(zeroed.begin() + 24, zeroed.end(), 0.0f);  // region left unwritten
+  EXPECT_NE(Full(zeroed, shape), d);
+}
+
+TEST(DigestTest, EveryPartitionSumsToTheSameDigest) {
+  const Shape shape{7, 5, 3};
+  auto v = Iota(105);
+  const uint64_t d = Full(v, shape);
+  std::mt19937 rng(12345);
+  for (int trial = 0; trial < 200; ++trial) {
+    // Random guillotine partition: split boxes along random dims at random points.
+    std::vector<Box> boxes{FullBox(shape)};
+    for (int k = 0; k < 6; ++k) {
+      const size_t pick = rng() % boxes.size();
+      Box b = boxes[pick];
+      const size_t dim = rng() % 3;
+      if (b.extent[dim] < 2) continue;
+      const int64_t cut = 1 + static_cast<int64_t>(rng() % static_cast<uint32_t>(b.extent[dim] - 1));
+      Box lo = b, hi = b;
+      lo.extent[dim] = cut;
+      hi.start[dim] += cut;
+      hi.extent[dim] -= cut;
+      boxes[pick] = lo;
+      boxes.push_back(hi);
+    }
+    uint64_t sum = 0;
+    for (const Box& b : boxes) sum += OfBox(v, shape, b);
+    ASSERT_EQ(sum, d) << "trial " << trial << " with " << boxes.size() << " boxes";
+  }
+}
+
+TEST(DigestTest, InstalledDigestMapsConvertedValuesBackToSourceBits) {
+  // Source bf16 [2, 3]; installed transposed into f32 [3, 2].
+  uint16_t src[6];
+  for (int i = 0; i < 6; ++i) src[i] = F32ToBf16Bits(0.5f * static_cast<float>(i) - 1.0f);
+  const uint64_t want = DigestBlock(DType::kBF16, {2, 3}, FullBox({2, 3}), src);
+  CaptureContext ctx({{"w", DType::kBF16, {2, 3}}}, {{"p", DType::kF32, {3, 2}}});
+  auto v = ctx.Source("w");
+  ASSERT_TRUE(v.ok());
+  ASSERT_TRUE(ctx.CopyInto(v->Transpose(0, 1), DestRegion::Whole("p", {3, 2}, true)).ok());
+  float installed[6];
+  for (int a = 0; a < 3; ++a) {
+    for (int b = 0; b < 2; ++b) installed[a * 2 + b] = Bf16BitsToF32(src[b * 3 + a]);
+  }
+  DestinationBuffers bufs{{"p", std::as_writable_bytes(std::span(installed))}};
+  const std::vector<DigestRegion> all{{0, Box{{0, 0}, {2, 3}}}};
+  auto got = DigestInstalled(ctx.capture(), bufs, all);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->at("w"), want);
+  // A low-mantissa flip of the f32 value, invisible after truncation to bf16, is still caught.
+  uint32_t bits;
+  std::memcpy(&bits, &installed[3], 4);
+  bits ^= 1u;
+  std::memcpy(&installed[3], &bits, 4);
+  EXPECT_NE(DigestInstalled(ctx.capture(), bufs, all)->at("w"), want);
+}
+
+TEST(DigestTest, OwnershipCountsEachSourceElementOnce) {
+  Capture a, b;
+  a.params = b.params = {{"p", DType::kF32, {4}}};
+  CapturedCopy c{"w", DType::kF32, {8}, Box{{0}, {4}}, {0}, 0, 0, {4}, {1}, false};
+  a.copies = {c};
+  b.copies = {c};
+  const Capture* ranks[] = {&a, &b};
+  auto owned = AssignDigestOwnership(ranks);
+  ASSERT_EQ(owned[0].size(), 1u);
+  EXPECT_EQ(owned[0][0].box, (Box{{0}, {4}}));
+  EXPECT_TRUE(owned[1].empty());
+  // A partially overlapping box owns only what is new: [4, 6).
+  b.copies[0].box = Box{{2}, {4}};
+  owned = AssignDigestOwnership(ranks);
+  ASSERT_EQ(owned[1].size(), 1u);
+  EXPECT_EQ(owned[1][0].box, (Box{{4}, {2}}));
+  // 2-d: a block inside a larger one is fully owned by the larger; an L-shaped rest is cut.
+  Capture x;
+  x.params = {{"p", DType::kF32, {100}}};
+  x.copies = {CapturedCopy{"m", DType::kF32, {6, 6}, Box{{0, 0}, {4, 4}}, {0, 1}, 0, 0, {4, 4}, {4, 1}, false},
+              CapturedCopy{"m", DType::kF32, {6, 6}, Box{{2, 2}, {4, 4}}, {0, 1}, 0, 16, {4, 4}, {4, 1}, false}};
+  const Capture* one[] = {&x};
+  auto cut = AssignDigestOwnership(one);
+  int64_t total = 0;
+  for (const auto& r : cut[0]) total += r.box.numel();
+  EXPECT_EQ(total, 16 + 12);
+}
+
+TEST(DigestTest, CombinedDigestDependsOnNamesAndValues) {
+  TensorDigests a{{"a", 1}, {"b", 2}};
+  TensorDigests b{{"a", 2}, {"b", 1}};
+  TensorDigests c{{"a", 1}, {"c", 2}};
+  EXPECT_NE(CombineTensorDigests(a), CombineTensorDigests(b));
+  EXPECT_NE(CombineTensorDigests(a), CombineTensorDigests(c));
+  EXPECT_EQ(CombineTensorDigests(a), CombineTensorDigests(TensorDigests{{"b", 2}, {"a", 1}}));
+}
+
+TEST(DigestTest, ManifestDigestCountsReplicasOnceAndCatchesDisagreement) {
+  Manifest m;
+  ShardTable t{"w", DType::kF32, {4}, {}};
+  t.shards.push_back({0, {0}, {2}, "", 10});
+  t.shards.push_back({1, {0}, {2}, "", 10});
+  t.shards.push_back({2, {2}, {2}, "", 5});
+  m.tables.push_back(t);
+  auto d = TensorDigestsFromShards(m);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->at("w"), 15u);
+  m.tables[0].shards[1].digest = 11;
+  auto bad = TensorDigestsFromShards(m);
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("tensor w: replicas on ranks 0 and 1"));
+}
+
+}  // namespace
+}  // namespace rc::refit

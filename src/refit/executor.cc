@@ -1,0 +1,152 @@
+#include "rolloutcore/refit/executor.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "refit/geometry.h"
+
+namespace rc::refit {
+namespace {
+
+// Imports each distinct descriptor once and releases them all on destruction.
+class Imports {
+ public:
+  explicit Imports(transport::Transport& t) : t_(t) {}
+  ~Imports() {
+    for (auto& [handle, remote] : by_handle_) (void)t_.ReleaseRemote(remote);
+  }
+  Result<transport::RemoteMemory> Get(const std::string& handle) {
+    auto it = by_handle_.find(handle);
+    if (it != by_handle_.end()) return it->second;
+    RC_ASSIGN_OR_RETURN(transport::RemoteMemory r, t_.Import(handle));
+    by_handle_.emplace(handle, r);
+    return r;
+  }
+
+ private:
+  transport::Transport& t_;
+  std::unordered_map<std::string, transport::RemoteMemory> by_handle_;
+};
+
+void CancelAll(std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>>& transfers,
+               int64_t deadline_ns) {
+  for (auto& [rank, t] : transfers) {
+    if (t->Poll() == transport::TransferState::kPending) t->Cancel();
+  }
+  for (auto& [rank, t] : transfers) (void)t->Wait(deadline_ns);
+}
+
+}  // namespace
+
+Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport& transport,
+                                 const DestinationBuffers& params, const ExecuteOptions& options) {
+  ExecuteStats stats;
+  Clock& clock = transport.clock();
+  const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
+
+  Imports imports(transport);
+  std::vector<transport::RemoteMemory> remote(plan.sources.size());
+  for (size_t i = 0; i < plan.sources.size(); ++i) {
+    const PlanSource& s = plan.sources[i];
+    const std::string& tensor = s.tensor < plan.tensors.size() ? plan.tensors[s.tensor] : std::string();
+    if (s.handle.empty()) {
+      return FailedPrecondition(
+          fmt::format("tensor {}: shard {} of rank {} has no memory handle", tensor, s.shard, s.rank));
+    }
+    auto r = imports.Get(s.handle);
+    if (!r.ok()) return r.status().WithContext(fmt::format("tensor {}: shard of rank {}", tensor, s.rank));
+    if (r->length < s.bytes) {
+      return FailedPrecondition(fmt::format("tensor {}: shard of rank {} registered {} bytes but holds {}", tensor,
+                                            s.rank, r->length, s.bytes));
+    }
+    remote[i] = *r;
+  }
+
+  // Destination pointers: parameters now, staging per wave.
+  std::vector<std::byte*> ptr(plan.buffers.size(), nullptr);
+  auto need_param = [&](uint32_t b) -> Status {
+    if (ptr[b] != nullptr) return OkStatus();
+    const PlanBuffer& pb = plan.buffers[b];
+    auto it = params.find(pb.name);
+    if (it == params.end() || it->second.size() != pb.bytes) {
+      return FailedPrecondition(fmt::format("destination {}: no buffer of {} bytes given", pb.name, pb.bytes));
+    }
+    ptr[b] = it->second.data();
+    return OkStatus();
+  };
+  for (uint64_t i = 0; i < plan.direct_runs; ++i) RC_RETURN_IF_ERROR(need_param(plan.runs[i].buffer));
+  for (const InstallStep& s : plan.installs) RC_RETURN_IF_ERROR(need_param(s.param));
+
+  size_t step = 0;
+  bool first = true;
+  while (first || step < plan.installs.size()) {
+    const size_t wave_begin = step;
+    uint64_t wave_bytes = 0;
+    while (step < plan.installs.size()) {
+      const uint64_t b = plan.buffers[plan.installs[step].staging].bytes;
+      if (step > wave_begin && wave_bytes + b > options.max_staging_bytes) break;
+      wave_bytes += b;
+      ++step;
+    }
+    std::vector<std::unique_ptr<std::byte[]>> staging;
+    for (size_t s = wave_begin; s < step; ++s) {
+      const uint32_t b = plan.installs[s].staging;
+      staging.push_back(std::make_unique_for_overwrite<std::byte[]>(plan.buffers[b].bytes));
+      ptr[b] = staging.back().get();
+    }
+    // Reads of this wave, one batch per source rank.
+    std::map<int32_t, std::vector<transport::ReadOp>> batches;
+    auto add_runs = [&](uint64_t begin, uint64_t end) -> Status {
+      for (uint64_t i = begin; i < end; ++i) {
+        const ReadRun& r = plan.runs[i];
+        if (r.dest_offset > plan.buffers[r.buffer].bytes || r.length > plan.buffers[r.buffer].bytes - r.dest_offset) {
+          return Internal(fmt::format("plan run {} writes bytes {}..{} of {} ({} bytes)", i, r.dest_offset,
+                                      r.dest_offset + r.length, plan.buffers[r.buffer].name,
+                                      plan.buffers[r.buffer].bytes));
+        }
+        batches[plan.sources[r.source].rank].push_back(
+            transport::ReadOp{remote[r.source], r.source_offset, ptr[r.buffer] + r.dest_offset, r.length});
+        stats.bytes_read += r.length;
+        stats.reads++;
+      }
+      return OkStatus();
+    };
+    if (first) RC_RETURN_IF_ERROR(add_runs(0, plan.direct_runs));
+    for (size_t s = wave_begin; s < step; ++s) {
+      RC_RETURN_IF_ERROR(add_runs(plan.installs[s].run_begin, plan.installs[s].run_end));
+    }
+    std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>> transfers;
+    for (auto& [rank, ops] : batches) {
+      auto t = transport.PostReads(ops);
+      if (!t.ok()) {
+        CancelAll(transfers, deadline);
+        return t.status().WithContext(fmt::format("posting reads from rank {}", rank));
+      }
+      transfers.emplace_back(rank, std::move(t).value());
+      stats.batches++;
+    }
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      Status s = transfers[i].second->Wait(deadline);
+      if (!s.ok()) {
+        CancelAll(transfers, deadline);
+        return s.WithContext(fmt::format("reads from rank {}", transfers[i].first));
+      }
+    }
+    for (size_t s = wave_begin; s < step; ++s) {
+      const InstallStep& in = plan.installs[s];
+      internal::CopyViewFromBlock(in.source_dtype, ptr[in.staging], in.block, in.box, in.view_to_source,
+                                  in.param_dtype, ptr[in.param], in.dest_offset, in.dest_strides);
+      ptr[in.staging] = nullptr;
+      stats.installs++;
+    }
+    stats.waves++;
+    first = false;
+  }
+  return stats;
+}
+
+}  // namespace rc::refit

@@ -1,0 +1,238 @@
+#include "rolloutcore/refit/manifest.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "refit/geometry.h"
+#include "refit/shard_index.h"
+#include "rolloutcore/refit/digest.h"
+
+namespace rc::refit {
+
+namespace internal {
+
+Status IndexShards(const ShardTable& t, ShardIndex* out) {
+  out->order.clear();
+  out->boxes.clear();
+  RC_RETURN_IF_ERROR(ValidateShape(t.shape, fmt::format("tensor {}", t.name)));
+  const size_t n = t.shape.size();
+  std::vector<uint32_t>& order = out->order;
+  order.reserve(t.shards.size());
+  for (uint32_t i = 0; i < t.shards.size(); ++i) {
+    const ShardInfo& s = t.shards[i];
+    if (s.offset.size() != n || s.shape.size() != n) {
+      return InvalidArgument(fmt::format("tensor {}: shard of rank {} has offset {} and shape {} for a {}-d tensor",
+                                         t.name, s.rank, ShapeToString(s.offset), ShapeToString(s.shape), n));
+    }
+    if (s.rank < 0) return InvalidArgument(fmt::format("tensor {}: shard with negative rank {}", t.name, s.rank));
+    bool empty = false;
+    for (size_t d = 0; d < n; ++d) {
+      if (s.offset[d] < 0 || s.shape[d] < 0 || s.offset[d] > t.shape[d] || s.shape[d] > t.shape[d] - s.offset[d]) {
+        return InvalidArgument(fmt::format(
+            "tensor {}: shard of rank {} at offset {} shape {} lies outside the tensor shape {}", t.name, s.rank,
+            ShapeToString(s.offset), ShapeToString(s.shape), ShapeToString(t.shape)));
+      }
+      empty = empty || s.shape[d] == 0;
+    }
+    if (!empty) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const ShardInfo& x = t.shards[a];
+    const ShardInfo& y = t.shards[b];
+    if (x.offset != y.offset) return x.offset < y.offset;
+    if (x.shape != y.shape) return x.shape < y.shape;
+    return a < b;
+  });
+  auto& boxes = out->boxes;
+  boxes.reserve(order.size());
+  for (uint32_t k = 0; k < order.size(); ++k) {
+    const ShardInfo& s = t.shards[order[k]];
+    if (!boxes.empty() && *boxes.back().start == s.offset && *boxes.back().extent == s.shape) {
+      boxes.back().count++;
+    } else {
+      boxes.push_back(UniqueBox{&s.offset, &s.shape, k, 1});
+    }
+  }
+  if (n == 0) return OkStatus();
+  Box overlap;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const int64_t end0 = (*boxes[i].start)[0] + (*boxes[i].extent)[0];
+    for (size_t j = i + 1; j < boxes.size() && (*boxes[j].start)[0] < end0; ++j) {
+      if (Intersect(boxes[i], boxes[j].box(), &overlap)) {
+        return InvalidArgument(fmt::format("tensor {}: shards of rank {} {} and rank {} {} overlap at {}", t.name,
+                                           t.shards[order[boxes[i].first]].rank, BoxToString(boxes[i].box()),
+                                           t.shards[order[boxes[j].first]].rank, BoxToString(boxes[j].box()),
+                                           BoxToString(overlap)));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+bool Intersect(const UniqueBox& a, const Box& b, Box* out) {
+  const size_t n = b.ndim();
+  out->start.resize(n);
+  out->extent.resize(n);
+  bool nonempty = true;
+  for (size_t d = 0; d < n; ++d) {
+    const int64_t as = (*a.start)[d];
+    const int64_t lo = std::max(as, b.start[d]);
+    const int64_t hi = std::min(as + (*a.extent)[d], b.start[d] + b.extent[d]);
+    out->start[d] = lo;
+    out->extent[d] = hi > lo ? hi - lo : 0;
+    nonempty = nonempty && hi > lo;
+  }
+  return nonempty;
+}
+
+bool IsDim0Partition(const Shape& shape, const ShardIndex& index) {
+  if (shape.empty() || index.boxes.empty()) return false;
+  int64_t cursor = 0;
+  for (const UniqueBox& u : index.boxes) {
+    if ((*u.start)[0] != cursor) return false;
+    for (size_t d = 1; d < shape.size(); ++d) {
+      if ((*u.start)[d] != 0 || (*u.extent)[d] != shape[d]) return false;
+    }
+    cursor += (*u.extent)[0];
+  }
+  return cursor == shape[0];
+}
+
+}  // namespace internal
+
+Status ValidateShardTable(const ShardTable& table, bool require_complete) {
+  internal::ShardIndex index;
+  RC_RETURN_IF_ERROR(internal::IndexShards(table, &index));
+  if (require_complete) {
+    std::vector<Box> have;
+    have.reserve(index.boxes.size());
+    for (const auto& u : index.boxes) have.push_back(u.box());
+    const std::string missing = internal::DescribeMissing(FullBox(table.shape), have);
+    if (!missing.empty()) {
+      return InvalidArgument(fmt::format("tensor {}: {} missing from the published shards", table.name, missing));
+    }
+  }
+  return OkStatus();
+}
+
+Result<TensorDigests> TensorDigestsFromShards(const Manifest& m) {
+  TensorDigests out;
+  internal::ShardIndex index;
+  for (const ShardTable& t : m.tables) {
+    RC_RETURN_IF_ERROR(internal::IndexShards(t, &index));
+    uint64_t sum = 0;
+    for (const auto& u : index.boxes) {
+      const ShardInfo& first = t.shards[index.order[u.first]];
+      for (uint32_t k = u.first; k < u.first + u.count; ++k) {
+        const ShardInfo& s = t.shards[index.order[k]];
+        if (s.digest != first.digest) {
+          return DataLoss(fmt::format("tensor {}: replicas on ranks {} and {} of box {} have digests {} and {}",
+                                      t.name, first.rank, s.rank, BoxToString(u.box()), Hex64(first.digest),
+                                      Hex64(s.digest)));
+        }
+      }
+      sum += first.digest;
+    }
+    out[t.name] += sum;
+  }
+  return out;
+}
+
+// ---- JSON ---------------------------------------------------------------------------------------
+
+namespace {
+
+Json ShapeJson(const Shape& s) { return Json(s); }
+
+Result<Shape> ShapeFromJson(const Json& obj, std::string_view key, const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_array()) {
+    return InvalidArgument(fmt::format("{}.{}: expected an array of integers", path, key));
+  }
+  Shape s;
+  for (const auto& v : *it) {
+    if (!v.is_number_integer()) return InvalidArgument(fmt::format("{}.{}: expected an array of integers", path, key));
+    s.push_back(v.get<int64_t>());
+  }
+  return s;
+}
+
+Result<uint64_t> HexFromJson(const Json& obj, std::string_view key, const std::string& path) {
+  RC_ASSIGN_OR_RETURN(std::string hex, GetString(obj, key, path, std::string("0000000000000000")));
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+  if (ec != std::errc() || ptr != hex.data() + hex.size()) {
+    return InvalidArgument(fmt::format("{}.{}: expected 16 hex digits, got '{}'", path, key, hex));
+  }
+  return v;
+}
+
+}  // namespace
+
+Json ManifestToJson(const Manifest& m) {
+  Json tables = Json::array();
+  for (const ShardTable& t : m.tables) {
+    Json shards = Json::array();
+    for (const ShardInfo& s : t.shards) {
+      shards.push_back({{"rank", s.rank},
+                        {"offset", ShapeJson(s.offset)},
+                        {"shape", ShapeJson(s.shape)},
+                        {"handle", s.handle},
+                        {"digest", Hex64(s.digest)}});
+    }
+    tables.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", ShapeJson(t.shape)}, {"shards", shards}});
+  }
+  return Json{{"model", m.model},
+              {"version", m.version},
+              {"expected_ranks", m.expected_ranks},
+              {"content_digest", Hex64(m.content_digest)},
+              {"tensors", tables}};
+}
+
+Result<Manifest> ManifestFromJson(const Json& j) {
+  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"model", "version", "expected_ranks", "content_digest", "tensors"}, ""));
+  Manifest m;
+  RC_ASSIGN_OR_RETURN(m.model, GetString(j, "model", "", std::string()));
+  RC_ASSIGN_OR_RETURN(m.version, GetString(j, "version", "", std::string()));
+  RC_ASSIGN_OR_RETURN(int64_t ranks, GetNonNegativeInt(j, "expected_ranks", "", 0));
+  if (ranks > INT32_MAX) return InvalidArgument("expected_ranks: too large");
+  m.expected_ranks = static_cast<int32_t>(ranks);
+  RC_ASSIGN_OR_RETURN(m.content_digest, HexFromJson(j, "content_digest", ""));
+  auto it = j.find("tensors");
+  if (it == j.end() || !it->is_array()) return InvalidArgument("tensors: expected an array");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& tj = (*it)[i];
+    const std::string path = fmt::format("tensors[{}]", i);
+    RC_RETURN_IF_ERROR(CheckKnownKeys(tj, {"name", "dtype", "shape", "shards"}, path));
+    ShardTable t;
+    RC_ASSIGN_OR_RETURN(t.name, GetString(tj, "name", path));
+    RC_ASSIGN_OR_RETURN(std::string dtype, GetString(tj, "dtype", path));
+    auto d = ParseDType(dtype);
+    if (!d.ok()) return d.status().WithContext(path + ".dtype");
+    t.dtype = *d;
+    RC_ASSIGN_OR_RETURN(t.shape, ShapeFromJson(tj, "shape", path));
+    auto sit = tj.find("shards");
+    if (sit == tj.end() || !sit->is_array()) return InvalidArgument(path + ".shards: expected an array");
+    for (size_t k = 0; k < sit->size(); ++k) {
+      const Json& sj = (*sit)[k];
+      const std::string spath = fmt::format("{}.shards[{}]", path, k);
+      RC_RETURN_IF_ERROR(CheckKnownKeys(sj, {"rank", "offset", "shape", "handle", "digest"}, spath));
+      ShardInfo s;
+      RC_ASSIGN_OR_RETURN(int64_t rank, GetNonNegativeInt(sj, "rank", spath));
+      if (rank > INT32_MAX) return InvalidArgument(spath + ".rank: too large");
+      s.rank = static_cast<int32_t>(rank);
+      RC_ASSIGN_OR_RETURN(s.offset, ShapeFromJson(sj, "offset", spath));
+      RC_ASSIGN_OR_RETURN(s.shape, ShapeFromJson(sj, "shape", spath));
+      RC_ASSIGN_OR_RETURN(s.handle, GetString(sj, "handle", spath, std::string()));
+      RC_ASSIGN_OR_RETURN(s.digest, HexFromJson(sj, "digest", spath));
+      t.shards.push_back(std::move(s));
+    }
+    RC_RETURN_IF_ERROR(ValidateShardTable(t, /*require_complete=*/false));
+    m.tables.push_back(std::move(t));
+  }
+  return m;
+}
+
+}  // namespace rc::refit
