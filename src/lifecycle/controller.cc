@@ -166,6 +166,13 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
     ++counters_.aborted_by_drain;
     return;
   }
+  if (ev == "staged") {
+    if (pending_) {
+      auto it = updates_.find(pending_->ordinal);
+      if (it != updates_.end()) it->second.evidence["staged"] = r.detail;
+    }
+    return;
+  }
   if (ev == "interrupted") {
     active_.erase(r.rollout);
     interrupted_.insert(r.rollout);
@@ -529,6 +536,22 @@ Status Controller::RejectBeforeMutation(const std::string& reason, bool install_
   }
   return TransitionLocked(Event::kRejectBeforeMutation,
                           Json{{"reason", reason}, {"install_refused_before_mutation", install_refused_before_mutation}});
+}
+
+Status Controller::RecordStageEvidence(const StageEvidence& stage) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kDraining && state_ != State::kQuiesced) {
+    return FailedPrecondition("stage evidence is only recorded while DRAINING or QUIESCED, not " +
+                              std::string(StateName(state_)));
+  }
+  JournalRecord rec;
+  rec.t_ms = clock_->NowMs();
+  rec.event = "staged";
+  rec.update = pending_ ? pending_->ordinal : 0;
+  rec.detail = Json{{"label", stage.label}, {"bytes", stage.bytes}, {"engine", stage.detail}};
+  RC_RETURN_IF_ERROR(AppendLocked(rec));
+  ApplyRecordLocked(rec);
+  return OkStatus();
 }
 
 Status Controller::Taint(const std::string& reason) {

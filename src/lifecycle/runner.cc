@@ -141,6 +141,8 @@ void Runner::StepDraining() {
       auto r = stage_call_.pending->Get();
       stage_call_.Clear();
       if (!r.ok()) return RejectAndResume("staging " + target_.label + " failed: " + r.status().ToString(), false);
+      Status recorded = controller_->RecordStageEvidence(*r);
+      if (!recorded.ok()) return RejectAndResume("recording the staging evidence failed: " + recorded.ToString(), false);
       stage_done_ = true;
     } else if (now > stage_call_.deadline_ms) {
       stage_call_.Clear();

@@ -64,6 +64,8 @@ TEST_F(RunnerTest, HappyPathCommitsAndResumes) {
     EXPECT_TRUE(u->evidence.contains(ev)) << ev;
   }
   EXPECT_EQ(u->evidence["caches_reset"].size(), 3u);
+  ASSERT_TRUE(u->evidence.contains("staged")) << "prefetch evidence is journaled too";
+  EXPECT_EQ(u->evidence["staged"]["label"], "rc-1");
 }
 
 TEST_F(RunnerTest, HungInstallTaintsWithinDeadlinePlus100) {

@@ -123,6 +123,9 @@ class Controller {
   // DRAINING | QUIESCED | UPDATING → READY on the old version. From UPDATING only when the
   // engine refused the install before mutating (install_refused_before_mutation).
   Status RejectBeforeMutation(const std::string& reason, bool install_refused_before_mutation);
+  // Journals the staging (prefetch) evidence of the update in progress; legal while DRAINING or
+  // QUIESCED (staging never touches live weights). Not a transition.
+  Status RecordStageEvidence(const StageEvidence& stage);
   // → TAINTED from UPDATING..RESUMING or RECOVERING.
   Status Taint(const std::string& reason);
 
