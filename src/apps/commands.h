@@ -14,5 +14,10 @@ void RegisterSimulateCommand(CLI::App& app, int* exit_code);
 void RegisterPlanCommand(CLI::App& app, int* exit_code);
 void RegisterDirectoryCommand(CLI::App& app, int* exit_code);
 void RegisterControllerCommand(CLI::App& app, int* exit_code);
+void RegisterEngineCommand(CLI::App& app, int* exit_code);
+void RegisterModelCommand(CLI::App& app, int* exit_code);
+void RegisterBenchEngineCommand(CLI::App& app, int* exit_code);
+void RegisterTrainerCommand(CLI::App& app, int* exit_code);
+void RegisterDemoCommand(CLI::App& app, int* exit_code);
 
 }  // namespace rc::apps

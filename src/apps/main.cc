@@ -21,6 +21,11 @@ int main(int argc, char** argv) {
   rc::apps::RegisterPlanCommand(app, &exit_code);
   rc::apps::RegisterDirectoryCommand(app, &exit_code);
   rc::apps::RegisterControllerCommand(app, &exit_code);
+  rc::apps::RegisterEngineCommand(app, &exit_code);
+  rc::apps::RegisterModelCommand(app, &exit_code);
+  rc::apps::RegisterBenchEngineCommand(app, &exit_code);
+  rc::apps::RegisterTrainerCommand(app, &exit_code);
+  rc::apps::RegisterDemoCommand(app, &exit_code);
 
   try {
     app.parse(argc, argv);

@@ -25,9 +25,9 @@ using testing::ScopedEnv;
 
 constexpr int64_t kSecond = 1'000'000'000;
 
-int64_t Now() { return SystemClock::Default()->NowNs(); }
+[[maybe_unused]] int64_t Now() { return SystemClock::Default()->NowNs(); }
 
-std::vector<ReadOp> ChunkedOps(const RemoteMemory& remote, std::vector<std::byte>& dest, uint64_t chunk) {
+[[maybe_unused]] std::vector<ReadOp> ChunkedOps(const RemoteMemory& remote, std::vector<std::byte>& dest, uint64_t chunk) {
   std::vector<ReadOp> ops;
   for (uint64_t off = 0; off < remote.length; off += chunk) {
     ops.push_back({remote, off, dest.data() + off, std::min(chunk, remote.length - off)});
@@ -35,7 +35,7 @@ std::vector<ReadOp> ChunkedOps(const RemoteMemory& remote, std::vector<std::byte
   return ops;
 }
 
-bool MatchesPeer(const std::vector<std::byte>& dest, uint64_t seed, uint64_t region) {
+[[maybe_unused]] bool MatchesPeer(const std::vector<std::byte>& dest, uint64_t seed, uint64_t region) {
   std::vector<std::byte> expected(dest.size());
   testing::FillPeerBytes(seed, region, 0, expected.data(), expected.size());
   return std::memcmp(dest.data(), expected.data(), dest.size()) == 0;

@@ -1,0 +1,213 @@
+// Engine: the embedded inference engine. Owns the model (every tensor-parallel rank's
+// parameters and KV storage), the KV block pool with prefix cache, the request queues and the
+// sampler; Step() runs one continuous-batching iteration.
+//
+// Scheduling: each step first serves running sequences (one decode token each, or the next
+// chunk of an unfinished prefill), then admits waiting requests FIFO while the batch has room
+// (max_num_seqs, max_num_batched_tokens) and the pool has blocks (an admission takes blocks for
+// its whole prompt; cache hits revive blocks instead). When a running sequence cannot get a
+// block the most recently admitted one is preempted (its blocks released, recomputed later).
+//
+// Pause (see docs/engine.md and ENGINE_API.md): kAbort finishes running and waiting requests
+// with finish_reason "abort"; kWait stops admitting, lets running ones finish, and returns when
+// none runs; kKeep freezes running requests (their KV kept) until Resume. Pause returns only
+// after any in-flight step finished, so once it returns nothing reads parameters until Resume:
+// that is when InstallWeights may write them.
+//
+// Thread safety: every public method may be called from any thread. Two locks: step_mu_
+// serializes Step() with the operations that touch KV memory or parameters (reset, install,
+// abort, pause); mu_ guards queues, flags and counters and is held only briefly (never during a
+// forward pass). Lock order: step_mu_ before mu_.
+// Invariant: parameters change only inside InstallWeights, only while paused, and the version
+// label and generation change in the same critical section.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/engine/kv_cache.h"
+#include "rolloutcore/engine/model_spec.h"
+#include "rolloutcore/engine/parameters.h"
+#include "rolloutcore/engine/sampler.h"
+
+namespace rc::engine {
+
+class Model;
+class ThreadPool;
+
+struct EngineOptions {
+  int tensor_parallel_size = 1;
+  int64_t block_size = 16;
+  int64_t num_kv_blocks = 0;   // 0: enough for max_num_seqs sequences of max_model_len, capped
+  int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
+  int64_t max_num_seqs = 32;
+  int64_t max_num_batched_tokens = 2048;
+  bool enable_prefix_caching = true;
+  int num_threads = 0;         // 0: hardware concurrency
+  uint64_t seed = 0;           // seeds requests that do not carry their own seed
+  std::string weight_version = "default";
+  std::string served_model_name = "rolloutcore";
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+std::string_view FinishReasonName(FinishReason r);
+
+enum class PauseMode { kAbort, kWait, kKeep };
+Result<PauseMode> PauseModeFromName(std::string_view name);
+
+struct GenerateRequest {
+  std::string request_id;  // empty: the engine assigns one
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  std::string cache_salt;
+};
+
+// Output of one request, shared between the engine (writer) and a client (reader).
+class RequestStream {
+ public:
+  struct Snapshot {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;  // empty unless logprobs were requested
+    std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+    FinishReason finish = FinishReason::kNone;
+    bool finished = false;
+    int64_t cached_tokens = 0;
+  };
+  // Returns once more than `seen` tokens exist or the request finished, or at the deadline.
+  Snapshot WaitFrom(size_t seen, std::chrono::milliseconds timeout);
+  Snapshot Wait() { return WaitFrom(SIZE_MAX, std::chrono::hours(24 * 365)); }
+  const std::string& request_id() const { return request_id_; }
+  const std::string& weight_version() const { return weight_version_; }
+  const std::vector<int32_t>& prompt() const { return prompt_; }
+
+ private:
+  friend class Engine;
+  std::string request_id_;
+  std::string weight_version_;
+  std::vector<int32_t> prompt_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Snapshot data_;  // guarded by mu_
+};
+
+struct EngineState {
+  bool paused = false;
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t blocks_in_use = 0;
+  int64_t num_kv_blocks = 0;
+  int64_t cached_blocks = 0;
+  std::string weight_version;
+  int64_t generation = 0;
+};
+
+struct EngineMetrics {
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // prompt tokens served from the cache
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t cache_resets = 0;
+  int64_t cache_resets_refused = 0;
+  int64_t steps = 0;
+  std::map<std::string, int64_t> finished_by_reason;
+  double kv_cache_usage = 0;
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+};
+
+// Fills one rank's parameters (all of them) from some source: a model folder, seeded random
+// values, a refit install. Called once per rank.
+using WeightFill = std::function<Status(int rank, const RankLayout& layout, ParameterStore* params)>;
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const ModelSpec& spec, const EngineOptions& options,
+                                                const WeightFill& fill);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelSpec& spec() const;
+  const EngineOptions& options() const { return options_; }
+  int64_t max_model_len() const { return max_model_len_; }
+
+  // Validates and queues a request (InvalidArgument naming the field: prompt too long for
+  // max_model_len, token ids outside the vocabulary, max_tokens < 1, ...).
+  Result<std::shared_ptr<RequestStream>> AddRequest(GenerateRequest request);
+  // Aborts the named requests (all when empty); returns how many were live.
+  int64_t Abort(const std::vector<std::string>& request_ids);
+
+  // One continuous-batching iteration; false when there was nothing to run.
+  bool Step();
+  bool HasRunnableWork() const;
+  // Blocks until there may be runnable work or the timeout passes.
+  void WaitForWork(std::chrono::milliseconds timeout);
+  // Wakes WaitForWork callers (used to stop a loop).
+  void Notify();
+
+  Status Pause(PauseMode mode);
+  void Resume();
+  bool IsPaused() const;
+
+  // Drops the prefix cache. Without reset_running_requests it refuses while any block is in
+  // use; with it, running requests are preempted first (they recompute after resume).
+  KvResetEvidence ResetPrefixCache(bool reset_running_requests);
+
+  EngineState State() const;
+  EngineMetrics Metrics() const;
+  std::string WeightVersion() const;
+  void SetWeightVersion(const std::string& label);
+
+  // Refit install path: requires the engine paused (FailedPrecondition otherwise). Calls fill
+  // for every rank, drops the prefix cache (KV computed under old weights is never reused),
+  // then sets label and generation together.
+  // reset_prefix_cache=false exists only for the stale-cache negative control experiment (an
+  // update done outside the controller that skips the reset); every real path resets.
+  Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
+                        bool reset_prefix_cache = true);
+  // Read access to a rank's live parameters (for digests). Callers must not race InstallWeights.
+  const ParameterStore& Parameters(int rank) const;
+  int tensor_parallel_size() const { return options_.tensor_parallel_size; }
+
+ private:
+  struct Sequence;
+  Engine() = default;
+  void FinishLocked(Sequence* seq, FinishReason reason);
+  void PreemptLocked(Sequence* seq);
+  void PublishLocked(Sequence* seq);
+
+  EngineOptions options_;
+  int64_t max_model_len_ = 0;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Model> model_;  // touched only under step_mu_
+
+  mutable std::mutex step_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;   // with mu_: new work or resume
+  std::condition_variable drain_cv_;  // with mu_: a running request finished
+  // guarded by mu_:
+  std::unique_ptr<KvCacheManager> kv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  bool paused_ = false;
+  bool draining_ = false;
+  std::string weight_version_;
+  int64_t generation_ = 0;
+  int64_t next_seq_id_ = 1;
+  SamplerRng seed_rng_{0};
+  EngineMetrics metrics_;
+  bool notified_ = false;
+};
+
+}  // namespace rc::engine

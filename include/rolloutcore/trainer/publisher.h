@@ -1,0 +1,156 @@
+// Publisher: one trainer rank's side of a weight refit. The rank hands it the shards it already
+// owns for a version (tensor name, dtype, global shape, the box's global offset and local shape,
+// a pointer to the box's row-major bytes); Publish then registers each shard's memory with the
+// rank's Transport, computes each shard's content digest (refit::DigestBlock), builds the shard
+// tables (handle = the registration's descriptor) and publishes them to the directory under the
+// rank's lease. The directory commits the version once every expected rank has published.
+//
+// Memory contract. The bytes must stay valid, unmoved and unchanged from AddShard until
+// Release(version): readers pull them one-sidedly at any time after the publish, and the digest
+// published is the digest of the bytes at Publish time. The memory must be registrable by the
+// transport (for `shm`: inside a live transport::ShmBuffer; `local` and `ucx` take any host
+// memory). A shard may carry `keep_alive`, any shared object owning its memory (a ShmBuffer, a
+// vector): the Publisher holds it until the version is released, so callers can hand buffers
+// over instead of tracking their lifetime.
+//
+// Leases. The first publish grants a lease of `lease_ttl_ms`; a directory::LeaseKeeper renews it
+// every `keepalive_interval_ms` until the Publisher is destroyed, and later publishes attach to
+// the same lease. If the lease is found expired (the keeper saw NotFound, or a publish is
+// answered NotFound for it) the next publish grants a fresh one. When the process dies the keeper
+// dies with it, the lease expires, and a version this rank left STAGING becomes ABANDONED: a
+// killed trainer leaves nothing that blocks a new one.
+//
+// Thread safety: every method may be called from any thread. One mutex guards the version table;
+// the expensive part of Publish (registration, digests, the directory call) runs without it.
+// Publish and Release of the same version must not race: a version being published refuses
+// AddShard, a second Publish and Release with FailedPrecondition.
+// Invariants: a version is in one of the states staged (shards added, nothing registered),
+// published (every shard registered, tables accepted by the directory) or gone (released, or
+// never added). A failed Publish deregisters what it registered and leaves the version staged,
+// so it can be retried. The destructor deregisters every registration it still holds; it does
+// not release versions in the directory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/directory/client.h"
+#include "rolloutcore/directory/store.h"
+#include "rolloutcore/refit/manifest.h"
+#include "rolloutcore/refit/tensor.h"
+#include "rolloutcore/transport/transport.h"
+
+namespace rc::trainer {
+
+// One shard a rank owns: the box [offset, offset + local_shape) of tensor `name`.
+struct ShardSource {
+  std::string name;
+  refit::DType dtype = refit::DType::kBF16;
+  refit::Shape global_shape;
+  refit::Shape offset;       // global start of the box
+  refit::Shape local_shape;  // the box's extent; `data` holds it row-major, dense
+  const void* data = nullptr;
+  transport::MemoryKind memory_kind = transport::MemoryKind::kHost;
+  int32_t device = -1;
+  // Held (not read) by the Publisher until the version is released.
+  std::shared_ptr<const void> keep_alive;
+
+  uint64_t bytes() const;
+};
+
+struct PublisherOptions {
+  int64_t lease_ttl_ms = 30'000;
+  int64_t keepalive_interval_ms = 0;  // 0: a third of lease_ttl_ms
+};
+
+// What one Publish did.
+struct PublishReport {
+  std::string version;
+  directory::PublishResult result;  // the directory's answer (state, ranks published, commit seq)
+  int64_t shards = 0;
+  uint64_t bytes = 0;
+  int64_t register_ns = 0;
+  int64_t digest_ns = 0;
+  int64_t publish_ns = 0;
+  std::vector<refit::ShardTable> tables;  // what was published, handles and digests filled in
+};
+
+class Publisher {
+ public:
+  // `transport` and `store` must outlive the Publisher. rank is in [0, expected_ranks).
+  Publisher(transport::Transport* transport, directory::DirectoryStore* store, std::string model, int32_t rank,
+            int32_t expected_ranks, PublisherOptions options = {});
+  ~Publisher();
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  const std::string& model() const { return model_; }
+  int32_t rank() const { return rank_; }
+  int32_t expected_ranks() const { return expected_ranks_; }
+
+  // Stages a shard of `version`. Checks the geometry right away (InvalidArgument naming tensor,
+  // rank and version: bad shape, box outside the tensor, null data, a tensor staged twice with a
+  // different dtype/shape, two shards of one tensor overlapping on this rank).
+  // FailedPrecondition when the version is being published or already published.
+  [[nodiscard]] Status AddShard(std::string_view version, ShardSource shard);
+
+  // Registers, digests and publishes every staged shard of `version` (see the header comment).
+  // A rank that owns nothing of the model may publish with no shards (its empty table set still
+  // counts as its publish). NotFound when the version was never staged; FailedPrecondition when it
+  // is already published or being published; the directory's refusal (named with rank and
+  // version) otherwise.
+  [[nodiscard]] Result<PublishReport> Publish(std::string_view version);
+  // Stages nothing new: publishes `version` with whatever was added (creating it empty if needed).
+  [[nodiscard]] Result<PublishReport> PublishEmpty(std::string_view version);
+
+  // Deregisters the version's memory and drops its shards (and their keep_alive objects). With
+  // release_in_directory, also releases the version in the directory (NotFound there is ignored:
+  // another rank may have released it first). NotFound when this Publisher holds no such version.
+  [[nodiscard]] Status Release(std::string_view version, bool release_in_directory = false);
+
+  // Versions held (staged or published), in label order.
+  std::vector<std::string> versions() const;
+  bool IsPublished(std::string_view version) const;
+  // The lease of the latest publish (0 before the first).
+  int64_t lease_id() const;
+
+ private:
+  struct StagedShard {
+    ShardSource source;
+    uint64_t registration_id = 0;  // valid when registered
+    std::string descriptor;
+    uint64_t digest = 0;
+  };
+  struct VersionEntry {
+    enum class State { kStaged, kPublishing, kPublished } state = State::kStaged;
+    std::vector<StagedShard> shards;
+  };
+
+  [[nodiscard]] Result<PublishReport> PublishImpl(std::string_view version, bool allow_create);
+  [[nodiscard]] Status CheckNewShard(std::string_view version, const VersionEntry& entry,
+                                     const ShardSource& shard) const;
+  // The lease to attach to (0: grant a new one).
+  int64_t CurrentLease();
+  void AdoptLease(int64_t lease_id, int64_t ttl_ms);
+  void DeregisterAll(std::vector<StagedShard>& shards);
+
+  transport::Transport* const transport_;
+  directory::DirectoryStore* const store_;
+  const std::string model_;
+  const int32_t rank_;
+  const int32_t expected_ranks_;
+  const PublisherOptions options_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, VersionEntry, std::less<>> versions_;  // guarded by mu_
+  int64_t lease_id_ = 0;                                       // guarded by mu_
+  std::unique_ptr<directory::LeaseKeeper> keeper_;             // guarded by mu_
+};
+
+}  // namespace rc::trainer

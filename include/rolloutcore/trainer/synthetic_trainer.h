@@ -1,0 +1,144 @@
+// SyntheticTrainer: a deterministic stand-in for a distributed trainer. N ranks (threads of this
+// process), each with its own Transport, its own Publisher and its own shared-memory buffers,
+// hold a model sharded by a refit trainer layout (fsdp:N, tp:N, replicated:N) and publish one
+// weight version per step to a directory.
+//
+// Determinism (docs/trainer.md). With z(seed, name, t, i) a standard-ish normal variate computed
+// from a counter-based hash of (seed, tensor name, stream t, global row-major element index i):
+//
+//     W_0[i]     = c(name) + 0.02f * z(seed, name, 0, i)       c = 1 for *norm.weight, else 0
+//     W_{k+1}[i] = W_k[i] + lr * z(seed, name, k + 1, i)
+//
+// evaluated in f32 in exactly this order (the module is compiled with -ffp-contract=off), with lr
+// rounded to f32 once. The published bytes of version v<k> are bf16(W_k) rounded to nearest even.
+// Every element depends only on (seed, lr, name, k, i), so any rank, any layout and `trainer
+// export` produce bit-identical bytes for v<k>; a rank keeps an f32 master of its shards and
+// advances it step by step, which is the same operation sequence as computing W_k from scratch.
+//
+// Thread safety: SyntheticTrainer's methods may be called from any thread; Step, Release and
+// Shutdown are serialized by one mutex (a step runs its ranks on threads of its own and returns
+// when all of them have published). The free functions are pure.
+// Invariants: versions are published in step order, labelled v<k>; a released version is never
+// published again; after Shutdown nothing stays registered with any transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/directory/store.h"
+#include "rolloutcore/refit/layouts.h"
+#include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/refit/tensor.h"
+#include "rolloutcore/trainer/publisher.h"
+#include "rolloutcore/transport/transport.h"
+
+namespace rc::trainer {
+
+// The parameters of the formula above.
+struct SyntheticWeights {
+  uint64_t seed = 0;
+  float lr = 1e-3f;
+};
+
+inline constexpr float kInitStd = 0.02f;
+
+// The f32 master of W_step over `box` of tensor `spec` (row-major box contents), from scratch.
+void ComputeMaster(const SyntheticWeights& w, const refit::TensorSpec& spec, const refit::Box& box, int64_t step,
+                   float* out);
+// Advances a master of W_step over `box` to W_{step+1} in place.
+void AdvanceMaster(const SyntheticWeights& w, const refit::TensorSpec& spec, const refit::Box& box, int64_t step,
+                   float* master);
+// n bf16 elements (round to nearest even) of the master, written as little-endian 16-bit words.
+void MasterToBf16(const float* master, int64_t n, uint16_t* out);
+// bf16(W_step) over `box`, from scratch.
+std::vector<uint16_t> ComputeBf16(const SyntheticWeights& w, const refit::TensorSpec& spec, const refit::Box& box,
+                                  int64_t step);
+
+// "v<k>" <-> k. InvalidArgument naming the text when it is not v followed by a decimal number.
+std::string VersionLabel(int64_t step);
+[[nodiscard]] Result<int64_t> ParseVersionLabel(std::string_view label);
+
+// A transport by name from the transport registry: "local", "shm", and "ucx" when built with
+// ROLLOUTCORE_WITH_UCX (NotFound listing the built-in names otherwise).
+[[nodiscard]] Result<std::unique_ptr<transport::Transport>> CreateTrainerTransport(std::string_view name);
+
+struct SyntheticTrainerOptions {
+  refit::ModelConfig config;
+  refit::TrainerLayout layout;
+  std::string model_name;  // the directory's model name; empty: config.name
+  std::string transport = "shm";
+  SyntheticWeights weights;
+  int64_t first_step = 0;  // the first Step publishes v<first_step>
+  int32_t fail_rank = -1;  // fault injection: this rank never publishes
+  int32_t keep = 0;        // > 0: after each step release versions older than the newest `keep`
+  PublisherOptions publisher;
+};
+
+struct VersionStatus {
+  std::string version;
+  int64_t step = 0;
+  std::string state;  // STAGING, COMMITTED, ABANDONED (as last seen), or RELEASED
+  int32_t ranks_published = 0;
+  uint64_t commit_seq = 0;
+  uint64_t content_digest = 0;
+  uint64_t bytes = 0;  // over all ranks
+  int64_t shards = 0;
+  double compute_ms = 0;  // slowest rank
+  double publish_ms = 0;  // slowest rank: register + digest + directory
+};
+
+// {version, step, state, committed, ranks_published, commit_seq, content_digest (hex), bytes,
+// shards, compute_ms, publish_ms}.
+Json VersionStatusToJson(const VersionStatus& v);
+
+class SyntheticTrainer {
+ public:
+  // Validates the options and prepares every rank (its transport and Publisher). Nothing is
+  // published yet. `store` must outlive the trainer.
+  [[nodiscard]] static Result<std::unique_ptr<SyntheticTrainer>> Create(SyntheticTrainerOptions options,
+                                                                        directory::DirectoryStore* store);
+  ~SyntheticTrainer();  // Shutdown(false)
+  SyntheticTrainer(const SyntheticTrainer&) = delete;
+  SyntheticTrainer& operator=(const SyntheticTrainer&) = delete;
+
+  // Computes and publishes the next version on every rank. The result says whether the version
+  // committed (it does not when a rank is failed on purpose). A rank's failure is returned naming
+  // the rank and version; the step counter still advances, so the failed label is not reused.
+  [[nodiscard]] Result<VersionStatus> Step();
+  // Deregisters the version on every rank and releases it in the directory.
+  [[nodiscard]] Status Release(std::string_view version);
+  // Deregisters everything (and, with release_in_directory, releases every held version in the
+  // directory). Idempotent; Step fails afterwards.
+  Status Shutdown(bool release_in_directory);
+
+  const std::string& model_name() const { return model_name_; }
+  const SyntheticTrainerOptions& options() const { return options_; }
+  std::vector<VersionStatus> versions() const;
+  // {model, layout, transport, ranks, seed, lr, next_step, versions: [...]}; refreshes the state of
+  // versions not yet committed from the directory.
+  Json StatusJson();
+
+ private:
+  struct Rank;
+  SyntheticTrainer(SyntheticTrainerOptions options, directory::DirectoryStore* store);
+  [[nodiscard]] Status RunRank(Rank& rank, int64_t step, VersionStatus* out);
+  [[nodiscard]] Status ReleaseLocked(std::string_view version);
+
+  const SyntheticTrainerOptions options_;
+  directory::DirectoryStore* const store_;
+  std::string model_name_;
+  std::vector<std::unique_ptr<Rank>> ranks_;  // fixed after Create
+
+  mutable std::mutex mu_;                // serializes Step / Release / Shutdown
+  int64_t next_step_ = 0;                // guarded by mu_
+  bool shut_down_ = false;               // guarded by mu_
+  std::vector<VersionStatus> versions_;  // guarded by mu_; in step order
+};
+
+}  // namespace rc::trainer

@@ -1,0 +1,104 @@
+// `rolloutcore engine serve`: the embedded engine behind its vLLM-compatible HTTP API.
+#include <pthread.h>
+
+#include <csignal>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "rolloutcore/engine/http_server.h"
+#include "rolloutcore/engine/loader.h"
+
+namespace rc::apps {
+namespace {
+
+struct ServeFlags {
+  std::string model = "tiny";
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int64_t max_model_len = 0;
+  int64_t block_size = 16;
+  int64_t num_kv_blocks = 0;
+  int64_t max_num_seqs = 32;
+  int64_t max_num_batched_tokens = 2048;
+  bool prefix_caching = true;
+  int tp = 1;
+  std::string load_format = "auto";
+  uint64_t seed = 0;
+  std::string weight_version = "default";
+  std::string served_model_name;
+  int threads = 0;
+};
+
+int Serve(const ServeFlags& f) {
+  // SIGINT / SIGTERM are taken by sigwait on this thread; block them before any thread starts so
+  // no other thread runs a handler (stopping the server from a handler is not safe).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  engine::EngineOptions o;
+  o.tensor_parallel_size = f.tp;
+  o.block_size = f.block_size;
+  o.num_kv_blocks = f.num_kv_blocks;
+  o.max_model_len = f.max_model_len;
+  o.max_num_seqs = f.max_num_seqs;
+  o.max_num_batched_tokens = f.max_num_batched_tokens;
+  o.enable_prefix_caching = f.prefix_caching;
+  o.seed = f.seed;
+  o.weight_version = f.weight_version;
+  o.num_threads = f.threads;
+  o.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
+  auto engine = engine::CreateEngine({f.model, f.load_format, f.seed}, o);
+  if (!engine.ok()) {
+    std::cerr << "engine serve: " << engine.status().ToString() << "\n";
+    return 2;
+  }
+  engine::ServerOptions so;
+  so.host = f.host;
+  so.port = f.port;
+  so.model_name = o.served_model_name;
+  engine::EngineServer server(engine->get(), so);
+  Status st = server.Start();
+  if (!st.ok()) {
+    std::cerr << "engine serve: " << st.ToString() << "\n";
+    return 2;
+  }
+  std::cout << "rolloutcore engine serving " << so.model_name << " on http://" << f.host << ":" << server.port()
+            << " (tp=" << f.tp << ", max_model_len=" << (*engine)->max_model_len()
+            << ", kv blocks=" << (*engine)->options().num_kv_blocks << "x" << f.block_size << ")" << std::endl;
+  int sig = 0;
+  sigwait(&signals, &sig);
+  server.Stop();
+  return 0;
+}
+
+}  // namespace
+
+void RegisterEngineCommand(CLI::App& app, int* exit_code) {
+  auto* engine = app.add_subcommand("engine", "The embedded CPU inference engine.");
+  engine->require_subcommand(1);
+  auto flags = std::make_shared<ServeFlags>();
+  auto* serve = engine->add_subcommand("serve", "Serve a model over the vLLM-compatible HTTP API.");
+  serve->add_option("--model", flags->model, "Preset name (tiny, qwen3-0.6b-like, ...) or Hugging Face folder");
+  serve->add_option("--host", flags->host, "Address to bind")->capture_default_str();
+  serve->add_option("--port", flags->port, "Port (0: any free port)")->capture_default_str();
+  serve->add_option("--max-model-len", flags->max_model_len, "Context length (default: the model's)");
+  serve->add_option("--block-size", flags->block_size, "KV block size in tokens")->capture_default_str();
+  serve->add_option("--num-kv-blocks", flags->num_kv_blocks, "KV blocks in the pool (default: sized from limits)");
+  serve->add_option("--max-num-seqs", flags->max_num_seqs, "Max running requests")->capture_default_str();
+  serve->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens, "Token budget per step")
+      ->capture_default_str();
+  serve->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", flags->prefix_caching,
+                  "Prefix caching (on by default)");
+  serve->add_option("--tensor-parallel-size", flags->tp, "In-process tensor-parallel ranks")->capture_default_str();
+  serve->add_option("--load-format", flags->load_format, "auto (safetensors folder) or dummy (seeded random)")
+      ->capture_default_str();
+  serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();
+  serve->add_option("--weight-version", flags->weight_version, "Initial weight version label")->capture_default_str();
+  serve->add_option("--served-model-name", flags->served_model_name, "Model name in responses");
+  serve->add_option("--threads", flags->threads, "Compute threads (0: all cores)");
+  serve->callback([flags, exit_code] { *exit_code = Serve(*flags); });
+}
+
+}  // namespace rc::apps

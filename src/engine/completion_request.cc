@@ -1,0 +1,114 @@
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/engine/http_server.h"
+
+namespace rc::engine {
+namespace {
+
+Status TypeError(std::string_view field, std::string_view expected, const Json& got) {
+  return InvalidArgument(std::string(field) + ": expected " + std::string(expected) + ", got " + JsonTypeName(got));
+}
+
+// Token id list; `field` for messages.
+Result<std::vector<int32_t>> TokenList(const Json& j, const std::string& field) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const Json& v = j[i];
+    if (!v.is_number_integer()) return TypeError(field + "[" + std::to_string(i) + "]", "a token id (integer)", v);
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id > INT32_MAX) {
+      return InvalidArgument(field + "[" + std::to_string(i) + "]: token id " + std::to_string(id) + " is out of range");
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ByteTokenizer& tokenizer) {
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(body, "request body"));
+  if (!j.is_object()) return TypeError("body", "a JSON object", j);
+  CompletionRequest r;
+  // prompt: string | [string] | [int] | [[int]]
+  auto p = j.find("prompt");
+  if (p == j.end() || p->is_null()) return InvalidArgument("prompt: required field is missing");
+  if (p->is_string()) {
+    RC_ASSIGN_OR_RETURN(auto ids, tokenizer.Encode(p->get<std::string>(), "prompt"));
+    r.prompts.push_back(std::move(ids));
+  } else if (p->is_array()) {
+    if (p->empty()) return InvalidArgument("prompt: must not be empty");
+    if ((*p)[0].is_number_integer()) {
+      RC_ASSIGN_OR_RETURN(auto ids, TokenList(*p, "prompt"));
+      r.prompts.push_back(std::move(ids));
+    } else {
+      for (size_t i = 0; i < p->size(); ++i) {
+        const Json& e = (*p)[i];
+        const std::string field = "prompt[" + std::to_string(i) + "]";
+        if (e.is_string()) {
+          RC_ASSIGN_OR_RETURN(auto ids, tokenizer.Encode(e.get<std::string>(), field));
+          r.prompts.push_back(std::move(ids));
+        } else if (e.is_array()) {
+          RC_ASSIGN_OR_RETURN(auto ids, TokenList(e, field));
+          r.prompts.push_back(std::move(ids));
+        } else {
+          return TypeError(field, "a string or a list of token ids", e);
+        }
+      }
+    }
+  } else {
+    return TypeError("prompt", "a string, a list of strings, a list of token ids or a list of lists", *p);
+  }
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    if (r.prompts[i].empty()) {
+      return InvalidArgument(r.prompts.size() == 1 ? "prompt: must not be empty"
+                                                   : "prompt[" + std::to_string(i) + "]: must not be empty");
+    }
+  }
+  if (r.prompts.size() > 256) return InvalidArgument("prompt: at most 256 prompts per request");
+
+  SamplingParams& s = r.sampling;
+  RC_ASSIGN_OR_RETURN(s.max_tokens, GetInt(j, "max_tokens", "", 16));
+  if (s.max_tokens < 1) return InvalidArgument("max_tokens: must be at least 1, got " + std::to_string(s.max_tokens));
+  RC_ASSIGN_OR_RETURN(s.temperature, GetDouble(j, "temperature", "", 1.0));
+  if (!(s.temperature >= 0) || s.temperature > 1e6) return InvalidArgument("temperature: must be >= 0");
+  RC_ASSIGN_OR_RETURN(s.top_p, GetDouble(j, "top_p", "", 1.0));
+  if (!(s.top_p > 0 && s.top_p <= 1)) return InvalidArgument("top_p: must be in (0, 1]");
+  RC_ASSIGN_OR_RETURN(s.top_k, GetInt(j, "top_k", "", -1));
+  if (s.top_k < -1) return InvalidArgument("top_k: must be -1 (disabled), 0 (disabled) or positive");
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return TypeError("seed", "an integer", *it);
+    s.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+  }
+  RC_ASSIGN_OR_RETURN(r.n, GetInt(j, "n", "", 1));
+  if (r.n < 1 || r.n > 16) return InvalidArgument("n: must be in [1, 16]");
+  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return TypeError("logprobs", "an integer", *it);
+    const int64_t k = it->get<int64_t>();
+    if (k < 0 || k > 20) return InvalidArgument("logprobs: must be in [0, 20], got " + std::to_string(k));
+    s.num_logprobs = k;
+  }
+  RC_ASSIGN_OR_RETURN(r.return_token_ids, GetBool(j, "return_token_ids", "", false));
+  RC_ASSIGN_OR_RETURN(s.ignore_eos, GetBool(j, "ignore_eos", "", false));
+  RC_ASSIGN_OR_RETURN(r.stream, GetBool(j, "stream", "", false));
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return TypeError("stream_options", "an object", *it);
+    RC_ASSIGN_OR_RETURN(r.include_usage, GetBool(*it, "include_usage", "stream_options", false));
+  }
+  if (auto it = j.find("cache_salt"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return TypeError("cache_salt", "a string", *it);
+    r.cache_salt = it->get<std::string>();
+    if (r.cache_salt.empty()) return InvalidArgument("cache_salt: must be a non-empty string");
+  }
+  RC_ASSIGN_OR_RETURN(r.request_id, GetString(j, "request_id", "", ""));
+  RC_ASSIGN_OR_RETURN(r.model, GetString(j, "model", "", ""));
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return TypeError("stop_token_ids", "a list of token ids", *it);
+    RC_ASSIGN_OR_RETURN(s.stop_token_ids, TokenList(*it, "stop_token_ids"));
+  }
+  if (auto it = j.find("echo"); it != j.end() && it->is_boolean() && it->get<bool>()) {
+    return InvalidArgument("echo: not supported by the embedded engine");
+  }
+  return r;
+}
+
+}  // namespace rc::engine

@@ -1,0 +1,543 @@
+#include "rolloutcore/engine/engine.h"
+
+#include <algorithm>
+#include <set>
+
+#include "engine/model.h"
+#include "engine/thread_pool.h"
+#include "rolloutcore/base/log.h"
+
+namespace rc::engine {
+
+std::string_view FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+  }
+  return "";
+}
+
+Result<PauseMode> PauseModeFromName(std::string_view name) {
+  if (name == "abort") return PauseMode::kAbort;
+  if (name == "wait") return PauseMode::kWait;
+  if (name == "keep") return PauseMode::kKeep;
+  return InvalidArgument("mode: expected one of abort, wait, keep; got '" + std::string(name) + "'");
+}
+
+RequestStream::Snapshot RequestStream::WaitFrom(size_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, timeout, [&] { return data_.finished || (seen != SIZE_MAX && data_.tokens.size() > seen); });
+  return data_;
+}
+
+struct Engine::Sequence {
+  int64_t seq_id = 0;
+  std::string request_id;
+  std::vector<int32_t> tokens;  // prompt followed by generated tokens
+  size_t prompt_len = 0;
+  SamplingParams params;
+  SamplerRng rng;
+  std::string cache_salt;
+  std::vector<int32_t> blocks;
+  std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks computed so far
+  int64_t num_computed = 0;            // positions with KV in `blocks`
+  bool counted_prefix = false;         // prefix-cache metrics taken at first admission
+  std::shared_ptr<RequestStream> stream;
+  // Per-step scratch.
+  int64_t step_tokens = 0;
+  // Outputs not yet published to the stream.
+  std::vector<int32_t> out_tokens;
+  std::vector<float> out_logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> out_top;
+  int64_t cached_tokens = 0;
+  size_t output_len() const { return tokens.size() - prompt_len; }
+};
+
+Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const EngineOptions& options,
+                                               const WeightFill& fill) {
+  RC_RETURN_IF_ERROR(spec.Validate());
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  EngineOptions& o = e->options_;
+  if (o.tensor_parallel_size <= 0) return InvalidArgument("tensor-parallel-size must be positive");
+  if (o.block_size <= 0 || o.block_size > 1024) return InvalidArgument("block-size must be in [1, 1024]");
+  if (o.max_num_seqs <= 0) return InvalidArgument("max-num-seqs must be positive");
+  if (o.max_num_batched_tokens <= 0) return InvalidArgument("max-num-batched-tokens must be positive");
+  // Default context: the model's, capped at kDefaultMaxModelLen so a big model does not need a
+  // huge KV pool just to start (pass --max-model-len for more).
+  constexpr int64_t kDefaultMaxModelLen = 4096;
+  e->max_model_len_ = o.max_model_len > 0 ? o.max_model_len
+                                          : std::min(spec.max_position_embeddings, kDefaultMaxModelLen);
+  if (e->max_model_len_ <= 1) return InvalidArgument("max-model-len must be at least 2");
+  if (o.num_kv_blocks <= 0) {
+    // Room for up to 8 full-length sequences, within a 1 GiB KV budget, never less than one.
+    constexpr int64_t kKvBudgetBytes = int64_t{1} << 30;
+    int64_t kv_heads_total = 0;
+    for (int r = 0; r < o.tensor_parallel_size; ++r) {
+      auto l = MakeRankLayout(spec, o.tensor_parallel_size, r);
+      if (!l.ok()) return l.status();
+      kv_heads_total += l->kv_heads;
+    }
+    const int64_t block_bytes = spec.num_layers * kv_heads_total * spec.head_dim * 2 * 4 * o.block_size;
+    const int64_t per_seq = (e->max_model_len_ + o.block_size - 1) / o.block_size;
+    o.num_kv_blocks = std::min<int64_t>(per_seq * std::min<int64_t>(o.max_num_seqs, 8), kKvBudgetBytes / block_bytes);
+    o.num_kv_blocks = std::max(o.num_kv_blocks, per_seq);
+  }
+  if (o.num_kv_blocks * o.block_size < e->max_model_len_) {
+    return InvalidArgument("num-kv-blocks * block-size (" + std::to_string(o.num_kv_blocks * o.block_size) +
+                           ") cannot hold one sequence of max-model-len " + std::to_string(e->max_model_len_));
+  }
+  e->pool_ = std::make_unique<ThreadPool>(o.num_threads);
+  RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks, o.block_size,
+                                               e->pool_.get()));
+  for (int r = 0; r < o.tensor_parallel_size; ++r) {
+    RC_RETURN_IF_ERROR(fill(r, e->model_->layout(r), &e->model_->params(r)));
+  }
+  RC_RETURN_IF_ERROR(e->model_->Bind());
+  e->kv_ = std::make_unique<KvCacheManager>(o.num_kv_blocks, o.block_size, o.enable_prefix_caching);
+  e->weight_version_ = o.weight_version;
+  e->seed_rng_ = SamplerRng(o.seed);
+  return e;
+}
+
+Engine::~Engine() = default;
+
+const ModelSpec& Engine::spec() const { return model_->spec(); }
+
+const ParameterStore& Engine::Parameters(int rank) const { return model_->params(rank); }
+
+Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
+  const ModelSpec& s = model_->spec();
+  if (req.prompt.empty()) return InvalidArgument("prompt: must contain at least one token");
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= s.vocab_size) {
+      return InvalidArgument("prompt[" + std::to_string(i) + "]: token id " + std::to_string(req.prompt[i]) +
+                             " is outside the vocabulary [0, " + std::to_string(s.vocab_size) + ")");
+    }
+  }
+  const auto plen = static_cast<int64_t>(req.prompt.size());
+  if (plen >= max_model_len_) {
+    return InvalidArgument("prompt: " + std::to_string(plen) + " tokens do not fit max_model_len " +
+                           std::to_string(max_model_len_) + " (at least one token must be generated)");
+  }
+  const SamplingParams& p = req.sampling;
+  if (p.max_tokens < 1) return InvalidArgument("max_tokens: must be at least 1, got " + std::to_string(p.max_tokens));
+  if (plen + p.max_tokens > max_model_len_) {
+    return InvalidArgument("max_tokens: prompt (" + std::to_string(plen) + " tokens) + max_tokens (" +
+                           std::to_string(p.max_tokens) + ") exceeds max_model_len " + std::to_string(max_model_len_));
+  }
+  if (p.temperature < 0) return InvalidArgument("temperature: must be >= 0");
+  if (!(p.top_p > 0 && p.top_p <= 1)) return InvalidArgument("top_p: must be in (0, 1]");
+  if (p.num_logprobs > 20) return InvalidArgument("logprobs: at most 20");
+  for (size_t i = 0; i < p.stop_token_ids.size(); ++i) {
+    if (p.stop_token_ids[i] < 0) return InvalidArgument("stop_token_ids[" + std::to_string(i) + "]: must be >= 0");
+  }
+  auto seq = std::make_unique<Sequence>();
+  auto stream = std::make_shared<RequestStream>();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    seq->seq_id = next_seq_id_++;
+    seq->request_id = req.request_id.empty() ? "req-" + std::to_string(seq->seq_id) : req.request_id;
+    seq->rng = SamplerRng(p.seed ? *p.seed : seed_rng_.Next());
+    stream->weight_version_ = weight_version_;
+  }
+  seq->prompt_len = req.prompt.size();
+  stream->request_id_ = seq->request_id;
+  stream->prompt_ = req.prompt;
+  seq->tokens = std::move(req.prompt);
+  seq->params = std::move(req.sampling);
+  seq->cache_salt = std::move(req.cache_salt);
+  seq->stream = stream;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    waiting_.push_back(std::move(seq));
+    notified_ = true;
+  }
+  work_cv_.notify_all();
+  return stream;
+}
+
+void Engine::PublishLocked(Sequence* seq) {
+  std::lock_guard<std::mutex> l(seq->stream->mu_);
+  auto& d = seq->stream->data_;
+  d.tokens.insert(d.tokens.end(), seq->out_tokens.begin(), seq->out_tokens.end());
+  d.logprobs.insert(d.logprobs.end(), seq->out_logprobs.begin(), seq->out_logprobs.end());
+  for (auto& t : seq->out_top) d.top_logprobs.push_back(std::move(t));
+  d.cached_tokens = seq->cached_tokens;
+  seq->out_tokens.clear();
+  seq->out_logprobs.clear();
+  seq->out_top.clear();
+  seq->stream->cv_.notify_all();
+}
+
+void Engine::FinishLocked(Sequence* seq, FinishReason reason) {
+  kv_->Release(seq->blocks);
+  seq->blocks.clear();
+  PublishLocked(seq);
+  {
+    std::lock_guard<std::mutex> l(seq->stream->mu_);
+    seq->stream->data_.finish = reason;
+    seq->stream->data_.finished = true;
+  }
+  seq->stream->cv_.notify_all();
+  metrics_.finished_by_reason[std::string(FinishReasonName(reason))]++;
+}
+
+void Engine::PreemptLocked(Sequence* seq) {
+  kv_->Release(seq->blocks);
+  seq->blocks.clear();
+  seq->block_hashes.clear();
+  seq->num_computed = 0;
+  metrics_.num_preemptions++;
+}
+
+int64_t Engine::Abort(const std::vector<std::string>& ids) {
+  std::lock_guard<std::mutex> sl(step_mu_);
+  std::lock_guard<std::mutex> l(mu_);
+  const std::set<std::string> want(ids.begin(), ids.end());
+  auto match = [&](const Sequence& s) { return want.empty() || want.count(s.request_id) != 0; };
+  int64_t n = 0;
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (match(**it)) {
+      FinishLocked(it->get(), FinishReason::kAbort);
+      it = running_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (match(**it)) {
+      FinishLocked(it->get(), FinishReason::kAbort);
+      it = waiting_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  drain_cv_.notify_all();
+  return n;
+}
+
+bool Engine::HasRunnableWork() const {
+  std::lock_guard<std::mutex> l(mu_);
+  if (paused_) return false;
+  return !running_.empty() || (!draining_ && !waiting_.empty());
+}
+
+void Engine::WaitForWork(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  work_cv_.wait_for(l, timeout, [&] {
+    return notified_ || (!paused_ && (!running_.empty() || (!draining_ && !waiting_.empty())));
+  });
+  notified_ = false;
+}
+
+void Engine::Notify() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    notified_ = true;
+  }
+  work_cv_.notify_all();
+}
+
+bool Engine::Step() {
+  std::lock_guard<std::mutex> sl(step_mu_);
+  std::vector<Sequence*> batch;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (paused_) return false;
+    int64_t budget = options_.max_num_batched_tokens;
+    // 1. Running sequences, oldest first; preempt the newest when blocks run out.
+    for (;;) {
+      KvPlan plan;
+      bool ok = true;
+      int64_t b = budget;
+      for (auto& s : running_) {
+        const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->num_computed;
+        s->step_tokens = std::max<int64_t>(0, std::min(remaining, b));
+        b -= s->step_tokens;
+        KvDemand d;
+        d.seq_id = s->seq_id;
+        d.held_blocks = static_cast<int64_t>(s->blocks.size());
+        d.need_tokens = s->num_computed + s->step_tokens;
+        if (!kv_->PlanDemand(d, &plan)) {
+          ok = false;
+          break;
+        }
+      }
+      if (ok) {
+        kv_->Apply(plan);
+        for (const KvGrant& g : plan.grants) {
+          for (auto& s : running_) {
+            if (s->seq_id == g.seq_id) s->blocks.insert(s->blocks.end(), g.new_blocks.begin(), g.new_blocks.end());
+          }
+        }
+        budget = b;
+        break;
+      }
+      // Preempt the most recently admitted running sequence and retry.
+      std::unique_ptr<Sequence> victim = std::move(running_.back());
+      running_.pop_back();
+      PreemptLocked(victim.get());
+      waiting_.push_front(std::move(victim));
+      if (running_.empty()) break;
+    }
+    // 2. Admissions, FIFO.
+    while (!draining_ && !waiting_.empty() && budget > 0 &&
+           static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
+      Sequence* s = waiting_.front().get();
+      KvPlan plan;
+      KvDemand d;
+      d.seq_id = s->seq_id;
+      d.match_prefix = true;
+      d.prefix_tokens = std::span<const int32_t>(s->tokens.data(), s->tokens.size() - 1);
+      d.cache_salt = s->cache_salt;
+      d.need_tokens = static_cast<int64_t>(s->tokens.size());
+      if (!kv_->PlanDemand(d, &plan)) break;  // wait for blocks to free up
+      kv_->Apply(plan);
+      const KvGrant& g = plan.grants[0];
+      s->blocks = g.hit_blocks;
+      s->blocks.insert(s->blocks.end(), g.new_blocks.begin(), g.new_blocks.end());
+      s->block_hashes = g.hit_hashes;
+      s->num_computed = static_cast<int64_t>(g.hit_blocks.size()) * options_.block_size;
+      if (!s->counted_prefix) {
+        s->counted_prefix = true;
+        s->cached_tokens = s->num_computed;
+        metrics_.prefix_cache_queries += static_cast<int64_t>(s->prompt_len);
+        metrics_.prefix_cache_hits += std::min<int64_t>(s->num_computed, static_cast<int64_t>(s->prompt_len));
+        metrics_.prompt_tokens += static_cast<int64_t>(s->prompt_len);
+      }
+      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->num_computed;
+      s->step_tokens = std::min(remaining, budget);
+      budget -= s->step_tokens;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+    for (auto& s : running_)
+      if (s->step_tokens > 0) batch.push_back(s.get());
+    if (batch.empty()) return false;
+    metrics_.steps++;
+  }
+
+  // 3. Forward outside mu_ (step_mu_ keeps parameters and KV memory stable).
+  std::vector<ForwardSeq> fwd;
+  for (Sequence* s : batch) {
+    ForwardSeq f;
+    f.tokens = s->tokens.data() + s->num_computed;
+    f.num_tokens = s->step_tokens;
+    f.start_pos = s->num_computed;
+    f.block_table = &s->blocks;
+    f.want_logits = s->num_computed + s->step_tokens == static_cast<int64_t>(s->tokens.size());
+    fwd.push_back(f);
+  }
+  std::vector<float> logits;
+  Status st = model_->Forward(fwd, &logits);
+
+  // 4. Apply results.
+  std::lock_guard<std::mutex> l(mu_);
+  if (!st.ok()) {
+    RC_LOG_ERROR("engine step failed: {}", st.ToString());
+    for (Sequence* s : batch) s->step_tokens = -1;  // marker: abort below
+  }
+  const int64_t V = model_->spec().vocab_size;
+  const auto& eos = model_->spec().eos_token_ids;
+  size_t row = 0;
+  std::vector<Sequence*> finished;
+  std::vector<FinishReason> reasons;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence* s = batch[i];
+    if (s->step_tokens < 0) {
+      finished.push_back(s);
+      reasons.push_back(FinishReason::kAbort);
+      continue;
+    }
+    s->num_computed += s->step_tokens;
+    s->step_tokens = 0;
+    if (kv_->prefix_caching()) {
+      const int64_t bs = options_.block_size;
+      const size_t first = s->block_hashes.size();
+      const int64_t full = s->num_computed / bs;
+      for (int64_t b = static_cast<int64_t>(first); b < full; ++b) {
+        const uint64_t parent = b == 0 ? 0 : s->block_hashes[static_cast<size_t>(b - 1)];
+        s->block_hashes.push_back(KvBlockHash(
+            parent, std::span<const int32_t>(s->tokens.data() + b * bs, static_cast<size_t>(bs)), s->cache_salt));
+      }
+      kv_->RegisterFullBlocks(s->blocks, s->block_hashes, first);
+    }
+    if (!fwd[i].want_logits) continue;
+    std::span<const float> row_logits(logits.data() + row * V, static_cast<size_t>(V));
+    ++row;
+    SampleResult r = Sample(row_logits, s->params, &s->rng);
+    s->tokens.push_back(r.token);
+    s->out_tokens.push_back(r.token);
+    if (s->params.num_logprobs >= 0) {
+      s->out_logprobs.push_back(r.logprob);
+      s->out_top.push_back(std::move(r.top_logprobs));
+    }
+    metrics_.generation_tokens++;
+    FinishReason reason = FinishReason::kNone;
+    const bool is_eos = std::find(eos.begin(), eos.end(), r.token) != eos.end();
+    const auto& stops = s->params.stop_token_ids;
+    if ((is_eos && !s->params.ignore_eos) || std::find(stops.begin(), stops.end(), r.token) != stops.end()) {
+      reason = FinishReason::kStop;
+    } else if (static_cast<int64_t>(s->output_len()) >= s->params.max_tokens ||
+               static_cast<int64_t>(s->tokens.size()) >= max_model_len_) {
+      reason = FinishReason::kLength;
+    }
+    if (reason != FinishReason::kNone) {
+      finished.push_back(s);
+      reasons.push_back(reason);
+    } else {
+      PublishLocked(s);
+    }
+  }
+  for (size_t i = 0; i < finished.size(); ++i) {
+    FinishLocked(finished[i], reasons[i]);
+    for (auto it = running_.begin(); it != running_.end(); ++it) {
+      if (it->get() == finished[i]) {
+        running_.erase(it);
+        break;
+      }
+    }
+  }
+  if (!finished.empty()) drain_cv_.notify_all();
+  return true;
+}
+
+Status Engine::Pause(PauseMode mode) {
+  if (mode == PauseMode::kWait) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!paused_) {
+      draining_ = true;
+      drain_cv_.wait(l, [&] { return running_.empty() || paused_; });
+      draining_ = false;
+      paused_ = true;
+    }
+  } else {
+    std::lock_guard<std::mutex> l(mu_);
+    paused_ = true;
+  }
+  // Wait for an in-flight step; from here on no step runs until Resume.
+  std::lock_guard<std::mutex> sl(step_mu_);
+  if (mode == PauseMode::kAbort) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& s : running_) FinishLocked(s.get(), FinishReason::kAbort);
+    running_.clear();
+    for (auto& s : waiting_) FinishLocked(s.get(), FinishReason::kAbort);
+    waiting_.clear();
+    drain_cv_.notify_all();
+  }
+  return OkStatus();
+}
+
+void Engine::Resume() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    paused_ = false;
+    draining_ = false;
+    notified_ = true;
+  }
+  work_cv_.notify_all();
+}
+
+bool Engine::IsPaused() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return paused_;
+}
+
+KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
+  std::lock_guard<std::mutex> sl(step_mu_);
+  std::lock_guard<std::mutex> l(mu_);
+  if (reset_running_requests) {
+    // Preempt (not abort): they recompute from scratch, under whatever weights are live then.
+    while (!running_.empty()) {
+      std::unique_ptr<Sequence> s = std::move(running_.back());
+      running_.pop_back();
+      PreemptLocked(s.get());
+      waiting_.push_front(std::move(s));
+    }
+  }
+  KvResetEvidence ev = kv_->ResetPrefixCache();
+  if (ev.success) {
+    metrics_.cache_resets++;
+  } else {
+    metrics_.cache_resets_refused++;
+  }
+  return ev;
+}
+
+EngineState Engine::State() const {
+  std::lock_guard<std::mutex> l(mu_);
+  EngineState s;
+  s.paused = paused_;
+  s.num_running = static_cast<int64_t>(running_.size());
+  s.num_waiting = static_cast<int64_t>(waiting_.size());
+  s.blocks_in_use = kv_->BlocksInUse();
+  s.num_kv_blocks = kv_->num_blocks();
+  s.cached_blocks = kv_->NumCachedBlocks();
+  s.weight_version = weight_version_;
+  s.generation = generation_;
+  return s;
+}
+
+EngineMetrics Engine::Metrics() const {
+  std::lock_guard<std::mutex> l(mu_);
+  EngineMetrics m = metrics_;
+  m.kv_cache_usage = static_cast<double>(kv_->BlocksInUse()) / static_cast<double>(kv_->num_blocks());
+  m.num_running = static_cast<int64_t>(running_.size());
+  m.num_waiting = static_cast<int64_t>(waiting_.size());
+  return m;
+}
+
+std::string Engine::WeightVersion() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return weight_version_;
+}
+
+void Engine::SetWeightVersion(const std::string& label) {
+  std::lock_guard<std::mutex> l(mu_);
+  weight_version_ = label;
+}
+
+Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
+                              bool reset_prefix_cache) {
+  std::lock_guard<std::mutex> sl(step_mu_);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!paused_) return FailedPrecondition("weights can be installed only while the engine is paused");
+  }
+  for (int r = 0; r < options_.tensor_parallel_size; ++r) {
+    Status st = fill(r, model_->layout(r), &model_->params(r));
+    if (!st.ok()) return st.WithContext("install into rank " + std::to_string(r) + " (weights may be partial)");
+  }
+  RC_RETURN_IF_ERROR(model_->Bind());
+  std::lock_guard<std::mutex> l(mu_);
+  if (!reset_prefix_cache) {
+    // The stale-cache negative control only: KV computed under the old weights stays reusable.
+    weight_version_ = label;
+    generation_ = generation;
+    return OkStatus();
+  }
+  // Stale KV must never be reused: drop every cached hash. Blocks held by frozen (keep-mode)
+  // requests are not registered any more either.
+  KvResetEvidence ev = kv_->ResetPrefixCache();
+  if (!ev.success) {
+    // Blocks still in use (keep-mode requests): preempt them so nothing old is reused.
+    while (!running_.empty()) {
+      std::unique_ptr<Sequence> s = std::move(running_.back());
+      running_.pop_back();
+      PreemptLocked(s.get());
+      waiting_.push_front(std::move(s));
+    }
+    ev = kv_->ResetPrefixCache();
+  }
+  metrics_.cache_resets++;
+  weight_version_ = label;
+  generation_ = generation;
+  return OkStatus();
+}
+
+}  // namespace rc::engine

@@ -1,0 +1,283 @@
+#include "rolloutcore/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "rolloutcore/engine/engine_loop.h"
+#include "rolloutcore/engine/loader.h"
+
+namespace rc::engine {
+namespace {
+
+std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}, const std::string& model = "tiny", uint64_t seed = 1) {
+  if (o.num_threads == 0) o.num_threads = 2;
+  auto e = CreateEngine({model, "dummy", seed}, o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return std::move(e).value();
+}
+
+std::vector<int32_t> Prompt(int n, int salt = 0) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 11 + 5) % 256);
+  return p;
+}
+
+GenerateRequest Greedy(std::vector<int32_t> prompt, int64_t max_tokens = 12, int64_t logprobs = 5) {
+  GenerateRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.num_logprobs = logprobs;
+  return r;
+}
+
+void RunToCompletion(Engine* e) {
+  while (e->Step()) {
+  }
+}
+
+RequestStream::Snapshot RunOne(Engine* e, GenerateRequest r) {
+  auto s = e->AddRequest(std::move(r));
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  RunToCompletion(e);
+  return (*s)->Wait();
+}
+
+void ExpectSameOutput(const RequestStream::Snapshot& a, const RequestStream::Snapshot& b, double tol) {
+  ASSERT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+  for (size_t i = 0; i < a.logprobs.size(); ++i) EXPECT_NEAR(a.logprobs[i], b.logprobs[i], tol) << i;
+  for (size_t i = 0; i < a.top_logprobs.size(); ++i) {
+    ASSERT_EQ(a.top_logprobs[i].size(), b.top_logprobs[i].size());
+    for (size_t k = 0; k < a.top_logprobs[i].size(); ++k) {
+      EXPECT_NEAR(a.top_logprobs[i][k].second, b.top_logprobs[i][k].second, tol);
+    }
+  }
+}
+
+TEST(EngineTest, GreedyIsBitwiseReproducibleAndBatchInvariant) {
+  auto e = MakeEngine();
+  std::vector<RequestStream::Snapshot> solo;
+  for (int i = 0; i < 3; ++i) solo.push_back(RunOne(e.get(), Greedy(Prompt(5 + 9 * i, i))));
+  for (const auto& s : solo) {
+    EXPECT_EQ(s.tokens.size(), 12u);
+    EXPECT_EQ(s.finish, FinishReason::kLength);
+  }
+  // All three at once, in a fresh engine: same bits.
+  auto e2 = MakeEngine();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(*e2->AddRequest(Greedy(Prompt(5 + 9 * i, i))));
+  RunToCompletion(e2.get());
+  for (int i = 0; i < 3; ++i) ExpectSameOutput(solo[i], streams[i]->Wait(), 0.0);
+}
+
+TEST(EngineTest, PrefixCacheReportsHitsAndKeepsOutputs) {
+  EngineOptions o;
+  o.block_size = 8;
+  auto e = MakeEngine(o);
+  auto first = RunOne(e.get(), Greedy(Prompt(30)));
+  EXPECT_EQ(first.cached_tokens, 0);
+  auto second = RunOne(e.get(), Greedy(Prompt(30)));
+  EXPECT_EQ(second.cached_tokens, 24);  // 3 full blocks of the 29 matchable tokens
+  ExpectSameOutput(first, second, 0.0);
+  auto m = e->Metrics();
+  EXPECT_EQ(m.prefix_cache_queries, 60);
+  EXPECT_EQ(m.prefix_cache_hits, 24);
+  // A salt isolates the cache.
+  auto salted = Greedy(Prompt(30));
+  salted.cache_salt = "tenant-a";
+  EXPECT_EQ(RunOne(e.get(), salted).cached_tokens, 0);
+
+  o.enable_prefix_caching = false;
+  auto nc = MakeEngine(o);
+  auto a = RunOne(nc.get(), Greedy(Prompt(30)));
+  auto b = RunOne(nc.get(), Greedy(Prompt(30)));
+  EXPECT_EQ(b.cached_tokens, 0);
+  ExpectSameOutput(first, a, 1e-4);
+  ExpectSameOutput(first, b, 1e-4);
+}
+
+TEST(EngineTest, TensorParallelMatchesSingleRank) {
+  for (const char* model : {"tiny", "tiny-qwen2", "tiny-llama", "tiny-tied"}) {
+    EngineOptions o;
+    auto ref = RunOne(MakeEngine(o, model).get(), Greedy(Prompt(17), 16));
+    for (int tp : {2, 4}) {
+      o.tensor_parallel_size = tp;
+      auto got = RunOne(MakeEngine(o, model).get(), Greedy(Prompt(17), 16));
+      SCOPED_TRACE(std::string(model) + " tp=" + std::to_string(tp));
+      ExpectSameOutput(ref, got, 1e-4);
+    }
+  }
+}
+
+TEST(EngineTest, ChunkedPrefillAndPreemptionKeepOutputs) {
+  auto ref_engine = MakeEngine();
+  std::vector<RequestStream::Snapshot> ref;
+  for (int i = 0; i < 4; ++i) ref.push_back(RunOne(ref_engine.get(), Greedy(Prompt(20 + i, i), 20)));
+  EngineOptions o;
+  o.block_size = 4;
+  o.num_kv_blocks = 24;  // 96 positions for 4 sequences of ~40: forces preemption
+  o.max_model_len = 64;
+  o.max_num_batched_tokens = 7;  // forces chunked prefill
+  auto e = MakeEngine(o);
+  std::vector<std::shared_ptr<RequestStream>> s;
+  for (int i = 0; i < 4; ++i) s.push_back(*e->AddRequest(Greedy(Prompt(20 + i, i), 20)));
+  RunToCompletion(e.get());
+  for (int i = 0; i < 4; ++i) ExpectSameOutput(ref[i], s[i]->Wait(), 0.0);
+  EXPECT_GT(e->Metrics().num_preemptions, 0);
+  EXPECT_EQ(e->State().blocks_in_use, 0);
+}
+
+TEST(EngineTest, StopTokensIgnoreEosAndValidation) {
+  auto e = MakeEngine();
+  auto ref = RunOne(e.get(), Greedy(Prompt(9), 12));
+  size_t idx = 1;
+  while (idx < ref.tokens.size() &&
+         std::find(ref.tokens.begin(), ref.tokens.begin() + static_cast<long>(idx), ref.tokens[idx]) !=
+             ref.tokens.begin() + static_cast<long>(idx)) {
+    ++idx;
+  }
+  ASSERT_LT(idx, ref.tokens.size());
+  auto r = Greedy(Prompt(9), 12);
+  r.sampling.stop_token_ids = {ref.tokens[idx]};
+  auto stopped = RunOne(e.get(), r);
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + static_cast<long>(idx) + 1));
+
+  auto bad = e->AddRequest(Greedy(Prompt(600)));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("prompt"), std::string::npos);
+  auto neg = Greedy(Prompt(3));
+  neg.sampling.max_tokens = -1;
+  EXPECT_NE(e->AddRequest(neg).status().message().find("max_tokens"), std::string::npos);
+  auto oov = Greedy({1, 999});
+  EXPECT_NE(e->AddRequest(oov).status().message().find("prompt[1]"), std::string::npos);
+}
+
+TEST(EngineTest, SeededSamplingIsReproducible) {
+  auto e = MakeEngine();
+  GenerateRequest r = Greedy(Prompt(6), 16);
+  r.sampling.temperature = 1.0;
+  r.sampling.top_p = 0.9;
+  r.sampling.seed = 1234;
+  auto a = RunOne(e.get(), r);
+  auto b = RunOne(e.get(), r);
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+TEST(EngineTest, PauseKeepResumesToTheSameOutput) {
+  auto ref = RunOne(MakeEngine().get(), Greedy(Prompt(11), 20));
+  auto e = MakeEngine();
+  auto s = *e->AddRequest(Greedy(Prompt(11), 20));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->Step());
+  ASSERT_TRUE(e->Pause(PauseMode::kKeep).ok());
+  EXPECT_TRUE(e->IsPaused());
+  EXPECT_FALSE(e->Step());
+  EXPECT_EQ(e->State().num_running, 1);
+  EXPECT_EQ(s->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0)).tokens.size(), 5u);
+  e->Resume();
+  RunToCompletion(e.get());
+  ExpectSameOutput(ref, s->Wait(), 0.0);
+}
+
+TEST(EngineTest, PauseWaitReturnsAfterRunningRequestsFinish) {
+  auto e = MakeEngine();
+  EngineLoop loop(e.get());
+  loop.Start();
+  auto s = *e->AddRequest(Greedy(Prompt(11), 40));
+  // Make sure it is running (admitted) before pausing.
+  s->WaitFrom(0, std::chrono::seconds(10));
+  ASSERT_TRUE(e->Pause(PauseMode::kWait).ok());
+  auto snap = s->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0));
+  EXPECT_TRUE(snap.finished);
+  EXPECT_EQ(snap.finish, FinishReason::kLength);
+  EXPECT_EQ(snap.tokens.size(), 40u);
+  EXPECT_TRUE(e->IsPaused());
+  // Queued while paused: not admitted until resume.
+  auto later = *e->AddRequest(Greedy(Prompt(4), 3));
+  EXPECT_FALSE(later->WaitFrom(SIZE_MAX, std::chrono::milliseconds(50)).finished);
+  e->Resume();
+  EXPECT_TRUE(later->Wait().finished);
+  loop.Stop();
+}
+
+TEST(EngineTest, PauseAbortFinishesRunningWithAbort) {
+  auto e = MakeEngine();
+  auto s = *e->AddRequest(Greedy(Prompt(11), 40));
+  ASSERT_TRUE(e->Step());
+  ASSERT_TRUE(e->Pause(PauseMode::kAbort).ok());
+  auto snap = s->Wait();
+  EXPECT_EQ(snap.finish, FinishReason::kAbort);
+  EXPECT_EQ(e->State().blocks_in_use, 0);
+  EXPECT_EQ(e->Metrics().finished_by_reason["abort"], 1);
+}
+
+TEST(EngineTest, AbortByIdAndAll) {
+  auto e = MakeEngine();
+  auto a = Greedy(Prompt(5), 30);
+  a.request_id = "a";
+  auto b = Greedy(Prompt(6), 30);
+  b.request_id = "b";
+  auto sa = *e->AddRequest(a);
+  auto sb = *e->AddRequest(b);
+  ASSERT_TRUE(e->Step());
+  EXPECT_EQ(e->Abort({"a", "zzz"}), 1);
+  EXPECT_EQ(sa->Wait().finish, FinishReason::kAbort);
+  EXPECT_FALSE(sb->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0)).finished);
+  EXPECT_EQ(e->Abort({}), 1);
+  EXPECT_EQ(sb->Wait().finish, FinishReason::kAbort);
+}
+
+TEST(EngineTest, ResetPrefixCacheRefusesWhileBlocksAreInUse) {
+  EngineOptions o;
+  o.block_size = 4;
+  auto ref = RunOne(MakeEngine(o).get(), Greedy(Prompt(13), 10));
+  auto e = MakeEngine(o);
+  RunOne(e.get(), Greedy(Prompt(8, 3), 2));  // leaves cached blocks
+  const int64_t cached = e->State().cached_blocks;
+  ASSERT_GT(cached, 0);
+  auto s = *e->AddRequest(Greedy(Prompt(13), 10));
+  ASSERT_TRUE(e->Step());
+  const auto before = e->State();
+  auto ev = e->ResetPrefixCache(false);
+  EXPECT_FALSE(ev.success);
+  EXPECT_EQ(ev.freed_blocks, 0);
+  EXPECT_EQ(ev.blocks_in_use, before.blocks_in_use);
+  EXPECT_EQ(e->State().cached_blocks, before.cached_blocks);
+  EXPECT_EQ(e->State().blocks_in_use, before.blocks_in_use);
+  ev = e->ResetPrefixCache(true);
+  EXPECT_TRUE(ev.success);
+  EXPECT_GE(ev.freed_blocks, cached);
+  EXPECT_EQ(e->State().cached_blocks, 0);
+  // The preempted request recomputes and still gives the uninterrupted answer.
+  RunToCompletion(e.get());
+  ExpectSameOutput(ref, s->Wait(), 0.0);
+}
+
+TEST(EngineTest, InstallWeightsOnlyWhilePausedAndSetsVersion) {
+  auto e = MakeEngine();
+  auto before = RunOne(e.get(), Greedy(Prompt(7), 8));
+  const ModelSpec spec = e->spec();
+  WeightFill fill = MakeWeightFill(spec, [spec]() -> Result<std::unique_ptr<TensorSource>> {
+    return MakeDummySource(spec, 99);
+  });
+  Status st = e->InstallWeights(fill, "v2", 2);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->WeightVersion(), "default");
+  ASSERT_TRUE(e->Pause(PauseMode::kWait).ok());
+  ASSERT_TRUE(e->InstallWeights(fill, "v2", 2).ok());
+  EXPECT_EQ(e->State().weight_version, "v2");
+  EXPECT_EQ(e->State().generation, 2);
+  EXPECT_EQ(e->State().cached_blocks, 0);
+  e->Resume();
+  auto after = RunOne(e.get(), Greedy(Prompt(7), 8));
+  EXPECT_EQ(after.cached_tokens, 0);
+  auto fresh = RunOne(MakeEngine({}, "tiny", 99).get(), Greedy(Prompt(7), 8));
+  ExpectSameOutput(fresh, after, 0.0);
+  EXPECT_NE(before.tokens, after.tokens);
+}
+
+}  // namespace
+}  // namespace rc::engine

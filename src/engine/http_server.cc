@@ -1,0 +1,466 @@
+#include "rolloutcore/engine/http_server.h"
+#include "rolloutcore/engine/receiver.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "rolloutcore/base/clock.h"
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/log.h"
+#include "rolloutcore/base/version.h"
+#include "rolloutcore/engine/engine_loop.h"
+
+namespace rc::engine {
+namespace {
+
+constexpr const char* kJson = "application/json";
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+void SendJson(httplib::Response& res, int status, const Json& j) {
+  res.status = status;
+  res.set_content(Dump(j), kJson);
+}
+
+void SendError(httplib::Response& res, int status, const std::string& message) {
+  Json j = {{"object", "error"},
+            {"error", message},
+            {"message", message},
+            {"type", status == 400 ? "BadRequestError" : status == 404 ? "NotFoundError" : "InternalServerError"},
+            {"code", status}};
+  SendJson(res, status, j);
+}
+
+int HttpStatus(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kUnimplemented: return 501;
+    default: return 500;
+  }
+}
+
+// Optional boolean query parameter; InvalidArgument naming it when it is not true/false.
+Result<std::optional<bool>> BoolParam(const httplib::Request& req, const std::string& name) {
+  if (!req.has_param(name.c_str())) return std::optional<bool>();
+  const std::string v = req.get_param_value(name.c_str());
+  if (v == "true" || v == "True" || v == "1") return std::optional<bool>(true);
+  if (v == "false" || v == "False" || v == "0") return std::optional<bool>(false);
+  return InvalidArgument(name + ": expected true or false, got '" + v + "'");
+}
+
+}  // namespace
+
+class EngineServer::Impl {
+ public:
+  Impl(Engine* engine, ServerOptions options)
+      : engine_(engine),
+        options_(std::move(options)),
+        tokenizer_(engine->spec().vocab_size),
+        loop_(engine),
+        receiver_(engine) {}
+
+  Engine* engine_;
+  ServerOptions options_;
+  ByteTokenizer tokenizer_;
+  EngineLoop loop_;
+  RefitReceiver receiver_;
+  httplib::Server server_;
+  std::thread listener_;
+  std::atomic<int64_t> next_id_{1};
+  // Completion id -> the engine request ids it runs as ("<id>-<k>" for each prompt x n).
+  std::mutex live_mu_;
+  std::map<std::string, std::vector<std::string>> live_;  // guarded by live_mu_
+  void Track(const std::string& id, const std::vector<std::string>& ids) {
+    std::lock_guard<std::mutex> l(live_mu_);
+    live_[id] = ids;
+  }
+  void Untrack(const std::string& id) {
+    std::lock_guard<std::mutex> l(live_mu_);
+    live_.erase(id);
+  }
+  std::vector<std::string> Expand(const std::vector<std::string>& ids) {
+    std::lock_guard<std::mutex> l(live_mu_);
+    std::vector<std::string> out;
+    for (const auto& i : ids) {
+      out.push_back(i);
+      if (auto it = live_.find(i); it != live_.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+    return out;
+  }
+  const int64_t created_ = WallTimeMs() / 1000;
+
+  void Routes();
+  void Completions(const httplib::Request& req, httplib::Response& res);
+  Json ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index, size_t from,
+                  const CompletionRequest& cr, bool final_chunk) const;
+  std::string Metrics() const;
+
+  template <typename F>
+  httplib::Server::Handler Guard(F f) {
+    return [f](const httplib::Request& req, httplib::Response& res) {
+      try {
+        f(req, res);
+      } catch (const std::exception& e) {
+        SendError(res, 500, std::string("internal error: ") + e.what());
+      } catch (...) {
+        SendError(res, 500, "internal error");
+      }
+    };
+  }
+};
+
+Json EngineServer::Impl::ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index,
+                                    size_t from, const CompletionRequest& cr, bool final_chunk) const {
+  std::vector<int32_t> toks(snap.tokens.begin() + static_cast<long>(from), snap.tokens.end());
+  Json c;
+  c["index"] = index;
+  c["text"] = tokenizer_.Decode(toks);
+  if (cr.sampling.num_logprobs >= 0) {
+    Json lp;
+    Json tokens = Json::array(), token_lp = Json::array(), top = Json::array(), offs = Json::array();
+    size_t offset = 0;
+    for (size_t i = from; i < snap.tokens.size() && i < snap.logprobs.size(); ++i) {
+      tokens.push_back(tokenizer_.TokenString(snap.tokens[i]));
+      token_lp.push_back(snap.logprobs[i]);
+      Json t = Json::object();
+      for (const auto& [id, v] : snap.top_logprobs[i]) t[tokenizer_.TokenString(id)] = v;
+      t[tokenizer_.TokenString(snap.tokens[i])] = snap.logprobs[i];
+      top.push_back(t);
+      offs.push_back(offset);
+      offset += tokenizer_.Decode({snap.tokens[i]}).size();
+    }
+    lp["tokens"] = tokens;
+    lp["token_logprobs"] = token_lp;
+    lp["top_logprobs"] = top;
+    lp["text_offset"] = offs;
+    c["logprobs"] = lp;
+  } else {
+    c["logprobs"] = nullptr;
+  }
+  if (final_chunk && snap.finished) {
+    c["finish_reason"] = std::string(FinishReasonName(snap.finish));
+  } else {
+    c["finish_reason"] = nullptr;
+  }
+  c["stop_reason"] = nullptr;
+  if (cr.return_token_ids) {
+    c["token_ids"] = toks;
+    if (from == 0) c["prompt_token_ids"] = stream.prompt();
+  }
+  c["weight_version"] = stream.weight_version();
+  return c;
+}
+
+void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
+  auto parsed = ParseCompletionRequest(req.body, tokenizer_);
+  if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
+  auto cr = std::make_shared<CompletionRequest>(std::move(parsed).value());
+  const std::string id = cr->request_id.empty() ? "cmpl-" + std::to_string(next_id_++) : cr->request_id;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::string> ids;
+  for (size_t p = 0; p < cr->prompts.size(); ++p) {
+    for (int64_t k = 0; k < cr->n; ++k) {
+      GenerateRequest g;
+      g.request_id = id + "-" + std::to_string(p * static_cast<size_t>(cr->n) + static_cast<size_t>(k));
+      g.prompt = cr->prompts[p];
+      g.sampling = cr->sampling;
+      if (g.sampling.seed && k > 0) g.sampling.seed = *g.sampling.seed + static_cast<uint64_t>(k);
+      g.cache_salt = cr->cache_salt;
+      auto s = engine_->AddRequest(std::move(g));
+      if (!s.ok()) {
+        engine_->Abort(ids);
+        return SendError(res, HttpStatus(s.status()), s.status().message());
+      }
+      ids.push_back((*s)->request_id());
+      streams.push_back(*s);
+    }
+  }
+  Track(id, ids);
+  const std::string model = options_.model_name;
+  auto usage_json = [](const std::vector<std::shared_ptr<RequestStream>>& ss) {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (const auto& s : ss) {
+      auto snap = s->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0));
+      prompt += static_cast<int64_t>(s->prompt().size());
+      completion += static_cast<int64_t>(snap.tokens.size());
+      cached += snap.cached_tokens;
+    }
+    return Json{{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion},
+                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  };
+  if (!cr->stream) {
+    Json choices = Json::array();
+    for (size_t i = 0; i < streams.size(); ++i) {
+      auto snap = streams[i]->Wait();
+      choices.push_back(ChoiceJson(*streams[i], snap, i, 0, *cr, true));
+    }
+    Untrack(id);
+    Json out = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000}, {"model", model},
+                {"choices", choices}, {"usage", usage_json(streams)}};
+    return SendJson(res, 200, out);
+  }
+  // Server-sent events: one chunk per new output of any choice, then [DONE].
+  auto seen = std::make_shared<std::vector<size_t>>(streams.size(), 0);
+  auto done = std::make_shared<std::vector<bool>>(streams.size(), false);
+  Engine* engine = engine_;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, cr, streams, seen, done, id, model, usage_json](size_t, httplib::DataSink& sink) -> bool {
+        for (;;) {
+          bool all_done = true;
+          bool wrote = false;
+          for (size_t i = 0; i < streams.size(); ++i) {
+            if ((*done)[i]) continue;
+            auto snap = streams[i]->WaitFrom((*seen)[i], std::chrono::milliseconds(wrote ? 0 : 20));
+            if (snap.tokens.size() > (*seen)[i] || snap.finished) {
+              Json chunk = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
+                            {"model", model},
+                            {"choices", Json::array({ChoiceJson(*streams[i], snap, i, (*seen)[i], *cr, true)})}};
+              (*seen)[i] = snap.tokens.size();
+              if (snap.finished) (*done)[i] = true;
+              const std::string line = "data: " + Dump(chunk) + "\n\n";
+              if (!sink.write(line.data(), line.size())) return false;
+              wrote = true;
+            }
+            if (!(*done)[i]) all_done = false;
+          }
+          if (all_done) {
+            if (cr->include_usage) {
+              Json u = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
+                        {"model", model}, {"choices", Json::array()}, {"usage", usage_json(streams)}};
+              const std::string line = "data: " + Dump(u) + "\n\n";
+              if (!sink.write(line.data(), line.size())) return false;
+            }
+            const std::string end = "data: [DONE]\n\n";
+            sink.write(end.data(), end.size());
+            sink.done();
+            return true;
+          }
+          if (wrote) return true;
+          if (sink.is_writable && !sink.is_writable()) return false;
+        }
+      },
+      [this, engine, id, ids](bool success) {
+        Untrack(id);
+        // Client went away: abort what is still running.
+        if (!success) engine->Abort(ids);
+      });
+}
+
+std::string EngineServer::Impl::Metrics() const {
+  const EngineMetrics m = engine_->Metrics();
+  const EngineState s = engine_->State();
+  const std::string label = "{model_name=\"" + options_.model_name + "\"}";
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value, const std::string& labels) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+      << name << labels << " " << value << "\n";
+  };
+  metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in prompt tokens.",
+         m.prefix_cache_queries, label);
+  metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in prompt tokens.", m.prefix_cache_hits,
+         label);
+  metric("vllm:kv_cache_usage_perc", "gauge", "KV cache usage (1 = 100%).", m.kv_cache_usage, label);
+  metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", m.num_running, label);
+  metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", m.num_waiting, label);
+  metric("vllm:prompt_tokens_total", "counter", "Prefill tokens admitted.", m.prompt_tokens, label);
+  metric("vllm:generation_tokens_total", "counter", "Generated tokens.", m.generation_tokens, label);
+  metric("vllm:num_preemptions_total", "counter", "Preempted requests.", m.num_preemptions, label);
+  o << "# HELP vllm:request_success_total Finished requests by finish reason.\n"
+       "# TYPE vllm:request_success_total counter\n";
+  for (const char* reason : {"stop", "length", "abort"}) {
+    auto it = m.finished_by_reason.find(reason);
+    o << "vllm:request_success_total{model_name=\"" << options_.model_name << "\",finished_reason=\"" << reason
+      << "\"} " << (it == m.finished_by_reason.end() ? 0 : it->second) << "\n";
+  }
+  metric("rolloutcore_cache_resets_total", "counter", "Prefix cache resets that succeeded.", m.cache_resets, label);
+  metric("rolloutcore_cache_resets_refused_total", "counter", "Prefix cache resets refused (blocks in use).",
+         m.cache_resets_refused, label);
+  metric("rolloutcore_engine_steps_total", "counter", "Engine steps run.", m.steps, label);
+  metric("rolloutcore_kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", s.blocks_in_use, label);
+  metric("rolloutcore_weight_generation", "gauge", "Generation of the live weights.", s.generation, label);
+  metric("rolloutcore_engine_paused", "gauge", "1 while the engine is paused.", s.paused ? 1 : 0, label);
+  return o.str();
+}
+
+void EngineServer::Impl::Routes() {
+  auto& svr = server_;
+  svr.new_task_queue = [n = options_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    SendError(res, 500, "internal error");
+  });
+  svr.set_payload_max_length(64u << 20);
+
+  svr.Post("/v1/completions", Guard([this](const httplib::Request& q, httplib::Response& r) { Completions(q, r); }));
+  svr.Get("/v1/models", Guard([this](const httplib::Request&, httplib::Response& r) {
+    Json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "rolloutcore"},
+              {"root", options_.model_name}, {"max_model_len", engine_->max_model_len()}};
+    SendJson(r, 200, {{"object", "list"}, {"data", Json::array({m})}});
+  }));
+  svr.Get("/health", Guard([](const httplib::Request&, httplib::Response& r) {
+    r.status = 200;
+    r.set_content("", "text/plain");
+  }));
+  svr.Get("/version", Guard([](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, {{"version", kVersion}, {"engine", "rolloutcore"}});
+  }));
+  svr.Get("/metrics", Guard([this](const httplib::Request&, httplib::Response& r) {
+    r.status = 200;
+    r.set_content(Metrics(), "text/plain; version=0.0.4");
+  }));
+  svr.Post("/pause", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    std::string mode = q.has_param("mode") ? q.get_param_value("mode") : "abort";
+    auto wait = BoolParam(q, "wait_for_inflight_requests");
+    if (!wait.ok()) return SendError(r, 400, wait.status().message());
+    auto clear = BoolParam(q, "clear_cache");
+    if (!clear.ok()) return SendError(r, 400, clear.status().message());
+    if (!q.has_param("mode") && wait->has_value()) mode = **wait ? "wait" : "abort";
+    auto m = PauseModeFromName(mode);
+    if (!m.ok()) return SendError(r, 400, m.status().message());
+    Status st = engine_->Pause(*m);
+    if (!st.ok()) return SendError(r, HttpStatus(st), st.message());
+    Json out = {{"status", "paused"}, {"mode", mode}};
+    if (clear->value_or(false)) {
+      KvResetEvidence ev = engine_->ResetPrefixCache(false);
+      out["cache_reset"] = {{"success", ev.success}, {"freed_blocks", ev.freed_blocks},
+                            {"blocks_in_use", ev.blocks_in_use}};
+    }
+    SendJson(r, 200, out);
+  }));
+  svr.Post("/resume", Guard([this](const httplib::Request&, httplib::Response& r) {
+    engine_->Resume();
+    SendJson(r, 200, {{"status", "resumed"}});
+  }));
+  svr.Get("/is_paused", Guard([this](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, {{"is_paused", engine_->IsPaused()}});
+  }));
+  svr.Post("/abort_requests", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    std::vector<std::string> ids;
+    if (!q.body.empty()) {
+      auto j = ParseJson(q.body, "request body");
+      if (!j.ok()) return SendError(r, 400, j.status().message());
+      if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
+      if (auto it = j->find("request_ids"); it != j->end() && !it->is_null()) {
+        if (!it->is_array()) return SendError(r, 400, "request_ids: expected a list of strings, got " + JsonTypeName(*it));
+        for (size_t i = 0; i < it->size(); ++i) {
+          if (!(*it)[i].is_string()) {
+            return SendError(r, 400, "request_ids[" + std::to_string(i) + "]: expected a string, got " +
+                                         JsonTypeName((*it)[i]));
+          }
+          ids.push_back((*it)[i].get<std::string>());
+        }
+      }
+    }
+    // A completion id stands for all the engine requests it runs as.
+    const int64_t n = engine_->Abort(ids.empty() ? ids : Expand(ids));
+    SendJson(r, 200, {{"status", "aborted"}, {"aborted", n}});
+  }));
+  svr.Post("/reset_prefix_cache", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto running = BoolParam(q, "reset_running_requests");
+    if (!running.ok()) return SendError(r, 400, running.status().message());
+    KvResetEvidence ev = engine_->ResetPrefixCache(running->value_or(false));
+    SendJson(r, 200, {{"success", ev.success}, {"freed_blocks", ev.freed_blocks}, {"blocks_in_use", ev.blocks_in_use}});
+  }));
+  for (const char* path : {"/reset_mm_cache", "/reset_encoder_cache"}) {
+    svr.Post(path, Guard([](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, {{"success", true}}); }));
+  }
+  svr.Get("/weight_info", Guard([this](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, {{"weight_version", engine_->WeightVersion()}});
+  }));
+  svr.Post("/update_weight_version", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto j = ParseJson(q.body, "request body");
+    if (!j.ok()) return SendError(r, 400, j.status().message());
+    if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
+    auto v = GetString(*j, "new_version", "");
+    if (!v.ok()) return SendError(r, 400, v.status().message());
+    engine_->SetWeightVersion(*v);
+    SendJson(r, 200, {{"success", true}, {"new_version", *v}});
+  }));
+  // Receiver-driven refit (ENGINE_API.md): stage while serving, install only while paused.
+  svr.Post("/rc/refit/stage", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto j = ParseJson(q.body, "request body");
+    if (!j.ok()) return SendError(r, 400, j.status().message());
+    StageRequest req;
+    auto model = GetString(*j, "model", "");
+    if (!model.ok()) return SendError(r, 400, model.status().message());
+    auto version = GetString(*j, "version", "");
+    if (!version.ok()) return SendError(r, 400, version.status().message());
+    auto dir = GetString(*j, "directory", "");
+    if (!dir.ok()) return SendError(r, 400, dir.status().message());
+    req.model = *model;
+    req.version = *version;
+    req.directory = *dir;
+    auto out = receiver_.Stage(req);
+    if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
+    SendJson(r, 200, *out);
+  }));
+  svr.Post("/rc/refit/install", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto j = ParseJson(q.body, "request body");
+    if (!j.ok()) return SendError(r, 400, j.status().message());
+    auto version = GetString(*j, "version", "");
+    if (!version.ok()) return SendError(r, 400, version.status().message());
+    auto skip = GetBool(*j, "skip_cache_reset", "", false);
+    if (!skip.ok()) return SendError(r, 400, skip.status().message());
+    auto out = receiver_.Install(*version, *skip);
+    // 409 means refused before touching live weights; anything else after the copy began is 500.
+    if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
+    SendJson(r, 200, *out);
+  }));
+  svr.Get("/rc/weights/digest", Guard([this](const httplib::Request&, httplib::Response& r) {
+    auto out = receiver_.LiveDigest();
+    if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
+    SendJson(r, 200, *out);
+  }));
+  svr.Get("/rc/engine/state", Guard([this](const httplib::Request&, httplib::Response& r) {
+    const EngineState s = engine_->State();
+    SendJson(r, 200, {{"paused", s.paused}, {"num_running", s.num_running}, {"num_waiting", s.num_waiting},
+                      {"blocks_in_use", s.blocks_in_use}, {"num_kv_blocks", s.num_kv_blocks},
+                      {"cached_blocks", s.cached_blocks}, {"weight_version", s.weight_version},
+                      {"generation", s.generation}});
+  }));
+}
+
+EngineServer::EngineServer(Engine* engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(options))) {}
+
+EngineServer::~EngineServer() { Stop(); }
+
+Status EngineServer::Start() {
+  impl_->Routes();
+  auto& svr = impl_->server_;
+  if (impl_->options_.port == 0) {
+    port_ = svr.bind_to_any_port(impl_->options_.host);
+    if (port_ < 0) return Unavailable("cannot bind " + impl_->options_.host);
+  } else {
+    if (!svr.bind_to_port(impl_->options_.host, impl_->options_.port)) {
+      return Unavailable("cannot bind " + impl_->options_.host + ":" + std::to_string(impl_->options_.port));
+    }
+    port_ = impl_->options_.port;
+  }
+  impl_->loop_.Start();
+  impl_->listener_ = std::thread([this] { impl_->server_.listen_after_bind(); });
+  return OkStatus();
+}
+
+void EngineServer::Stop() {
+  if (!impl_) return;
+  impl_->server_.stop();
+  if (impl_->listener_.joinable()) impl_->listener_.join();
+  impl_->loop_.Stop();
+}
+
+void EngineServer::Wait() {
+  if (impl_->listener_.joinable()) impl_->listener_.join();
+}
+
+}  // namespace rc::engine

@@ -1,0 +1,231 @@
+// Sources, HF tensor names, model folders. The rank sharding itself (LoadRank) and config
+// resolution live in interim_loader.cc until the refit loaders land.
+#include "rolloutcore/engine/loader.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/model.h"
+#include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/engine/sampler.h"
+
+namespace rc::engine {
+
+std::vector<HfTensorDecl> HfTensorDecls(const ModelSpec& s) {
+  const int64_t h = s.hidden_size, d = s.head_dim;
+  std::vector<HfTensorDecl> out;
+  out.push_back({"model.embed_tokens.weight", {s.vocab_size, h}});
+  for (int64_t i = 0; i < s.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out.push_back({p + "input_layernorm.weight", {h}});
+    out.push_back({p + "post_attention_layernorm.weight", {h}});
+    out.push_back({p + "self_attn.q_proj.weight", {s.num_heads * d, h}});
+    out.push_back({p + "self_attn.k_proj.weight", {s.num_kv_heads * d, h}});
+    out.push_back({p + "self_attn.v_proj.weight", {s.num_kv_heads * d, h}});
+    if (s.qkv_bias) {
+      out.push_back({p + "self_attn.q_proj.bias", {s.num_heads * d}});
+      out.push_back({p + "self_attn.k_proj.bias", {s.num_kv_heads * d}});
+      out.push_back({p + "self_attn.v_proj.bias", {s.num_kv_heads * d}});
+    }
+    if (s.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {d}});
+      out.push_back({p + "self_attn.k_norm.weight", {d}});
+    }
+    out.push_back({p + "self_attn.o_proj.weight", {h, s.num_heads * d}});
+    out.push_back({p + "mlp.gate_proj.weight", {s.intermediate_size, h}});
+    out.push_back({p + "mlp.up_proj.weight", {s.intermediate_size, h}});
+    out.push_back({p + "mlp.down_proj.weight", {h, s.intermediate_size}});
+  }
+  out.push_back({"model.norm.weight", {h}});
+  if (!s.tie_word_embeddings) out.push_back({"lm_head.weight", {s.vocab_size, h}});
+  return out;
+}
+
+namespace {
+
+class FolderSource final : public TensorSource {
+ public:
+  explicit FolderSource(std::unique_ptr<SafetensorsFolder> f) : folder_(std::move(f)) {}
+  Result<SourceTensor> Get(std::string_view name) override {
+    RC_ASSIGN_OR_RETURN(auto loc, folder_->Find(name));
+    SourceTensor t;
+    t.dtype = loc.entry->dtype;
+    t.shape = loc.entry->shape;
+    t.bytes = loc.bytes;
+    return t;
+  }
+
+ private:
+  std::unique_ptr<SafetensorsFolder> folder_;
+};
+
+class DummySource final : public TensorSource {
+ public:
+  DummySource(const ModelSpec& spec, uint64_t seed) : seed_(seed) {
+    for (auto& d : HfTensorDecls(spec)) decls_.emplace(d.name, d.shape);
+  }
+  Result<SourceTensor> Get(std::string_view name) override {
+    auto it = decls_.find(std::string(name));
+    if (it == decls_.end()) return NotFound("tensor '" + std::string(name) + "' is not part of this model");
+    const auto& shape = it->second;
+    if (name != last_name_) {
+      Generate(name, shape);
+      last_name_ = std::string(name);
+    }
+    SourceTensor t;
+    t.dtype = DType::kBF16;
+    t.shape = shape;
+    t.bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf_.data()), buf_.size() * 2);
+    return t;
+  }
+
+ private:
+  void Generate(std::string_view name, const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    double std_dev;
+    double mean = 0;
+    const bool is_norm = name.find("norm") != std::string_view::npos;
+    if (is_norm) {
+      mean = 1.0;
+      std_dev = 0.05;
+    } else if (name.find("bias") != std::string_view::npos) {
+      std_dev = 0.1;
+    } else if (name == "model.embed_tokens.weight") {
+      std_dev = 0.5;
+    } else {
+      std_dev = 1.0 / std::sqrt(static_cast<double>(shape.back()));
+    }
+    buf_.resize(static_cast<size_t>(n));
+    SamplerRng rng(Mix64(seed_ ^ Hash64(name)));
+    const double a = std_dev * std::sqrt(3.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const double u = rng.NextDouble() * 2 - 1;
+      buf_[static_cast<size_t>(i)] = F32ToBF16(static_cast<float>(mean + a * u));
+    }
+  }
+
+  std::string last_name_;
+  uint64_t seed_;
+  std::map<std::string, std::vector<int64_t>> decls_;
+  std::vector<uint16_t> buf_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TensorSource>> OpenFolderSource(const std::string& dir) {
+  RC_ASSIGN_OR_RETURN(auto folder, SafetensorsFolder::Open(dir));
+  return std::unique_ptr<TensorSource>(new FolderSource(std::move(folder)));
+}
+
+std::unique_ptr<TensorSource> MakeDummySource(const ModelSpec& spec, uint64_t seed) {
+  return std::make_unique<DummySource>(spec, seed);
+}
+
+WeightFill MakeWeightFill(const ModelSpec& spec, std::function<Result<std::unique_ptr<TensorSource>>()> open) {
+  return [spec, open](int, const RankLayout& layout, ParameterStore* params) -> Status {
+    RC_ASSIGN_OR_RETURN(auto source, open());
+    return LoadRank(spec, layout, source.get(), params);
+  };
+}
+
+std::string ModelConfigJson(const ModelSpec& s) {
+  OrderedJson j;
+  switch (s.arch) {
+    case Architecture::kLlama: j["architectures"] = {"LlamaForCausalLM"}; j["model_type"] = "llama"; break;
+    case Architecture::kQwen2: j["architectures"] = {"Qwen2ForCausalLM"}; j["model_type"] = "qwen2"; break;
+    case Architecture::kQwen3: j["architectures"] = {"Qwen3ForCausalLM"}; j["model_type"] = "qwen3"; break;
+  }
+  j["hidden_size"] = s.hidden_size;
+  j["intermediate_size"] = s.intermediate_size;
+  j["num_hidden_layers"] = s.num_layers;
+  j["num_attention_heads"] = s.num_heads;
+  j["num_key_value_heads"] = s.num_kv_heads;
+  j["head_dim"] = s.head_dim;
+  j["vocab_size"] = s.vocab_size;
+  j["rms_norm_eps"] = s.rms_norm_eps;
+  j["rope_theta"] = s.rope_theta;
+  j["max_position_embeddings"] = s.max_position_embeddings;
+  j["tie_word_embeddings"] = s.tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  if (s.arch != Architecture::kQwen2) j["attention_bias"] = s.qkv_bias;
+  if (s.rope_type != "default") {
+    OrderedJson r;
+    r["rope_type"] = s.rope_type;
+    r["factor"] = s.rope_factor;
+    if (s.rope_type == "llama3") {
+      r["low_freq_factor"] = s.rope_low_freq_factor;
+      r["high_freq_factor"] = s.rope_high_freq_factor;
+      r["original_max_position_embeddings"] = s.rope_original_max_positions;
+    }
+    j["rope_scaling"] = r;
+  }
+  if (s.bos_token_id >= 0) j["bos_token_id"] = s.bos_token_id;
+  if (s.eos_token_ids.size() == 1) j["eos_token_id"] = s.eos_token_ids[0];
+  if (s.eos_token_ids.size() > 1) j["eos_token_id"] = s.eos_token_ids;
+  j["torch_dtype"] = "bfloat16";
+  return j.dump(2) + "\n";
+}
+
+Status WriteModelFolder(const std::string& dir, const ModelSpec& spec, TensorSource* source, DType dtype) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Internal("cannot create folder '" + dir + "': " + ec.message());
+  {
+    std::ofstream cfg(dir + "/config.json", std::ios::trunc);
+    if (!cfg) return Internal("cannot write '" + dir + "/config.json'");
+    cfg << ModelConfigJson(spec);
+  }
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorToWrite> tensors;
+  for (const auto& decl : HfTensorDecls(spec)) {
+    RC_ASSIGN_OR_RETURN(SourceTensor t, source->Get(decl.name));
+    const size_t n = t.bytes.size() / DTypeSize(t.dtype);
+    std::vector<float> f(n);
+    RC_RETURN_IF_ERROR(ConvertToF32(t.dtype, t.bytes.data(), n, f.data()));
+    std::vector<uint8_t> out(n * DTypeSize(dtype));
+    for (size_t i = 0; i < n; ++i) {
+      if (dtype == DType::kBF16) {
+        const uint16_t v = F32ToBF16(f[i]);
+        std::memcpy(&out[2 * i], &v, 2);
+      } else if (dtype == DType::kF16) {
+        const uint16_t v = F32ToF16(f[i]);
+        std::memcpy(&out[2 * i], &v, 2);
+      } else if (dtype == DType::kF32) {
+        std::memcpy(&out[4 * i], &f[i], 4);
+      } else {
+        return InvalidArgument("model folders are written as BF16, F16 or F32");
+      }
+    }
+    storage.push_back(std::move(out));
+    tensors.push_back({decl.name, dtype, decl.shape, std::span<const uint8_t>(storage.back())});
+  }
+  return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+}
+
+Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const EngineOptions& options) {
+  RC_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(load.model));
+  WeightFill fill;
+  if (load.load_format == "dummy") {
+    const uint64_t seed = load.seed;
+    fill = MakeWeightFill(spec, [spec, seed]() -> Result<std::unique_ptr<TensorSource>> {
+      return MakeDummySource(spec, seed);
+    });
+  } else if (load.load_format == "auto" || load.load_format == "safetensors") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(load.model, ec)) {
+      return InvalidArgument("--model '" + load.model +
+                             "' is a preset, not a folder: use --load-format dummy to run it with random weights");
+    }
+    const std::string dir = load.model;
+    fill = MakeWeightFill(spec, [dir]() { return OpenFolderSource(dir); });
+  } else {
+    return InvalidArgument("--load-format: expected auto, safetensors or dummy; got '" + load.load_format + "'");
+  }
+  return Engine::Create(spec, options, fill);
+}
+
+}  // namespace rc::engine

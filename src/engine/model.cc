@@ -1,0 +1,240 @@
+#include "engine/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/kernels.h"
+
+namespace rc::engine {
+
+std::vector<ParameterDecl> EngineParameterDecls(const ModelSpec& spec, const RankLayout& l) {
+  const int64_t h = spec.hidden_size, d = spec.head_dim, v = spec.vocab_size;
+  std::vector<ParameterDecl> out;
+  out.push_back({"model.embed_tokens.weight", {v, h}, ""});
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out.push_back({p + "input_layernorm.weight", {h}, ""});
+    out.push_back({p + "post_attention_layernorm.weight", {h}, ""});
+    out.push_back({p + "self_attn.qkv_proj.weight", {(l.q_heads + 2 * l.kv_heads) * d, h}, ""});
+    if (spec.qkv_bias) out.push_back({p + "self_attn.qkv_proj.bias", {(l.q_heads + 2 * l.kv_heads) * d}, ""});
+    if (spec.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {d}, ""});
+      out.push_back({p + "self_attn.k_norm.weight", {d}, ""});
+    }
+    out.push_back({p + "self_attn.o_proj.weight", {h, l.q_heads * d}, ""});
+    out.push_back({p + "mlp.gate_up_proj.weight", {2 * l.intermediate, h}, ""});
+    out.push_back({p + "mlp.down_proj.weight", {h, l.intermediate}, ""});
+  }
+  out.push_back({"model.norm.weight", {h}, ""});
+  out.push_back({"lm_head.weight", {v, h}, spec.tie_word_embeddings ? "model.embed_tokens.weight" : ""});
+  return out;
+}
+
+Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, int tp, int64_t num_blocks,
+                                             int64_t block_size, ThreadPool* pool) {
+  RC_RETURN_IF_ERROR(spec.Validate());
+  if (num_blocks <= 0 || block_size <= 0) {
+    return InvalidArgument("num-kv-blocks and block-size must be positive");
+  }
+  std::unique_ptr<Model> m(new Model(spec, num_blocks, block_size, pool));
+  for (int r = 0; r < tp; ++r) {
+    auto rank = std::make_unique<Rank>();
+    RC_ASSIGN_OR_RETURN(rank->layout, MakeRankLayout(spec, tp, r));
+    for (const auto& decl : EngineParameterDecls(spec, rank->layout)) {
+      if (decl.alias_of.empty()) {
+        RC_RETURN_IF_ERROR(rank->params.Add(decl.name, decl.shape));
+      } else {
+        RC_RETURN_IF_ERROR(rank->params.Alias(decl.name, decl.alias_of));
+      }
+    }
+    const size_t kv = static_cast<size_t>(num_blocks * block_size * rank->layout.kv_heads * spec.head_dim);
+    rank->k_cache.assign(static_cast<size_t>(spec.num_layers), std::vector<float>(kv, 0.f));
+    rank->v_cache.assign(static_cast<size_t>(spec.num_layers), std::vector<float>(kv, 0.f));
+    m->ranks_.push_back(std::move(rank));
+  }
+  m->inv_freq_ = RopeInvFreq(spec);
+  RC_RETURN_IF_ERROR(m->Bind());
+  return m;
+}
+
+int64_t Model::KvBytes() const {
+  int64_t n = 0;
+  for (const auto& r : ranks_)
+    for (size_t i = 0; i < r->k_cache.size(); ++i)
+      n += static_cast<int64_t>((r->k_cache[i].size() + r->v_cache[i].size()) * sizeof(float));
+  return n;
+}
+
+Status Model::Bind() {
+  const int64_t h = spec_.hidden_size, d = spec_.head_dim, v = spec_.vocab_size;
+  for (auto& rank : ranks_) {
+    const RankLayout& l = rank->layout;
+    const ParameterStore& ps = rank->params;
+    rank->layers.assign(static_cast<size_t>(spec_.num_layers), Layer{});
+    for (int64_t i = 0; i < spec_.num_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      Layer& L = rank->layers[static_cast<size_t>(i)];
+      const int64_t qkv_rows = (l.q_heads + 2 * l.kv_heads) * d;
+      RC_ASSIGN_OR_RETURN(L.in_norm, ps.Get(p + "input_layernorm.weight", {h}));
+      RC_ASSIGN_OR_RETURN(L.post_norm, ps.Get(p + "post_attention_layernorm.weight", {h}));
+      RC_ASSIGN_OR_RETURN(L.qkv, ps.Get(p + "self_attn.qkv_proj.weight", {qkv_rows, h}));
+      L.qkv_bias = nullptr;
+      if (spec_.qkv_bias) {
+        RC_ASSIGN_OR_RETURN(L.qkv_bias, ps.Get(p + "self_attn.qkv_proj.bias", {qkv_rows}));
+      }
+      L.q_norm = L.k_norm = nullptr;
+      if (spec_.qk_norm) {
+        RC_ASSIGN_OR_RETURN(L.q_norm, ps.Get(p + "self_attn.q_norm.weight", {d}));
+        RC_ASSIGN_OR_RETURN(L.k_norm, ps.Get(p + "self_attn.k_norm.weight", {d}));
+      }
+      RC_ASSIGN_OR_RETURN(L.o, ps.Get(p + "self_attn.o_proj.weight", {h, l.q_heads * d}));
+      RC_ASSIGN_OR_RETURN(L.gate_up, ps.Get(p + "mlp.gate_up_proj.weight", {2 * l.intermediate, h}));
+      RC_ASSIGN_OR_RETURN(L.down, ps.Get(p + "mlp.down_proj.weight", {h, l.intermediate}));
+    }
+  }
+  const ParameterStore& ps0 = ranks_[0]->params;
+  RC_ASSIGN_OR_RETURN(embed_, ps0.Get("model.embed_tokens.weight", {v, h}));
+  RC_ASSIGN_OR_RETURN(final_norm_, ps0.Get("model.norm.weight", {h}));
+  RC_ASSIGN_OR_RETURN(lm_head_, ps0.Get("lm_head.weight", {v, h}));
+  return OkStatus();
+}
+
+Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* logits) {
+  const int64_t H = spec_.hidden_size, D = spec_.head_dim, V = spec_.vocab_size;
+  // Flatten the batch: token t belongs to seq tok_seq[t] at position tok_pos[t].
+  std::vector<int32_t> tok_id;
+  std::vector<int64_t> tok_seq, tok_pos;
+  std::vector<int64_t> logit_rows;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const ForwardSeq& fs = seqs[s];
+    const int64_t need_blocks = (fs.start_pos + fs.num_tokens + block_size_ - 1) / block_size_;
+    if (fs.block_table == nullptr || static_cast<int64_t>(fs.block_table->size()) < need_blocks) {
+      return Internal("forward: sequence " + std::to_string(s) + " has too few KV blocks");
+    }
+    for (int32_t b : *fs.block_table) {
+      if (b < 0 || b >= num_blocks_) return Internal("forward: KV block id out of range");
+    }
+    for (int64_t i = 0; i < fs.num_tokens; ++i) {
+      if (fs.tokens[i] < 0 || fs.tokens[i] >= V) {
+        return InvalidArgument("token id " + std::to_string(fs.tokens[i]) + " is outside the vocabulary of " +
+                               std::to_string(V));
+      }
+      tok_id.push_back(fs.tokens[i]);
+      tok_seq.push_back(static_cast<int64_t>(s));
+      tok_pos.push_back(fs.start_pos + i);
+    }
+    if (fs.want_logits && fs.num_tokens > 0) logit_rows.push_back(static_cast<int64_t>(tok_id.size()) - 1);
+  }
+  const int64_t T = static_cast<int64_t>(tok_id.size());
+  if (T == 0) return OkStatus();
+  auto slot_of = [&](int64_t t_seq, int64_t pos) {
+    const auto& bt = *seqs[static_cast<size_t>(t_seq)].block_table;
+    return static_cast<int64_t>(bt[static_cast<size_t>(pos / block_size_)]) * block_size_ + pos % block_size_;
+  };
+
+  std::vector<float> x(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(&x[t * H], embed_ + static_cast<int64_t>(tok_id[t]) * H, H * sizeof(float));
+  }
+  std::vector<float> hbuf(static_cast<size_t>(T * H));
+  std::vector<float> qkv, attn, gu, act;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float eps = static_cast<float>(spec_.rms_norm_eps);
+
+  // Adds the row-parallel partials of all ranks (in rank order) to the residual stream.
+  auto all_reduce_into_x = [&](const std::vector<std::vector<float>>& parts) {
+    for (int64_t i = 0; i < T * H; ++i) {
+      float s = parts[0][i];
+      for (size_t r = 1; r < parts.size(); ++r) s += parts[r][i];
+      x[i] += s;
+    }
+  };
+  std::vector<std::vector<float>> partials(ranks_.size(), std::vector<float>(static_cast<size_t>(T * H)));
+
+  for (int64_t li = 0; li < spec_.num_layers; ++li) {
+    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], ranks_[0]->layers[li].in_norm, H, eps, &hbuf[t * H]);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rank = *ranks_[r];
+      const Layer& L = rank.layers[static_cast<size_t>(li)];
+      const int64_t hq = rank.layout.q_heads, hk = rank.layout.kv_heads;
+      const int64_t W = (hq + 2 * hk) * D;
+      qkv.resize(static_cast<size_t>(T * W));
+      MatMulNT(pool_, hbuf.data(), T, H, L.qkv, W, qkv.data());
+      float* kc = rank.k_cache[static_cast<size_t>(li)].data();
+      float* vc = rank.v_cache[static_cast<size_t>(li)].data();
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = &qkv[t * W];
+        if (L.qkv_bias != nullptr)
+          for (int64_t j = 0; j < W; ++j) row[j] += L.qkv_bias[j];
+        if (L.q_norm != nullptr) {
+          for (int64_t hh = 0; hh < hq; ++hh) RmsNorm(row + hh * D, L.q_norm, D, eps, row + hh * D);
+          for (int64_t hh = 0; hh < hk; ++hh) RmsNorm(row + (hq + hh) * D, L.k_norm, D, eps, row + (hq + hh) * D);
+        }
+        ApplyRope(row, hq + hk, D, tok_pos[t], inv_freq_.data());
+        const int64_t slot = slot_of(tok_seq[t], tok_pos[t]);
+        std::memcpy(kc + slot * hk * D, row + hq * D, hk * D * sizeof(float));
+        std::memcpy(vc + slot * hk * D, row + (hq + hk) * D, hk * D * sizeof(float));
+      }
+      attn.assign(static_cast<size_t>(T * hq * D), 0.f);
+      const int64_t group = hq / hk;
+      auto attend = [&](int64_t task) {
+        const int64_t t = task / hq, hh = task % hq, kvh = hh / group;
+        const float* q = &qkv[t * W + hh * D];
+        const int64_t ctx = tok_pos[t] + 1;
+        thread_local std::vector<float> scores;
+        scores.resize(static_cast<size_t>(ctx));
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < ctx; ++j) {
+          const int64_t slot = slot_of(tok_seq[t], j);
+          scores[j] = Dot(q, kc + (slot * hk + kvh) * D, D) * scale;
+          mx = std::max(mx, scores[j]);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < ctx; ++j) {
+          scores[j] = std::exp(scores[j] - mx);
+          sum += scores[j];
+        }
+        float* out = &attn[(t * hq + hh) * D];
+        for (int64_t j = 0; j < ctx; ++j) {
+          const float p = scores[j];
+          const float* vv = vc + (slot_of(tok_seq[t], j) * hk + kvh) * D;
+          for (int64_t dd = 0; dd < D; ++dd) out[dd] += p * vv[dd];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t dd = 0; dd < D; ++dd) out[dd] *= inv;
+      };
+      pool_->ParallelFor(T * hq, attend);
+      MatMulNT(pool_, attn.data(), T, hq * D, L.o, H, partials[r].data());
+    }
+    all_reduce_into_x(partials);
+
+    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], ranks_[0]->layers[li].post_norm, H, eps, &hbuf[t * H]);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rank = *ranks_[r];
+      const Layer& L = rank.layers[static_cast<size_t>(li)];
+      const int64_t I = rank.layout.intermediate;
+      gu.resize(static_cast<size_t>(T * 2 * I));
+      act.resize(static_cast<size_t>(T * I));
+      MatMulNT(pool_, hbuf.data(), T, H, L.gate_up, 2 * I, gu.data());
+      for (int64_t t = 0; t < T; ++t) {
+        const float* g = &gu[t * 2 * I];
+        const float* u = g + I;
+        float* a = &act[t * I];
+        for (int64_t j = 0; j < I; ++j) a[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+      }
+      MatMulNT(pool_, act.data(), T, I, L.down, H, partials[r].data());
+    }
+    all_reduce_into_x(partials);
+  }
+
+  const int64_t S = static_cast<int64_t>(logit_rows.size());
+  if (S == 0) return OkStatus();
+  std::vector<float> normed(static_cast<size_t>(S * H));
+  for (int64_t s = 0; s < S; ++s) RmsNorm(&x[logit_rows[s] * H], final_norm_, H, eps, &normed[s * H]);
+  const size_t base = logits->size();
+  logits->resize(base + static_cast<size_t>(S * V));
+  MatMulNT(pool_, normed.data(), S, H, lm_head_, V, logits->data() + base);
+  return OkStatus();
+}
+
+}  // namespace rc::engine

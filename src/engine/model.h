@@ -1,0 +1,87 @@
+// Model: the decoder forward pass (Llama / Qwen2 / Qwen3) over tensor-parallel ranks held in
+// one process, with paged KV.
+//
+// Each rank owns its ParameterStore (engine layout, see model_spec.h) and its KV storage
+// ([num_blocks, block_size, local kv heads, head_dim] per layer for K and for V). Forward runs
+// every rank's column-parallel part, then sums the row-parallel partial outputs in rank order
+// (the in-process all-reduce), so results depend only on tp, never on scheduling.
+//
+// Thread safety: not synchronized; the engine calls Forward from its step thread only, and
+// mutates parameters only while paused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/thread_pool.h"
+#include "rolloutcore/engine/model_spec.h"
+#include "rolloutcore/engine/parameters.h"
+
+namespace rc::engine {
+
+struct ParameterDecl {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string alias_of;  // tied lm_head
+};
+// The engine parameters of one rank (names and shapes), in the layout of model_spec.h.
+std::vector<ParameterDecl> EngineParameterDecls(const ModelSpec& spec, const RankLayout& layout);
+
+struct ForwardSeq {
+  const int32_t* tokens = nullptr;  // new tokens, positions start_pos .. start_pos + n - 1
+  int64_t num_tokens = 0;
+  int64_t start_pos = 0;
+  const std::vector<int32_t>* block_table = nullptr;  // covers positions [0, start_pos + n)
+  bool want_logits = false;                           // logits of the last new token
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> Create(const ModelSpec& spec, int tp, int64_t num_blocks,
+                                               int64_t block_size, ThreadPool* pool);
+  const ModelSpec& spec() const { return spec_; }
+  int tp() const { return static_cast<int>(ranks_.size()); }
+  ParameterStore& params(int rank) { return ranks_[rank]->params; }
+  const ParameterStore& params(int rank) const { return ranks_[rank]->params; }
+  const RankLayout& layout(int rank) const { return ranks_[rank]->layout; }
+  int64_t KvBytes() const;
+
+  // Resolves cached parameter pointers; call after (re)loading weights.
+  Status Bind();
+  // Runs the batch; appends one row of vocab_size logits per seq with want_logits.
+  Status Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* logits);
+
+ private:
+  struct Layer {
+    const float* in_norm;
+    const float* post_norm;
+    const float* qkv;
+    const float* qkv_bias;
+    const float* q_norm;
+    const float* k_norm;
+    const float* o;
+    const float* gate_up;
+    const float* down;
+  };
+  struct Rank {
+    RankLayout layout;
+    ParameterStore params;
+    std::vector<Layer> layers;
+    std::vector<std::vector<float>> k_cache, v_cache;  // per layer
+  };
+  Model(const ModelSpec& spec, int64_t num_blocks, int64_t block_size, ThreadPool* pool)
+      : spec_(spec), num_blocks_(num_blocks), block_size_(block_size), pool_(pool) {}
+
+  ModelSpec spec_;
+  int64_t num_blocks_;
+  int64_t block_size_;
+  ThreadPool* pool_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<float> inv_freq_;
+  const float* embed_ = nullptr;
+  const float* final_norm_ = nullptr;
+  const float* lm_head_ = nullptr;
+};
+
+}  // namespace rc::engine

@@ -1,0 +1,292 @@
+#include "rolloutcore/engine/receiver.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "rolloutcore/base/hash.h"
+#include "rolloutcore/directory/client.h"
+#include "rolloutcore/engine/loader.h"
+#include "rolloutcore/refit/digest.h"
+#include "rolloutcore/refit/executor.h"
+#include "rolloutcore/refit/layouts.h"
+#include "rolloutcore/transport/transport.h"
+
+namespace rc::engine {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The transport a shard handle belongs to: its descriptor's prefix ("shm:v1:..." → "shm").
+Result<std::string> TransportOf(const refit::Manifest& m) {
+  std::string name;
+  for (const auto& t : m.tables) {
+    for (const auto& s : t.shards) {
+      auto colon = s.handle.find(':');
+      if (colon == std::string::npos) {
+        return InvalidArgument("tensor " + t.name + ": shard of rank " + std::to_string(s.rank) +
+                               " has a handle without a transport prefix");
+      }
+      std::string n = s.handle.substr(0, colon);
+      if (name.empty()) name = n;
+      if (n != name) {
+        return InvalidArgument("version " + m.version + " mixes transports (" + name + " and " + n +
+                               "); one transport per version is supported");
+      }
+    }
+  }
+  if (name.empty()) return InvalidArgument("version " + m.version + " has no shards");
+  return name;
+}
+
+// Identifies the source topology: tensors, boxes and handles of every shard.
+uint64_t TopologyDigest(const refit::Manifest& m) {
+  Hasher h;
+  for (const auto& t : m.tables) {
+    h.Update(t.name).UpdateU64(static_cast<uint64_t>(t.dtype));
+    for (int64_t d : t.shape) h.UpdateU64(static_cast<uint64_t>(d));
+    for (const auto& s : t.shards) {
+      h.UpdateU64(static_cast<uint64_t>(s.rank)).Update(s.handle);
+      for (int64_t d : s.offset) h.UpdateU64(static_cast<uint64_t>(d));
+      for (int64_t d : s.shape) h.UpdateU64(static_cast<uint64_t>(d));
+    }
+  }
+  return h.Digest();
+}
+
+Json DigestsJson(const refit::TensorDigests& d) {
+  Json j = Json::object();
+  for (const auto& [name, v] : d) j[name] = Hex64(v);
+  return j;
+}
+
+// First tensor whose digest differs, for messages.
+std::string FirstMismatch(const refit::TensorDigests& got, const refit::TensorDigests& want) {
+  for (const auto& [name, v] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) return "tensor " + name + " was not installed";
+    if (it->second != v) return "tensor " + name + ": digest " + Hex64(it->second) + " != published " + Hex64(v);
+  }
+  for (const auto& [name, v] : got) {
+    if (!want.count(name)) return "tensor " + name + " is not in the manifest";
+  }
+  return "";
+}
+
+}  // namespace
+
+struct RefitReceiver::Staged {
+  std::string model;
+  std::string version;
+  refit::Manifest manifest;
+  refit::TensorDigests published;
+  // Shadow parameters per rank: name → f32 bytes.
+  std::vector<std::map<std::string, std::vector<float>>> shadow;
+  std::vector<refit::DestinationBuffers> buffers;
+  Json evidence;
+};
+
+RefitReceiver::RefitReceiver(Engine* engine) : engine_(engine), config_(RefitConfigFromSpec(engine->spec())) {}
+RefitReceiver::~RefitReceiver() = default;
+
+std::string RefitReceiver::staged_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return staged_ ? staged_->version : "";
+}
+
+Status RefitReceiver::EnsureCaptures() {
+  if (!captures_.empty()) return OkStatus();
+  refit::EngineLayout layout;
+  layout.tp = engine_->tensor_parallel_size();
+  for (int r = 0; r < layout.tp; ++r) {
+    RC_ASSIGN_OR_RETURN(refit::Capture c, refit::CaptureEngineRank(config_, layout, r));
+    captures_.push_back(std::move(c));
+  }
+  std::vector<const refit::Capture*> ptrs;
+  for (const auto& c : captures_) ptrs.push_back(&c);
+  digest_regions_ = refit::AssignDigestOwnership(ptrs);
+  return OkStatus();
+}
+
+std::vector<refit::DestinationBuffers> RefitReceiver::LiveBuffers() {
+  std::vector<refit::DestinationBuffers> out;
+  for (int r = 0; r < engine_->tensor_parallel_size(); ++r) {
+    refit::DestinationBuffers b;
+    for (const auto& [name, p] : engine_->Parameters(r).all()) {
+      b.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p.data()), p.nbytes()));
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+Result<refit::TensorDigests> RefitReceiver::DigestOf(const std::vector<refit::DestinationBuffers>& buffers) {
+  refit::TensorDigests total;
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    RC_ASSIGN_OR_RETURN(refit::TensorDigests d, refit::DigestInstalled(captures_[r], buffers[r], digest_regions_[r]));
+    refit::AddDigests(total, d);
+  }
+  return total;
+}
+
+Result<Json> RefitReceiver::Stage(const StageRequest& req) {
+  if (req.model.empty() || req.version.empty() || req.directory.empty()) {
+    return InvalidArgument("stage needs model, version and directory");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto t_total = std::chrono::steady_clock::now();
+  Json stages = Json::object();
+
+  auto t = std::chrono::steady_clock::now();
+  directory::DirectoryClient dir(req.directory);
+  RC_ASSIGN_OR_RETURN(refit::Manifest manifest, dir.Get(req.model, req.version));
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests published, refit::TensorDigestsFromShards(manifest));
+  stages["discovery"] = MsSince(t);
+
+  t = std::chrono::steady_clock::now();
+  RC_RETURN_IF_ERROR(EnsureCaptures());
+  stages["source_preparation"] = MsSince(t);
+
+  // Plans are rebuilt only when the source topology changes.
+  t = std::chrono::steady_clock::now();
+  uint64_t topo = TopologyDigest(manifest);
+  bool plan_cached = topo == plan_topology_ && plans_.size() == captures_.size();
+  if (!plan_cached) {
+    plans_.clear();
+    for (size_t r = 0; r < captures_.size(); ++r) {
+      refit::PlanOptions po;
+      po.dest_rank = static_cast<int32_t>(r);
+      RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(captures_[r], manifest, po));
+      plans_.push_back(std::move(p));
+    }
+    plan_topology_ = topo;
+    ++plans_built_;
+  }
+  stages["planning"] = MsSince(t);
+
+  // Staging: shadow parameters (never the live ones).
+  t = std::chrono::steady_clock::now();
+  auto staged = std::make_unique<Staged>();
+  staged->model = req.model;
+  staged->version = req.version;
+  staged->published = published;
+  staged->shadow.resize(captures_.size());
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    refit::DestinationBuffers b;
+    for (const auto& spec : captures_[r].params) {
+      auto& v = staged->shadow[r][spec.name];
+      v.assign(static_cast<size_t>(spec.bytes() / sizeof(float)), 0.0f);
+      b.emplace(spec.name, std::span<std::byte>(reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(float)));
+    }
+    staged->buffers.push_back(std::move(b));
+  }
+  RC_ASSIGN_OR_RETURN(std::string transport_name, TransportOf(manifest));
+  RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
+  stages["registration"] = MsSince(t);
+
+  t = std::chrono::steady_clock::now();
+  uint64_t bytes = 0, reads = 0;
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    auto st = refit::ExecutePlan(plans_[r], *transport, staged->buffers[r]);
+    if (!st.ok()) return st.status().WithContext("pulling " + req.version + " into rank " + std::to_string(r));
+    bytes += st->bytes_read;
+    reads += st->reads;
+  }
+  double wire_ms = MsSince(t);
+  stages["wire"] = wire_ms;
+  stages["transform"] = 0.0;
+
+  t = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(staged->buffers));
+  stages["receive_sync"] = MsSince(t);
+  std::string mismatch = FirstMismatch(got, published);
+  if (!mismatch.empty()) {
+    return DataLoss("staged bytes of " + req.version + " do not match the published digests: " + mismatch);
+  }
+  uint64_t planned = 0, needed = 0, descriptors = 0, full_pulls = 0;
+  for (const auto& p : plans_) {
+    planned += p.stats.bytes_planned;
+    needed += p.stats.bytes_needed;
+    descriptors += p.stats.descriptors;
+    full_pulls += p.stats.full_pulls;
+  }
+  stages["total"] = MsSince(t_total);
+  staged->manifest = std::move(manifest);
+  staged->evidence = Json{{"version", req.version},
+                          {"model", req.model},
+                          {"transport", transport_name},
+                          {"bytes_needed", needed},
+                          {"bytes_planned", planned},
+                          {"bytes_pulled", bytes},
+                          {"reads", reads},
+                          {"descriptors", descriptors},
+                          {"full_pulls", full_pulls},
+                          {"plan_cached", plan_cached},
+                          {"plans_built", plans_built_},
+                          {"coverage", "ok"},
+                          {"digest_check", "staged bytes match the manifest, tensor by tensor"},
+                          {"content_digest", Hex64(staged->manifest.content_digest)},
+                          {"wire_gbps", wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0},
+                          {"stages_ms", stages}};
+  staged_ = std::move(staged);
+  return staged_->evidence;
+}
+
+Result<Json> RefitReceiver::Install(const std::string& version, bool skip_cache_reset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!engine_->IsPaused()) {
+    return FailedPrecondition("install refused: the engine is not paused (pause it first); nothing was touched");
+  }
+  if (!staged_) return FailedPrecondition("install refused: nothing is staged (stage " + version + " first)");
+  if (staged_->version != version) {
+    return FailedPrecondition("install refused: staged version is " + staged_->version + ", not " + version);
+  }
+  Json stages = staged_->evidence["stages_ms"];
+  auto t = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
+  Staged* s = staged_.get();
+  auto fill = [s, &bytes](int rank, const RankLayout&, ParameterStore* params) -> Status {
+    for (const auto& [name, data] : s->shadow[static_cast<size_t>(rank)]) {
+      const Parameter* p = params->Find(name);
+      if (p == nullptr) return Internal("staged parameter " + name + " is not an engine parameter");
+      if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
+      std::memcpy(p->data(), data.data(), p->nbytes());
+      bytes += p->nbytes();
+    }
+    return OkStatus();
+  };
+  Status st = engine_->InstallWeights(fill, version, ++generation_, !skip_cache_reset);
+  if (!st.ok()) return st.WithContext("install of " + version);
+  stages["install"] = MsSince(t);
+
+  t = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
+  stages["post_install"] = MsSince(t);
+  std::string mismatch = FirstMismatch(live, staged_->published);
+  if (!mismatch.empty()) {
+    return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
+  }
+  Json out = staged_->evidence;
+  out["weight_version"] = version;
+  out["bytes_installed"] = bytes;
+  out["cache_reset"] = !skip_cache_reset;
+  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(live));
+  stages["ready"] = 0.0;
+  out["stages_ms"] = stages;
+  staged_.reset();  // the shadow memory goes; a new stage is needed for the next version
+  return out;
+}
+
+Result<Json> RefitReceiver::LiveDigest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(EnsureCaptures());
+  auto t = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
+  return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live))},
+              {"weight_version", engine_->WeightVersion()},
+              {"tensors", DigestsJson(live)},
+              {"digest_ms", MsSince(t)}};
+}
+
+}  // namespace rc::engine

@@ -1,0 +1,76 @@
+#include "engine/thread_pool.h"
+
+#include <algorithm>
+
+namespace rc::engine {
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+namespace {
+void Chunk(int64_t n, int parts, int index, int64_t* b, int64_t* e) {
+  const int64_t base = n / parts, rem = n % parts;
+  *b = index * base + std::min<int64_t>(index, rem);
+  *e = *b + base + (index < rem ? 1 : 0);
+}
+}  // namespace
+
+void ThreadPool::ParallelForRange(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  const int parts = num_threads();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    job_ = &fn;
+    job_n_ = n;
+    pending_ = parts - 1;
+    ++job_seq_;
+  }
+  cv_.notify_all();
+  int64_t b, e;
+  Chunk(n, parts, 0, &b, &e);
+  if (b < e) fn(b, e);
+  std::unique_lock<std::mutex> l(mu_);
+  done_cv_.wait(l, [this] { return pending_ == 0; });
+  job_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t, int64_t)>* job;
+    int64_t n;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || job_seq_ != seen; });
+      if (stop_) return;
+      seen = job_seq_;
+      job = job_;
+      n = job_n_;
+    }
+    int64_t b, e;
+    Chunk(n, num_threads(), index, &b, &e);
+    if (b < e) (*job)(b, e);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+}  // namespace rc::engine

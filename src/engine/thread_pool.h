@@ -1,0 +1,54 @@
+// ThreadPool: a fixed set of worker threads running ParallelFor over an index range.
+//
+// ParallelFor(n, fn) calls fn(i) for every i in [0, n) exactly once and returns when all calls
+// finished; the caller's thread takes part. Work is split statically into contiguous chunks so
+// that a given kernel always assigns an output element to exactly one call; results never
+// depend on the thread count (reductions stay inside one call).
+//
+// Thread safety: ParallelFor may be called from one thread at a time (the engine's step
+// thread); concurrent callers are serialized by an internal mutex.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace rc::engine {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0: std::thread::hardware_concurrency().
+  explicit ThreadPool(int num_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // fn(begin, end) over contiguous chunks covering [0, n).
+  void ParallelForRange(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+    ParallelForRange(n, [&fn](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) fn(i);
+    });
+  }
+
+ private:
+  void WorkerLoop(int index);
+
+  std::mutex call_mu_;  // serializes ParallelForRange callers
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable done_cv_;
+  std::vector<std::thread> workers_;
+  // guarded by mu_:
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  uint64_t job_seq_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace rc::engine

@@ -1,0 +1,262 @@
+#include "rolloutcore/trainer/publisher.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "rolloutcore/base/clock.h"
+#include "rolloutcore/directory/memory_store.h"
+#include "rolloutcore/refit/digest.h"
+#include "rolloutcore/transport/local.h"
+#include "rolloutcore/transport/shm.h"
+
+namespace rc::trainer {
+namespace {
+
+using refit::DType;
+using refit::Shape;
+
+// bf16 bits of a recognisable value per element.
+std::vector<uint16_t> Pattern(int64_t n, uint16_t base) {
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<uint16_t>(base + i * 7);
+  return v;
+}
+
+ShardSource Rows(const std::string& name, const Shape& global, int64_t row0, int64_t rows, const void* data) {
+  ShardSource s;
+  s.name = name;
+  s.dtype = DType::kBF16;
+  s.global_shape = global;
+  s.offset = Shape(global.size(), 0);
+  s.offset[0] = row0;
+  s.local_shape = global;
+  s.local_shape[0] = rows;
+  s.data = data;
+  return s;
+}
+
+std::vector<uint8_t> ReadAll(transport::Transport& t, const std::string& descriptor, uint64_t bytes) {
+  auto remote = t.Import(descriptor);
+  EXPECT_TRUE(remote.ok()) << remote.status().ToString();
+  if (!remote.ok()) return {};
+  std::vector<uint8_t> out(bytes);
+  transport::ReadOp op{*remote, 0, out.data(), bytes};
+  auto transfer = t.PostReads(std::span<const transport::ReadOp>(&op, 1));
+  EXPECT_TRUE(transfer.ok()) << transfer.status().ToString();
+  if (!transfer.ok()) return {};
+  Status s = (*transfer)->Wait(t.clock().NowNs() + 5'000'000'000);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(t.ReleaseRemote(*remote).ok());
+  return out;
+}
+
+class PublisherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = directory::NewMemoryStore(&clock_);
+    auto t = transport::CreateLocalTransport();
+    ASSERT_TRUE(t.ok());
+    transport_ = std::move(t).value();
+  }
+  ManualClock clock_;
+  std::unique_ptr<directory::DirectoryStore> store_;
+  std::unique_ptr<transport::Transport> transport_;
+};
+
+TEST_F(PublisherTest, TwoRanksCommitAndShardsReadBackWithTheirDigests) {
+  const Shape shape = {8, 4};
+  const std::vector<uint16_t> full = Pattern(32, 100);
+  Publisher p0(transport_.get(), store_.get(), "m", 0, 2);
+  Publisher p1(transport_.get(), store_.get(), "m", 1, 2);
+  ASSERT_TRUE(p0.AddShard("v0", Rows("w", shape, 0, 5, full.data())).ok());
+  ASSERT_TRUE(p1.AddShard("v0", Rows("w", shape, 5, 3, full.data() + 20)).ok());
+  // A 1-d tensor held whole by both ranks (a replica).
+  const std::vector<uint16_t> norm = Pattern(4, 9);
+  ASSERT_TRUE(p0.AddShard("v0", Rows("n", {4}, 0, 4, norm.data())).ok());
+  ASSERT_TRUE(p1.AddShard("v0", Rows("n", {4}, 0, 4, norm.data())).ok());
+
+  auto r0 = p0.Publish("v0");
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  EXPECT_EQ(r0->result.state, directory::VersionState::kStaging);
+  EXPECT_EQ(r0->shards, 2);
+  EXPECT_EQ(r0->bytes, (20u + 4u) * 2u);
+  auto r1 = p1.Publish("v0");
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(r1->result.state, directory::VersionState::kCommitted);
+  EXPECT_EQ(r1->result.commit_seq, 1u);
+  EXPECT_TRUE(p0.IsPublished("v0"));
+  EXPECT_NE(p0.lease_id(), 0);
+
+  auto m = store_->Get("m", "v0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->tables.size(), 2u);
+  for (const refit::ShardTable& t : m->tables) {
+    for (const refit::ShardInfo& s : t.shards) {
+      const uint64_t bytes = static_cast<uint64_t>(refit::NumElements(s.shape)) * 2;
+      std::vector<uint8_t> got = ReadAll(*transport_, s.handle, bytes);
+      const uint16_t* want = t.name == "w" ? full.data() + s.offset[0] * 4 : norm.data();
+      ASSERT_EQ(got.size(), bytes);
+      EXPECT_EQ(std::memcmp(got.data(), want, bytes), 0) << t.name << " rank " << s.rank;
+      EXPECT_EQ(s.digest, refit::DigestBlock(DType::kBF16, t.shape, s.box(), got.data()));
+    }
+  }
+  // Sharding invariance: the per-tensor digest equals the digest of the whole tensor.
+  auto digests = refit::TensorDigestsFromShards(*m);
+  ASSERT_TRUE(digests.ok());
+  EXPECT_EQ(digests->at("w"), refit::DigestBlock(DType::kBF16, shape, refit::FullBox(shape), full.data()));
+  EXPECT_EQ(m->content_digest, r1->result.content_digest);
+}
+
+TEST_F(PublisherTest, GeometryErrorsNameTensorRankAndVersion) {
+  const std::vector<uint16_t> d = Pattern(64, 1);
+  Publisher p(transport_.get(), store_.get(), "m", 1, 2);
+  Status s = p.AddShard("v3", Rows("layer.w", {8, 4}, 6, 4, d.data()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer.w"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("v3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("outside"), std::string::npos) << s.message();
+
+  EXPECT_EQ(p.AddShard("v3", Rows("w", {8, 4}, 0, 4, nullptr)).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p.AddShard("v3", Rows("w", {8, 4}, 0, 4, d.data())).ok());
+  s = p.AddShard("v3", Rows("w", {8, 4}, 2, 4, d.data()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlaps"), std::string::npos) << s.message();
+  ShardSource other_dtype = Rows("w", {8, 4}, 4, 4, d.data());
+  other_dtype.dtype = DType::kF32;
+  EXPECT_EQ(p.AddShard("v3", other_dtype).code(), StatusCode::kInvalidArgument);
+  ShardSource bad_rank = Rows("w", {8, 4}, 4, 4, d.data());
+  bad_rank.offset = {4};
+  EXPECT_EQ(p.AddShard("v3", bad_rank).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(PublisherTest, StateErrors) {
+  const std::vector<uint16_t> d = Pattern(32, 1);
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1);
+  EXPECT_EQ(p.Publish("v0").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+  auto r = p.Publish("v0");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->result.state, directory::VersionState::kCommitted);
+  EXPECT_EQ(p.Publish("v0").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.AddShard("v0", Rows("x", {2}, 0, 2, d.data())).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.Release("v9").code(), StatusCode::kNotFound);
+}
+
+TEST_F(PublisherTest, DirectoryRefusalLeavesTheVersionStagedAndRegistersNothing) {
+  const std::vector<uint16_t> d = Pattern(32, 1);
+  // Rank 0 of 2 publishes with expected_ranks 2; a second publisher claims expected_ranks 3.
+  Publisher a(transport_.get(), store_.get(), "m", 0, 2);
+  Publisher b(transport_.get(), store_.get(), "m", 1, 3);
+  ASSERT_TRUE(a.AddShard("v0", Rows("w", {8, 4}, 0, 4, d.data())).ok());
+  ASSERT_TRUE(a.Publish("v0").ok());
+  ASSERT_TRUE(b.AddShard("v0", Rows("w", {8, 4}, 4, 4, d.data() + 16)).ok());
+  auto r = b.Publish("v0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("rank 1"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(b.IsPublished("v0"));
+  EXPECT_EQ(b.versions(), std::vector<std::string>{"v0"});  // still staged: can be released or retried
+  EXPECT_TRUE(b.Release("v0").ok());
+}
+
+TEST_F(PublisherTest, ReleaseDeregistersAndReleasesInTheDirectory) {
+  const std::vector<uint16_t> d = Pattern(32, 1);
+  auto owner = std::make_shared<std::vector<uint16_t>>(d);
+  std::weak_ptr<std::vector<uint16_t>> watch = owner;
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1);
+  ShardSource s = Rows("w", {8, 4}, 0, 8, owner->data());
+  s.keep_alive = std::move(owner);
+  ASSERT_TRUE(p.AddShard("v0", std::move(s)).ok());
+  auto r = p.Publish("v0");
+  ASSERT_TRUE(r.ok());
+  const std::string handle = r->tables[0].shards[0].handle;
+  EXPECT_EQ(ReadAll(*transport_, handle, 64).size(), 64u);
+  EXPECT_FALSE(watch.expired());  // the Publisher holds the memory while published
+
+  ASSERT_TRUE(p.Release("v0", /*release_in_directory=*/true).ok());
+  EXPECT_TRUE(watch.expired());
+  EXPECT_TRUE(p.versions().empty());
+  EXPECT_EQ(store_->Get("m", "v0").status().code(), StatusCode::kNotFound);
+  // Deregistered: a reader can no longer reach the region.
+  auto remote = transport_->Import(handle);
+  ASSERT_FALSE(remote.ok());
+  EXPECT_EQ(remote.status().code(), StatusCode::kNotFound) << remote.status().ToString();
+}
+
+TEST_F(PublisherTest, ShmRequiresShmBufferMemoryAndWorksWithIt) {
+  auto shm = transport::CreateShmTransport();
+  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  const std::vector<uint16_t> d = Pattern(32, 3);
+  Publisher p(shm->get(), store_.get(), "m", 0, 1);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+  auto r = p.Publish("v0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("tensor w"), std::string::npos) << r.status().message();
+  EXPECT_EQ(store_->GetInfo("m", "v0").status().code(), StatusCode::kNotFound);  // nothing published
+  ASSERT_TRUE(p.Release("v0").ok());
+
+  auto buf = transport::ShmBuffer::Create(64);
+  ASSERT_TRUE(buf.ok());
+  auto owned = std::make_shared<transport::ShmBuffer>(std::move(buf).value());
+  std::memcpy(owned->data(), d.data(), 64);
+  ShardSource s = Rows("w", {8, 4}, 0, 8, owned->data());
+  s.keep_alive = owned;
+  ASSERT_TRUE(p.AddShard("v1", std::move(s)).ok());
+  auto ok = p.Publish("v1");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  std::vector<uint8_t> got = ReadAll(**shm, ok->tables[0].shards[0].handle, 64);
+  ASSERT_EQ(got.size(), 64u);
+  EXPECT_EQ(std::memcmp(got.data(), d.data(), 64), 0);
+}
+
+TEST_F(PublisherTest, ExpiredLeaseAbandonsStagingAndANewLeaseIsTakenForTheNextVersion) {
+  const std::vector<uint16_t> d = Pattern(32, 1);
+  PublisherOptions o;
+  o.lease_ttl_ms = 1000;
+  o.keepalive_interval_ms = 3'600'000;  // never renews during the test: the lease runs out
+  Publisher p(transport_.get(), store_.get(), "m", 0, 2, o);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 4, d.data())).ok());
+  auto r = p.Publish("v0");
+  ASSERT_TRUE(r.ok());
+  const int64_t first_lease = r->result.lease_id;
+  clock_.AdvanceMs(1500);
+  auto info = store_->GetInfo("m", "v0");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, directory::VersionState::kAbandoned);
+
+  ASSERT_TRUE(p.AddShard("v1", Rows("w", {8, 4}, 0, 4, d.data())).ok());
+  auto r1 = p.Publish("v1");
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_NE(r1->result.lease_id, first_lease);
+  EXPECT_EQ(p.lease_id(), r1->result.lease_id);
+}
+
+TEST_F(PublisherTest, ConcurrentVersionsOnOnePublisher) {
+  const std::vector<uint16_t> d = Pattern(32, 5);
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1);
+  std::vector<std::thread> threads;
+  std::vector<Status> results(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string v = "v" + std::to_string(i);
+      Status s = p.AddShard(v, Rows("w", {8, 4}, 0, 8, d.data()));
+      if (s.ok()) s = p.Publish(v).status();
+      results[static_cast<size_t>(i)] = s;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(p.versions().size(), 8u);
+  auto list = store_->List("m");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 8u);
+}
+
+}  // namespace
+}  // namespace rc::trainer

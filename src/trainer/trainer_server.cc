@@ -1,0 +1,100 @@
+#include "trainer/trainer_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/log.h"
+
+namespace rc::trainer {
+namespace {
+
+void Reply(httplib::Response& res, int status, const Json& body) {
+  res.status = status;
+  res.set_content(body.dump() + "\n", "application/json");
+}
+
+void ReplyError(httplib::Response& res, const Status& s) {
+  Reply(res, HttpStatusFor(s),
+        Json{{"error", Json{{"code", std::string(StatusCodeName(s.code()))}, {"message", s.message()}}}});
+}
+
+}  // namespace
+
+int HttpStatusFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists: return 409;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+struct TrainerServer::Impl {
+  httplib::Server http;
+};
+
+TrainerServer::TrainerServer(SyntheticTrainer* trainer, TrainerServerOptions options,
+                             std::function<void(const Result<VersionStatus>&)> on_step)
+    : trainer_(trainer), options_(std::move(options)), on_step_(std::move(on_step)), impl_(std::make_unique<Impl>()) {}
+
+TrainerServer::~TrainerServer() { Stop(); }
+
+std::string TrainerServer::url() const { return fmt::format("http://{}:{}", options_.host, port_); }
+
+Status TrainerServer::Start() {
+  if (thread_.joinable()) return FailedPrecondition("trainer server already started");
+  httplib::Server& http = impl_->http;
+  http.set_payload_max_length(size_t{1} << 20);
+  http.set_read_timeout(30, 0);
+  http.set_write_timeout(30, 0);
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    ReplyError(res, Internal("the trainer failed while answering this request"));
+  });
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, Json{{"ok", true}}); });
+  http.Get("/status", [this](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, trainer_->StatusJson());
+  });
+  http.Post("/step", [this](const httplib::Request&, httplib::Response& res) {
+    Result<VersionStatus> v = trainer_->Step();
+    if (on_step_) on_step_(v);
+    if (!v.ok()) return ReplyError(res, v.status());
+    Reply(res, 200, VersionStatusToJson(*v));
+  });
+  http.Post("/release", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = ParseJson(req.body, "release body");
+    if (!body.ok()) return ReplyError(res, body.status());
+    if (!body->is_object()) return ReplyError(res, InvalidArgument("release body: expected {\"version\": \"v<k>\"}"));
+    auto version = GetString(*body, "version", "version");
+    if (!version.ok()) return ReplyError(res, version.status());
+    Status s = trainer_->Release(*version);
+    if (!s.ok()) return ReplyError(res, s);
+    Reply(res, 200, Json{{"version", *version}, {"released", true}});
+  });
+
+  if (options_.port == 0) {
+    port_ = http.bind_to_any_port(options_.host);
+    if (port_ <= 0) return Unavailable(fmt::format("trainer: cannot bind {}:<any port>", options_.host));
+  } else {
+    if (!http.bind_to_port(options_.host, options_.port)) {
+      return Unavailable(fmt::format("trainer: cannot bind {}:{}", options_.host, options_.port));
+    }
+    port_ = options_.port;
+  }
+  thread_ = std::thread([this] {
+    if (!impl_->http.listen_after_bind()) RC_LOG_WARN("trainer: HTTP server loop ended");
+  });
+  return OkStatus();
+}
+
+void TrainerServer::Stop() {
+  if (!thread_.joinable()) return;
+  impl_->http.stop();
+  thread_.join();
+}
+
+}  // namespace rc::trainer

@@ -1,0 +1,57 @@
+// TrainerServer: the HTTP/JSON control API of `rolloutcore trainer serve` (docs/trainer.md):
+//   GET  /health            {"ok": true}
+//   GET  /status            SyntheticTrainer::StatusJson()
+//   POST /step              publishes the next version; 200 with its VersionStatus JSON
+//   POST /release           body {"version": "v3"}; 200 {"version": "v3", "released": true}
+// Errors answer {"error": {"code": "NotFound", "message": "..."}} with 400 (InvalidArgument),
+// 404 (NotFound), 409 (FailedPrecondition / AlreadyExists), 503 (Unavailable) or 500.
+//
+// Binds 127.0.0.1 unless told otherwise. Thread safety: Start and Stop from one owning thread;
+// requests are served on the server's worker threads and go straight to the (thread-safe)
+// trainer. The trainer must outlive the server.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/trainer/synthetic_trainer.h"
+
+namespace rc::trainer {
+
+struct TrainerServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: an ephemeral port
+};
+
+class TrainerServer {
+ public:
+  // on_step (optional) is called after every step made through POST /step, for progress output.
+  TrainerServer(SyntheticTrainer* trainer, TrainerServerOptions options,
+                std::function<void(const Result<VersionStatus>&)> on_step = {});
+  ~TrainerServer();  // Stop()s
+  TrainerServer(const TrainerServer&) = delete;
+  TrainerServer& operator=(const TrainerServer&) = delete;
+
+  // Unavailable naming host:port when the bind fails.
+  [[nodiscard]] Status Start();
+  void Stop();  // idempotent
+  int port() const { return port_; }
+  std::string url() const;
+
+ private:
+  struct Impl;
+  SyntheticTrainer* const trainer_;
+  const TrainerServerOptions options_;
+  std::function<void(const Result<VersionStatus>&)> on_step_;
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// HTTP status for a Status code, as documented above.
+int HttpStatusFor(const Status& status);
+
+}  // namespace rc::trainer

@@ -1,0 +1,254 @@
+// End-to-end tests of the engine's HTTP API over real sockets (label e2e).
+#include <httplib.h>
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/engine/http_server.h"
+#include "rolloutcore/engine/loader.h"
+
+namespace rc::engine {
+namespace {
+
+class HttpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineOptions o;
+    o.num_threads = 2;
+    o.block_size = 8;
+    auto e = CreateEngine({"tiny", "dummy", 3}, o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    ServerOptions so;
+    so.port = 0;
+    so.model_name = "tiny";
+    server_ = std::make_unique<EngineServer>(engine_.get(), so);
+    ASSERT_TRUE(server_->Start().ok());
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(60, 0);
+  }
+  void TearDown() override {
+    server_->Stop();
+  }
+  Json Post(const std::string& path, const std::string& body, int expect = 200) {
+    auto res = client_->Post(path.c_str(), body, "application/json");
+    EXPECT_TRUE(res) << path;
+    if (!res) return Json();
+    EXPECT_EQ(res->status, expect) << path << " " << body << " -> " << res->body;
+    auto j = ParseJson(res->body);
+    return j.ok() ? *j : Json();
+  }
+  Json Get(const std::string& path) {
+    auto res = client_->Get(path.c_str());
+    EXPECT_TRUE(res && res->status == 200) << path;
+    if (!res) return Json();
+    auto j = ParseJson(res->body);
+    return j.ok() ? *j : Json();
+  }
+  std::string Metrics() {
+    auto res = client_->Get("/metrics");
+    return res ? res->body : "";
+  }
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<EngineServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+constexpr const char* kPrompt = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]";
+
+TEST_F(HttpTest, CompletionsWithPrefixCacheUsageAndMetrics) {
+  const std::string body = std::string(R"({"prompt":)") + kPrompt +
+                           R"(,"max_tokens":6,"temperature":0,"logprobs":3,"return_token_ids":true})";
+  Json a = Post("/v1/completions", body);
+  ASSERT_EQ(a["object"], "text_completion");
+  ASSERT_EQ(a["choices"].size(), 1u);
+  EXPECT_EQ(a["choices"][0]["token_ids"].size(), 6u);
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(a["choices"][0]["weight_version"], "default");
+  EXPECT_EQ(a["choices"][0]["logprobs"]["token_logprobs"].size(), 6u);
+  EXPECT_EQ(a["usage"]["prompt_tokens"], 20);
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  Json b = Post("/v1/completions", body);
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], 16);
+  EXPECT_EQ(a["choices"][0]["token_ids"], b["choices"][0]["token_ids"]);
+  const std::string m = Metrics();
+  EXPECT_NE(m.find("vllm:prefix_cache_hits_total{model_name=\"tiny\"} 16"), std::string::npos) << m;
+  EXPECT_NE(m.find("vllm:prefix_cache_queries_total{model_name=\"tiny\"} 40"), std::string::npos) << m;
+  EXPECT_NE(m.find("vllm:num_requests_running"), std::string::npos);
+  // Text prompt through the byte-level fallback tokenizer.
+  Json t = Post("/v1/completions", R"({"prompt":"hello","max_tokens":2,"temperature":0,"return_token_ids":true})");
+  EXPECT_EQ(t["choices"][0]["prompt_token_ids"], Json::array({104, 101, 108, 108, 111}));
+}
+
+TEST_F(HttpTest, SeveralPromptsAndNChoices) {
+  Json j = Post("/v1/completions",
+                R"({"prompt":[[1,2,3],[4,5]],"n":2,"max_tokens":3,"temperature":0,"return_token_ids":true})");
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(j["choices"][i]["index"], i);
+  EXPECT_EQ(j["choices"][0]["prompt_token_ids"], Json::array({1, 2, 3}));
+  EXPECT_EQ(j["choices"][2]["prompt_token_ids"], Json::array({4, 5}));
+  // Greedy: both choices of one prompt agree.
+  EXPECT_EQ(j["choices"][0]["token_ids"], j["choices"][1]["token_ids"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+}
+
+TEST_F(HttpTest, StreamingMatchesNonStreaming) {
+  const std::string base = std::string(R"({"prompt":)") + kPrompt + R"(,"max_tokens":5,"temperature":0,"return_token_ids":true)";
+  Json full = Post("/v1/completions", base + "}");
+  auto res = client_->Post("/v1/completions", base + R"(,"stream":true})", "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  std::vector<int> ids;
+  std::string finish;
+  size_t pos = 0;
+  bool done = false;
+  while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = res->body.find("\n\n", pos);
+    const std::string payload = res->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") {
+      done = true;
+      break;
+    }
+    auto j = ParseJson(payload);
+    ASSERT_TRUE(j.ok()) << payload;
+    for (const auto& id : (*j)["choices"][0]["token_ids"]) ids.push_back(id.get<int>());
+    if (!(*j)["choices"][0]["finish_reason"].is_null()) finish = (*j)["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(Json(ids), full["choices"][0]["token_ids"]);
+}
+
+TEST_F(HttpTest, BadInputGets400NamingTheField) {
+  struct Case {
+    std::string body;
+    std::string field;
+  } cases[] = {
+      {"{not json", "malformed"},
+      {"[1,2]", "body"},
+      {R"({"max_tokens":3})", "prompt"},
+      {R"({"prompt":[1,2],"max_tokens":-1})", "max_tokens"},
+      {R"({"prompt":[1,2],"max_tokens":"7"})", "max_tokens"},
+      {R"({"prompt":[1,"x"]})", "prompt[1]"},
+      {R"({"prompt":[1,2],"temperature":"hot"})", "temperature"},
+      {R"({"prompt":[1,2],"logprobs":99})", "logprobs"},
+      {R"({"prompt":[1,2],"cache_salt":""})", "cache_salt"},
+      {R"({"prompt":[1,2],"stop_token_ids":[1,-2]})", "stop_token_ids[1]"},
+      {R"({"prompt":[1,2],"top_p":0})", "top_p"},
+      {R"({"prompt":[1,2],"n":0})", "n"},
+      {R"({"prompt":[1,99999]})", "prompt[1]"},
+  };
+  for (const auto& c : cases) {
+    auto res = client_->Post("/v1/completions", c.body, "application/json");
+    ASSERT_TRUE(res) << c.body;
+    EXPECT_EQ(res->status, 400) << c.body << " -> " << res->body;
+    EXPECT_NE(res->body.find(c.field), std::string::npos) << c.body << " -> " << res->body;
+  }
+  // A prompt longer than the context (tiny: 512).
+  std::string long_prompt = "[";
+  for (int i = 0; i < 600; ++i) long_prompt += (i ? ",1" : "1");
+  long_prompt += "]";
+  Json j = Post("/v1/completions", R"({"prompt":)" + long_prompt + "}", 400);
+  EXPECT_NE(j["message"].get<std::string>().find("prompt"), std::string::npos);
+  Post("/pause?mode=sideways", "", 400);
+  Post("/update_weight_version", R"({"new_version":5})", 400);
+  Post("/abort_requests", R"({"request_ids":"x"})", 400);
+  // Still alive.
+  EXPECT_EQ(Get("/is_paused")["is_paused"], false);
+}
+
+TEST_F(HttpTest, PauseResumeVersionStateAndReset) {
+  EXPECT_EQ(Get("/weight_info")["weight_version"], "default");
+  Json u = Post("/update_weight_version", R"({"new_version":"v7"})");
+  EXPECT_EQ(u["success"], true);
+  EXPECT_EQ(Get("/weight_info")["weight_version"], "v7");
+  Post("/v1/completions", std::string(R"({"prompt":)") + kPrompt + R"(,"max_tokens":2,"temperature":0})");
+  Json p = Post("/pause?mode=keep", "");
+  EXPECT_EQ(p["status"], "paused");
+  EXPECT_EQ(Get("/is_paused")["is_paused"], true);
+  Json st = Get("/rc/engine/state");
+  EXPECT_EQ(st["paused"], true);
+  EXPECT_EQ(st["weight_version"], "v7");
+  EXPECT_GT(st["cached_blocks"].get<int>(), 0);
+  // A request sent while paused waits; reset refuses while it holds blocks? It holds none yet.
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", std::string(R"({"prompt":[3,4,5],"max_tokens":3,"temperature":0})"),
+                    "application/json");
+    EXPECT_TRUE(r && r->status == 200);
+  });
+  Json ev = Post("/reset_prefix_cache", "");
+  EXPECT_EQ(ev["success"], true);
+  EXPECT_GT(ev["freed_blocks"].get<int>(), 0);
+  EXPECT_EQ(ev["blocks_in_use"], 0);
+  EXPECT_EQ(Post("/resume", "")["status"], "resumed");
+  t.join();
+  Json ab = Post("/abort_requests", R"({"request_ids":["nope"]})");
+  EXPECT_EQ(ab["status"], "aborted");
+  EXPECT_EQ(ab["aborted"], 0);
+  EXPECT_EQ(Get("/v1/models")["data"][0]["id"], "tiny");
+  EXPECT_EQ(Post("/reset_mm_cache", "")["success"], true);
+}
+
+TEST_F(HttpTest, PauseAbortFinishesInflightRequestWithAbort) {
+  Json result;
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":400,"temperature":0})", "application/json");
+    ASSERT_TRUE(r);
+    result = *ParseJson(r->body);
+  });
+  while (engine_->State().num_running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Post("/pause?mode=abort", "");
+  t.join();
+  EXPECT_EQ(result["choices"][0]["finish_reason"], "abort");
+  EXPECT_NE(Metrics().find("finished_reason=\"abort\"} 1"), std::string::npos);
+  Post("/resume", "");
+}
+
+TEST_F(HttpTest, AbortRequestsByCompletionId) {
+  Json result;
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":400,"temperature":0,"request_id":"mine"})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    result = *ParseJson(r->body);
+  });
+  while (engine_->State().num_running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Json ab = Post("/abort_requests", R"({"request_ids":["mine"]})");
+  t.join();
+  EXPECT_EQ(ab["aborted"], 1);
+  EXPECT_EQ(result["id"], "mine");
+  EXPECT_EQ(result["choices"][0]["finish_reason"], "abort");
+}
+
+TEST_F(HttpTest, ResetRefusedWhileRequestHoldsBlocks) {
+  Post("/pause?mode=keep", "");
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":50,"temperature":0})", "application/json");
+  });
+  Post("/resume", "");
+  while (engine_->State().num_running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Post("/pause?mode=keep", "");
+  Json ev = Post("/reset_prefix_cache", "");
+  EXPECT_EQ(ev["success"], false);
+  EXPECT_EQ(ev["freed_blocks"], 0);
+  EXPECT_GT(ev["blocks_in_use"].get<int>(), 0);
+  ev = Post("/reset_prefix_cache?reset_running_requests=true", "");
+  EXPECT_EQ(ev["success"], true);
+  Post("/resume", "");
+  t.join();
+}
+
+}  // namespace
+}  // namespace rc::engine
