@@ -19,5 +19,6 @@ void RegisterModelCommand(CLI::App& app, int* exit_code);
 void RegisterBenchEngineCommand(CLI::App& app, int* exit_code);
 void RegisterTrainerCommand(CLI::App& app, int* exit_code);
 void RegisterDemoCommand(CLI::App& app, int* exit_code);
+void RegisterBenchRefitCommand(CLI::App& app, int* exit_code);
 
 }  // namespace rc::apps

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -148,6 +149,7 @@ struct SyntheticTrainer::Rank {
   std::unique_ptr<Publisher> publisher;
   std::vector<Shard> shards;
   int64_t master_step = -1;  // the step `master` holds; -1: none yet
+  std::map<std::string, std::shared_ptr<transport::ShmBuffer>> arenas;  // by version (fault injection)
 };
 
 SyntheticTrainer::SyntheticTrainer(SyntheticTrainerOptions options, directory::DirectoryStore* store)
@@ -229,6 +231,7 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
           fmt::format("trainer rank {} allocating {} bytes for version {}", rank.index, total, label));
     }
     auto arena = std::make_shared<transport::ShmBuffer>(std::move(created).value());
+    rank.arenas[label] = arena;
     for (size_t i = 0; i < rank.shards.size(); ++i) {
       const Rank::Shard& s = rank.shards[i];
       auto* dst = reinterpret_cast<uint16_t*>(arena->data() + offsets[i]);
@@ -262,6 +265,22 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
   out->state = std::string(directory::VersionStateName(report->result.state));
   out->commit_seq = report->result.commit_seq;
   out->content_digest = report->result.content_digest;
+  return OkStatus();
+}
+
+Status SyntheticTrainer::CorruptByte(std::string_view version, int32_t rank, uint64_t byte) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) {
+    return InvalidArgument(fmt::format("rank {} is not a rank of this trainer (0..{})", rank, ranks_.size() - 1));
+  }
+  auto& arenas = ranks_[static_cast<size_t>(rank)]->arenas;
+  auto it = arenas.find(std::string(version));
+  if (it == arenas.end()) return NotFound(fmt::format("rank {} holds no buffer of version {}", rank, version));
+  if (byte >= it->second->size()) {
+    return InvalidArgument(fmt::format("byte {} is past the {} bytes of rank {}'s buffer", byte, it->second->size(), rank));
+  }
+  it->second->data()[byte] = static_cast<std::byte>(static_cast<uint8_t>(it->second->data()[byte]) ^ 0x01);
+  RC_LOG_WARN("fault injection: flipped bit 0 of byte {} of rank {}'s buffer of {}", byte, rank, version);
   return OkStatus();
 }
 

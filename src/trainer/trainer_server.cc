@@ -76,6 +76,21 @@ Status TrainerServer::Start() {
     Reply(res, 200, Json{{"version", *version}, {"released", true}});
   });
 
+  // Fault injection: flip a bit of a published buffer (docs/trainer.md).
+  http.Post("/fault/corrupt", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = ParseJson(req.body, "corrupt body");
+    if (!body.ok()) return ReplyError(res, body.status());
+    auto version = GetString(*body, "version", "corrupt");
+    if (!version.ok()) return ReplyError(res, version.status());
+    auto rank = GetNonNegativeInt(*body, "rank", "corrupt", 0);
+    if (!rank.ok()) return ReplyError(res, rank.status());
+    auto byte = GetNonNegativeInt(*body, "byte", "corrupt", 0);
+    if (!byte.ok()) return ReplyError(res, byte.status());
+    Status s = trainer_->CorruptByte(*version, static_cast<int32_t>(*rank), static_cast<uint64_t>(*byte));
+    if (!s.ok()) return ReplyError(res, s);
+    Reply(res, 200, Json{{"version", *version}, {"rank", *rank}, {"byte", *byte}, {"corrupted", true}});
+  });
+
   if (options_.port == 0) {
     port_ = http.bind_to_any_port(options_.host);
     if (port_ <= 0) return Unavailable(fmt::format("trainer: cannot bind {}:<any port>", options_.host));

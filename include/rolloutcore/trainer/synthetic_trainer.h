@@ -123,6 +123,9 @@ class SyntheticTrainer {
   // {model, layout, transport, ranks, seed, lr, next_step, versions: [...]}; refreshes the state of
   // versions not yet committed from the directory.
   Json StatusJson();
+  // Fault injection (tests, experiments): flips bit 0 of one byte of a rank's published buffer
+  // of `version`, after it was published — readers must detect it by its content digest.
+  [[nodiscard]] Status CorruptByte(std::string_view version, int32_t rank, uint64_t byte);
 
  private:
   struct Rank;

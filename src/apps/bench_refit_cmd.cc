@@ -1,0 +1,176 @@
+// `rolloutcore bench refit`: receiver-driven refit across processes, against a single-thread
+// memcpy of the same number of bytes measured in the same run.
+//
+// Starts a directory, a synthetic trainer (fsdp:N) publishing over the chosen transport and an
+// engine (dummy weights of the same geometry) as child processes, has the trainer publish v1,
+// and asks the engine to stage it (plan + pull + digest check) --repeats times; reports the wire
+// GB/s the engine measured, the ratio to memcpy, planned vs needed bytes and the per-stage
+// milliseconds, then installs the last stage while paused and checks the live digest.
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "apps/child_process.h"
+#include "apps/commands.h"
+#include "rolloutcore/base/json.h"
+
+namespace rc::apps {
+namespace {
+
+struct BenchRefitOptions {
+  std::string transport = "shm";
+  std::string model = "qwen3-0.6b";
+  std::string engine_model = "";  // engine preset; default: same as the model
+  int ranks = 2;
+  int tp = 1;
+  int repeats = 3;
+  bool json = false;
+};
+
+double MemcpyGbps(uint64_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+Result<Json> Call(int port, const std::string& method, const std::string& path, const Json& body = Json::object()) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(600, 0);
+  auto r = method == "GET" ? c.Get(path.c_str()) : c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r) return Unavailable(method + " " + path + ": " + httplib::to_string(r.error()));
+  if (r->status != 200) return Internal(method + " " + path + " answered " + std::to_string(r->status) + ": " + r->body);
+  return ParseJson(r->body, path);
+}
+
+Status WaitHealthy(ChildProcess* c, int port, const std::string& path, int seconds) {
+  httplib::Client cli("127.0.0.1", port);
+  for (int i = 0; i < seconds * 20; ++i) {
+    if (!c->Alive()) return Unavailable(c->name() + " exited:\n" + c->LogTail());
+    auto r = cli.Get(path.c_str());
+    if (r && r->status == 200) return OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return DeadlineExceeded(c->name() + " not healthy:\n" + c->LogTail());
+}
+
+Status RunBench(const BenchRefitOptions& o) {
+  char tmpl[] = "/tmp/rolloutcore-bench-refit-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  RC_ASSIGN_OR_RETURN(int dir_port, FreePort());
+  RC_ASSIGN_OR_RETURN(int trainer_port, FreePort());
+  RC_ASSIGN_OR_RETURN(int engine_port, FreePort());
+  std::string dir_url = "http://127.0.0.1:" + std::to_string(dir_port);
+  auto log = [&](const std::string& n) { return dir + "/" + n + ".log"; };
+  std::cerr << "bench refit: work dir " << dir << "\n";
+  RC_ASSIGN_OR_RETURN(auto d, ChildProcess::Spawn("directory", {"directory", "serve", "--store", "memory", "--port",
+                                                                std::to_string(dir_port)}, log("directory")));
+  RC_RETURN_IF_ERROR(WaitHealthy(d.get(), dir_port, "/health", 30));
+  std::string engine_model = o.engine_model.empty() ? (o.model == "qwen3-0.6b" ? "qwen3-0.6b-like" : o.model) : o.engine_model;
+  std::cerr << "bench refit: starting the engine (" << engine_model << ", dummy weights, tp " << o.tp << ")\n";
+  RC_ASSIGN_OR_RETURN(auto e, ChildProcess::Spawn("engine", {"engine", "serve", "--model", engine_model, "--load-format",
+                                                             "dummy", "--tensor-parallel-size", std::to_string(o.tp),
+                                                             "--port", std::to_string(engine_port)}, log("engine")));
+  std::cerr << "bench refit: starting the trainer (" << o.model << ", fsdp:" << o.ranks << ", " << o.transport << ")\n";
+  RC_ASSIGN_OR_RETURN(auto t, ChildProcess::Spawn("trainer", {"trainer", "serve", "--model", o.model, "--name", "bench",
+                                                              "--layout", "fsdp:" + std::to_string(o.ranks),
+                                                              "--directory", dir_url, "--transport", o.transport,
+                                                              "--port", std::to_string(trainer_port)}, log("trainer")));
+  RC_RETURN_IF_ERROR(WaitHealthy(e.get(), engine_port, "/health", 600));
+  RC_RETURN_IF_ERROR(WaitHealthy(t.get(), trainer_port, "/status", 600));
+  Json body{{"model", "bench"}, {"version", "v0"}, {"directory", dir_url}};
+  Json runs = Json::array();
+  Json last;
+  for (int i = 0; i < o.repeats; ++i) {
+    RC_ASSIGN_OR_RETURN(last, Call(engine_port, "POST", "/rc/refit/stage", body));
+    runs.push_back(last);
+    std::cerr << fmt::format("bench refit: stage {}: {:.2f} GB/s wire, {:.1f} ms wire, plan cached: {}\n", i + 1,
+                             last["wire_gbps"].get<double>(), last["stages_ms"]["wire"].get<double>(),
+                             last["plan_cached"].get<bool>());
+  }
+  uint64_t bytes = last["bytes_pulled"].get<uint64_t>();
+  double memcpy_gbps = MemcpyGbps(bytes);
+  double best = 0;
+  for (const auto& r : runs) best = std::max(best, r["wire_gbps"].get<double>());
+  RC_ASSIGN_OR_RETURN(Json paused, Call(engine_port, "POST", "/pause?mode=wait"));
+  (void)paused;
+  RC_ASSIGN_OR_RETURN(Json installed, Call(engine_port, "POST", "/rc/refit/install", Json{{"version", "v0"}}));
+  RC_ASSIGN_OR_RETURN(Json resumed, Call(engine_port, "POST", "/resume"));
+  (void)resumed;
+  Json report{{"transport", o.transport},
+              {"model", o.model},
+              {"trainer_layout", "fsdp:" + std::to_string(o.ranks)},
+              {"engine_layout", "tp:" + std::to_string(o.tp)},
+              {"bytes_needed", last["bytes_needed"]},
+              {"bytes_planned", last["bytes_planned"]},
+              {"bytes_pulled", bytes},
+              {"planned_equals_needed", last["bytes_needed"] == last["bytes_planned"]},
+              {"descriptors", last["descriptors"]},
+              {"wire_gbps_best", best},
+              {"memcpy_1thread_gbps", memcpy_gbps},
+              {"ratio_to_memcpy", memcpy_gbps > 0 ? best / memcpy_gbps : 0.0},
+              {"stages_ms", last["stages_ms"]},
+              {"install_ms", installed["stages_ms"]["install"]},
+              {"post_install_digest_ms", installed["stages_ms"]["post_install"]},
+              {"digest_verified", installed["live_content_digest"] == last["content_digest"]}};
+  if (o.json) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    std::cout << fmt::format(
+        "refit {} over {}: {} -> {}\n  bytes needed {} planned {} pulled {} (planned == needed: {}), {} descriptors\n"
+        "  wire {:.2f} GB/s (best of {}), single-thread memcpy {:.2f} GB/s, ratio {:.2f}\n"
+        "  stages (ms): {}\n  install {:.1f} ms, live digest {:.1f} ms, digest verified: {}\n",
+        o.model, o.transport, report["trainer_layout"].get<std::string>(), report["engine_layout"].get<std::string>(),
+        report["bytes_needed"].dump(), report["bytes_planned"].dump(), bytes, report["planned_equals_needed"].dump(),
+        report["descriptors"].dump(), best, o.repeats, memcpy_gbps, report["ratio_to_memcpy"].get<double>(),
+        last["stages_ms"].dump(), installed["stages_ms"]["install"].get<double>(),
+        installed["stages_ms"]["post_install"].get<double>(), report["digest_verified"].dump());
+  }
+  StopAllChildren();
+  std::filesystem::remove_all(dir);
+  return OkStatus();
+}
+
+}  // namespace
+
+void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
+  CLI::App* bench = nullptr;
+  for (CLI::App* sub : app.get_subcommands([](CLI::App* a) { return a->get_name() == "bench"; })) bench = sub;
+  if (bench == nullptr) {
+    bench = app.add_subcommand("bench", "Benchmarks.");
+    bench->require_subcommand(1);
+  }
+  auto o = std::make_shared<BenchRefitOptions>();
+  auto* cmd = bench->add_subcommand(
+      "refit", "Receiver-driven refit across processes: wire GB/s vs a single-thread memcpy measured in the same run.");
+  cmd->add_option("--transport", o->transport, "shm or ucx")->check(CLI::IsMember({"shm", "ucx"}))->capture_default_str();
+  cmd->add_option("--model", o->model, "Refit preset for the trainer (tiny, qwen3-0.6b, ...)")->capture_default_str();
+  cmd->add_option("--engine-model", o->engine_model, "Engine preset of the same geometry (default: matching)");
+  cmd->add_option("--trainer-ranks", o->ranks, "Trainer ranks (fsdp:N)")->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "Stages to time")->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print a JSON report");
+  cmd->callback([o, exit_code] {
+    Status s = RunBench(*o);
+    if (!s.ok()) {
+      std::cerr << "bench refit: " << s.ToString() << "\n";
+      StopAllChildren();
+      *exit_code = 1;
+      return;
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace rc::apps
