@@ -42,6 +42,7 @@ int HttpStatus(const Status& s) {
     case StatusCode::kNotFound: return 404;
     case StatusCode::kFailedPrecondition: return 409;
     case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
     case StatusCode::kUnimplemented: return 501;
     default: return 500;
   }
@@ -290,6 +291,7 @@ std::string EngineServer::Impl::Metrics() const {
   metric("rolloutcore_kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", s.blocks_in_use, label);
   metric("rolloutcore_weight_generation", "gauge", "Generation of the live weights.", s.generation, label);
   metric("rolloutcore_engine_paused", "gauge", "1 while the engine is paused.", s.paused ? 1 : 0, label);
+  o << receiver_.MetricsText("model_name=\"" + options_.model_name + "\"");
   return o.str();
 }
 
@@ -400,6 +402,9 @@ void EngineServer::Impl::Routes() {
     req.model = *model;
     req.version = *version;
     req.directory = *dir;
+    auto timeout = GetInt(*j, "timeout_ms", "", req.timeout_ms);
+    if (!timeout.ok()) return SendError(r, 400, timeout.status().message());
+    req.timeout_ms = *timeout;
     auto out = receiver_.Stage(req);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);

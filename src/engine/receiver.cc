@@ -1,7 +1,11 @@
 #include "rolloutcore/engine/receiver.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <sstream>
+#include <thread>
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/directory/client.h"
@@ -81,13 +85,38 @@ struct RefitReceiver::Staged {
   std::string version;
   refit::Manifest manifest;
   refit::TensorDigests published;
-  // Shadow parameters per rank: name → f32 bytes.
-  std::vector<std::map<std::string, std::vector<float>>> shadow;
-  std::vector<refit::DestinationBuffers> buffers;
   Json evidence;
 };
 
-RefitReceiver::RefitReceiver(Engine* engine) : engine_(engine), config_(RefitConfigFromSpec(engine->spec())) {}
+namespace {
+
+int DefaultThreads(int threads) {
+  if (threads > 0) return threads;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+}
+
+// Runs f(i) for i in [0, n) on up to `threads` threads.
+template <typename F>
+void ParallelFor(size_t n, int threads, F f) {
+  const size_t t = std::min<size_t>(n, static_cast<size_t>(std::max(1, threads)));
+  if (t <= 1) {
+    for (size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < t; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
+RefitReceiver::RefitReceiver(Engine* engine, int threads)
+    : engine_(engine), config_(RefitConfigFromSpec(engine->spec())), threads_(DefaultThreads(threads)) {}
 RefitReceiver::~RefitReceiver() = default;
 
 std::string RefitReceiver::staged_version() const {
@@ -124,7 +153,8 @@ std::vector<refit::DestinationBuffers> RefitReceiver::LiveBuffers() {
 Result<refit::TensorDigests> RefitReceiver::DigestOf(const std::vector<refit::DestinationBuffers>& buffers) {
   refit::TensorDigests total;
   for (size_t r = 0; r < captures_.size(); ++r) {
-    RC_ASSIGN_OR_RETURN(refit::TensorDigests d, refit::DigestInstalled(captures_[r], buffers[r], digest_regions_[r]));
+    RC_ASSIGN_OR_RETURN(refit::TensorDigests d, refit::DigestInstalledParallel(captures_[r], buffers[r],
+                                                                               digest_regions_[r], threads_));
     refit::AddDigests(total, d);
   }
   return total;
@@ -134,7 +164,24 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   if (req.model.empty() || req.version.empty() || req.directory.empty()) {
     return InvalidArgument("stage needs model, version and directory");
   }
+  if (req.timeout_ms <= 0) {
+    return InvalidArgument("stage timeout_ms must be positive, got " + std::to_string(req.timeout_ms));
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  // A new stage replaces what was staged: the shadow buffers are about to be overwritten.
+  staged_.reset();
+  auto result = StageLocked(req);
+  std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+  if (result.ok()) {
+    ++stages_ok_;
+  } else {
+    ++stages_failed_;
+  }
+  return result;
+}
+
+Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
   auto t_total = std::chrono::steady_clock::now();
   Json stages = Json::object();
 
@@ -165,40 +212,52 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   }
   stages["planning"] = MsSince(t);
 
-  // Staging: shadow parameters (never the live ones).
+  // Registration: shadow parameters (never the live ones; allocated once and kept), the
+  // transport, and (inside the executor, reported separately) descriptor import.
   t = std::chrono::steady_clock::now();
-  auto staged = std::make_unique<Staged>();
-  staged->model = req.model;
-  staged->version = req.version;
-  staged->published = published;
-  staged->shadow.resize(captures_.size());
-  for (size_t r = 0; r < captures_.size(); ++r) {
-    refit::DestinationBuffers b;
-    for (const auto& spec : captures_[r].params) {
-      auto& v = staged->shadow[r][spec.name];
-      v.assign(static_cast<size_t>(spec.bytes() / sizeof(float)), 0.0f);
-      b.emplace(spec.name, std::span<std::byte>(reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(float)));
+  bool shadow_allocated = false;
+  if (shadow_.size() != captures_.size()) {
+    shadow_.assign(captures_.size(), {});
+    shadow_buffers_.clear();
+    for (size_t r = 0; r < captures_.size(); ++r) {
+      refit::DestinationBuffers b;
+      for (const auto& spec : captures_[r].params) {
+        auto& v = shadow_[r][spec.name];
+        v.assign(static_cast<size_t>(spec.bytes() / sizeof(float)), 0.0f);
+        b.emplace(spec.name, std::span<std::byte>(reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(float)));
+      }
+      shadow_buffers_.push_back(std::move(b));
     }
-    staged->buffers.push_back(std::move(b));
+    shadow_allocated = true;
   }
+  if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
   RC_ASSIGN_OR_RETURN(std::string transport_name, TransportOf(manifest));
   RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
-  stages["registration"] = MsSince(t);
+  double registration_ms = MsSince(t);
 
-  t = std::chrono::steady_clock::now();
   uint64_t bytes = 0, reads = 0;
+  int64_t import_ns = 0, wire_ns = 0, transform_ns = 0;
   for (size_t r = 0; r < captures_.size(); ++r) {
-    auto st = refit::ExecutePlan(plans_[r], *transport, staged->buffers[r]);
+    refit::ExecuteOptions eo;
+    eo.arena = arena_.get();
+    eo.transform_threads = threads_;
+    eo.timeout_ms = std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    auto st = refit::ExecutePlan(plans_[r], *transport, shadow_buffers_[r], eo);
     if (!st.ok()) return st.status().WithContext("pulling " + req.version + " into rank " + std::to_string(r));
     bytes += st->bytes_read;
     reads += st->reads;
+    import_ns += st->import_ns + st->staging_ns;
+    wire_ns += st->wire_ns;
+    transform_ns += st->transform_ns;
   }
-  double wire_ms = MsSince(t);
+  stages["registration"] = registration_ms + static_cast<double>(import_ns) / 1e6;
+  const double wire_ms = static_cast<double>(wire_ns) / 1e6;
   stages["wire"] = wire_ms;
-  stages["transform"] = 0.0;
+  stages["transform"] = static_cast<double>(transform_ns) / 1e6;
 
   t = std::chrono::steady_clock::now();
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(staged->buffers));
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_));
   stages["receive_sync"] = MsSince(t);
   std::string mismatch = FirstMismatch(got, published);
   if (!mismatch.empty()) {
@@ -212,7 +271,12 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
     full_pulls += p.stats.full_pulls;
   }
   stages["total"] = MsSince(t_total);
+  auto staged = std::make_unique<Staged>();
+  staged->model = req.model;
+  staged->version = req.version;
+  staged->published = std::move(published);
   staged->manifest = std::move(manifest);
+  const double gbps = wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0;
   staged->evidence = Json{{"version", req.version},
                           {"model", req.model},
                           {"transport", transport_name},
@@ -224,58 +288,125 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
                           {"full_pulls", full_pulls},
                           {"plan_cached", plan_cached},
                           {"plans_built", plans_built_},
+                          {"shadow_allocated", shadow_allocated},
+                          {"threads", threads_},
                           {"coverage", "ok"},
                           {"digest_check", "staged bytes match the manifest, tensor by tensor"},
                           {"content_digest", Hex64(staged->manifest.content_digest)},
-                          {"wire_gbps", wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0},
+                          {"wire_gbps", gbps},
                           {"stages_ms", stages}};
+  {
+    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    last_stage_ms_ = stages;
+    last_wire_gbps_ = gbps;
+    bytes_pulled_total_ += bytes;
+  }
   staged_ = std::move(staged);
   return staged_->evidence;
 }
 
 Result<Json> RefitReceiver::Install(const std::string& version, bool skip_cache_reset) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto result = InstallLocked(version, skip_cache_reset);
+  std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+  if (result.ok()) {
+    ++installs_ok_;
+    last_install_ms_ = (*result)["stages_ms"];
+    bytes_installed_total_ += (*result)["bytes_installed"].get<uint64_t>();
+  } else if (result.status().code() == StatusCode::kFailedPrecondition) {
+    ++installs_refused_;
+  } else {
+    ++installs_failed_;
+  }
+  return result;
+}
+
+Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_cache_reset) {
   if (!engine_->IsPaused()) {
     return FailedPrecondition("install refused: the engine is not paused (pause it first); nothing was touched");
   }
-  if (!staged_) return FailedPrecondition("install refused: nothing is staged (stage " + version + " first)");
+  if (!staged_) {
+    return FailedPrecondition("install refused: nothing is staged (stage " + version + " first)");
+  }
   if (staged_->version != version) {
     return FailedPrecondition("install refused: staged version is " + staged_->version + ", not " + version);
   }
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
-  uint64_t bytes = 0;
-  Staged* s = staged_.get();
-  auto fill = [s, &bytes](int rank, const RankLayout&, ParameterStore* params) -> Status {
-    for (const auto& [name, data] : s->shadow[static_cast<size_t>(rank)]) {
+  std::atomic<uint64_t> bytes{0};
+  auto fill = [this, &bytes](int rank, const RankLayout&, ParameterStore* params) -> Status {
+    const auto& shadow = shadow_[static_cast<size_t>(rank)];
+    std::vector<std::pair<const std::vector<float>*, const Parameter*>> copies;
+    for (const auto& [name, data] : shadow) {
       const Parameter* p = params->Find(name);
       if (p == nullptr) return Internal("staged parameter " + name + " is not an engine parameter");
       if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
-      std::memcpy(p->data(), data.data(), p->nbytes());
-      bytes += p->nbytes();
+      copies.emplace_back(&data, p);
     }
+    ParallelFor(copies.size(), threads_, [&](size_t i) {
+      std::memcpy(copies[i].second->data(), copies[i].first->data(), copies[i].second->nbytes());
+      bytes += copies[i].second->nbytes();
+    });
     return OkStatus();
   };
   Status st = engine_->InstallWeights(fill, version, ++generation_, !skip_cache_reset);
-  if (!st.ok()) return st.WithContext("install of " + version);
+  if (!st.ok()) {
+    return st.WithContext("install of " + version);
+  }
   stages["install"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
+  auto live = DigestOf(LiveBuffers());
+  if (!live.ok()) {
+    return live.status();
+  }
   stages["post_install"] = MsSince(t);
-  std::string mismatch = FirstMismatch(live, staged_->published);
+  std::string mismatch = FirstMismatch(*live, staged_->published);
   if (!mismatch.empty()) {
     return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
   }
   Json out = staged_->evidence;
   out["weight_version"] = version;
-  out["bytes_installed"] = bytes;
+  out["bytes_installed"] = bytes.load();
   out["cache_reset"] = !skip_cache_reset;
-  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(live));
+  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(*live));
   stages["ready"] = 0.0;
   out["stages_ms"] = stages;
-  staged_.reset();  // the shadow memory goes; a new stage is needed for the next version
+  staged_.reset();  // the shadow stays allocated for the next refit; a new stage is needed
   return out;
+}
+
+std::string RefitReceiver::MetricsText(const std::string& labels) const {
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+      << name << "{" << labels << "} " << value << "\n";
+  };
+  metric("rolloutcore_refit_stages_total", "counter", "Refit stages that completed (bytes staged and verified).",
+         stages_ok_);
+  metric("rolloutcore_refit_stages_failed_total", "counter", "Refit stages that failed.", stages_failed_);
+  metric("rolloutcore_refit_installs_total", "counter", "Installs that completed with the digest verified.",
+         installs_ok_);
+  metric("rolloutcore_refit_installs_refused_total", "counter",
+         "Installs refused before touching live weights (not paused, nothing or another version staged).",
+         installs_refused_);
+  metric("rolloutcore_refit_installs_failed_total", "counter", "Installs that failed after they began.",
+         installs_failed_);
+  metric("rolloutcore_refit_bytes_pulled_total", "counter", "Bytes read by refit stages.", bytes_pulled_total_);
+  metric("rolloutcore_refit_bytes_installed_total", "counter", "Bytes copied into live parameters.",
+         bytes_installed_total_);
+  metric("rolloutcore_refit_wire_gbps", "gauge", "Wire bandwidth of the last stage, GB/s.", last_wire_gbps_);
+  o << "# HELP rolloutcore_refit_stage_ms Milliseconds per stage of the last refit (stage, then install).\n"
+       "# TYPE rolloutcore_refit_stage_ms gauge\n";
+  Json merged = last_stage_ms_;
+  for (const auto& [k, v] : last_install_ms_.items()) merged[k] = v;
+  for (const auto& [k, v] : merged.items()) {
+    if (!v.is_number()) continue;
+    o << "rolloutcore_refit_stage_ms{" << labels << (labels.empty() ? "" : ",") << "stage=\"" << k << "\"} "
+      << v.get<double>() << "\n";
+  }
+  return o.str();
 }
 
 Result<Json> RefitReceiver::LiveDigest() {

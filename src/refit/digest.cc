@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
+#include <thread>
 #include <tuple>
 
 #include "refit/geometry.h"
@@ -215,6 +217,69 @@ Result<TensorDigests> DigestInstalled(const Capture& capture, const DestinationB
       }
     });
     out[c.source] += sum;
+  }
+  return out;
+}
+
+std::vector<DigestRegion> SplitDigestRegions(std::span<const DigestRegion> regions, int64_t max_elements) {
+  std::vector<DigestRegion> out;
+  max_elements = std::max<int64_t>(1, max_elements);
+  for (const DigestRegion& r : regions) {
+    const int64_t n = r.box.numel();
+    size_t dim = r.box.ndim();
+    for (size_t d = 0; d < r.box.ndim(); ++d) {
+      if (r.box.extent[d] > 1) {
+        dim = d;
+        break;
+      }
+    }
+    if (n <= max_elements || dim == r.box.ndim()) {
+      out.push_back(r);
+      continue;
+    }
+    const int64_t per_row = n / r.box.extent[dim];  // elements per unit of `dim`
+    const int64_t rows = std::max<int64_t>(1, max_elements / std::max<int64_t>(1, per_row));
+    for (int64_t s = 0; s < r.box.extent[dim]; s += rows) {
+      DigestRegion piece = r;
+      piece.box.start[dim] = r.box.start[dim] + s;
+      piece.box.extent[dim] = std::min(rows, r.box.extent[dim] - s);
+      out.push_back(std::move(piece));
+    }
+  }
+  return out;
+}
+
+Result<TensorDigests> DigestInstalledParallel(const Capture& capture, const DestinationBuffers& buffers,
+                                              std::span<const DigestRegion> regions, int threads) {
+  if (threads <= 1 || regions.empty()) return DigestInstalled(capture, buffers, regions);
+  int64_t total = 0;
+  for (const DigestRegion& r : regions) total += r.box.numel();
+  // About 8 pieces per thread so uneven tensors still balance.
+  const std::vector<DigestRegion> pieces =
+      SplitDigestRegions(regions, std::max<int64_t>(1 << 16, total / (int64_t{threads} * 8)));
+  std::atomic<size_t> next{0};
+  std::vector<Result<TensorDigests>> partial(static_cast<size_t>(threads), TensorDigests{});
+  auto worker = [&](size_t w) {
+    TensorDigests mine;
+    for (size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
+      auto d = DigestInstalled(capture, buffers, std::span<const DigestRegion>(&pieces[i], 1));
+      if (!d.ok()) {
+        partial[w] = d.status();
+        next.store(pieces.size());
+        return;
+      }
+      AddDigests(mine, *d);
+    }
+    partial[w] = std::move(mine);
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < threads; ++w) pool.emplace_back(worker, static_cast<size_t>(w));
+  worker(0);
+  for (auto& t : pool) t.join();
+  TensorDigests out;
+  for (auto& p : partial) {
+    if (!p.ok()) return p.status();
+    AddDigests(out, *p);
   }
   return out;
 }

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+#include <atomic>
 #include <map>
+#include <thread>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -42,12 +46,24 @@ void CancelAll(std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfe
 
 }  // namespace
 
+std::byte* StagingArena::Reserve(uint64_t bytes) {
+  if (bytes > capacity_) {
+    data_.reset();
+    data_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    // Fault the pages in now, once, rather than inside the first reads.
+    std::memset(data_.get(), 0, bytes);
+    capacity_ = bytes;
+  }
+  return data_.get();
+}
+
 Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport& transport,
                                  const DestinationBuffers& params, const ExecuteOptions& options) {
   ExecuteStats stats;
   Clock& clock = transport.clock();
   const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
 
+  const int64_t import_start = clock.NowNs();
   Imports imports(transport);
   std::vector<transport::RemoteMemory> remote(plan.sources.size());
   for (size_t i = 0; i < plan.sources.size(); ++i) {
@@ -65,6 +81,7 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
     }
     remote[i] = *r;
   }
+  stats.import_ns = clock.NowNs() - import_start;
 
   // Destination pointers: parameters now, staging per wave.
   std::vector<std::byte*> ptr(plan.buffers.size(), nullptr);
@@ -93,11 +110,26 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
       ++step;
     }
     std::vector<std::unique_ptr<std::byte[]>> staging;
-    for (size_t s = wave_begin; s < step; ++s) {
-      const uint32_t b = plan.installs[s].staging;
-      staging.push_back(std::make_unique_for_overwrite<std::byte[]>(plan.buffers[b].bytes));
-      ptr[b] = staging.back().get();
+    if (options.arena != nullptr && step > wave_begin) {
+      // Carve the wave's staging buffers out of the arena, 64-byte aligned.
+      std::vector<uint64_t> offsets;
+      uint64_t total = 0;
+      for (size_t s = wave_begin; s < step; ++s) {
+        offsets.push_back(total);
+        total += (plan.buffers[plan.installs[s].staging].bytes + 63) & ~uint64_t{63};
+      }
+      const int64_t reserve_start = clock.NowNs();
+      std::byte* base = options.arena->Reserve(total);
+      stats.staging_ns += clock.NowNs() - reserve_start;
+      for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = base + offsets[s - wave_begin];
+    } else {
+      for (size_t s = wave_begin; s < step; ++s) {
+        const uint32_t b = plan.installs[s].staging;
+        staging.push_back(std::make_unique_for_overwrite<std::byte[]>(plan.buffers[b].bytes));
+        ptr[b] = staging.back().get();
+      }
     }
+    const int64_t wire_start = clock.NowNs();
     // Reads of this wave, one batch per source rank.
     std::map<int32_t, std::vector<transport::ReadOp>> batches;
     auto add_runs = [&](uint64_t begin, uint64_t end) -> Status {
@@ -136,13 +168,31 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
         return s.WithContext(fmt::format("reads from rank {}", transfers[i].first));
       }
     }
-    for (size_t s = wave_begin; s < step; ++s) {
+    const int64_t transform_start = clock.NowNs();
+    stats.wire_ns += transform_start - wire_start;
+    // Install steps write disjoint destination bytes, so they may run side by side.
+    auto run_step = [&](size_t s) {
       const InstallStep& in = plan.installs[s];
       internal::CopyViewFromBlock(in.source_dtype, ptr[in.staging], in.block, in.box, in.view_to_source,
                                   in.param_dtype, ptr[in.param], in.dest_offset, in.dest_strides);
-      ptr[in.staging] = nullptr;
-      stats.installs++;
+    };
+    const size_t wave_steps = step - wave_begin;
+    const size_t threads = std::min<size_t>(static_cast<size_t>(std::max(1, options.transform_threads)), wave_steps);
+    if (threads <= 1) {
+      for (size_t s = wave_begin; s < step; ++s) run_step(s);
+    } else {
+      std::atomic<size_t> next{wave_begin};
+      auto worker = [&] {
+        for (size_t s = next.fetch_add(1); s < step; s = next.fetch_add(1)) run_step(s);
+      };
+      std::vector<std::thread> pool;
+      for (size_t i = 1; i < threads; ++i) pool.emplace_back(worker);
+      worker();
+      for (auto& th : pool) th.join();
     }
+    for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = nullptr;
+    stats.installs += wave_steps;
+    stats.transform_ns += clock.NowNs() - transform_start;
     stats.waves++;
     first = false;
   }

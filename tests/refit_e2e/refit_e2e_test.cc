@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
+#include <future>
+#include <iostream>
 #include <thread>
 
 #include "apps/child_process.h"
@@ -251,6 +255,76 @@ TEST_F(RefitE2eTest, DeadTrainerFailsTheStageQuicklyAndTouchesNothing) {
     children_.clear();
     apps::StopAllChildren();
   }
+}
+
+// A trainer that stops answering in the middle of a pull, then dies. UCX over TCP (UCX_TLS=tcp)
+// needs the owner's worker to progress every get, so a SIGSTOPped trainer stalls the pull after
+// discovery and planning succeeded: the reads are posted and outstanding. First the stage must
+// end at its own deadline (DeadlineExceeded, 504); then, with a long deadline, SIGKILL during the
+// stalled pull must fail the stage with Unavailable (503) soon after the kill, far inside the
+// deadline. Either way the live weights stay v0.
+TEST_F(RefitE2eTest, TrainerStoppedOrKilledMidPullFailsWithinTheDeadline) {
+  const char* old = std::getenv("UCX_TLS");
+  const std::string saved = old ? old : "";
+  ::setenv("UCX_TLS", "tcp", 1);  // inherited by the trainer and the engine started below
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() {
+      if (had) {
+        ::setenv("UCX_TLS", value.c_str(), 1);
+      } else {
+        ::unsetenv("UCX_TLS");
+      }
+    }
+  } restore{old != nullptr, saved};
+
+  int dir_port = StartDirectory("sqlite");
+  Export("v0", dir_ + "/v0");
+  int engine_port = StartEngine("engine", dir_ + "/v0", "v0");
+  ChildProcess* trainer = nullptr;
+  int trainer_port = StartTrainer("m", "ucx", dir_port, &trainer);
+  ASSERT_NE(trainer, nullptr);
+  Json v0 = WaitCommitted(dir_port, "m", "v0");
+  Call(trainer_port, "POST", "/step");
+  WaitCommitted(dir_port, "m", "v1");
+  auto stage = [&](int64_t timeout_ms) {
+    httplib::Client cli("127.0.0.1", engine_port);
+    cli.set_read_timeout(120, 0);
+    auto r = cli.Post("/rc/refit/stage",
+                      Json{{"model", "m"}, {"version", "v1"}, {"directory", Url(dir_port)}, {"timeout_ms", timeout_ms}}
+                          .dump(),
+                      "application/json");
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(-1, std::string("no answer"));
+  };
+
+  ASSERT_EQ(::kill(trainer->pid(), SIGSTOP), 0);
+  // 1. Stopped trainer, 1.5 s deadline: the stage ends at the deadline, not later.
+  auto t0 = std::chrono::steady_clock::now();
+  auto [status1, body1] = stage(1500);
+  double s1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(status1, 504) << body1;
+  EXPECT_GE(s1, 1.4) << "the stage cannot finish while the trainer is stopped";
+  EXPECT_LT(s1, 1.5 + 1.5) << "the stage ends at its deadline, never hangs";
+  std::cout << "stopped trainer: stage failed after " << s1 << " s (deadline 1.5 s): " << body1 << "\n";
+  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest")["content_digest"], v0["content_digest"]);
+
+  // 2. Stopped trainer, 60 s deadline, killed while the pull waits on it.
+  auto pending = std::async(std::launch::async, [&] { return stage(60'000); });
+  EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(1500)), std::future_status::timeout)
+      << "the stage must still be pulling from the stopped trainer";
+  auto t_kill = std::chrono::steady_clock::now();
+  trainer->Kill();
+  auto [status2, body2] = pending.get();
+  double s2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+  EXPECT_EQ(status2, 503) << body2;
+  EXPECT_LT(s2, 10.0) << "a dead peer is detected long before the 60 s deadline";
+  std::cout << "trainer killed mid-pull: stage failed " << s2 << " s after the kill: " << body2 << "\n";
+  RecordProperty("stopped_stage_s", std::to_string(s1));
+  RecordProperty("killed_detect_s", std::to_string(s2));
+  Json live = Call(engine_port, "GET", "/rc/weights/digest");
+  EXPECT_EQ(live["content_digest"], v0["content_digest"]) << "live weights untouched";
+  EXPECT_EQ(live["weight_version"], "v0");
 }
 
 }  // namespace

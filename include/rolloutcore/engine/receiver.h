@@ -16,9 +16,20 @@
 // the combined digest (the same formula the trainer used over its shards).
 //
 // Timing: every stage and install reports its stages in milliseconds: discovery,
-// source_preparation (capture), registration (staging allocation), planning, wire,
-// receive_sync (digest of the staged bytes), transform (dtype conversion happens during the
-// wire step's install pass and is included there), install, post_install (live digest), ready.
+// source_preparation (capture), planning, registration (shadow allocation on first use, transport
+// creation, descriptor import and mapping), wire (reads posted until all completed), transform
+// (view replay and dtype conversion from the read staging into the shadow parameters),
+// receive_sync (digest of the staged bytes), install, post_install (live digest), ready. The
+// figures of the last stage and install, and counters, are exported as rolloutcore_refit_*
+// series (MetricsText, served on the engine's /metrics).
+//
+// Memory: the shadow parameters (one copy of the model in the engine's dtype) and the read
+// staging arena are allocated on the first stage and kept for the next refits, so a steady-state
+// refit neither allocates nor faults pages in. A new Stage replaces whatever was staged; if it
+// fails, nothing is staged.
+//
+// Work is spread over `threads` threads (default: the hardware threads): dtype conversion,
+// digests and the install copy.
 //
 // Thread safety: all methods may be called from any thread; one mutex serializes them.
 #pragma once
@@ -34,6 +45,7 @@
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/digest.h"
+#include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/planner.h"
@@ -44,11 +56,12 @@ struct StageRequest {
   std::string model;
   std::string version;
   std::string directory;  // base URL of the directory
+  int64_t timeout_ms = 60'000;  // deadline for the pull; Unavailable/DeadlineExceeded past it
 };
 
 class RefitReceiver {
  public:
-  explicit RefitReceiver(Engine* engine);
+  explicit RefitReceiver(Engine* engine, int threads = 0);
   ~RefitReceiver();
 
   Result<Json> Stage(const StageRequest& request);
@@ -57,15 +70,20 @@ class RefitReceiver {
   Result<Json> LiveDigest();
   // The version staged and not yet installed ("" when none).
   std::string staged_version() const;
+  // Prometheus text of the rolloutcore_refit_* series.
+  std::string MetricsText(const std::string& labels) const;
 
  private:
   struct Staged;
   Status EnsureCaptures();
+  Result<Json> StageLocked(const StageRequest& request);
+  Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset);
   Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers);
   std::vector<refit::DestinationBuffers> LiveBuffers();
 
   Engine* engine_;
   refit::ModelConfig config_;
+  const int threads_;
   mutable std::mutex mu_;
   std::vector<refit::Capture> captures_;                            // guarded by mu_, per rank
   std::vector<std::vector<refit::DigestRegion>> digest_regions_;    // guarded by mu_
@@ -74,6 +92,18 @@ class RefitReceiver {
   std::unique_ptr<Staged> staged_;                                  // guarded by mu_
   int64_t generation_ = 0;                                          // guarded by mu_
   int64_t plans_built_ = 0;                                         // guarded by mu_
+  // Shadow parameters per rank (name -> engine-dtype bytes), kept across refits.
+  std::vector<std::map<std::string, std::vector<float>>> shadow_;   // guarded by mu_
+  std::vector<refit::DestinationBuffers> shadow_buffers_;           // guarded by mu_
+  std::unique_ptr<refit::StagingArena> arena_;                      // guarded by mu_
+  // Metrics: their own mutex, so /metrics never waits for a stage in progress.
+  mutable std::mutex metrics_mu_;
+  Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_
+  Json last_install_ms_ = Json::object();                           // guarded by metrics_mu_
+  double last_wire_gbps_ = 0;                                       // guarded by metrics_mu_
+  uint64_t stages_ok_ = 0, stages_failed_ = 0;                      // guarded by metrics_mu_
+  uint64_t installs_ok_ = 0, installs_refused_ = 0, installs_failed_ = 0;  // guarded by metrics_mu_
+  uint64_t bytes_pulled_total_ = 0, bytes_installed_total_ = 0;    // guarded by metrics_mu_
 };
 
 }  // namespace rc::engine

@@ -74,4 +74,14 @@ std::vector<std::vector<DigestRegion>> AssignDigestOwnership(std::span<const Cap
                                                     const DestinationBuffers& buffers,
                                                     std::span<const DigestRegion> regions);
 
+// Splits regions into pieces of at most about `max_elements` elements (cutting along the first
+// dimension whose extent exceeds 1), so digest work can be spread over threads evenly. The
+// pieces cover exactly the same elements, so the digests they sum to are unchanged.
+std::vector<DigestRegion> SplitDigestRegions(std::span<const DigestRegion> regions, int64_t max_elements);
+
+// DigestInstalled spread over `threads` threads (regions split into even pieces first).
+[[nodiscard]] Result<TensorDigests> DigestInstalledParallel(const Capture& capture,
+                                                            const DestinationBuffers& buffers,
+                                                            std::span<const DigestRegion> regions, int threads);
+
 }  // namespace rc::refit

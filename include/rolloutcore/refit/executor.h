@@ -10,11 +10,18 @@
 // and returns the error; destination buffers may then be partly written (the caller treats the
 // install as ambiguous, as the lifecycle contract says).
 //
-// Thread safety: one call works on its own buffers; the transport must be safe to call from this
-// thread. The executor starts no threads.
+// Timing: ExecuteStats separates import (descriptor import and mapping), wire (posting the reads
+// until every read of every wave completed) and transform (view replay and dtype conversion from
+// staging into the parameters), so callers can report wire bandwidth without the conversion.
+//
+// Thread safety: one call works on its own buffers (and its own arena); the transport must be
+// safe to call from this thread. With transform_threads > 1 the install steps of a wave run on
+// that many short-lived threads (they write disjoint destination bytes).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/refit/capture.h"
@@ -23,9 +30,24 @@
 
 namespace rc::refit {
 
+// Staging memory kept across calls: a caller that refits repeatedly passes the same arena so the
+// staging pages are allocated (and faulted in) once instead of on every refit.
+class StagingArena {
+ public:
+  // At least `bytes` of storage; contents unspecified. Invalidates earlier pointers when it grows.
+  std::byte* Reserve(uint64_t bytes);
+  uint64_t capacity() const { return capacity_; }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  uint64_t capacity_ = 0;
+};
+
 struct ExecuteOptions {
   int64_t timeout_ms = 60'000;
   uint64_t max_staging_bytes = uint64_t{1} << 30;  // per wave; one larger step runs alone
+  StagingArena* arena = nullptr;                   // null: staging allocated per wave and freed
+  int transform_threads = 1;                       // threads for a wave's install steps
 };
 
 struct ExecuteStats {
@@ -34,6 +56,10 @@ struct ExecuteStats {
   uint64_t batches = 0;
   uint64_t waves = 0;
   uint64_t installs = 0;
+  int64_t import_ns = 0;     // importing the source descriptors
+  int64_t staging_ns = 0;    // growing the arena (allocation and first touch)
+  int64_t wire_ns = 0;       // posting reads until all completed, summed over waves
+  int64_t transform_ns = 0;  // install steps (view replay, dtype conversion), summed over waves
 };
 
 // `params` must hold a buffer of exactly PlanBuffer::bytes for every parameter the plan writes.

@@ -56,7 +56,7 @@
 namespace rc::transport {
 
 struct UcxTransportOptions {
-  int64_t drain_grace_ns = 2'000'000'000;  // see "Cancellation" above
+  int64_t drain_grace_ns = 250'000'000;  // see "Cancellation" above (gets to a live peer finish in ms)
   // Same-host peers only: fall back to UCP_ERR_HANDLING_MODE_NONE plus the pid watchdog when no
   // transport offers peer error handling (shared memory in UCX 1.13). Off: such peers are refused.
   bool allow_no_peer_error_handling = true;

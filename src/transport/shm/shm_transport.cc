@@ -421,7 +421,8 @@ class ShmTransport final : public Transport {
       return InvalidArgument(fmt::format("shm descriptor {}: needs {} bytes but memfd {} has {}", descriptor, need,
                                          name, size));
     }
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f, 0);
+    // MAP_POPULATE: page tables are filled at import (registration), not during the first reads.
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, f, 0);
     if (m == MAP_FAILED) {
       return Unavailable(fmt::format("shm descriptor {}: mmap of {} ({} bytes): {}", descriptor, path, size,
                                      Errno(errno)));
