@@ -224,6 +224,18 @@ Pending<InstallEvidence> HttpEngineAdapter::Install(const UpdateTarget& target, 
                                 " receives weights from the trainer (update_weights); receiver-driven install is "
                                 "not available");
     }
+    if (full) {
+      // Recovery: the Runner stages nothing before a recovery install, and the engine holds a
+      // staged copy only if the failed update left one (an engine restarted after a crash holds
+      // none, and the engine's install refuses with 409 "nothing is staged"). Stage the target
+      // here, inside the install's deadline, so the install rewrites every parameter from the
+      // committed version. A failure is not "refused before mutation" in recovery: the engine
+      // is TAINTED whatever its weights are, and stays so.
+      std::string model = s->options.model.empty() ? target.model : s->options.model;
+      Json stage{{"model", model}, {"version", target.label}, {"directory", s->options.directory_url}};
+      auto staged = s->DoJson("POST", "/rc/refit/stage", stage.dump());
+      if (!staged.ok()) return staged.status().WithContext("recovery: staging " + target.label);
+    }
     Json body{{"version", target.label}, {"full", full}};
     auto resp = s->Do("POST", "/rc/refit/install", body.dump());
     if (!resp.ok()) return resp.status();  // connection lost mid-install: ambiguous

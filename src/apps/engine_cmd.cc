@@ -27,6 +27,7 @@ struct ServeFlags {
   std::string weight_version = "default";
   std::string served_model_name;
   int threads = 0;
+  bool enable_fault_injection = false;
 };
 
 int Serve(const ServeFlags& f) {
@@ -58,6 +59,7 @@ int Serve(const ServeFlags& f) {
   so.host = f.host;
   so.port = f.port;
   so.model_name = o.served_model_name;
+  so.enable_fault_injection = f.enable_fault_injection;
   engine::EngineServer server(engine->get(), so);
   Status st = server.Start();
   if (!st.ok()) {
@@ -98,6 +100,8 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--weight-version", flags->weight_version, "Initial weight version label")->capture_default_str();
   serve->add_option("--served-model-name", flags->served_model_name, "Model name in responses");
   serve->add_option("--threads", flags->threads, "Compute threads (0: all cores)");
+  serve->add_flag("--enable-fault-injection", flags->enable_fault_injection,
+                  "Tests only: enable POST /rc/fault (delays and refusals, docs/engine.md); never in production");
   serve->callback([flags, exit_code] { *exit_code = Serve(*flags); });
 }
 

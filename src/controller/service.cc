@@ -356,8 +356,12 @@ Result<Json> ControllerService::Rollout(const Json& request) {
     RC_LOG_ERROR("rollout {}: bound to {} but the engine reports {}", rollout_id, binding.version.label,
                  t.engine_weight_version);
   }
-  RC_RETURN_IF_ERROR(slot->controller->Finish(rollout_id, finish_detail));
+  // The trajectory row is written before the finish is journaled: a crash between the two then
+  // leaves an admitted rollout without a finish record, which the restart records interrupted
+  // (its row is kept). The other order would leave a rollout finished in the journal whose
+  // output exists nowhere — a lost rollout (issue #6, crash safety).
   RC_RETURN_IF_ERROR(trajectories_->Insert(t));
+  RC_RETURN_IF_ERROR(slot->controller->Finish(rollout_id, finish_detail));
   rollouts_ok_.fetch_add(1);
   resp["binding"] = lifecycle::ToJson(binding);
   resp["binding"]["engine"] = slot->handle.name;

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/json.h"
@@ -97,6 +98,29 @@ class EngineServer::Impl {
     return out;
   }
   const int64_t created_ = WallTimeMs() / 1000;
+
+  // Test-only fault hooks (ServerOptions::enable_fault_injection). Every delay is applied after
+  // the operation took effect and before its answer (a late or lost acknowledgement: the
+  // ambiguous case a controller has to classify); refuse_install answers 409 before anything is
+  // touched. Zero / false everywhere unless a test set them through POST /rc/fault.
+  struct Faults {
+    std::atomic<int64_t> pause_delay_ms{0};
+    std::atomic<int64_t> install_delay_ms{0};
+    std::atomic<bool> refuse_install{false};
+    std::atomic<int64_t> reset_delay_ms{0};
+    std::atomic<int64_t> digest_delay_ms{0};
+    std::atomic<int64_t> resume_delay_ms{0};
+    Json ToJson() const {
+      return Json{{"pause_delay_ms", pause_delay_ms.load()},   {"install_delay_ms", install_delay_ms.load()},
+                  {"refuse_install", refuse_install.load()},   {"reset_delay_ms", reset_delay_ms.load()},
+                  {"digest_delay_ms", digest_delay_ms.load()}, {"resume_delay_ms", resume_delay_ms.load()}};
+    }
+  };
+  Faults faults_;
+  static void Delay(const std::atomic<int64_t>& ms) {
+    if (int64_t d = ms.load(); d > 0) std::this_thread::sleep_for(std::chrono::milliseconds(d));
+  }
+  void FaultRoutes();
 
   void Routes();
   void Completions(const httplib::Request& req, httplib::Response& res);
@@ -331,6 +355,7 @@ void EngineServer::Impl::Routes() {
     if (!m.ok()) return SendError(r, 400, m.status().message());
     Status st = engine_->Pause(*m);
     if (!st.ok()) return SendError(r, HttpStatus(st), st.message());
+    Delay(faults_.pause_delay_ms);
     Json out = {{"status", "paused"}, {"mode", mode}};
     if (clear->value_or(false)) {
       KvResetEvidence ev = engine_->ResetPrefixCache(false);
@@ -341,6 +366,7 @@ void EngineServer::Impl::Routes() {
   }));
   svr.Post("/resume", Guard([this](const httplib::Request&, httplib::Response& r) {
     engine_->Resume();
+    Delay(faults_.resume_delay_ms);
     SendJson(r, 200, {{"status", "resumed"}});
   }));
   svr.Get("/is_paused", Guard([this](const httplib::Request&, httplib::Response& r) {
@@ -371,6 +397,7 @@ void EngineServer::Impl::Routes() {
     auto running = BoolParam(q, "reset_running_requests");
     if (!running.ok()) return SendError(r, 400, running.status().message());
     KvResetEvidence ev = engine_->ResetPrefixCache(running->value_or(false));
+    Delay(faults_.reset_delay_ms);
     SendJson(r, 200, {{"success", ev.success}, {"freed_blocks", ev.freed_blocks}, {"blocks_in_use", ev.blocks_in_use}});
   }));
   for (const char* path : {"/reset_mm_cache", "/reset_encoder_cache"}) {
@@ -416,13 +443,18 @@ void EngineServer::Impl::Routes() {
     if (!version.ok()) return SendError(r, 400, version.status().message());
     auto skip = GetBool(*j, "skip_cache_reset", "", false);
     if (!skip.ok()) return SendError(r, 400, skip.status().message());
+    if (faults_.refuse_install.load()) {
+      return SendError(r, 409, "install of " + *version + " refused (fault injection): nothing was touched");
+    }
     auto out = receiver_.Install(*version, *skip);
+    Delay(faults_.install_delay_ms);
     // 409 means refused before touching live weights; anything else after the copy began is 500.
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);
   }));
   svr.Get("/rc/weights/digest", Guard([this](const httplib::Request&, httplib::Response& r) {
     auto out = receiver_.LiveDigest();
+    Delay(faults_.digest_delay_ms);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);
   }));
@@ -432,6 +464,41 @@ void EngineServer::Impl::Routes() {
                       {"blocks_in_use", s.blocks_in_use}, {"num_kv_blocks", s.num_kv_blocks},
                       {"cached_blocks", s.cached_blocks}, {"weight_version", s.weight_version},
                       {"generation", s.generation}});
+  }));
+  if (options_.enable_fault_injection) FaultRoutes();
+}
+
+void EngineServer::Impl::FaultRoutes() {
+  RC_LOG_WARN("engine: fault injection is enabled (POST /rc/fault); for tests only");
+  // The body replaces the whole fault set: a field left out is cleared, {} clears everything.
+  server_.Post("/rc/fault", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto j = ParseJson(q.body.empty() ? "{}" : q.body, "request body");
+    if (!j.ok()) return SendError(r, 400, j.status().message());
+    if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
+    Status known = CheckKnownKeys(*j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
+                                       "digest_delay_ms", "resume_delay_ms"}, "fault");
+    if (!known.ok()) return SendError(r, 400, known.message());
+    int64_t v[5];
+    const char* names[5] = {"pause_delay_ms", "install_delay_ms", "reset_delay_ms", "digest_delay_ms",
+                            "resume_delay_ms"};
+    for (int i = 0; i < 5; ++i) {
+      auto x = GetNonNegativeInt(*j, names[i], names[i], 0);
+      if (!x.ok()) return SendError(r, 400, x.status().message());
+      v[i] = *x;
+    }
+    auto refuse = GetBool(*j, "refuse_install", "refuse_install", false);
+    if (!refuse.ok()) return SendError(r, 400, refuse.status().message());
+    faults_.pause_delay_ms = v[0];
+    faults_.install_delay_ms = v[1];
+    faults_.reset_delay_ms = v[2];
+    faults_.digest_delay_ms = v[3];
+    faults_.resume_delay_ms = v[4];
+    faults_.refuse_install = *refuse;
+    RC_LOG_WARN("engine: faults set to {}", faults_.ToJson().dump());
+    SendJson(r, 200, faults_.ToJson());
+  }));
+  server_.Get("/rc/fault", Guard([this](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, faults_.ToJson());
   }));
 }
 

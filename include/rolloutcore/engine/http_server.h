@@ -45,6 +45,9 @@ struct ServerOptions {
   int port = 8000;  // 0: any free port
   std::string model_name = "rolloutcore";
   int http_threads = 32;
+  // Test-only fault hooks (`POST /rc/fault`, docs/engine.md "Fault injection (tests only)").
+  // Off by default; when off the route does not exist (404).
+  bool enable_fault_injection = false;
 };
 
 class EngineServer {
