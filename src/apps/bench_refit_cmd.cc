@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/bench_util.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
 #include "rolloutcore/base/json.h"
@@ -33,36 +34,12 @@ struct BenchRefitOptions {
   bool json = false;
 };
 
-double MemcpyGbps(uint64_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 0);
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
-  }
-  return best;
-}
-
 Result<Json> Call(int port, const std::string& method, const std::string& path, const Json& body = Json::object()) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(600, 0);
-  auto r = method == "GET" ? c.Get(path.c_str()) : c.Post(path.c_str(), body.dump(), "application/json");
-  if (!r) return Unavailable(method + " " + path + ": " + httplib::to_string(r.error()));
-  if (r->status != 200) return Internal(method + " " + path + " answered " + std::to_string(r->status) + ": " + r->body);
-  return ParseJson(r->body, path);
+  return BenchCall(port, method, path, body);
 }
 
 Status WaitHealthy(ChildProcess* c, int port, const std::string& path, int seconds) {
-  httplib::Client cli("127.0.0.1", port);
-  for (int i = 0; i < seconds * 20; ++i) {
-    if (!c->Alive()) return Unavailable(c->name() + " exited:\n" + c->LogTail());
-    auto r = cli.Get(path.c_str());
-    if (r && r->status == 200) return OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return DeadlineExceeded(c->name() + " not healthy:\n" + c->LogTail());
+  return BenchWaitHealthy(c, port, path, seconds);
 }
 
 Status RunBench(const BenchRefitOptions& o) {
@@ -103,6 +80,7 @@ Status RunBench(const BenchRefitOptions& o) {
   double memcpy_gbps = MemcpyGbps(bytes);
   double best = 0;
   for (const auto& r : runs) best = std::max(best, r["wire_gbps"].get<double>());
+  const double first = runs.empty() ? 0.0 : runs[0]["wire_gbps"].get<double>();
   RC_ASSIGN_OR_RETURN(Json paused, Call(engine_port, "POST", "/pause?mode=wait"));
   (void)paused;
   RC_ASSIGN_OR_RETURN(Json installed, Call(engine_port, "POST", "/rc/refit/install", Json{{"version", "v0"}}));
@@ -118,6 +96,7 @@ Status RunBench(const BenchRefitOptions& o) {
               {"planned_equals_needed", last["bytes_needed"] == last["bytes_planned"]},
               {"descriptors", last["descriptors"]},
               {"wire_gbps_best", best},
+              {"wire_gbps_first", first},
               {"memcpy_1thread_gbps", memcpy_gbps},
               {"ratio_to_memcpy", memcpy_gbps > 0 ? best / memcpy_gbps : 0.0},
               {"stages_ms", last["stages_ms"]},
@@ -129,11 +108,11 @@ Status RunBench(const BenchRefitOptions& o) {
   } else {
     std::cout << fmt::format(
         "refit {} over {}: {} -> {}\n  bytes needed {} planned {} pulled {} (planned == needed: {}), {} descriptors\n"
-        "  wire {:.2f} GB/s (best of {}), single-thread memcpy {:.2f} GB/s, ratio {:.2f}\n"
+        "  wire {:.2f} GB/s (best of {}; first, cold: {:.2f}), single-thread memcpy {:.2f} GB/s, ratio {:.2f}\n"
         "  stages (ms): {}\n  install {:.1f} ms, live digest {:.1f} ms, digest verified: {}\n",
         o.model, o.transport, report["trainer_layout"].get<std::string>(), report["engine_layout"].get<std::string>(),
         report["bytes_needed"].dump(), report["bytes_planned"].dump(), bytes, report["planned_equals_needed"].dump(),
-        report["descriptors"].dump(), best, o.repeats, memcpy_gbps, report["ratio_to_memcpy"].get<double>(),
+        report["descriptors"].dump(), best, o.repeats, first, memcpy_gbps, report["ratio_to_memcpy"].get<double>(),
         last["stages_ms"].dump(), installed["stages_ms"]["install"].get<double>(),
         installed["stages_ms"]["post_install"].get<double>(), report["digest_verified"].dump());
   }

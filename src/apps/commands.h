@@ -20,5 +20,6 @@ void RegisterBenchEngineCommand(CLI::App& app, int* exit_code);
 void RegisterTrainerCommand(CLI::App& app, int* exit_code);
 void RegisterDemoCommand(CLI::App& app, int* exit_code);
 void RegisterBenchRefitCommand(CLI::App& app, int* exit_code);
+void RegisterBenchCycleCommands(CLI::App& app, int* exit_code);  // bench cycle, bench restart
 
 }  // namespace rc::apps

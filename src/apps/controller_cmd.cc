@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "rolloutcore/adapters/embedded_adapter.h"
 #include "rolloutcore/adapters/http_adapter.h"
 #include "rolloutcore/controller/directory_versions.h"
 #include "rolloutcore/controller/http_server.h"
@@ -43,13 +44,30 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     bool auto_update = false;
     std::string model;
     int max_updating = 1;
+    std::string embedded_model = "tiny", embedded_load_format = "auto", embedded_label = "v0";
+    int embedded_tp = 1;
+    uint64_t embedded_seed = 0;
     std::string drain_policy = "wait";
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
   };
   auto o = std::make_shared<Opts>();
-  serve->add_option("--engine", o->engines, "Engine base URL(s), comma-separated (http://127.0.0.1:8000,...)")
+  serve->add_option("--engine", o->engines,
+                    "Engine base URL(s), comma-separated (http://127.0.0.1:8000,...); 'embedded' runs an engine in "
+                    "this process (see --embedded-*)")
       ->required();
+  serve->add_option("--embedded-model", o->embedded_model, "Embedded engine: preset name or Hugging Face folder")
+      ->capture_default_str();
+  serve->add_option("--embedded-load-format", o->embedded_load_format,
+                    "Embedded engine: auto (safetensors folder) or dummy (seeded random)")
+      ->check(CLI::IsMember({"auto", "dummy"}))
+      ->capture_default_str();
+  serve->add_option("--embedded-tp", o->embedded_tp, "Embedded engine: tensor-parallel size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  serve->add_option("--embedded-seed", o->embedded_seed, "Embedded engine: seed for dummy weights");
+  serve->add_option("--embedded-weight-version", o->embedded_label, "Embedded engine: label of the loaded weights")
+      ->capture_default_str();
   serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)");
   serve->add_option("--state-dir", o->state_dir, "Where the journals and the trajectory store live")->required();
   serve->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
@@ -74,7 +92,29 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       versions = std::make_unique<controller::DirectoryVersionSource>(dir.get());
     }
     std::vector<controller::EngineHandle> engines;
+    std::vector<std::unique_ptr<adapters::EmbeddedEngine>> embedded;  // outlive the service
     for (const auto& url : SplitCommas(o->engines)) {
+      if (url == "embedded") {
+        adapters::EmbeddedEngine::Options eo;
+        eo.model = o->embedded_model;
+        eo.load_format = o->embedded_load_format;
+        eo.seed = o->embedded_seed;
+        eo.tensor_parallel_size = o->embedded_tp;
+        eo.weight_version = o->embedded_label;
+        auto e = adapters::EmbeddedEngine::Create(eo);
+        if (!e.ok()) {
+          std::cerr << "controller serve: embedded engine: " << e.status().ToString() << "\n";
+          *exit_code = 2;
+          return;
+        }
+        controller::EngineHandle h;
+        h.name = "embedded";
+        h.adapter = (*e)->MakeAdapter({o->directory, o->model});
+        h.complete = (*e)->MakeCompleter(o->embedded_model);
+        engines.push_back(std::move(h));
+        embedded.push_back(std::move(e).value());
+        continue;
+      }
       adapters::HttpAdapterOptions ao;
       ao.base_url = url;
       ao.directory_url = o->directory;

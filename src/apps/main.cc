@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   rc::apps::RegisterTrainerCommand(app, &exit_code);
   rc::apps::RegisterDemoCommand(app, &exit_code);
   rc::apps::RegisterBenchRefitCommand(app, &exit_code);
+  rc::apps::RegisterBenchCycleCommands(app, &exit_code);
 
   try {
     app.parse(argc, argv);

@@ -14,14 +14,6 @@ using lifecycle::UpdateOutcome;
 
 namespace {
 
-template <typename T>
-Result<T> AwaitPending(Pending<T> p, int64_t timeout_ms, const std::string& what) {
-  if (!p.WaitFor(std::chrono::milliseconds(timeout_ms))) {
-    return DeadlineExceeded(what + " did not answer within " + std::to_string(timeout_ms) + " ms");
-  }
-  return p.Get();
-}
-
 std::vector<int64_t> IntArray(const Json& j) {
   std::vector<int64_t> out;
   if (j.is_array()) {

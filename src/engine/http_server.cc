@@ -60,6 +60,57 @@ Result<std::optional<bool>> BoolParam(const httplib::Request& req, const std::st
 
 }  // namespace
 
+GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std::string& id, size_t prompt,
+                                          int64_t k) {
+  GenerateRequest g;
+  g.request_id = id + "-" + std::to_string(prompt * static_cast<size_t>(cr.n) + static_cast<size_t>(k));
+  g.prompt = cr.prompts[prompt];
+  g.sampling = cr.sampling;
+  if (g.sampling.seed && k > 0) g.sampling.seed = *g.sampling.seed + static_cast<uint64_t>(k);
+  g.cache_salt = cr.cache_salt;
+  return g;
+}
+
+Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& ss) {
+  int64_t prompt = 0, completion = 0, cached = 0;
+  for (const auto& s : ss) {
+    auto snap = s->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0));
+    prompt += static_cast<int64_t>(s->prompt().size());
+    completion += static_cast<int64_t>(snap.tokens.size());
+    cached += snap.cached_tokens;
+  }
+  return Json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const CompletionRequest& cr,
+                           const std::string& id, const std::string& model,
+                           const std::function<void(const std::vector<std::string>&)>& on_admitted) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::string> ids;
+  for (size_t p = 0; p < cr.prompts.size(); ++p) {
+    for (int64_t k = 0; k < cr.n; ++k) {
+      auto s = engine->AddRequest(CompletionGenerateRequest(cr, id, p, k));
+      if (!s.ok()) {
+        engine->Abort(ids);
+        return s.status();
+      }
+      ids.push_back((*s)->request_id());
+      streams.push_back(*s);
+    }
+  }
+  if (on_admitted) on_admitted(ids);
+  Json choices = Json::array();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    auto snap = streams[i]->Wait();
+    choices.push_back(CompletionChoiceJson(tokenizer, *streams[i], snap, i, 0, cr, true));
+  }
+  return Json{{"id", id},         {"object", "text_completion"}, {"created", WallTimeMs() / 1000}, {"model", model},
+              {"choices", choices}, {"usage", CompletionUsageJson(streams)}};
+}
+
 class EngineServer::Impl {
  public:
   Impl(Engine* engine, ServerOptions options)
@@ -144,6 +195,12 @@ class EngineServer::Impl {
 
 Json EngineServer::Impl::ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index,
                                     size_t from, const CompletionRequest& cr, bool final_chunk) const {
+  return CompletionChoiceJson(tokenizer_, stream, snap, index, from, cr, final_chunk);
+}
+
+Json CompletionChoiceJson(const ByteTokenizer& tokenizer_, const RequestStream& stream,
+                          const RequestStream::Snapshot& snap, size_t index, size_t from, const CompletionRequest& cr,
+                          bool final_chunk) {
   std::vector<int32_t> toks(snap.tokens.begin() + static_cast<long>(from), snap.tokens.end());
   Json c;
   c["index"] = index;
@@ -189,17 +246,18 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
   auto cr = std::make_shared<CompletionRequest>(std::move(parsed).value());
   const std::string id = cr->request_id.empty() ? "cmpl-" + std::to_string(next_id_++) : cr->request_id;
+  if (!cr->stream) {
+    auto out = RunCompletion(engine_, tokenizer_, *cr, id, options_.model_name,
+                             [this, &id](const std::vector<std::string>& ids) { Track(id, ids); });
+    Untrack(id);
+    if (!out.ok()) return SendError(res, HttpStatus(out.status()), out.status().message());
+    return SendJson(res, 200, *out);
+  }
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<std::string> ids;
   for (size_t p = 0; p < cr->prompts.size(); ++p) {
     for (int64_t k = 0; k < cr->n; ++k) {
-      GenerateRequest g;
-      g.request_id = id + "-" + std::to_string(p * static_cast<size_t>(cr->n) + static_cast<size_t>(k));
-      g.prompt = cr->prompts[p];
-      g.sampling = cr->sampling;
-      if (g.sampling.seed && k > 0) g.sampling.seed = *g.sampling.seed + static_cast<uint64_t>(k);
-      g.cache_salt = cr->cache_salt;
-      auto s = engine_->AddRequest(std::move(g));
+      auto s = engine_->AddRequest(CompletionGenerateRequest(*cr, id, p, k));
       if (!s.ok()) {
         engine_->Abort(ids);
         return SendError(res, HttpStatus(s.status()), s.status().message());
@@ -210,30 +268,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   }
   Track(id, ids);
   const std::string model = options_.model_name;
-  auto usage_json = [](const std::vector<std::shared_ptr<RequestStream>>& ss) {
-    int64_t prompt = 0, completion = 0, cached = 0;
-    for (const auto& s : ss) {
-      auto snap = s->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0));
-      prompt += static_cast<int64_t>(s->prompt().size());
-      completion += static_cast<int64_t>(snap.tokens.size());
-      cached += snap.cached_tokens;
-    }
-    return Json{{"prompt_tokens", prompt},
-                {"completion_tokens", completion},
-                {"total_tokens", prompt + completion},
-                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-  };
-  if (!cr->stream) {
-    Json choices = Json::array();
-    for (size_t i = 0; i < streams.size(); ++i) {
-      auto snap = streams[i]->Wait();
-      choices.push_back(ChoiceJson(*streams[i], snap, i, 0, *cr, true));
-    }
-    Untrack(id);
-    Json out = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000}, {"model", model},
-                {"choices", choices}, {"usage", usage_json(streams)}};
-    return SendJson(res, 200, out);
-  }
+  auto usage_json = [](const std::vector<std::shared_ptr<RequestStream>>& ss) { return CompletionUsageJson(ss); };
   // Server-sent events: one chunk per new output of any choice, then [DONE].
   auto seen = std::make_shared<std::vector<size_t>>(streams.size(), 0);
   auto done = std::make_shared<std::vector<bool>>(streams.size(), false);

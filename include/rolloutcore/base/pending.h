@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -75,6 +76,15 @@ class Pending {
 // Runs fn on a detached thread and returns its Pending. If the caller abandons the Pending
 // (deadline), the thread still runs to completion and its result is dropped; fn must own
 // everything it touches (capture shared_ptrs, not references).
+// Blocks for the result up to timeout_ms; DeadlineExceeded naming `what` when it did not come.
+template <typename T>
+Result<T> AwaitPending(Pending<T> p, int64_t timeout_ms, const std::string& what) {
+  if (!p.WaitFor(std::chrono::milliseconds(timeout_ms))) {
+    return DeadlineExceeded(what + " did not answer within " + std::to_string(timeout_ms) + " ms");
+  }
+  return p.Get();
+}
+
 template <typename T>
 Pending<T> RunDetached(std::function<Result<T>()> fn) {
   Pending<T> p;

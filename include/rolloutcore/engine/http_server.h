@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/engine/tokenizer.h"
@@ -39,6 +41,24 @@ struct CompletionRequest {
 // out-of-range values (negative max_tokens, logprobs > 20, empty cache_salt, ...). Context-length
 // checks happen when the engine admits the request.
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ByteTokenizer& tokenizer);
+
+// The pieces of /v1/completions that do not depend on HTTP, shared by the server and by
+// in-process callers (the embedded adapter's completer).
+// The engine request for prompt `prompt`, sample `k` of a completion with id `id`.
+GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std::string& id, size_t prompt,
+                                          int64_t k);
+// One OpenAI choice object for tokens [from, end) of a stream's snapshot.
+Json CompletionChoiceJson(const ByteTokenizer& tokenizer, const RequestStream& stream,
+                          const RequestStream::Snapshot& snap, size_t index, size_t from, const CompletionRequest& cr,
+                          bool final_chunk);
+// The usage object (prompt, completion, cached tokens) of finished streams.
+Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& streams);
+// Runs a non-streaming completion to the end and returns the response body; errors of admission
+// (InvalidArgument naming the field, Unavailable while paused in abort mode...) as statuses.
+// on_admitted (optional) sees the engine request ids once all are queued.
+Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const CompletionRequest& cr,
+                           const std::string& id, const std::string& model,
+                           const std::function<void(const std::vector<std::string>&)>& on_admitted = {});
 
 struct ServerOptions {
   std::string host = "127.0.0.1";

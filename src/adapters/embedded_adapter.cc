@@ -1,0 +1,228 @@
+#include "rolloutcore/adapters/embedded_adapter.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "rolloutcore/engine/engine.h"
+#include "rolloutcore/engine/engine_loop.h"
+#include "rolloutcore/engine/http_server.h"
+#include "rolloutcore/engine/loader.h"
+#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/engine/tokenizer.h"
+
+namespace rc::adapters {
+
+using lifecycle::AbortEvidence;
+using lifecycle::CacheKind;
+using lifecycle::CacheResetResult;
+using lifecycle::DigestEvidence;
+using lifecycle::DrainStatus;
+using lifecycle::EngineDescription;
+using lifecycle::InstallEvidence;
+using lifecycle::LabelEvidence;
+using lifecycle::PauseEvidence;
+using lifecycle::PauseMode;
+using lifecycle::ResumeEvidence;
+using lifecycle::StageEvidence;
+using lifecycle::UpdateTarget;
+
+// Members are destroyed in reverse order: the loop stops before the receiver and the engine go.
+struct EmbeddedEngine::State {
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<engine::RefitReceiver> receiver;
+  std::unique_ptr<engine::EngineLoop> loop;
+  std::unique_ptr<engine::ByteTokenizer> tokenizer;
+  std::atomic<int64_t> next_id{1};
+  // Completion id -> the engine request ids it runs as ("<id>-<k>"), for aborts by rollout id.
+  std::mutex live_mu;
+  std::map<std::string, std::vector<std::string>> live;  // guarded by live_mu
+  std::vector<std::string> Expand(const std::vector<std::string>& ids) {
+    std::lock_guard<std::mutex> l(live_mu);
+    std::vector<std::string> out;
+    for (const auto& i : ids) {
+      out.push_back(i);
+      if (auto it = live.find(i); it != live.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+    return out;
+  }
+};
+
+Result<std::unique_ptr<EmbeddedEngine>> EmbeddedEngine::Create(const Options& options) {
+  engine::EngineOptions o;
+  o.tensor_parallel_size = options.tensor_parallel_size;
+  o.weight_version = options.weight_version;
+  o.num_threads = options.threads;
+  o.seed = options.seed;
+  o.served_model_name = options.model;
+  RC_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
+                      engine::CreateEngine({options.model, options.load_format, options.seed}, o));
+  auto s = std::make_shared<State>();
+  s->tokenizer = std::make_unique<engine::ByteTokenizer>(e->spec().vocab_size);
+  s->receiver = std::make_unique<engine::RefitReceiver>(e.get());
+  s->loop = std::make_unique<engine::EngineLoop>(e.get());
+  s->engine = std::move(e);
+  s->loop->Start();
+  std::unique_ptr<EmbeddedEngine> out(new EmbeddedEngine());
+  out->state_ = std::move(s);
+  return out;
+}
+
+EmbeddedEngine::~EmbeddedEngine() = default;
+
+engine::Engine* EmbeddedEngine::engine() { return state_->engine.get(); }
+engine::RefitReceiver* EmbeddedEngine::receiver() { return state_->receiver.get(); }
+
+namespace {
+
+engine::PauseMode ToEngine(PauseMode m) {
+  switch (m) {
+    case PauseMode::kAbort: return engine::PauseMode::kAbort;
+    case PauseMode::kWait: return engine::PauseMode::kWait;
+    case PauseMode::kKeep: return engine::PauseMode::kKeep;
+  }
+  return engine::PauseMode::kAbort;
+}
+
+class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
+ public:
+  EmbeddedEngineAdapter(std::shared_ptr<EmbeddedEngine::State> s, EmbeddedAdapterOptions o)
+      : s_(std::move(s)), o_(std::make_shared<const EmbeddedAdapterOptions>(std::move(o))) {}
+
+  Result<EngineDescription> Describe() override {
+    EngineDescription d;
+    d.name = "embedded";
+    d.kind = "embedded";
+    d.offers_content_digest = true;
+    d.supports_staging = true;
+    // The embedded engine has a prefix cache only; encoder and multimodal caches do not exist.
+    d.caches = {CacheKind::kPrefix};
+    return d;
+  }
+
+  Pending<DrainStatus> GetDrainStatus() override {
+    return RunDetached<DrainStatus>([s = s_]() -> Result<DrainStatus> {
+      const engine::EngineState st = s->engine->State();
+      return DrainStatus{st.num_running, st.num_waiting};
+    });
+  }
+
+  Pending<PauseEvidence> Pause(PauseMode mode) override {
+    return RunDetached<PauseEvidence>([s = s_, mode]() -> Result<PauseEvidence> {
+      RC_RETURN_IF_ERROR(s->engine->Pause(ToEngine(mode)));
+      PauseEvidence e;
+      e.paused = s->engine->IsPaused();
+      e.running = s->engine->State().num_running;
+      return e;
+    });
+  }
+
+  Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
+    return RunDetached<AbortEvidence>([s = s_, ids]() -> Result<AbortEvidence> {
+      // Rollout ids name completions; abort the engine requests each one runs as.
+      return AbortEvidence{s->engine->Abort(s->Expand(ids))};
+    });
+  }
+
+  Pending<StageEvidence> Stage(const UpdateTarget& target) override {
+    return RunDetached<StageEvidence>([s = s_, o = o_, target]() -> Result<StageEvidence> {
+      RC_ASSIGN_OR_RETURN(Json j, s->receiver->Stage(Request(*o, target)));
+      StageEvidence e;
+      e.label = target.label;
+      e.bytes = j.value("bytes_planned", int64_t{0});
+      e.detail = std::move(j);
+      return e;
+    });
+  }
+
+  Pending<InstallEvidence> Install(const UpdateTarget& target, bool full) override {
+    return RunDetached<InstallEvidence>([s = s_, o = o_, target, full]() -> Result<InstallEvidence> {
+      if (full) {
+        // Recovery: nothing is staged by the Runner first; stage the committed version here so
+        // every parameter is rewritten from it.
+        auto staged = s->receiver->Stage(Request(*o, target));
+        if (!staged.ok()) return staged.status().WithContext("recovery: staging " + target.label);
+      }
+      // FailedPrecondition from the receiver means refused before touching live weights.
+      RC_ASSIGN_OR_RETURN(Json j, s->receiver->Install(target.label));
+      InstallEvidence e;
+      RC_ASSIGN_OR_RETURN(e.label, GetString(j, "weight_version", "install"));
+      e.bytes = j.value("bytes_installed", int64_t{0});
+      e.detail = std::move(j);
+      return e;
+    });
+  }
+
+  Pending<CacheResetResult> ResetCache(CacheKind kind) override {
+    return RunDetached<CacheResetResult>([s = s_, kind]() -> Result<CacheResetResult> {
+      if (kind != CacheKind::kPrefix) {
+        return InvalidArgument("the embedded engine has no " + std::string(lifecycle::CacheKindName(kind)) + " cache");
+      }
+      const engine::KvResetEvidence ev = s->engine->ResetPrefixCache(/*reset_running_requests=*/true);
+      CacheResetResult r;
+      r.kind = kind;
+      r.success = ev.success;
+      r.freed_blocks = ev.freed_blocks;
+      r.blocks_in_use = ev.blocks_in_use;
+      return r;
+    });
+  }
+
+  Pending<LabelEvidence> ReadLabel() override {
+    return RunDetached<LabelEvidence>([s = s_]() -> Result<LabelEvidence> { return LabelEvidence{s->engine->WeightVersion()}; });
+  }
+
+  Pending<DigestEvidence> ReadContentDigest() override {
+    return RunDetached<DigestEvidence>([s = s_]() -> Result<DigestEvidence> {
+      RC_ASSIGN_OR_RETURN(Json j, s->receiver->LiveDigest());
+      DigestEvidence e;
+      RC_ASSIGN_OR_RETURN(e.content_digest, GetString(j, "content_digest", "digest"));
+      return e;
+    });
+  }
+
+  Pending<ResumeEvidence> Resume() override {
+    return RunDetached<ResumeEvidence>([s = s_]() -> Result<ResumeEvidence> {
+      s->engine->Resume();
+      return ResumeEvidence{s->engine->IsPaused()};
+    });
+  }
+
+ private:
+  static engine::StageRequest Request(const EmbeddedAdapterOptions& o, const UpdateTarget& target) {
+    engine::StageRequest r;
+    r.model = o.model.empty() ? target.model : o.model;
+    r.version = target.label;
+    r.directory = o.directory_url;
+    r.timeout_ms = o.stage_timeout_ms;
+    return r;
+  }
+
+  std::shared_ptr<EmbeddedEngine::State> s_;
+  std::shared_ptr<const EmbeddedAdapterOptions> o_;
+};
+
+}  // namespace
+
+std::unique_ptr<lifecycle::EngineAdapter> EmbeddedEngine::MakeAdapter(EmbeddedAdapterOptions options) {
+  return std::make_unique<EmbeddedEngineAdapter>(state_, std::move(options));
+}
+
+std::function<Result<Json>(const Json&)> EmbeddedEngine::MakeCompleter(std::string model_name) {
+  return [s = state_, model_name](const Json& body) -> Result<Json> {
+    RC_ASSIGN_OR_RETURN(engine::CompletionRequest cr, engine::ParseCompletionRequest(body.dump(), *s->tokenizer));
+    if (cr.stream) return InvalidArgument("stream: the embedded completer returns whole completions only");
+    const std::string id =
+        cr.request_id.empty() ? "emb-" + std::to_string(s->next_id.fetch_add(1)) : cr.request_id;
+    auto out = engine::RunCompletion(s->engine.get(), *s->tokenizer, cr, id, model_name,
+                                     [&s, &id](const std::vector<std::string>& ids) {
+                                       std::lock_guard<std::mutex> l(s->live_mu);
+                                       s->live[id] = ids;
+                                     });
+    std::lock_guard<std::mutex> l(s->live_mu);
+    s->live.erase(id);
+    return out;
+  };
+}
+
+}  // namespace rc::adapters

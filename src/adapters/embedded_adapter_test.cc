@@ -1,0 +1,197 @@
+// The embedded adapter: an engine in this process, driven by the real ControllerService, with a
+// real directory server (memory store) and a synthetic trainer publishing over shm.
+#include "rolloutcore/adapters/embedded_adapter.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "rolloutcore/base/hash.h"
+#include "rolloutcore/controller/directory_versions.h"
+#include "rolloutcore/controller/service.h"
+#include "rolloutcore/directory/client.h"
+#include "rolloutcore/directory/memory_store.h"
+#include "rolloutcore/directory/server.h"
+#include "rolloutcore/engine/engine.h"
+#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/refit/layouts.h"
+#include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/trainer/synthetic_trainer.h"
+
+namespace rc::adapters {
+namespace {
+
+namespace fs = std::filesystem;
+
+class EmbeddedAdapterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = directory::NewMemoryStore(SystemClock::Default());
+    server_ = std::make_unique<directory::DirectoryServer>(store_.get(), directory::ServerOptions{});
+    ASSERT_TRUE(server_->Start().ok());
+    trainer::SyntheticTrainerOptions to;
+    to.config = *refit::ModelPreset("tiny");
+    to.layout = *refit::ParseTrainerLayout("fsdp:2");
+    to.model_name = "m";
+    to.transport = "shm";
+    to.weights.seed = 11;
+    auto t = trainer::SyntheticTrainer::Create(to, store_.get());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    trainer_ = std::move(t).value();
+    EmbeddedEngine::Options eo;
+    eo.model = "tiny";
+    eo.load_format = "dummy";
+    eo.seed = 3;
+    eo.tensor_parallel_size = 2;
+    eo.threads = 1;
+    eo.weight_version = "init";
+    auto e = EmbeddedEngine::Create(eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    state_dir_ = (fs::temp_directory_path() / ("rc_embedded_" + std::to_string(::getpid()))).string();
+    fs::remove_all(state_dir_);
+  }
+  void TearDown() override {
+    service_.reset();
+    engine_.reset();
+    trainer_.reset();
+    server_->Stop();
+    fs::remove_all(state_dir_);
+  }
+  trainer::VersionStatus Step() {
+    auto v = trainer_->Step();
+    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_EQ(v->state, "COMMITTED");
+    return *v;
+  }
+  void StartService() {
+    versions_ = std::make_unique<controller::DirectoryVersionSource>(store_.get());
+    std::vector<controller::EngineHandle> engines;
+    controller::EngineHandle h;
+    h.name = "embedded";
+    h.adapter = engine_->MakeAdapter({server_->url(), "m"});
+    h.complete = engine_->MakeCompleter();
+    engines.push_back(std::move(h));
+    controller::ServiceOptions so;
+    so.state_dir = state_dir_;
+    auto s = controller::ControllerService::Create(std::move(engines), versions_.get(), so);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    service_ = std::move(s).value();
+  }
+  Json Rollout(const std::string& id) {
+    Json req{{"prompt_token_ids", {3, 14, 15, 92, 65, 35, 89, 79}}, {"max_tokens", 8}, {"temperature", 0.0},
+             {"rollout_id", id}};
+    auto r = service_->Rollout(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Json();
+  }
+
+  std::unique_ptr<directory::DirectoryStore> store_;
+  std::unique_ptr<directory::DirectoryServer> server_;
+  std::unique_ptr<trainer::SyntheticTrainer> trainer_;
+  std::unique_ptr<EmbeddedEngine> engine_;
+  std::unique_ptr<controller::DirectoryVersionSource> versions_;
+  std::unique_ptr<controller::ControllerService> service_;
+  std::string state_dir_;
+};
+
+TEST_F(EmbeddedAdapterTest, ControllerUpdatesTheInProcessEngineAndProvesTheDigest) {
+  Step();                                    // v0
+  trainer::VersionStatus v1 = Step();        // v1
+  StartService();
+  Json before = Rollout("r-before");
+  EXPECT_EQ(before["binding"]["label"], "init");
+  const int64_t resets_before = engine_->engine()->Metrics().cache_resets;
+
+  auto id = service_->RequestUpdate("m", "v1");
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  auto done = service_->WaitForUpdate(*id, 60000);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  const Json& e = (*done)["engines"][0];
+  EXPECT_EQ(e["outcome"], "committed") << done->dump(2);
+  EXPECT_EQ(engine_->engine()->WeightVersion(), "v1");
+  auto live = engine_->receiver()->LiveDigest();
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  EXPECT_EQ((*live)["content_digest"], Hex64(v1.content_digest)) << "live weights are the published v1";
+  EXPECT_GT(engine_->engine()->Metrics().cache_resets, resets_before) << "the update reset the prefix cache";
+
+  Json after = Rollout("r-after");
+  EXPECT_EQ(after["binding"]["label"], "v1");
+  EXPECT_EQ(after["binding"]["identity"]["content_digest"], Hex64(v1.content_digest));
+  EXPECT_EQ(after["choices"][0]["weight_version"], "v1");
+  EXPECT_NE(after["choices"][0]["token_ids"], before["choices"][0]["token_ids"])
+      << "different weights, different greedy tokens (dummy init vs v1)";
+}
+
+TEST_F(EmbeddedAdapterTest, InstallRefusedBeforeMutationUnlessPausedAndStaged) {
+  Step();
+  Step();
+  auto adapter = engine_->MakeAdapter({server_->url(), "m"});
+  lifecycle::UpdateTarget target;
+  target.label = "v1";
+  target.model = "m";
+  auto stage = AwaitPending(adapter->Stage(target), 60000, "stage");
+  ASSERT_TRUE(stage.ok()) << stage.status().ToString();
+  EXPECT_GT(stage->bytes, 0);
+  // Not paused: refused, nothing touched.
+  auto refused = AwaitPending(adapter->Install(target, false), 60000, "install");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_EQ(engine_->engine()->WeightVersion(), "init");
+  // Paused: installs, and the label comes from the install path.
+  auto paused = AwaitPending(adapter->Pause(lifecycle::PauseMode::kWait), 10000, "pause");
+  ASSERT_TRUE(paused.ok());
+  EXPECT_TRUE(paused->paused);
+  auto other = target;
+  other.label = "v0";
+  auto wrong = AwaitPending(adapter->Install(other, false), 60000, "install");
+  EXPECT_EQ(wrong.status().code(), StatusCode::kFailedPrecondition) << "v1 is staged, not v0";
+  auto installed = AwaitPending(adapter->Install(target, false), 60000, "install");
+  ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+  EXPECT_EQ(installed->label, "v1");
+  auto label = AwaitPending(adapter->ReadLabel(), 10000, "label");
+  EXPECT_EQ(label->label, "v1");
+  auto reset = AwaitPending(adapter->ResetCache(lifecycle::CacheKind::kPrefix), 10000, "reset");
+  ASSERT_TRUE(reset.ok());
+  EXPECT_TRUE(reset->success);
+  auto encoder = AwaitPending(adapter->ResetCache(lifecycle::CacheKind::kEncoder), 10000, "reset");
+  EXPECT_EQ(encoder.status().code(), StatusCode::kInvalidArgument) << "no encoder cache exists to claim reset";
+  auto resumed = AwaitPending(adapter->Resume(), 10000, "resume");
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_FALSE(resumed->paused_after);
+}
+
+TEST_F(EmbeddedAdapterTest, AbortByRolloutIdStopsItsEngineRequests) {
+  auto adapter = engine_->MakeAdapter({server_->url(), "m"});
+  auto complete = engine_->MakeCompleter();
+  std::vector<int> prompt(16, 7);
+  // Frozen engine (pause keep): the two samples queue and cannot finish before the abort.
+  auto paused = AwaitPending(adapter->Pause(lifecycle::PauseMode::kKeep), 10000, "pause");
+  ASSERT_TRUE(paused.ok()) << paused.status().ToString();
+  auto long_one = std::async(std::launch::async, [&] {
+    return complete(Json{{"prompt", prompt}, {"max_tokens", 490}, {"request_id", "roll-1"}, {"n", 2},
+                         {"ignore_eos", true}});
+  });
+  // Wait until both samples are queued.
+  for (int i = 0; i < 400; ++i) {
+    const auto st = engine_->engine()->State();
+    if (st.num_running + st.num_waiting >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto aborted = AwaitPending(adapter->AbortRequests({"roll-1"}), 10000, "abort");
+  ASSERT_TRUE(aborted.ok()) << aborted.status().ToString();
+  EXPECT_EQ(aborted->aborted, 2) << "both samples of the completion";
+  auto r = long_one.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["choices"][0]["finish_reason"], "abort");
+  EXPECT_EQ((*r)["choices"][1]["finish_reason"], "abort");
+  ASSERT_TRUE(AwaitPending(adapter->Resume(), 10000, "resume").ok());
+  auto drain = AwaitPending(adapter->GetDrainStatus(), 10000, "drain");
+  ASSERT_TRUE(drain.ok());
+  EXPECT_TRUE(drain->idle());
+}
+
+}  // namespace
+}  // namespace rc::adapters

@@ -1,0 +1,314 @@
+// `rolloutcore bench cycle` and `rolloutcore bench restart`: a hot update cycle through the
+// controller against restarting the engine process on the same version.
+//
+// cycle: a directory and a 2-rank synthetic trainer (shm) run as child processes; the engine runs
+// embedded in this process (EmbeddedEngine, dummy weights of the model's geometry) under a real
+// ControllerService with the embedded adapter and a SQLite journal. For each cycle the trainer
+// publishes the next version, the controller updates the engine to it (drain, prefetch stage,
+// pause, install, cache reset, label + digest validation, resume), and the bench reads the
+// update record: cycle time (request to committed), pause window (QUIESCED..RESUMING), drain,
+// wire and install, and the controller overhead = cycle − (drain + stage + install + digest
+// validation): what the lifecycle itself costs beyond moving and proving the bytes. The issue's
+// "cycle minus drain, wire and install" is printed too.
+//
+// restart: the same version exported to disk (`trainer export`), then `engine serve --model DIR`
+// started cold until it answers a first completion, --restarts times.
+//
+// `bench cycle` runs both and prints the ratio restart / cycle; `bench restart` only the restart.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "apps/bench_util.h"
+#include "apps/child_process.h"
+#include "apps/commands.h"
+#include "rolloutcore/adapters/embedded_adapter.h"
+#include "rolloutcore/controller/directory_versions.h"
+#include "rolloutcore/controller/service.h"
+#include "rolloutcore/directory/client.h"
+
+namespace rc::apps {
+namespace {
+
+struct BenchCycleOptions {
+  std::string model = "tiny";  // refit preset of the trainer
+  int cycles = 3;
+  int restarts = 2;
+  int tp = 1;
+  bool json = false;
+};
+
+std::string EngineModelFor(const std::string& model) { return model == "qwen3-0.6b" ? "qwen3-0.6b-like" : model; }
+
+double Ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Num(const Json& j, std::initializer_list<const char*> path) {
+  const Json* cur = &j;
+  for (const char* k : path) {
+    if (!cur->is_object() || !cur->contains(k)) return 0;
+    cur = &(*cur)[k];
+  }
+  return cur->is_number() ? cur->get<double>() : 0;
+}
+
+struct Stack {
+  std::string dir;
+  int dir_port = 0, trainer_port = 0;
+  std::unique_ptr<ChildProcess> directory, trainer;
+  std::string dir_url() const { return "http://127.0.0.1:" + std::to_string(dir_port); }
+};
+
+Result<Stack> StartStack(const BenchCycleOptions& o, const std::string& what) {
+  Stack s;
+  char tmpl[] = "/tmp/rolloutcore-bench-cycle-XXXXXX";
+  s.dir = mkdtemp(tmpl);
+  RC_ASSIGN_OR_RETURN(s.dir_port, FreePort());
+  RC_ASSIGN_OR_RETURN(s.trainer_port, FreePort());
+  auto log = [&](const std::string& n) { return s.dir + "/" + n + ".log"; };
+  std::cerr << "bench " << what << ": work dir " << s.dir << "\n";
+  RC_ASSIGN_OR_RETURN(s.directory, ChildProcess::Spawn("directory", {"directory", "serve", "--store", "memory",
+                                                                     "--port", std::to_string(s.dir_port)},
+                                                       log("directory")));
+  RC_RETURN_IF_ERROR(BenchWaitHealthy(s.directory.get(), s.dir_port, "/health", 30));
+  RC_ASSIGN_OR_RETURN(s.trainer, ChildProcess::Spawn("trainer", {"trainer", "serve", "--model", o.model, "--name", "bench",
+                                                                 "--layout", "fsdp:2", "--directory", s.dir_url(),
+                                                                 "--transport", "shm", "--keep", "2", "--port",
+                                                                 std::to_string(s.trainer_port)},
+                                                     log("trainer")));
+  RC_RETURN_IF_ERROR(BenchWaitHealthy(s.trainer.get(), s.trainer_port, "/status", 600));
+  return s;
+}
+
+Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
+  std::cerr << "bench cycle: embedded engine (" << EngineModelFor(o.model) << ", dummy weights, tp " << o.tp << ")\n";
+  adapters::EmbeddedEngine::Options eo;
+  eo.model = EngineModelFor(o.model);
+  eo.load_format = "dummy";
+  eo.tensor_parallel_size = o.tp;
+  eo.weight_version = "init";
+  RC_ASSIGN_OR_RETURN(auto engine, adapters::EmbeddedEngine::Create(eo));
+  directory::DirectoryClient dir(s.dir_url());
+  controller::DirectoryVersionSource versions(&dir);
+  std::vector<controller::EngineHandle> engines;
+  controller::EngineHandle h;
+  h.name = "embedded";
+  h.adapter = engine->MakeAdapter({s.dir_url(), "bench"});
+  h.complete = engine->MakeCompleter();
+  engines.push_back(std::move(h));
+  controller::ServiceOptions so;
+  so.state_dir = s.dir + "/controller";
+  so.runner.deadlines.stage_ms = 600000;
+  so.runner.deadlines.install_ms = 600000;
+  so.runner.deadlines.validate_ms = 600000;
+  so.runner.deadlines.pause_ms = 60000;
+  so.runner.deadlines.reset_ms = 60000;
+  so.runner.deadlines.resume_ms = 60000;
+  RC_ASSIGN_OR_RETURN(auto svc, controller::ControllerService::Create(std::move(engines), &versions, so));
+
+  Json cycles = Json::array();
+  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms;
+  // One update more than reported: the first one allocates the shadow and staging (a cold refit).
+  for (int i = 0; i <= o.cycles; ++i) {
+    RC_ASSIGN_OR_RETURN(Json step, BenchCall(s.trainer_port, "POST", "/step"));
+    const std::string version = step.value("version", "");
+    if (step.value("state", "") != "COMMITTED") return Internal("trainer step did not commit: " + step.dump());
+    auto t0 = std::chrono::steady_clock::now();
+    RC_ASSIGN_OR_RETURN(std::string id, svc->RequestUpdate("bench", version));
+    RC_ASSIGN_OR_RETURN(Json done, svc->WaitForUpdate(id, 1'200'000));
+    const double total = Ms(t0);
+    const Json& e = done["engines"][0];
+    if (e.value("outcome", "") != "committed") return Internal("update to " + version + " ended " + e.dump());
+    const Json& ph = e["phases_ms"];
+    double pause = 0;
+    for (const char* p : {"QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING"}) pause += Num(ph, {p});
+    const Json& ev = e.value("evidence", Json::object());
+    const Json staged = ev.contains("staged") ? ev["staged"]["engine"] : Json::object();
+    const Json installed = ev.contains("install_complete") ? ev["install_complete"].value("detail", Json::object()) : Json::object();
+    const double drain = Num(ph, {"DRAINING"});
+    const double stage = Num(staged, {"stages_ms", "total"});
+    const double wire = Num(staged, {"stages_ms", "wire"});
+    const double install = Num(installed, {"stages_ms", "install"});
+    const double install_digest = Num(installed, {"stages_ms", "post_install"});
+    const double validate = Num(ph, {"VALIDATING"});
+    const double overhead = total - drain - stage - install - install_digest - validate;
+    Json c{{"version", version},
+           {"cycle_ms", total},
+           {"pause_window_ms", pause},
+           {"drain_ms", drain},
+           {"stage_ms", stage},
+           {"wire_ms", wire},
+           {"install_ms", install},
+           {"install_digest_ms", install_digest},
+           {"validate_ms", validate},
+           {"controller_overhead_ms", overhead},
+           {"cycle_minus_drain_wire_install_ms", total - drain - wire - install},
+           {"phases_ms", ph},
+           {"cold", i == 0}};
+    std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
+                             "install {:.1f} ms, controller overhead {:.1f} ms\n",
+                             version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, install, overhead);
+    cycles.push_back(c);
+    if (i == 0) continue;
+    cycle_ms.push_back(total);
+    pause_ms.push_back(pause);
+    overhead_ms.push_back(overhead);
+    overhead_issue_ms.push_back(total - drain - wire - install);
+  }
+  // A rollout on the last version proves the engine serves it.
+  RC_ASSIGN_OR_RETURN(Json r, svc->Rollout(Json{{"prompt_token_ids", {1, 2, 3, 4}}, {"max_tokens", 4}, {"temperature", 0.0}}));
+  return Json{{"cycles", cycles},
+              {"cycle_ms_median", Median(cycle_ms)},
+              {"pause_window_ms_median", Median(pause_ms)},
+              {"controller_overhead_ms_median", Median(overhead_ms)},
+              {"cycle_minus_drain_wire_install_ms_median", Median(overhead_issue_ms)},
+              {"served_label_after", r["binding"]["label"]}};
+}
+
+// `version`: the version the restart loads (the one the last cycle installed), exported to disk
+// from the trainer's seed (W_k is reproducible).
+Result<Json> RunRestarts(const BenchCycleOptions& o, Stack& s, const std::string& version) {
+  const std::string out = s.dir + "/export-" + version;
+  std::cerr << "bench restart: exporting " << version << " of " << o.model << " to " << out << "\n";
+  auto t_export = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(auto ex, ChildProcess::Spawn("export", {"trainer", "export", "--model", o.model, "--version", version,
+                                                              "--out", out},
+                                                   s.dir + "/export.log"));
+  while (ex->Alive()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (int rc = ex->Stop(); rc != 0) return Internal("trainer export failed:\n" + ex->LogTail());
+  const double export_ms = Ms(t_export);
+  Json runs = Json::array();
+  std::vector<double> ready_ms;
+  for (int i = 0; i < o.restarts; ++i) {
+    RC_ASSIGN_OR_RETURN(int port, FreePort());
+    auto t0 = std::chrono::steady_clock::now();
+    RC_ASSIGN_OR_RETURN(auto e, ChildProcess::Spawn("engine-restart",
+                                                    {"engine", "serve", "--model", out, "--tensor-parallel-size",
+                                                     std::to_string(o.tp), "--weight-version", version, "--port",
+                                                     std::to_string(port)},
+                                                    s.dir + "/engine-restart-" + std::to_string(i) + ".log"));
+    RC_RETURN_IF_ERROR(BenchWaitHealthy(e.get(), port, "/health", 1200));
+    const double healthy = Ms(t0);
+    RC_ASSIGN_OR_RETURN(Json c, BenchCall(port, "POST", "/v1/completions",
+                                          Json{{"prompt", {1, 2, 3, 4}}, {"max_tokens", 1}, {"temperature", 0.0}}));
+    const double ready = Ms(t0);
+    if (c["choices"][0].value("weight_version", "") != version) {
+      return Internal("restarted engine serves " + c["choices"][0].value("weight_version", "?") + ", not " + version);
+    }
+    std::cerr << fmt::format("bench restart: {} cold start: healthy {:.1f} ms, first token {:.1f} ms\n", i + 1, healthy,
+                             ready);
+    runs.push_back(Json{{"healthy_ms", healthy}, {"ready_ms", ready}});
+    ready_ms.push_back(ready);
+    e->Stop();
+  }
+  return Json{{"version", version}, {"export_ms", export_ms}, {"runs", runs}, {"ready_ms_median", Median(ready_ms)}};
+}
+
+Status Run(const BenchCycleOptions& o, bool cycle) {
+  RC_ASSIGN_OR_RETURN(Stack s, StartStack(o, cycle ? "cycle" : "restart"));
+  Json report{{"model", o.model}, {"engine_model", EngineModelFor(o.model)}, {"tp", o.tp}};
+  Status st = OkStatus();
+  std::string version;
+  if (cycle) {
+    auto c = RunCycles(o, s);
+    if (!c.ok()) st = c.status();
+    if (c.ok()) {
+      report["cycle"] = *c;
+      version = (*c)["served_label_after"].get<std::string>();
+    }
+  } else {
+    // Restart needs some committed version: publish one.
+    auto step = BenchCall(s.trainer_port, "POST", "/step");
+    if (!step.ok()) st = step.status();
+    if (step.ok()) version = step->value("version", "");
+  }
+  if (st.ok()) {
+    auto r = RunRestarts(o, s, version);
+    if (!r.ok()) st = r.status();
+    if (r.ok()) report["restart"] = *r;
+  }
+  StopAllChildren();
+  RC_RETURN_IF_ERROR(st);
+  if (cycle) {
+    const double c = report["cycle"]["cycle_ms_median"].get<double>();
+    const double r = report["restart"]["ready_ms_median"].get<double>();
+    report["restart_over_cycle"] = c > 0 ? r / c : 0.0;
+  }
+  if (o.json) {
+    std::cout << report.dump(2) << "\n";
+  } else if (cycle) {
+    const Json& c = report["cycle"];
+    std::cout << fmt::format(
+        "update cycle vs restart, {} (engine {}, tp {}), medians of {} warm cycles and {} restarts\n"
+        "  hot update cycle      {:10.1f} ms   (pause window {:.1f} ms)\n"
+        "  restart (cold->ready) {:10.1f} ms   (export to disk took {:.1f} ms more, not counted)\n"
+        "  ratio restart/cycle   {:10.2f} x\n"
+        "  controller overhead   {:10.1f} ms   (cycle - drain - stage - install - digest checks)\n"
+        "  cycle - drain - wire - install: {:.1f} ms (includes staging digest, transform and validation)\n",
+        o.model, report["engine_model"].get<std::string>(), o.tp, o.cycles, o.restarts,
+        c["cycle_ms_median"].get<double>(), c["pause_window_ms_median"].get<double>(),
+        report["restart"]["ready_ms_median"].get<double>(), report["restart"]["export_ms"].get<double>(),
+        report["restart_over_cycle"].get<double>(), c["controller_overhead_ms_median"].get<double>(),
+        c["cycle_minus_drain_wire_install_ms_median"].get<double>());
+  } else {
+    std::cout << fmt::format("restart {} (engine from disk, tp {}): cold start to first token {:.1f} ms (median of {})\n",
+                             o.model, o.tp, report["restart"]["ready_ms_median"].get<double>(), o.restarts);
+  }
+  std::filesystem::remove_all(s.dir);
+  return OkStatus();
+}
+
+CLI::App* BenchApp(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App* a) { return a->get_name() == "bench"; })) return sub;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks.");
+  bench->require_subcommand(1);
+  return bench;
+}
+
+void AddCommon(CLI::App* cmd, BenchCycleOptions* o) {
+  cmd->add_option("--model", o->model, "Preset: tiny or qwen3-0.6b (the ~0.5B one)")
+      ->check(CLI::IsMember({"tiny", "tiny-llama", "tiny-qwen2", "qwen3-0.6b"}))
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "Engine tensor-parallel size")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--restarts", o->restarts, "Cold restarts to time")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print a JSON report instead of the table");
+}
+
+}  // namespace
+
+void RegisterBenchCycleCommands(CLI::App& app, int* exit_code) {
+  CLI::App* bench = BenchApp(app);
+  auto o = std::make_shared<BenchCycleOptions>();
+  auto* cycle = bench->add_subcommand(
+      "cycle", "Hot update cycle through the controller (embedded engine) vs restarting the engine on the same version.");
+  AddCommon(cycle, o.get());
+  cycle->add_option("--cycles", o->cycles, "Warm update cycles to time (after one cold one)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cycle->callback([o, exit_code] {
+    Status s = Run(*o, true);
+    if (!s.ok()) std::cerr << "bench cycle: " << s.ToString() << "\n";
+    *exit_code = s.ok() ? 0 : 1;
+  });
+  auto r = std::make_shared<BenchCycleOptions>();
+  auto* restart = bench->add_subcommand("restart", "Engine restart on a version exported to disk: cold start to first token.");
+  AddCommon(restart, r.get());
+  restart->callback([r, exit_code] {
+    Status s = Run(*r, false);
+    if (!s.ok()) std::cerr << "bench restart: " << s.ToString() << "\n";
+    *exit_code = s.ok() ? 0 : 1;
+  });
+}
+
+}  // namespace rc::apps

@@ -1,0 +1,44 @@
+#include "apps/bench_util.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace rc::apps {
+
+Result<Json> BenchCall(int port, const std::string& method, const std::string& path, const Json& body, int timeout_s) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(timeout_s, 0);
+  auto r = method == "GET" ? c.Get(path.c_str()) : c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r) return Unavailable(method + " " + path + ": " + httplib::to_string(r.error()));
+  if (r->status != 200) return Internal(method + " " + path + " answered " + std::to_string(r->status) + ": " + r->body);
+  return ParseJson(r->body, path);
+}
+
+Status BenchWaitHealthy(ChildProcess* c, int port, const std::string& path, int seconds) {
+  httplib::Client cli("127.0.0.1", port);
+  for (int i = 0; i < seconds * 100; ++i) {
+    if (!c->Alive()) return Unavailable(c->name() + " exited:\n" + c->LogTail());
+    auto r = cli.Get(path.c_str());
+    if (r && r->status == 200) return OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return DeadlineExceeded(c->name() + " not healthy after " + std::to_string(seconds) + " s:\n" + c->LogTail());
+}
+
+double MemcpyGbps(uint64_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace rc::apps

@@ -1,0 +1,22 @@
+// Helpers shared by the benchmark commands that drive child processes over loopback HTTP.
+#pragma once
+
+#include <string>
+
+#include "apps/child_process.h"
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/status.h"
+
+namespace rc::apps {
+
+// METHOD 127.0.0.1:port/path with a JSON body; the parsed JSON answer of a 200, an error naming
+// the call and the answer otherwise.
+Result<Json> BenchCall(int port, const std::string& method, const std::string& path, const Json& body = Json::object(),
+                       int timeout_s = 600);
+// Polls GET path until 200; Unavailable with the child's log tail when it exits first,
+// DeadlineExceeded after `seconds`.
+Status BenchWaitHealthy(ChildProcess* child, int port, const std::string& path, int seconds);
+// Best of three single-thread memcpy runs over `bytes`, in GB/s.
+double MemcpyGbps(uint64_t bytes);
+
+}  // namespace rc::apps
