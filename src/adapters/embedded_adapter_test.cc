@@ -112,7 +112,7 @@ TEST_F(EmbeddedAdapterTest, ControllerUpdatesTheInProcessEngineAndProvesTheDiges
   const Json& e = (*done)["engines"][0];
   EXPECT_EQ(e["outcome"], "committed") << done->dump(2);
   EXPECT_EQ(engine_->engine()->WeightVersion(), "v1");
-  auto live = engine_->receiver()->LiveDigest();
+  auto live = engine_->receiver()->LiveDigest(/*fresh=*/true);
   ASSERT_TRUE(live.ok()) << live.status().ToString();
   EXPECT_EQ((*live)["content_digest"], Hex64(v1.content_digest)) << "live weights are the published v1";
   EXPECT_GT(engine_->engine()->Metrics().cache_resets, resets_before) << "the update reset the prefix cache";

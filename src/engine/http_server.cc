@@ -487,8 +487,10 @@ void EngineServer::Impl::Routes() {
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);
   }));
-  svr.Get("/rc/weights/digest", Guard([this](const httplib::Request&, httplib::Response& r) {
-    auto out = receiver_.LiveDigest();
+  svr.Get("/rc/weights/digest", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto fresh = BoolParam(q, "fresh");
+    if (!fresh.ok()) return SendError(r, 400, fresh.status().message());
+    auto out = receiver_.LiveDigest(fresh->value_or(false));
     Delay(faults_.digest_delay_ms);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);

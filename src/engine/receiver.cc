@@ -349,6 +349,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     });
     return OkStatus();
   };
+  live_cache_valid_ = false;  // the live weights are about to change
   Status st = engine_->InstallWeights(fill, version, ++generation_, !skip_cache_reset);
   if (!st.ok()) {
     return st.WithContext("install of " + version);
@@ -361,6 +362,9 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     return live.status();
   }
   stages["post_install"] = MsSince(t);
+  live_cache_ = *live;
+  live_cache_generation_ = engine_->State().generation;
+  live_cache_valid_ = true;
   std::string mismatch = FirstMismatch(*live, staged_->published);
   if (!mismatch.empty()) {
     return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
@@ -409,15 +413,27 @@ std::string RefitReceiver::MetricsText(const std::string& labels) const {
   return o.str();
 }
 
-Result<Json> RefitReceiver::LiveDigest() {
+Result<Json> RefitReceiver::LiveDigest(bool fresh) {
   std::lock_guard<std::mutex> lock(mu_);
   RC_RETURN_IF_ERROR(EnsureCaptures());
+  const int64_t generation = engine_->State().generation;
+  if (!fresh && live_cache_valid_ && live_cache_generation_ == generation) {
+    return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live_cache_))},
+                {"weight_version", engine_->WeightVersion()},
+                {"tensors", DigestsJson(live_cache_)},
+                {"digest_ms", 0.0},
+                {"computed", "at install, from the live parameters (generation " + std::to_string(generation) + ")"}};
+  }
   auto t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
+  live_cache_ = live;
+  live_cache_generation_ = generation;
+  live_cache_valid_ = true;
   return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live))},
               {"weight_version", engine_->WeightVersion()},
               {"tensors", DigestsJson(live)},
-              {"digest_ms", MsSince(t)}};
+              {"digest_ms", MsSince(t)},
+              {"computed", "now"}};
 }
 
 }  // namespace rc::engine

@@ -135,7 +135,7 @@ class RefitE2eTest : public ::testing::Test {
     Json installed = Call(engine_port, "POST", "/rc/refit/install", Json{{"version", version}});
     EXPECT_EQ(installed["weight_version"], version);
     Call(engine_port, "POST", "/resume");
-    return Call(engine_port, "GET", "/rc/weights/digest");
+    return Call(engine_port, "GET", "/rc/weights/digest?fresh=true");
   }
   std::string dir_;
   std::vector<std::unique_ptr<ChildProcess>> children_;
@@ -149,7 +149,7 @@ TEST_F(RefitE2eTest, StageInstallVerifyAndMatchAFreshEngine) {
 
   // The engine's starting weights are the trainer's v0, byte for byte (digest).
   Json v0 = WaitCommitted(dir_port, "m", "v0");
-  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest")["content_digest"], v0["content_digest"]);
+  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest?fresh=true")["content_digest"], v0["content_digest"]);
   std::vector<int64_t> before = Greedy(engine_port);
 
   Call(trainer_port, "POST", "/step");
@@ -167,7 +167,7 @@ TEST_F(RefitE2eTest, StageInstallVerifyAndMatchAFreshEngine) {
   EXPECT_EQ(installed["weight_version"], "v1");
   EXPECT_EQ(installed["live_content_digest"], v1["content_digest"]);
   Call(engine_port, "POST", "/resume");
-  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest")["content_digest"], v1["content_digest"]);
+  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest?fresh=true")["content_digest"], v1["content_digest"]);
   EXPECT_EQ(Call(engine_port, "GET", "/weight_info")["weight_version"], "v1");
   std::vector<int64_t> after = Greedy(engine_port);
   EXPECT_NE(before, after) << "new weights, new output";
@@ -176,7 +176,7 @@ TEST_F(RefitE2eTest, StageInstallVerifyAndMatchAFreshEngine) {
   Export("v1", dir_ + "/v1");
   int fresh_port = StartEngine("fresh", dir_ + "/v1", "v1");
   EXPECT_EQ(Greedy(fresh_port), after);
-  EXPECT_EQ(Call(fresh_port, "GET", "/rc/weights/digest")["content_digest"], v1["content_digest"]);
+  EXPECT_EQ(Call(fresh_port, "GET", "/rc/weights/digest?fresh=true")["content_digest"], v1["content_digest"]);
 
   // A second stage of the next version reuses the plan (same source topology? no: new handles).
   Call(engine_port, "POST", "/rc/refit/stage", Json{{"model", "m"}, {"version", "v9"}, {"directory", Url(dir_port)}}, 404);
@@ -223,7 +223,7 @@ TEST_F(RefitE2eTest, CorruptedSourceByteIsDetectedAndInstallRefused) {
   Call(engine_port, "POST", "/pause?mode=wait");
   Call(engine_port, "POST", "/rc/refit/install", Json{{"version", "v1"}}, 409);
   Call(engine_port, "POST", "/resume");
-  Json live = Call(engine_port, "GET", "/rc/weights/digest");
+  Json live = Call(engine_port, "GET", "/rc/weights/digest?fresh=true");
   EXPECT_EQ(live["content_digest"], v0["content_digest"]) << "live weights untouched";
   EXPECT_EQ(live["weight_version"], "v0");
 }
@@ -250,7 +250,7 @@ TEST_F(RefitE2eTest, DeadTrainerFailsTheStageQuicklyAndTouchesNothing) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 503) << r->body;
     EXPECT_LT(s, 60.0) << "fails within the executor's deadline, never hangs";
-    Json live = Call(engine_port, "GET", "/rc/weights/digest");
+    Json live = Call(engine_port, "GET", "/rc/weights/digest?fresh=true");
     EXPECT_EQ(live["content_digest"], v0["content_digest"]);
     children_.clear();
     apps::StopAllChildren();
@@ -307,7 +307,7 @@ TEST_F(RefitE2eTest, TrainerStoppedOrKilledMidPullFailsWithinTheDeadline) {
   EXPECT_GE(s1, 1.4) << "the stage cannot finish while the trainer is stopped";
   EXPECT_LT(s1, 1.5 + 1.5) << "the stage ends at its deadline, never hangs";
   std::cout << "stopped trainer: stage failed after " << s1 << " s (deadline 1.5 s): " << body1 << "\n";
-  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest")["content_digest"], v0["content_digest"]);
+  EXPECT_EQ(Call(engine_port, "GET", "/rc/weights/digest?fresh=true")["content_digest"], v0["content_digest"]);
 
   // 2. Stopped trainer, 60 s deadline, killed while the pull waits on it.
   auto pending = std::async(std::launch::async, [&] { return stage(60'000); });
@@ -322,7 +322,7 @@ TEST_F(RefitE2eTest, TrainerStoppedOrKilledMidPullFailsWithinTheDeadline) {
   std::cout << "trainer killed mid-pull: stage failed " << s2 << " s after the kill: " << body2 << "\n";
   RecordProperty("stopped_stage_s", std::to_string(s1));
   RecordProperty("killed_detect_s", std::to_string(s2));
-  Json live = Call(engine_port, "GET", "/rc/weights/digest");
+  Json live = Call(engine_port, "GET", "/rc/weights/digest?fresh=true");
   EXPECT_EQ(live["content_digest"], v0["content_digest"]) << "live weights untouched";
   EXPECT_EQ(live["weight_version"], "v0");
 }

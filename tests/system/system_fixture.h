@@ -361,7 +361,7 @@ class SystemTest : public ::testing::Test {
     return completion["usage"]["prompt_tokens_details"].value("cached_tokens", int64_t{-1});
   }
   std::string LiveDigest(int engine) {
-    return Call(engine, "GET", "/rc/weights/digest").value("content_digest", std::string("?"));
+    return Call(engine, "GET", "/rc/weights/digest?fresh=true").value("content_digest", std::string("?"));
   }
   void SetFaults(int engine, const Json& faults) { Call(engine, "POST", "/rc/fault", faults); }
 

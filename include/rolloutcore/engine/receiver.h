@@ -67,7 +67,10 @@ class RefitReceiver {
   Result<Json> Stage(const StageRequest& request);
   // skip_cache_reset is for the stale-cache negative control only (docs/engine.md).
   Result<Json> Install(const std::string& version, bool skip_cache_reset = false);
-  Result<Json> LiveDigest();
+  // The live weights change only through Install (which bumps the engine's generation), so the
+  // digest computed from the live parameters right after an install (or by an earlier call) is
+  // served again while the generation is unchanged; fresh=true recomputes it regardless.
+  Result<Json> LiveDigest(bool fresh = false);
   // The version staged and not yet installed ("" when none).
   std::string staged_version() const;
   // Prometheus text of the rolloutcore_refit_* series.
@@ -96,6 +99,9 @@ class RefitReceiver {
   std::vector<std::map<std::string, std::vector<float>>> shadow_;   // guarded by mu_
   std::vector<refit::DestinationBuffers> shadow_buffers_;           // guarded by mu_
   std::unique_ptr<refit::StagingArena> arena_;                      // guarded by mu_
+  refit::TensorDigests live_cache_;                                 // guarded by mu_
+  int64_t live_cache_generation_ = -1;                              // guarded by mu_
+  bool live_cache_valid_ = false;                                   // guarded by mu_
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_
