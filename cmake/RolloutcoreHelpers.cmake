@@ -7,6 +7,10 @@ set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wnon-virtual-dtor
 if(ROLLOUTCORE_WERROR)
   list(APPEND RC_WARNINGS -Werror)
 endif()
+# Flags for CUDA sources (.cu) of the GPU modules: host warnings through -Xcompiler, and constexpr
+# host functions (rc::Mix64, the digest term) callable from device code so GPU and CPU share them.
+set(RC_CUDA_FLAGS
+  "$<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr;-Xcompiler=-Wall,-Wextra;-lineinfo>")
 
 if(ROLLOUTCORE_SANITIZER STREQUAL "asan")
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
@@ -27,7 +31,7 @@ function(rc_add_module name)
   target_include_directories(rc_${name}
     PUBLIC ${PROJECT_SOURCE_DIR}/include
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(rc_${name} PRIVATE ${RC_WARNINGS})
+  target_compile_options(rc_${name} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${RC_WARNINGS}>" ${RC_CUDA_FLAGS})
   target_link_libraries(rc_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 

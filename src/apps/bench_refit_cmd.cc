@@ -6,6 +6,10 @@
 // and asks the engine to stage it (plan + pull + digest check) --repeats times; reports the wire
 // GB/s the engine measured, the ratio to memcpy, planned vs needed bytes and the per-stage
 // milliseconds, then installs the last stage while paused and checks the live digest.
+//
+// With --transport cuda_ipc or nccl (builds with ROLLOUTCORE_WITH_CUDA) it runs the GPU refit bench
+// instead (bench_gpu_refit_cmd.cc): trainer weights on one GPU, engine parameters on another,
+// e.g. `rolloutcore bench refit --transport cuda_ipc --model qwen3-8b --source fsdp:1 --target tp:1`.
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -17,6 +21,9 @@
 #include <vector>
 
 #include "apps/bench_util.h"
+#ifdef ROLLOUTCORE_WITH_CUDA
+#include "apps/bench_gpu_refit.h"
+#endif
 #include "apps/child_process.h"
 #include "apps/commands.h"
 #include "rolloutcore/base/json.h"
@@ -32,7 +39,18 @@ struct BenchRefitOptions {
   int tp = 1;
   int repeats = 3;
   bool json = false;
+  // GPU transports (cuda_ipc, nccl; built with ROLLOUTCORE_WITH_CUDA): bench_gpu_refit_cmd.cc.
+  std::string source;  // trainer layout; default fsdp:<trainer-ranks>
+  std::string target;  // engine layout; default tp:<tensor-parallel-size>
+  int device = 1;
+  int owner_device = 0;
+  uint64_t seed = 1;
+  int64_t timeout_ms = 120'000;
+  bool kill_owner_mid_transfer = false;
+  std::string json_out;
 };
+
+bool IsGpuTransport(const std::string& t) { return t == "cuda_ipc" || t == "nccl"; }
 
 Result<Json> Call(int port, const std::string& method, const std::string& path, const Json& body = Json::object()) {
   return BenchCall(port, method, path, body);
@@ -133,15 +151,57 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<BenchRefitOptions>();
   auto* cmd = bench->add_subcommand(
       "refit", "Receiver-driven refit across processes: wire GB/s vs a single-thread memcpy measured in the same run.");
+#ifdef ROLLOUTCORE_WITH_CUDA
+  cmd->add_option("--transport", o->transport, "shm, ucx, or (GPU weights) cuda_ipc, nccl")
+      ->check(CLI::IsMember({"shm", "ucx", "cuda_ipc", "nccl"}))
+      ->capture_default_str();
+#else
   cmd->add_option("--transport", o->transport, "shm or ucx")->check(CLI::IsMember({"shm", "ucx"}))->capture_default_str();
+#endif
   cmd->add_option("--model", o->model, "Refit preset for the trainer (tiny, qwen3-0.6b, ...)")->capture_default_str();
   cmd->add_option("--engine-model", o->engine_model, "Engine preset of the same geometry (default: matching)");
   cmd->add_option("--trainer-ranks", o->ranks, "Trainer ranks (fsdp:N)")->capture_default_str();
   cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Stages to time")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a JSON report");
+  cmd->add_option("--source", o->source, "Trainer layout (default fsdp:<trainer-ranks>)");
+  cmd->add_option("--target", o->target,
+                  "Engine layout (default tp:<tensor-parallel-size>); GPU transports use bf16 parameters unless "
+                  "'@dtype' is given");
+#ifdef ROLLOUTCORE_WITH_CUDA
+  cmd->add_option("--device", o->device, "GPU transports: the receiver's CUDA device")->capture_default_str();
+  cmd->add_option("--owner-device", o->owner_device, "GPU transports: the trainer's CUDA device")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "GPU transports: seed of the weights")->capture_default_str();
+  cmd->add_option("--timeout-ms", o->timeout_ms, "GPU transports: deadline of one stage")->capture_default_str();
+  cmd->add_flag("--kill-owner-mid-transfer", o->kill_owner_mid_transfer,
+                "GPU transports: finally SIGKILL the owner during a stage and check the failure is detected in time");
+  cmd->add_option("--json-out", o->json_out, "GPU transports: also write the JSON report to this file");
+#endif
   cmd->callback([o, exit_code] {
-    Status s = RunBench(*o);
+    Status s = OkStatus();
+    if (IsGpuTransport(o->transport)) {
+#ifdef ROLLOUTCORE_WITH_CUDA
+      GpuRefitBenchOptions g;
+      g.transport = o->transport;
+      g.model = o->model;
+      g.source = o->source.empty() ? "fsdp:" + std::to_string(o->ranks) : o->source;
+      g.target = o->target.empty() ? "tp:" + std::to_string(o->tp) : o->target;
+      g.device = o->device;
+      g.owner_device = o->owner_device;
+      g.repeats = o->repeats;
+      g.seed = o->seed;
+      g.timeout_ms = o->timeout_ms;
+      g.kill_owner_mid_transfer = o->kill_owner_mid_transfer;
+      g.json = o->json;
+      g.json_out = o->json_out;
+      s = RunGpuRefitBench(g);
+#endif
+    } else if (!o->source.empty() || !o->target.empty()) {
+      s = InvalidArgument("--source/--target are for the GPU transports; use --trainer-ranks and "
+                          "--tensor-parallel-size with shm/ucx");
+    } else {
+      s = RunBench(*o);
+    }
     if (!s.ok()) {
       std::cerr << "bench refit: " << s.ToString() << "\n";
       StopAllChildren();

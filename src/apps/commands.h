@@ -21,5 +21,9 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code);
 void RegisterDemoCommand(CLI::App& app, int* exit_code);
 void RegisterBenchRefitCommand(CLI::App& app, int* exit_code);
 void RegisterBenchCycleCommands(CLI::App& app, int* exit_code);  // bench cycle, bench restart
+#ifdef ROLLOUTCORE_WITH_CUDA
+// The hidden trainer process of the GPU refit bench (bench_gpu_refit_cmd.cc).
+void RegisterBenchGpuOwnerCommand(CLI::App& app, int* exit_code);
+#endif
 
 }  // namespace rc::apps

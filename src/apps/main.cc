@@ -28,6 +28,9 @@ int main(int argc, char** argv) {
   rc::apps::RegisterDemoCommand(app, &exit_code);
   rc::apps::RegisterBenchRefitCommand(app, &exit_code);
   rc::apps::RegisterBenchCycleCommands(app, &exit_code);
+#ifdef ROLLOUTCORE_WITH_CUDA
+  rc::apps::RegisterBenchGpuOwnerCommand(app, &exit_code);
+#endif
 
   try {
     app.parse(argc, argv);

@@ -10,6 +10,12 @@
 #ifdef ROLLOUTCORE_WITH_UCX
 #include "rolloutcore/transport/ucx.h"
 #endif
+#ifdef ROLLOUTCORE_WITH_CUDA
+#include "rolloutcore/transport/cuda_ipc.h"
+#endif
+#ifdef ROLLOUTCORE_WITH_NCCL
+#include "rolloutcore/transport/nccl.h"
+#endif
 
 namespace rc::transport {
 namespace {
@@ -23,6 +29,14 @@ constexpr BackendEntry kBackends[] = {
     {"shm", "same-host shared memory (memfd), read-only mappings", &CreateShmTransport},
 #ifdef ROLLOUTCORE_WITH_UCX
     {"ucx", "one-sided RMA over UCX (tcp, shared memory, RDMA where present)", &CreateUcxTransport},
+#endif
+#ifdef ROLLOUTCORE_WITH_CUDA
+    {"cuda_ipc", "same-host GPU memory through CUDA IPC handles, copy engines on several streams",
+     &CreateCudaIpcTransport},
+#endif
+#ifdef ROLLOUTCORE_WITH_NCCL
+    {"nccl", "GPU memory through NCCL send/recv answered by the owner's serving thread",
+     &CreateNcclTransport},
 #endif
 };
 

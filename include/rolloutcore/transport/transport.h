@@ -12,7 +12,7 @@
 // transfer ends failed (Aborted) unless it had already completed. Callers must therefore treat
 // every destination of a cancelled transfer as possibly written.
 //
-// Backends (`local`, and later `shm`, `ucx`, `cuda_ipc`, `nccl`) are listed in one explicit
+// Backends (`local`, `shm`, `ucx`, `cuda_ipc`, `nccl`) are listed in one explicit
 // registry (RegisteredBackends); optional ones appear there only when built.
 //
 // Thread safety: a Transport's methods may be called from any thread concurrently. A Transfer is
@@ -108,6 +108,9 @@ class Transport {
 
 struct TransportOptions {
   Clock* clock = nullptr;  // SystemClock::Default() when null
+  // GPU backends (cuda_ipc, nccl): the CUDA device whose memory reads land in and whose streams
+  // run them; -1 takes the creating thread's current device. Host-only backends ignore it.
+  int32_t device = -1;
 };
 
 struct BackendEntry {

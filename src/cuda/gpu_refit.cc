@@ -1,0 +1,728 @@
+#include "rolloutcore/cuda/gpu_refit.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <utility>
+
+#include "cuda/dtype_bits.h"
+#include "cuda/digest_table.h"
+#include "cuda/kernels.h"
+#include "rolloutcore/cuda/seeded.h"
+
+namespace rc::cuda {
+namespace {
+
+using internal::DigestChunk;
+using refit::DType;
+
+std::string CudaText(cudaError_t e) {
+  return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (device >= 0 && device != previous_) status_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  Status status(int device) const {
+    if (status_ == cudaSuccess) return OkStatus();
+    return Unavailable(fmt::format("CUDA device {}: {}", device, CudaText(status_)));
+  }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+Status Check(cudaError_t e, std::string_view what) {
+  if (e == cudaSuccess) return OkStatus();
+  (void)cudaGetLastError();
+  return Internal(fmt::format("{}: {}", what, CudaText(e)));
+}
+
+// Times work enqueued on the default stream of the current device.
+class EventTimer {
+ public:
+  EventTimer() {
+    ok_ = cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
+    if (ok_) ok_ = cudaEventRecord(start_, nullptr) == cudaSuccess;
+  }
+  ~EventTimer() {
+    if (start_ != nullptr) (void)cudaEventDestroy(start_);
+    if (stop_ != nullptr) (void)cudaEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  // Records the stop event, waits for it, returns the milliseconds between the events.
+  Result<double> Stop() {
+    if (!ok_) return Internal("cudaEventCreate/Record failed");
+    RC_RETURN_IF_ERROR(Check(cudaEventRecord(stop_, nullptr), "cudaEventRecord"));
+    RC_RETURN_IF_ERROR(Check(cudaEventSynchronize(stop_), "waiting for the GPU"));
+    float ms = 0;
+    RC_RETURN_IF_ERROR(Check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime"));
+    return static_cast<double>(ms);
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  bool ok_ = false;
+};
+
+uint8_t BitsModeFor(DType source, DType installed) {
+  using namespace internal;
+  if (source == installed) return kBitsRaw;
+  if (installed == DType::kF32 && source == DType::kBF16) return kBitsF32FromBf16;
+  if (installed == DType::kF32 && source == DType::kF16) return kBitsF32FromF16;
+  if (source == DType::kF32 && installed == DType::kBF16) return kBitsBf16FromF32;
+  if (source == DType::kF32 && installed == DType::kF16) return kBitsF16FromF32;
+  return kBitsMismatch;
+}
+
+struct WalkDim {
+  int64_t size, g, d;  // extent, global index stride, memory stride (elements)
+};
+
+constexpr uint64_t kMaxChunks = uint64_t{1} << 28;
+
+// Appends the chunks of one strided walk (dims outer to inner).
+Status AddWalk(std::vector<WalkDim> dims, uint64_t gbase, uint64_t addr, uint32_t es, uint8_t mode, uint32_t slot,
+               std::vector<DigestChunk>* out, uint64_t* elements) {
+  std::erase_if(dims, [](const WalkDim& d) { return d.size == 1; });
+  for (const WalkDim& d : dims) {
+    if (d.size <= 0) return OkStatus();
+  }
+  if (dims.empty()) dims.push_back({1, 1, 1});
+  // Merge an outer dim into its inner neighbour when both sides are contiguous across them.
+  std::vector<WalkDim> merged = std::move(dims);
+  for (size_t i = merged.size(); i-- > 1;) {
+    WalkDim& outer = merged[i - 1];
+    const WalkDim& inner = merged[i];
+    if (outer.g == inner.size * inner.g && outer.d == inner.size * inner.d) {
+      outer = {outer.size * inner.size, inner.g, inner.d};
+      merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  const WalkDim inner = merged.back();
+  merged.pop_back();
+  const uint64_t per_chunk = std::max<uint64_t>(1, internal::kDigestChunkBytes / es);
+  std::vector<int64_t> idx(merged.size(), 0);
+  int64_t goff = 0, doff = 0;
+  for (;;) {
+    for (int64_t start = 0; start < inner.size; start += static_cast<int64_t>(per_chunk)) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(per_chunk), inner.size - start);
+      DigestChunk c;
+      c.addr = addr + static_cast<uint64_t>((doff + start * inner.d) * static_cast<int64_t>(es));
+      c.gindex = gbase + static_cast<uint64_t>(goff + start * inner.g);
+      c.dstride = inner.d;
+      c.gstride = inner.g;
+      c.count = static_cast<uint32_t>(n);
+      c.slot = slot;
+      c.elem_size = static_cast<uint8_t>(es);
+      c.mode = mode;
+      out->push_back(c);
+      *elements += static_cast<uint64_t>(n);
+    }
+    if (out->size() > kMaxChunks) {
+      return InvalidArgument(fmt::format("digest walk needs more than {} chunks (element-wise strides?)", kMaxChunks));
+    }
+    size_t d = merged.size();
+    for (;;) {
+      if (d == 0) return OkStatus();
+      --d;
+      if (++idx[d] < merged[d].size) {
+        goff += merged[d].g;
+        doff += merged[d].d;
+        break;
+      }
+      goff -= merged[d].g * (merged[d].size - 1);
+      doff -= merged[d].d * (merged[d].size - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string DeviceDescription(int device) {
+  cudaDeviceProp p{};
+  const cudaError_t e = cudaGetDeviceProperties(&p, device);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("device {}: {}", device, CudaText(e));
+  }
+  return fmt::format("{} (sm_{}{}, {:.1f} GiB)", p.name, p.major, p.minor,
+                     static_cast<double>(p.totalGlobalMem) / (1ull << 30));
+}
+
+bool CanAccessPeer(int a, int b) {
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return can != 0;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) {
+    DeviceGuard guard(device_);
+    (void)cudaFree(data_);
+  }
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), device_(std::exchange(o.device_, -1)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    DeviceBuffer old(std::move(*this));
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    device_ = std::exchange(o.device_, -1);
+  }
+  return *this;
+}
+
+Result<DeviceBuffer> DeviceBuffer::Allocate(int device, uint64_t bytes) {
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  DeviceBuffer b;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<uint64_t>(bytes, 1));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Unavailable(fmt::format("cudaMalloc of {} bytes ({:.2f} GiB) on device {}: {}", bytes,
+                                   static_cast<double>(bytes) / (1ull << 30), device, CudaText(e)));
+  }
+  b.data_ = static_cast<std::byte*>(p);
+  b.size_ = bytes;
+  b.device_ = device;
+  return b;
+}
+
+Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, int device) {
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  return Check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host");
+}
+
+Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes, int device) {
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  return Check(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
+}
+
+Status FillBytes(void* device_dst, uint8_t value, uint64_t bytes, int device) {
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  RC_RETURN_IF_ERROR(Check(cudaMemset(device_dst, value, bytes), "cudaMemset"));
+  return Check(cudaDeviceSynchronize(), "cudaMemset");
+}
+
+Result<double> CopyOnDevice(std::span<const DeviceCopy> copies, int device) {
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  std::vector<internal::CopyChunk> chunks;
+  for (const DeviceCopy& c : copies) {
+    for (uint64_t off = 0; off < c.bytes; off += internal::kCopyChunkBytes) {
+      chunks.push_back({reinterpret_cast<uint64_t>(c.src) + off, reinterpret_cast<uint64_t>(c.dst) + off,
+                        std::min<uint64_t>(internal::kCopyChunkBytes, c.bytes - off)});
+    }
+  }
+  if (chunks.empty()) return 0.0;
+  RC_ASSIGN_OR_RETURN(DeviceBuffer table, DeviceBuffer::Allocate(device, chunks.size() * sizeof(internal::CopyChunk)));
+  RC_RETURN_IF_ERROR(Check(cudaMemcpy(table.data(), chunks.data(), table.size(), cudaMemcpyHostToDevice),
+                           "uploading the copy table"));
+  EventTimer timer;
+  RC_RETURN_IF_ERROR(Check(internal::LaunchCopyChunks(reinterpret_cast<const internal::CopyChunk*>(table.data()),
+                                                      chunks.size(), nullptr),
+                           "copy kernel launch"));
+  return timer.Stop();
+}
+
+Result<double> TimedMemcpy(void* dst, int dst_device, const void* src, int src_device, uint64_t bytes) {
+  DeviceGuard guard(dst_device);
+  RC_RETURN_IF_ERROR(guard.status(dst_device));
+  EventTimer timer;
+  const cudaError_t e = dst_device == src_device
+                            ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr)
+                            : cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, nullptr);
+  RC_RETURN_IF_ERROR(Check(e, fmt::format("memcpy of {} bytes from device {} to {}", bytes, src_device, dst_device)));
+  return timer.Stop();
+}
+
+Status ConvertOnDevice(DType from, const void* src, DType to, void* dst, int64_t n, int device) {
+  if (!refit::IsConversionSupported(from, to)) {
+    return InvalidArgument(fmt::format("no conversion from {} to {} on the GPU (supported: identical, bf16<->f32, "
+                                       "f16<->f32)",
+                                       refit::DTypeName(from), refit::DTypeName(to)));
+  }
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  RC_RETURN_IF_ERROR(Check(internal::LaunchConvert(src, static_cast<uint8_t>(from), dst, static_cast<uint8_t>(to), n,
+                                                   nullptr),
+                           "conversion kernel"));
+  return Check(cudaDeviceSynchronize(), "conversion kernel");
+}
+
+Status FillSeeded(int device, void* dst, DType dtype, uint64_t key, const refit::Shape& tensor_shape,
+                  const refit::Box& box) {
+  if (box.ndim() != tensor_shape.size() || !refit::Contains(refit::FullBox(tensor_shape), box)) {
+    return InvalidArgument(fmt::format("seeded fill: box {} is not inside shape {}", refit::BoxToString(box),
+                                       refit::ShapeToString(tensor_shape)));
+  }
+  if (box.ndim() > static_cast<size_t>(internal::kMaxKernelDims)) {
+    return InvalidArgument(fmt::format("seeded fill: {} dims (at most {})", box.ndim(), internal::kMaxKernelDims));
+  }
+  internal::FillArgs a;
+  a.dst = reinterpret_cast<uint64_t>(dst);
+  a.key = key;
+  a.n = box.numel();
+  a.dtype = static_cast<uint8_t>(dtype);
+  a.elem_size = static_cast<uint8_t>(refit::DTypeSize(dtype));
+  a.ndims = static_cast<int32_t>(box.ndim());
+  const refit::Shape g = refit::RowMajorStrides(tensor_shape);
+  for (size_t d = 0; d < box.ndim(); ++d) {
+    a.extent[d] = box.extent[d];
+    a.gstride[d] = g[d];
+    a.gbase += box.start[d] * g[d];
+  }
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  return Check(internal::LaunchSeededFill(a, nullptr), "seeded fill kernel");
+}
+
+// ---- DeviceDigest ---------------------------------------------------------------------------------
+
+}  // namespace rc::cuda
+
+namespace rc::cuda::internal {
+
+Result<DigestTable> BuildBlockDigestTable(std::span<const DeviceBlock> blocks) {
+  DigestTable table;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const DeviceBlock& b = blocks[i];
+    if (b.box.ndim() != b.tensor_shape.size() || !refit::Contains(refit::FullBox(b.tensor_shape), b.box)) {
+      return InvalidArgument(fmt::format("tensor {}: block {} is not inside shape {}", b.tensor,
+                                         refit::BoxToString(b.box), refit::ShapeToString(b.tensor_shape)));
+    }
+    if (b.data == nullptr && b.box.numel() > 0) return InvalidArgument(fmt::format("tensor {}: null block data", b.tensor));
+    const refit::Shape g = refit::RowMajorStrides(b.tensor_shape);
+    const refit::Shape l = refit::RowMajorStrides(b.box.extent);
+    std::vector<WalkDim> dims;
+    int64_t gbase = 0;
+    for (size_t d = 0; d < b.box.ndim(); ++d) {
+      dims.push_back({b.box.extent[d], g[d], l[d]});
+      gbase += b.box.start[d] * g[d];
+    }
+    table.slot_tensors.push_back(b.tensor);
+    if (b.box.numel() == 0) continue;
+    RC_RETURN_IF_ERROR(AddWalk(std::move(dims), static_cast<uint64_t>(gbase), reinterpret_cast<uint64_t>(b.data),
+                               static_cast<uint32_t>(refit::DTypeSize(b.dtype)), kBitsRaw, static_cast<uint32_t>(i),
+                               &table.chunks, &table.elements)
+                           .WithContext(fmt::format("tensor {}", b.tensor)));
+  }
+  return table;
+}
+
+Result<DigestTable> BuildInstalledDigestTable(const refit::Capture& capture, const refit::DestinationBuffers& buffers,
+                                              std::span<const refit::DigestRegion> regions) {
+  DigestTable table;
+  std::unordered_map<std::string, uint32_t> slot_of;
+  for (const refit::DigestRegion& region : regions) {
+    if (region.copy >= capture.copies.size()) {
+      return InvalidArgument(fmt::format("copy index {} out of range", region.copy));
+    }
+    const refit::CapturedCopy& c = capture.copies[region.copy];
+    if (!refit::Contains(c.box, region.box)) {
+      return InvalidArgument(fmt::format("tensor {}: digest region {} is outside the copy's box {}", c.source,
+                                         refit::BoxToString(region.box), refit::BoxToString(c.box)));
+    }
+    const refit::TensorSpec& p = capture.params[c.param];
+    auto it = buffers.find(p.name);
+    if (it == buffers.end() || it->second.size() != p.bytes()) {
+      return FailedPrecondition(fmt::format("destination {}: no installed buffer of {} bytes", p.name, p.bytes()));
+    }
+    auto [slot_it, inserted] = slot_of.emplace(c.source, static_cast<uint32_t>(table.slot_tensors.size()));
+    if (inserted) table.slot_tensors.push_back(c.source);
+    if (region.box.numel() == 0) continue;
+    const size_t n = c.box.ndim();
+    const refit::Shape g = refit::RowMajorStrides(c.source_shape);
+    refit::Shape ds(n, 0);
+    for (size_t k = 0; k < c.view_to_source.size(); ++k) {
+      if (c.view_to_source[k] >= 0) ds[static_cast<size_t>(c.view_to_source[k])] = c.dest_strides[k];
+    }
+    int64_t gbase = 0, dbase = c.dest_offset;
+    std::vector<WalkDim> dims;
+    for (size_t s = 0; s < n; ++s) {
+      gbase += region.box.start[s] * g[s];
+      dbase += (region.box.start[s] - c.box.start[s]) * ds[s];
+      dims.push_back({region.box.extent[s], g[s], ds[s]});
+    }
+    const uint32_t es = static_cast<uint32_t>(refit::DTypeSize(p.dtype));
+    const uint64_t addr = reinterpret_cast<uint64_t>(it->second.data()) + static_cast<uint64_t>(dbase) * es;
+    RC_RETURN_IF_ERROR(AddWalk(std::move(dims), static_cast<uint64_t>(gbase), addr, es,
+                               BitsModeFor(c.source_dtype, p.dtype), slot_it->second, &table.chunks, &table.elements)
+                           .WithContext(fmt::format("tensor {}", c.source)));
+  }
+  return table;
+}
+
+std::vector<uint64_t> EvaluateDigestTableOnHost(const DigestTable& table) {
+  std::vector<uint64_t> sums(table.slot_tensors.size(), 0);
+  for (const DigestChunk& c : table.chunks) {
+    for (uint32_t j = 0; j < c.count; ++j) {
+      const auto* p = reinterpret_cast<const unsigned char*>(c.addr) + static_cast<int64_t>(j) * c.dstride * c.elem_size;
+      uint64_t raw = 0;
+      std::memcpy(&raw, p, c.elem_size);  // little-endian
+      sums[c.slot] += refit::DigestTerm(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
+                                        SourceBitsFromInstalled(c.mode, raw));
+    }
+  }
+  return sums;
+}
+
+}  // namespace rc::cuda::internal
+
+namespace rc::cuda {
+
+Result<DeviceDigest> DeviceDigest::Upload(internal::DigestTable table, int device) {
+  DeviceDigest dd;
+  dd.device_ = device;
+  dd.chunk_count_ = table.chunks.size();
+  dd.elements_ = table.elements;
+  dd.slot_tensors_ = std::move(table.slot_tensors);
+  RC_ASSIGN_OR_RETURN(dd.chunks_, DeviceBuffer::Allocate(device, table.chunks.size() * sizeof(DigestChunk)));
+  RC_ASSIGN_OR_RETURN(dd.sums_, DeviceBuffer::Allocate(device, std::max<size_t>(1, dd.slot_tensors_.size()) * 8));
+  if (!table.chunks.empty()) {
+    RC_RETURN_IF_ERROR(CopyToDevice(dd.chunks_.data(), table.chunks.data(), dd.chunks_.size(), device));
+  }
+  return dd;
+}
+
+Result<DeviceDigest> DeviceDigest::ForBlocks(std::span<const DeviceBlock> blocks, int device) {
+  RC_ASSIGN_OR_RETURN(internal::DigestTable table, internal::BuildBlockDigestTable(blocks));
+  return Upload(std::move(table), device);
+}
+
+Result<DeviceDigest> DeviceDigest::ForInstalled(const refit::Capture& capture, const refit::DestinationBuffers& buffers,
+                                                std::span<const refit::DigestRegion> regions, int device) {
+  RC_ASSIGN_OR_RETURN(internal::DigestTable table, internal::BuildInstalledDigestTable(capture, buffers, regions));
+  return Upload(std::move(table), device);
+}
+
+Result<std::vector<uint64_t>> DeviceDigest::RunSlots(double* kernel_ms) {
+  DeviceGuard guard(device_);
+  RC_RETURN_IF_ERROR(guard.status(device_));
+  std::vector<uint64_t> sums(slot_tensors_.size(), 0);
+  if (sums.empty()) return sums;
+  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(sums_.data(), 0, sums.size() * 8, nullptr), "cudaMemset"));
+  EventTimer timer;
+  RC_RETURN_IF_ERROR(Check(internal::LaunchDigest(reinterpret_cast<const DigestChunk*>(chunks_.data()), chunk_count_,
+                                                  reinterpret_cast<uint64_t*>(sums_.data()), nullptr),
+                           "digest kernel launch"));
+  RC_ASSIGN_OR_RETURN(double ms, timer.Stop());
+  if (kernel_ms != nullptr) *kernel_ms = ms;
+  RC_RETURN_IF_ERROR(Check(cudaMemcpy(sums.data(), sums_.data(), sums.size() * 8, cudaMemcpyDeviceToHost),
+                           "digest kernel"));
+  return sums;
+}
+
+Result<refit::TensorDigests> DeviceDigest::Run(double* kernel_ms) {
+  RC_ASSIGN_OR_RETURN(std::vector<uint64_t> sums, RunSlots(kernel_ms));
+  refit::TensorDigests out;
+  for (size_t i = 0; i < sums.size(); ++i) out[slot_tensors_[i]] += sums[i];
+  return out;
+}
+
+// ---- ExecutePlanOnDevice --------------------------------------------------------------------------
+
+namespace {
+
+void CancelAll(std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>>& transfers, int64_t deadline_ns) {
+  for (auto& [rank, t] : transfers) {
+    if (t->Poll() == transport::TransferState::kPending) t->Cancel();
+  }
+  for (auto& [rank, t] : transfers) (void)t->Wait(deadline_ns);
+}
+
+// The view replay of an install step as kernel arguments (refit/geometry.cc CopyViewFromBlock).
+Result<internal::ViewCopyArgs> ViewCopyFor(const refit::InstallStep& in, const std::byte* staging, std::byte* param) {
+  internal::ViewCopyArgs a;
+  const refit::Shape block_strides = refit::RowMajorStrides(in.block.extent);
+  int64_t src_base = 0;
+  for (size_t s = 0; s < in.block.ndim(); ++s) src_base += (in.box.start[s] - in.block.start[s]) * block_strides[s];
+  a.n = 1;
+  for (size_t k = 0; k < in.view_to_source.size(); ++k) {
+    const int32_t s = in.view_to_source[k];
+    if (s < 0) continue;
+    const int64_t size = in.box.extent[static_cast<size_t>(s)];
+    if (size == 0) {
+      a.n = 0;
+      return a;
+    }
+    if (size == 1) continue;
+    if (a.ndims == internal::kMaxKernelDims) {
+      return InvalidArgument(fmt::format("tensor {}: view has more than {} dims", in.source, internal::kMaxKernelDims));
+    }
+    a.size[a.ndims] = size;
+    a.sstride[a.ndims] = block_strides[static_cast<size_t>(s)];
+    a.dstride[a.ndims] = in.dest_strides[k];
+    ++a.ndims;
+    a.n *= size;
+  }
+  const size_t ses = refit::DTypeSize(in.source_dtype), des = refit::DTypeSize(in.param_dtype);
+  a.src = reinterpret_cast<uint64_t>(staging + src_base * static_cast<int64_t>(ses));
+  a.dst = reinterpret_cast<uint64_t>(param + in.dest_offset * static_cast<int64_t>(des));
+  a.src_dtype = static_cast<uint8_t>(in.source_dtype);
+  a.dst_dtype = static_cast<uint8_t>(in.param_dtype);
+  return a;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PlanImports>> PlanImports::Import(const refit::TransferPlan& plan,
+                                                         transport::Transport& transport) {
+  auto imports = std::unique_ptr<PlanImports>(new PlanImports(transport));
+  std::unordered_map<std::string, transport::RemoteMemory> by_handle;
+  imports->remotes_.resize(plan.sources.size());
+  for (size_t i = 0; i < plan.sources.size(); ++i) {
+    const refit::PlanSource& s = plan.sources[i];
+    const std::string& tensor = s.tensor < plan.tensors.size() ? plan.tensors[s.tensor] : std::string();
+    if (s.handle.empty()) {
+      return FailedPrecondition(fmt::format("tensor {}: shard {} of rank {} has no memory handle", tensor, s.shard, s.rank));
+    }
+    auto it = by_handle.find(s.handle);
+    if (it == by_handle.end()) {
+      auto r = transport.Import(s.handle);
+      if (!r.ok()) return r.status().WithContext(fmt::format("tensor {}: shard of rank {}", tensor, s.rank));
+      imports->distinct_.push_back(*r);
+      it = by_handle.emplace(s.handle, *r).first;
+    }
+    if (it->second.length < s.bytes) {
+      return FailedPrecondition(fmt::format("tensor {}: shard of rank {} registered {} bytes but holds {}", tensor,
+                                            s.rank, it->second.length, s.bytes));
+    }
+    imports->remotes_[i] = it->second;
+  }
+  return imports;
+}
+
+PlanImports::~PlanImports() {
+  for (const transport::RemoteMemory& r : distinct_) (void)transport_.ReleaseRemote(r);
+}
+
+bool EnablePeerAccess(int from, int to) {
+  if (from == to) return true;
+  if (!CanAccessPeer(from, to)) return false;
+  DeviceGuard guard(from);
+  const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+  (void)cudaGetLastError();
+  return e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+}
+
+Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan, transport::Transport& transport,
+                                                const refit::DestinationBuffers& params,
+                                                const DeviceExecuteOptions& options) {
+  if (!transport.capabilities().device_memory) {
+    return FailedPrecondition(fmt::format("transport {} cannot move device memory (use cuda_ipc or nccl)",
+                                          transport.name()));
+  }
+  RC_ASSIGN_OR_RETURN(std::unique_ptr<PlanImports> imports, PlanImports::Import(plan, transport));
+  return ExecutePlanOnDevice(plan, *imports, params, options);
+}
+
+Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan, const PlanImports& imports,
+                                                const refit::DestinationBuffers& params,
+                                                const DeviceExecuteOptions& options) {
+  transport::Transport& transport = imports.transport();
+  if (!transport.capabilities().device_memory) {
+    return FailedPrecondition(fmt::format("transport {} cannot move device memory (use cuda_ipc or nccl)",
+                                          transport.name()));
+  }
+  if (imports.remotes().size() != plan.sources.size()) {
+    return InvalidArgument(fmt::format("imports hold {} sources but the plan has {}", imports.remotes().size(),
+                                       plan.sources.size()));
+  }
+  DeviceGuard guard(options.device);
+  RC_RETURN_IF_ERROR(guard.status(options.device));
+  refit::ExecuteStats stats;
+  Clock& clock = transport.clock();
+  const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
+  const std::vector<transport::RemoteMemory>& remote = imports.remotes();
+
+  std::vector<std::byte*> ptr(plan.buffers.size(), nullptr);
+  auto need_param = [&](uint32_t b) -> Status {
+    if (ptr[b] != nullptr) return OkStatus();
+    const refit::PlanBuffer& pb = plan.buffers[b];
+    auto it = params.find(pb.name);
+    if (it == params.end() || it->second.size() != pb.bytes) {
+      return FailedPrecondition(fmt::format("destination {}: no device buffer of {} bytes given", pb.name, pb.bytes));
+    }
+    ptr[b] = it->second.data();
+    return OkStatus();
+  };
+  for (uint64_t i = 0; i < plan.direct_runs; ++i) RC_RETURN_IF_ERROR(need_param(plan.runs[i].buffer));
+  for (const refit::InstallStep& s : plan.installs) RC_RETURN_IF_ERROR(need_param(s.param));
+
+  size_t step = 0;
+  bool first = true;
+  while (first || step < plan.installs.size()) {
+    const size_t wave_begin = step;
+    uint64_t wave_bytes = 0;
+    std::vector<uint64_t> offsets;
+    while (step < plan.installs.size()) {
+      const uint64_t b = plan.buffers[plan.installs[step].staging].bytes;
+      if (step > wave_begin && wave_bytes + b > options.max_staging_bytes) break;
+      offsets.push_back(wave_bytes);
+      wave_bytes += (b + 255) & ~uint64_t{255};
+      ++step;
+    }
+    DeviceBuffer staging;
+    if (wave_bytes > 0) {
+      RC_ASSIGN_OR_RETURN(staging, DeviceBuffer::Allocate(options.device, wave_bytes));
+      for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = staging.data() + offsets[s - wave_begin];
+    }
+    std::map<int32_t, std::vector<transport::ReadOp>> batches;
+    auto add_runs = [&](uint64_t begin, uint64_t end) -> Status {
+      for (uint64_t i = begin; i < end; ++i) {
+        const refit::ReadRun& r = plan.runs[i];
+        if (r.dest_offset > plan.buffers[r.buffer].bytes || r.length > plan.buffers[r.buffer].bytes - r.dest_offset) {
+          return Internal(fmt::format("plan run {} writes bytes {}..{} of {} ({} bytes)", i, r.dest_offset,
+                                      r.dest_offset + r.length, plan.buffers[r.buffer].name,
+                                      plan.buffers[r.buffer].bytes));
+        }
+        batches[plan.sources[r.source].rank].push_back(
+            transport::ReadOp{remote[r.source], r.source_offset, ptr[r.buffer] + r.dest_offset, r.length});
+        stats.bytes_read += r.length;
+        stats.reads++;
+      }
+      return OkStatus();
+    };
+    if (first) RC_RETURN_IF_ERROR(add_runs(0, plan.direct_runs));
+    for (size_t s = wave_begin; s < step; ++s) {
+      RC_RETURN_IF_ERROR(add_runs(plan.installs[s].run_begin, plan.installs[s].run_end));
+    }
+    std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>> transfers;
+    for (auto& [rank, ops] : batches) {
+      auto t = transport.PostReads(ops);
+      if (!t.ok()) {
+        CancelAll(transfers, deadline);
+        return t.status().WithContext(fmt::format("posting reads from rank {}", rank));
+      }
+      transfers.emplace_back(rank, std::move(t).value());
+      stats.batches++;
+    }
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      Status s = transfers[i].second->Wait(deadline);
+      if (!s.ok()) {
+        CancelAll(transfers, deadline);
+        return s.WithContext(fmt::format("reads from rank {}", transfers[i].first));
+      }
+    }
+    for (size_t s = wave_begin; s < step; ++s) {
+      const refit::InstallStep& in = plan.installs[s];
+      RC_ASSIGN_OR_RETURN(internal::ViewCopyArgs a, ViewCopyFor(in, ptr[in.staging], ptr[in.param]));
+      RC_RETURN_IF_ERROR(Check(internal::LaunchViewCopy(a, nullptr), fmt::format("install of {}", in.source)));
+      ptr[in.staging] = nullptr;
+      stats.installs++;
+    }
+    RC_RETURN_IF_ERROR(Check(cudaDeviceSynchronize(), "install kernels"));
+    stats.waves++;
+    first = false;
+  }
+  return stats;
+}
+
+// ---- GpuOwner -------------------------------------------------------------------------------------
+
+GpuOwner::~GpuOwner() {
+  if (transport_) {
+    for (uint64_t id : registrations_) (void)transport_->Deregister(id);
+  }
+}
+
+Result<std::unique_ptr<GpuOwner>> GpuOwner::Start(const GpuOwnerOptions& o) {
+  auto owner = std::unique_ptr<GpuOwner>(new GpuOwner());
+  transport::TransportOptions topts;
+  topts.device = o.device;
+  RC_ASSIGN_OR_RETURN(owner->transport_, transport::CreateTransport(o.transport, topts));
+  RC_ASSIGN_OR_RETURN(refit::Manifest m, refit::MakeTrainerManifest(o.config, o.layout, o.version));
+  m.model = o.config.name;
+  // One allocation; shards 256-byte aligned inside it.
+  std::vector<std::vector<uint64_t>> offsets(m.tables.size());
+  uint64_t total = 0;
+  for (size_t t = 0; t < m.tables.size(); ++t) {
+    for (const refit::ShardInfo& s : m.tables[t].shards) {
+      offsets[t].push_back(total);
+      const uint64_t bytes = static_cast<uint64_t>(refit::NumElements(s.shape)) * refit::DTypeSize(m.tables[t].dtype);
+      total += (bytes + 255) & ~uint64_t{255};
+      owner->bytes_ += bytes;
+    }
+  }
+  RC_ASSIGN_OR_RETURN(owner->arena_, DeviceBuffer::Allocate(o.device, total));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<DeviceBlock> blocks;
+  for (size_t t = 0; t < m.tables.size(); ++t) {
+    refit::ShardTable& table = m.tables[t];
+    const uint64_t key = SeededTensorKey(o.seed, table.name);
+    for (size_t i = 0; i < table.shards.size(); ++i) {
+      refit::ShardInfo& s = table.shards[i];
+      std::byte* p = owner->arena_.data() + offsets[t][i];
+      RC_RETURN_IF_ERROR(FillSeeded(o.device, p, table.dtype, key, table.shape, s.box())
+                             .WithContext(fmt::format("tensor {} rank {}", table.name, s.rank)));
+      blocks.push_back({table.name, table.dtype, table.shape, s.box(), p});
+    }
+  }
+  {
+    DeviceGuard guard(o.device);
+    RC_RETURN_IF_ERROR(Check(cudaDeviceSynchronize(), "seeded fill"));
+  }
+  owner->fill_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  RC_ASSIGN_OR_RETURN(DeviceDigest digest, DeviceDigest::ForBlocks(blocks, o.device));
+  RC_ASSIGN_OR_RETURN(std::vector<uint64_t> sums, digest.RunSlots(&owner->digest_ms_));
+  size_t k = 0;
+  for (size_t t = 0; t < m.tables.size(); ++t) {
+    refit::ShardTable& table = m.tables[t];
+    for (size_t i = 0; i < table.shards.size(); ++i, ++k) {
+      refit::ShardInfo& s = table.shards[i];
+      s.digest = sums[k];
+      const uint64_t bytes = static_cast<uint64_t>(refit::NumElements(s.shape)) * refit::DTypeSize(table.dtype);
+      if (bytes == 0) continue;
+      auto reg = owner->transport_->RegisterMemory(
+          {owner->arena_.data() + offsets[t][i], bytes, transport::MemoryKind::kDevice, o.device});
+      if (!reg.ok()) return reg.status().WithContext(fmt::format("registering tensor {} rank {}", table.name, s.rank));
+      owner->registrations_.push_back(reg->id);
+      s.handle = reg->descriptor;
+    }
+  }
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests per_tensor, refit::TensorDigestsFromShards(m));
+  m.content_digest = refit::CombineTensorDigests(per_tensor);
+  owner->manifest_ = std::move(m);
+  owner->blocks_ = std::move(blocks);
+  return owner;
+}
+
+}  // namespace rc::cuda

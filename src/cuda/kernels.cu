@@ -1,0 +1,251 @@
+// CUDA kernels of the GPU data plane: content digest, batched device copies, strided view copy
+// with dtype conversion, seeded fill. The digest term and the seeded values are the constexpr host
+// functions themselves (rc::refit::DigestTerm, rc::cuda::SeededElementBits), called from device
+// code through --expt-relaxed-constexpr, so GPU and CPU cannot drift apart.
+#include <cuda_runtime.h>
+
+#include "cuda/dtype_bits.h"
+#include "cuda/kernels.h"
+#include "rolloutcore/base/hash.h"
+#include "rolloutcore/cuda/seeded.h"
+
+namespace rc::cuda::internal {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Same formula as rc::refit::DigestTerm (digest.h), which includes more than device code needs.
+__device__ __forceinline__ uint64_t Term(uint64_t index, uint64_t bits) { return rc::Mix64(rc::Mix64(index) ^ bits); }
+
+template <int ES>
+__device__ __forceinline__ uint64_t LoadRaw(const unsigned char* p) {
+  if constexpr (ES == 1) return *p;
+  if constexpr (ES == 2) return *reinterpret_cast<const uint16_t*>(p);
+  if constexpr (ES == 4) return *reinterpret_cast<const uint32_t*>(p);
+  if constexpr (ES == 8) return *reinterpret_cast<const unsigned long long*>(p);
+  return 0;
+}
+
+template <int ES, int MODE>
+__device__ uint64_t ChunkSum(const DigestChunk& c) {
+  const auto* base = reinterpret_cast<const unsigned char*>(c.addr);
+  uint64_t sum = 0;
+  if (c.dstride == 1 && c.gstride == 1 && (c.addr & 15) == 0) {
+    constexpr int kPer = 16 / ES;
+    constexpr uint64_t kMask = ES == 8 ? ~0ull : ((1ull << (8 * ES)) - 1);
+    const uint32_t nvec = c.count / kPer;
+    const auto* v = reinterpret_cast<const uint4*>(base);
+    for (uint32_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+      const uint4 q = __ldg(v + i);
+      const uint64_t w[2] = {q.x | (static_cast<uint64_t>(q.y) << 32), q.z | (static_cast<uint64_t>(q.w) << 32)};
+      const uint64_t g0 = c.gindex + static_cast<uint64_t>(i) * kPer;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
+        sum += Term(g0 + k, SourceBitsFromInstalled(MODE, raw));
+      }
+    }
+    for (uint32_t j = nvec * kPer + threadIdx.x; j < c.count; j += blockDim.x) {
+      sum += Term(c.gindex + j, SourceBitsFromInstalled(MODE, LoadRaw<ES>(base + static_cast<uint64_t>(j) * ES)));
+    }
+  } else {
+    for (uint32_t j = threadIdx.x; j < c.count; j += blockDim.x) {
+      const unsigned char* p = base + static_cast<int64_t>(j) * c.dstride * ES;
+      sum += Term(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
+                  SourceBitsFromInstalled(MODE, LoadRaw<ES>(p)));
+    }
+  }
+  return sum;
+}
+
+__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
+  const DigestChunk c = chunks[blockIdx.x];
+  uint64_t sum = 0;
+  switch (c.elem_size * 16 + c.mode) {
+    case 1 * 16 + kBitsRaw: sum = ChunkSum<1, kBitsRaw>(c); break;
+    case 2 * 16 + kBitsRaw: sum = ChunkSum<2, kBitsRaw>(c); break;
+    case 4 * 16 + kBitsRaw: sum = ChunkSum<4, kBitsRaw>(c); break;
+    case 8 * 16 + kBitsRaw: sum = ChunkSum<8, kBitsRaw>(c); break;
+    case 4 * 16 + kBitsF32FromBf16: sum = ChunkSum<4, kBitsF32FromBf16>(c); break;
+    case 4 * 16 + kBitsF32FromF16: sum = ChunkSum<4, kBitsF32FromF16>(c); break;
+    case 2 * 16 + kBitsBf16FromF32: sum = ChunkSum<2, kBitsBf16FromF32>(c); break;
+    case 2 * 16 + kBitsF16FromF32: sum = ChunkSum<2, kBitsF16FromF32>(c); break;
+    case 1 * 16 + kBitsMismatch: sum = ChunkSum<1, kBitsMismatch>(c); break;
+    case 2 * 16 + kBitsMismatch: sum = ChunkSum<2, kBitsMismatch>(c); break;
+    case 4 * 16 + kBitsMismatch: sum = ChunkSum<4, kBitsMismatch>(c); break;
+    case 8 * 16 + kBitsMismatch: sum = ChunkSum<8, kBitsMismatch>(c); break;
+    default: sum = 0; break;  // the host never builds other chunks
+  }
+  // Block reduction: warps, then the first warp.
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+  __shared__ uint64_t warp_sums[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if (lane == 0) atomicAdd(reinterpret_cast<unsigned long long*>(sums + c.slot), static_cast<unsigned long long>(sum));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) CopyKernel(const CopyChunk* chunks) {
+  const CopyChunk c = chunks[blockIdx.x];
+  auto* dst = reinterpret_cast<unsigned char*>(c.dst);
+  const auto* src = reinterpret_cast<const unsigned char*>(c.src);
+  uint64_t done = 0;
+  if (((c.src | c.dst) & 15) == 0) {
+    const uint64_t nvec = c.bytes / 16;
+    auto* d = reinterpret_cast<uint4*>(dst);
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    for (uint64_t i = threadIdx.x; i < nvec; i += blockDim.x) d[i] = __ldg(s + i);
+    done = nvec * 16;
+  }
+  for (uint64_t i = done + threadIdx.x; i < c.bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+template <typename S, typename D>
+__device__ __forceinline__ D ConvertElement(S s, uint8_t from, uint8_t to) {
+  using refit::DType;
+  if (from == to) return static_cast<D>(s);
+  const auto f = static_cast<DType>(from), t = static_cast<DType>(to);
+  if (t == DType::kF32 && f == DType::kBF16) return static_cast<D>(Bf16ToF32Bits(static_cast<uint16_t>(s)));
+  if (t == DType::kF32 && f == DType::kF16) return static_cast<D>(F16ToF32Bits(static_cast<uint16_t>(s)));
+  if (f == DType::kF32 && t == DType::kBF16) return static_cast<D>(F32BitsToBf16(static_cast<uint32_t>(s)));
+  if (f == DType::kF32 && t == DType::kF16) return static_cast<D>(F32BitsToF16(static_cast<uint32_t>(s)));
+  return static_cast<D>(0);
+}
+
+template <typename S, typename D>
+__global__ void ViewCopyKernel(ViewCopyArgs a) {
+  const auto* src = reinterpret_cast<const S*>(a.src);
+  auto* dst = reinterpret_cast<D*>(a.dst);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, so = 0, dof = 0;
+    for (int d = a.ndims - 1; d >= 0; --d) {
+      const int64_t idx = rest % a.size[d];
+      rest /= a.size[d];
+      so += idx * a.sstride[d];
+      dof += idx * a.dstride[d];
+    }
+    dst[dof] = ConvertElement<S, D>(src[so], a.src_dtype, a.dst_dtype);
+  }
+}
+
+template <typename T>
+__global__ void FillKernel(FillArgs a) {
+  auto* dst = reinterpret_cast<T*>(a.dst);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, g = a.gbase;
+    for (int d = a.ndims - 1; d >= 0; --d) {
+      g += (rest % a.extent[d]) * a.gstride[d];
+      rest /= a.extent[d];
+    }
+    dst[i] = static_cast<T>(SeededElementBits(a.dtype, a.key, static_cast<uint64_t>(g)));
+  }
+}
+
+template <typename S, typename D>
+__global__ void ConvertKernel(const S* src, uint8_t from, D* dst, uint8_t to, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = ConvertElement<S, D>(src[i], from, to);
+  }
+}
+
+unsigned GridFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
+}
+
+template <typename S>
+cudaError_t ViewCopyFrom(const ViewCopyArgs& a, int dst_size, cudaStream_t stream) {
+  switch (dst_size) {
+    case 1: ViewCopyKernel<S, uint8_t><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    case 2: ViewCopyKernel<S, uint16_t><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    case 4: ViewCopyKernel<S, uint32_t><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    case 8: ViewCopyKernel<S, unsigned long long><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ConvertFrom(const void* src, uint8_t from, void* dst, uint8_t to, int dst_size, int64_t n,
+                        cudaStream_t stream) {
+  const auto* s = static_cast<const S*>(src);
+  switch (dst_size) {
+    case 1: ConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(s, from, static_cast<uint8_t*>(dst), to, n); break;
+    case 2: ConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(s, from, static_cast<uint16_t*>(dst), to, n); break;
+    case 4: ConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(s, from, static_cast<uint32_t*>(dst), to, n); break;
+    case 8:
+      ConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(s, from, static_cast<unsigned long long*>(dst), to, n);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+int SizeOf(uint8_t dtype) { return static_cast<int>(refit::DTypeSize(static_cast<refit::DType>(dtype))); }
+
+}  // namespace
+
+cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream) {
+  // gridDim.x may be up to 2^31 - 1 blocks.
+  constexpr uint64_t kMaxBlocks = (1ull << 31) - 1;
+  for (uint64_t begin = 0; begin < count; begin += kMaxBlocks) {
+    const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
+    DigestKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(chunks + begin, sums);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyChunks(const CopyChunk* chunks, uint64_t count, cudaStream_t stream) {
+  constexpr uint64_t kMaxBlocks = (1ull << 31) - 1;
+  for (uint64_t begin = 0; begin < count; begin += kMaxBlocks) {
+    const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
+    CopyKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(chunks + begin);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchViewCopy(const ViewCopyArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return cudaSuccess;
+  const int dst_size = SizeOf(a.dst_dtype);
+  switch (SizeOf(a.src_dtype)) {
+    case 1: return ViewCopyFrom<uint8_t>(a, dst_size, stream);
+    case 2: return ViewCopyFrom<uint16_t>(a, dst_size, stream);
+    case 4: return ViewCopyFrom<uint32_t>(a, dst_size, stream);
+    case 8: return ViewCopyFrom<unsigned long long>(a, dst_size, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchSeededFill(const FillArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return cudaSuccess;
+  switch (a.elem_size) {
+    case 1: FillKernel<uint8_t><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    case 2: FillKernel<uint16_t><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    case 4: FillKernel<uint32_t><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    case 8: FillKernel<unsigned long long><<<GridFor(a.n), kThreads, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchConvert(const void* src, uint8_t src_dtype, void* dst, uint8_t dst_dtype, int64_t n,
+                          cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const int dst_size = SizeOf(dst_dtype);
+  switch (SizeOf(src_dtype)) {
+    case 1: return ConvertFrom<uint8_t>(src, src_dtype, dst, dst_dtype, dst_size, n, stream);
+    case 2: return ConvertFrom<uint16_t>(src, src_dtype, dst, dst_dtype, dst_size, n, stream);
+    case 4: return ConvertFrom<uint32_t>(src, src_dtype, dst, dst_dtype, dst_size, n, stream);
+    case 8: return ConvertFrom<unsigned long long>(src, src_dtype, dst, dst_dtype, dst_size, n, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace rc::cuda::internal

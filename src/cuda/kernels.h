@@ -1,0 +1,75 @@
+// Launchers of the CUDA kernels of the GPU data plane (kernels.cu). Plain argument structs, no
+// refit types, so this header compiles in host C++ and in CUDA. Every launcher enqueues on
+// `stream` and returns the launch error (cudaSuccess when enqueued).
+//
+// Thread safety: launchers may be called from any thread with the right device current.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace rc::cuda::internal {
+
+inline constexpr int kMaxKernelDims = 16;
+
+// A run of elements the digest kernel sums (one thread block per chunk).
+struct DigestChunk {
+  uint64_t addr = 0;    // device address of the first installed element
+  uint64_t gindex = 0;  // its global row-major index in the source tensor
+  int64_t dstride = 1;  // memory step between elements, in elements
+  int64_t gstride = 1;  // global index step between elements
+  uint32_t count = 0;   // elements
+  uint32_t slot = 0;    // output accumulator index
+  uint8_t elem_size = 2;  // bytes per installed element: 1, 2, 4 or 8
+  uint8_t mode = 0;       // BitsMode (dtype_bits.h)
+  uint8_t pad[6] = {};
+};
+static_assert(sizeof(DigestChunk) == 48);
+inline constexpr uint32_t kDigestChunkBytes = 128 * 1024;  // contiguous chunks are cut at this size
+
+// sums[slot] += sum of DigestTerm over each chunk (mod 2^64; sums must start zeroed).
+cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream);
+
+struct CopyChunk {
+  uint64_t src = 0, dst = 0, bytes = 0;
+};
+inline constexpr uint64_t kCopyChunkBytes = 1 << 20;
+// Device-to-device copies of every chunk (one block per chunk; 16-byte accesses when aligned).
+cudaError_t LaunchCopyChunks(const CopyChunk* chunks, uint64_t count, cudaStream_t stream);
+
+// Strided view copy with dtype conversion: element i (row-major over size[0..ndims)) is read at
+// src + sum(idx[d] * sstride[d]) and written at dst + sum(idx[d] * dstride[d]) (strides in
+// elements of the respective dtype). dtypes are refit::DType values; the pair must be identical or
+// one of bf16/f16 <-> f32.
+struct ViewCopyArgs {
+  uint64_t src = 0, dst = 0;
+  int64_t n = 0;
+  int32_t ndims = 0;
+  uint8_t src_dtype = 0, dst_dtype = 0;
+  int64_t size[kMaxKernelDims] = {};
+  int64_t sstride[kMaxKernelDims] = {};
+  int64_t dstride[kMaxKernelDims] = {};
+};
+cudaError_t LaunchViewCopy(const ViewCopyArgs& args, cudaStream_t stream);
+
+// Fills a dense row-major box with SeededElementBits(dtype, key, global index), where the global
+// index of box element (c_0..c_{k-1}) is gbase + sum(c_d * gstride[d]).
+struct FillArgs {
+  uint64_t dst = 0;
+  uint64_t key = 0;
+  int64_t n = 0;
+  int64_t gbase = 0;
+  int32_t ndims = 0;
+  uint8_t dtype = 0;
+  uint8_t elem_size = 2;
+  int64_t extent[kMaxKernelDims] = {};
+  int64_t gstride[kMaxKernelDims] = {};
+};
+cudaError_t LaunchSeededFill(const FillArgs& args, cudaStream_t stream);
+
+// Converts n contiguous elements (dtypes as refit::DType values; identical or bf16/f16 <-> f32).
+cudaError_t LaunchConvert(const void* src, uint8_t src_dtype, void* dst, uint8_t dst_dtype, int64_t n,
+                          cudaStream_t stream);
+
+}  // namespace rc::cuda::internal
