@@ -9,7 +9,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libspdlog-dev libfmt-dev libxxhash-dev libsqlite3-dev sqlite3 libucx-dev
   clang clang-format clang-tidy libclang-rt-dev
-  python3 python3-pip
+  python3 python3-pip python3-dev pybind11-dev
   etcd-server
 )
 
@@ -32,11 +32,12 @@ else
   echo "[install-deps] Debian packages: all present"
 fi
 
-# Python packages used by tests and tools (pip installs only what is missing).
-PY_PACKAGES=(numpy pytest)
+# Python packages used by tests and tools (pip installs only what is missing), as
+# pip-name:import-name. scikit-build-core builds the Python package (`pip install .`).
+PY_PACKAGES=(numpy:numpy pytest:pytest scikit-build-core:scikit_build_core)
 py_missing=()
-for p in "${PY_PACKAGES[@]}"; do
-  python3 -c "import $p" 2>/dev/null || py_missing+=("$p")
+for entry in "${PY_PACKAGES[@]}"; do
+  python3 -c "import ${entry#*:}" 2>/dev/null || py_missing+=("${entry%%:*}")
 done
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "[install-deps] pip install: ${py_missing[*]}"

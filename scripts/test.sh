@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything and runs the test suite.
 #
-#   ./scripts/test.sh            dev build, every test except those labelled gpu or slow
+#   ./scripts/test.sh            dev build, every test except those labelled gpu or slow; the dev
+#                                preset also builds the Python extension and runs the pytest suite
+#                                (python/tests, CTest test python_tests, labels e2e and python)
 #   ./scripts/test.sh asan       AddressSanitizer+UBSan build, unit and fault tests
 #   ./scripts/test.sh tsan       ThreadSanitizer build, unit and fault tests
 #   ./scripts/test.sh release    optimized build, same tests as dev

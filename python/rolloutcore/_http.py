@@ -1,0 +1,85 @@
+"""JSON over HTTP with the standard library only (urllib), shared by the pure-Python clients."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Mapping, Optional
+
+from .errors import DeadlineExceededError, UnavailableError, from_http
+
+
+def _error_message(body: Any, raw: str) -> tuple:
+    """(code, message) from the error shapes the servers use.
+
+    Controller and engine: ``{"error": msg, "code": Name}``; trainer: ``{"error": {"code", "message"}}``.
+    """
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return err.get("code"), str(err.get("message", raw))
+        if err is not None:
+            code = body.get("code")  # the engine sends its HTTP status here, the controller a name
+            return (code if isinstance(code, str) else None), str(err)
+    return None, raw.strip() or "(empty body)"
+
+
+class JsonHttp:
+    """A base URL plus a timeout; every call is one request on a fresh connection."""
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Any] = None,
+        query: Optional[Mapping[str, Any]] = None,
+        timeout_s: Optional[float] = None,
+        raw: bool = False,
+    ) -> Any:
+        """Sends one request; returns the decoded JSON (or text with ``raw``).
+
+        Raises the rolloutcore.errors class for the server's error code / HTTP status, and
+        UnavailableError / DeadlineExceededError when the server cannot be reached in time.
+        """
+        url = self.base_url + path
+        if query:
+            q = {k: v for k, v in query.items() if v is not None}
+            if q:
+                url += "?" + urllib.parse.urlencode(q)
+        data = None
+        headers: Dict[str, str] = {}
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        elif method in ("POST", "PUT"):
+            data = b""
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
+                text = resp.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode("utf-8", errors="replace")
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+            code, message = _error_message(parsed, text)
+            raise from_http(e.code, code, f"{method} {url}: {message}") from None
+        except (socket.timeout, TimeoutError) as e:
+            raise DeadlineExceededError(f"{method} {url}: no answer within {timeout_s or self.timeout_s} s") from e
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (socket.timeout, TimeoutError)):
+                raise DeadlineExceededError(f"{method} {url}: no answer within {timeout_s or self.timeout_s} s") from e
+            raise UnavailableError(f"{method} {url}: {e.reason}") from e
+        except ConnectionError as e:
+            raise UnavailableError(f"{method} {url}: {e}") from e
+        if raw:
+            return text
+        return json.loads(text) if text.strip() else {}

@@ -1,0 +1,235 @@
+"""Publisher: one trainer rank publishes the shards it owns, zero-copy.
+
+The C++ ``rc::trainer::Publisher`` (docs/trainer.md) registers each shard's memory with a
+transport, digests it and publishes the rank's shard table to the directory; the directory
+commits a version once every rank has published. Engines then pull the bytes they need straight
+out of this process's memory. This wrapper adds typed signatures, ``copy=True`` and whole-dict
+publishing.
+
+Zero-copy rules (docs/python.md):
+
+* ``add_shard`` takes the caller's memory through DLPack (``__dlpack__``: numpy >= 1.22, torch
+  CPU tensors) or the buffer protocol and copies nothing. The array is kept alive, and must stay
+  unchanged, until ``release(version)``: engines read it at any time after ``publish``.
+* Transport ``shm`` (default; same host) can only register shared memory: allocate shard memory
+  with ``Publisher.allocate(shape, dtype)`` and write the weights into it. Other memory is refused
+  with InvalidArgumentError at ``add_shard``.
+* Transport ``ucx`` (when built) registers any host memory: plain numpy arrays and torch CPU
+  tensors are published in place.
+* ``copy=True`` is the explicit copy: the array (any device, dtype convertible, any strides) is
+  copied once into a new shared allocation, which is then published zero-copy.
+* CUDA tensors are refused (this build has no CUDA transport) unless ``copy=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .refit import core
+
+DTypeLike = Any  # a refit name ("bf16", "f32"), a numpy dtype, or a torch dtype
+
+_TORCH_TO_REFIT = {
+    "float32": "f32",
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "float8_e4m3fn": "f8_e4m3",
+    "float8_e5m2": "f8_e5m2",
+    "int8": "i8",
+    "uint8": "u8",
+    "int32": "i32",
+    "int64": "i64",
+}
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def refit_dtype_name(dtype: DTypeLike) -> str:
+    """The refit name (f32, bf16, ...) of a refit name, numpy dtype or torch dtype."""
+    if isinstance(dtype, str):
+        return _TORCH_TO_REFIT.get(dtype, dtype)
+    text = str(dtype)
+    if text.startswith("torch."):
+        name = text[len("torch.") :]
+        if name in _TORCH_TO_REFIT:
+            return _TORCH_TO_REFIT[name]
+        raise ValueError(f"torch dtype {text} has no refit dtype (refit: {', '.join(sorted(set(_TORCH_TO_REFIT.values())))})")
+    import numpy as np
+
+    return _TORCH_TO_REFIT.get(np.dtype(dtype).name, np.dtype(dtype).name)
+
+
+def allocate(shape: Sequence[int], dtype: DTypeLike) -> Any:
+    """A zero-filled numpy array over new shared memory (memfd), registrable by the shm transport.
+
+    bf16 allocations are ``uint16`` arrays holding the bf16 bits (numpy has no bfloat16), f8 ones
+    ``uint8``; view them as torch tensors without a copy with
+    ``torch.from_numpy(a).view(torch.bfloat16)``. The memory lives as long as any array or tensor
+    viewing it (and as long as a Publisher holds a shard inside it).
+    """
+    return core().allocate([int(d) for d in shape], dtype)
+
+
+def _bf16_bits(values: Any) -> Any:
+    """float32 numpy values -> bf16 bits (round to nearest even, NaN kept quiet), as uint16."""
+    import numpy as np
+
+    f = np.ascontiguousarray(values, dtype=np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(f), np.uint16(0x7FC0), rounded)
+
+
+class Publisher:
+    """One trainer rank's publisher for one model in one directory.
+
+    ``Publisher(directory_url, model, rank=r, world_size=n, transport="shm")``. Each rank of an
+    n-rank trainer makes its own (usually in its own process). The version commits when all n
+    ranks published it. A lease (``lease_ttl_ms``) is renewed in the background while the
+    Publisher lives; a crashed trainer's STAGING versions become ABANDONED after one TTL.
+
+    Thread safety: methods may be called from several threads; ``publish`` releases the GIL.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        model: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        transport: str = "shm",
+        lease_ttl_ms: int = 30_000,
+        keepalive_interval_ms: int = 0,
+    ) -> None:
+        self._impl = core().Publisher(
+            directory, model, rank, world_size, transport, lease_ttl_ms, keepalive_interval_ms
+        )
+
+    allocate = staticmethod(allocate)
+
+    @property
+    def model(self) -> str:
+        return self._impl.model
+
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._impl.world_size
+
+    @property
+    def transport(self) -> str:
+        return self._impl.transport
+
+    def add_shard(
+        self,
+        version: str,
+        name: str,
+        array: Any,
+        *,
+        offset: Optional[Sequence[int]] = None,
+        global_shape: Optional[Sequence[int]] = None,
+        dtype: Optional[DTypeLike] = None,
+        copy: bool = False,
+    ) -> None:
+        """Stages the box ``[offset, offset + array.shape)`` of tensor ``name`` for ``version``.
+
+        ``offset`` defaults to zeros and ``global_shape`` to ``array.shape`` (a whole tensor).
+        ``dtype`` reinterprets raw bits of the same width (a uint16 array as ``"bf16"``); with
+        ``copy=True`` it converts instead. Geometry is checked at once (box inside the tensor, no
+        overlap with this rank's other shards of it, same dtype and global shape as earlier
+        shards): InvalidArgumentError naming the tensor, rank and version.
+        """
+        if copy:
+            array, dtype = self._copy_to_shared(array, dtype)
+        self._impl.add_shard(
+            version,
+            name,
+            array,
+            offset=None if offset is None else [int(x) for x in offset],
+            global_shape=None if global_shape is None else [int(x) for x in global_shape],
+            dtype=None if dtype is None else refit_dtype_name(dtype),
+        )
+
+    def add_tensors(
+        self, version: str, tensors: Mapping[str, Any], *, dtype: Optional[DTypeLike] = None, copy: bool = False
+    ) -> None:
+        """Stages whole tensors (offset zero, global shape = the array's shape), name -> array."""
+        for name, array in tensors.items():
+            self.add_shard(version, name, array, dtype=dtype, copy=copy)
+
+    def publish(self, version: str) -> Dict[str, Any]:
+        """Registers, digests and publishes this rank's shards of ``version``.
+
+        Returns ``{version, state, ranks_published, expected_ranks, commit_seq, content_digest,
+        lease_id, shards, bytes, register_ms, digest_ms, publish_ms, tensor_digests}``; ``state``
+        is ``COMMITTED`` when this publish completed the version (``content_digest`` is then the
+        version's), else ``STAGING``. A refused publish leaves the version staged (retry or
+        release).
+        """
+        return self._impl.publish(version)
+
+    def publish_empty(self, version: str) -> Dict[str, Any]:
+        """Publishes a rank that owns nothing of ``version`` (its publish still counts)."""
+        return self._impl.publish_empty(version)
+
+    def release(self, version: str, in_directory: bool = True) -> None:
+        """Deregisters the version's memory and drops the arrays; with ``in_directory`` also
+        releases it in the directory first (so no engine discovers it afterwards)."""
+        self._impl.release(version, in_directory)
+
+    def shards(self, version: str) -> List[Dict[str, Any]]:
+        """This rank's shards of ``version``: ``{name, dtype, global_shape, offset, shape,
+        data_ptr, bytes, source, published, handle, digest}`` (``data_ptr`` is the registered
+        address: the caller's own memory)."""
+        return self._impl.shards(version)
+
+    def versions(self) -> List[str]:
+        return self._impl.versions()
+
+    def is_published(self, version: str) -> bool:
+        return self._impl.is_published(version)
+
+    def close(self, release_in_directory: bool = True) -> None:
+        """Releases every version this Publisher holds (in the directory too, by default: their
+        memory is about to go away)."""
+        for v in self.versions():
+            self.release(v, release_in_directory)
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- the explicit copy ---------------------------------------------------------------
+
+    def _copy_to_shared(self, array: Any, dtype: Optional[DTypeLike]) -> Any:
+        if _is_torch(array):
+            import torch
+
+            t = array.detach()
+            name = refit_dtype_name(dtype if dtype is not None else t.dtype)
+            buf = allocate(tuple(t.shape), name)
+            dst = torch.from_numpy(buf)
+            view = {"bf16": torch.bfloat16, "f8_e4m3": getattr(torch, "float8_e4m3fn", None),
+                    "f8_e5m2": getattr(torch, "float8_e5m2", None)}.get(name)
+            if view is not None:
+                dst = dst.view(view)
+            dst.copy_(t)  # device -> host, dtype conversion and strides, in one copy
+            return dst, name
+        import numpy as np
+
+        a = np.asarray(array)
+        name = refit_dtype_name(dtype if dtype is not None else a.dtype)
+        buf = allocate(a.shape, name)
+        if name == "bf16" and a.dtype != np.uint16:
+            buf[...] = _bf16_bits(a)
+        else:
+            np.copyto(buf, a, casting="same_kind")
+        return buf, name

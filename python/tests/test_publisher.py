@@ -1,0 +1,269 @@
+"""Publisher end to end: publish -> directory commit -> engine stage/install -> live digest,
+rollouts bound to the version, zero-copy evidence, and the errors for bad input."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import rolloutcore
+from rolloutcore import errors
+from rolloutcore.refit import core
+from conftest import MODEL, expected_digest, shared_copy, tiny_weights
+
+
+def publish_all(cluster, version, weights, **kw):
+    pub = rolloutcore.Publisher(cluster.directory_url, MODEL, **kw)
+    pub.add_tensors(version, weights, dtype="bf16")
+    return pub, pub.publish(version)
+
+
+def test_publish_commits_with_the_content_digest_of_the_bytes(cluster, version):
+    weights = shared_copy(tiny_weights(seed=11))
+    pub, report = publish_all(cluster, version, weights)
+    assert report["state"] == "COMMITTED"
+    assert report["shards"] == len(weights)
+    assert report["bytes"] == sum(a.nbytes for a in weights.values())
+    want = expected_digest(weights)
+    assert report["content_digest"] == want
+
+    listed = {v["version"]: v for v in cluster.directory.list(MODEL)}
+    assert listed[version]["state"] == "COMMITTED"
+    assert listed[version]["content_digest"] == want
+    manifest = cluster.directory.get(MODEL, version)
+    assert manifest["content_digest"] == want
+    assert sorted(t["name"] for t in manifest["tensors"]) == sorted(weights)
+    for t in manifest["tensors"]:
+        (shard,) = t["shards"]
+        assert shard["digest"] == rolloutcore.tensor_digest(weights[t["name"]], dtype="bf16")
+        assert shard["handle"].startswith("shm:")
+    pub.close()
+    with pytest.raises(errors.NotFoundError):
+        cluster.directory.get(MODEL, version)
+
+
+def test_engine_installs_it_and_rollouts_are_bound_to_it(cluster, version):
+    weights = shared_copy(tiny_weights(seed=12))
+    pub, report = publish_all(cluster, version, weights)
+    rec = cluster.controller.update_to(MODEL, version, timeout_s=120)
+    assert rec["outcome"] == "committed", rec
+
+    live = cluster.engine.weights_digest()
+    assert live["weight_version"] == version
+    assert live["content_digest"] == report["content_digest"] == expected_digest(weights)
+
+    for i in range(3):
+        out = cluster.controller.rollout([1, 2, 3, 4 + i], max_tokens=4, temperature=1.0, seed=i,
+                                         return_token_ids=True, rollout_id=f"{version}-r{i}")
+        assert out["binding"]["label"] == version
+        assert out["choices"][0]["weight_version"] == version
+        assert len(out["choices"][0]["token_ids"]) == 4
+    rows = cluster.controller.trajectories(label=version)
+    assert {r["binding"]["rollout_id"] for r in rows} >= {f"{version}-r{i}" for i in range(3)}
+    status = cluster.controller.status()
+    assert status["engines"][0]["label"] == version
+    assert status["engines"][0]["state"] == "READY"
+    pub.close()
+
+
+def test_engine_reads_the_trainers_memory_in_place(cluster, version):
+    """Zero copy: the registered address is the array's, and bytes changed after publish are
+    what the engine reads (its staging check then fails against the published digest)."""
+    weights = shared_copy(tiny_weights(seed=13))
+    pub, report = publish_all(cluster, version, weights)
+    for s in pub.shards(version):
+        assert s["data_ptr"] == weights[s["name"]].ctypes.data
+        assert s["source"] == "dlpack"
+
+    name = "model.layers.1.mlp.down_proj.weight"
+    weights[name][3, 5] ^= 0x0100  # one bit of one element, after publish
+    with pytest.raises(errors.RolloutcoreError) as bad:
+        cluster.engine.stage(MODEL, version, cluster.directory_url)
+    assert name in str(bad.value)
+
+    weights[name][3, 5] ^= 0x0100
+    staged = cluster.engine.stage(MODEL, version, cluster.directory_url)
+    assert staged["content_digest"] == report["content_digest"]
+    rec = cluster.controller.update_to(MODEL, version)
+    assert rec["outcome"] == "committed"
+    assert cluster.engine.weights_digest()["content_digest"] == report["content_digest"]
+    pub.close()
+
+
+def test_two_ranks_fsdp_commit_only_when_both_published(cluster, version):
+    full = tiny_weights(seed=14)
+    pubs = [rolloutcore.Publisher(cluster.directory_url, MODEL, rank=r, world_size=2) for r in range(2)]
+    for shard in rolloutcore.trainer_shards(MODEL, "fsdp:2"):  # dim-0 row blocks
+        r0, rows = shard["offset"][0], shard["shape"][0]
+        buf = rolloutcore.Publisher.allocate(shard["shape"], "bf16")
+        buf[...] = full[shard["name"]][r0 : r0 + rows]
+        pubs[shard["rank"]].add_shard(version, shard["name"], buf, offset=shard["offset"],
+                                      global_shape=shard["global_shape"])
+    first = pubs[0].publish(version)
+    assert first["state"] == "STAGING" and first["ranks_published"] == 1
+    with pytest.raises(errors.FailedPreconditionError):
+        cluster.directory.get(MODEL, version)
+    second = pubs[1].publish(version)
+    assert second["state"] == "COMMITTED"
+    assert second["content_digest"] == expected_digest(full)
+
+    rec = cluster.controller.update_to(MODEL, version)
+    assert rec["outcome"] == "committed"
+    assert cluster.engine.weights_digest()["content_digest"] == expected_digest(full)
+    for p in pubs:
+        p.close()
+
+
+def test_copy_true_converts_f32_once_into_shared_memory(cluster, version):
+    rng = np.random.default_rng(15)
+    f32 = {t["name"]: (rng.standard_normal(t["shape"], dtype=np.float32) * 0.02)
+           for t in rolloutcore.model_tensors(MODEL)}
+    pub = rolloutcore.Publisher(cluster.directory_url, MODEL)
+    pub.add_tensors(version, f32, dtype="bf16", copy=True)
+    for s in pub.shards(version):
+        assert s["data_ptr"] != f32[s["name"]].ctypes.data  # the copy is the published memory
+    report = pub.publish(version)
+    from rolloutcore.publisher import _bf16_bits
+
+    assert report["content_digest"] == expected_digest({n: _bf16_bits(a) for n, a in f32.items()})
+    pub.close()
+
+
+@pytest.mark.skipif("ucx" not in rolloutcore.transports(), reason="built without UCX")
+def test_ucx_publishes_plain_numpy_memory_in_place(cluster, version):
+    weights = tiny_weights(seed=16)  # ordinary numpy arrays, not shared memory
+    pub, report = publish_all(cluster, version, weights, transport="ucx")
+    for s in pub.shards(version):
+        assert s["data_ptr"] == weights[s["name"]].ctypes.data
+        assert s["handle"].startswith("ucx:")
+    rec = cluster.controller.update_to(MODEL, version)
+    assert rec["outcome"] == "committed"
+    assert cluster.engine.weights_digest()["content_digest"] == expected_digest(weights)
+    pub.close()
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pub(cluster):
+    p = rolloutcore.Publisher(cluster.directory_url, MODEL)
+    yield p
+    p.close()
+
+
+def test_wrong_dtype_is_refused_with_the_tensor_named(pub):
+    a = rolloutcore.Publisher.allocate([4, 4], "f32")
+    with pytest.raises(errors.InvalidArgumentError, match=r"tensor w .*float64 arrays cannot be published"):
+        pub.add_shard("vx", "w", np.zeros((4, 4), dtype=np.float64))
+    with pytest.raises(ValueError, match=r"dtype bf16 was asked but the array holds float32"):
+        pub.add_shard("vx", "w", a, dtype="bf16")
+    pub.add_shard("vx", "w", a, global_shape=[8, 4])
+    b = rolloutcore.Publisher.allocate([4, 4], "bf16")
+    with pytest.raises(errors.InvalidArgumentError, match=r"declared as bf16 \[8, 4\] but an earlier shard says f32"):
+        pub.add_shard("vx", "w", b, offset=[4, 0], global_shape=[8, 4])
+
+
+def test_offset_out_of_range_is_refused(pub):
+    a = rolloutcore.Publisher.allocate([4, 8], "bf16")
+    with pytest.raises(errors.InvalidArgumentError, match=r"box \[6:10, 0:8\] lies outside the tensor's shape \[8, 8\]"):
+        pub.add_shard("vx", "w", a, offset=[6, 0], global_shape=[8, 8])
+    with pytest.raises(errors.InvalidArgumentError, match=r"offset has 1 dims"):
+        pub.add_shard("vx", "w", a, offset=[0], global_shape=[8, 8])
+    pub.add_shard("vx", "w", a, offset=[0, 0], global_shape=[8, 8])
+    with pytest.raises(errors.InvalidArgumentError, match=r"overlaps the earlier shard"):
+        pub.add_shard("vx", "w", rolloutcore.Publisher.allocate([4, 8], "bf16"), offset=[2, 0], global_shape=[8, 8])
+
+
+def test_non_contiguous_arrays_are_refused(pub):
+    a = rolloutcore.Publisher.allocate([8, 8], "bf16")
+    with pytest.raises(errors.InvalidArgumentError, match=r"not contiguous \(shape \[8, 4\], strides \[8, 2\]"):
+        pub.add_shard("vx", "w", a[:, ::2])
+    with pytest.raises(errors.InvalidArgumentError, match=r"not contiguous"):
+        pub.add_shard("vx", "w", a.T)
+    pub.add_shard("vx", "w", a[2:4], offset=[2, 0], global_shape=[8, 8])  # a row block is contiguous
+
+
+def test_shm_refuses_ordinary_memory_and_says_what_to_do(pub):
+    with pytest.raises(errors.InvalidArgumentError, match=r"Publisher.allocate.*copy=True.*transport='ucx'"):
+        pub.add_shard("vx", "w", np.zeros((4, 4), dtype=np.float32))
+
+
+def test_state_errors(pub):
+    with pytest.raises(errors.NotFoundError, match=r"no shards staged for version v-none"):
+        pub.publish("v-none")
+    with pytest.raises(errors.NotFoundError):
+        pub.release("v-none")
+    with pytest.raises(errors.InvalidArgumentError, match=r"expected an array with __dlpack__ or the buffer protocol"):
+        pub.add_shard("vx", "w", object())
+
+
+def test_readonly_arrays_come_through_the_buffer_protocol(pub):
+    a = rolloutcore.Publisher.allocate([4], "f32")
+    a.flags.writeable = False
+    pub.add_shard("vro", "w", a)
+    (s,) = pub.shards("vro")
+    assert s["source"] in ("buffer", "dlpack")  # numpy < 2 refuses DLPack for read-only arrays
+    assert s["data_ptr"] == a.ctypes.data
+
+
+def test_released_memory_is_freed(cluster, version):
+    gc.collect()  # earlier tests' garbage (tracebacks hold arrays) must not be counted
+    before = core().shared_allocations()[0]
+    weights = shared_copy(tiny_weights(seed=17))
+    pub, _ = publish_all(cluster, version, weights)
+    assert core().shared_allocations()[0] == before + len(weights)
+    del weights
+    gc.collect()
+    assert core().shared_allocations()[0] == before + len(rolloutcore.model_tensors(MODEL))  # held
+    pub.release(version)
+    gc.collect()
+    assert core().shared_allocations()[0] == before
+
+
+# ---- plan, directory and controller clients -------------------------------------------------
+
+
+def test_plan_statistics():
+    p = rolloutcore.plan("tiny", "fsdp:2", "tp:2")
+    assert p["coverage"] == "ok" and p["architecture"] == "qwen3"
+    assert [r["rank"] for r in p["ranks"]] == [0, 1]
+    for r in p["ranks"]:
+        assert r["bytes_needed"] > 0 and r["bytes_planned"] >= r["bytes_needed"] and r["descriptors"] > 0
+        assert r["dest_bytes_selected"] == r["dest_bytes"]
+    partial = rolloutcore.plan("tiny", "fsdp:2", "tp:1", layers=(1, 1))
+    assert partial["totals"]["bytes_needed"] < p["totals"]["bytes_needed"]
+    with pytest.raises(errors.InvalidArgumentError):
+        rolloutcore.plan("tiny", "fsdp:two", "tp:2")
+
+
+def test_directory_client(cluster, version):
+    with pytest.raises(errors.NotFoundError):
+        cluster.directory.info(MODEL, "v-never")
+    assert cluster.directory.list("no-such-model") == []
+    weights = shared_copy(tiny_weights(seed=18))
+    pub, report = publish_all(cluster, version, weights)
+    info = cluster.directory.wait_committed(MODEL, version, timeout_s=5)
+    assert info["commit_seq"] == report["commit_seq"]
+    commits = cluster.directory.commits(MODEL, after=report["commit_seq"] - 1)
+    assert commits["commits"][0]["version"] == version
+    cluster.directory.release(MODEL, version)
+    with pytest.raises(errors.NotFoundError):
+        cluster.directory.release(MODEL, version)
+    pub.release(version, in_directory=False)
+
+
+def test_controller_client_lease_mode_and_journal(cluster):
+    binding = cluster.controller.admit(rollout_id="lease-1")
+    label = binding["label"]
+    cluster.controller.finish("lease-1", token_ids=[5, 6], prompt_token_ids=[1, 2], finish_reason="length")
+    rows = [r for r in cluster.controller.trajectories(label=label) if r["binding"]["rollout_id"] == "lease-1"]
+    assert len(rows) == 1
+    with pytest.raises(errors.NotFoundError):
+        cluster.controller.finish("lease-1", token_ids=[])
+    with pytest.raises(errors.NotFoundError):
+        cluster.controller.update("u-999")
+    journal = cluster.controller.journal()
+    assert journal
