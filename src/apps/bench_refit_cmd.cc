@@ -52,14 +52,6 @@ struct BenchRefitOptions {
 
 bool IsGpuTransport(const std::string& t) { return t == "cuda_ipc" || t == "nccl"; }
 
-Result<Json> Call(int port, const std::string& method, const std::string& path, const Json& body = Json::object()) {
-  return BenchCall(port, method, path, body);
-}
-
-Status WaitHealthy(ChildProcess* c, int port, const std::string& path, int seconds) {
-  return BenchWaitHealthy(c, port, path, seconds);
-}
-
 Status RunBench(const BenchRefitOptions& o) {
   char tmpl[] = "/tmp/rolloutcore-bench-refit-XXXXXX";
   std::string dir = mkdtemp(tmpl);
@@ -71,7 +63,7 @@ Status RunBench(const BenchRefitOptions& o) {
   std::cerr << "bench refit: work dir " << dir << "\n";
   RC_ASSIGN_OR_RETURN(auto d, ChildProcess::Spawn("directory", {"directory", "serve", "--store", "memory", "--port",
                                                                 std::to_string(dir_port)}, log("directory")));
-  RC_RETURN_IF_ERROR(WaitHealthy(d.get(), dir_port, "/health", 30));
+  RC_RETURN_IF_ERROR(BenchWaitHealthy(d.get(), dir_port, "/health", 30));
   std::string engine_model = o.engine_model.empty() ? (o.model == "qwen3-0.6b" ? "qwen3-0.6b-like" : o.model) : o.engine_model;
   std::cerr << "bench refit: starting the engine (" << engine_model << ", dummy weights, tp " << o.tp << ")\n";
   RC_ASSIGN_OR_RETURN(auto e, ChildProcess::Spawn("engine", {"engine", "serve", "--model", engine_model, "--load-format",
@@ -82,13 +74,13 @@ Status RunBench(const BenchRefitOptions& o) {
                                                               "--layout", "fsdp:" + std::to_string(o.ranks),
                                                               "--directory", dir_url, "--transport", o.transport,
                                                               "--port", std::to_string(trainer_port)}, log("trainer")));
-  RC_RETURN_IF_ERROR(WaitHealthy(e.get(), engine_port, "/health", 600));
-  RC_RETURN_IF_ERROR(WaitHealthy(t.get(), trainer_port, "/status", 600));
+  RC_RETURN_IF_ERROR(BenchWaitHealthy(e.get(), engine_port, "/health", 600));
+  RC_RETURN_IF_ERROR(BenchWaitHealthy(t.get(), trainer_port, "/status", 600));
   Json body{{"model", "bench"}, {"version", "v0"}, {"directory", dir_url}};
   Json runs = Json::array();
   Json last;
   for (int i = 0; i < o.repeats; ++i) {
-    RC_ASSIGN_OR_RETURN(last, Call(engine_port, "POST", "/rc/refit/stage", body));
+    RC_ASSIGN_OR_RETURN(last, BenchCall(engine_port, "POST", "/rc/refit/stage", body));
     runs.push_back(last);
     std::cerr << fmt::format("bench refit: stage {}: {:.2f} GB/s wire, {:.1f} ms wire, plan cached: {}\n", i + 1,
                              last["wire_gbps"].get<double>(), last["stages_ms"]["wire"].get<double>(),
@@ -99,10 +91,10 @@ Status RunBench(const BenchRefitOptions& o) {
   double best = 0;
   for (const auto& r : runs) best = std::max(best, r["wire_gbps"].get<double>());
   const double first = runs.empty() ? 0.0 : runs[0]["wire_gbps"].get<double>();
-  RC_ASSIGN_OR_RETURN(Json paused, Call(engine_port, "POST", "/pause?mode=wait"));
+  RC_ASSIGN_OR_RETURN(Json paused, BenchCall(engine_port, "POST", "/pause?mode=wait"));
   (void)paused;
-  RC_ASSIGN_OR_RETURN(Json installed, Call(engine_port, "POST", "/rc/refit/install", Json{{"version", "v0"}}));
-  RC_ASSIGN_OR_RETURN(Json resumed, Call(engine_port, "POST", "/resume"));
+  RC_ASSIGN_OR_RETURN(Json installed, BenchCall(engine_port, "POST", "/rc/refit/install", Json{{"version", "v0"}}));
+  RC_ASSIGN_OR_RETURN(Json resumed, BenchCall(engine_port, "POST", "/resume"));
   (void)resumed;
   Json report{{"transport", o.transport},
               {"model", o.model},

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/parallel.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/refit/digest.h"
@@ -93,24 +94,6 @@ namespace {
 int DefaultThreads(int threads) {
   if (threads > 0) return threads;
   return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
-}
-
-// Runs f(i) for i in [0, n) on up to `threads` threads.
-template <typename F>
-void ParallelFor(size_t n, int threads, F f) {
-  const size_t t = std::min<size_t>(n, static_cast<size_t>(std::max(1, threads)));
-  if (t <= 1) {
-    for (size_t i = 0; i < n; ++i) f(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i);
-  };
-  std::vector<std::thread> pool;
-  for (size_t i = 1; i < t; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
 }
 
 }  // namespace

@@ -3,13 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cstring>
-#include <thread>
 #include <tuple>
 
 #include "refit/geometry.h"
+#include "rolloutcore/base/parallel.h"
 
 namespace rc::refit {
 namespace {
@@ -257,25 +256,11 @@ Result<TensorDigests> DigestInstalledParallel(const Capture& capture, const Dest
   // About 8 pieces per thread so uneven tensors still balance.
   const std::vector<DigestRegion> pieces =
       SplitDigestRegions(regions, std::max<int64_t>(1 << 16, total / (int64_t{threads} * 8)));
-  std::atomic<size_t> next{0};
-  std::vector<Result<TensorDigests>> partial(static_cast<size_t>(threads), TensorDigests{});
-  auto worker = [&](size_t w) {
-    TensorDigests mine;
-    for (size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
-      auto d = DigestInstalled(capture, buffers, std::span<const DigestRegion>(&pieces[i], 1));
-      if (!d.ok()) {
-        partial[w] = d.status();
-        next.store(pieces.size());
-        return;
-      }
-      AddDigests(mine, *d);
-    }
-    partial[w] = std::move(mine);
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < threads; ++w) pool.emplace_back(worker, static_cast<size_t>(w));
-  worker(0);
-  for (auto& t : pool) t.join();
+  // One result per piece, summed in order afterwards.
+  std::vector<Result<TensorDigests>> partial(pieces.size(), TensorDigests{});
+  ParallelFor(pieces.size(), threads, [&](size_t i) {
+    partial[i] = DigestInstalled(capture, buffers, std::span<const DigestRegion>(&pieces[i], 1));
+  });
   TensorDigests out;
   for (auto& p : partial) {
     if (!p.ok()) return p.status();

@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <atomic>
 #include <map>
-#include <thread>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "refit/geometry.h"
+#include "rolloutcore/base/parallel.h"
 
 namespace rc::refit {
 namespace {
@@ -177,19 +176,7 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
                                   in.param_dtype, ptr[in.param], in.dest_offset, in.dest_strides);
     };
     const size_t wave_steps = step - wave_begin;
-    const size_t threads = std::min<size_t>(static_cast<size_t>(std::max(1, options.transform_threads)), wave_steps);
-    if (threads <= 1) {
-      for (size_t s = wave_begin; s < step; ++s) run_step(s);
-    } else {
-      std::atomic<size_t> next{wave_begin};
-      auto worker = [&] {
-        for (size_t s = next.fetch_add(1); s < step; s = next.fetch_add(1)) run_step(s);
-      };
-      std::vector<std::thread> pool;
-      for (size_t i = 1; i < threads; ++i) pool.emplace_back(worker);
-      worker();
-      for (auto& th : pool) th.join();
-    }
+    ParallelFor(wave_steps, options.transform_threads, [&](size_t k) { run_step(wave_begin + k); });
     for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = nullptr;
     stats.installs += wave_steps;
     stats.transform_ns += clock.NowNs() - transform_start;
