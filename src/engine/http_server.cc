@@ -88,20 +88,26 @@ Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& ss) 
 Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const CompletionRequest& cr,
                            const std::string& id, const std::string& model,
                            const std::function<void(const std::vector<std::string>&)>& on_admitted) {
-  std::vector<std::shared_ptr<RequestStream>> streams;
+  // The engine request ids are known before admission; publishing them first means an abort by
+  // completion id that arrives while requests are being queued (or already run) finds them.
+  std::vector<GenerateRequest> requests;
   std::vector<std::string> ids;
   for (size_t p = 0; p < cr.prompts.size(); ++p) {
     for (int64_t k = 0; k < cr.n; ++k) {
-      auto s = engine->AddRequest(CompletionGenerateRequest(cr, id, p, k));
-      if (!s.ok()) {
-        engine->Abort(ids);
-        return s.status();
-      }
-      ids.push_back((*s)->request_id());
-      streams.push_back(*s);
+      requests.push_back(CompletionGenerateRequest(cr, id, p, k));
+      ids.push_back(requests.back().request_id);
     }
   }
   if (on_admitted) on_admitted(ids);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto& g : requests) {
+    auto s = engine->AddRequest(std::move(g));
+    if (!s.ok()) {
+      engine->Abort(ids);
+      return s.status();
+    }
+    streams.push_back(*s);
+  }
   Json choices = Json::array();
   for (size_t i = 0; i < streams.size(); ++i) {
     auto snap = streams[i]->Wait();
@@ -253,20 +259,25 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     if (!out.ok()) return SendError(res, HttpStatus(out.status()), out.status().message());
     return SendJson(res, 200, *out);
   }
-  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<GenerateRequest> requests;
   std::vector<std::string> ids;
   for (size_t p = 0; p < cr->prompts.size(); ++p) {
     for (int64_t k = 0; k < cr->n; ++k) {
-      auto s = engine_->AddRequest(CompletionGenerateRequest(*cr, id, p, k));
-      if (!s.ok()) {
-        engine_->Abort(ids);
-        return SendError(res, HttpStatus(s.status()), s.status().message());
-      }
-      ids.push_back((*s)->request_id());
-      streams.push_back(*s);
+      requests.push_back(CompletionGenerateRequest(*cr, id, p, k));
+      ids.push_back(requests.back().request_id);
     }
   }
-  Track(id, ids);
+  Track(id, ids);  // before admission, so an abort by completion id always finds them
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto& g : requests) {
+    auto s = engine_->AddRequest(std::move(g));
+    if (!s.ok()) {
+      engine_->Abort(ids);
+      Untrack(id);
+      return SendError(res, HttpStatus(s.status()), s.status().message());
+    }
+    streams.push_back(*s);
+  }
   const std::string model = options_.model_name;
   auto usage_json = [](const std::vector<std::shared_ptr<RequestStream>>& ss) { return CompletionUsageJson(ss); };
   // Server-sent events: one chunk per new output of any choice, then [DONE].

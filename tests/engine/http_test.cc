@@ -213,6 +213,9 @@ TEST_F(HttpTest, PauseAbortFinishesInflightRequestWithAbort) {
 }
 
 TEST_F(HttpTest, AbortRequestsByCompletionId) {
+  // Frozen engine (pause keep): the request is queued and cannot finish before the abort (the
+  // tiny model generates 400 tokens in a few ms, faster than an HTTP round trip on a busy host).
+  Post("/pause?mode=keep", "");
   Json result;
   std::thread t([&] {
     httplib::Client c("127.0.0.1", server_->port());
@@ -222,12 +225,15 @@ TEST_F(HttpTest, AbortRequestsByCompletionId) {
     ASSERT_TRUE(r);
     result = *ParseJson(r->body);
   });
-  while (engine_->State().num_running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (engine_->State().num_running + engine_->State().num_waiting == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   Json ab = Post("/abort_requests", R"({"request_ids":["mine"]})");
   t.join();
   EXPECT_EQ(ab["aborted"], 1);
   EXPECT_EQ(result["id"], "mine");
   EXPECT_EQ(result["choices"][0]["finish_reason"], "abort");
+  Post("/resume", "");
 }
 
 TEST_F(HttpTest, ResetRefusedWhileRequestHoldsBlocks) {

@@ -55,7 +55,8 @@ Json CompletionChoiceJson(const ByteTokenizer& tokenizer, const RequestStream& s
 Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& streams);
 // Runs a non-streaming completion to the end and returns the response body; errors of admission
 // (InvalidArgument naming the field, Unavailable while paused in abort mode...) as statuses.
-// on_admitted (optional) sees the engine request ids once all are queued.
+// on_admitted (optional) sees the engine request ids before any is queued (so aborts by
+// completion id can find them as soon as they run).
 Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const CompletionRequest& cr,
                            const std::string& id, const std::string& model,
                            const std::function<void(const std::vector<std::string>&)>& on_admitted = {});
