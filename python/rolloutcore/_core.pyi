@@ -58,3 +58,23 @@ def tensor_digest(
 ) -> str: ...
 def combine_digests(digests: Dict[str, Any]) -> str: ...
 def transports() -> List[Dict[str, str]]: ...
+
+# True in CUDA builds (ROLLOUTCORE_WITH_CUDA): Publisher.add_shard then takes CUDA tensors
+# (transport "cuda_ipc"; the shard digest is computed on the GPU), and DeviceStager exists.
+cuda_built: bool
+
+class DeviceStager:
+    """CUDA builds only: the C++ half of rolloutcore.vllm (plan, pull into GPU staging, digests)."""
+
+    def __init__(self, device: int) -> None: ...
+    def set_captures(
+        self,
+        staging_params: List[Tuple[str, str, List[int]]],
+        staging_copies: List[Dict[str, Any]],
+        live_params: List[Tuple[str, str, List[int]]],
+        live_copies: List[Dict[str, Any]],
+    ) -> None: ...
+    def stage(
+        self, directory: str, model: str, version: str, timeout_ms: int, staging_buffers: Dict[str, Tuple[int, int]]
+    ) -> Dict[str, Any]: ...
+    def live_digest(self, live_buffers: Dict[str, Tuple[int, int]]) -> Dict[str, Any]: ...

@@ -16,17 +16,32 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build/cuda}
 BUNDLE=${2:-$ROOT/build/cuda-bundle}
-BINS=(src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner
-      src/transport/cuda_ipc/transport_cuda_ipc_test src/transport/nccl/transport_nccl_test)
-
-cmake --build "$BUILD" -j2 --target rolloutcore gpu_kernels_test gpu_transport_test rc_gpu_owner \
-  transport_cuda_ipc_test transport_nccl_test
+# PYTHON=1: the bundle of the vLLM worker extension instead (scripts/gpu/run_vllm.sh): the CUDA
+# build of the Python package (BUILD configured with ROLLOUTCORE_WITH_PYTHON=ON for the GPU
+# machine's Python 3.12, see docs/vllm.md) and the `rolloutcore` binary; the package goes to
+# BUNDLE/python/rolloutcore with its extension checked by ldd like the binaries.
+if [[ "${PYTHON:-0}" == 1 ]]; then
+  BINS=(src/apps/rolloutcore)
+  cmake --build "$BUILD" -j2 --target rolloutcore _core
+else
+  BINS=(src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner
+        src/transport/cuda_ipc/transport_cuda_ipc_test src/transport/nccl/transport_nccl_test)
+  cmake --build "$BUILD" -j2 --target rolloutcore gpu_kernels_test gpu_transport_test rc_gpu_owner \
+    transport_cuda_ipc_test transport_nccl_test
+fi
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
 for b in "${BINS[@]}"; do
   cp "$BUILD/$b" "$BUNDLE/bin/"
   strip --strip-debug "$BUNDLE/bin/$(basename "$b")" || true
 done
+if [[ "${PYTHON:-0}" == 1 ]]; then
+  mkdir -p "$BUNDLE/python"
+  cp -rL "$BUILD/python/rolloutcore" "$BUNDLE/python/"
+  strip --strip-debug "$BUNDLE"/python/rolloutcore/_core*.so || true
+  # ldd below checks it with the binaries.
+  ln -sf "../python/rolloutcore/$(basename "$BUNDLE"/python/rolloutcore/_core*.so)" "$BUNDLE/bin/_core.so"
+fi
 # Libraries not to carry (see the header).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libnccl\.so)'
 for b in "$BUNDLE"/bin/*; do
@@ -53,5 +68,6 @@ for b in "$BUNDLE"/bin/*; do
     bad=1
   fi
 done
+rm -f "$BUNDLE/bin/_core.so"  # the link only served the ldd check (links are not carried)
 [[ $bad == 0 ]] && echo "ldd check: every binary resolves to libc/libstdc++/libcuda/libnccl + $BUNDLE/lib"
 exit $bad

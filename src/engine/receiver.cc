@@ -23,61 +23,12 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The transport a shard handle belongs to: its descriptor's prefix ("shm:v1:..." → "shm").
-Result<std::string> TransportOf(const refit::Manifest& m) {
-  std::string name;
-  for (const auto& t : m.tables) {
-    for (const auto& s : t.shards) {
-      auto colon = s.handle.find(':');
-      if (colon == std::string::npos) {
-        return InvalidArgument("tensor " + t.name + ": shard of rank " + std::to_string(s.rank) +
-                               " has a handle without a transport prefix");
-      }
-      std::string n = s.handle.substr(0, colon);
-      if (name.empty()) name = n;
-      if (n != name) {
-        return InvalidArgument("version " + m.version + " mixes transports (" + name + " and " + n +
-                               "); one transport per version is supported");
-      }
-    }
-  }
-  if (name.empty()) return InvalidArgument("version " + m.version + " has no shards");
-  return name;
-}
-
-// Identifies the source topology: tensors, boxes and handles of every shard.
-uint64_t TopologyDigest(const refit::Manifest& m) {
-  Hasher h;
-  for (const auto& t : m.tables) {
-    h.Update(t.name).UpdateU64(static_cast<uint64_t>(t.dtype));
-    for (int64_t d : t.shape) h.UpdateU64(static_cast<uint64_t>(d));
-    for (const auto& s : t.shards) {
-      h.UpdateU64(static_cast<uint64_t>(s.rank)).Update(s.handle);
-      for (int64_t d : s.offset) h.UpdateU64(static_cast<uint64_t>(d));
-      for (int64_t d : s.shape) h.UpdateU64(static_cast<uint64_t>(d));
-    }
-  }
-  return h.Digest();
-}
-
 Json DigestsJson(const refit::TensorDigests& d) {
   Json j = Json::object();
   for (const auto& [name, v] : d) j[name] = Hex64(v);
   return j;
 }
 
-// First tensor whose digest differs, for messages.
-std::string FirstMismatch(const refit::TensorDigests& got, const refit::TensorDigests& want) {
-  for (const auto& [name, v] : want) {
-    auto it = got.find(name);
-    if (it == got.end()) return "tensor " + name + " was not installed";
-    if (it->second != v) return "tensor " + name + ": digest " + Hex64(it->second) + " != published " + Hex64(v);
-  }
-  for (const auto& [name, v] : got) {
-    if (!want.count(name)) return "tensor " + name + " is not in the manifest";
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -180,7 +131,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
 
   // Plans are rebuilt only when the source topology changes.
   t = std::chrono::steady_clock::now();
-  uint64_t topo = TopologyDigest(manifest);
+  uint64_t topo = refit::SourceTopologyDigest(manifest);
   bool plan_cached = topo == plan_topology_ && plans_.size() == captures_.size();
   if (!plan_cached) {
     plans_.clear();
@@ -214,7 +165,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     shadow_allocated = true;
   }
   if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
-  RC_ASSIGN_OR_RETURN(std::string transport_name, TransportOf(manifest));
+  RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(manifest));
   RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
   double registration_ms = MsSince(t);
 
@@ -242,7 +193,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_));
   stages["receive_sync"] = MsSince(t);
-  std::string mismatch = FirstMismatch(got, published);
+  std::string mismatch = refit::FirstDigestMismatch(got, published);
   if (!mismatch.empty()) {
     return DataLoss("staged bytes of " + req.version + " do not match the published digests: " + mismatch);
   }
@@ -348,7 +299,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   live_cache_ = *live;
   live_cache_generation_ = engine_->State().generation;
   live_cache_valid_ = true;
-  std::string mismatch = FirstMismatch(*live, staged_->published);
+  std::string mismatch = refit::FirstDigestMismatch(*live, staged_->published);
   if (!mismatch.empty()) {
     return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
   }

@@ -40,6 +40,11 @@ struct DLManagedTensor {
 };
 constexpr int32_t kDLCPU = 1;
 constexpr int32_t kDLCUDA = 2;
+#ifdef ROLLOUTCORE_WITH_CUDA
+constexpr bool kCudaBuilt = true;  // device (kDLCUDA) arrays are published through cuda_ipc / nccl
+#else
+constexpr bool kCudaBuilt = false;
+#endif
 constexpr int32_t kDLCUDAHost = 3;
 constexpr int32_t kDLCUDAManaged = 13;
 
@@ -193,14 +198,14 @@ Result<ArrayMemory> FromDLPack(const py::handle& array, const std::optional<refi
                                const std::string& what) {
   if (py::hasattr(array, "__dlpack_device__")) {
     auto dev = array.attr("__dlpack_device__")().cast<std::pair<int32_t, int32_t>>();
-    if (dev.first == kDLCUDA || dev.first == kDLCUDAManaged) {
+    if ((dev.first == kDLCUDA || dev.first == kDLCUDAManaged) && !kCudaBuilt) {
       return InvalidArgument(fmt::format(
           "{}: the tensor is in CUDA device memory (device {}); this build publishes host memory only (no CUDA "
           "transport is built). Copy it to host shared memory: buf = publisher.allocate(shape, dtype); "
           "torch.from_numpy(buf).copy_(tensor) (rolloutcore.torch_utils does this), or add_shard(..., copy=True)",
           what, dev.second));
     }
-    if (dev.first != kDLCPU && dev.first != kDLCUDAHost) {
+    if (dev.first != kDLCPU && dev.first != kDLCUDAHost && !(kCudaBuilt && dev.first == kDLCUDA)) {
       return InvalidArgument(
           fmt::format("{}: the array lives on DLPack device type {} (device {}); only host memory "
                       "(kDLCPU, kDLCUDAHost) can be published",
@@ -219,7 +224,8 @@ Result<ArrayMemory> FromDLPack(const py::handle& array, const std::optional<refi
   std::shared_ptr<const void> owner = OwnDLPack(managed);
 
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
+  const bool on_device = kCudaBuilt && t.device.device_type == kDLCUDA;
+  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost && !on_device) {
     return InvalidArgument(fmt::format(
         "{}: the array lives on DLPack device type {}; only host memory can be published", what, t.device.device_type));
   }
@@ -264,6 +270,7 @@ Result<ArrayMemory> FromDLPack(const py::handle& array, const std::optional<refi
   m.bytes = static_cast<uint64_t>(refit::NumElements(m.shape)) * ((et.bits + 7) / 8);
   RC_ASSIGN_OR_RETURN(m.dtype, ResolveDType(et, dtype, AllocationDType(m.data, m.bytes), what));
   m.source = "dlpack";
+  if (on_device) m.device = t.device.device_id;
   m.owner = std::move(owner);
   return m;
 }

@@ -41,12 +41,14 @@ struct ArrayMemory {
   refit::DType dtype = refit::DType::kF32;
   uint64_t bytes = 0;
   std::string source;  // "dlpack" or "buffer": how the memory was obtained
+  int32_t device = -1;  // CUDA device of device memory (CUDA builds only); -1: host memory
   std::shared_ptr<const void> owner;
 };
 
 // Reads `array`'s memory (see the header comment). `dtype`, when given, reinterprets elements of
 // the same width (a uint16 array as bf16); otherwise the array's own dtype is used (or the dtype
-// of the shared allocation it lies in). InvalidArgument naming `what` for device memory,
+// of the shared allocation it lies in). InvalidArgument naming `what` for device memory (CUDA
+// memory is accepted by CUDA builds: ArrayMemory::device is then set),
 // non-contiguous arrays, element types refit does not have, and width mismatches.
 [[nodiscard]] Result<ArrayMemory> ReadArrayMemory(const py::handle& array, const std::optional<refit::DType>& dtype,
                                                   const std::string& what);

@@ -33,11 +33,13 @@
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/planner.h"
 #include "rolloutcore/refit/tensor.h"
+#ifdef ROLLOUTCORE_WITH_CUDA
+#include "rolloutcore/cuda/gpu_refit.h"
+#endif
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/transport/transport.h"
 
 namespace rc::python {
-namespace {
 
 [[noreturn]] void Raise(const Status& s) {
   py::object errors = py::module_::import("rolloutcore.errors");
@@ -47,6 +49,12 @@ namespace {
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw py::error_already_set();
 }
+
+#ifdef ROLLOUTCORE_WITH_CUDA
+void RegisterDeviceStager(py::module_& m);  // device_stager.cc
+#endif
+
+namespace {
 
 void Check(const Status& s) {
   if (!s.ok()) Raise(s);
@@ -153,6 +161,33 @@ class PyPublisher {
     s.offset = offset.value_or(refit::Shape(mem.shape.size(), 0));
     s.data = mem.data;
     s.keep_alive = mem.owner;
+    if (mem.device >= 0) {
+#ifdef ROLLOUTCORE_WITH_CUDA
+      if (!transport_->capabilities().device_memory) {
+        Raise(InvalidArgument(fmt::format("{}: the tensor is in CUDA device memory (device {}) and transport {} "
+                                          "reads host memory only; publish with transport='cuda_ipc'",
+                                          what, mem.device, transport_->name())));
+      }
+      // The digest is computed where the bytes live (no host copy of the model).
+      cuda::DeviceBlock block{name, s.dtype, s.global_shape, refit::Box{s.offset, s.local_shape}, s.data};
+      std::vector<uint64_t> sums;
+      {
+        py::gil_scoped_release nogil;
+        auto digest = cuda::DeviceDigest::ForBlocks(std::span<const cuda::DeviceBlock>(&block, 1), mem.device);
+        auto r = digest.ok() ? digest->RunSlots() : Result<std::vector<uint64_t>>(digest.status());
+        if (!r.ok()) {
+          py::gil_scoped_acquire gil;
+          Raise(r.status().WithContext(what));
+        }
+        sums = std::move(*r);
+      }
+      s.memory_kind = transport::MemoryKind::kDevice;
+      s.device = mem.device;
+      s.digest = sums.at(0);
+#else
+      Raise(InvalidArgument(what + ": device memory needs a CUDA build of rolloutcore._core"));
+#endif
+    }
     ShardRecord rec;
     rec.name = name;
     rec.dtype = s.dtype;
@@ -488,4 +523,10 @@ PYBIND11_MODULE(_core, m) {
         py::arg("offset") = py::none(), py::arg("dtype") = py::none());
   m.def("combine_digests", &rc::python::CombineDigests, py::arg("digests"));
   m.def("transports", &rc::python::Transports);
+#ifdef ROLLOUTCORE_WITH_CUDA
+  m.attr("cuda_built") = true;
+  rc::python::RegisterDeviceStager(m);
+#else
+  m.attr("cuda_built") = false;
+#endif
 }

@@ -7,6 +7,7 @@
 
 #include "refit/geometry.h"
 #include "refit/shard_index.h"
+#include "rolloutcore/base/hash.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::refit {
@@ -233,6 +234,56 @@ Result<Manifest> ManifestFromJson(const Json& j) {
     m.tables.push_back(std::move(t));
   }
   return m;
+}
+
+// The transport a shard handle belongs to: its descriptor's prefix ("shm:v1:..." → "shm").
+Result<std::string> ManifestTransport(const Manifest& m) {
+  std::string name;
+  for (const auto& t : m.tables) {
+    for (const auto& s : t.shards) {
+      auto colon = s.handle.find(':');
+      if (colon == std::string::npos) {
+        return InvalidArgument("tensor " + t.name + ": shard of rank " + std::to_string(s.rank) +
+                               " has a handle without a transport prefix");
+      }
+      std::string n = s.handle.substr(0, colon);
+      if (name.empty()) name = n;
+      if (n != name) {
+        return InvalidArgument("version " + m.version + " mixes transports (" + name + " and " + n +
+                               "); one transport per version is supported");
+      }
+    }
+  }
+  if (name.empty()) return InvalidArgument("version " + m.version + " has no shards");
+  return name;
+}
+
+// Identifies the source topology: tensors, boxes and handles of every shard.
+uint64_t SourceTopologyDigest(const Manifest& m) {
+  Hasher h;
+  for (const auto& t : m.tables) {
+    h.Update(t.name).UpdateU64(static_cast<uint64_t>(t.dtype));
+    for (int64_t d : t.shape) h.UpdateU64(static_cast<uint64_t>(d));
+    for (const auto& s : t.shards) {
+      h.UpdateU64(static_cast<uint64_t>(s.rank)).Update(s.handle);
+      for (int64_t d : s.offset) h.UpdateU64(static_cast<uint64_t>(d));
+      for (int64_t d : s.shape) h.UpdateU64(static_cast<uint64_t>(d));
+    }
+  }
+  return h.Digest();
+}
+
+// First tensor whose digest differs, for messages.
+std::string FirstDigestMismatch(const TensorDigests& got, const TensorDigests& want) {
+  for (const auto& [name, v] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) return "tensor " + name + " was not installed";
+    if (it->second != v) return "tensor " + name + ": digest " + Hex64(it->second) + " != published " + Hex64(v);
+  }
+  for (const auto& [name, v] : got) {
+    if (!want.count(name)) return "tensor " + name + " is not in the manifest";
+  }
+  return "";
 }
 
 }  // namespace rc::refit

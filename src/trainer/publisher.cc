@@ -168,10 +168,11 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   std::map<std::string, size_t, std::less<>> table_index;
   for (StagedShard& s : shards) {
     const ShardSource& src = s.source;
-    if (src.memory_kind != transport::MemoryKind::kHost) {
-      return fail(Unimplemented(fmt::format("rank {} tensor {} of version {}: digests of device memory are not "
-                                            "computed by the Publisher yet; stage host memory",
-                                            rank_, src.name, version)));
+    if (src.memory_kind != transport::MemoryKind::kHost && !src.digest.has_value()) {
+      return fail(InvalidArgument(fmt::format("rank {} tensor {} of version {}: a shard in device memory needs its "
+                                              "digest computed where it lives (ShardSource::digest); the Publisher "
+                                              "reads host memory only",
+                                              rank_, src.name, version)));
     }
     int64_t t0 = NowNs();
     transport::MemoryRegion region{src.data, src.bytes(), src.memory_kind, src.device};
@@ -186,7 +187,9 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     s.descriptor = reg->descriptor;
     const int64_t t1 = NowNs();
     report.register_ns += t1 - t0;
-    s.digest = refit::DigestBlock(src.dtype, src.global_shape, refit::Box{src.offset, src.local_shape}, src.data);
+    s.digest = src.memory_kind == transport::MemoryKind::kHost
+                   ? refit::DigestBlock(src.dtype, src.global_shape, refit::Box{src.offset, src.local_shape}, src.data)
+                   : *src.digest;
     report.digest_ns += NowNs() - t1;
 
     auto [ti, inserted] = table_index.emplace(src.name, report.tables.size());

@@ -64,6 +64,20 @@ using TensorDigests = std::map<std::string, uint64_t, std::less<>>;
 // DataLoss when two replicas of one box publish different digests.
 [[nodiscard]] Result<TensorDigests> TensorDigestsFromShards(const Manifest& manifest);
 
+// The transport every shard handle of `manifest` names (a descriptor's prefix: "shm:v1:..." ->
+// "shm"). InvalidArgument when a handle has no prefix, when the version mixes transports (one
+// transport per version), or when it has no shards.
+[[nodiscard]] Result<std::string> ManifestTransport(const Manifest& manifest);
+
+// Identifies the source topology (tensors, dtypes, shapes, and every shard's rank, box and handle):
+// a receiver may keep plans and imports while it is unchanged.
+uint64_t SourceTopologyDigest(const Manifest& manifest);
+
+// The first difference between per-tensor digests `got` and `want`, for messages ("tensor X:
+// digest a != published b", "tensor X was not installed", "tensor X is not in the manifest");
+// empty when they are equal.
+std::string FirstDigestMismatch(const TensorDigests& got, const TensorDigests& want);
+
 // JSON form of a manifest (digests as 16-hex-digit strings, since JSON numbers lose 64-bit
 // precision in many readers).
 Json ManifestToJson(const Manifest& manifest);

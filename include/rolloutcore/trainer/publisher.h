@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,10 @@ struct ShardSource {
   int32_t device = -1;
   // Held (not read) by the Publisher until the version is released.
   std::shared_ptr<const void> keep_alive;
+  // The box's content digest (refit::DigestBlock), computed by the caller where the bytes live.
+  // Required for device memory (the Publisher reads only host memory; e.g. rc::cuda::DeviceDigest
+  // computes it on the GPU); ignored for host memory, whose digest the Publisher computes itself.
+  std::optional<uint64_t> digest;
 
   uint64_t bytes() const;
 };

@@ -1,0 +1,908 @@
+"""rolloutcore inside vLLM: a worker extension that stages, installs, labels and proves weights.
+
+Start vLLM 0.26 with::
+
+    VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.cli.main serve MODEL \\
+        --worker-extension-cls rolloutcore.vllm.Extension \\
+        --enable-prompt-tokens-details --enable-prefix-caching ...
+
+vLLM appends :class:`Extension` to the bases of every GPU worker, so its ``rc_*`` methods run with
+``self`` being the worker and are called by the controller's adapter through
+``POST /collective_rpc {"method": "rc_...", "kwargs": {...}}`` (docs/vllm.md has the protocol).
+
+How it works, per worker (one tensor-parallel rank):
+
+* **Capture** (first stage of a source layout): vLLM's *own* ``model.load_weights`` is run over
+  lazy source tensors (meta tensors, one per tensor of the committed manifest) under a
+  ``TorchFunctionMode`` that records every view the loader takes (narrow, slicing, select, chunk,
+  split, unbind, transpose/permute, unit-dim view/reshape, dtype casts) and the destination region
+  of every ``copy_`` / ``__setitem__`` into a live parameter (element offset and strides inside the
+  fused runtime parameter, e.g. ``qkv_proj``, ``gate_up_proj``). Every other in-place operation on a
+  real tensor is suppressed while capturing, so capture never writes a live byte. There is no
+  hand-written table of vLLM's fused or sharded layouts. A source whose views cannot be expressed
+  (arithmetic, a copy into a temporary, an exception in the loader on a meta tensor) falls back:
+  it is pulled whole and loaded through ``load_weights`` with real bytes at install, and the
+  evidence lists it under ``fallback_tensors`` (its live digest is then not proven).
+* **Stage** (while vLLM serves; nothing live is touched): the C++ ``DeviceStager`` (CUDA build of
+  ``rolloutcore._core``) plans this rank's reads from the capture, pulls them over the manifest's
+  transport (``cuda_ipc``: GPU to GPU, no host copy) into GPU staging kept across refits, and checks
+  the staged bytes against the published per-tensor digests on the GPU.
+* **Install** (only while vLLM is paused; the adapter pauses first): copies staging into the live
+  parameters *in place* (``copy_`` into strided views of the live storage: the addresses CUDA graphs
+  captured stay valid), runs ``load_weights`` for fallback tensors, then digests the live weights
+  and sets the label and generation. The outcome is typed where the first live byte is written:
+  ``refused_untouched`` / ``installed`` / ``failed_after_mutation``.
+* **Digest**: the content digest of the live parameters in source (HF) coordinates, on the GPU,
+  through the captured mapping: the same definition as the directory's manifest digest.
+* **Label**: the label and generation are written only by ``rc_install`` (nothing else writes them),
+  plus a boot id per worker process, so a restarted vLLM is recognised.
+
+Methods never raise to vLLM: failures return ``{"ok": False, "code": ..., "error": ...}`` with a
+rolloutcore status code name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import time
+import traceback
+import uuid
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+EXTENSION_VERSION = "0.1.0"
+_BOOT_ID = uuid.uuid4().hex
+
+# refit dtype names <-> torch dtypes (only what vLLM parameters hold for dense models).
+_REFIT_OF_TORCH = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
+_ELEM = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _torch_dtype(refit_name: str):
+    torch = _torch()
+    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[refit_name]
+
+
+def _refit_dtype(torch_dtype) -> str:
+    name = _REFIT_OF_TORCH.get(str(torch_dtype))
+    if name is None:
+        raise _Failure("InvalidArgument", f"parameter dtype {torch_dtype} is not bf16, f16 or f32")
+    return name
+
+
+class _Failure(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(code: str, message: str, **extra: Any) -> Dict[str, Any]:
+    out = {"ok": False, "code": code, "error": message}
+    out.update(extra)
+    return out
+
+
+# ---- capture: a source view is a box in global source coordinates plus the order its dims walk ----
+
+
+class _View:
+    __slots__ = ("name", "dtype", "source_shape", "start", "extent", "v2s", "reason", "convert")
+
+    def __init__(self, name: str, dtype: str, shape: Sequence[int]) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.source_shape = list(shape)
+        self.start = [0] * len(shape)
+        self.extent = list(shape)
+        self.v2s = list(range(len(shape)))
+        self.reason = ""
+        self.convert = False
+
+    def copy(self) -> "_View":
+        v = _View.__new__(_View)
+        v.name, v.dtype, v.source_shape = self.name, self.dtype, self.source_shape
+        v.start, v.extent, v.v2s = list(self.start), list(self.extent), list(self.v2s)
+        v.reason, v.convert = self.reason, self.convert
+        return v
+
+    def shape(self) -> List[int]:
+        return [self.extent[s] if s >= 0 else 1 for s in self.v2s]
+
+    def unsupported(self, reason: str) -> "_View":
+        v = self.copy()
+        if not v.reason:
+            v.reason = reason
+        return v
+
+    def _dim(self, d: int) -> int:
+        n = len(self.v2s)
+        if d < -n or d >= max(n, 1):
+            raise IndexError(d)
+        return d + n if d < 0 else d
+
+    def narrow(self, d: int, start: int, length: int) -> "_View":
+        v = self.copy()
+        d = v._dim(d)
+        size = v.shape()[d]
+        if start < 0:
+            start += size
+        if start < 0 or length < 0 or start + length > size:
+            return v.unsupported(f"narrow({d}, {start}, {length}) outside size {size}")
+        s = v.v2s[d]
+        if s < 0:
+            return v if (start, length) == (0, 1) else v.unsupported("narrow of an inserted dim")
+        v.start[s] += start
+        v.extent[s] = length
+        return v
+
+    def select(self, d: int, index: int) -> "_View":
+        v = self.copy()
+        d = v._dim(d)
+        size = v.shape()[d]
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            return v.unsupported(f"select({d}, {index}) outside size {size}")
+        s = v.v2s.pop(d)
+        if s >= 0:
+            v.start[s] += index
+            v.extent[s] = 1
+        return v
+
+    def slice(self, d: int, sl: slice) -> "_View":
+        size = self.shape()[self._dim(d)]
+        start, stop, step = sl.indices(size)
+        if step != 1:
+            return self.unsupported(f"slice with step {step}")
+        return self.narrow(d, start, max(0, stop - start))
+
+    def permute(self, order: Sequence[int]) -> "_View":
+        v = self.copy()
+        order = [v._dim(o) for o in order]
+        if sorted(order) != list(range(len(v.v2s))):
+            return v.unsupported(f"permute{tuple(order)}")
+        v.v2s = [self.v2s[o] for o in order]
+        return v
+
+    def transpose(self, a: int, b: int) -> "_View":
+        order = list(range(len(self.v2s)))
+        if not order:
+            return self.copy()
+        a, b = self._dim(a), self._dim(b)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    def unsqueeze(self, d: int) -> "_View":
+        v = self.copy()
+        n = len(v.v2s) + 1
+        if d < 0:
+            d += n
+        if not 0 <= d < n:
+            return v.unsupported(f"unsqueeze({d})")
+        v.v2s.insert(d, -1)
+        return v
+
+    def squeeze(self, dims: Optional[Sequence[int]] = None) -> "_View":
+        v = self.copy()
+        shape = v.shape()
+        drop = set(range(len(shape))) if dims is None else {v._dim(d) for d in dims}
+        keep = [i for i in range(len(shape)) if not (i in drop and shape[i] == 1)]
+        for i in range(len(shape)):
+            if i not in keep and v.v2s[i] >= 0:
+                pass  # a selected unit source dim: start/extent already describe it
+        v.v2s = [v.v2s[i] for i in keep]
+        return v
+
+    def reshape(self, shape: Sequence[int]) -> "_View":
+        """Supported only when it adds or removes unit dims (one extent may be -1)."""
+        cur = self.shape()
+        numel = 1
+        for x in cur:
+            numel *= x
+        shape = list(shape)
+        if shape.count(-1) > 1:
+            return self.unsupported(f"reshape{tuple(shape)}")
+        if -1 in shape:
+            known = 1
+            for x in shape:
+                if x != -1:
+                    known *= x
+            if known == 0 or numel % known:
+                return self.unsupported(f"reshape{tuple(shape)}")
+            shape[shape.index(-1)] = numel // known
+        if [x for x in cur if x != 1] != [x for x in shape if x != 1]:
+            return self.unsupported(f"reshape {tuple(cur)} -> {tuple(shape)} merges or splits dims")
+        v = self.copy()
+        walking = [s for s, x in zip(self.v2s, cur) if x != 1]
+        unit_src = [s for s, x in zip(self.v2s, cur) if x == 1 and s >= 0]
+        out: List[int] = []
+        it = iter(walking)
+        for x in shape:
+            out.append(next(it) if x != 1 else -1)
+        # Source dims of extent 1 that were walked stay selected (start/extent hold them).
+        del unit_src
+        v.v2s = out
+        return v
+
+
+def _flatten_index(idx: Any) -> Tuple[Any, ...]:
+    return idx if isinstance(idx, tuple) else (idx,)
+
+
+def _getitem(v: _View, idx: Any) -> _View:
+    import sys
+
+    torch = sys.modules.get("torch")  # only tensors can be tensor indices, so torch is loaded then
+    tensor = torch.Tensor if torch is not None else ()
+    items = list(_flatten_index(idx))
+    n_real = sum(1 for it in items if it is not None and it is not Ellipsis)
+    if Ellipsis in items:
+        e = items.index(Ellipsis)
+        items[e : e + 1] = [slice(None)] * (len(v.v2s) - n_real)
+    out = v
+    d = 0
+    for it in items:
+        if it is None:
+            out = out.unsqueeze(d)
+            d += 1
+        elif isinstance(it, bool):
+            return v.unsupported("boolean index")
+        elif isinstance(it, int) or (isinstance(it, tensor) and it.dim() == 0 and not it.is_floating_point()
+                                      and not it.is_meta):
+            out = out.select(d, int(it))
+        elif isinstance(it, slice):
+            if any(isinstance(x, tensor) for x in (it.start, it.stop, it.step)):
+                return v.unsupported("tensor slice bounds")
+            out = out.slice(d, it)
+            d += 1
+        else:
+            return v.unsupported(f"index {type(it).__name__}")
+    return out
+
+
+def _split_sizes(size: int, split: Any) -> List[int]:
+    if isinstance(split, int):
+        return [min(split, size - i) for i in range(0, size, split)] if split > 0 else []
+    return [int(x) for x in split]
+
+
+class _Capture:
+    """What one load_weights run over lazy sources recorded."""
+
+    def __init__(self, params: Dict[str, Any]) -> None:
+        self.params = params  # live name -> nn.Parameter
+        self.by_storage: Dict[int, str] = {}
+        for name, p in params.items():
+            self.by_storage.setdefault(p.data.untyped_storage().data_ptr(), name)
+        self.copies: List[Dict[str, Any]] = []
+        self.unsupported: Dict[str, str] = {}
+        self.suppressed_writes: Dict[str, int] = {}
+
+    def record(self, dest: Any, view: Optional[_View], what: str) -> None:
+        if view is None:
+            return
+        if view.reason:
+            self.unsupported.setdefault(view.name, view.reason)
+            return
+        if dest.is_meta:
+            self.unsupported.setdefault(view.name, f"{what} into a meta tensor")
+            return
+        name = self.by_storage.get(dest.untyped_storage().data_ptr())
+        if name is None:
+            self.unsupported.setdefault(view.name, f"{what} into a tensor that is not a live parameter")
+            return
+        if list(dest.shape) != view.shape():
+            self.unsupported.setdefault(
+                view.name, f"{what} of shape {tuple(view.shape())} into {name} region {tuple(dest.shape)} (broadcast)")
+            return
+        p = self.params[name]
+        dst_dtype = _refit_dtype(p.dtype)
+        self.copies.append(
+            {
+                "source": view.name,
+                "source_dtype": view.dtype,
+                "source_shape": list(view.source_shape),
+                "box_start": list(view.start),
+                "box_extent": list(view.extent),
+                "view_to_source": list(view.v2s),
+                "param_name": name,
+                "dest_offset": int(dest.storage_offset() - p.data.storage_offset()),
+                "dest_shape": list(dest.shape),
+                "dest_strides": list(dest.stride()),
+                "convert": dst_dtype != view.dtype,
+            }
+        )
+
+
+_VIEW_IDENTITY = {"contiguous", "clone", "detach", "cuda", "cpu", "detach_", "pin_memory", "__get__data",
+                  "__get__real", "alias"}
+_CASTS = {"float": "f32", "half": "f16", "bfloat16": "bf16"}
+
+
+_QUERIES = {"size", "dim", "numel", "nelement", "element_size", "stride", "storage_offset", "is_contiguous",
+            "__len__", "__get__", "ndimension", "is_floating_point", "is_complex", "get_device", "__format__",
+            "__repr__", "__bool__"}
+
+
+def _make_mode(capture: _Capture, views: Any):
+    """A TorchFunctionMode that follows views of the lazy sources and records their copies.
+
+    Ops on a source never run on its (meta) data: a known view returns a fresh meta tensor of the
+    view's shape that carries the view's geometry; queries (size, dim, shape, ...) run as usual; any
+    other op runs (on meta) and marks the source unsupported."""
+    torch = _torch()
+    from torch.overrides import TorchFunctionMode
+
+    props = {}
+    for attr in ("T", "mT", "data", "real", "H", "mH"):
+        prop = getattr(torch.Tensor, attr, None)
+        if prop is not None and hasattr(prop, "__get__"):
+            props[prop.__get__] = "__get__" + attr
+
+    def view_of(x: Any) -> Optional[_View]:
+        return views.get(x) if isinstance(x, torch.Tensor) else None
+
+    def first_view(args: Any, kwargs: Any) -> Optional[_View]:
+        for a in list(args) + list(kwargs.values()):
+            v = view_of(a)
+            if v is not None:
+                return v
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    v = view_of(b)
+                    if v is not None:
+                        return v
+        return None
+
+    def materialize(v: Any, dtype: Any) -> Any:
+        if isinstance(v, list):
+            return tuple(materialize(x, dtype) for x in v)
+        t = torch.empty(v.shape(), dtype=dtype, device="meta")
+        views[t] = v
+        return t
+
+    def cast_target(name: str, a: List[Any], kw: Dict[str, Any]) -> Any:
+        if name in _CASTS:
+            return _torch_dtype(_CASTS[name])
+        for x in a + list(kw.values()):
+            if isinstance(x, torch.dtype):
+                return x
+            if isinstance(x, torch.Tensor) and name == "type_as":
+                return x.dtype
+        return None
+
+    def derive(name: str, v: _View, args: Any, kwargs: Any) -> Any:
+        """The view(s) an op makes of a source, or None when the op is not a view we follow."""
+        a = list(args[1:])
+        kw = dict(kwargs)
+        if name in _VIEW_IDENTITY:
+            return v.copy()
+        if name in _CASTS or name in ("to", "type", "type_as"):
+            dt = cast_target(name, a, kw)
+            out = v.copy()
+            if dt is not None:
+                rd = _REFIT_OF_TORCH.get(str(dt))
+                if rd is None:
+                    return v.unsupported(f"cast to {dt}")
+                out.convert = out.convert or rd != v.dtype
+            return out
+        if name == "narrow":
+            return v.narrow(int(kw.get("dim", a[0])), int(kw.get("start", a[1])), int(kw.get("length", a[2])))
+        if name == "select":
+            return v.select(int(kw.get("dim", a[0])), int(kw.get("index", a[1])))
+        if name == "__getitem__":
+            return _getitem(v, a[0])
+        if name in ("t", "__get__T"):
+            n = len(v.v2s)
+            return v.copy() if n < 2 else v.permute(list(reversed(range(n))))
+        if name == "__get__mT":
+            return v.transpose(-2, -1)
+        if name in ("transpose", "swapaxes", "swapdims"):
+            return v.transpose(int(kw.get("dim0", a[0] if a else 0)), int(kw.get("dim1", a[1] if len(a) > 1 else 1)))
+        if name == "permute":
+            order = a[0] if len(a) == 1 and isinstance(a[0], (list, tuple)) else a
+            return v.permute([int(x) for x in kw.get("dims", order)])
+        if name == "unsqueeze":
+            return v.unsqueeze(int(kw.get("dim", a[0])))
+        if name == "squeeze":
+            d = kw.get("dim", a[0] if a else None)
+            if d is None:
+                return v.squeeze(None)
+            return v.squeeze([int(x) for x in (d if isinstance(d, (list, tuple)) else [d])])
+        if name in ("view", "reshape"):
+            shp = a[0] if len(a) == 1 and isinstance(a[0], (list, tuple, torch.Size)) else a
+            if any(isinstance(x, torch.dtype) for x in shp):
+                return v.unsupported("view as another dtype")
+            return v.reshape([int(x) for x in shp])
+        if name == "unbind":
+            dim = int(kw.get("dim", a[0] if a else 0))
+            return [v.select(dim, i) for i in range(v.shape()[v._dim(dim)])]
+        if name in ("chunk", "split"):
+            dim = int(kw.get("dim", a[1] if len(a) > 1 else 0))
+            size = v.shape()[v._dim(dim)]
+            if name == "chunk":
+                chunks = int(kw.get("chunks", a[0]))
+                sizes = _split_sizes(size, -(-size // chunks) if chunks > 0 else size)
+            else:
+                sizes = _split_sizes(size, kw.get("split_size_or_sections", kw.get("split_size", a[0] if a else 1)))
+            out, off = [], 0
+            for n in sizes:
+                out.append(v.narrow(dim, off, n))
+                off += n
+            return out
+        return None
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = props.get(func) or getattr(func, "__name__", str(func))
+            if name == "copy_" and len(args) >= 2 and isinstance(args[0], torch.Tensor):
+                src = view_of(args[1])
+                if src is not None:
+                    capture.record(args[0], src, "copy_")
+                    return args[0]
+                if not args[0].is_meta:
+                    capture.suppressed_writes[name] = capture.suppressed_writes.get(name, 0) + 1
+                    return args[0]
+            if name == "__setitem__" and len(args) >= 3 and isinstance(args[0], torch.Tensor):
+                src = view_of(args[2])
+                if src is not None:
+                    if args[0].is_meta:
+                        capture.record(args[0], src.unsupported("__setitem__ into a meta tensor"), "__setitem__")
+                    else:
+                        capture.record(args[0][args[1]], src, "__setitem__")
+                    return None
+                if not args[0].is_meta:
+                    capture.suppressed_writes[name] = capture.suppressed_writes.get(name, 0) + 1
+                    return None
+            if (name.endswith("_") and not name.startswith("__") and args and isinstance(args[0], torch.Tensor)
+                    and not args[0].is_meta and name != "requires_grad_"):
+                # Capture must never write a live byte (e.g. a loader zero-filling padding rows).
+                capture.suppressed_writes[name] = capture.suppressed_writes.get(name, 0) + 1
+                return args[0]
+            v = first_view(args, kwargs)
+            if v is None or name in _QUERIES:
+                return func(*args, **kwargs)
+            if args and view_of(args[0]) is v:
+                dv = derive(name, v, args, kwargs)
+                if dv is not None:
+                    dt = args[0].dtype
+                    if name in _CASTS or name in ("to", "type", "type_as"):
+                        dt = cast_target(name, list(args[1:]), dict(kwargs)) or dt
+                    return materialize(dv, dt)
+            # Not a view we follow (arithmetic, torch.cat with other tensors, ...): run it on meta for
+            # its shape and mark every tensor it returns as an unsupported view of the source.
+            result = func(*args, **kwargs)
+            bad = v.unsupported(f"{name} is not a view the capture can follow")
+            if isinstance(result, torch.Tensor):
+                views[result] = bad
+            elif isinstance(result, (list, tuple)):
+                for r in result:
+                    if isinstance(r, torch.Tensor):
+                        views[r] = bad
+            return result
+
+    return Recorder()
+
+
+def capture_load_weights(model: Any, sources: Sequence[Tuple[str, str, Sequence[int]]]) -> _Capture:
+    """Runs ``model.load_weights`` over lazy (meta) sources and records every copy into a live
+    parameter. ``sources``: (HF name, refit dtype, global shape). Never writes a live byte."""
+    torch = _torch()
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    cap = _Capture(params)
+    views = WeakIdKeyDictionary()
+    mode = _make_mode(cap, views)
+    for name, dtype, shape in sources:
+        t = torch.empty(list(shape), dtype=_torch_dtype(dtype), device="meta")
+        views[t] = _View(name, dtype, shape)
+        before = len(cap.copies)
+        try:
+            with mode:
+                model.load_weights([(name, t)])
+        except Exception as e:  # the loader did something a meta tensor cannot do
+            cap.unsupported.setdefault(name, f"load_weights raised {type(e).__name__}: {e}")
+            del cap.copies[before:]
+        if name in cap.unsupported:
+            del cap.copies[before:]
+    return cap
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def _http_get_json(url: str, timeout_s: float, api_key: Optional[str]) -> Any:
+    import urllib.request
+
+    req = urllib.request.Request(url)
+    if api_key:
+        req.add_header("Authorization", "Bearer " + api_key)
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read().decode("utf-8"))
+
+
+def _safetensors_specs(folder: str) -> List[Tuple[str, str, List[int]]]:
+    """(name, refit dtype, shape) of every tensor in the safetensors files of a model folder."""
+    names = {"BF16": "bf16", "F16": "f16", "F32": "f32"}
+    out = []
+    for fn in sorted(os.listdir(folder)):
+        if not fn.endswith(".safetensors"):
+            continue
+        path = os.path.join(folder, fn)
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100 << 20:
+                raise _Failure("InvalidArgument", f"{path}: safetensors header of {n} bytes")
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if info["dtype"] not in names:
+                raise _Failure("InvalidArgument", f"{path}: tensor {name} has dtype {info['dtype']}")
+            out.append((name, names[info["dtype"]], [int(x) for x in info["shape"]]))
+    return sorted(out)
+
+
+class _State:
+    """Per-worker state of the extension (one per vLLM worker process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.label = os.environ.get("ROLLOUTCORE_WEIGHT_VERSION", "v0")
+        self.generation = 0
+        self.sources_key: Optional[Tuple[Any, ...]] = None
+        self.capture: Optional[_Capture] = None
+        self.stager: Any = None
+        self.staging: Any = None  # one uint8 device buffer
+        self.staging_views: List[Any] = []  # per supported copy, then per fallback source
+        self.fallback: List[str] = []
+        self.not_loaded: List[str] = []
+        self.staged_version: Optional[str] = None
+        self.staged_evidence: Optional[Dict[str, Any]] = None
+        self.published: Dict[str, str] = {}
+        self.live_digest: Optional[Dict[str, Any]] = None
+        self.first_ptrs: Optional[Dict[str, int]] = None
+        self.capture_ms = 0.0
+        self.faults: Dict[str, int] = {}
+
+
+class Extension:
+    """Mixed into vLLM's GPU worker by ``--worker-extension-cls rolloutcore.vllm.Extension``."""
+
+    # ---- internals (names start with _rc_ so they never collide with vLLM's worker) ----
+
+    def _rc_state(self) -> _State:
+        st = getattr(self, "_rc_state_obj", None)
+        if st is None:
+            st = _State()
+            self._rc_state_obj = st
+        return st
+
+    def _rc_model(self) -> Any:
+        get = getattr(self, "get_model", None)
+        model = get() if callable(get) else self.model_runner.model
+        return model
+
+    def _rc_device(self) -> int:
+        torch = _torch()
+        dev = getattr(self, "device", None)
+        if isinstance(dev, torch.device) and dev.index is not None:
+            return dev.index
+        return torch.cuda.current_device()
+
+    def _rc_tp(self) -> Tuple[int, int]:
+        try:
+            from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+            return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        except Exception:
+            return 0, 1
+
+    def _rc_params(self) -> Dict[str, Any]:
+        return dict(self._rc_model().named_parameters())
+
+    def _rc_ensure_capture(self, st: _State, specs: List[Tuple[str, str, List[int]]]) -> None:
+        """Captures vLLM's loader for this source tensor set (once per set) and allocates staging."""
+        torch = _torch()
+        from . import _core  # the CUDA build
+
+        key = tuple((n, d, tuple(s)) for n, d, s in specs)
+        if st.sources_key == key and st.capture is not None:
+            return
+        if not getattr(_core, "cuda_built", False):
+            raise _Failure("FailedPrecondition",
+                           "rolloutcore._core was built without CUDA: the vLLM extension needs the CUDA build")
+        t0 = time.perf_counter()
+        model = self._rc_model()
+        cap = capture_load_weights(model, specs)
+        loaded = {c["source"] for c in cap.copies}
+        fallback = sorted(cap.unsupported)
+        not_loaded = sorted(n for n, _, _ in specs if n not in loaded and n not in cap.unsupported)
+        params = cap.params
+        # Staging: one dense buffer per supported copy (in the live parameter's dtype), then one per
+        # fallback source (whole tensor, source dtype), 256-byte aligned in one allocation.
+        spec_by_name = {n: (d, s) for n, d, s in specs}
+        layout = []
+        off = 0
+        for c in cap.copies:
+            dt = _refit_dtype(params[c["param_name"]].dtype)
+            nbytes = _ELEM[dt]
+            for x in c["dest_shape"]:
+                nbytes *= x
+            layout.append((dt, c["dest_shape"], off, nbytes))
+            off += (nbytes + 255) & ~255
+        for name in fallback:
+            dt, shape = spec_by_name[name]
+            nbytes = _ELEM[dt]
+            for x in shape:
+                nbytes *= x
+            layout.append((dt, list(shape), off, nbytes))
+            off += (nbytes + 255) & ~255
+        device = self._rc_device()
+        staging = torch.empty(max(off, 256), dtype=torch.uint8, device=f"cuda:{device}")
+        views = [staging[o : o + n].view(_torch_dtype(dt)).view(shape) for dt, shape, o, n in layout]
+        staging_params, staging_copies = [], []
+        for i, c in enumerate(cap.copies):
+            dt, shape, _, _ = layout[i]
+            pname = f"rc.staging.{i}"
+            staging_params.append((pname, dt, shape))
+            strides = []
+            acc = 1
+            for x in reversed(shape):
+                strides.append(acc)
+                acc *= x
+            sc = dict(c)
+            sc.update(param=i, dest_offset=0, dest_strides=list(reversed(strides)))
+            staging_copies.append(sc)
+        for j, name in enumerate(fallback):
+            i = len(cap.copies) + j
+            dt, shape, _, _ = layout[i]
+            pname = f"rc.staging.{i}"
+            staging_params.append((pname, dt, shape))
+            strides, acc = [], 1
+            for x in reversed(shape):
+                strides.append(acc)
+                acc *= x
+            staging_copies.append({
+                "source": name, "source_dtype": dt, "source_shape": list(shape), "box_start": [0] * len(shape),
+                "box_extent": list(shape), "view_to_source": list(range(len(shape))), "param": i,
+                "dest_offset": 0, "dest_shape": list(shape), "dest_strides": list(reversed(strides)),
+                "convert": False})
+        live_names = sorted({c["param_name"] for c in cap.copies})
+        live_index = {n: i for i, n in enumerate(live_names)}
+        live_params = [(n, _refit_dtype(params[n].dtype), list(params[n].shape)) for n in live_names]
+        live_copies = []
+        for c in cap.copies:
+            lc = dict(c)
+            lc["param"] = live_index[c["param_name"]]
+            live_copies.append(lc)
+        stager = _core.DeviceStager(device)
+        stager.set_captures(staging_params, staging_copies, live_params, live_copies)
+        st.capture, st.stager, st.staging, st.staging_views = cap, stager, staging, views
+        st.fallback, st.not_loaded, st.sources_key = fallback, not_loaded, key
+        st.staged_version = None
+        st.capture_ms = (time.perf_counter() - t0) * 1e3
+        if st.first_ptrs is None:
+            st.first_ptrs = {n: p.data_ptr() for n, p in params.items()}
+
+    def _rc_live_buffers(self, st: _State) -> Dict[str, Tuple[int, int]]:
+        params = st.capture.params
+        out = {}
+        for c in st.capture.copies:
+            p = params[c["param_name"]]
+            out[c["param_name"]] = (p.data_ptr(), p.numel() * p.element_size())
+        return out
+
+    def _rc_digest_live(self, st: _State) -> Dict[str, Any]:
+        torch = _torch()
+        torch.cuda.synchronize()
+        d = st.stager.live_digest(self._rc_live_buffers(st))
+        st.live_digest = d
+        return d
+
+    def _rc_staging_buffers(self, st: _State) -> Dict[str, Tuple[int, int]]:
+        return {f"rc.staging.{i}": (v.data_ptr(), v.numel() * v.element_size())
+                for i, v in enumerate(st.staging_views)}
+
+    # ---- the protocol (docs/vllm.md) -------------------------------------------------------
+
+    def rc_describe(self) -> Dict[str, Any]:
+        try:
+            st = self._rc_state()
+            params = self._rc_params()
+            rank, size = self._rc_tp()
+            stable = None
+            if st.first_ptrs is not None:
+                stable = all(params[n].data_ptr() == p for n, p in st.first_ptrs.items() if n in params)
+            return {
+                "ok": True,
+                "extension": "rolloutcore.vllm",
+                "extension_version": EXTENSION_VERSION,
+                "boot_id": _BOOT_ID,
+                "tp_rank": rank,
+                "tp_size": size,
+                "device": f"cuda:{self._rc_device()}",
+                "label": st.label,
+                "generation": st.generation,
+                "num_parameters": len(params),
+                "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params.values())),
+                "captured": st.capture is not None,
+                "data_ptrs_stable": stable,
+                "parameters": [
+                    {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", "")}
+                    for n, p in params.items()
+                ],
+            }
+        except Exception as e:
+            return _fail("Internal", f"rc_describe: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+
+    def rc_stage(self, model: str, version: str, directory: str, timeout_ms: int = 120_000,
+                 api_key: Optional[str] = None) -> Dict[str, Any]:
+        st = self._rc_state()
+        t0 = time.perf_counter()
+        with st.lock:
+            try:
+                if not model or not version or not directory:
+                    raise _Failure("InvalidArgument", "rc_stage needs model, version and directory")
+                if int(timeout_ms) <= 0:
+                    raise _Failure("InvalidArgument", f"rc_stage timeout_ms must be positive, got {timeout_ms}")
+                import urllib.error
+                import urllib.parse
+
+                url = (directory.rstrip("/") + "/v1/models/" + urllib.parse.quote(model, safe="") + "/versions/" +
+                       urllib.parse.quote(version, safe=""))
+                try:
+                    manifest = _http_get_json(url, max(1.0, int(timeout_ms) / 1e3), api_key)
+                except urllib.error.HTTPError as e:
+                    body = e.read().decode("utf-8", "replace")
+                    code = {404: "NotFound", 400: "InvalidArgument", 409: "FailedPrecondition",
+                            412: "FailedPrecondition"}.get(e.code, "Unavailable")
+                    raise _Failure(code, f"GET {url} answered {e.code}: {body}")
+                except OSError as e:
+                    raise _Failure("Unavailable", f"GET {url}: {e}")
+                m = manifest["manifest"]
+                specs = sorted((t["name"], t["dtype"], [int(x) for x in t["shape"]]) for t in m["tensors"])
+                if not specs:
+                    raise _Failure("InvalidArgument", f"version {version} of {model} has no tensors")
+                st.staged_version = None
+                t1 = time.perf_counter()
+                self._rc_ensure_capture(st, specs)
+                capture_ms = (time.perf_counter() - t1) * 1e3
+                remaining = max(1, int(timeout_ms) - int((time.perf_counter() - t0) * 1e3))
+                ev = st.stager.stage(directory, model, version, remaining, self._rc_staging_buffers(st))
+                ev["stage_ms"]["capture"] = capture_ms
+                ev["stage_ms"]["total"] = (time.perf_counter() - t0) * 1e3
+                st.published = dict(ev.pop("published"))
+                st.staged_version = version
+                ev.update(ok=True, version=version, model=model, mode="full",
+                          fallback_tensors=list(st.fallback), not_loaded=list(st.not_loaded),
+                          captured_copies=len(st.capture.copies),
+                          suppressed_writes=dict(st.capture.suppressed_writes),
+                          fallback_reasons={n: st.capture.unsupported[n] for n in st.fallback})
+                st.staged_evidence = ev
+                return ev
+            except _Failure as f:
+                return _fail(f.code, str(f))
+            except Exception as e:
+                return _fail(_code_of(e), f"rc_stage {version}: {type(e).__name__}: {e}",
+                             traceback=traceback.format_exc())
+
+    def rc_install(self, version: str) -> Dict[str, Any]:
+        torch = _torch()
+        st = self._rc_state()
+        with st.lock:
+            if st.staged_version != version or st.capture is None:
+                return _fail("FailedPrecondition",
+                             f"nothing staged for {version} (staged: {st.staged_version})",
+                             outcome="refused_untouched", label=st.label, generation=st.generation)
+            t0 = time.perf_counter()
+            mutated = False
+            try:
+                params = st.capture.params
+                nbytes = 0
+                with torch.no_grad():
+                    for i, c in enumerate(st.capture.copies):
+                        p = params[c["param_name"]]
+                        dst = torch.as_strided(p.data, c["dest_shape"], c["dest_strides"],
+                                               p.data.storage_offset() + c["dest_offset"])
+                        mutated = True
+                        dst.copy_(st.staging_views[i])
+                        if i == 0 and st.faults.get("install_sleep_ms"):
+                            torch.cuda.synchronize()
+                            time.sleep(st.faults["install_sleep_ms"] / 1e3)
+                        nbytes += st.staging_views[i].numel() * st.staging_views[i].element_size()
+                    if st.fallback:
+                        base = len(st.capture.copies)
+                        model = self._rc_model()
+                        for j, name in enumerate(st.fallback):
+                            mutated = True
+                            model.load_weights([(name, st.staging_views[base + j])])
+                            nbytes += st.staging_views[base + j].numel() * st.staging_views[base + j].element_size()
+                torch.cuda.synchronize()
+                install_ms = (time.perf_counter() - t0) * 1e3
+                st.label = version
+                st.generation += 1
+                st.staged_version = None
+                d = self._rc_digest_live(st)
+                mismatch = [n for n, h in d["tensors"].items() if st.published.get(n) != h]
+                return {"ok": True, "outcome": "installed", "label": st.label, "generation": st.generation,
+                        "bytes_installed": nbytes, "install_ms": install_ms, "digest_ms": d["digest_ms"],
+                        "content_digest": d["content_digest"], "verified": not mismatch,
+                        "mismatched_tensors": mismatch[:16], "fallback_tensors": list(st.fallback),
+                        "not_loaded": list(st.not_loaded)}
+            except Exception as e:
+                outcome = "failed_after_mutation" if mutated else "refused_untouched"
+                if mutated:
+                    st.label = "<unknown after a failed install of " + version + ">"
+                    st.live_digest = None
+                return _fail(_code_of(e), f"rc_install {version}: {type(e).__name__}: {e}", outcome=outcome,
+                             label=st.label, generation=st.generation, traceback=traceback.format_exc())
+
+    def rc_digest(self, per_tensor: bool = False, fresh: bool = False) -> Dict[str, Any]:
+        st = self._rc_state()
+        with st.lock:
+            try:
+                if st.capture is None:
+                    # Nothing staged yet: capture against the checkpoint vLLM loaded from disk.
+                    folder = self.vllm_config.model_config.model
+                    if not os.path.isdir(folder):
+                        raise _Failure("FailedPrecondition",
+                                       f"no capture yet and the model {folder} is not a local folder")
+                    self._rc_ensure_capture(st, _safetensors_specs(folder))
+                cached = st.live_digest is not None and not fresh
+                d = st.live_digest if cached else self._rc_digest_live(st)
+                out = {"ok": True, "content_digest": d["content_digest"], "label": st.label,
+                       "generation": st.generation, "digest_ms": d["digest_ms"], "cached": cached,
+                       "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
+                rank, size = self._rc_tp()
+                if size > 1:
+                    out["content_digest"] = None
+                    out["tensor_sums"] = {n: {"sum": h, "full": False} for n, h in d["tensors"].items()}
+                if per_tensor:
+                    out["tensors"] = dict(d["tensors"])
+                return out
+            except _Failure as f:
+                return _fail(f.code, str(f))
+            except Exception as e:
+                return _fail(_code_of(e), f"rc_digest: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+
+    def rc_fault(self, **faults: Any) -> Dict[str, Any]:
+        """Tests only (``ROLLOUTCORE_VLLM_FAULT_INJECTION=1`` in vLLM's environment, else refused):
+        replaces the fault set. ``install_sleep_ms``: rc_install sleeps that long after its first
+        live copy (mutation has begun), so a test can kill vLLM mid-install."""
+        if os.environ.get("ROLLOUTCORE_VLLM_FAULT_INJECTION") != "1":
+            return _fail("FailedPrecondition", "fault injection is off (ROLLOUTCORE_VLLM_FAULT_INJECTION=1 enables it)")
+        known = {"install_sleep_ms"}
+        bad = sorted(set(faults) - known)
+        if bad:
+            return _fail("InvalidArgument", f"unknown faults {bad}; known: {sorted(known)}")
+        st = self._rc_state()
+        st.faults = {k: int(v) for k, v in faults.items()}
+        return {"ok": True, "faults": dict(st.faults)}
+
+    def rc_label(self) -> Dict[str, Any]:
+        st = self._rc_state()
+        d = st.live_digest
+        return {"ok": True, "label": st.label, "generation": st.generation, "boot_id": _BOOT_ID,
+                "content_digest": None if d is None else d["content_digest"]}
+
+
+def _code_of(e: BaseException) -> str:
+    code = getattr(e, "code", None)
+    if isinstance(code, str) and (isinstance(e, _Failure) or type(e).__module__.startswith("rolloutcore")):
+        return code
+    name = type(e).__name__
+    known = {"NotFoundError": "NotFound", "UnavailableError": "Unavailable", "DeadlineExceededError": "DeadlineExceeded",
+             "DataLossError": "DataLoss", "InvalidArgumentError": "InvalidArgument",
+             "FailedPreconditionError": "FailedPrecondition"}
+    return known.get(name, "Internal")

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Hot update vs restart of a real vLLM 0.26 through rolloutcore's worker extension (GPU machine).
+
+    python3 tests/vllm/bench_vllm.py --shape tiny|0.6b|8b [--cycles 5] [--controller]
+
+Per shape: a torch CUDA trainer publishes fsdp:2-style shards over cuda_ipc; vLLM (started with
+`--load-format dummy` for the 0.6b/8b shapes: their weights arrive by refit) takes `--cycles` hot
+updates, each: stage while serving -> pause(wait) -> install -> reset_prefix_cache -> (live digest,
+computed by the install) -> resume -> first token. Then vLLM is restarted on the same checkpoint:
+process start -> /health -> first token. Prints the split of a hot cycle (medians), the pause window,
+and the restart / hot-cycle ratio, and writes them to $OUT/bench_vllm_<shape>.json.
+
+With --controller the cycles go through `rolloutcore controller serve --engine vllm+http://...`
+(POST /v1/updates, phase times from GET /v1/updates/{id}) instead of being driven from here.
+
+The restart is a best case for vLLM: the same process environment, a warm page cache, a warm Triton
+cache, and for the dummy-loaded shapes no weight bytes read from disk at all, so the ratio is a
+lower bound of what a real restart costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from vllm_harness import OUT, Trainer, Vllm, http  # noqa: E402
+
+
+def shapes_trainer(cfg_dir: str, durl: str, model: str):
+    """A Trainer whose base tensors are random bf16 on the GPU, named and shaped like HF's Qwen3."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(cfg_dir)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    t = Trainer.__new__(Trainer)
+    t.torch, t.base_dir, t.model, t.device, t.world = torch, cfg_dir, model, 0, 2
+    g = torch.Generator(device="cuda:0").manual_seed(0)
+    t.base = {}
+    for name, p in meta.named_parameters():
+        x = torch.empty(p.shape, dtype=torch.bfloat16, device="cuda:0")
+        if p.dim() >= 2:
+            x.normal_(0.0, 0.02, generator=g)
+        else:
+            x.fill_(1.0)
+        t.base[name] = x
+    from rolloutcore import Publisher
+
+    t.pubs = [Publisher(durl, model, rank=r, world_size=2, transport="cuda_ipc") for r in range(2)]
+    t.versions = {}
+    return t
+
+
+def first_token_ms(v: Vllm) -> float:
+    t0 = time.perf_counter()
+    v.complete([1, 2, 3, 4], max_tokens=1)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def median(xs):
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=["tiny", "0.6b", "8b"], default="tiny")
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--port", type=int, default=8200)
+    ap.add_argument("--gpu-util", type=float, default=None)
+    ap.add_argument("--controller", action="store_true", help="drive the cycles through rolloutcore's controller")
+    a = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    from rolloutcore.cluster import Server, find_binary
+
+    work = OUT / f"bench_{a.shape}"
+    work.mkdir(exist_ok=True)
+    cfg = str(work / "model")
+    dummy = a.shape != "tiny"
+    cmd = [sys.executable, os.environ["MAKE_TINY"], cfg, "--shape", a.shape] + (["--no-weights"] if dummy else [])
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"],
+               OUT / f"bench_directory_{a.shape}.log", find_binary())
+    durl = d.wait_url(30)
+    model = f"bench-{a.shape}"
+    util = a.gpu_util or (0.3 if a.shape == "8b" else 0.25)
+    extra = ["--load-format", "dummy"] if dummy else []
+    t0 = time.time()
+    v = Vllm(cfg, a.port, f"bench_{a.shape}", extra=extra, gpu_util=util, max_len=1024)
+    cold_healthy = v.wait_healthy(600)
+    cold_first = first_token_ms(v)
+    cold_total = time.time() - t0
+    trainer = shapes_trainer(cfg, durl, model) if dummy else Trainer(cfg, durl, model)
+    total_bytes = sum(x.numel() * x.element_size() for x in trainer.base.values())
+    ctl = None
+    if a.controller:
+        ctl = Server("controller", ["controller", "serve", "--engine", "vllm+" + v.base, "--directory", durl,
+                                    "--model", model, "--state-dir", str(work / "controller"), "--port", "0"],
+                     OUT / f"bench_controller_{a.shape}.log", find_binary())
+        curl = ctl.wait_url(60)
+    rows = []
+    for k in range(1, a.cycles + 1):
+        ver = f"v{k}"
+        trainer.make(ver, seed=k, scale=0.01)
+        trainer.publish(ver)
+        if k > 2:
+            trainer.release(f"v{k - 2}")
+        row = {"version": ver}
+        c0 = time.perf_counter()
+        if ctl is None:
+            ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000)
+            assert ev["ok"], ev
+            c1 = time.perf_counter()
+            st, body = v.post("/pause?mode=wait&clear_cache=false")
+            assert st == 200, body
+            c2 = time.perf_counter()
+            inst = v.rpc1("rc_install", version=ver)
+            assert inst["ok"] and inst["verified"], inst
+            c3 = time.perf_counter()
+            st, body = v.post("/reset_prefix_cache")
+            assert body == {"success": True}, body
+            c4 = time.perf_counter()
+            lab = v.rpc1("rc_label")
+            assert lab["label"] == ver and lab["content_digest"] == inst["content_digest"]
+            c5 = time.perf_counter()
+            st, body = v.post("/resume")
+            assert st == 200, body
+            c6 = time.perf_counter()
+            row.update(stage_ms=(c1 - c0) * 1e3, stage_wire_ms=ev["stage_ms"].get("wire"),
+                       stage_digest_ms=ev["stage_ms"].get("digest"), pause_call_ms=(c2 - c1) * 1e3,
+                       install_call_ms=(c3 - c2) * 1e3, install_copy_ms=inst["install_ms"],
+                       live_digest_ms=inst["digest_ms"], reset_ms=(c4 - c3) * 1e3, label_ms=(c5 - c4) * 1e3,
+                       resume_ms=(c6 - c5) * 1e3, pause_window_ms=(c6 - c1) * 1e3,
+                       bytes_pulled=ev["bytes_pulled"])
+        else:
+            st, body = http("POST", curl + "/v1/updates", {"model": model, "version": ver})
+            assert st == 202, body
+            st, upd = http("GET", f"{curl}/v1/updates/{body['id']}?wait_ms=120000", timeout=180)
+            eng = upd["engines"][0]
+            assert eng["outcome"] == "committed", upd
+            row.update(phases_ms=eng.get("phases_ms"), controller_cycle_ms=(time.perf_counter() - c0) * 1e3)
+        row["first_token_ms"] = first_token_ms(v)
+        row["hot_cycle_ms"] = (time.perf_counter() - c0) * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    # Restart on the same checkpoint: process start -> healthy -> first token.
+    v.stop()
+    r0 = time.time()
+    v2 = Vllm(cfg, a.port, f"bench_{a.shape}_restart", extra=extra, gpu_util=util, max_len=1024)
+    healthy = v2.wait_healthy(600)
+    restart_first = first_token_ms(v2)
+    restart_s = time.time() - r0
+    v2.stop()
+    hot = [r["hot_cycle_ms"] for r in rows[1:]] or [r["hot_cycle_ms"] for r in rows]
+    summary = {
+        "shape": a.shape, "bytes": total_bytes, "cycles": a.cycles, "controller": bool(ctl),
+        "cold_start_s": round(cold_total, 2), "cold_healthy_s": round(cold_healthy, 2),
+        "cold_first_token_ms": round(cold_first, 2),
+        "restart_s": round(restart_s, 2), "restart_healthy_s": round(healthy, 2),
+        "restart_first_token_ms": round(restart_first, 2),
+        "hot_cycle_ms_median": median(hot),
+        "restart_over_hot": round(restart_s * 1e3 / statistics.median(hot), 1),
+        "rows": rows,
+    }
+    for key in ("stage_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_copy_ms",
+                "live_digest_ms", "reset_ms", "label_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
+        vals = [r[key] for r in rows[1:] if r.get(key) is not None]
+        if vals:
+            summary[key + "_median"] = median(vals)
+    print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "rows"}), flush=True)
+    (OUT / f"bench_vllm_{a.shape}.json").write_text(json.dumps(summary, indent=1))
+    if ctl is not None:
+        ctl.stop()
+    trainer.close()
+    d.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

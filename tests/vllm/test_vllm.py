@@ -1,0 +1,417 @@
+"""rolloutcore's vLLM worker extension against a real vLLM 0.26 (labels gpu, vllm).
+
+Run on the GPU machine with scripts/gpu/run_vllm.sh (it sets VLLM_SITE, RC_PYTHONPATH,
+ROLLOUTCORE_BIN, MAKE_TINY, OUT). Skips cleanly without a GPU, vLLM or the CUDA build.
+
+Figures (stage/install/digest times, start-up times) are printed and written to
+$OUT/vllm_figures.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+try:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None and not os.path.isdir(os.environ.get("VLLM_SITE", "/tmp/vb/site")):
+        pytest.skip("vLLM is not available (VLLM_SITE)", allow_module_level=True)
+    from rolloutcore import _core
+
+    if not getattr(_core, "cuda_built", False):
+        pytest.skip("rolloutcore._core is not the CUDA build", allow_module_level=True)
+except ImportError as e:  # pragma: no cover
+    pytest.skip(f"rolloutcore not importable: {e}", allow_module_level=True)
+
+from vllm_harness import OUT, Background, Trainer, Vllm, cached_tokens, http, manifest_digests, tokens_of  # noqa: E402
+
+from rolloutcore.cluster import Server, find_binary  # noqa: E402
+
+MODEL = "tiny"
+FIG: dict = {}
+PROMPTS = [list(range(100, 180)), list(range(300, 364)), [7, 8, 9, 10, 11, 12, 13, 14] * 6]
+
+
+def figure(name: str, value) -> None:
+    FIG[name] = value
+    print(f"FIGURE {name} = {value}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "vllm_figures.json").write_text(json.dumps(FIG, indent=1, sort_keys=True))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    OUT.mkdir(parents=True, exist_ok=True)
+    work = tmp_path_factory.mktemp("vllm")
+    tiny = str(work / "tiny")
+    subprocess.run([sys.executable, os.environ["MAKE_TINY"], tiny, "--seed", "0"], check=True,
+                   stdout=subprocess.DEVNULL)
+    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"], OUT / "directory.log",
+               find_binary())
+    durl = d.wait_url(30)
+    trainer = Trainer(tiny, durl, MODEL)
+    v = Vllm(tiny, 8100, "main")
+    figure("vllm_start_to_healthy_s", round(v.wait_healthy(), 1))
+    yield {"work": work, "tiny": tiny, "directory": durl, "trainer": trainer, "vllm": v}
+    v.stop()
+    trainer.close()
+    d.stop()
+
+
+def stage_install(env, version: str, reset: bool = True):
+    v, durl = env["vllm"], env["directory"]
+    ev = v.rpc1("rc_stage", model=MODEL, version=version, directory=durl, timeout_ms=60000)
+    assert ev["ok"], ev
+    st, body = v.post("/pause?mode=wait&clear_cache=false")
+    assert st == 200, body
+    inst = v.rpc1("rc_install", version=version)
+    assert inst["ok"] and inst["outcome"] == "installed", inst
+    if reset:
+        st, body = v.post("/reset_prefix_cache")
+        assert st == 200 and body == {"success": True}, body
+    st, body = v.post("/resume")
+    assert st == 200, body
+    return ev, inst
+
+
+def test_describe_reports_the_live_parameters(env):
+    d = env["vllm"].rpc1("rc_describe")
+    assert d["ok"], d
+    assert d["tp_size"] == 1 and d["tp_rank"] == 0
+    names = {p["name"] for p in d["parameters"]}
+    assert any("qkv_proj" in n for n in names) and any("gate_up_proj" in n for n in names), sorted(names)[:8]
+    assert d["label"] == "v0" and d["generation"] == 0
+    assert len(d["boot_id"]) == 32
+
+
+def test_initial_digest_equals_the_checkpoint(env):
+    """Before any stage the extension captures against the checkpoint vLLM loaded and proves it."""
+    v, trainer = env["vllm"], env["trainer"]
+    trainer.versions["v0"] = {k: t.contiguous() for k, t in trainer.base.items()}
+    trainer.publish("v0")
+    want, per = manifest_digests(env["directory"], MODEL, "v0")
+    d = v.rpc1("rc_digest", per_tensor=True, fresh=True)
+    assert d["ok"], d
+    assert d["fallback_tensors"] == [], d
+    loaded = {n: h for n, h in per.items() if n not in d["not_loaded"]}
+    assert d["tensors"] == loaded
+    if not d["not_loaded"]:
+        assert d["content_digest"] == want
+    figure("tiny_not_loaded", d["not_loaded"])
+
+
+def test_stage_install_and_prove_v1_from_fsdp2_cuda_shards(env):
+    v, trainer = env["vllm"], env["trainer"]
+    trainer.make("v1", seed=1)
+    reports = trainer.publish("v1")
+    assert reports[-1]["state"] == "COMMITTED", reports
+    want, per = manifest_digests(env["directory"], MODEL, "v1")
+    ev, inst = stage_install(env, "v1")
+    assert ev["transport"] == "cuda_ipc"
+    assert ev["bytes_needed"] == ev["bytes_planned"] == ev["bytes_pulled"], ev
+    assert ev["fallback_tensors"] == [], ev["fallback_reasons"]
+    assert inst["verified"], inst
+    d = v.rpc1("rc_digest", per_tensor=True, fresh=True)
+    assert d["label"] == "v1" and d["generation"] == 1
+    loaded = {n: h for n, h in per.items() if n not in d["not_loaded"]}
+    assert d["tensors"] == loaded, "live digest != manifest for some tensor"
+    if not d["not_loaded"]:
+        assert d["content_digest"] == want == inst["content_digest"]
+    lab = v.rpc1("rc_label")
+    assert lab["label"] == "v1" and lab["generation"] == 1 and lab["content_digest"] == inst["content_digest"]
+    figure("tiny_stage_ms", ev["stage_ms"])
+    figure("tiny_install_ms", round(inst["install_ms"], 3))
+    figure("tiny_live_digest_ms", round(inst["digest_ms"], 3))
+    figure("tiny_bytes_pulled", ev["bytes_pulled"])
+    figure("tiny_captured_copies", ev["captured_copies"])
+    # A second stage of another version reuses the capture and staging; plans are rebuilt only when
+    # the source topology changes (new handles here: new buffers).
+    assert v.rpc1("rc_describe")["data_ptrs_stable"] is True
+
+
+def test_greedy_tokens_equal_a_fresh_vllm_on_the_exported_checkpoint(env):
+    v, trainer = env["vllm"], env["trainer"]
+    assert v.rpc1("rc_label")["label"] == "v1"
+    out = trainer.export("v1", str(env["work"] / "export_v1"))
+    fresh = Vllm(out, 8101, "fresh_v1")
+    try:
+        figure("fresh_vllm_start_to_healthy_s", round(fresh.wait_healthy(), 1))
+        for p in PROMPTS:
+            a = v.complete(p, max_tokens=24, cache_salt="greedy-check")
+            b = fresh.complete(p, max_tokens=24)
+            assert tokens_of(a) == tokens_of(b), (p, tokens_of(a), tokens_of(b))
+    finally:
+        fresh.stop()
+
+
+def test_stale_cache_negative_control_and_reset(env):
+    """Skipping the reset after an update yields stale hits and other output; the reset fixes it."""
+    v, trainer = env["vllm"], env["trainer"]
+    p = PROMPTS[0]
+    v.complete(p, max_tokens=1)
+    hit = v.complete(p, max_tokens=16)
+    assert cached_tokens(hit) > 0, hit["usage"]
+    hits_before = v.metric("vllm:prefix_cache_hits_total")
+    assert hits_before > 0
+    trainer.make("v2", seed=2)
+    trainer.publish("v2")
+    stage_install(env, "v2", reset=False)  # the negative control: no prefix-cache reset
+    stale = v.complete(p, max_tokens=16)
+    assert cached_tokens(stale) > 0, "expected stale prefix-cache hits without a reset"
+    st, body = v.post("/pause?mode=wait&clear_cache=false")
+    st, body = v.post("/reset_prefix_cache")
+    assert body == {"success": True}, body
+    v.post("/resume")
+    fresh1 = v.complete(p, max_tokens=16)
+    assert cached_tokens(fresh1) == 0
+    fresh2 = v.complete(p, max_tokens=16)
+    assert cached_tokens(fresh2) > 0
+    assert tokens_of(fresh1) == tokens_of(fresh2)
+    figure("stale_cached_tokens", cached_tokens(stale))
+    figure("stale_output_differs", tokens_of(stale) != tokens_of(fresh1))
+    assert tokens_of(stale) != tokens_of(fresh1), "stale KV gave the same tokens (weak perturbation?)"
+
+
+def test_reset_prefix_cache_answers_false_while_a_request_is_frozen(env):
+    v = env["vllm"]
+    bg = Background(v.complete, list(range(500, 540)), max_tokens=600, ignore_eos=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and v.metric("vllm:num_requests_running") < 1:
+        time.sleep(0.05)
+    st, body = v.post("/pause?mode=keep&clear_cache=false")
+    assert st == 200, body
+    st, body = v.post("/reset_prefix_cache")
+    figure("reset_while_frozen", body)
+    assert st == 200 and body == {"success": False}, body
+    v.post("/resume")
+    out = bg.join(120)
+    assert out["usage"]["completion_tokens"] == 600
+
+
+def test_install_without_stage_is_refused_untouched(env):
+    v = env["vllm"]
+    before = v.rpc1("rc_label")
+    r = v.rpc1("rc_install", version="v-never-staged")
+    assert not r["ok"] and r["outcome"] == "refused_untouched", r
+    after = v.rpc1("rc_digest", fresh=True)
+    assert after["label"] == before["label"] and after["content_digest"] == before["content_digest"]
+
+
+def test_stage_of_an_unknown_version_is_not_found(env):
+    r = env["vllm"].rpc1("rc_stage", model=MODEL, version="v404", directory=env["directory"], timeout_ms=5000)
+    assert not r["ok"] and r["code"] == "NotFound", r
+
+
+# ---- through the controller: `rolloutcore controller serve --engine vllm+http://...` -------------
+
+
+@pytest.fixture(scope="module")
+def ctl(env):
+    s = Server("controller", ["controller", "serve", "--engine", "vllm+" + env["vllm"].base,
+                              "--directory", env["directory"], "--model", MODEL,
+                              "--state-dir", str(env["work"] / "controller"), "--port", "0",
+                              "--install-deadline-ms", "3000", "--stage-deadline-ms", "20000"],
+               OUT / "controller.log", find_binary())
+    url = s.wait_url(120)
+    yield url
+    s.stop()
+
+
+def update(ctl_url: str, version: str, wait_ms: int = 120000):
+    st, body = http("POST", ctl_url + "/v1/updates", {"model": MODEL, "version": version})
+    assert st == 202, body
+    st, out = http("GET", f"{ctl_url}/v1/updates/{body['id']}?wait_ms={wait_ms}", timeout=wait_ms / 1e3 + 30)
+    assert st == 200, out
+    return out["engines"][0]
+
+
+def rollout(ctl_url: str, prompt, max_tokens: int, rollout_id: str, **extra):
+    body = {"prompt_token_ids": prompt, "max_tokens": max_tokens, "temperature": 0.0, "rollout_id": rollout_id}
+    body.update(extra)
+    return http("POST", ctl_url + "/v1/rollouts", body, timeout=300)
+
+
+def journal(ctl_url: str):
+    st, body = http("GET", ctl_url + "/v1/journal")
+    assert st == 200, body
+    return body["records"] if isinstance(body, dict) else body
+
+
+def find(records, event, rollout=None):
+    for r in records:
+        if r.get("event") == event and (rollout is None or r.get("rollout") == rollout):
+            return r
+    return None
+
+
+def status(ctl_url: str):
+    st, body = http("GET", ctl_url + "/v1/status")
+    assert st == 200, body
+    return body["engines"][0]
+
+
+def test_controller_update_commits_with_the_digest_proven(env, ctl):
+    trainer = env["trainer"]
+    trainer.make("v3", seed=3)
+    trainer.publish("v3")
+    want, per = manifest_digests(env["directory"], MODEL, "v3")
+    eng = update(ctl, "v3")
+    assert eng["outcome"] == "committed", eng
+    s = status(ctl)
+    assert s["state"] == "READY" and s["label"] == "v3", s
+    d = env["vllm"].rpc1("rc_digest", per_tensor=True, fresh=True)
+    assert {n: h for n, h in per.items() if n not in d["not_loaded"]} == d["tensors"]
+    figure("controller_update_v3_phases_ms", eng.get("phases_ms"))
+    figure("controller_update_v3_evidence", eng.get("evidence"))
+
+
+def test_live_256_token_rollout_drains_before_the_install(env, ctl):
+    """Experiment 1: a rollout admitted under v3 is mid-generation when v4 is requested."""
+    v, trainer = env["vllm"], env["trainer"]
+    prompt = list(range(40, 72))
+    st, ref = rollout(ctl, prompt, 256, "ref-v3", ignore_eos=True)
+    assert st == 200, ref
+    trainer.make("v4", seed=4)
+    trainer.publish("v4")
+    gen0 = v.metric("vllm:generation_tokens_total")
+    bg = Background(rollout, ctl, prompt, 256, "long-1", ignore_eos=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and v.metric("vllm:generation_tokens_total") < gen0 + 8:
+        time.sleep(0.002)
+    mid = v.metric("vllm:generation_tokens_total") - gen0
+    eng = Background(update, ctl, "v4")
+    st, long = bg.join(120)
+    eng = eng.join(180)
+    assert 8 <= mid < 256, mid
+    figure("live_rollout_tokens_at_update_request", mid)
+    assert st == 200, long
+    assert eng["outcome"] == "committed", eng
+    assert long["binding"]["label"] == "v3"
+    assert long["choices"][0]["text"] == ref["choices"][0]["text"], "tokens equal the v3-only run"
+    j = journal(ctl)
+    fin, inst = find(j, "finish", "long-1"), find(j, "begin_install")
+    ins = [r for r in j if r.get("event") == "begin_install"]
+    assert fin is not None and ins, j[-10:]
+    assert fin["seq"] < ins[-1]["seq"], "its finish is journaled before the install began"
+    st, after = rollout(ctl, prompt, 16, "after-1")
+    assert st == 200 and after["binding"]["label"] == "v4", after
+
+
+def test_first_request_after_an_update_is_fresh_and_the_second_hits(env, ctl):
+    """Experiment 2 through the controller (the negative control is test_stale_cache_...)."""
+    v, trainer = env["vllm"], env["trainer"]
+    p = PROMPTS[1]
+    rollout(ctl, p, 1, "warm-1")
+    st, hit = rollout(ctl, p, 1, "warm-2")
+    assert cached_tokens(hit) > 0, hit.get("usage")
+    trainer.make("v5", seed=5)
+    trainer.publish("v5")
+    eng = update(ctl, "v5")
+    assert eng["outcome"] == "committed", eng
+    st, first = rollout(ctl, p, 16, "fresh-1")
+    st2, second = rollout(ctl, p, 16, "fresh-2")
+    assert cached_tokens(first) == 0 and cached_tokens(second) > 0
+    out = trainer.export("v5", str(env["work"] / "export_v5"))
+    fresh = Vllm(out, 8102, "fresh_v5")
+    try:
+        fresh.wait_healthy()
+        ref = fresh.complete(p, max_tokens=16)
+        assert tokens_of(first) == tokens_of(ref) == tokens_of(second)
+    finally:
+        fresh.stop()
+
+
+def test_two_versions_same_shapes_each_trajectory_carries_its_own_digest(env, ctl):
+    """Experiment 3."""
+    v5_digest, _ = manifest_digests(env["directory"], MODEL, "v5")
+    v4_digest, _ = manifest_digests(env["directory"], MODEL, "v4")
+    assert v5_digest != v4_digest
+    st, body = http("GET", ctl + "/v1/trajectories?format=json&limit=1000")
+    assert st == 200
+    rows = body["trajectories"] if isinstance(body, dict) else body
+    seen = {}
+    for t in rows:
+        b = t["binding"]
+        seen.setdefault(b["label"], set()).add(b["identity"]["content_digest"])
+    assert seen.get("v5") == {v5_digest} and seen.get("v4") == {v4_digest}, seen
+
+
+TRAINER_CHILD = r'''
+import os, sys, time
+sys.path.insert(0, os.environ["HARNESS_DIR"])
+from vllm_harness import Trainer
+t = Trainer(sys.argv[1], sys.argv[2], sys.argv[3])
+t.make(sys.argv[4], seed=int(sys.argv[5]))
+t.publish(sys.argv[4])
+print("published", flush=True)
+time.sleep(600)
+'''
+
+
+def test_trainer_dead_before_the_pull_leaves_the_engine_on_the_old_version(env, ctl):
+    """Experiment 4b: the sources of a committed version die; the stage fails, nothing live changes."""
+    v = env["vllm"]
+    before = v.rpc1("rc_digest", fresh=True)
+    child = subprocess.Popen([sys.executable, "-c", TRAINER_CHILD, env["tiny"], env["directory"], MODEL, "v7", "7"],
+                             stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, HARNESS_DIR=os.path.dirname(__file__)))
+    assert child.stdout.readline().strip() == "published"
+    child.kill()
+    child.wait()
+    t0 = time.time()
+    env_ctl = ctl
+    eng = update(env_ctl, "v7")
+    figure("dead_trainer_update_s", round(time.time() - t0, 3))
+    assert eng["outcome"] != "committed", eng
+    s = status(env_ctl)
+    assert s["state"] == "READY" and s["label"] == before["label"], s
+    after = v.rpc1("rc_digest", fresh=True)
+    assert after["content_digest"] == before["content_digest"] and after["label"] == before["label"]
+
+
+def test_vllm_killed_mid_install_taints_in_bounded_time_and_recovery_proves_the_digest(env, ctl):
+    """Experiment 4a and recovery."""
+    v, trainer = env["vllm"], env["trainer"]
+    trainer.make("v8", seed=8)
+    trainer.publish("v8")
+    assert v.rpc1("rc_fault", install_sleep_ms=10000)["ok"]
+    st, body = http("POST", ctl + "/v1/updates", {"model": MODEL, "version": "v8"})
+    assert st == 202, body
+    deadline = time.time() + 60
+    while time.time() < deadline and status(ctl)["state"] != "UPDATING":
+        time.sleep(0.005)
+    assert status(ctl)["state"] == "UPDATING"
+    time.sleep(0.3)  # inside the install: its first copy is done, the extension sleeps
+    t_kill = time.time()
+    v.kill9()
+    while time.time() < t_kill + 10 and status(ctl)["state"] != "TAINTED":
+        time.sleep(0.005)
+    taint_ms = (time.time() - t_kill) * 1e3
+    figure("killed_mid_install_to_tainted_ms", round(taint_ms, 1))
+    assert status(ctl)["state"] == "TAINTED"
+    assert taint_ms <= 3000 + 100
+    # Restart vLLM on its checkpoint (v0 weights, label v0) at the same address, then recover.
+    v2 = Vllm(env["tiny"], v.port, "main_restarted")
+    env["vllm"] = v2
+    v2.wait_healthy()
+    st, body = http("POST", ctl + "/v1/recover", {"model": MODEL, "version": "v8"})
+    assert st == 202, body
+    deadline = time.time() + 120
+    while time.time() < deadline and status(ctl)["state"] != "READY":
+        time.sleep(0.1)
+    s = status(ctl)
+    assert s["state"] == "READY" and s["label"] == "v8", s
+    want, per = manifest_digests(env["directory"], MODEL, "v8")
+    d = v2.rpc1("rc_digest", per_tensor=True, fresh=True)
+    assert d["label"] == "v8" and {n: h for n, h in per.items() if n not in d["not_loaded"]} == d["tensors"]
