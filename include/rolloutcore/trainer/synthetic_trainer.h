@@ -91,6 +91,9 @@ struct VersionStatus {
   int64_t shards = 0;
   double compute_ms = 0;  // slowest rank
   double publish_ms = 0;  // slowest rank: register + digest + directory
+  // A rank's publish went unanswered and the directory did not tell the outcome in time: its
+  // buffers stay registered (the version may be committed) until the version is released.
+  bool unresolved = false;
 };
 
 // {version, step, state, committed, ranks_published, commit_seq, content_digest (hex), bytes,
