@@ -317,6 +317,7 @@ Result<VersionStatus> SyntheticTrainer::Step() {
     v.shards += p.shards;
     v.compute_ms = std::max(v.compute_ms, p.compute_ms);
     v.publish_ms = std::max(v.publish_ms, p.publish_ms);
+    v.unresolved = v.unresolved || p.unresolved;
     v.ranks_published = std::max(v.ranks_published, p.ranks_published);
     if (p.state == "COMMITTED") {
       v.state = p.state;
@@ -399,7 +400,8 @@ Json VersionStatusToJson(const VersionStatus& v) {
               {"bytes", v.bytes},
               {"shards", v.shards},
               {"compute_ms", v.compute_ms},
-              {"publish_ms", v.publish_ms}};
+              {"publish_ms", v.publish_ms},
+              {"unresolved", v.unresolved}};
 }
 
 Json SyntheticTrainer::StatusJson() {

@@ -158,6 +158,16 @@ TEST_F(DirectoryCrashTest, KilledAfterCommitAndBackTooLateTheBuffersAreStillServ
   const StepAnswer answer = step.get();
   EXPECT_EQ(answer.http_status, 503) << answer.body;
   EXPECT_NE(answer.body.find("outcome unknown"), std::string::npos) << answer.body;
+  {
+    httplib::Client http((*trainer)->url());
+    auto res = http.Get("/status");
+    ASSERT_TRUE(res);
+    auto status = ParseJson(res->body);
+    ASSERT_TRUE(status.ok());
+    ASSERT_EQ(status->at("versions").size(), 2u) << res->body;  // v1 is tracked, not forgotten
+    EXPECT_EQ(status->at("versions")[1].at("version"), "v1");
+    EXPECT_EQ(status->at("versions")[1].at("unresolved"), true) << res->body;
+  }
   StartReal();
   ExpectV1CommittedAndServed();
   ASSERT_NE((*trainer)->SignalAndWait(SIGTERM, 20s), -1);
