@@ -72,7 +72,8 @@ class DirectoryClient:
     def wait_committed(self, model: str, version: str, timeout_s: float = 60.0) -> Dict[str, Any]:
         """Blocks until ``version`` is COMMITTED and returns its VersionInfo.
 
-        FailedPreconditionError when it is ABANDONED; DeadlineExceededError after ``timeout_s``.
+        FailedPreconditionError when it is ABANDONED or UNAVAILABLE; DeadlineExceededError after
+        ``timeout_s``.
         A version not published yet is waited for.
         """
         deadline = time.monotonic() + timeout_s
@@ -81,15 +82,22 @@ class DirectoryClient:
                 info = self.info(model, version)
                 if info["state"] == "COMMITTED":
                     return info
-                if info["state"] == "ABANDONED":
+                if info["state"] in ("ABANDONED", "UNAVAILABLE"):
                     raise FailedPreconditionError(
-                        f"version {version} of model {model} is ABANDONED: {info.get('reason', '')}"
+                        f"version {version} of model {model} is {info['state']}: {info.get('reason', '')}"
                     )
             except NotFoundError:
                 pass
             if time.monotonic() >= deadline:
                 raise DeadlineExceededError(f"version {version} of model {model} not committed within {timeout_s} s")
             time.sleep(0.02)
+
+    def mark_unavailable(self, model: str, version: str, reason: str) -> Dict[str, Any]:
+        """Records that the memory ``version`` names is gone (docs/directory.md): COMMITTED becomes
+        UNAVAILABLE, STAGING becomes ABANDONED. Returns the VersionInfo after the mark."""
+        return self._http.request(
+            "POST", f"/v1/models/{_q(model)}/versions/{_q(version)}/unavailable", body={"reason": reason}
+        )
 
     def release(self, model: str, version: str) -> Dict[str, Any]:
         """Drops a version in any state (NotFoundError when unknown or already released)."""

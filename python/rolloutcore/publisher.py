@@ -170,7 +170,10 @@ class Publisher:
         lease_id, shards, bytes, register_ms, digest_ms, publish_ms, tensor_digests}``; ``state``
         is ``COMMITTED`` when this publish completed the version (``content_digest`` is then the
         version's), else ``STAGING``. A refused publish leaves the version staged (retry or
-        release).
+        release). A publish whose answer was lost (the directory died, perhaps after committing)
+        keeps its buffers and asks the directory for the outcome; if it cannot tell in time this
+        raises ``UnavailableError`` ("outcome unknown") and the buffers stay registered: call
+        ``publish`` again to ask again, or ``release``.
         """
         return self._impl.publish(version)
 
@@ -180,7 +183,8 @@ class Publisher:
 
     def release(self, version: str, in_directory: bool = True) -> None:
         """Deregisters the version's memory and drops the arrays; with ``in_directory`` also
-        releases it in the directory first (so no engine discovers it afterwards)."""
+        releases it in the directory first (so no engine discovers it afterwards); without, a
+        published version is marked UNAVAILABLE there first (its handles are about to die)."""
         self._impl.release(version, in_directory)
 
     def shards(self, version: str) -> List[Dict[str, Any]]:

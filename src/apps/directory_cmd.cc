@@ -1,5 +1,5 @@
 // `rolloutcore directory ...`: serve the version directory, and a few operator commands that talk
-// to a running one (list, get, release). HTTP API: docs/directory.md.
+// to a running one (list, get, release, mark-unavailable). HTTP API: docs/directory.md.
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -93,17 +93,23 @@ void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
     std::string model;
     std::string version;
     std::string state = "committed";
+    std::string reason;
   };
   auto copts = std::make_shared<ClientOpts>();
   auto* list = dir->add_subcommand("list", "List the versions of a model (JSON).");
   auto* get = dir->add_subcommand("get", "Print the committed manifest of a version (JSON).");
   auto* release = dir->add_subcommand("release", "Release a version (it disappears from list and get).");
-  for (CLI::App* c : {list, get, release}) {
+  auto* mark = dir->add_subcommand(
+      "mark-unavailable",
+      "Record that a version's sources are gone: COMMITTED becomes UNAVAILABLE (refused by get), STAGING ABANDONED.");
+  for (CLI::App* c : {list, get, release, mark}) {
     c->add_option("--url", copts->url, "Directory URL")->capture_default_str();
     c->add_option("--model", copts->model, "Model name")->required();
   }
-  for (CLI::App* c : {get, release}) c->add_option("--version", copts->version, "Version label")->required();
-  list->add_option("--state", copts->state, "committed | staging | abandoned | all")->capture_default_str();
+  for (CLI::App* c : {get, release, mark}) c->add_option("--version", copts->version, "Version label")->required();
+  mark->add_option("--reason", copts->reason, "Whose memory is gone and why (recorded)")->required();
+  list->add_option("--state", copts->state, "committed | staging | abandoned | unavailable | all")
+      ->capture_default_str();
 
   list->callback([copts, exit_code] {
     auto filter = directory::ParseStateFilter(copts->state);
@@ -130,6 +136,16 @@ void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
     directory::DirectoryClient client(copts->url);
     Status s = client.Release(copts->model, copts->version);
     *exit_code = s.ok() ? PrintResult(Json{{"released", true}}) : PrintResult(s);
+  });
+  mark->callback([copts, exit_code] {
+    directory::DirectoryClient client(copts->url);
+    Status s = client.MarkUnavailable(copts->model, copts->version, copts->reason);
+    if (!s.ok()) {
+      *exit_code = PrintResult(s);
+      return;
+    }
+    auto info = client.GetInfo(copts->model, copts->version);
+    *exit_code = info.ok() ? PrintResult(directory::internal::VersionInfoToJson(*info)) : PrintResult(info.status());
   });
 }
 

@@ -39,6 +39,7 @@ struct ServeOptions {
   int32_t keep = 0;
   int32_t fail_rank = -1;
   int64_t lease_ttl_ms = 10'000;
+  int64_t publish_outcome_timeout_ms = 30'000;
   std::string first_step = "0";
   bool keep_on_exit = false;
 };
@@ -101,6 +102,7 @@ int Serve(const ServeOptions& o) {
   options.fail_rank = o.fail_rank;
   options.keep = o.keep;
   options.publisher.lease_ttl_ms = o.lease_ttl_ms;
+  options.publisher.outcome_timeout_ms = o.publish_outcome_timeout_ms;
   const bool auto_step = o.first_step == "auto";
   if (auto_step) {
     auto next = NextFreeStep(client, o.name.empty() ? config->name : o.name);
@@ -260,6 +262,10 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   serve->add_option("--fail-rank", so->fail_rank, "Fault injection: this rank never publishes (-1: none)")
       ->capture_default_str();
+  serve->add_option("--publish-outcome-timeout-ms", so->publish_outcome_timeout_ms,
+                    "How long a rank whose publish went unanswered asks the directory for the outcome, keeping its "
+                    "buffers (then the step fails with the outcome unknown and the buffers stay registered)")
+      ->check(CLI::NonNegativeNumber);
   serve->add_option("--lease-ttl-ms", so->lease_ttl_ms, "Lease of each rank's publishes (renewed every third)")
       ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}))
       ->capture_default_str();

@@ -131,6 +131,13 @@ Result<Json> Dispatch(DirectoryStore& store, const ApiRequest& r, const ApiLimit
       *allowed = "GET, DELETE";
       return Json();
     }
+    if (p.size() == 6 && p[5] == "unavailable") {
+      if (!expect("POST")) return Json();
+      RC_ASSIGN_OR_RETURN(std::string reason, ParseMarkUnavailableBody(r.body));
+      RC_RETURN_IF_ERROR(store.MarkUnavailable(model, version, reason));
+      RC_ASSIGN_OR_RETURN(VersionInfo info, store.GetInfo(model, version));
+      return VersionInfoToJson(info);
+    }
     if (p.size() == 6 && p[5] == "status") {
       if (!expect("GET")) return Json();
       RC_ASSIGN_OR_RETURN(VersionInfo info, store.GetInfo(model, version));

@@ -33,6 +33,31 @@ class ApiTest : public ::testing::Test {
   ApiLimits limits_{.max_wait_ms = 1000, .wait_slice_ms = 50, .store_kind = "memory"};
 };
 
+TEST_F(ApiTest, MarkUnavailableAnswersTheVersionAfterTheMarkAndChecksItsBody) {
+  ASSERT_EQ(Call("POST", "/v1/models/m/versions/v1/ranks/0", PublishBody(0, 1)).status, 200);
+  auto r = Call("POST", "/v1/models/m/versions/v1/unavailable", R"({"reason": "rank 0 released its buffers"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["state"], "UNAVAILABLE");
+  EXPECT_EQ(Body(r)["reason"], "rank 0 released its buffers");
+  EXPECT_EQ(Body(r)["commit_seq"], 1);
+  auto get = Call("GET", "/v1/models/m/versions/v1");
+  EXPECT_EQ(get.status, 409);
+  EXPECT_NE(Message(get).find("UNAVAILABLE"), std::string::npos) << Message(get);
+  auto list = Call("GET", "/v1/models/m/versions", "", {{"state", "unavailable"}});
+  ASSERT_EQ(list.status, 200);
+  EXPECT_EQ(Body(list)["versions"].size(), 1u);
+
+  auto unknown_field = Call("POST", "/v1/models/m/versions/v1/unavailable", R"({"reason": "x", "force": true})");
+  EXPECT_EQ(unknown_field.status, 400);
+  EXPECT_NE(Message(unknown_field).find("force"), std::string::npos) << Message(unknown_field);
+  auto not_string = Call("POST", "/v1/models/m/versions/v1/unavailable", R"({"reason": 7})");
+  EXPECT_EQ(not_string.status, 400);
+  EXPECT_NE(Message(not_string).find("reason"), std::string::npos) << Message(not_string);
+  EXPECT_EQ(Call("POST", "/v1/models/m/versions/v1/unavailable", "{}").status, 400);
+  EXPECT_EQ(Call("POST", "/v1/models/m/versions/v9/unavailable", R"({"reason": "x"})").status, 404);
+  EXPECT_EQ(Call("GET", "/v1/models/m/versions/v1/unavailable").status, 405);
+}
+
 TEST_F(ApiTest, HealthReportsTheStore) {
   auto r = Call("GET", "/health");
   EXPECT_EQ(r.status, 200);

@@ -127,6 +127,18 @@ Status DirectoryClient::Release(std::string_view model, std::string_view version
   return Call("DELETE", VersionPath(model, version), "").status();
 }
 
+Status DirectoryClient::MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) {
+  RC_RETURN_IF_ERROR(CheckNames(model, version));
+  // The server checks the reason; a JSON string must be UTF-8, so refuse other bytes here.
+  Json body;
+  try {
+    body = Json{{"reason", std::string(reason)}};
+    return Call("POST", VersionPath(model, version) + "/unavailable", body.dump()).status();
+  } catch (const std::exception&) {
+    return InvalidArgument("reason: must be UTF-8");
+  }
+}
+
 LeaseKeeper::LeaseKeeper(DirectoryStore* store, int64_t lease_id, int64_t interval_ms)
     : store_(store), lease_id_(lease_id), interval_ms_(std::max<int64_t>(interval_ms, 1)) {
   thread_ = std::thread([this] { Run(); });

@@ -121,6 +121,16 @@ Result<PublishRequest> ParsePublishBody(std::string_view body, std::string_view 
   return r;
 }
 
+Result<std::string> ParseMarkUnavailableBody(std::string_view body) {
+  RC_ASSIGN_OR_RETURN(Json j, ParseBoundedJson(body, "request body"));
+  if (!j.is_object()) return InvalidArgument("request body: expected a JSON object, got " + JsonTypeName(j));
+  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"reason"}, ""));
+  auto it = j.find("reason");
+  if (it == j.end()) return InvalidArgument("reason: required field is missing");
+  if (!it->is_string()) return InvalidArgument("reason: expected a string, got " + JsonTypeName(*it));
+  return it->get<std::string>();
+}
+
 Json PublishBodyToJson(const PublishRequest& r) {
   Json j{{"expected_ranks", r.expected_ranks}, {"tensors", TablesToJson(r.tables)}};
   if (r.lease_id != 0) {

@@ -30,6 +30,9 @@ inline constexpr int kMaxJsonDepth = 64;
                                                       std::string_view version, int32_t rank);
 Json PublishBodyToJson(const PublishRequest& request);
 
+// Mark-unavailable body: {"reason": "..."}; the reason's rules are checked by the store.
+[[nodiscard]] Result<std::string> ParseMarkUnavailableBody(std::string_view body);
+
 Json PublishResultToJson(const PublishRequest& request, const PublishResult& result);
 [[nodiscard]] Result<PublishResult> PublishResultFromJson(const Json& j);
 

@@ -207,15 +207,7 @@ class EtcdStore final : public DirectoryStore {
     RC_RETURN_IF_ERROR(CheckNames(model, version));
     RC_ASSIGN_OR_RETURN(Snapshot snap, Resolve(model, version, false));
     if (!snap.exists || snap.meta.released) return internal::VersionNotFound(model, version);
-    if (snap.meta.state == VersionState::kAbandoned) {
-      return FailedPrecondition(
-          fmt::format("{} is ABANDONED ({})", internal::DescribeVersion(model, version), snap.meta.reason));
-    }
-    if (snap.meta.state == VersionState::kStaging) {
-      return FailedPrecondition(fmt::format("{} is STAGING ({} of {} ranks published)",
-                                            internal::DescribeVersion(model, version), snap.meta.rank_leases.size(),
-                                            snap.meta.expected_ranks));
-    }
+    if (snap.meta.state != VersionState::kCommitted) return internal::NotCommitted(model, version, snap.meta);
     RC_ASSIGN_OR_RETURN(std::optional<EtcdKv> kv, etcd_.Get(ManifestKey(model, version)));
     if (!kv) return internal::VersionNotFound(model, version);  // released meanwhile
     auto j = ParseJson(kv->value, "stored manifest");
@@ -308,6 +300,27 @@ class EtcdStore final : public DirectoryStore {
       if (ok) return OkStatus();
     }
     return Aborted(fmt::format("{}: release lost {} optimistic races in a row; retry",
+                               internal::DescribeVersion(model, version), options_.max_txn_attempts));
+  }
+
+  Status MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) override {
+    RC_RETURN_IF_ERROR(CheckNames(model, version));
+    for (int attempt = 0; attempt < options_.max_txn_attempts; ++attempt) {
+      RC_ASSIGN_OR_RETURN(Snapshot snap, Resolve(model, version, false));
+      VersionMeta meta = snap.meta;
+      RC_ASSIGN_OR_RETURN(VersionState before,
+                          internal::ApplyMarkUnavailable(snap.exists ? &meta : nullptr, model, version, reason));
+      if (before != VersionState::kCommitted && before != VersionState::kStaging) return OkStatus();
+      EtcdTxn txn;
+      txn.ModRevisionIs(MetaKey(model, version), snap.meta_revision);
+      if (before == VersionState::kCommitted) txn.Delete(CommitKey(model, meta.commit_seq));
+      txn.Put(MetaKey(model, version), MetaToJson(meta))
+          .Delete(ManifestKey(model, version))
+          .DeletePrefix(RanksPrefix(model, version));
+      RC_ASSIGN_OR_RETURN(bool ok, etcd_.Commit(txn));
+      if (ok) return OkStatus();
+    }
+    return Aborted(fmt::format("{}: marking it unavailable lost {} optimistic races in a row; retry",
                                internal::DescribeVersion(model, version), options_.max_txn_attempts));
   }
 

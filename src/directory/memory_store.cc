@@ -95,7 +95,7 @@ class MemoryStore final : public DirectoryStore {
     ExpireLeasesLocked();
     VersionRecord* rec = FindLocked(model, version, /*include_released=*/false);
     if (!rec) return internal::VersionNotFound(model, version);
-    if (rec->meta.state != VersionState::kCommitted) return NotCommitted(model, version, rec->meta);
+    if (rec->meta.state != VersionState::kCommitted) return internal::NotCommitted(model, version, rec->meta);
     return rec->manifest;
   }
 
@@ -149,6 +149,22 @@ class MemoryStore final : public DirectoryStore {
     return OkStatus();
   }
 
+  Status MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeasesLocked();
+    VersionRecord* rec = FindLocked(model, version, /*include_released=*/false);
+    RC_ASSIGN_OR_RETURN(VersionState before,
+                        internal::ApplyMarkUnavailable(rec ? &rec->meta : nullptr, model, version, reason));
+    if (before == VersionState::kCommitted) {
+      commits_.erase({std::string(model), rec->meta.commit_seq});
+      rec->manifest = refit::Manifest();
+    } else if (before == VersionState::kStaging) {
+      staging_.erase({std::string(model), std::string(version)});
+      rec->tables.clear();
+    }
+    return OkStatus();
+  }
+
  private:
   struct Lease {
     int64_t ttl_ms = 0;
@@ -158,16 +174,6 @@ class MemoryStore final : public DirectoryStore {
 
   static Status LeaseNotFound(int64_t lease_id) {
     return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
-  }
-
-  static Status NotCommitted(std::string_view model, std::string_view version, const VersionMeta& meta) {
-    if (meta.state == VersionState::kAbandoned) {
-      return FailedPrecondition(
-          fmt::format("{} is ABANDONED ({})", internal::DescribeVersion(model, version), meta.reason));
-    }
-    return FailedPrecondition(fmt::format("{} is STAGING ({} of {} ranks published)",
-                                          internal::DescribeVersion(model, version), meta.rank_leases.size(),
-                                          meta.expected_ranks));
   }
 
   VersionRecord* FindLocked(std::string_view model, std::string_view version, bool include_released) {

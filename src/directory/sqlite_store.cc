@@ -259,15 +259,7 @@ class SqliteStore final : public DirectoryStore {
       RC_RETURN_IF_ERROR(ExpireLeases());
       RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
       if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
-      if (v.meta.state == VersionState::kAbandoned) {
-        return FailedPrecondition(
-            fmt::format("{} is ABANDONED ({})", internal::DescribeVersion(model, version), v.meta.reason));
-      }
-      if (v.meta.state == VersionState::kStaging) {
-        return FailedPrecondition(fmt::format("{} is STAGING ({} of {} ranks published)",
-                                              internal::DescribeVersion(model, version), v.meta.rank_leases.size(),
-                                              v.meta.expected_ranks));
-      }
+      if (v.meta.state != VersionState::kCommitted) return internal::NotCommitted(model, version, v.meta);
       Stmt q(db_, "SELECT manifest FROM rc_dir_versions WHERE model = ? AND version = ?");
       q.Bind(1, model).Bind(2, version);
       if (!q.Step()) {
@@ -350,6 +342,25 @@ class SqliteStore final : public DirectoryStore {
                                    "version = ?")
                              .Bind(1, model)
                              .Bind(2, version)
+                             .Run());
+      return Stmt(db_, "DELETE FROM rc_dir_ranks WHERE model = ? AND version = ?").Bind(1, model).Bind(2, version).Run();
+    });
+  }
+
+  Status MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) override {
+    return InTxn([&]() -> Status {
+      RC_RETURN_IF_ERROR(ExpireLeases());
+      RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
+      RC_ASSIGN_OR_RETURN(VersionState before,
+                          internal::ApplyMarkUnavailable(v.exists ? &v.meta : nullptr, model, version, reason));
+      if (before != VersionState::kCommitted && before != VersionState::kStaging) return OkStatus();
+      // The commit feed and List read `state`, so the new state takes the version out of both.
+      RC_RETURN_IF_ERROR(Stmt(db_, "UPDATE rc_dir_versions SET state = ?, reason = ?, manifest = NULL WHERE model = ? "
+                                   "AND version = ?")
+                             .Bind(1, VersionStateName(v.meta.state))
+                             .Bind(2, v.meta.reason)
+                             .Bind(3, model)
+                             .Bind(4, version)
                              .Run());
       return Stmt(db_, "DELETE FROM rc_dir_ranks WHERE model = ? AND version = ?").Bind(1, model).Bind(2, version).Run();
     });

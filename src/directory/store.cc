@@ -46,6 +46,10 @@ Result<CommitEvent> WaitForVersion(DirectoryStore& store, std::string_view model
       if (info->state == VersionState::kAbandoned) {
         return FailedPrecondition(fmt::format("version {} of model {} was ABANDONED ({})", version, model, info->reason));
       }
+      if (info->state == VersionState::kUnavailable) {
+        return FailedPrecondition(
+            fmt::format("version {} of model {} is UNAVAILABLE ({})", version, model, info->reason));
+      }
     } else if (info.status().code() != StatusCode::kNotFound) {
       return info.status();
     }

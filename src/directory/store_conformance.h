@@ -450,6 +450,79 @@ TEST_P(StoreConformanceTest, ReleasedVersionsDisappearAndTheirLabelIsNotReused) 
   EXPECT_EQ(c->commit_seq, 3u);  // sequence numbers are never reused
 }
 
+// A committed version whose sources are gone: UNAVAILABLE keeps its seq and digest, is refused by
+// Get naming the reason, leaves the feed and the `committed` list, and never commits again.
+TEST_P(StoreConformanceTest, MarkUnavailableTakesACommittedVersionOutOfServiceForGood) {
+  CommitVersion("a", 2);
+  CommitVersion("b", 2);
+  auto before = store().GetInfo("m", "a");
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(store().MarkUnavailable("m", "a", "rank 1 of model m released its buffers of version a").ok());
+
+  auto info = store().GetInfo("m", "a");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kUnavailable);
+  EXPECT_EQ(info->commit_seq, before->commit_seq);
+  EXPECT_EQ(info->content_digest, before->content_digest);
+  EXPECT_EQ(info->published_ranks, (std::vector<int32_t>{0, 1}));
+  EXPECT_TRUE(Contains(info->reason, "rank 1")) << info->reason;
+  auto get = store().Get("m", "a");
+  EXPECT_EQ(get.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(get.status().message(), "UNAVAILABLE")) << get.status().message();
+  EXPECT_TRUE(Contains(get.status().message(), "released its buffers")) << get.status().message();
+  EXPECT_EQ(WaitForVersion(store(), "m", "a", 0).status().code(), StatusCode::kFailedPrecondition);
+
+  auto committed = store().List("m");
+  ASSERT_TRUE(committed.ok());
+  ASSERT_EQ(committed->size(), 1u);
+  EXPECT_EQ((*committed)[0].version, "b");
+  auto unavailable = store().List("m", StateFilter::kUnavailable);
+  ASSERT_TRUE(unavailable.ok());
+  ASSERT_EQ(unavailable->size(), 1u);
+  EXPECT_EQ((*unavailable)[0].version, "a");
+  auto feed = store().WaitForCommits("m", 0, 0);
+  ASSERT_TRUE(feed.ok());
+  ASSERT_EQ(feed->size(), 1u);
+  EXPECT_EQ((*feed)[0].version, "b");
+
+  auto republish = PublishRank("a", 0, 2);
+  EXPECT_EQ(republish.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(republish.status().message(), "UNAVAILABLE")) << republish.status().message();
+  // Every rank may report: a second mark changes nothing (the first reason stays).
+  ASSERT_TRUE(store().MarkUnavailable("m", "a", "a reader found pid 7 gone").ok());
+  EXPECT_TRUE(Contains(store().GetInfo("m", "a")->reason, "rank 1")) << store().GetInfo("m", "a")->reason;
+  // Release still works, and the sequence number is not reused.
+  ASSERT_TRUE(store().Release("m", "a").ok());
+  EXPECT_EQ(store().GetInfo("m", "a").status().code(), StatusCode::kNotFound);
+  CommitVersion("c", 2);
+  EXPECT_EQ(store().GetInfo("m", "c")->commit_seq, 3u);
+}
+
+TEST_P(StoreConformanceTest, MarkUnavailableAbandonsAStagingVersionAndRefusesBadInput) {
+  ASSERT_TRUE(PublishRank("s", 0, 2).ok());
+  ASSERT_TRUE(store().MarkUnavailable("m", "s", "rank 0 released its buffers").ok());
+  auto info = store().GetInfo("m", "s");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, VersionState::kAbandoned);
+  EXPECT_EQ(info->reason, "rank 0 released its buffers");
+  // It can never commit with the dead handles.
+  auto last = PublishRank("s", 1, 2);
+  EXPECT_EQ(last.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store().GetInfo("m", "s")->state, VersionState::kAbandoned);
+
+  EXPECT_EQ(store().MarkUnavailable("m", "never", "x").code(), StatusCode::kNotFound);
+  CommitVersion("c", 2);
+  auto empty = store().MarkUnavailable("m", "c", "");
+  EXPECT_EQ(empty.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(empty.message(), "reason")) << empty.message();
+  EXPECT_EQ(store().MarkUnavailable("m", "c", std::string(kMaxReasonLength + 1, 'x')).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store().MarkUnavailable("m", "c", std::string("bad \xff byte")).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store().GetInfo("m", "c")->state, VersionState::kCommitted);  // refusals change nothing
+  ASSERT_TRUE(store().Release("m", "c").ok());
+  EXPECT_EQ(store().MarkUnavailable("m", "c", "gone").code(), StatusCode::kNotFound);
+}
+
 TEST_P(StoreConformanceTest, ListFiltersByState) {
   CommitVersion("c1", 2);
   ASSERT_TRUE(PublishRank("s1", 0, 2).ok());

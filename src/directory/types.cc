@@ -26,15 +26,17 @@ std::string_view VersionStateName(VersionState state) {
     case VersionState::kStaging: return "STAGING";
     case VersionState::kCommitted: return "COMMITTED";
     case VersionState::kAbandoned: return "ABANDONED";
+    case VersionState::kUnavailable: return "UNAVAILABLE";
   }
   return "UNKNOWN";
 }
 
 Result<VersionState> ParseVersionState(std::string_view text) {
-  for (VersionState s : {VersionState::kStaging, VersionState::kCommitted, VersionState::kAbandoned}) {
+  for (VersionState s : {VersionState::kStaging, VersionState::kCommitted, VersionState::kAbandoned,
+                         VersionState::kUnavailable}) {
     if (EqualsIgnoreCase(text, VersionStateName(s))) return s;
   }
-  return InvalidArgument(fmt::format("unknown version state '{}' (expected STAGING, COMMITTED or ABANDONED)",
+  return InvalidArgument(fmt::format("unknown version state '{}' (expected STAGING, COMMITTED, ABANDONED or UNAVAILABLE)",
                                      text.substr(0, 64)));
 }
 
@@ -60,16 +62,19 @@ std::string_view StateFilterName(StateFilter filter) {
     case StateFilter::kCommitted: return "committed";
     case StateFilter::kStaging: return "staging";
     case StateFilter::kAbandoned: return "abandoned";
+    case StateFilter::kUnavailable: return "unavailable";
     case StateFilter::kAll: return "all";
   }
   return "unknown";
 }
 
 Result<StateFilter> ParseStateFilter(std::string_view text) {
-  for (StateFilter f : {StateFilter::kCommitted, StateFilter::kStaging, StateFilter::kAbandoned, StateFilter::kAll}) {
+  for (StateFilter f : {StateFilter::kCommitted, StateFilter::kStaging, StateFilter::kAbandoned,
+                        StateFilter::kUnavailable, StateFilter::kAll}) {
     if (EqualsIgnoreCase(text, StateFilterName(f))) return f;
   }
-  return InvalidArgument(fmt::format("state: unknown filter '{}' (expected committed, staging, abandoned or all)",
+  return InvalidArgument(fmt::format(
+      "state: unknown filter '{}' (expected committed, staging, abandoned, unavailable or all)",
                                      text.substr(0, 64)));
 }
 
@@ -78,6 +83,7 @@ bool FilterMatches(StateFilter filter, VersionState state) {
     case StateFilter::kCommitted: return state == VersionState::kCommitted;
     case StateFilter::kStaging: return state == VersionState::kStaging;
     case StateFilter::kAbandoned: return state == VersionState::kAbandoned;
+    case StateFilter::kUnavailable: return state == VersionState::kUnavailable;
     case StateFilter::kAll: return true;
   }
   return false;

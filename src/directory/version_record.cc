@@ -113,6 +113,9 @@ Result<bool> CheckPublish(const VersionMeta* meta, const PublishRequest& r) {
     case VersionState::kAbandoned:
       return FailedPrecondition(
           fmt::format("{} was ABANDONED ({}); rank {} cannot publish to it", what, meta->reason, r.rank));
+    case VersionState::kUnavailable:
+      return FailedPrecondition(fmt::format("{} is UNAVAILABLE (commit seq {}: {}); rank {} cannot publish to it",
+                                            what, meta->commit_seq, meta->reason, r.rank));
     case VersionState::kStaging: break;
   }
   if (meta->expected_ranks != r.expected_ranks) {
@@ -177,6 +180,40 @@ Result<refit::Manifest> MergeRankTables(std::string_view model, std::string_view
   return m;
 }
 
+Result<VersionState> ApplyMarkUnavailable(VersionMeta* meta, std::string_view model, std::string_view version,
+                                          std::string_view reason) {
+  if (reason.empty()) return InvalidArgument("reason: must not be empty");
+  if (reason.size() > kMaxReasonLength) {
+    return InvalidArgument(fmt::format("reason: {} bytes, at most {} allowed", reason.size(), kMaxReasonLength));
+  }
+  if (!IsValidUtf8(reason)) return InvalidArgument("reason: must be UTF-8");
+  if (meta == nullptr || meta->released) return VersionNotFound(model, version);
+  const VersionState before = meta->state;
+  switch (before) {
+    case VersionState::kCommitted: meta->state = VersionState::kUnavailable; break;
+    case VersionState::kStaging: meta->state = VersionState::kAbandoned; break;
+    case VersionState::kAbandoned:
+    case VersionState::kUnavailable: return before;
+  }
+  meta->reason = std::string(reason);
+  meta->rank_leases.clear();
+  return before;
+}
+
+Status NotCommitted(std::string_view model, std::string_view version, const VersionMeta& meta) {
+  const std::string what = DescribeVersion(model, version);
+  switch (meta.state) {
+    case VersionState::kAbandoned: return FailedPrecondition(fmt::format("{} is ABANDONED ({})", what, meta.reason));
+    case VersionState::kUnavailable:
+      return FailedPrecondition(fmt::format("{} is UNAVAILABLE (committed as seq {}, but {})", what, meta.commit_seq,
+                                            meta.reason));
+    case VersionState::kStaging:
+    case VersionState::kCommitted: break;
+  }
+  return FailedPrecondition(fmt::format("{} is STAGING ({} of {} ranks published)", what, meta.rank_leases.size(),
+                                        meta.expected_ranks));
+}
+
 std::string LeaseExpiredReason(int32_t rank, int64_t lease_id) {
   return fmt::format("the lease {} of rank {} expired before every rank had published", lease_id, rank);
 }
@@ -187,7 +224,7 @@ VersionInfo MakeVersionInfo(std::string_view model, std::string_view version, co
   info.version = std::string(version);
   info.state = meta.state;
   info.expected_ranks = meta.expected_ranks;
-  if (meta.state == VersionState::kCommitted) {
+  if (meta.state == VersionState::kCommitted || meta.state == VersionState::kUnavailable) {
     for (int32_t r = 0; r < meta.expected_ranks; ++r) info.published_ranks.push_back(r);
   } else {
     for (const auto& [rank, lease] : meta.rank_leases) info.published_ranks.push_back(rank);

@@ -30,7 +30,7 @@ struct VersionMeta {
   std::map<int32_t, int64_t> rank_leases;  // STAGING: published rank -> its lease
   uint64_t commit_seq = 0;
   uint64_t content_digest = 0;
-  std::string reason;  // ABANDONED: why
+  std::string reason;  // ABANDONED / UNAVAILABLE: why
 };
 
 // "version V of model M".
@@ -56,6 +56,18 @@ Status VersionNotFound(std::string_view model, std::string_view version);
 [[nodiscard]] Result<refit::Manifest> MergeRankTables(
     std::string_view model, std::string_view version, int32_t expected_ranks,
     const std::map<int32_t, const std::vector<refit::ShardTable>*>& tables_by_rank);
+
+// MarkUnavailable's rule applied to a version's meta (nullptr: unknown): checks the reason
+// (InvalidArgument), refuses unknown or released versions (NotFound), and moves COMMITTED to
+// UNAVAILABLE or STAGING to ABANDONED with the reason (rank_leases cleared). Returns the state the
+// version had before; the meta is unchanged (and the store writes nothing) when that was already
+// ABANDONED or UNAVAILABLE.
+[[nodiscard]] Result<VersionState> ApplyMarkUnavailable(VersionMeta* meta, std::string_view model,
+                                                        std::string_view version, std::string_view reason);
+
+// FailedPrecondition for Get of a version that is not COMMITTED ("... is STAGING (1 of 2 ranks
+// published)", "... is ABANDONED (reason)", "... is UNAVAILABLE (reason)").
+Status NotCommitted(std::string_view model, std::string_view version, const VersionMeta& meta);
 
 // The reason recorded when a lease expires before commit.
 std::string LeaseExpiredReason(int32_t rank, int64_t lease_id);

@@ -17,6 +17,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -248,9 +249,11 @@ class PyPublisher {
 
   void Release(const std::string& version, bool in_directory) {
     Status s = publisher_->Release(version, in_directory);
+    const std::vector<std::string> held = publisher_->versions();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (s.ok() || s.code() == StatusCode::kNotFound) records_.erase(version);
+      // A directory error still leaves the version dropped here (deregistered, arrays let go).
+      if (std::find(held.begin(), held.end(), version) == held.end()) records_.erase(version);
     }
     Check(s);
   }

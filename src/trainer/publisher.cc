@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "rolloutcore/base/log.h"
@@ -15,6 +16,14 @@ namespace {
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// A failed directory call that does not say whether it took effect: the answer was lost
+// (Unavailable: no connection or no answer; DeadlineExceeded) or garbled (Internal). Every other
+// code is the directory's definite refusal, made before it changed anything.
+bool OutcomeUnknown(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded ||
+         s.code() == StatusCode::kInternal;
 }
 
 }  // namespace
@@ -36,11 +45,27 @@ Publisher::~Publisher() {
   std::unique_ptr<directory::LeaseKeeper> keeper;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [label, entry] : versions_) DeregisterAll(entry.shards);
+    for (auto& [label, entry] : versions_) {
+      // Their memory is about to go: say so in the directory before the handles die.
+      if (entry.state == VersionEntry::State::kPublished || entry.state == VersionEntry::State::kUnresolved) {
+        (void)MarkSourcesGone(label);
+      }
+      DeregisterAll(entry.shards);
+    }
     versions_.clear();
     keeper = std::move(keeper_);
   }
   keeper.reset();  // joins the renewal thread outside the lock
+}
+
+std::string_view Publisher::StateWord(VersionEntry::State state) {
+  switch (state) {
+    case VersionEntry::State::kStaged: return "staged";
+    case VersionEntry::State::kPublishing: return "being published";
+    case VersionEntry::State::kPublished: return "published";
+    case VersionEntry::State::kUnresolved: return "published with its outcome unknown (publish again or release it)";
+  }
+  return "in an unknown state";
 }
 
 Status Publisher::CheckNewShard(std::string_view version, const VersionEntry& entry, const ShardSource& s) const {
@@ -85,9 +110,7 @@ Status Publisher::AddShard(std::string_view version, ShardSource shard) {
   auto it = versions_.find(version);
   if (it != versions_.end() && it->second.state != VersionEntry::State::kStaged) {
     return FailedPrecondition(fmt::format("rank {} cannot add tensor {} to version {} of model {}: it is already {}",
-                                          rank_, shard.name, version, model_,
-                                          it->second.state == VersionEntry::State::kPublished ? "published"
-                                                                                             : "being published"));
+                                          rank_, shard.name, version, model_, StateWord(it->second.state)));
   }
   static const VersionEntry kEmpty;
   RC_RETURN_IF_ERROR(CheckNewShard(version, it == versions_.end() ? kEmpty : it->second, shard));
@@ -129,9 +152,118 @@ void Publisher::DeregisterAll(std::vector<StagedShard>& shards) {
   }
 }
 
+Status Publisher::MarkSourcesGone(std::string_view version) {
+  Status s = store_->MarkUnavailable(
+      model_, version, fmt::format("rank {} of model {} released its buffers of version {}", rank_, model_, version));
+  if (s.code() == StatusCode::kNotFound) return OkStatus();  // released (or never stored): nothing names the memory
+  if (!s.ok()) {
+    RC_LOG_WARN("rank {}: could not mark version {} of model {} unavailable before dropping its buffers: {}", rank_,
+                version, model_, s.ToString());
+  }
+  return s;
+}
+
+bool Publisher::ManifestHoldsOurShards(const refit::Manifest& manifest,
+                                       const std::vector<refit::ShardTable>& tables) const {
+  auto key = [](const std::string& name, const refit::ShardInfo& s) {
+    return fmt::format("{}|{}|{}|{:016x}", name, refit::BoxToString(s.box()), s.handle, s.digest);
+  };
+  std::vector<std::string> ours, theirs;
+  for (const refit::ShardTable& t : tables) {
+    for (const refit::ShardInfo& s : t.shards) ours.push_back(key(t.name, s));
+  }
+  for (const refit::ShardTable& t : manifest.tables) {
+    for (const refit::ShardInfo& s : t.shards) {
+      if (s.rank == rank_) theirs.push_back(key(t.name, s));
+    }
+  }
+  std::sort(ours.begin(), ours.end());
+  std::sort(theirs.begin(), theirs.end());
+  return ours == theirs;
+}
+
+Result<directory::PublishResult> Publisher::ResolveOutcome(directory::PublishRequest& request, const Status& lost) {
+  using Steady = std::chrono::steady_clock;
+  const std::string what = fmt::format("version {} of model {}", request.version, model_);
+  const auto deadline = Steady::now() + std::chrono::milliseconds(std::max<int64_t>(options_.outcome_timeout_ms, 0));
+  int64_t pause_ms = std::max<int64_t>(options_.outcome_retry_ms, 1);
+  Status last = lost;
+  bool republish_refused = false;  // our re-publish got FailedPrecondition: look once more, then believe it
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) {
+      if (Steady::now() + std::chrono::milliseconds(pause_ms) > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      pause_ms = std::min<int64_t>(pause_ms * 2, 1000);
+    }
+    auto info = store_->GetInfo(model_, request.version);
+    if (!info.ok()) {
+      if (OutcomeUnknown(info.status())) {
+        last = info.status();
+        continue;
+      }
+      if (info.status().code() != StatusCode::kNotFound) return info.status();
+      // NotFound: the lost publish stored nothing (it created no version), or the label was
+      // released meanwhile (then the re-publish below is refused).
+      if (republish_refused) return last;
+    } else {
+      switch (info->state) {
+        case directory::VersionState::kCommitted: {
+          auto manifest = store_->Get(model_, request.version);
+          if (!manifest.ok()) {
+            if (OutcomeUnknown(manifest.status())) {
+              last = manifest.status();
+              continue;
+            }
+            return manifest.status();
+          }
+          if (!ManifestHoldsOurShards(*manifest, request.tables)) {
+            return FailedPrecondition(fmt::format(
+                "{} is COMMITTED (commit seq {}) with shards of rank {} other than the ones this publish sent", what,
+                info->commit_seq, rank_));
+          }
+          RC_LOG_INFO("rank {}: the lost answer to publishing {} was a commit (seq {}); keeping its buffers", rank_,
+                      what, info->commit_seq);
+          directory::PublishResult r;
+          r.state = directory::VersionState::kCommitted;
+          r.ranks_published = info->expected_ranks;
+          r.expected_ranks = info->expected_ranks;
+          r.lease_id = request.lease_id;
+          r.commit_seq = info->commit_seq;
+          r.content_digest = info->content_digest;
+          return r;
+        }
+        case directory::VersionState::kAbandoned:
+        case directory::VersionState::kUnavailable:
+          return FailedPrecondition(fmt::format("{} is {} ({})", what, directory::VersionStateName(info->state),
+                                                info->reason));
+        case directory::VersionState::kStaging:
+          if (republish_refused) return last;
+          break;
+      }
+    }
+    // Not committed: send the same tables again (a STAGING version takes a rank's republish as a
+    // replacement, so this is idempotent).
+    auto again = store_->Publish(request);
+    if (!again.ok() && request.lease_id != 0 && again.status().code() == StatusCode::kNotFound) {
+      request.lease_id = 0;  // the lease ran out meanwhile: take a fresh one
+      again = store_->Publish(request);
+    }
+    if (again.ok()) return again;
+    last = again.status();
+    if (OutcomeUnknown(last)) continue;
+    if (last.code() != StatusCode::kFailedPrecondition) return last;
+    republish_refused = true;  // e.g. committed meanwhile (by our lost publish completing it, or the last rank)
+  }
+  return Unavailable(fmt::format(
+      "outcome unknown: the directory did not tell within {} ms whether the publish of {} by rank {} took effect "
+      "(last answer: {}); its buffers stay registered: publish again to ask again, or release it",
+      options_.outcome_timeout_ms, what, rank_, last.ToString()));
+}
+
 Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allow_create) {
   std::vector<StagedShard> shards;
   int64_t lease = 0;
+  bool resume = false;  // an earlier publish of this version was not answered
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = versions_.find(version);
@@ -141,10 +273,11 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
       }
       it = versions_.emplace(std::string(version), VersionEntry{}).first;
     }
-    if (it->second.state != VersionEntry::State::kStaged) {
+    if (it->second.state == VersionEntry::State::kUnresolved) {
+      resume = true;
+    } else if (it->second.state != VersionEntry::State::kStaged) {
       return FailedPrecondition(fmt::format("rank {}: version {} of model {} is already {}", rank_, version, model_,
-                                            it->second.state == VersionEntry::State::kPublished ? "published"
-                                                                                               : "being published"));
+                                            StateWord(it->second.state)));
     }
     it->second.state = VersionEntry::State::kPublishing;
     shards = std::move(it->second.shards);
@@ -153,44 +286,51 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
 
   PublishReport report;
   report.version = std::string(version);
-  auto fail = [&](Status s) -> Status {
-    DeregisterAll(shards);
+  auto put_back = [&](VersionEntry::State state) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = versions_.find(version);
     if (it != versions_.end()) {
-      it->second.state = VersionEntry::State::kStaged;
+      it->second.state = state;
       it->second.shards = std::move(shards);
     }
+  };
+  // A definite refusal: nothing of ours is named by the directory; drop the registrations.
+  auto fail = [&](Status s) -> Status {
+    DeregisterAll(shards);
+    put_back(VersionEntry::State::kStaged);
     return s;
   };
 
-  // Register and digest. Shards of one tensor share a table; tables keep first-seen order.
+  // Register and digest (shards of an unresolved version are registered already, and must keep
+  // their handles). Shards of one tensor share a table; tables keep first-seen order.
   std::map<std::string, size_t, std::less<>> table_index;
   for (StagedShard& s : shards) {
     const ShardSource& src = s.source;
-    if (src.memory_kind != transport::MemoryKind::kHost && !src.digest.has_value()) {
-      return fail(InvalidArgument(fmt::format("rank {} tensor {} of version {}: a shard in device memory needs its "
-                                              "digest computed where it lives (ShardSource::digest); the Publisher "
-                                              "reads host memory only",
-                                              rank_, src.name, version)));
+    if (s.registration_id == 0) {
+      if (src.memory_kind != transport::MemoryKind::kHost && !src.digest.has_value()) {
+        return fail(InvalidArgument(fmt::format("rank {} tensor {} of version {}: a shard in device memory needs its "
+                                                "digest computed where it lives (ShardSource::digest); the Publisher "
+                                                "reads host memory only",
+                                                rank_, src.name, version)));
+      }
+      int64_t t0 = NowNs();
+      transport::MemoryRegion region{src.data, src.bytes(), src.memory_kind, src.device};
+      auto reg = transport_->RegisterMemory(region);
+      if (!reg.ok()) {
+        return fail(reg.status().WithContext(fmt::format("rank {} registering tensor {} box {} of version {} ({} bytes)",
+                                                         rank_, src.name,
+                                                         refit::BoxToString(refit::Box{src.offset, src.local_shape}),
+                                                         version, src.bytes())));
+      }
+      s.registration_id = reg->id;
+      s.descriptor = reg->descriptor;
+      const int64_t t1 = NowNs();
+      report.register_ns += t1 - t0;
+      s.digest = src.memory_kind == transport::MemoryKind::kHost
+                     ? refit::DigestBlock(src.dtype, src.global_shape, refit::Box{src.offset, src.local_shape}, src.data)
+                     : *src.digest;
+      report.digest_ns += NowNs() - t1;
     }
-    int64_t t0 = NowNs();
-    transport::MemoryRegion region{src.data, src.bytes(), src.memory_kind, src.device};
-    auto reg = transport_->RegisterMemory(region);
-    if (!reg.ok()) {
-      return fail(reg.status().WithContext(fmt::format("rank {} registering tensor {} box {} of version {} ({} bytes)",
-                                                       rank_, src.name,
-                                                       refit::BoxToString(refit::Box{src.offset, src.local_shape}),
-                                                       version, src.bytes())));
-    }
-    s.registration_id = reg->id;
-    s.descriptor = reg->descriptor;
-    const int64_t t1 = NowNs();
-    report.register_ns += t1 - t0;
-    s.digest = src.memory_kind == transport::MemoryKind::kHost
-                   ? refit::DigestBlock(src.dtype, src.global_shape, refit::Box{src.offset, src.local_shape}, src.data)
-                   : *src.digest;
-    report.digest_ns += NowNs() - t1;
 
     auto [ti, inserted] = table_index.emplace(src.name, report.tables.size());
     if (inserted) report.tables.push_back(refit::ShardTable{src.name, src.dtype, src.global_shape, {}});
@@ -208,22 +348,38 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   request.lease_ttl_ms = options_.lease_ttl_ms;
   request.tables = report.tables;
   const int64_t t2 = NowNs();
-  auto published = store_->Publish(request);
-  if (!published.ok() && lease != 0 && published.status().code() == StatusCode::kNotFound) {
-    // The lease expired between our check and the publish: take a fresh one once.
-    RC_LOG_WARN("rank {}: lease {} is gone; publishing version {} under a new lease", rank_, lease, version);
-    request.lease_id = 0;
-    published = store_->Publish(request);
+  Result<directory::PublishResult> published =
+      resume ? ResolveOutcome(request, Unavailable("an earlier publish of this version was not answered"))
+             : store_->Publish(request);
+  if (!resume) {
+    if (!published.ok() && lease != 0 && published.status().code() == StatusCode::kNotFound) {
+      // The lease expired between our check and the publish: take a fresh one once.
+      RC_LOG_WARN("rank {}: lease {} is gone; publishing version {} under a new lease", rank_, lease, version);
+      request.lease_id = 0;
+      published = store_->Publish(request);
+    }
+    if (!published.ok() && OutcomeUnknown(published.status())) {
+      // The directory may have applied it (even committed the version) before the answer was
+      // lost: the buffers stay registered until it says.
+      RC_LOG_WARN("rank {}: publishing version {} of model {}: {}; asking the directory for the outcome", rank_,
+                  version, model_, published.status().ToString());
+      published = ResolveOutcome(request, published.status());
+    }
   }
   report.publish_ns = NowNs() - t2;
   if (!published.ok()) {
-    return fail(published.status().WithContext(
-        fmt::format("rank {} of {} publishing version {} of model {}", rank_, expected_ranks_, version, model_)));
+    Status s = published.status().WithContext(
+        fmt::format("rank {} of {} publishing version {} of model {}", rank_, expected_ranks_, version, model_));
+    if (OutcomeUnknown(published.status())) {
+      put_back(VersionEntry::State::kUnresolved);
+      return s;
+    }
+    return fail(s);
   }
   report.result = *published;
 
   std::lock_guard<std::mutex> lock(mu_);
-  AdoptLease(published->lease_id, published->lease_ttl_ms);
+  if (published->lease_id != 0) AdoptLease(published->lease_id, published->lease_ttl_ms);
   auto it = versions_.find(version);
   if (it == versions_.end()) {
     // Unreachable by contract (Release refuses a version being published); keep nothing dangling.
@@ -237,6 +393,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
 
 Status Publisher::Release(std::string_view version, bool release_in_directory) {
   std::vector<StagedShard> shards;
+  bool named = false;  // the directory may name this version's memory
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = versions_.find(version);
@@ -247,14 +404,18 @@ Status Publisher::Release(std::string_view version, bool release_in_directory) {
       return FailedPrecondition(
           fmt::format("rank {}: version {} of model {} is being published; release it afterwards", rank_, version, model_));
     }
+    named = it->second.state == VersionEntry::State::kPublished || it->second.state == VersionEntry::State::kUnresolved;
     shards = std::move(it->second.shards);
     versions_.erase(it);
   }
-  // Leave the directory first, so no reader discovers the version after its memory is gone.
+  // Leave the directory first, so no reader discovers the version after its memory is gone: release
+  // it there, or at least mark it unavailable.
   Status dir = OkStatus();
   if (release_in_directory) {
     dir = store_->Release(model_, version);
     if (dir.code() == StatusCode::kNotFound) dir = OkStatus();
+  } else if (named) {
+    dir = MarkSourcesGone(version);
   }
   DeregisterAll(shards);
   shards.clear();  // drops keep_alive owners
@@ -273,6 +434,12 @@ bool Publisher::IsPublished(std::string_view version) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = versions_.find(version);
   return it != versions_.end() && it->second.state == VersionEntry::State::kPublished;
+}
+
+bool Publisher::IsUnresolved(std::string_view version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = versions_.find(version);
+  return it != versions_.end() && it->second.state == VersionEntry::State::kUnresolved;
 }
 
 int64_t Publisher::lease_id() const {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -53,6 +54,71 @@ std::vector<uint8_t> ReadAll(transport::Transport& t, const std::string& descrip
   EXPECT_TRUE(t.ReleaseRemote(*remote).ok());
   return out;
 }
+
+// A directory whose answers can be lost: a fault-injecting wrapper around a real store.
+// lose_answers: the next N publishes are applied by the store, then answered Unavailable (the
+// directory died after its commit was durable). drop_publishes: the next N are answered
+// Unavailable without reaching the store. down: every call is Unavailable; go_down_after_loss sets
+// it when an answer is lost (the directory stays away).
+class LossyDirectory final : public directory::DirectoryStore {
+ public:
+  explicit LossyDirectory(directory::DirectoryStore* inner) : inner_(inner) {}
+  std::atomic<int> lose_answers{0};
+  std::atomic<int> drop_publishes{0};
+  std::atomic<bool> down{false};
+  std::atomic<bool> go_down_after_loss{false};
+  std::atomic<int> calls{0};
+
+  Result<directory::PublishResult> Publish(const directory::PublishRequest& r) override {
+    ++calls;
+    if (down) return Down();
+    if (drop_publishes > 0) {
+      --drop_publishes;
+      return Down();
+    }
+    auto out = inner_->Publish(r);
+    if (lose_answers > 0) {
+      --lose_answers;
+      if (go_down_after_loss) down = true;
+      return Down();
+    }
+    return out;
+  }
+  Result<directory::LeaseInfo> KeepAlive(int64_t id) override {
+    if (down) return Down();
+    return inner_->KeepAlive(id);
+  }
+  Result<refit::Manifest> Get(std::string_view m, std::string_view v) override {
+    ++calls;
+    if (down) return Down();
+    return inner_->Get(m, v);
+  }
+  Result<directory::VersionInfo> GetInfo(std::string_view m, std::string_view v) override {
+    ++calls;
+    if (down) return Down();
+    return inner_->GetInfo(m, v);
+  }
+  Result<std::vector<directory::VersionInfo>> List(std::string_view m, directory::StateFilter f) override {
+    if (down) return Down();
+    return inner_->List(m, f);
+  }
+  Result<std::vector<directory::CommitEvent>> WaitForCommits(std::string_view m, uint64_t after, int64_t t) override {
+    if (down) return Down();
+    return inner_->WaitForCommits(m, after, t);
+  }
+  Status Release(std::string_view m, std::string_view v) override {
+    if (down) return Down();
+    return inner_->Release(m, v);
+  }
+  Status MarkUnavailable(std::string_view m, std::string_view v, std::string_view reason) override {
+    if (down) return Down();
+    return inner_->MarkUnavailable(m, v, reason);
+  }
+
+ private:
+  static Status Down() { return Unavailable("directory at http://127.0.0.1:1 did not answer: Connection"); }
+  directory::DirectoryStore* const inner_;
+};
 
 class PublisherTest : public ::testing::Test {
  protected:
@@ -256,6 +322,122 @@ TEST_F(PublisherTest, ConcurrentVersionsOnOnePublisher) {
   auto list = store_->List("m");
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(list->size(), 8u);
+}
+
+// Defect 5 of issue 13: the directory committed, then died before answering. The Publisher must
+// not drop the buffers the committed version names: it asks, learns it committed, and serves.
+TEST_F(PublisherTest, ALostCommitAnswerIsResolvedByAskingAndTheBuffersStayServed) {
+  const std::vector<uint16_t> d = Pattern(32, 40);
+  LossyDirectory dir(store_.get());
+  dir.lose_answers = 1;
+  PublisherOptions o;
+  o.outcome_retry_ms = 1;
+  Publisher p(transport_.get(), &dir, "m", 0, 1, o);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+  auto r = p.Publish("v0");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->result.state, directory::VersionState::kCommitted);
+  EXPECT_EQ(r->result.commit_seq, 1u);
+  EXPECT_TRUE(p.IsPublished("v0"));
+  auto m = store_->Get("m", "v0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->content_digest, r->result.content_digest);
+  const std::string handle = m->tables[0].shards[0].handle;
+  EXPECT_EQ(handle, r->tables[0].shards[0].handle);
+  std::vector<uint8_t> got = ReadAll(*transport_, handle, 64);
+  ASSERT_EQ(got.size(), 64u);
+  EXPECT_EQ(std::memcmp(got.data(), d.data(), 64), 0);
+}
+
+// The answer was lost before the store saw the publish (the directory died first): asking finds
+// the version STAGING without this rank, and the same tables are published again.
+TEST_F(PublisherTest, APublishLostBeforeTheDirectoryAppliedItIsSentAgain) {
+  const std::vector<uint16_t> d = Pattern(32, 2);
+  LossyDirectory dir(store_.get());
+  PublisherOptions o;
+  o.outcome_retry_ms = 1;
+  Publisher p0(transport_.get(), &dir, "m", 0, 2, o);
+  Publisher p1(transport_.get(), &dir, "m", 1, 2, o);
+  ASSERT_TRUE(p0.AddShard("v0", Rows("w", {8, 4}, 0, 4, d.data())).ok());
+  ASSERT_TRUE(p1.AddShard("v0", Rows("w", {8, 4}, 4, 4, d.data() + 16)).ok());
+  ASSERT_TRUE(p0.Publish("v0").ok());
+  dir.drop_publishes = 1;
+  auto r = p1.Publish("v0");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->result.state, directory::VersionState::kCommitted);
+  EXPECT_EQ(r->result.ranks_published, 2);
+  EXPECT_NE(r->result.lease_id, 0);
+  auto m = store_->Get("m", "v0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(ReadAll(*transport_, m->tables[0].shards[1].handle, 32).size(), 32u);
+}
+
+// The directory stays away past the outcome deadline: Publish says the outcome is unknown, the
+// buffers stay registered (the store did commit them), and a later Publish resumes the inquiry
+// with the same handles and learns the commit.
+TEST_F(PublisherTest, AnUnknownOutcomeKeepsTheBuffersUntilTheDirectoryAnswers) {
+  const std::vector<uint16_t> d = Pattern(32, 7);
+  LossyDirectory dir(store_.get());
+  dir.lose_answers = 1;
+  dir.go_down_after_loss = true;
+  PublisherOptions o;
+  o.outcome_timeout_ms = 100;
+  o.outcome_retry_ms = 5;
+  Publisher p(transport_.get(), &dir, "m", 0, 1, o);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+  auto r = p.Publish("v0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("outcome unknown"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("rank 0"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(p.IsUnresolved("v0"));
+  EXPECT_FALSE(p.IsPublished("v0"));
+  EXPECT_EQ(p.AddShard("v0", Rows("x", {2}, 0, 2, d.data())).code(), StatusCode::kFailedPrecondition);
+  // The store committed it; its handles still reach the bytes.
+  auto m = store_->Get("m", "v0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const std::string handle = m->tables[0].shards[0].handle;
+  std::vector<uint8_t> got = ReadAll(*transport_, handle, 64);
+  ASSERT_EQ(got.size(), 64u);
+  EXPECT_EQ(std::memcmp(got.data(), d.data(), 64), 0);
+
+  dir.down = false;
+  auto again = p.Publish("v0");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->result.state, directory::VersionState::kCommitted);
+  EXPECT_EQ(again->tables[0].shards[0].handle, handle);  // not re-registered
+  EXPECT_TRUE(p.IsPublished("v0"));
+}
+
+// Sources gone: a publisher dropping the buffers of a committed version (Release without the
+// directory, or its destructor) marks it UNAVAILABLE, so receivers are refused up front.
+TEST_F(PublisherTest, DroppingTheBuffersOfACommittedVersionMarksItUnavailable) {
+  const std::vector<uint16_t> d = Pattern(32, 3);
+  {
+    Publisher p(transport_.get(), store_.get(), "m", 0, 1);
+    ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+    ASSERT_TRUE(p.AddShard("v1", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+    ASSERT_TRUE(p.AddShard("v2", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+    ASSERT_TRUE(p.Publish("v0").ok());
+    ASSERT_TRUE(p.Publish("v1").ok());
+    ASSERT_TRUE(p.Release("v0").ok());
+    auto info = store_->GetInfo("m", "v0");
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->state, directory::VersionState::kUnavailable);
+    EXPECT_EQ(info->commit_seq, 1u);
+    EXPECT_NE(info->reason.find("rank 0 of model m released its buffers"), std::string::npos) << info->reason;
+    EXPECT_EQ(store_->Get("m", "v0").status().code(), StatusCode::kFailedPrecondition);
+    // A staged version was never in the directory: releasing it asks nothing there.
+    ASSERT_TRUE(p.Release("v2").ok());
+    EXPECT_EQ(store_->GetInfo("m", "v2").status().code(), StatusCode::kNotFound);
+    EXPECT_TRUE(store_->Get("m", "v1").ok());
+  }
+  auto v1 = store_->GetInfo("m", "v1");  // the destructor dropped v1's buffers
+  ASSERT_TRUE(v1.ok());
+  EXPECT_EQ(v1->state, directory::VersionState::kUnavailable);
+  auto committed = store_->List("m");
+  ASSERT_TRUE(committed.ok());
+  EXPECT_TRUE(committed->empty());
 }
 
 }  // namespace

@@ -256,6 +256,12 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
   auto report = total > 0 ? rank.publisher->Publish(label) : rank.publisher->PublishEmpty(label);
   out->publish_ms = static_cast<double>(NowNs() - t1) / 1e6;
   if (!report.ok()) {
+    if (rank.publisher->IsUnresolved(label)) {
+      // The directory may have committed these buffers before its answer was lost: keep them (the
+      // version is tracked, so Release / --keep / Shutdown drop them later).
+      out->unresolved = true;
+      return report.status();
+    }
     (void)rank.publisher->Release(label);  // drop the staged shards; the label is not reused
     return report.status();
   }
@@ -305,12 +311,13 @@ Result<VersionStatus> SyntheticTrainer::Step() {
   Status first_error = OkStatus();
   bool any_published = false;
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    any_published = any_published || (statuses[r].ok() && per_rank[r].ranks_published > 0);
+    any_published = any_published || (statuses[r].ok() && per_rank[r].ranks_published > 0) || per_rank[r].unresolved;
     const VersionStatus& p = per_rank[r];
     v.bytes += p.bytes;
     v.shards += p.shards;
     v.compute_ms = std::max(v.compute_ms, p.compute_ms);
     v.publish_ms = std::max(v.publish_ms, p.publish_ms);
+    v.unresolved = v.unresolved || p.unresolved;
     v.ranks_published = std::max(v.ranks_published, p.ranks_published);
     if (p.state == "COMMITTED") {
       v.state = p.state;
@@ -393,7 +400,8 @@ Json VersionStatusToJson(const VersionStatus& v) {
               {"bytes", v.bytes},
               {"shards", v.shards},
               {"compute_ms", v.compute_ms},
-              {"publish_ms", v.publish_ms}};
+              {"publish_ms", v.publish_ms},
+              {"unresolved", v.unresolved}};
 }
 
 Json SyntheticTrainer::StatusJson() {

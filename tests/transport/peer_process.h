@@ -115,6 +115,35 @@ class PeerProcess {
 
   void Signal(int sig) { ::kill(pid_, sig); }
 
+  // SIGSTOP, then waits until the kernel reports the child stopped (waitpid with WUNTRACED, which
+  // answers only once every thread of the child has stopped). kill() alone returns before the
+  // child stops: on a busy machine it may still run, and answer requests, for a while after.
+  // False when the child exited instead (it is then reaped).
+  bool Stop() {
+    if (::kill(pid_, SIGSTOP) != 0) return false;
+    for (;;) {
+      int status = 0;
+      const pid_t r = ::waitpid(pid_, &status, WUNTRACED);
+      if (r == pid_ && WIFSTOPPED(status)) return true;
+      if (r == pid_) {
+        reaped_ = true;
+        return false;
+      }
+      if (r < 0 && errno != EINTR) return false;
+    }
+  }
+
+  // SIGKILL, then waits until the child is dead but not reaped (a zombie: its pid exists, its
+  // memory and file descriptors are gone). waitid with WNOWAIT observes the exit without reaping.
+  bool KillAndWaitUnreaped() {
+    ::kill(pid_, SIGKILL);
+    for (;;) {
+      siginfo_t info{};
+      if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOWAIT) == 0) return true;
+      if (errno != EINTR) return false;
+    }
+  }
+
   // SIGKILL and reap: afterwards the pid no longer exists.
   void KillAndReap() {
     ::kill(pid_, SIGKILL);

@@ -53,8 +53,9 @@ TEST(ShmFaultTest, ImportOfADeadOwnersDescriptorIsUnavailable) {
 
 TEST(ShmFaultTest, ImportOfAKilledButUnreapedOwnerIsUnavailable) {
   auto peer = PeerProcess::Spawn("shm", 8, {4096}).value();
-  peer->Signal(SIGKILL);  // a zombie until the destructor reaps it: the pid exists, its fds do not
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // A zombie until the destructor reaps it: the pid exists, its fds do not. Waiting for the exit
+  // (not sleeping) makes that the state Import sees, however busy the machine is.
+  ASSERT_TRUE(peer->KillAndWaitUnreaped());
   auto t = CreateShmTransport().value();
   auto r = t->Import(peer->descriptors()[0]);
   ASSERT_FALSE(r.ok());
@@ -62,8 +63,11 @@ TEST(ShmFaultTest, ImportOfAKilledButUnreapedOwnerIsUnavailable) {
 }
 
 #ifdef RC_HAVE_UCX
-// tcp: UCX emulates RMA gets with active messages the owner must answer, so a SIGSTOPped owner
-// holds every get in flight: the transfer is deterministically pending.
+// tcp: UCX emulates RMA gets with active messages the owner must answer, so a stopped owner holds
+// every get in flight: the transfer is deterministically pending. "Stopped" must be observed, not
+// assumed: kill(SIGSTOP) returns before the owner stops, and on a loaded machine the owner used to
+// answer the first gets in that window (the transfer completed, so Cancel turned it into Aborted,
+// and nothing was force-closed). PeerProcess::Stop waits for the kernel's stop notification.
 class UcxTcpFaultTest : public ::testing::Test {
  protected:
   ScopedEnv tls_{"UCX_TLS", "tcp,self"};
@@ -76,7 +80,7 @@ TEST_F(UcxTcpFaultTest, OwnerKilledMidReadFailsWithUnavailableWithinTheDeadline)
   auto t = CreateUcxTransport().value();
   auto remote = t->Import(peer->descriptors()[0]).value();
   std::vector<std::byte> dest(n);
-  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->Stop());  // returns once the owner is stopped, not merely signalled
   auto tr = t->PostReads(ChunkedOps(remote, dest, 1 << 20)).value();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ASSERT_EQ(tr->Poll(), TransferState::kPending);
@@ -100,7 +104,7 @@ TEST_F(UcxTcpFaultTest, DeadlineExceededWhilePendingThenCompletesAfterResume) {
   auto t = CreateUcxTransport().value();
   auto remote = t->Import(peer->descriptors()[0]).value();
   std::vector<std::byte> dest(n);
-  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->Stop());  // returns once the owner is stopped, not merely signalled
   auto tr = t->PostReads(ChunkedOps(remote, dest, 1 << 20)).value();
   const int64_t start = Now();
   const Status s = tr->Wait(start + kSecond / 5);
@@ -120,7 +124,7 @@ TEST_F(UcxTcpFaultTest, CancelIsBestEffortAndDestroyingAStuckTransferReturns) {
   auto t = CreateUcxTransport({}, {.drain_grace_ns = kSecond / 4, .allow_no_peer_error_handling = true}).value();
   auto remote = t->Import(peer->descriptors()[0]).value();
   std::vector<std::byte> dest(n);
-  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->Stop());  // returns once the owner is stopped, not merely signalled
   auto tr = t->PostReads(ChunkedOps(remote, dest, 1 << 20)).value();
   tr->Cancel();
   // Gets cannot be withdrawn: still pending until they finish (documented).
@@ -161,7 +165,7 @@ TEST(UcxSmFaultTest, OwnerKilledMidReadNeverHangs) {
   auto t = CreateUcxTransport().value();
   auto remote = t->Import(peer->descriptors()[0]).value();
   std::vector<std::byte> dest(n);
-  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->Stop());  // returns once the owner is stopped, not merely signalled
   auto tr = t->PostReads(ChunkedOps(remote, dest, 1 << 20)).value();
   peer->Signal(SIGKILL);
   const int64_t start = Now();

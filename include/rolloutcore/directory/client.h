@@ -42,6 +42,7 @@ class DirectoryClient final : public DirectoryStore {
   Result<std::vector<CommitEvent>> WaitForCommits(std::string_view model, uint64_t after_seq,
                                                   int64_t timeout_ms) override;
   Status Release(std::string_view model, std::string_view version) override;
+  Status MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) override;
 
   // GET /health: OK when the directory answers.
   [[nodiscard]] Status Health();

@@ -22,6 +22,13 @@
 // - Commits get sequence numbers 1, 2, ... per model, in commit order, without gaps at commit
 //   time. Committed versions are retained until released; released versions vanish from Get,
 //   GetInfo, List and the commit feed (NotFound), and their label cannot be published again.
+// - Commit is acknowledged only once it is durable in the store: Publish returns a COMMITTED
+//   result after the SQLite transaction committed (WAL, synchronous=FULL) or the etcd txn
+//   succeeded, never before. A caller whose Publish failed without a refusal (Unavailable,
+//   DeadlineExceeded, Internal: the answer was lost) does not know the outcome and must ask
+//   (GetInfo / Get) before it drops the memory it published; trainer::Publisher does.
+// - A committed version whose sources are gone is marked UNAVAILABLE (MarkUnavailable), so
+//   receivers are refused at once instead of failing every pull on dead handles.
 //
 // Thread safety: every method of every implementation may be called concurrently from any thread.
 // WaitForCommits blocks only its caller.
@@ -72,10 +79,21 @@ class DirectoryStore {
 
   // Drops a version in any state (a STAGING one is cancelled). NotFound when unknown or released.
   [[nodiscard]] virtual Status Release(std::string_view model, std::string_view version) = 0;
+
+  // Records that the memory a version's shard tables name is gone (`reason` says whose and why,
+  // 1..kMaxReasonLength bytes of UTF-8). The rule (docs/directory.md): a publisher that drops the
+  // buffers of a version it published without releasing it calls this, and so may a reader that
+  // proved the owner dead. COMMITTED becomes UNAVAILABLE (commit seq and digest kept; it leaves
+  // the commit feed and the `committed` list; Get answers FailedPrecondition naming the reason);
+  // STAGING becomes ABANDONED with the reason (it could only commit with dead handles). A version
+  // already ABANDONED or UNAVAILABLE is left as it is (OK: every rank may report). NotFound when
+  // unknown or released; InvalidArgument for a bad reason.
+  [[nodiscard]] virtual Status MarkUnavailable(std::string_view model, std::string_view version,
+                                               std::string_view reason) = 0;
 };
 
 // Blocks until (model, version) is COMMITTED and returns its commit event. FailedPrecondition when
-// it is or becomes ABANDONED; DeadlineExceeded after timeout_ms of real time. A version that does
+// it is or becomes ABANDONED or UNAVAILABLE; DeadlineExceeded after timeout_ms of real time. A version that does
 // not exist yet is waited for (its ranks may not have published).
 [[nodiscard]] Result<CommitEvent> WaitForVersion(DirectoryStore& store, std::string_view model,
                                                  std::string_view version, int64_t timeout_ms);

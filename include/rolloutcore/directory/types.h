@@ -4,9 +4,14 @@
 // A *version* (model, version label) is created by the first rank that publishes to it and moves
 // through states:
 //
-//   STAGING ──(every rank 0..N-1 published, merged shards valid)──► COMMITTED
-//      └─────(a publishing rank's lease expired before commit)─────► ABANDONED
+//   STAGING ──(every rank 0..N-1 published, merged shards valid)──► COMMITTED ──(sources gone)──► UNAVAILABLE
+//      └──(a publishing rank's lease expired, or its sources are gone)──► ABANDONED
 //   any state ──(release)──► released (a tombstone: gone from get/list, refuses publishes)
+//
+// UNAVAILABLE: the version was committed (it keeps its commit seq and digest, so records naming it
+// stay meaningful) but the memory its shard tables name is gone (a publisher released it, or a
+// reader proved its owner dead): Get refuses it, it left the commit feed and the `committed` list,
+// and it never becomes COMMITTED again (see MarkUnavailable in store.h).
 //
 // N (`expected_ranks`) is fixed by the first publish. Each committed version gets a commit
 // sequence number, 1, 2, 3, ... per model, in commit order; watchers wait for sequence numbers.
@@ -33,9 +38,10 @@ enum class VersionState {
   kStaging,
   kCommitted,
   kAbandoned,
+  kUnavailable,
 };
 
-// "STAGING", "COMMITTED", "ABANDONED".
+// "STAGING", "COMMITTED", "ABANDONED", "UNAVAILABLE".
 std::string_view VersionStateName(VersionState state);
 // Accepts the names above case-insensitively; InvalidArgument naming the text otherwise.
 [[nodiscard]] Result<VersionState> ParseVersionState(std::string_view text);
@@ -45,6 +51,8 @@ inline constexpr size_t kMaxNameLength = 128;
 inline constexpr int64_t kMaxLeaseTtlMs = int64_t{24} * 3600 * 1000;
 // Most ranks one version may expect.
 inline constexpr int32_t kMaxExpectedRanks = 65536;
+// Longest reason MarkUnavailable records.
+inline constexpr size_t kMaxReasonLength = 1024;
 
 // InvalidArgument "WHAT: ..." unless `name` follows the naming rule in the header comment.
 [[nodiscard]] Status ValidateName(std::string_view name, std::string_view what);
@@ -87,7 +95,7 @@ struct VersionInfo {
   std::vector<int32_t> published_ranks;  // ascending; all 0..N-1 once committed
   uint64_t commit_seq = 0;               // 0 unless committed
   uint64_t content_digest = 0;           // 0 unless committed
-  std::string reason;                    // why it was abandoned
+  std::string reason;                    // why it was abandoned or made unavailable
 };
 
 // A commit, as seen by a watcher.
@@ -103,9 +111,10 @@ enum class StateFilter {
   kCommitted,
   kStaging,
   kAbandoned,
+  kUnavailable,
   kAll,
 };
-// "committed", "staging", "abandoned", "all".
+// "committed", "staging", "abandoned", "unavailable", "all".
 std::string_view StateFilterName(StateFilter filter);
 [[nodiscard]] Result<StateFilter> ParseStateFilter(std::string_view text);
 bool FilterMatches(StateFilter filter, VersionState state);

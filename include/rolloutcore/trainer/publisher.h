@@ -20,15 +20,39 @@
 // dies with it, the lease expires, and a version this rank left STAGING becomes ABANDONED: a
 // killed trainer leaves nothing that blocks a new one.
 //
+// Outcome of a publish. A directory call can fail without saying whether it took effect (the
+// directory died after its commit was durable but before it answered; a timeout): then the
+// outcome is unknown, and the memory may already be named by a COMMITTED version. The Publisher
+// never drops registrations on such an answer. It asks the directory, retrying with backoff for
+// up to `outcome_timeout_ms`: GetInfo, and for a COMMITTED version Get, checking that the
+// manifest names exactly this rank's shards with these handles and digests (then the publish is
+// reported as the commit it was); for a STAGING or unknown version it publishes the same tables
+// again (idempotent while STAGING; the handles are unchanged because nothing was deregistered).
+// ABANDONED, UNAVAILABLE or a manifest naming other handles is a definite refusal. When the
+// directory stays silent past the deadline, Publish returns Unavailable ("outcome unknown") and
+// the version stays registered in the state *unresolved*: readers of a commit it may have made
+// are still served; Publish(version) resumes the inquiry with the same registrations; Release
+// drops it (and marks it in the directory, see below).
+//
+// Sources gone. When the Publisher drops the registrations of a version that is published or
+// unresolved without release_in_directory (Release(version, false), or the destructor), it first
+// marks the version in the directory with MarkUnavailable ("rank R of model M released its
+// buffers"): a COMMITTED version becomes UNAVAILABLE, a STAGING one ABANDONED, so receivers are
+// refused at once instead of failing every pull on dead handles. A directory that cannot be
+// reached then is logged and the registrations are dropped anyway (a killed process cannot mark
+// either; docs/directory.md states the rule for readers).
+//
 // Thread safety: every method may be called from any thread. One mutex guards the version table;
 // the expensive part of Publish (registration, digests, the directory call) runs without it.
 // Publish and Release of the same version must not race: a version being published refuses
 // AddShard, a second Publish and Release with FailedPrecondition.
 // Invariants: a version is in one of the states staged (shards added, nothing registered),
-// published (every shard registered, tables accepted by the directory) or gone (released, or
-// never added). A failed Publish deregisters what it registered and leaves the version staged,
-// so it can be retried. The destructor deregisters every registration it still holds; it does
-// not release versions in the directory.
+// published (every shard registered, tables accepted by the directory), unresolved (every shard
+// registered, the directory's answer unknown) or gone (released, or never added). A Publish the
+// directory definitely refused deregisters what it registered and leaves the version staged, so
+// it can be retried. The destructor deregisters every registration it still holds (marking
+// published and unresolved versions unavailable first); it does not release versions in the
+// directory.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +96,10 @@ struct ShardSource {
 struct PublisherOptions {
   int64_t lease_ttl_ms = 30'000;
   int64_t keepalive_interval_ms = 0;  // 0: a third of lease_ttl_ms
+  // How long a Publish whose directory answer was lost keeps asking for the outcome (real time).
+  int64_t outcome_timeout_ms = 30'000;
+  // First pause between those inquiries; doubles up to 1 s.
+  int64_t outcome_retry_ms = 50;
 };
 
 // What one Publish did.
@@ -109,19 +137,26 @@ class Publisher {
   // A rank that owns nothing of the model may publish with no shards (its empty table set still
   // counts as its publish). NotFound when the version was never staged; FailedPrecondition when it
   // is already published or being published; the directory's refusal (named with rank and
-  // version) otherwise.
+  // version) otherwise; Unavailable "outcome unknown" when the directory's answer was lost and it
+  // did not tell the outcome within outcome_timeout_ms (the version stays registered: call
+  // Publish again to resume the inquiry, or Release). A version left unresolved by an earlier
+  // call is resumed, not re-registered.
   [[nodiscard]] Result<PublishReport> Publish(std::string_view version);
   // Stages nothing new: publishes `version` with whatever was added (creating it empty if needed).
   [[nodiscard]] Result<PublishReport> PublishEmpty(std::string_view version);
 
   // Deregisters the version's memory and drops its shards (and their keep_alive objects). With
   // release_in_directory, also releases the version in the directory (NotFound there is ignored:
-  // another rank may have released it first). NotFound when this Publisher holds no such version.
+  // another rank may have released it first); without, a published or unresolved version is
+  // first marked unavailable there (see the header comment; NotFound ignored). NotFound when this
+  // Publisher holds no such version.
   [[nodiscard]] Status Release(std::string_view version, bool release_in_directory = false);
 
   // Versions held (staged or published), in label order.
   std::vector<std::string> versions() const;
   bool IsPublished(std::string_view version) const;
+  // True while `version` is unresolved: registered, the directory's answer to its publish unknown.
+  bool IsUnresolved(std::string_view version) const;
   // The lease of the latest publish (0 before the first).
   int64_t lease_id() const;
 
@@ -133,10 +168,11 @@ class Publisher {
     uint64_t digest = 0;
   };
   struct VersionEntry {
-    enum class State { kStaged, kPublishing, kPublished } state = State::kStaged;
+    enum class State { kStaged, kPublishing, kPublished, kUnresolved } state = State::kStaged;
     std::vector<StagedShard> shards;
   };
 
+  static std::string_view StateWord(VersionEntry::State state);
   [[nodiscard]] Result<PublishReport> PublishImpl(std::string_view version, bool allow_create);
   [[nodiscard]] Status CheckNewShard(std::string_view version, const VersionEntry& entry,
                                      const ShardSource& shard) const;
@@ -144,6 +180,14 @@ class Publisher {
   int64_t CurrentLease();
   void AdoptLease(int64_t lease_id, int64_t ttl_ms);
   void DeregisterAll(std::vector<StagedShard>& shards);
+  // Asks the directory what became of a publish whose answer was lost (see the header comment).
+  // OK with the directory's result; a definite refusal; or Unavailable "outcome unknown".
+  [[nodiscard]] Result<directory::PublishResult> ResolveOutcome(directory::PublishRequest& request,
+                                                                const Status& lost);
+  // True when `manifest` names exactly `tables`' shards of this rank (boxes, handles, digests).
+  bool ManifestHoldsOurShards(const refit::Manifest& manifest, const std::vector<refit::ShardTable>& tables) const;
+  // MarkUnavailable for a version whose registrations are about to be dropped; logs failures.
+  Status MarkSourcesGone(std::string_view version);
 
   transport::Transport* const transport_;
   directory::DirectoryStore* const store_;

@@ -83,7 +83,7 @@ struct SyntheticTrainerOptions {
 struct VersionStatus {
   std::string version;
   int64_t step = 0;
-  std::string state;  // STAGING, COMMITTED, ABANDONED (as last seen), or RELEASED
+  std::string state;  // STAGING, COMMITTED, ABANDONED, UNAVAILABLE (as last seen), or RELEASED
   int32_t ranks_published = 0;
   uint64_t commit_seq = 0;
   uint64_t content_digest = 0;
@@ -91,10 +91,13 @@ struct VersionStatus {
   int64_t shards = 0;
   double compute_ms = 0;  // slowest rank
   double publish_ms = 0;  // slowest rank: register + digest + directory
+  // A rank's publish went unanswered and the directory did not tell the outcome in time: its
+  // buffers stay registered (the version may be committed) until the version is released.
+  bool unresolved = false;
 };
 
 // {version, step, state, committed, ranks_published, commit_seq, content_digest (hex), bytes,
-// shards, compute_ms, publish_ms}.
+// shards, compute_ms, publish_ms, unresolved}.
 Json VersionStatusToJson(const VersionStatus& v);
 
 class SyntheticTrainer {
