@@ -6,9 +6,10 @@
 // - The engine is kill -9'd while READY on v1 and restarted from its v0 checkpoint (same port):
 //   the controller reports it TAINTED within 2 s of the engine answering again, with rollouts
 //   running all along; no stored rollout with output carries a label the engine did not generate
-//   under. A recovery re-installs v1 and accepts the new process. Then the controller is
-//   kill -9'd, the engine restarted on v0 again, and the controller restarted: its journal claims
-//   v1, the engine serves v0, so it comes back TAINTED and admits nothing.
+//   under. A recovery re-installs v1 and accepts the new process; a second restart, with no
+//   rollout going on, is caught by the periodic identity check alone.
+// - On v1, the controller is kill -9'd, the engine restarted on v0, and the controller restarted:
+//   its journal claims v1, the engine serves v0, so it comes back TAINTED and admits nothing.
 // - On a READY engine, POST /v1/recover is 409. Then the engine is changed behind the
 //   controller's back, directly on the engine (pause, /rc/refit/stage + /rc/refit/install of v1,
 //   /update_weight_version back to "v0", resume): the next identity check taints it.
@@ -21,7 +22,7 @@
 namespace rc::system_test {
 namespace {
 
-using IdentityTest = SystemTest;
+using EngineIdentityTest = SystemTest;
 
 std::string LastTaintReason(int ctl) {
   auto taint = SystemTest::FindLast(SystemTest::Journal(ctl), "taint");
@@ -48,7 +49,7 @@ void ExpectNoRolloutStoredUnderAnotherLabel(int ctl) {
             << std::endl;
 }
 
-TEST_F(IdentityTest, EngineRestartedOnItsCheckpointIsTaintedAndARestartedControllerChecksItsJournal) {
+TEST_F(EngineIdentityTest, EngineKilledWhileReadyAndRestartedOnItsCheckpointIsTaintedWithin2s) {
   Stack s = StartStack();  // default --verify-interval-ms (1000)
   ASSERT_FALSE(HasFailure());
   Json v1 = Step(s, "v1");
@@ -105,6 +106,27 @@ TEST_F(IdentityTest, EngineRestartedOnItsCheckpointIsTaintedAndARestartedControl
   EXPECT_EQ(ok.json["choices"][0]["weight_version"], "v1");
   EXPECT_EQ(LiveDigest(s.engine), v1["content_digest"]);
 
+  // Again with no rollout going on: the periodic check alone notices the new process.
+  s.engine_proc->Kill();
+  StartEngine("engine-restarted-2", s.v0_dir, "v0", true, &s.engine_proc, s.engine);
+  const int64_t back2_ms = NowMs();
+  tainted = WaitState(s.ctl, "TAINTED", 2000, 2);
+  ASSERT_TRUE(tainted) << "still " << StateOf(s.ctl) << " 2 s after the restarted engine answered (no rollouts)";
+  Figure("engine_back_to_tainted_by_the_periodic_check_ms", *tainted - back2_ms);
+  why = LastTaintReason(s.ctl);
+  EXPECT_NE(why.find("identity check"), std::string::npos) << why;
+  EXPECT_NE(why.find("the engine restarted (boot id"), std::string::npos) << why;
+  ExpectNoRolloutStoredUnderAnotherLabel(s.ctl);
+}
+
+TEST_F(EngineIdentityTest, RestartedControllerWhoseJournalClaimsAnotherLabelIsTaintedAndAdmitsNothing) {
+  Stack s = StartStack();
+  ASSERT_FALSE(HasFailure());
+  Step(s, "v1");
+  Json up = UpdateAndWait(s.ctl, "v1");
+  ASSERT_EQ(up.value("outcome", ""), "committed") << up.dump();
+  ASSERT_EQ(Rollout(s.ctl, Prompt(10, 1), 4).status, 200);
+
   // The controller dies; the engine restarts on v0 while it is away; the restarted controller's
   // journal claims v1: TAINTED before anything is admitted.
   s.ctl_proc->Kill();
@@ -112,7 +134,7 @@ TEST_F(IdentityTest, EngineRestartedOnItsCheckpointIsTaintedAndARestartedControl
   StartEngine("engine-restarted-2", s.v0_dir, "v0", true, &s.engine_proc, s.engine);
   RestartController(s, /*kill_first=*/false);
   EXPECT_EQ(StateOf(s.ctl), "TAINTED") << "the first status after the restart";
-  why = LastTaintReason(s.ctl);
+  std::string why = LastTaintReason(s.ctl);
   EXPECT_NE(why.find("journal claims label 'v1'"), std::string::npos) << why;
   EXPECT_NE(why.find("the engine reports label 'v0'"), std::string::npos) << why;
   auto restart = FindLast(Journal(s.ctl), "restart");
@@ -122,15 +144,13 @@ TEST_F(IdentityTest, EngineRestartedOnItsCheckpointIsTaintedAndARestartedControl
       EXPECT_NE(r.value("event", std::string()), "admit") << "admitted after the restart: " << r.dump();
     }
   }
-  refused = Rollout(s.ctl, Prompt(10, 3), 4);
+  Reply refused = Rollout(s.ctl, Prompt(10, 3), 4);
   EXPECT_EQ(refused.status, 503) << refused.text;
   ExpectNoRolloutStoredUnderAnotherLabel(s.ctl);
 }
 
-TEST_F(IdentityTest, RecoverOnReadyIsRefusedAndWeightsChangedBehindTheControllerAreDetected) {
-  StackOptions o;
-  o.controller_args = {"--verify-interval-ms", "300"};
-  Stack s = StartStack(o);
+TEST_F(EngineIdentityTest, RecoverOnReadyIsRefusedAndWeightsChangedBehindTheControllerAreDetected) {
+  Stack s = StartStack();  // default --verify-interval-ms (1000)
   ASSERT_FALSE(HasFailure());
   Json v0 = WaitCommitted(s.dir, "v0");
   Json v1 = Step(s, "v1");
