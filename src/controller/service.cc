@@ -397,9 +397,7 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   rec.version = version;
   rec.recovery = recovery;
   rec.requested_wall_ms = WallTimeMs();
-  for (auto& slot : engines_) {
-    if (only && slot->index != *only) rec.errors[slot->index] = "not part of this operation";
-  }
+  rec.only = only;
   ops_[op.id] = rec;
   for (auto& slot : engines_) {
     if (!only || slot->index == *only) slot->queue.push_back(op);
@@ -429,6 +427,7 @@ Json ControllerService::OpJson(const OpRecord& rec) const {
   bool all_done = true;
   std::string overall = "committed";
   for (const auto& slot : engines_) {
+    if (rec.only && slot->index != *rec.only) continue;
     Json e{{"engine", slot->handle.name}, {"index", slot->index}};
     auto err = rec.errors.find(slot->index);
     auto ord = rec.ordinals.find(slot->index);

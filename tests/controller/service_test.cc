@@ -426,9 +426,11 @@ TEST(ControllerIdentityTest, AutoRecoverReinstallsTheCommittedVersion) {
   o.verify_interval_ms = 20;
   o.auto_recover = true;
   o.model = "m";
-  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
-  ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
-  e.fakes[0]->Restart();
+  auto svc = std::move(ControllerService::Create(e.Make(2), &versions, o)).value();
+  auto up = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
+  ASSERT_TRUE(up.ok());
+  ASSERT_EQ((*up)["outcome"], "committed") << up->dump();
+  e.fakes[0]->Restart();  // only engine 0
   auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < end && svc->controller(0)->counters().recoveries == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -440,6 +442,14 @@ TEST(ControllerIdentityTest, AutoRecoverReinstallsTheCommittedVersion) {
   auto ok = svc->Rollout(Json{{"prompt", {1}}});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ((*ok)["choices"][0]["weight_version"], "v1");
+  // The auto-recovery is engine 0's alone: engine 1 kept serving and is not part of it.
+  EXPECT_EQ(svc->StatusJson()["engines"][1]["state"], "READY");
+  EXPECT_EQ(svc->controller(1)->counters().recoveries, 0);
+  auto rec = svc->UpdateStatus("u-2");
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ((*rec)["recovery"], true);
+  EXPECT_EQ((*rec)["outcome"], "committed") << rec->dump();
+  EXPECT_EQ((*rec)["engines"].size(), 1u);
   fs::remove_all(dir);
 }
 

@@ -158,6 +158,7 @@ class ControllerService {
     std::map<size_t, int64_t> ordinals;  // engine → ordinal once started
     std::map<size_t, std::string> errors;  // engine → why it did not start
     int64_t requested_wall_ms = 0;
+    std::optional<size_t> only;            // the one engine it is for (an auto-recovery); else all
   };
 
   ControllerService() = default;
