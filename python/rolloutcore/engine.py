@@ -32,7 +32,7 @@ class EngineClient:
         return self._http.request("GET", "/weight_info")
 
     def state(self) -> Dict[str, Any]:
-        """``{paused, num_running, num_waiting, blocks_in_use, ..., weight_version, generation}``."""
+        """``{paused, num_running, num_waiting, blocks_in_use, ..., weight_version, boot_id, install_generation, content_digest}``."""
         return self._http.request("GET", "/rc/engine/state")
 
     def stage(self, model: str, version: str, directory: str) -> Dict[str, Any]:

@@ -19,6 +19,7 @@ using lifecycle::CacheResetResult;
 using lifecycle::DigestEvidence;
 using lifecycle::DrainStatus;
 using lifecycle::EngineDescription;
+using lifecycle::IdentityEvidence;
 using lifecycle::InstallEvidence;
 using lifecycle::LabelEvidence;
 using lifecycle::PauseEvidence;
@@ -185,6 +186,18 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
     return RunDetached<ResumeEvidence>([s = s_]() -> Result<ResumeEvidence> {
       s->engine->Resume();
       return ResumeEvidence{s->engine->IsPaused()};
+    });
+  }
+
+  Pending<IdentityEvidence> ProbeIdentity() override {
+    return RunDetached<IdentityEvidence>([s = s_]() -> Result<IdentityEvidence> {
+      IdentityEvidence e;
+      e.content_digest = s->receiver->CachedLiveDigest().value_or("");  // before the generation
+      const engine::EngineState st = s->engine->State();
+      e.boot_id = s->engine->boot_id();
+      e.label = st.weight_version;
+      e.install_generation = st.install_generation;
+      return e;
     });
   }
 

@@ -66,7 +66,7 @@ class EmbeddedAdapterTest : public ::testing::Test {
     EXPECT_EQ(v->state, "COMMITTED");
     return *v;
   }
-  void StartService() {
+  void StartService(int64_t verify_interval_ms = 1000) {
     versions_ = std::make_unique<controller::DirectoryVersionSource>(store_.get());
     std::vector<controller::EngineHandle> engines;
     controller::EngineHandle h;
@@ -76,6 +76,7 @@ class EmbeddedAdapterTest : public ::testing::Test {
     engines.push_back(std::move(h));
     controller::ServiceOptions so;
     so.state_dir = state_dir_;
+    so.verify_interval_ms = verify_interval_ms;
     auto s = controller::ControllerService::Create(std::move(engines), versions_.get(), so);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(s).value();
@@ -161,6 +162,45 @@ TEST_F(EmbeddedAdapterTest, InstallRefusedBeforeMutationUnlessPausedAndStaged) {
   auto resumed = AwaitPending(adapter->Resume(), 10000, "resume");
   ASSERT_TRUE(resumed.ok());
   EXPECT_FALSE(resumed->paused_after);
+}
+
+// Identity in process: the probe reports the engine's boot id, label, install generation and the
+// receiver's cached digest; an install behind the service's back (through the same engine, with
+// the label set back) taints the engine at the next check.
+TEST_F(EmbeddedAdapterTest, ProbeReportsTheEngineAndAnInstallBehindTheServiceTaints) {
+  Step();  // v0
+  Step();  // v1
+  StartService(/*verify_interval_ms=*/20);
+  auto adapter = engine_->MakeAdapter({server_->url(), "m"});
+  auto id = AwaitPending(adapter->ProbeIdentity(), 10000, "probe");
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(id->boot_id, engine_->engine()->boot_id());
+  EXPECT_EQ(id->label, "init");
+  EXPECT_EQ(id->install_generation, 0);
+  EXPECT_FALSE(id->content_digest.empty()) << "the service read (and cached) the digest at start";
+  Json r = Rollout("r-ok");
+  EXPECT_EQ(r["rolloutcore"]["boot_id"], engine_->engine()->boot_id());
+
+  lifecycle::UpdateTarget target;
+  target.label = "v1";
+  target.model = "m";
+  ASSERT_TRUE(AwaitPending(adapter->Stage(target), 60000, "stage").ok());
+  ASSERT_TRUE(AwaitPending(adapter->Pause(lifecycle::PauseMode::kWait), 10000, "pause").ok());
+  ASSERT_TRUE(AwaitPending(adapter->Install(target, false), 60000, "install").ok());
+  engine_->engine()->SetWeightVersion("init");  // the label is faked back
+  ASSERT_TRUE(AwaitPending(adapter->Resume(), 10000, "resume").ok());
+  id = AwaitPending(adapter->ProbeIdentity(), 10000, "probe");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(id->install_generation, 1);
+  EXPECT_EQ(id->label, "init");
+
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < end && service_->controller(0)->state() != lifecycle::State::kTainted) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(service_->controller(0)->state(), lifecycle::State::kTainted);
+  EXPECT_EQ(service_->Rollout(Json{{"prompt_token_ids", {1, 2}}, {"max_tokens", 2}}).status().code(),
+            StatusCode::kUnavailable);
 }
 
 TEST_F(EmbeddedAdapterTest, AbortByRolloutIdStopsItsEngineRequests) {

@@ -16,6 +16,7 @@ using lifecycle::CacheResetResult;
 using lifecycle::DigestEvidence;
 using lifecycle::DrainStatus;
 using lifecycle::EngineDescription;
+using lifecycle::IdentityEvidence;
 using lifecycle::InstallEvidence;
 using lifecycle::LabelEvidence;
 using lifecycle::PauseEvidence;
@@ -105,6 +106,61 @@ struct HttpEngineAdapter::Shared {
 };
 
 namespace {
+
+// ---- Identity, vLLM flavour ---------------------------------------------------------------
+// rolloutcore's worker extension inside every vLLM worker answers the collective RPC "rc_label"
+// with {label, generation (its install counter), boot_id, content_digest (hex or null)}; every
+// worker must agree, or the engine is not one identity.
+Result<IdentityEvidence> ProbeVllmIdentity(const HttpEngineAdapter::Shared& s) {
+  const Json body{{"method", "rc_label"}, {"args", Json::array()}, {"kwargs", Json::object()}};
+  auto j = s.DoJson("POST", "/collective_rpc", body.dump());
+  if (!j.ok() && j.status().code() == StatusCode::kNotFound) {
+    return Unimplemented("vLLM at " + s.options.base_url +
+                         " has no /collective_rpc (or no rolloutcore worker extension): it cannot report its identity");
+  }
+  RC_RETURN_IF_ERROR(j.status());
+  const std::string where = "POST " + s.Where("/collective_rpc") + " rc_label";
+  if (!j->is_object() || !j->contains("results") || !(*j)["results"].is_array() || (*j)["results"].empty()) {
+    return DataLoss(where + ": expected {\"results\": [one object per worker]}, got " + j->dump());
+  }
+  const Json& results = (*j)["results"];
+  IdentityEvidence first;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Json& w = results[i];
+    const std::string at = where + " results[" + std::to_string(i) + "]";
+    if (!w.is_object()) return DataLoss(at + ": expected an object, got " + JsonTypeName(w));
+    IdentityEvidence e;
+    RC_ASSIGN_OR_RETURN(e.label, GetString(w, "label", at));
+    RC_ASSIGN_OR_RETURN(e.install_generation, GetNonNegativeInt(w, "generation", at));
+    RC_ASSIGN_OR_RETURN(e.boot_id, GetString(w, "boot_id", at));
+    if (w.contains("content_digest") && !w["content_digest"].is_null()) {
+      RC_ASSIGN_OR_RETURN(e.content_digest, GetString(w, "content_digest", at));
+    }
+    if (i == 0) {
+      first = e;
+    } else if (e.label != first.label || e.install_generation != first.install_generation ||
+               e.boot_id != first.boot_id || e.content_digest != first.content_digest) {
+      return DataLoss(where + ": workers disagree: worker 0 reports label '" + first.label + "' generation " +
+                      std::to_string(first.install_generation) + " boot " + first.boot_id + " digest '" +
+                      first.content_digest + "', worker " + std::to_string(i) + " reports label '" + e.label +
+                      "' generation " + std::to_string(e.install_generation) + " boot " + e.boot_id + " digest '" +
+                      e.content_digest + "'");
+    }
+  }
+  return first;
+}
+
+// ---- Identity, rolloutcore flavour: GET /rc/engine/state ------------------------------------
+Result<IdentityEvidence> ProbeRolloutcoreIdentity(const Json& state, const std::string& where) {
+  IdentityEvidence e;
+  RC_ASSIGN_OR_RETURN(e.boot_id, GetString(state, "boot_id", where));
+  RC_ASSIGN_OR_RETURN(e.label, GetString(state, "weight_version", where));
+  RC_ASSIGN_OR_RETURN(e.install_generation, GetNonNegativeInt(state, "install_generation", where));
+  if (state.contains("content_digest") && !state["content_digest"].is_null()) {
+    RC_ASSIGN_OR_RETURN(e.content_digest, GetString(state, "content_digest", where));
+  }
+  return e;
+}
 
 std::string PauseModeQuery(PauseMode m) { return std::string(lifecycle::PauseModeName(m)); }
 
@@ -332,6 +388,25 @@ std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url,
     if (r->status != 200) return Internal("engine " + base_url + " answered " + std::to_string(r->status) + ": " + r->body);
     return ParseJson(r->body, "completion from " + base_url);
   };
+}
+
+Pending<IdentityEvidence> HttpEngineAdapter::ProbeIdentity() {
+  return RunDetached<IdentityEvidence>([s = s_]() -> Result<IdentityEvidence> {
+    if (s->flavor.load() != EngineFlavor::kVllm) {
+      // Also the flavour probe when Describe() was not called yet (a restarted controller).
+      RC_ASSIGN_OR_RETURN(httplib::Response resp, s->Do("GET", "/rc/engine/state"));
+      if (resp.status == 200) {
+        s->flavor = EngineFlavor::kRolloutcore;
+        const std::string where = "GET " + s->Where("/rc/engine/state");
+        RC_ASSIGN_OR_RETURN(Json j, ParseJson(resp.body, where));
+        return ProbeRolloutcoreIdentity(j, where);
+      }
+      if (s->flavor.load() == EngineFlavor::kRolloutcore) {
+        return Unavailable("GET " + s->Where("/rc/engine/state") + " answered " + std::to_string(resp.status));
+      }
+    }
+    return ProbeVllmIdentity(*s);
+  });
 }
 
 Status HttpEngineAdapter::WarmCanary() { return s_->Canary().status(); }

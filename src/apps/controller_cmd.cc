@@ -48,6 +48,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     int embedded_tp = 1;
     uint64_t embedded_seed = 0;
     std::string drain_policy = "wait";
+    int64_t verify_interval_ms = 1000;
+    bool auto_recover = false;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
   };
@@ -77,6 +79,15 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")->check(CLI::PositiveNumber);
   serve->add_option("--drain-policy", o->drain_policy, "After the drain deadline: wait | abort | cancel")
       ->check(CLI::IsMember({"wait", "abort", "cancel"}));
+  serve->add_option("--verify-interval-ms", o->verify_interval_ms,
+                    "Identity check of every READY engine every N ms (boot id, label, install generation, cached "
+                    "digest vs what was verified and committed; a mismatch taints the engine); 0: only after "
+                    "updates and on every completion")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  serve->add_flag("--auto-recover", o->auto_recover,
+                  "After an identity mismatch taints an engine, recover it to the committed version right away "
+                  "(needs --directory and --model)");
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
   serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
   serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
@@ -130,6 +141,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     so.max_updating = o->max_updating;
     so.auto_update = o->auto_update;
     so.model = o->model;
+    so.verify_interval_ms = o->verify_interval_ms;
+    so.auto_recover = o->auto_recover;
     so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o->drain_policy);
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;

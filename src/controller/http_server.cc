@@ -80,6 +80,10 @@ class ControllerHttpServer::Impl {
       auto body = Body(q);
       if (!body.ok()) return SendError(r, body.status());
       auto out = svc_->Rollout(*body);
+      if (!out.ok() && out.status().code() == StatusCode::kDataLoss) {
+        // The engine answered under another identity than the binding (service.h): bad gateway.
+        return SendJson(r, 502, Json{{"error", out.status().message()}, {"code", StatusCodeName(out.status().code())}});
+      }
       if (!out.ok()) return SendError(r, out.status(), retry);
       SendJson(r, 200, *out);
     }));

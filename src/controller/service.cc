@@ -1,5 +1,6 @@
 #include "rolloutcore/controller/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -13,6 +14,20 @@ using lifecycle::State;
 using lifecycle::UpdateOutcome;
 
 namespace {
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+// How often an engine whose identity is not verified yet (unreachable at a restart) is retried.
+constexpr int64_t kUnverifiedRetryMs = 200;
 
 std::vector<int64_t> IntArray(const Json& j) {
   std::vector<int64_t> out;
@@ -97,7 +112,172 @@ Status ControllerService::InitEngine(EngineSlot* slot) {
       slot->runner->ResumeBestEffort("controller restarted while the engine may have been paused");
     }
   }
+  // Nothing is admitted before the engine was checked against what the journal claims (label and
+  // content digest); an engine unreachable now stays unverified (no admissions) and is retried.
+  VerifyIdentity(slot, /*after_op=*/false, /*claim=*/true);
   return OkStatus();
+}
+
+// ---- Engine identity --------------------------------------------------------------------------
+
+bool ControllerService::IdentityVerified(const EngineSlot* slot) const {
+  std::lock_guard<std::mutex> lock(slot->id_mu);
+  return slot->id.verified;
+}
+
+void ControllerService::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim) {
+  if (slot->controller->state() != State::kReady) {
+    // TAINTED admits nothing (a recovery re-verifies); other states belong to an operation.
+    if (after_op) slot->after_op_pending = false;
+    return;
+  }
+  lifecycle::EngineAdapter* adapter = slot->handle.adapter.get();
+  const int64_t timeout = std::max<int64_t>(options_.runner.deadlines.poll_ms, 1);
+  auto fail = [&](const Status& st) {
+    RC_LOG_WARN("engine {}: identity probe failed: {}", slot->handle.name, st.ToString());
+    std::lock_guard<std::mutex> lock(slot->id_mu);
+    slot->id.last_error = st.ToString();
+  };
+  lifecycle::IdentityEvidence e;
+  auto probe = AwaitPending(adapter->ProbeIdentity(), timeout, "identity probe of " + slot->handle.name);
+  if (probe.ok()) {
+    e = *probe;
+  } else if (probe.status().code() == StatusCode::kUnimplemented) {
+    // The engine cannot report boot id or install generation: its label is what can be checked.
+    auto label = AwaitPending(adapter->ReadLabel(), timeout, "reading the label of " + slot->handle.name);
+    if (!label.ok()) return fail(label.status());
+    e.label = label->label;
+  } else {
+    return fail(probe.status());
+  }
+  const lifecycle::WeightVersion committed = slot->controller->version();
+  const lifecycle::WeightIdentity committed_id = slot->controller->identity();
+  if (claim && e.content_digest.empty() && !committed_id.content_digest.empty()) {
+    // A (re)started controller proves the digest too, computing it when none is cached.
+    auto desc = adapter->Describe();
+    if (!desc.ok()) return fail(desc.status());
+    if (desc->offers_content_digest) {
+      auto d = AwaitPending(adapter->ReadContentDigest(), std::max<int64_t>(options_.runner.deadlines.validate_ms, 1),
+                            "reading the content digest of " + slot->handle.name);
+      if (!d.ok()) return fail(d.status());
+      e.content_digest = d->content_digest;
+    }
+  }
+  std::vector<std::string> why;
+  if (e.label != committed.label) {
+    why.push_back("the engine reports label '" + e.label + "', the committed version is '" + committed.label + "'");
+  }
+  if (!e.content_digest.empty() && !committed_id.content_digest.empty() &&
+      e.content_digest != committed_id.content_digest) {
+    why.push_back("live content digest " + e.content_digest + " != committed digest " + committed_id.content_digest);
+  }
+  {
+    std::lock_guard<std::mutex> lock(slot->id_mu);
+    VerifiedIdentity& v = slot->id;
+    const bool committed_op = after_op && committed.generation > slot->generation_before_op;
+    const bool committed_recovery = committed_op && slot->running_recovery;
+    const bool restarted = v.verified && !v.boot_id.empty() && e.boot_id != v.boot_id;
+    if (restarted && !committed_recovery) {
+      why.push_back("the engine restarted (boot id " + v.boot_id + " -> " + (e.boot_id.empty() ? "none" : e.boot_id) +
+                    "): what this controller installed and verified is gone");
+    }
+    if (!restarted && v.verified && v.install_generation >= 0 && e.install_generation != v.install_generation &&
+        !committed_op && (v.generation_settled || after_op)) {
+      why.push_back("the engine's install generation moved " + std::to_string(v.install_generation) + " -> " +
+                    std::to_string(e.install_generation) + " with no update by this controller: weights were "
+                    "installed behind its back");
+    }
+    if (!v.suspect.empty() && !committed_op) why.push_back(v.suspect);
+    v.suspect.clear();
+    ++v.checks;
+    v.checked_wall_ms = WallTimeMs();
+    v.last_error.clear();
+    if (why.empty()) {
+      v.verified = true;
+      v.boot_id = e.boot_id;
+      v.install_generation = e.install_generation;
+      v.generation_settled = true;
+    } else {
+      ++v.mismatches;
+    }
+  }
+  if (after_op) slot->after_op_pending = false;
+  if (why.empty()) return;
+  std::string reason = claim ? "controller start: the journal claims label '" + committed.label + "' (digest " +
+                                   (committed_id.content_digest.empty() ? "unknown" : committed_id.content_digest) +
+                                   ") but " + Join(why)
+                             : "identity check: " + Join(why);
+  TaintForIdentity(slot, reason);
+}
+
+void ControllerService::TaintForIdentity(EngineSlot* slot, const std::string& reason) {
+  RC_LOG_ERROR("engine {}: {}", slot->handle.name, reason);
+  Status s = slot->controller->Taint(reason);
+  if (!s.ok()) {
+    // Not READY (an update runs, or already TAINTED): the check after the operation decides.
+    std::lock_guard<std::mutex> lock(slot->id_mu);
+    if (slot->id.suspect.empty()) slot->id.suspect = reason;
+    return;
+  }
+  if (!options_.auto_recover) return;
+  if (versions_ == nullptr || options_.model.empty()) {
+    RC_LOG_WARN("engine {}: --auto-recover needs --directory and --model; the engine stays TAINTED", slot->handle.name);
+    return;
+  }
+  const std::string label = slot->controller->version().label;
+  auto id = Enqueue(options_.model, label, /*recovery=*/true, slot->index);
+  if (!id.ok()) {
+    RC_LOG_WARN("engine {}: auto-recovery to {}: {}", slot->handle.name, label, id.status().ToString());
+  } else {
+    RC_LOG_WARN("engine {}: auto-recovery {} to {} queued", slot->handle.name, *id, label);
+  }
+}
+
+std::string ControllerService::CompletionMismatch(EngineSlot* slot, const lifecycle::RolloutBinding& binding,
+                                                  const Json& resp) const {
+  VerifiedIdentity v;
+  {
+    std::lock_guard<std::mutex> lock(slot->id_mu);
+    v = slot->id;
+  }
+  const bool compare_generation = v.verified && v.generation_settled && v.install_generation >= 0;
+  const std::string& bound = binding.version.label;
+  std::vector<std::string> why;
+  if (resp.contains("choices") && resp["choices"].is_array()) {
+    for (size_t i = 0; i < resp["choices"].size(); ++i) {
+      const Json& c = resp["choices"][i];
+      if (!c.is_object()) continue;
+      const std::string at = "choice " + std::to_string(i);
+      if (c.contains("weight_version") && c["weight_version"].is_string() && c["weight_version"] != bound) {
+        why.push_back(at + " was generated under label '" + c["weight_version"].get<std::string>() +
+                      "', the binding is '" + bound + "'");
+      }
+      if (compare_generation && c.contains("install_generation") && c["install_generation"].is_number_integer() &&
+          c["install_generation"].get<int64_t>() != v.install_generation) {
+        why.push_back(at + " was admitted at install generation " +
+                      std::to_string(c["install_generation"].get<int64_t>()) + ", the verified one is " +
+                      std::to_string(v.install_generation));
+      }
+    }
+  }
+  if (resp.contains("rolloutcore") && resp["rolloutcore"].is_object()) {
+    const Json& r = resp["rolloutcore"];
+    if (v.verified && !v.boot_id.empty() && r.contains("boot_id") && r["boot_id"].is_string() &&
+        r["boot_id"] != v.boot_id) {
+      why.push_back("the engine's boot id is " + r["boot_id"].get<std::string>() + ", the verified one is " +
+                    v.boot_id + " (it restarted)");
+    }
+    if (r.contains("label") && r["label"].is_string() && r["label"] != bound) {
+      why.push_back("the engine reported label '" + r["label"].get<std::string>() + "' when it answered, the binding is '" +
+                    bound + "'");
+    }
+    if (compare_generation && r.contains("install_generation") && r["install_generation"].is_number_integer() &&
+        r["install_generation"].get<int64_t>() != v.install_generation) {
+      why.push_back("the engine was at install generation " + std::to_string(r["install_generation"].get<int64_t>()) +
+                    " when it answered, the verified one is " + std::to_string(v.install_generation));
+    }
+  }
+  return Join(why);
 }
 
 // ---- Driver ---------------------------------------------------------------------------------
@@ -106,12 +286,31 @@ void ControllerService::Drive(EngineSlot* slot) {
   while (!stop_) {
     bool busy = slot->runner->Poll();
     if (!busy) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!slot->running_op.empty()) {
-        slot->running_op.clear();
-        --updating_;
-        cv_.notify_all();
+      bool just_ended = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!slot->running_op.empty()) {
+          slot->running_op.clear();
+          --updating_;
+          cv_.notify_all();
+          slot->after_op_pending = just_ended = true;
+        }
       }
+      // The identity check right after every operation (the install generation may have moved),
+      // periodically while READY, and until a (re)started controller verified the engine.
+      const int64_t now = SteadyMs();
+      const bool verified = IdentityVerified(slot);
+      const bool due = now >= slot->next_verify_ms;
+      if ((slot->after_op_pending && (just_ended || due)) || (!verified && due) ||
+          (options_.verify_interval_ms > 0 && due)) {
+        // A failed probe leaves after_op_pending set: the next check is still the post-op one.
+        VerifyIdentity(slot, slot->after_op_pending, /*claim=*/!verified);
+        const bool ok = IdentityVerified(slot);
+        slot->next_verify_ms =
+            SteadyMs() + (ok ? (options_.verify_interval_ms > 0 ? options_.verify_interval_ms : kUnverifiedRetryMs)
+                             : kUnverifiedRetryMs);
+      }
+      std::unique_lock<std::mutex> lock(mu_);
       if (!slot->queue.empty() && updating_ < options_.max_updating) {
         Op op = slot->queue.front();
         State st = slot->controller->state();
@@ -130,7 +329,20 @@ void ControllerService::Drive(EngineSlot* slot) {
           ++updating_;
           slot->running_op = op.id;
           lock.unlock();
+          slot->running_recovery = op.recovery;
+          slot->generation_before_op = slot->controller->version().generation;
+          bool was_settled;
+          {
+            // From here to the check after the operation, the install generation may move.
+            std::lock_guard<std::mutex> id_lock(slot->id_mu);
+            was_settled = slot->id.generation_settled;
+            slot->id.generation_settled = false;
+          }
           auto started = op.recovery ? slot->runner->StartRecovery(op.target) : slot->runner->StartUpdate(op.target);
+          if (!started.ok()) {
+            std::lock_guard<std::mutex> id_lock(slot->id_mu);
+            slot->id.generation_settled = was_settled;
+          }
           lock.lock();
           if (started.ok()) {
             ops_[op.id].ordinals[slot->index] = started->ordinal;
@@ -170,7 +382,8 @@ void ControllerService::FollowDirectory() {
 
 // ---- Updates ----------------------------------------------------------------------------------
 
-Result<std::string> ControllerService::Enqueue(const std::string& model, const std::string& version, bool recovery) {
+Result<std::string> ControllerService::Enqueue(const std::string& model, const std::string& version, bool recovery,
+                                               std::optional<size_t> only) {
   if (versions_ == nullptr) return FailedPrecondition("controller has no directory (--directory) to resolve versions");
   RC_ASSIGN_OR_RETURN(lifecycle::UpdateTarget target, versions_->Resolve(model, version));
   std::lock_guard<std::mutex> lock(mu_);
@@ -184,8 +397,11 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   rec.version = version;
   rec.recovery = recovery;
   rec.requested_wall_ms = WallTimeMs();
+  rec.only = only;
   ops_[op.id] = rec;
-  for (auto& slot : engines_) slot->queue.push_back(op);
+  for (auto& slot : engines_) {
+    if (!only || slot->index == *only) slot->queue.push_back(op);
+  }
   cv_.notify_all();
   return op.id;
 }
@@ -195,6 +411,14 @@ Result<std::string> ControllerService::RequestUpdate(const std::string& model, c
 }
 
 Result<std::string> ControllerService::RequestRecovery(const std::string& model, const std::string& version) {
+  std::string states;
+  bool any_tainted = false;
+  for (const auto& slot : engines_) {
+    State st = slot->controller->state();
+    any_tainted = any_tainted || st == State::kTainted;
+    states += (states.empty() ? "" : ", ") + slot->handle.name + " is " + std::string(lifecycle::StateName(st));
+  }
+  if (!any_tainted) return FailedPrecondition("recover: no engine is TAINTED (" + states + "): nothing to recover");
   return Enqueue(model, version, true);
 }
 
@@ -203,6 +427,7 @@ Json ControllerService::OpJson(const OpRecord& rec) const {
   bool all_done = true;
   std::string overall = "committed";
   for (const auto& slot : engines_) {
+    if (rec.only && slot->index != *rec.only) continue;
     Json e{{"engine", slot->handle.name}, {"index", slot->index}};
     auto err = rec.errors.find(slot->index);
     auto ord = rec.ordinals.find(slot->index);
@@ -273,6 +498,10 @@ Result<std::pair<size_t, lifecycle::RolloutBinding>> ControllerService::AdmitSom
                  std::string(lifecycle::StateName(slot->controller->state()));
       continue;
     }
+    if (!IdentityVerified(slot.get())) {
+      reasons += (reasons.empty() ? "" : "; ") + slot->handle.name + " is READY but its identity is not verified yet";
+      continue;
+    }
     auto b = slot->controller->Admit(rollout_id);
     if (b.ok()) return std::make_pair(slot->index, *b);
     if (b.status().code() == StatusCode::kAlreadyExists) return b.status();
@@ -320,6 +549,32 @@ Result<Json> ControllerService::Rollout(const Json& request) {
     return result.status().WithContext("rollout " + rollout_id + " on " + slot->handle.name);
   }
   Json& resp = *result;
+  if (std::string mismatch = CompletionMismatch(slot, binding, resp); !mismatch.empty()) {
+    // Not what the binding names: the output is discarded, never stored or returned as bound;
+    // the rollout is recorded failed with the reason and the engine is tainted.
+    t.finish_reason = "identity_mismatch";
+    if (resp.contains("choices") && resp["choices"].is_array() && !resp["choices"].empty() &&
+        resp["choices"][0].is_object()) {
+      t.engine_weight_version = resp["choices"][0].value("weight_version", "");
+    }
+    t.extra = Json{{"identity_mismatch", mismatch}, {"engine_reported", resp.value("rolloutcore", Json())}};
+    finish_detail["error"] = "identity mismatch";
+    finish_detail["identity_mismatch"] = mismatch;
+    Status inserted = trajectories_->Insert(t);
+    Status finished = slot->controller->Finish(rollout_id, finish_detail);
+    rollouts_failed_.fetch_add(1);
+    rollouts_mismatched_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(slot->id_mu);
+      ++slot->id.mismatches;
+    }
+    TaintForIdentity(slot, "rollout " + rollout_id + ": " + mismatch);
+    std::string msg = "rollout " + rollout_id + " on " + slot->handle.name + " is not bound: " + mismatch +
+                      "; its output was discarded and the engine is tainted";
+    if (!inserted.ok()) msg += " (recording it failed: " + inserted.ToString() + ")";
+    if (!finished.ok()) msg += " (journaling it failed: " + finished.ToString() + ")";
+    return DataLoss(msg);
+  }
   if (resp.contains("choices") && resp["choices"].is_array() && !resp["choices"].empty()) {
     const Json& c = resp["choices"][0];
     t.finish_reason = c.value("finish_reason", "");
@@ -341,13 +596,6 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   if (t.prompt_token_ids.empty() && body["prompt"].is_array()) t.prompt_token_ids = IntArray(body["prompt"]);
   finish_detail["finish_reason"] = t.finish_reason;
   finish_detail["completion_tokens"] = t.output_token_ids.size();
-  // The engine's own label per choice (rolloutcore reports it) must equal the binding's: the
-  // controller refuses to have mutated weights under a live rollout, and this checks it.
-  if (!t.engine_weight_version.empty() && t.engine_weight_version != binding.version.label) {
-    finish_detail["label_mismatch"] = t.engine_weight_version;
-    RC_LOG_ERROR("rollout {}: bound to {} but the engine reports {}", rollout_id, binding.version.label,
-                 t.engine_weight_version);
-  }
   // The trajectory row is written before the finish is journaled: a crash between the two then
   // leaves an admitted rollout without a finish record, which the restart records interrupted
   // (its row is kept). The other order would leave a rollout finished in the journal whose
@@ -413,7 +661,21 @@ Json ControllerService::StatusJson() const {
   Json engines = Json::array();
   for (const auto& slot : engines_) {
     auto v = slot->controller->version();
+    Json engine_identity;
+    {
+      std::lock_guard<std::mutex> lock(slot->id_mu);
+      const VerifiedIdentity& id = slot->id;
+      engine_identity = Json{{"verified", id.verified},
+                             {"boot_id", id.boot_id},
+                             {"install_generation", id.install_generation},
+                             {"install_generation_settled", id.generation_settled},
+                             {"checks", id.checks},
+                             {"mismatches", id.mismatches},
+                             {"checked_wall_ms", id.checked_wall_ms},
+                             {"last_error", id.last_error}};
+    }
     engines.push_back(Json{{"engine", slot->handle.name},
+                           {"engine_identity", engine_identity},
                            {"state", lifecycle::StateName(slot->controller->state())},
                            {"label", v.label},
                            {"generation", v.generation},
@@ -427,8 +689,10 @@ Json ControllerService::StatusJson() const {
               {"max_updating", options_.max_updating},
               {"state_dir", options_.state_dir},
               {"trajectories", trajectories_->path()},
+              {"verify_interval_ms", options_.verify_interval_ms},
+              {"auto_recover", options_.auto_recover},
               {"rollouts", {{"ok", rollouts_ok_.load()}, {"refused", rollouts_refused_.load()},
-                            {"failed", rollouts_failed_.load()}}}};
+                            {"failed", rollouts_failed_.load()}, {"identity_mismatch", rollouts_mismatched_.load()}}}};
 }
 
 Result<Json> ControllerService::Journal(int64_t since, int engine) const {
@@ -486,7 +750,17 @@ std::string ControllerService::Metrics() const {
   m << "# HELP rolloutcore_rollouts_total Proxied rollouts by result.\n# TYPE rolloutcore_rollouts_total counter\n"
     << "rolloutcore_rollouts_total{result=\"ok\"} " << rollouts_ok_.load() << "\n"
     << "rolloutcore_rollouts_total{result=\"refused\"} " << rollouts_refused_.load() << "\n"
-    << "rolloutcore_rollouts_total{result=\"failed\"} " << rollouts_failed_.load() << "\n";
+    << "rolloutcore_rollouts_total{result=\"failed\"} " << rollouts_failed_.load() << "\n"
+    << "# HELP rolloutcore_rollouts_identity_mismatch_total Proxied rollouts whose completion did not match "
+       "the binding (also counted failed).\n# TYPE rolloutcore_rollouts_identity_mismatch_total counter\n"
+    << "rolloutcore_rollouts_identity_mismatch_total " << rollouts_mismatched_.load() << "\n";
+  m << "# HELP rolloutcore_identity_mismatches_total Identity checks and completions that did not match the "
+       "verified engine.\n# TYPE rolloutcore_identity_mismatches_total counter\n";
+  for (const auto& slot : engines_) {
+    std::lock_guard<std::mutex> lock(slot->id_mu);
+    m << "rolloutcore_identity_mismatches_total{engine=\"" << slot->handle.name << "\"} " << slot->id.mismatches
+      << "\n";
+  }
   return m.str();
 }
 

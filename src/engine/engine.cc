@@ -1,6 +1,9 @@
 #include "rolloutcore/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
 #include <set>
 
 #include "engine/model.h"
@@ -8,6 +11,22 @@
 #include "rolloutcore/base/log.h"
 
 namespace rc::engine {
+namespace {
+
+// 64 random bits (the random device mixed with the clock and the pid-dependent address of a
+// local, in case the device is deterministic), as 16 hex digits.
+std::string NewBootId() {
+  std::random_device rd;
+  uint64_t x = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  int local = 0;
+  x ^= static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
+  x ^= reinterpret_cast<uintptr_t>(&local);
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+}  // namespace
 
 std::string_view FinishReasonName(FinishReason r) {
   switch (r) {
@@ -99,6 +118,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
   e->kv_ = std::make_unique<KvCacheManager>(o.num_kv_blocks, o.block_size, o.enable_prefix_caching);
   e->weight_version_ = o.weight_version;
   e->seed_rng_ = SamplerRng(o.seed);
+  e->boot_id_ = NewBootId();
   return e;
 }
 
@@ -142,6 +162,7 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
     seq->request_id = req.request_id.empty() ? "req-" + std::to_string(seq->seq_id) : req.request_id;
     seq->rng = SamplerRng(p.seed ? *p.seed : seed_rng_.Next());
     stream->weight_version_ = weight_version_;
+    stream->install_generation_ = generation_;
   }
   seq->prompt_len = req.prompt.size();
   stream->request_id_ = seq->request_id;
@@ -479,7 +500,7 @@ EngineState Engine::State() const {
   s.num_kv_blocks = kv_->num_blocks();
   s.cached_blocks = kv_->NumCachedBlocks();
   s.weight_version = weight_version_;
-  s.generation = generation_;
+  s.install_generation = generation_;
   return s;
 }
 
@@ -508,6 +529,9 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!paused_) return FailedPrecondition("weights can be installed only while the engine is paused");
+    // The live weights may differ from here on, whether or not the install completes.
+    generation_ = std::max(generation, generation_ + 1);
+    generation = generation_;
   }
   for (int r = 0; r < options_.tensor_parallel_size; ++r) {
     Status st = fill(r, model_->layout(r), &model_->params(r));

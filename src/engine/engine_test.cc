@@ -269,7 +269,7 @@ TEST(EngineTest, InstallWeightsOnlyWhilePausedAndSetsVersion) {
   ASSERT_TRUE(e->Pause(PauseMode::kWait).ok());
   ASSERT_TRUE(e->InstallWeights(fill, "v2", 2).ok());
   EXPECT_EQ(e->State().weight_version, "v2");
-  EXPECT_EQ(e->State().generation, 2);
+  EXPECT_EQ(e->State().install_generation, 2);
   EXPECT_EQ(e->State().cached_blocks, 0);
   e->Resume();
   auto after = RunOne(e.get(), Greedy(Prompt(7), 8));
@@ -277,6 +277,30 @@ TEST(EngineTest, InstallWeightsOnlyWhilePausedAndSetsVersion) {
   auto fresh = RunOne(MakeEngine({}, "tiny", 99).get(), Greedy(Prompt(7), 8));
   ExpectSameOutput(fresh, after, 0.0);
   EXPECT_NE(before.tokens, after.tokens);
+}
+
+// Identity: a boot id per instance; the install generation moves when an install begins writing
+// (so a failed, partial install moves it too) and never when one is refused before it writes.
+TEST(EngineTest, BootIdPerInstanceAndInstallGenerationCountsEveryWriteAttempt) {
+  auto e = MakeEngine();
+  auto other = MakeEngine();
+  EXPECT_EQ(e->boot_id().size(), 16u);
+  EXPECT_NE(e->boot_id(), other->boot_id());
+  EXPECT_EQ(e->State().install_generation, 0);
+  WeightFill failing = [](int, const RankLayout&, ParameterStore*) -> Status {
+    return Internal("fill broke after writing part of rank 0");
+  };
+  EXPECT_EQ(e->InstallWeights(failing, "vX", 1).code(), StatusCode::kFailedPrecondition) << "not paused";
+  EXPECT_EQ(e->State().install_generation, 0) << "refused before writing: unchanged";
+  ASSERT_TRUE(e->Pause(PauseMode::kWait).ok());
+  EXPECT_FALSE(e->InstallWeights(failing, "vX", 1).ok());
+  EXPECT_EQ(e->State().install_generation, 1) << "the live weights may be partial: the generation moved";
+  EXPECT_EQ(e->WeightVersion(), "default") << "the label is set only by a completed install";
+  // A stale counter from the caller cannot move the generation backwards.
+  EXPECT_FALSE(e->InstallWeights(failing, "vX", 1).ok());
+  EXPECT_EQ(e->State().install_generation, 2);
+  const std::string boot = e->boot_id();
+  EXPECT_EQ(e->boot_id(), boot);
 }
 
 }  // namespace

@@ -71,6 +71,13 @@ GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std
   return g;
 }
 
+Json CompletionIdentityJson(const Engine& engine) {
+  const EngineState st = engine.State();
+  return Json{{"boot_id", engine.boot_id()},
+              {"label", st.weight_version},
+              {"install_generation", st.install_generation}};
+}
+
 Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& ss) {
   int64_t prompt = 0, completion = 0, cached = 0;
   for (const auto& s : ss) {
@@ -114,7 +121,8 @@ Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const
     choices.push_back(CompletionChoiceJson(tokenizer, *streams[i], snap, i, 0, cr, true));
   }
   return Json{{"id", id},         {"object", "text_completion"}, {"created", WallTimeMs() / 1000}, {"model", model},
-              {"choices", choices}, {"usage", CompletionUsageJson(streams)}};
+              {"choices", choices}, {"usage", CompletionUsageJson(streams)},
+              {"rolloutcore", CompletionIdentityJson(*engine)}};
 }
 
 class EngineServer::Impl {
@@ -244,6 +252,7 @@ Json CompletionChoiceJson(const ByteTokenizer& tokenizer_, const RequestStream& 
     if (from == 0) c["prompt_token_ids"] = stream.prompt();
   }
   c["weight_version"] = stream.weight_version();
+  c["install_generation"] = stream.install_generation();
   return c;
 }
 
@@ -296,7 +305,8 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
             if (snap.tokens.size() > (*seen)[i] || snap.finished) {
               Json chunk = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
                             {"model", model},
-                            {"choices", Json::array({ChoiceJson(*streams[i], snap, i, (*seen)[i], *cr, true)})}};
+                            {"choices", Json::array({ChoiceJson(*streams[i], snap, i, (*seen)[i], *cr, true)})},
+                            {"rolloutcore", CompletionIdentityJson(*engine_)}};
               (*seen)[i] = snap.tokens.size();
               if (snap.finished) (*done)[i] = true;
               const std::string line = "data: " + Dump(chunk) + "\n\n";
@@ -359,7 +369,9 @@ std::string EngineServer::Impl::Metrics() const {
          m.cache_resets_refused, label);
   metric("rolloutcore_engine_steps_total", "counter", "Engine steps run.", m.steps, label);
   metric("rolloutcore_kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", s.blocks_in_use, label);
-  metric("rolloutcore_weight_generation", "gauge", "Generation of the live weights.", s.generation, label);
+  metric("rolloutcore_weight_installs_total", "counter",
+         "Installs into the live weights begun since the engine started (its install generation).",
+         s.install_generation, label);
   metric("rolloutcore_engine_paused", "gauge", "1 while the engine is paused.", s.paused ? 1 : 0, label);
   o << receiver_.MetricsText("model_name=\"" + options_.model_name + "\"");
   return o.str();
@@ -450,7 +462,9 @@ void EngineServer::Impl::Routes() {
     svr.Post(path, Guard([](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, {{"success", true}}); }));
   }
   svr.Get("/weight_info", Guard([this](const httplib::Request&, httplib::Response& r) {
-    SendJson(r, 200, {{"weight_version", engine_->WeightVersion()}});
+    const EngineState s = engine_->State();
+    SendJson(r, 200, {{"weight_version", s.weight_version}, {"boot_id", engine_->boot_id()},
+                      {"install_generation", s.install_generation}});
   }));
   svr.Post("/update_weight_version", Guard([this](const httplib::Request& q, httplib::Response& r) {
     auto j = ParseJson(q.body, "request body");
@@ -507,11 +521,14 @@ void EngineServer::Impl::Routes() {
     SendJson(r, 200, *out);
   }));
   svr.Get("/rc/engine/state", Guard([this](const httplib::Request&, httplib::Response& r) {
+    // The digest first: one computed at the install generation read next is still current.
+    const std::optional<std::string> digest = receiver_.CachedLiveDigest();
     const EngineState s = engine_->State();
     SendJson(r, 200, {{"paused", s.paused}, {"num_running", s.num_running}, {"num_waiting", s.num_waiting},
                       {"blocks_in_use", s.blocks_in_use}, {"num_kv_blocks", s.num_kv_blocks},
                       {"cached_blocks", s.cached_blocks}, {"weight_version", s.weight_version},
-                      {"generation", s.generation}});
+                      {"boot_id", engine_->boot_id()}, {"install_generation", s.install_generation},
+                      {"content_digest", digest ? Json(*digest) : Json()}});
   }));
   if (options_.enable_fault_injection) FaultRoutes();
 }

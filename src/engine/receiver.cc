@@ -297,7 +297,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   }
   stages["post_install"] = MsSince(t);
   live_cache_ = *live;
-  live_cache_generation_ = engine_->State().generation;
+  live_cache_generation_ = engine_->State().install_generation;
   live_cache_valid_ = true;
   std::string mismatch = refit::FirstDigestMismatch(*live, staged_->published);
   if (!mismatch.empty()) {
@@ -350,13 +350,13 @@ std::string RefitReceiver::MetricsText(const std::string& labels) const {
 Result<Json> RefitReceiver::LiveDigest(bool fresh) {
   std::lock_guard<std::mutex> lock(mu_);
   RC_RETURN_IF_ERROR(EnsureCaptures());
-  const int64_t generation = engine_->State().generation;
+  const int64_t generation = engine_->State().install_generation;
   if (!fresh && live_cache_valid_ && live_cache_generation_ == generation) {
     return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live_cache_))},
                 {"weight_version", engine_->WeightVersion()},
                 {"tensors", DigestsJson(live_cache_)},
                 {"digest_ms", 0.0},
-                {"computed", "at install, from the live parameters (generation " + std::to_string(generation) + ")"}};
+                {"computed", "at install, from the live parameters (install generation " + std::to_string(generation) + ")"}};
   }
   auto t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
@@ -368,6 +368,14 @@ Result<Json> RefitReceiver::LiveDigest(bool fresh) {
               {"tensors", DigestsJson(live)},
               {"digest_ms", MsSince(t)},
               {"computed", "now"}};
+}
+
+std::optional<std::string> RefitReceiver::CachedLiveDigest() const {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  // A stage or install in progress holds mu_: the cache is being replaced, report none.
+  if (!lock.owns_lock()) return std::nullopt;
+  if (!live_cache_valid_ || live_cache_generation_ != engine_->State().install_generation) return std::nullopt;
+  return Hex64(refit::CombineTensorDigests(live_cache_));
 }
 
 }  // namespace rc::engine

@@ -18,6 +18,7 @@ const std::map<std::string, std::set<std::string>>& KnownOps() {
       {"stage", {"ok", "hang", "fail"}},
       {"drain_status", {"ok", "hang", "fail"}},
       {"abort", {"ok", "hang", "fail"}},
+      {"identity", {"ok", "hang", "fail"}},
   };
   return kOps;
 }
@@ -220,6 +221,7 @@ Pending<InstallEvidence> ScriptedEngine::Install(const UpdateTarget& target, boo
   }
   size_t window = mutations_.size();
   mutations_.push_back({start, -1});
+  ++install_generation_;
   return Schedule<InstallEvidence>(s, [this, target, window, b = s.behavior]() -> Result<InstallEvidence> {
     mutations_[window].second = clock_->NowMs();
     if (b == "fail_after_mutation") {
@@ -275,6 +277,25 @@ Pending<ResumeEvidence> ScriptedEngine::Resume() {
     paused_ = false;
     return ResumeEvidence{paused_};
   });
+}
+
+Pending<IdentityEvidence> ScriptedEngine::ProbeIdentity() {
+  const OpScript& s = ScriptFor("identity");
+  return Schedule<IdentityEvidence>(s, [this, b = s.behavior]() -> Result<IdentityEvidence> {
+    if (b == "fail") return Unavailable("engine state: connection refused");
+    return IdentityEvidence{"boot-" + std::to_string(boots_), label_, install_generation_, digest_};
+  });
+}
+
+void ScriptedEngine::Restart() {
+  ++boots_;
+  label_ = config_.label;
+  digest_ = config_.digest;
+  previous_label_.clear();
+  paused_ = false;
+  install_generation_ = 0;
+  for (const auto& [id, remaining] : running_) aborted_.insert(id);
+  running_.clear();
 }
 
 }  // namespace rc::lifecycle

@@ -33,6 +33,9 @@ constexpr Edge kEdges[] = {
     {State::kDraining, Event::kRejectBeforeMutation, State::kReady},
     {State::kQuiesced, Event::kRejectBeforeMutation, State::kReady},
     {State::kUpdating, Event::kRejectBeforeMutation, State::kReady},
+    // READY → TAINTED: the engine is not what was verified (it restarted, its label or weights
+    // changed behind the controller, or a restarted controller's journal claims another state).
+    {State::kReady, Event::kTaint, State::kTainted},
     {State::kUpdating, Event::kTaint, State::kTainted},
     {State::kInvalidating, Event::kTaint, State::kTainted},
     {State::kValidating, Event::kTaint, State::kTainted},

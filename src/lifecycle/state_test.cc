@@ -31,6 +31,7 @@ const std::map<std::pair<S, E>, S>& Spec() {
       {{S::kDraining, E::kRejectBeforeMutation}, S::kReady},
       {{S::kQuiesced, E::kRejectBeforeMutation}, S::kReady},
       {{S::kUpdating, E::kRejectBeforeMutation}, S::kReady},
+      {{S::kReady, E::kTaint}, S::kTainted},  // identity check failed (engine restarted, ...)
       {{S::kUpdating, E::kTaint}, S::kTainted},
       {{S::kInvalidating, E::kTaint}, S::kTainted},
       {{S::kValidating, E::kTaint}, S::kTainted},

@@ -52,10 +52,11 @@ struct Engines {
   std::vector<std::unique_ptr<rc::testing::FakeEngine>> fakes;
   std::vector<std::unique_ptr<rc::testing::FaultInjectingAdapter>> faulty;
 
-  std::vector<EngineHandle> Make(int n) {
+  // Engines serving `label` with digest "d-<label>" (a restarted controller's engines keep theirs).
+  std::vector<EngineHandle> Make(int n, const std::string& start_label = "v0") {
     std::vector<EngineHandle> out;
     for (int i = 0; i < n; ++i) {
-      fakes.push_back(std::make_unique<rc::testing::FakeEngine>("v0", "d-v0"));
+      fakes.push_back(std::make_unique<rc::testing::FakeEngine>(start_label, "d-" + start_label));
       auto shared = fakes.back()->shared();
       auto* fake = fakes.back().get();
       EngineHandle h;
@@ -67,16 +68,23 @@ struct Engines {
       h.complete = [shared, fake](const Json& body) -> Result<Json> {
         fake->StartRequest();
         std::string label;
+        int64_t generation;
         {
           std::lock_guard<std::mutex> lock(shared->mu);
           label = shared->label;
+          generation = shared->install_generation;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         fake->EndRequest();
+        // As the embedded engine answers: label and install generation at admission per choice,
+        // and the engine's identity when it answered.
         Json choice{{"index", 0}, {"text", "x"}, {"finish_reason", "length"}, {"token_ids", {5, 6, 7}},
                     {"prompt_token_ids", body["prompt"]}, {"weight_version", label},
+                    {"install_generation", generation},
                     {"logprobs", {{"token_logprobs", {-0.5, -0.25, -1.0}}}}};
-        return Json{{"choices", {choice}}, {"usage", {{"prompt_tokens", 3}, {"prompt_tokens_details", {{"cached_tokens", 0}}}}}};
+        return Json{{"choices", {choice}},
+                    {"usage", {{"prompt_tokens", 3}, {"prompt_tokens_details", {{"cached_tokens", 0}}}}},
+                    {"rolloutcore", fake->CompletionIdentity()}};
       };
       out.push_back(std::move(h));
     }
@@ -157,8 +165,9 @@ TEST(ControllerServiceTest, LeaseModeAndRestartKeepState) {
     EXPECT_EQ((*done)["outcome"], "committed");
     ASSERT_TRUE(svc->Admit("lease-3").ok());
   }
-  // Restart on the same state dir: READY on v1, lease-3 interrupted, trajectories kept.
-  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, Options(dir))).value();
+  // Restart on the same state dir (the engine kept v1): READY on v1, lease-3 interrupted,
+  // trajectories kept.
+  auto svc = std::move(ControllerService::Create(e.Make(1, "v1"), &versions, Options(dir))).value();
   auto st = svc->StatusJson();
   EXPECT_EQ(st["engines"][0]["state"], "READY");
   EXPECT_EQ(st["engines"][0]["label"], "v1");
@@ -226,6 +235,221 @@ TEST(ControllerServiceTest, TaintedEngineRefusesRolloutsUntilRecovered) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ((*ok)["binding"]["label"], "v0");
   EXPECT_EQ((*ok)["binding"]["generation"], 1);
+  fs::remove_all(dir);
+}
+
+// ---- Engine identity (issue 13, defects 1, 2, 7, 10) -------------------------------------------
+
+bool WaitForState(ControllerService* svc, const std::string& state, int64_t timeout_ms) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (svc->StatusJson()["engines"][0]["state"] == state) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
+
+std::string LastTaintReason(ControllerService* svc) {
+  std::string reason;
+  const Json journal = svc->Journal(0, 0).value();
+  for (const auto& r : journal["records"]) {
+    if (r["event"] == "taint") reason = r["detail"].value("reason", "");
+  }
+  return reason;
+}
+
+// A completion from an engine that restarted behind the controller (new boot id, back on its
+// starting weights) is never returned or stored as bound, and the engine is tainted.
+TEST(ControllerIdentityTest, CompletionFromARestartedEngineIsRefusedRecordedAndTaints) {
+  auto dir = TempDir("id_completion");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 0;  // only the completion can notice
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  auto done = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ((*done)["outcome"], "committed");
+  ASSERT_TRUE(svc->Rollout(Json{{"prompt", {1}}, {"rollout_id", "before"}}).ok());
+
+  e.fakes[0]->Restart();  // kill -9 and restart: v0 again, a new boot id
+  auto r = svc->Rollout(Json{{"prompt", {1}}, {"rollout_id", "after"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("label 'v0'"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("boot id"), std::string::npos) << r.status().message();
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "TAINTED");
+  EXPECT_NE(LastTaintReason(svc.get()).find("rollout after"), std::string::npos) << LastTaintReason(svc.get());
+  // Recorded failed with the reason, never as a bound rollout with output.
+  auto rows = svc->trajectories()->List("v1").value();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].binding.rollout_id, "after");
+  EXPECT_EQ(rows[1].finish_reason, "identity_mismatch");
+  EXPECT_TRUE(rows[1].output_token_ids.empty());
+  EXPECT_NE(rows[1].extra.value("identity_mismatch", "").find("label 'v0'"), std::string::npos);
+  for (const auto& t : rows) {
+    if (!t.output_token_ids.empty()) {
+      EXPECT_EQ(t.engine_weight_version, "v1") << t.binding.rollout_id;
+    }
+  }
+  EXPECT_EQ(svc->StatusJson()["rollouts"]["identity_mismatch"], 1);
+  EXPECT_NE(svc->Metrics().find("rolloutcore_rollouts_identity_mismatch_total 1"), std::string::npos);
+  EXPECT_EQ(svc->Rollout(Json{{"prompt", {1}}}).status().code(), StatusCode::kUnavailable) << "nothing admitted";
+  // Recovery re-installs the committed version and accepts the new boot id.
+  auto rec = svc->WaitForUpdate(svc->RequestRecovery("m", "v1").value(), 10000);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ((*rec)["outcome"], "committed") << rec->dump();
+  auto ok = svc->Rollout(Json{{"prompt", {1}}});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)["binding"]["label"], "v1");
+  fs::remove_all(dir);
+}
+
+// The periodic check notices an engine restart with no rollout going on.
+TEST(ControllerIdentityTest, PeriodicCheckTaintsARestartedEngine) {
+  auto dir = TempDir("id_restart");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 20;
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
+  ASSERT_EQ(svc->StatusJson()["engines"][0]["label"], "v1");
+  e.fakes[0]->Restart();
+  ASSERT_TRUE(WaitForState(svc.get(), "TAINTED", 2000)) << svc->StatusJson().dump();
+  std::string why = LastTaintReason(svc.get());
+  EXPECT_NE(why.find("identity check"), std::string::npos) << why;
+  EXPECT_NE(why.find("restarted"), std::string::npos) << why;
+  EXPECT_NE(why.find("label 'v0'"), std::string::npos) << why;
+  fs::remove_all(dir);
+}
+
+// Weights installed behind the controller's back, with the label faked to the committed one:
+// the install generation (and the cached digest) give it away at the next check.
+TEST(ControllerIdentityTest, InstallBehindTheBackWithAFakedLabelIsDetected) {
+  auto dir = TempDir("id_behind");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 20;
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  ASSERT_TRUE(svc->Rollout(Json{{"prompt", {1}}}).ok());
+  e.fakes[0]->InstallBehindTheBack("d-evil", "v0");
+  ASSERT_TRUE(WaitForState(svc.get(), "TAINTED", 2000)) << svc->StatusJson().dump();
+  std::string why = LastTaintReason(svc.get());
+  EXPECT_NE(why.find("install generation moved 0 -> 1"), std::string::npos) << why;
+  EXPECT_NE(why.find("d-evil"), std::string::npos) << why;
+  EXPECT_EQ(svc->Rollout(Json{{"prompt", {1}}}).status().code(), StatusCode::kUnavailable);
+  fs::remove_all(dir);
+}
+
+// With the periodic check off, a completion still catches the behind-the-back install.
+TEST(ControllerIdentityTest, CompletionCatchesAnInstallBehindTheBack) {
+  auto dir = TempDir("id_behind_completion");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 0;
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  e.fakes[0]->InstallBehindTheBack("d-evil", "v0");
+  auto r = svc->Rollout(Json{{"prompt", {1}}});
+  ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("install generation 1"), std::string::npos) << r.status().message();
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "TAINTED");
+  fs::remove_all(dir);
+}
+
+// A restarted controller whose journal claims v1 while the engine serves v0 admits nothing.
+TEST(ControllerIdentityTest, RestartWithAJournalClaimingAnotherLabelIsTaintedBeforeAdmitting) {
+  auto dir = TempDir("id_claim");
+  StaticVersions versions;
+  Engines e;
+  {
+    auto svc = std::move(ControllerService::Create(e.Make(1), &versions, Options(dir))).value();
+    ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
+    ASSERT_EQ(svc->StatusJson()["engines"][0]["label"], "v1");
+  }
+  auto svc = std::move(ControllerService::Create(e.Make(1, "v0"), &versions, Options(dir))).value();
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "TAINTED") << "at once, before any admission";
+  EXPECT_EQ(svc->Rollout(Json{{"prompt", {1}}}).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["counters"]["admissions"], 0);
+  std::string why = LastTaintReason(svc.get());
+  EXPECT_NE(why.find("journal claims label 'v1' (digest d-v1)"), std::string::npos) << why;
+  EXPECT_NE(why.find("the engine reports label 'v0'"), std::string::npos) << why;
+  EXPECT_NE(why.find("d-v0 != committed digest d-v1"), std::string::npos) << why;
+  fs::remove_all(dir);
+}
+
+// Same label, other weights: the claim check reads the digest too.
+TEST(ControllerIdentityTest, RestartWithTheRightLabelButOtherWeightsIsTainted) {
+  auto dir = TempDir("id_claim_digest");
+  StaticVersions versions;
+  Engines e;
+  {
+    auto svc = std::move(ControllerService::Create(e.Make(1), &versions, Options(dir))).value();
+    ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
+  }
+  auto handles = e.Make(1, "v1");
+  e.fakes.back()->InstallBehindTheBack("d-other", "v1");
+  auto svc = std::move(ControllerService::Create(std::move(handles), &versions, Options(dir))).value();
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "TAINTED");
+  EXPECT_NE(LastTaintReason(svc.get()).find("d-other != committed digest d-v1"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(ControllerIdentityTest, RecoverOnAReadyEngineIsRefused) {
+  auto dir = TempDir("id_recover_ready");
+  StaticVersions versions;
+  Engines e;
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, Options(dir))).value();
+  auto r = svc->RequestRecovery("m", "v0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("fake-0 is READY"), std::string::npos) << r.status().message();
+  ControllerHttpServer server(svc.get(), "127.0.0.1", 0);
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client c("127.0.0.1", server.port());
+  auto h = c.Post("/v1/recover", R"({"model":"m","version":"v0"})", "application/json");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 409) << h->body;
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "READY");
+  server.Stop();
+  fs::remove_all(dir);
+}
+
+// --auto-recover: an identity taint is followed by a recovery to the committed version.
+TEST(ControllerIdentityTest, AutoRecoverReinstallsTheCommittedVersion) {
+  auto dir = TempDir("id_auto");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 20;
+  o.auto_recover = true;
+  o.model = "m";
+  auto svc = std::move(ControllerService::Create(e.Make(2), &versions, o)).value();
+  auto up = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
+  ASSERT_TRUE(up.ok());
+  ASSERT_EQ((*up)["outcome"], "committed") << up->dump();
+  e.fakes[0]->Restart();  // only engine 0
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < end && svc->controller(0)->counters().recoveries == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(svc->controller(0)->counters().recoveries, 1) << svc->StatusJson().dump();
+  ASSERT_TRUE(WaitForState(svc.get(), "READY", 2000));
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["label"], "v1");
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["generation"], 2);
+  auto ok = svc->Rollout(Json{{"prompt", {1}}});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)["choices"][0]["weight_version"], "v1");
+  // The auto-recovery is engine 0's alone: engine 1 kept serving and is not part of it.
+  EXPECT_EQ(svc->StatusJson()["engines"][1]["state"], "READY");
+  EXPECT_EQ(svc->controller(1)->counters().recoveries, 0);
+  auto rec = svc->UpdateStatus("u-2");
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ((*rec)["recovery"], true);
+  EXPECT_EQ((*rec)["outcome"], "committed") << rec->dump();
+  EXPECT_EQ((*rec)["engines"].size(), 1u);
   fs::remove_all(dir);
 }
 

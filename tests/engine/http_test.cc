@@ -161,6 +161,50 @@ TEST_F(HttpTest, BadInputGets400NamingTheField) {
   EXPECT_EQ(Get("/is_paused")["is_paused"], false);
 }
 
+// Identity (issue 13): the boot id and install generation are reported by /rc/engine/state,
+// /weight_info and every completion; a label change alone moves neither; an install moves the
+// install generation, and /rc/engine/state reports the cached live digest once one exists.
+TEST_F(HttpTest, IdentityIsReportedAndALabelChangeIsNotAnInstall) {
+  Json st = Get("/rc/engine/state");
+  const std::string boot = st.value("boot_id", std::string());
+  EXPECT_EQ(boot, engine_->boot_id());
+  EXPECT_EQ(boot.size(), 16u);
+  EXPECT_EQ(st["install_generation"], 0);
+  EXPECT_TRUE(st["content_digest"].is_null()) << "nothing computed yet, and the probe computes nothing";
+  EXPECT_FALSE(st.contains("generation")) << "one name, one meaning: install_generation";
+  Json info = Get("/weight_info");
+  EXPECT_EQ(info["boot_id"], boot);
+  EXPECT_EQ(info["install_generation"], 0);
+
+  Post("/update_weight_version", R"({"new_version":"fake"})");
+  Json c = Post("/v1/completions", std::string(R"({"prompt":)") + kPrompt + R"(,"max_tokens":2,"temperature":0})");
+  EXPECT_EQ(c["rolloutcore"]["boot_id"], boot);
+  EXPECT_EQ(c["rolloutcore"]["label"], "fake");
+  EXPECT_EQ(c["rolloutcore"]["install_generation"], 0) << "a label change is not an install";
+  EXPECT_EQ(c["choices"][0]["weight_version"], "fake");
+  EXPECT_EQ(c["choices"][0]["install_generation"], 0);
+
+  // An install (the engine's own path; the refit receiver uses the same) moves it.
+  const ModelSpec spec = engine_->spec();
+  WeightFill fill = MakeWeightFill(spec, [spec]() -> Result<std::unique_ptr<TensorSource>> {
+    return MakeDummySource(spec, 4);
+  });
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  ASSERT_TRUE(engine_->InstallWeights(fill, "v1", 1).ok());
+  engine_->Resume();
+  c = Post("/v1/completions", std::string(R"({"prompt":)") + kPrompt + R"(,"max_tokens":2,"temperature":0})");
+  EXPECT_EQ(c["rolloutcore"]["install_generation"], 1);
+  EXPECT_EQ(c["choices"][0]["install_generation"], 1);
+  EXPECT_EQ(c["choices"][0]["weight_version"], "v1");
+  EXPECT_EQ(Get("/rc/engine/state")["install_generation"], 1);
+  EXPECT_NE(Metrics().find("rolloutcore_weight_installs_total{model_name=\"tiny\"} 1"), std::string::npos);
+  EXPECT_EQ(Metrics().find("rolloutcore_weight_generation"), std::string::npos);
+
+  Json digest = Get("/rc/weights/digest");
+  ASSERT_TRUE(digest.contains("content_digest"));
+  EXPECT_EQ(Get("/rc/engine/state")["content_digest"], digest["content_digest"]) << "cached at this generation";
+}
+
 TEST_F(HttpTest, PauseResumeVersionStateAndReset) {
   EXPECT_EQ(Get("/weight_info")["weight_version"], "default");
   Json u = Post("/update_weight_version", R"({"new_version":"v7"})");

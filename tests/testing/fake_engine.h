@@ -2,7 +2,9 @@
 //
 //  * FakeEngine: a thread-safe engine model behind the EngineAdapter interface. Every call
 //    completes on its own detached thread after `latency`, like an HTTP adapter's would. It
-//    counts weight mutations so tests can prove no rollout ever spanned one.
+//    counts weight mutations so tests can prove no rollout ever spanned one. Its identity (boot
+//    id, install generation) can be changed behind the controller's back: Restart() (a new
+//    process on the starting label and digest) and InstallBehindTheBack().
 //  * FaultInjectingAdapter: wraps any EngineAdapter and injects per-operation faults — delay,
 //    hang (never answers), fail before the inner call, fail after it (the inner call's effect
 //    happened: "fail after mutation" for installs), or a corrupted digest.
@@ -54,6 +56,10 @@ class FakeEngine final : public EngineAdapter {
     std::string digest;
     bool paused = false;
     int64_t running = 0;
+    std::string boot_id = "boot-0";
+    int64_t install_generation = 0;
+    std::string start_label, start_digest;
+    int boots = 0;
     std::atomic<int64_t> mutations_started{0};
     std::atomic<int64_t> mutations_finished{0};
     std::atomic<bool> mutating{false};
@@ -63,6 +69,32 @@ class FakeEngine final : public EngineAdapter {
       : s_(std::make_shared<Shared>()), latency_(latency) {
     s_->label = std::move(label);
     s_->digest = std::move(digest);
+    s_->start_label = s_->label;
+    s_->start_digest = s_->digest;
+    static std::atomic<int> instances{0};
+    s_->boot_id = "fake-" + std::to_string(instances.fetch_add(1)) + "-boot-0";
+  }
+
+  // The engine process restarted: a new boot id, its starting label and digest, no installs.
+  void Restart() {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->boot_id = s_->boot_id.substr(0, s_->boot_id.rfind('-') + 1) + std::to_string(++s_->boots);
+    s_->label = s_->start_label;
+    s_->digest = s_->start_digest;
+    s_->install_generation = 0;
+    s_->paused = false;
+  }
+  // Someone installed other weights (and maybe set another label) without the controller.
+  void InstallBehindTheBack(const std::string& digest, const std::string& label) {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    ++s_->install_generation;
+    s_->digest = digest;
+    s_->label = label;
+  }
+  // The identity a completion reports (the embedded engine's "rolloutcore" object).
+  Json CompletionIdentity() const {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return Json{{"boot_id", s_->boot_id}, {"label", s_->label}, {"install_generation", s_->install_generation}};
   }
 
   std::shared_ptr<Shared> shared() const { return s_; }
@@ -111,6 +143,10 @@ class FakeEngine final : public EngineAdapter {
       }
       s->mutating = true;
       s->mutations_started.fetch_add(1);
+      {
+        std::lock_guard<std::mutex> lock(s->mu);
+        ++s->install_generation;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(300));
       {
         std::lock_guard<std::mutex> lock(s->mu);
@@ -142,6 +178,12 @@ class FakeEngine final : public EngineAdapter {
       std::lock_guard<std::mutex> lock(s->mu);
       s->paused = false;
       return ResumeEvidence{false};
+    });
+  }
+  Pending<IdentityEvidence> ProbeIdentity() override {
+    return Async<IdentityEvidence>([s = s_]() -> Result<IdentityEvidence> {
+      std::lock_guard<std::mutex> lock(s->mu);
+      return IdentityEvidence{s->boot_id, s->label, s->install_generation, s->digest};
     });
   }
 
@@ -204,6 +246,9 @@ class FaultInjectingAdapter final : public EngineAdapter {
     return Wrap("digest", [&] { return inner_->ReadContentDigest(); });
   }
   Pending<ResumeEvidence> Resume() override { return Wrap("resume", [&] { return inner_->Resume(); }); }
+  Pending<IdentityEvidence> ProbeIdentity() override {
+    return Wrap("identity", [&] { return inner_->ProbeIdentity(); });
+  }
 
  private:
   Fault Get(const std::string& op) {

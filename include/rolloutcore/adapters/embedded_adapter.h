@@ -10,7 +10,8 @@
 //    otherwise installs, resets the prefix cache in the same critical section and proves the live
 //    digest; a recovery install (`full`) stages the target first;
 //  * ResetCache returns the engine's own KvResetEvidence; ReadLabel/ReadContentDigest read the
-//    live label and the content digest of the live weights.
+//    live label and the content digest of the live weights; ProbeIdentity reads the engine's
+//    boot id, label, install generation and the receiver's cached live digest.
 // MakeEmbeddedCompleter runs /v1/completions bodies on the engine in process (same parser and
 // response shape as the HTTP server).
 //

@@ -58,6 +58,10 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
   Pending<lifecycle::LabelEvidence> ReadLabel() override;
   Pending<lifecycle::DigestEvidence> ReadContentDigest() override;
   Pending<lifecycle::ResumeEvidence> Resume() override;
+  // rolloutcore: GET /rc/engine/state (boot_id, weight_version, install_generation, cached
+  // content_digest). vLLM: POST /collective_rpc {"method": "rc_label"} answered by rolloutcore's
+  // worker extension in every worker; the workers must agree (DataLoss otherwise).
+  Pending<lifecycle::IdentityEvidence> ProbeIdentity() override;
 
   EngineFlavor flavor() const;
   // vLLM only: sends the canary once so its blocks are cached (the Runner's Stage does this).

@@ -8,10 +8,19 @@
 // thread follows the directory's commits. Everything else (HTTP handlers) calls the thread-safe
 // Controller API and the queues under mu_.
 //
-// Invariants: a rollout is sent to an engine only after its Controller admitted it (READY), and
-// its binding is finished (journaled) before the trajectory row is written; an update starts on
-// an engine only from READY; engines update independently, at most max_updating at once, so the
-// rest keep serving.
+// Invariants: a rollout is sent to an engine only after its Controller admitted it (READY) and the
+// engine's identity was verified; an update starts on an engine only from READY; engines update
+// independently, at most max_updating at once, so the rest keep serving.
+//
+// Engine identity (docs/controller.md, "Engine identity"): the service keeps, per engine, the
+// identity it verified (boot id, install generation) against the committed version (label,
+// content digest). It is verified before anything is admitted (at start, and on a restart the
+// journal's claim is checked against the engine), re-read every verify_interval_ms and right
+// after every update or recovery, and compared with what every proxied completion reports. An
+// engine that restarted (boot id), had weights installed behind the controller (install
+// generation), reports another label or another digest is moved READY → TAINTED (then
+// RECOVERING with auto_recover); a completion that does not match its binding is answered as an
+// error (DataLoss), recorded failed with the reason, and never stored as a bound rollout.
 //
 // Thread safety: all public methods may be called from any thread.
 #pragma once
@@ -24,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +77,8 @@ struct ServiceOptions {
   bool auto_update = false;
   std::string model;                   // the directory model followed by auto-update
   int64_t retry_after_s = 1;           // Retry-After for refused rollouts
+  int64_t verify_interval_ms = 1000;   // periodic identity check of READY engines; 0: off
+  bool auto_recover = false;           // after an identity taint, recover to the committed version
 };
 
 class ControllerService {
@@ -81,6 +93,8 @@ class ControllerService {
   // Admits, generates on a READY engine and finishes; the answer is the engine's completion
   // plus "binding". Unavailable (retryable) when no engine is READY.
   Result<Json> Rollout(const Json& request);
+  // A completion whose reported identity (label, boot id, install generation) does not match
+  // the binding is DataLoss naming expected and reported values, and the engine is tainted.
   // Lease mode: a binding on some READY engine; the client generates and calls FinishLease.
   Result<Json> Admit(const std::string& rollout_id);
   Status FinishLease(const std::string& rollout_id, const Json& body);
@@ -88,6 +102,7 @@ class ControllerService {
   // ---- Updates ----
   // Queues an update of every engine to the committed (model, version); returns its id.
   Result<std::string> RequestUpdate(const std::string& model, const std::string& version);
+  // FailedPrecondition (HTTP 409) when no engine is TAINTED: there is nothing to recover.
   Result<std::string> RequestRecovery(const std::string& model, const std::string& version);
   Result<Json> UpdateStatus(const std::string& id) const;
   // Blocks until the update ended on every engine or timeout_ms passed.
@@ -107,6 +122,18 @@ class ControllerService {
     bool recovery = false;
     lifecycle::UpdateTarget target;
   };
+  // The identity the service verified for one engine (guarded by EngineSlot::id_mu).
+  struct VerifiedIdentity {
+    bool verified = false;           // checked against the committed version; admissions need it
+    std::string boot_id;             // empty: the engine reports none
+    int64_t install_generation = -1; // -1: the engine reports none
+    bool generation_settled = false; // false from the start of an operation to the check after it
+    std::string suspect;             // a mismatch seen while the state did not allow tainting
+    std::string last_error;          // last failed probe
+    int64_t checked_wall_ms = 0;
+    int64_t checks = 0;
+    int64_t mismatches = 0;
+  };
   struct EngineSlot {
     size_t index = 0;
     EngineHandle handle;
@@ -115,6 +142,12 @@ class ControllerService {
     std::unique_ptr<lifecycle::Runner> runner;  // touched only by the driver thread
     std::deque<Op> queue;                       // guarded by ControllerService::mu_
     std::string running_op;                     // guarded by mu_
+    bool running_recovery = false;              // driver thread only
+    int64_t generation_before_op = 0;           // driver thread only
+    int64_t next_verify_ms = 0;                 // driver thread only (steady clock)
+    bool after_op_pending = false;              // driver thread only: the post-operation check is due
+    mutable std::mutex id_mu;
+    VerifiedIdentity id;                        // guarded by id_mu
     std::thread driver;
   };
   struct OpRecord {
@@ -125,15 +158,29 @@ class ControllerService {
     std::map<size_t, int64_t> ordinals;  // engine → ordinal once started
     std::map<size_t, std::string> errors;  // engine → why it did not start
     int64_t requested_wall_ms = 0;
+    std::optional<size_t> only;            // the one engine it is for (an auto-recovery); else all
   };
 
   ControllerService() = default;
   Status InitEngine(EngineSlot* slot);
   void Drive(EngineSlot* slot);
   void FollowDirectory();
-  Result<std::string> Enqueue(const std::string& model, const std::string& version, bool recovery);
+  // Queues on every engine, or only on engine `only` when given.
+  Result<std::string> Enqueue(const std::string& model, const std::string& version, bool recovery,
+                              std::optional<size_t> only = std::nullopt);
   Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id);
   Json OpJson(const OpRecord& rec) const;  // caller holds mu_
+  // Reads the engine's identity and checks it against the committed version and what was
+  // verified before; taints on a mismatch. after_op: right after an operation ended (a committed
+  // one may move the install generation; a committed recovery may also change the boot id).
+  // claim: the first check of a (re)started controller, reading the digest when none is cached.
+  void VerifyIdentity(EngineSlot* slot, bool after_op, bool claim);
+  // Taints a READY engine for `reason` (or records it as suspect when the state does not allow
+  // it) and, with auto_recover, queues a recovery to the committed version.
+  void TaintForIdentity(EngineSlot* slot, const std::string& reason);
+  // Empty when the completion matches the binding and the verified identity; else why not.
+  std::string CompletionMismatch(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& resp) const;
+  bool IdentityVerified(const EngineSlot* slot) const;
 
   VersionSource* versions_ = nullptr;
   ServiceOptions options_;
@@ -154,6 +201,7 @@ class ControllerService {
   std::atomic<int64_t> rollouts_ok_{0};
   std::atomic<int64_t> rollouts_refused_{0};
   std::atomic<int64_t> rollouts_failed_{0};
+  std::atomic<int64_t> rollouts_mismatched_{0};
 };
 
 }  // namespace rc::controller

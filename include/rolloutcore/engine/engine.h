@@ -19,7 +19,14 @@
 // abort, pause); mu_ guards queues, flags and counters and is held only briefly (never during a
 // forward pass). Lock order: step_mu_ before mu_.
 // Invariant: parameters change only inside InstallWeights, only while paused, and the version
-// label and generation change in the same critical section.
+// label and install generation change in the same critical section.
+//
+// Identity (what a controller checks to know the engine is still the one it verified): boot_id()
+// is random per Engine instance (a restarted process has another one); install_generation counts
+// installs into the live weights — it moves when an install begins writing (before the first
+// byte), so a failed, partial install moves it too — and is never the controller's commit
+// generation. weight_version is only a label: SetWeightVersion changes it without touching a
+// weight, which is why a controller checks the install generation and the digest as well.
 #pragma once
 
 #include <chrono>
@@ -88,12 +95,15 @@ class RequestStream {
   Snapshot Wait() { return WaitFrom(SIZE_MAX, std::chrono::hours(24 * 365)); }
   const std::string& request_id() const { return request_id_; }
   const std::string& weight_version() const { return weight_version_; }
+  // The engine's install generation when the request was admitted.
+  int64_t install_generation() const { return install_generation_; }
   const std::vector<int32_t>& prompt() const { return prompt_; }
 
  private:
   friend class Engine;
   std::string request_id_;
   std::string weight_version_;
+  int64_t install_generation_ = 0;
   std::vector<int32_t> prompt_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -108,7 +118,7 @@ struct EngineState {
   int64_t num_kv_blocks = 0;
   int64_t cached_blocks = 0;
   std::string weight_version;
-  int64_t generation = 0;
+  int64_t install_generation = 0;  // installs into the live weights since start (see Engine)
 };
 
 struct EngineMetrics {
@@ -165,13 +175,16 @@ class Engine {
   KvResetEvidence ResetPrefixCache(bool reset_running_requests);
 
   EngineState State() const;
+  // Random per engine instance, fixed for its life (16 hex digits).
+  const std::string& boot_id() const { return boot_id_; }
   EngineMetrics Metrics() const;
   std::string WeightVersion() const;
   void SetWeightVersion(const std::string& label);
 
-  // Refit install path: requires the engine paused (FailedPrecondition otherwise). Calls fill
-  // for every rank, drops the prefix cache (KV computed under old weights is never reused),
-  // then sets label and generation together.
+  // Refit install path: requires the engine paused (FailedPrecondition otherwise, nothing
+  // touched). Moves the install generation to `generation` before fill writes anything, calls
+  // fill for every rank, drops the prefix cache (KV computed under old weights is never
+  // reused), then sets the label. `generation` must exceed the current install generation.
   // reset_prefix_cache=false exists only for the stale-cache negative control experiment (an
   // update done outside the controller that skips the reset); every real path resets.
   Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
@@ -188,6 +201,7 @@ class Engine {
   void PublishLocked(Sequence* seq);
 
   EngineOptions options_;
+  std::string boot_id_;
   int64_t max_model_len_ = 0;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Model> model_;  // touched only under step_mu_

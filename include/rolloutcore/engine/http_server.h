@@ -51,6 +51,11 @@ GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std
 Json CompletionChoiceJson(const ByteTokenizer& tokenizer, const RequestStream& stream,
                           const RequestStream::Snapshot& snap, size_t index, size_t from, const CompletionRequest& cr,
                           bool final_chunk);
+// The engine's identity as a completion reports it (top-level "rolloutcore" object, read when
+// the response is built): {"boot_id", "label", "install_generation"}. With each choice's
+// weight_version and install_generation (at admission) a controller can tell whether the
+// completion ran on the engine, label and weights it bound the rollout to (docs/engine.md).
+Json CompletionIdentityJson(const Engine& engine);
 // The usage object (prompt, completion, cached tokens) of finished streams.
 Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& streams);
 // Runs a non-streaming completion to the end and returns the response body; errors of admission

@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,10 @@ class RefitReceiver {
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
   Result<Json> LiveDigest(bool fresh = false);
+  // The combined content digest of the live weights if one was computed at the current install
+  // generation (nothing computed now: cheap enough for every identity probe); nullopt otherwise,
+  // or while a stage or install holds the receiver.
+  std::optional<std::string> CachedLiveDigest() const;
   // The version staged and not yet installed ("" when none).
   std::string staged_version() const;
   // Prometheus text of the rolloutcore_refit_* series.

@@ -126,7 +126,9 @@ class Controller {
   // Journals the staging (prefetch) evidence of the update in progress; legal while DRAINING or
   // QUIESCED (staging never touches live weights). Not a transition.
   Status RecordStageEvidence(const StageEvidence& stage);
-  // → TAINTED from UPDATING..RESUMING or RECOVERING.
+  // → TAINTED from UPDATING..RESUMING or RECOVERING (an update or recovery failed after
+  // mutation may have begun), or from READY (the engine's identity no longer matches the
+  // committed version: it restarted, or its label or weights changed behind the controller).
   Status Taint(const std::string& reason);
 
   // ---- Recovery ----

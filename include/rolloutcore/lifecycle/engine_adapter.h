@@ -10,8 +10,14 @@
 // still serves); Install() is the only call that mutates live weights and is called only while
 // the engine is paused.
 //
+// ProbeIdentity() is the cheap identity read (boot id, label, install generation, the engine's
+// cached live digest) that the controller service runs periodically and after every lifecycle
+// operation; it never mutates and never computes a digest.
+//
 // Thread safety: implementations must accept calls from any one thread at a time (the Runner's),
-// plus AbortRequests from the Runner only; completions may happen on any thread.
+// plus AbortRequests from the Runner only and ProbeIdentity from the controller's driver thread
+// (which does not call it while the Runner has an operation in flight); completions may happen
+// on any thread.
 #pragma once
 
 #include <string>
@@ -38,6 +44,8 @@ class EngineAdapter {
   // Only when Describe().offers_content_digest; otherwise Unimplemented.
   virtual Pending<DigestEvidence> ReadContentDigest() = 0;
   virtual Pending<ResumeEvidence> Resume() = 0;
+  // Unimplemented when the engine has no way to report its identity.
+  virtual Pending<IdentityEvidence> ProbeIdentity() = 0;
 };
 
 }  // namespace rc::lifecycle

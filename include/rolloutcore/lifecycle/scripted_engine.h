@@ -9,7 +9,7 @@
 //   install:  ok | hang | fail_before_mutation | fail_after_mutation | wrong_digest
 //   reset_prefix_cache / reset_encoder_cache / reset_mm_cache: ok | refuse | hang | fail
 //   report_label: ok | stale | hang | fail      content_digest: ok | wrong | hang | fail
-//   pause / resume / stage / drain_status / abort: ok | hang | fail
+//   pause / resume / stage / drain_status / abort / identity: ok | hang | fail
 // Ops not listed behave "ok" with no latency.
 //
 // Thread safety: not thread-safe; one thread calls the adapter methods and Tick().
@@ -60,6 +60,8 @@ class ScriptedEngine final : public EngineAdapter {
   Pending<LabelEvidence> ReadLabel() override;
   Pending<DigestEvidence> ReadContentDigest() override;
   Pending<ResumeEvidence> Resume() override;
+  // Boot id "boot-<restarts>", the label, installs begun so far, and the digest.
+  Pending<IdentityEvidence> ProbeIdentity() override;
 
   // ---- The simulated engine ----
   // Completes every call due by now; returns the requests that finished generating (ids).
@@ -68,6 +70,9 @@ class ScriptedEngine final : public EngineAdapter {
   // paused engine freezes running requests until resume).
   void StartRequest(const std::string& id, int64_t duration_ms);
   bool running(const std::string& id) const { return running_.count(id) > 0; }
+  // The engine process restarts: a new boot id, back on its starting label and digest, no
+  // installs, not paused, running requests lost (recorded aborted).
+  void Restart();
   const std::string& label() const { return label_; }
   const std::string& digest() const { return digest_; }
   bool paused() const { return paused_; }
@@ -88,6 +93,8 @@ class ScriptedEngine final : public EngineAdapter {
   std::string digest_;
   std::string previous_label_;
   bool paused_ = false;
+  int64_t install_generation_ = 0;
+  int64_t boots_ = 0;
   int64_t current_update_ = 0;
   std::map<std::string, int64_t> running_;  // id → remaining ms of generation
   int64_t last_tick_ms_ = 0;

@@ -3,8 +3,9 @@
 //   UNINITIALIZED → READY → DRAINING → QUIESCED → UPDATING → INVALIDATING → VALIDATING
 //                     ▲                                                        │
 //                     └──────────────────────── RESUMING ◄─────────────────────┘
-//   plus TAINTED (ambiguous after mutation began) and RECOVERING (TAINTED → verified full
-//   re-install → READY).
+//   plus TAINTED (ambiguous after mutation began, or a READY engine that is not what was
+//   verified: restarted, changed behind the controller's back) and RECOVERING (TAINTED →
+//   verified full re-install → READY).
 //
 // Admission happens only in READY. Weights may change only in UPDATING and RECOVERING; the
 // engine is paused from QUIESCED until RESUMING completes.
@@ -41,7 +42,7 @@ enum class Event {
   kValidated,             // VALIDATING → RESUMING: label (and digest) equal the target
   kResumed,               // RESUMING → READY on the target version (the commit)
   kRejectBeforeMutation,  // DRAINING | QUIESCED | UPDATING → READY on the old version
-  kTaint,                 // UPDATING..RESUMING | RECOVERING → TAINTED
+  kTaint,                 // READY | UPDATING..RESUMING | RECOVERING → TAINTED
   kBeginRecovery,         // TAINTED → RECOVERING
   kRecovered,             // RECOVERING → READY on the re-installed, digest-verified version
 };

@@ -107,6 +107,18 @@ struct DigestEvidence {
   std::string content_digest;
 };
 
+// Who the engine is right now, read cheaply (no digest is computed for it): what a controller
+// compares with what it verified, to notice an engine that restarted (boot_id), had weights
+// installed behind the controller's back (install_generation), or had its label changed.
+// install_generation counts the engine's installs into live weights; it is not the controller's
+// commit generation (WeightVersion::generation) and the two are never compared with each other.
+struct IdentityEvidence {
+  std::string boot_id;             // random per engine process; empty: the engine reports none
+  std::string label;               // the label the engine reports now
+  int64_t install_generation = -1; // -1: the engine reports none
+  std::string content_digest;      // the engine's cached digest of the live weights; empty: none cached
+};
+
 struct ResumeEvidence {
   bool paused_after = true;  // read back: false means the engine generates again
 };
