@@ -48,6 +48,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     int embedded_tp = 1;
     uint64_t embedded_seed = 0;
     std::string drain_policy = "wait";
+    double lease_timeout_s = 300;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
   };
@@ -77,6 +78,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")->check(CLI::PositiveNumber);
   serve->add_option("--drain-policy", o->drain_policy, "After the drain deadline: wait | abort | cancel")
       ->check(CLI::IsMember({"wait", "abort", "cancel"}));
+  serve->add_option("--lease-timeout", o->lease_timeout_s,
+                    "Seconds a lease (POST /v1/rollouts:admit) may stay open without a finish or a heartbeat "
+                    "(POST /v1/rollouts/{id}:heartbeat) before it is recorded expired and stops holding a drain; "
+                    "0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
   serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
   serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
@@ -130,6 +137,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     so.max_updating = o->max_updating;
     so.auto_update = o->auto_update;
     so.model = o->model;
+    so.lease_timeout_ms = static_cast<int64_t>(o->lease_timeout_s * 1000.0);
     so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o->drain_policy);
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;
