@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <sqlite3.h>
 
+#include <fstream>
 #include <set>
 
 #include "controller/service_fixture.h"
@@ -94,8 +95,9 @@ TEST(ControllerRecordsTest, FailedRolloutWithFailedStoreIsRecordedNotDropped) {
   handles[0].complete = [](const Json&) -> Result<Json> { return Unavailable("engine connection reset"); };
   auto svc = std::move(ControllerService::Create(std::move(handles), &versions, Options(dir))).value();
   ASSERT_FALSE(svc->Rollout(Json{{"prompt", {1}}, {"rollout_id", "E-1"}}).ok());
-  ASSERT_EQ(svc->trajectories()->List("").value().size(), 1u);
-  EXPECT_EQ(svc->trajectories()->List("").value()[0].finish_reason, "error");
+  const auto rows = svc->trajectories()->List("").value();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].finish_reason, "error");
   {
     WriteLock lock(dir + "/trajectories.db");
     ASSERT_FALSE(svc->Rollout(Json{{"prompt", {1}}, {"rollout_id", "E-2"}}).ok());
@@ -241,6 +243,134 @@ TEST(ControllerRecordsTest, UpdateIdsSurviveARestart) {
   EXPECT_EQ(third, "u-3");
   server.Stop();
   fs::remove_all(dir);
+}
+
+// ---- Defect 7 (storage): damaged state files are never trusted ----
+
+void Exec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+// A controller that ran: v1 committed, a few rollouts stored; then stopped (its SQLite files
+// are checkpointed and closed).
+void RunOnce(const std::string& dir, StaticVersions* versions, Engines* e, int rollouts) {
+  auto svc = std::move(ControllerService::Create(e->Make(1), versions, Options(dir))).value();
+  ASSERT_EQ((*svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000))["outcome"], "committed");
+  for (int i = 0; i < rollouts; ++i) {
+    ASSERT_TRUE(svc->Rollout(Json{{"prompt", {1, 2, 3, i}}, {"rollout_id", "r" + std::to_string(i)}}).ok());
+  }
+}
+
+TEST(ControllerStorageTest, ZeroByteJournalInAnInitializedStateDirRefusesToStart) {
+  auto dir = TempDir("zero_journal");
+  StaticVersions versions;
+  Engines e;
+  RunOnce(dir, &versions, &e, 2);
+  ASSERT_TRUE(fs::exists(StateMarkerPath(dir))) << "the first start writes the marker";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string f = dir + "/engine-0.journal.db" + suffix;
+    if (fs::exists(f)) fs::resize_file(f, 0);
+  }
+  auto svc = ControllerService::Create(e.Make(1), &versions, Options(dir));
+  ASSERT_FALSE(svc.ok()) << "a zero-byte journal must not start as a fresh generation 0";
+  EXPECT_EQ(svc.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(svc.status().message().find("engine-0.journal.db"), std::string::npos) << svc.status().ToString();
+  EXPECT_NE(svc.status().message().find("empty"), std::string::npos) << svc.status().ToString();
+
+  // A missing trajectory store is refused the same way.
+  auto dir2 = TempDir("missing_store");
+  RunOnce(dir2, &versions, &e, 1);
+  fs::remove(dir2 + "/trajectories.db");
+  auto svc2 = ControllerService::Create(e.Make(1), &versions, Options(dir2));
+  ASSERT_FALSE(svc2.ok());
+  EXPECT_NE(svc2.status().message().find("trajectories.db"), std::string::npos) << svc2.status().ToString();
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
+TEST(ControllerStorageTest, FlippedBytesInTheTrajectoryStoreAreAnErrorNotPartialRows) {
+  auto dir = TempDir("flipped");
+  StaticVersions versions;
+  Engines e;
+  RunOnce(dir, &versions, &e, 80);
+  const std::string path = dir + "/trajectories.db";
+  ASSERT_FALSE(fs::exists(path + "-wal") && fs::file_size(path + "-wal") > 0) << "checkpointed at close";
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<int64_t>(fs::file_size(path));
+    const int64_t page = 4096;
+    ASSERT_GT(size, 4 * page) << "80 rows span several pages";
+    for (int64_t at = page; at + 16 <= size; at += page) {  // every page after the schema page
+      char bytes[16];
+      f.seekg(at);
+      f.read(bytes, 16);
+      for (char& b : bytes) b = static_cast<char>(b ^ 0x5a);
+      f.seekp(at);
+      f.write(bytes, 16);
+    }
+  }
+  auto svc = ControllerService::Create(e.Make(1), &versions, Options(dir));
+  ASSERT_FALSE(svc.ok()) << "a damaged trajectory store must not serve what is left of it";
+  EXPECT_EQ(svc.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(svc.status().message().find("trajectories.db"), std::string::npos) << svc.status().ToString();
+  EXPECT_NE(svc.status().message().find("integrity"), std::string::npos) << svc.status().ToString();
+  // Opened on its own (no marker), the store refuses too.
+  EXPECT_EQ(TrajectoryStore::Open(path).status().code(), StatusCode::kDataLoss);
+  fs::remove_all(dir);
+}
+
+TEST(ControllerStorageTest, ARowThatDoesNotReadBackAsWrittenFailsTheRead) {
+  auto dir = TempDir("edited_row");
+  StaticVersions versions;
+  Engines e;
+  RunOnce(dir, &versions, &e, 3);
+  // Structurally valid SQLite, but one row's body was changed after it was written.
+  Exec(dir + "/trajectories.db",
+       "UPDATE trajectories SET body = replace(body, '\"output_token_ids\":[5,6,7]', '\"output_token_ids\":[5,6]')"
+       " WHERE rollout_id = 'r1'");
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, Options(dir))).value();
+  auto rows = svc->trajectories()->List("");
+  ASSERT_FALSE(rows.ok()) << "answered " << rows->size() << " rows, one of them changed";
+  EXPECT_EQ(rows.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(rows.status().message().find("checksum"), std::string::npos) << rows.status().ToString();
+  ControllerHttpServer server(svc.get(), "127.0.0.1", 0);
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client c("127.0.0.1", server.port());
+  auto r = c.Get("/v1/trajectories");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  server.Stop();
+  svc.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ControllerStorageTest, AnEditedJournalRecordIsRefused) {
+  auto dir = TempDir("edited_journal");
+  StaticVersions versions;
+  Engines e;
+  RunOnce(dir, &versions, &e, 1);
+  // The probe's edit: the committed label becomes vFAKE. The JSON stays valid.
+  Exec(dir + "/engine-0.journal.db", "UPDATE journal SET detail = replace(detail, '\"v1\"', '\"vFAKE\"')");
+  auto svc = ControllerService::Create(e.Make(1), &versions, Options(dir));
+  ASSERT_FALSE(svc.ok()) << "started " << (*svc)->StatusJson()["engines"][0].dump();
+  EXPECT_EQ(svc.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(svc.status().message().find("engine-0.journal.db"), std::string::npos) << svc.status().ToString();
+  EXPECT_NE(svc.status().message().find("checksum mismatch"), std::string::npos) << svc.status().ToString();
+
+  // A record deleted from the middle breaks the chain too.
+  auto dir2 = TempDir("deleted_record");
+  RunOnce(dir2, &versions, &e, 1);
+  Exec(dir2 + "/engine-0.journal.db", "DELETE FROM journal WHERE seq = 3");
+  auto svc2 = ControllerService::Create(e.Make(1), &versions, Options(dir2));
+  ASSERT_FALSE(svc2.ok());
+  EXPECT_NE(svc2.status().message().find("record"), std::string::npos) << svc2.status().ToString();
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
 }
 
 }  // namespace
