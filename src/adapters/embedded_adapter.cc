@@ -154,8 +154,9 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
         e.detail = std::move(r.evidence);
         return e;
       }
-      e.outcome = r.outcome == engine::InstallOutcome::kRefusedUntouched ? lifecycle::InstallOutcome::kRefusedUntouched
-                                                                         : lifecycle::InstallOutcome::kFailedAfterMutation;
+      const bool untouched = r.outcome == engine::InstallOutcome::kRefusedUntouched;
+      e.outcome = untouched ? lifecycle::InstallOutcome::kRefusedUntouched
+                            : lifecycle::InstallOutcome::kFailedAfterMutation;
       e.error = r.status.ToString();
       return e;
     });

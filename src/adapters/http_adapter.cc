@@ -243,7 +243,9 @@ Pending<InstallEvidence> HttpEngineAdapter::Install(const UpdateTarget& target, 
     // alone is not evidence. An answer without a known outcome is an error: outcome unknown.
     const std::string where = "install on " + s->options.base_url + " (HTTP " + std::to_string(resp->status) + ")";
     auto parsed = ParseJson(resp->body, "install response");
-    if (!parsed.ok() || !parsed->is_object()) return Internal(where + ": the answer is not a JSON object: " + resp->body);
+    if (!parsed.ok() || !parsed->is_object()) {
+      return Internal(where + ": the answer is not a JSON object: " + resp->body);
+    }
     const Json& j = *parsed;
     std::optional<lifecycle::InstallOutcome> outcome;
     if (j.contains("install_outcome") && j["install_outcome"].is_string()) {

@@ -1,15 +1,15 @@
 #include "rolloutcore/controller/service.h"
 
-#include <chrono>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
-#include <fstream>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "rolloutcore/base/clock.h"
@@ -240,7 +240,8 @@ void ControllerService::Drive(EngineSlot* slot) {
           if (!why.empty()) {
             ops_[op.id].errors[slot->index] = why;
             slot->queue.pop_front();
-            Status j = JournalOpLocked("update_not_started", Json{{"id", op.id}, {"engine", slot->index}, {"reason", why}});
+            Status j =
+                JournalOpLocked("update_not_started", Json{{"id", op.id}, {"engine", slot->index}, {"reason", why}});
             if (!j.ok()) RC_LOG_ERROR("update {}: {}", op.id, j.ToString());
           }
           // Otherwise wait (e.g. UNINITIALIZED, or a restore in progress).
@@ -315,10 +316,12 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
       bool idle = slot->running_op.empty();
       if (!idle) {
         auto op = ops_.find(slot->running_op);
-        auto ord = op == ops_.end() ? decltype(op->second.ordinals.end()){} : op->second.ordinals.find(slot->index);
-        if (op != ops_.end() && ord != op->second.ordinals.end()) {
-          auto u = c.Update(ord->second);
-          idle = u && u->outcome != UpdateOutcome::kInProgress;
+        if (op != ops_.end()) {
+          auto ord = op->second.ordinals.find(slot->index);
+          if (ord != op->second.ordinals.end()) {
+            auto u = c.Update(ord->second);
+            idle = u && u->outcome != UpdateOutcome::kInProgress;
+          }
         }
       }
       const bool live = slot->queue.empty() && idle && c.state() == State::kReady &&
@@ -378,7 +381,8 @@ Status ControllerService::RestoreOps() {
     if (r.event == "created") continue;
     const Json& d = r.detail;
     const std::string id = d.value("id", "");
-    const std::string where = "update journal record " + std::to_string(r.seq);
+    const std::string where =
+        "update journal '" + options_.state_dir + "/updates.journal.db' record " + std::to_string(r.seq);
     if (id.empty()) return DataLoss(where + ": no update id");
     if (r.event == "update_requested") {
       OpRecord rec;
@@ -595,7 +599,9 @@ Result<Json> ControllerService::Rollout(const Json& request) {
     // (it must not hold a drain forever) with the failure in its journal record.
     finish_detail["trajectory_error"] = stored.ToString();
     Status finished = slot->controller->Finish(rollout_id, finish_detail);
-    if (!finished.ok()) RC_LOG_ERROR("rollout {}: {}; and its finish: {}", rollout_id, stored.ToString(), finished.ToString());
+    if (!finished.ok()) {
+      RC_LOG_ERROR("rollout {}: {}; and its finish: {}", rollout_id, stored.ToString(), finished.ToString());
+    }
     rollouts_failed_.fetch_add(1);
     return stored.WithContext("rollout " + rollout_id + ": the trajectory could not be stored");
   }
