@@ -144,12 +144,21 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
         auto staged = s->receiver->Stage(Request(*o, target));
         if (!staged.ok()) return staged.status().WithContext("recovery: staging " + target.label);
       }
-      // FailedPrecondition from the receiver means refused before touching live weights.
-      RC_ASSIGN_OR_RETURN(Json j, s->receiver->Install(target.label));
+      // The receiver says what the install did (established at its first live byte).
+      engine::InstallResult r = s->receiver->Install(target.label);
       InstallEvidence e;
-      RC_ASSIGN_OR_RETURN(e.label, GetString(j, "weight_version", "install"));
-      e.bytes = j.value("bytes_installed", int64_t{0});
-      e.detail = std::move(j);
+      e.label = target.label;
+      if (r.outcome == engine::InstallOutcome::kInstalled) {
+        e.outcome = lifecycle::InstallOutcome::kInstalled;
+        RC_ASSIGN_OR_RETURN(e.label, GetString(r.evidence, "weight_version", "install"));
+        e.bytes = r.evidence.value("bytes_installed", int64_t{0});
+        e.detail = std::move(r.evidence);
+        return e;
+      }
+      const bool untouched = r.outcome == engine::InstallOutcome::kRefusedUntouched;
+      e.outcome = untouched ? lifecycle::InstallOutcome::kRefusedUntouched
+                            : lifecycle::InstallOutcome::kFailedAfterMutation;
+      e.error = r.status.ToString();
       return e;
     });
   }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -136,10 +137,11 @@ TEST_F(EmbeddedAdapterTest, InstallRefusedBeforeMutationUnlessPausedAndStaged) {
   auto stage = AwaitPending(adapter->Stage(target), 60000, "stage");
   ASSERT_TRUE(stage.ok()) << stage.status().ToString();
   EXPECT_GT(stage->bytes, 0);
-  // Not paused: refused, nothing touched.
+  // Not paused: refused, nothing touched — said as a typed outcome, not an error code.
   auto refused = AwaitPending(adapter->Install(target, false), 60000, "install");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status().ToString();
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->outcome, lifecycle::InstallOutcome::kRefusedUntouched);
+  EXPECT_NE(refused->error.find("not paused"), std::string::npos) << refused->error;
   EXPECT_EQ(engine_->engine()->WeightVersion(), "init");
   // Paused: installs, and the label comes from the install path.
   auto paused = AwaitPending(adapter->Pause(lifecycle::PauseMode::kWait), 10000, "pause");
@@ -148,9 +150,11 @@ TEST_F(EmbeddedAdapterTest, InstallRefusedBeforeMutationUnlessPausedAndStaged) {
   auto other = target;
   other.label = "v0";
   auto wrong = AwaitPending(adapter->Install(other, false), 60000, "install");
-  EXPECT_EQ(wrong.status().code(), StatusCode::kFailedPrecondition) << "v1 is staged, not v0";
+  ASSERT_TRUE(wrong.ok()) << wrong.status().ToString();
+  EXPECT_EQ(wrong->outcome, lifecycle::InstallOutcome::kRefusedUntouched) << "v1 is staged, not v0";
   auto installed = AwaitPending(adapter->Install(target, false), 60000, "install");
   ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+  EXPECT_EQ(installed->outcome, lifecycle::InstallOutcome::kInstalled);
   EXPECT_EQ(installed->label, "v1");
   auto label = AwaitPending(adapter->ReadLabel(), 10000, "label");
   EXPECT_EQ(label->label, "v1");
@@ -201,6 +205,73 @@ TEST_F(EmbeddedAdapterTest, ProbeReportsTheEngineAndAnInstallBehindTheServiceTai
   ASSERT_EQ(service_->controller(0)->state(), lifecycle::State::kTainted);
   EXPECT_EQ(service_->Rollout(Json{{"prompt_token_ids", {1, 2}}, {"max_tokens", 2}}).status().code(),
             StatusCode::kUnavailable);
+}
+
+// Forwards to the embedded adapter, except that Pause can be made to claim a pause that did not
+// happen: the engine then refuses the install for real (it is not paused).
+class ClaimedPauseAdapter final : public lifecycle::EngineAdapter {
+ public:
+  explicit ClaimedPauseAdapter(std::unique_ptr<lifecycle::EngineAdapter> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> claim_pause{false};
+  Result<lifecycle::EngineDescription> Describe() override { return inner_->Describe(); }
+  Pending<lifecycle::DrainStatus> GetDrainStatus() override { return inner_->GetDrainStatus(); }
+  Pending<lifecycle::PauseEvidence> Pause(lifecycle::PauseMode m) override {
+    if (claim_pause) return Pending<lifecycle::PauseEvidence>::Completed(lifecycle::PauseEvidence{true, 0});
+    return inner_->Pause(m);
+  }
+  Pending<lifecycle::AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
+    return inner_->AbortRequests(ids);
+  }
+  Pending<lifecycle::StageEvidence> Stage(const lifecycle::UpdateTarget& t) override { return inner_->Stage(t); }
+  Pending<lifecycle::InstallEvidence> Install(const lifecycle::UpdateTarget& t, bool full) override {
+    return inner_->Install(t, full);
+  }
+  Pending<lifecycle::CacheResetResult> ResetCache(lifecycle::CacheKind k) override { return inner_->ResetCache(k); }
+  Pending<lifecycle::LabelEvidence> ReadLabel() override { return inner_->ReadLabel(); }
+  Pending<lifecycle::DigestEvidence> ReadContentDigest() override { return inner_->ReadContentDigest(); }
+  Pending<lifecycle::IdentityEvidence> ProbeIdentity() override { return inner_->ProbeIdentity(); }
+  Pending<lifecycle::ResumeEvidence> Resume() override { return inner_->Resume(); }
+
+ private:
+  std::unique_ptr<lifecycle::EngineAdapter> inner_;
+};
+
+// Issue 13 defect 9: the install's outcome comes from the receiver, where the first live byte is
+// written. A real refusal (the engine is not paused) returns to READY; a FailedPrecondition
+// raised after rank 0 wrote its weights (the engine's fault hook) taints — it used to be read
+// as "refused before mutation" because of its code.
+TEST_F(EmbeddedAdapterTest, InstallOutcomeIsEstablishedWhereTheFirstLiveByteIsWritten) {
+  Step();
+  Step();
+  versions_ = std::make_unique<controller::DirectoryVersionSource>(store_.get());
+  auto claimed = std::make_unique<ClaimedPauseAdapter>(engine_->MakeAdapter({server_->url(), "m"}));
+  ClaimedPauseAdapter* adapter = claimed.get();
+  std::vector<controller::EngineHandle> engines(1);
+  engines[0].name = "embedded";
+  engines[0].adapter = std::move(claimed);
+  engines[0].complete = engine_->MakeCompleter();
+  controller::ServiceOptions so;
+  so.state_dir = state_dir_;
+  service_ = std::move(controller::ControllerService::Create(std::move(engines), versions_.get(), so)).value();
+  const std::string init_digest = (*engine_->receiver()->LiveDigest(true))["content_digest"];
+
+  adapter->claim_pause = true;
+  auto refused = service_->WaitForUpdate(service_->RequestUpdate("m", "v1").value(), 60000);
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ((*refused)["engines"][0]["outcome"], "rejected") << refused->dump(2);
+  EXPECT_EQ(service_->controller(0)->state(), lifecycle::State::kReady);
+  EXPECT_EQ((*engine_->receiver()->LiveDigest(true))["content_digest"], init_digest) << "nothing was touched";
+
+  adapter->claim_pause = false;
+  engine_->receiver()->SetFailAfterFirstRankForTesting(true);
+  auto failed = service_->WaitForUpdate(service_->RequestUpdate("m", "v1").value(), 60000);
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  EXPECT_EQ((*failed)["engines"][0]["outcome"], "tainted") << failed->dump(2);
+  EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("failed_after_mutation"), std::string::npos)
+      << failed->dump(2);
+  EXPECT_EQ(service_->controller(0)->state(), lifecycle::State::kTainted);
+  EXPECT_NE((*engine_->receiver()->LiveDigest(true))["content_digest"], init_digest) << "rank 0 did write";
+  engine_->receiver()->SetFailAfterFirstRankForTesting(false);
 }
 
 TEST_F(EmbeddedAdapterTest, AbortByRolloutIdStopsItsEngineRequests) {

@@ -294,20 +294,31 @@ Pending<InstallEvidence> HttpEngineAdapter::Install(const UpdateTarget& target, 
     }
     Json body{{"version", target.label}, {"full", full}};
     auto resp = s->Do("POST", "/rc/refit/install", body.dump());
-    if (!resp.ok()) return resp.status();  // connection lost mid-install: ambiguous
-    if (resp->status == 409) {
-      // The engine refused before touching live weights (not paused, nothing staged).
-      return FailedPrecondition("install refused by " + s->options.base_url + ": " + resp->body);
+    if (!resp.ok()) return resp.status();  // connection lost mid-install: outcome unknown
+    // The engine names what the install did in install_outcome (docs/engine.md); the status code
+    // alone is not evidence. An answer without a known outcome is an error: outcome unknown.
+    const std::string where = "install on " + s->options.base_url + " (HTTP " + std::to_string(resp->status) + ")";
+    auto parsed = ParseJson(resp->body, "install response");
+    if (!parsed.ok() || !parsed->is_object()) {
+      return Internal(where + ": the answer is not a JSON object: " + resp->body);
     }
-    if (resp->status != 200) {
-      return Internal("install on " + s->options.base_url + " answered " + std::to_string(resp->status) + ": " +
-                      resp->body);
+    const Json& j = *parsed;
+    std::optional<lifecycle::InstallOutcome> outcome;
+    if (j.contains("install_outcome") && j["install_outcome"].is_string()) {
+      outcome = lifecycle::InstallOutcomeFromName(j["install_outcome"].get<std::string>());
     }
-    RC_ASSIGN_OR_RETURN(Json j, ParseJson(resp->body, "install response"));
+    if (!outcome) return Internal(where + " did not say whether live weights were touched: " + resp->body);
     InstallEvidence e;
+    e.label = target.label;
+    e.outcome = *outcome;
+    e.detail = j;
+    if (*outcome != lifecycle::InstallOutcome::kInstalled) {
+      e.error = where + ": " + j.value("error", resp->body);
+      return e;
+    }
+    if (resp->status != 200) return Internal(where + " says installed but is not a 200: " + resp->body);
     RC_ASSIGN_OR_RETURN(e.label, GetString(j, "weight_version", "install"));
     e.bytes = j.value("bytes_installed", int64_t{0});
-    e.detail = j;
     return e;
   });
 }

@@ -50,6 +50,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     std::string drain_policy = "wait";
     int64_t verify_interval_ms = 1000;
     bool auto_recover = false;
+    double lease_timeout_s = 300;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
   };
@@ -88,6 +89,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_flag("--auto-recover", o->auto_recover,
                   "After an identity mismatch taints an engine, recover it to the committed version right away "
                   "(needs --directory and --model)");
+  serve->add_option("--lease-timeout", o->lease_timeout_s,
+                    "Seconds a lease (POST /v1/rollouts:admit) may stay open without a finish or a heartbeat "
+                    "(POST /v1/rollouts/{id}:heartbeat) before it is recorded expired and stops holding a drain; "
+                    "0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
   serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
   serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
@@ -143,6 +150,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     so.model = o->model;
     so.verify_interval_ms = o->verify_interval_ms;
     so.auto_recover = o->auto_recover;
+    so.lease_timeout_ms = static_cast<int64_t>(o->lease_timeout_s * 1000.0);
     so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o->drain_policy);
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;

@@ -103,6 +103,11 @@ class ControllerHttpServer::Impl {
       if (!s.ok()) return SendError(r, s);
       SendJson(r, 200, Json{{"status", "finished"}, {"rollout_id", std::string(q.matches[1])}});
     }));
+    svr_.Post(R"(/v1/rollouts/([^/:]+):heartbeat)", Guard([this](const httplib::Request& q, httplib::Response& r) {
+      auto out = svc_->ExtendLease(q.matches[1]);
+      if (!out.ok()) return SendError(r, out.status());
+      SendJson(r, 200, *out);
+    }));
     auto model_version = [](const Json& body) -> Result<std::pair<std::string, std::string>> {
       RC_ASSIGN_OR_RETURN(std::string model, GetString(body, "model", ""));
       RC_ASSIGN_OR_RETURN(std::string version, GetString(body, "version", ""));

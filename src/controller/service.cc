@@ -1,8 +1,15 @@
 #include "rolloutcore/controller/service.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "rolloutcore/base/clock.h"
@@ -39,7 +46,91 @@ std::vector<int64_t> IntArray(const Json& j) {
   return out;
 }
 
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// "u-12" → 12; 0 when the id is not of that form.
+int64_t OpNumber(const std::string& id) {
+  if (id.rfind("u-", 0) != 0 || id.size() < 3 || id.size() > 20) return 0;
+  int64_t n = 0;
+  for (size_t i = 2; i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9') return 0;
+    n = n * 10 + (id[i] - '0');
+  }
+  return n;
+}
+
 }  // namespace
+
+std::string StateMarkerPath(const std::string& state_dir) { return state_dir + "/rolloutcore-state.json"; }
+
+Result<int64_t> ReadStateMarker(const std::string& state_dir) {
+  const std::string path = StateMarkerPath(state_dir);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return int64_t{-1};
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return DataLoss("state dir marker " + path + " cannot be read");
+  auto j = ParseJson(text.str(), "state dir marker " + path);
+  if (!j.ok()) return DataLoss(j.status().message());
+  if (!j->is_object() || !(*j).contains("engines") || !(*j)["engines"].is_number_unsigned()) {
+    return DataLoss("state dir marker " + path + ": no engines count");
+  }
+  return (*j)["engines"].get<int64_t>();
+}
+
+Status WriteStateMarker(const std::string& state_dir, int64_t engines) {
+  const std::string path = StateMarkerPath(state_dir);
+  const std::string tmp = path + ".tmp";
+  const std::string body =
+      Json{{"format", 1}, {"engines", engines}, {"written_wall_ms", WallTimeMs()},
+           {"note", "written by the rolloutcore controller after its first start over this dir; while it exists, "
+                    "a missing, empty or damaged journal or trajectory store stops the controller from starting"}}
+          .dump(2) +
+      "\n";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Unavailable("cannot write state dir marker " + tmp + ": " + std::strerror(errno));
+  bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Unavailable("cannot write state dir marker " + path + ": " + std::strerror(errno));
+  }
+  int dfd = ::open(state_dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+  return OkStatus();
+}
+
+Status ValidateRolloutId(const std::string& id, const std::string& field) {
+  if (id.empty() || id.size() > 128) {
+    return InvalidArgument(field + ": must be 1..128 characters, got " + std::to_string(id.size()) +
+                           " (allowed: " + kRolloutIdPattern + ")");
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) {
+      char what[32];
+      if (c >= 0x20 && c < 0x7f) {
+        std::snprintf(what, sizeof what, "'%c'", c);
+      } else {
+        std::snprintf(what, sizeof what, "byte 0x%02x", c);
+      }
+      return InvalidArgument(field + ": character " + std::to_string(i) + " (" + what + ") is not allowed (allowed: " +
+                             kRolloutIdPattern + ")");
+    }
+  }
+  if (id.find("..") != std::string::npos || id == ".") {
+    return InvalidArgument(field + ": '" + id + "' contains '..' or is '.' (allowed: " + kRolloutIdPattern + ")");
+  }
+  return OkStatus();
+}
 
 Result<std::unique_ptr<ControllerService>> ControllerService::Create(std::vector<EngineHandle> engines,
                                                                      VersionSource* versions, ServiceOptions options) {
@@ -53,14 +144,34 @@ Result<std::unique_ptr<ControllerService>> ControllerService::Create(std::vector
   std::unique_ptr<ControllerService> s(new ControllerService());
   s->versions_ = versions;
   s->options_ = options;
-  RC_ASSIGN_OR_RETURN(s->trajectories_, TrajectoryStore::Open(options.state_dir + "/trajectories.db"));
+  // A state dir that was started before holds a marker; from then on a missing, empty or
+  // damaged store is an error naming the file, never a silent fresh start.
+  RC_ASSIGN_OR_RETURN(int64_t marked_engines, ReadStateMarker(options.state_dir));
+  const bool initialized = marked_engines >= 0;
+  const std::string how = initialized ? " (state dir initialized before: " + StateMarkerPath(options.state_dir) +
+                                            "; restore the file or start with an empty --state-dir)"
+                                      : "";
+  auto opened = TrajectoryStore::Open(options.state_dir + "/trajectories.db", initialized);
+  if (!opened.ok()) return opened.status().WithContext("controller: refusing to start" + how);
+  s->trajectories_ = std::move(opened).value();
+  auto ops = lifecycle::SqliteJournal::Open(options.state_dir + "/updates.journal.db", initialized);
+  if (!ops.ok()) return ops.status().WithContext("controller: refusing to start" + how);
+  s->ops_journal_ = std::move(ops).value();
   for (size_t i = 0; i < engines.size(); ++i) {
     auto slot = std::make_unique<EngineSlot>();
     slot->index = i;
     slot->handle = std::move(engines[i]);
-    RC_RETURN_IF_ERROR(s->InitEngine(slot.get()).WithContext("engine " + std::to_string(i) + " (" +
-                                                              slot->handle.name + ")"));
+    const bool must_exist = static_cast<int64_t>(i) < marked_engines;
+    Status st = s->InitEngine(slot.get(), must_exist);
+    if (!st.ok()) {
+      st = st.WithContext("engine " + std::to_string(i) + " (" + slot->handle.name + ")");
+      return must_exist ? st.WithContext("controller: refusing to start" + how) : st;
+    }
     s->engines_.push_back(std::move(slot));
+  }
+  RC_RETURN_IF_ERROR(s->RestoreOps());
+  if (marked_engines < static_cast<int64_t>(s->engines_.size())) {
+    RC_RETURN_IF_ERROR(WriteStateMarker(options.state_dir, static_cast<int64_t>(s->engines_.size())));
   }
   for (auto& slot : s->engines_) {
     EngineSlot* raw = slot.get();
@@ -83,9 +194,9 @@ ControllerService::~ControllerService() {
   if (follower_.joinable()) follower_.join();
 }
 
-Status ControllerService::InitEngine(EngineSlot* slot) {
+Status ControllerService::InitEngine(EngineSlot* slot, bool must_exist) {
   auto path = options_.state_dir + "/engine-" + std::to_string(slot->index) + ".journal.db";
-  RC_ASSIGN_OR_RETURN(auto journal, lifecycle::SqliteJournal::Open(path));
+  RC_ASSIGN_OR_RETURN(auto journal, lifecycle::SqliteJournal::Open(path, must_exist));
   slot->journal = std::move(journal);
   lifecycle::RestoreSummary summary;
   RC_ASSIGN_OR_RETURN(slot->controller,
@@ -283,7 +394,12 @@ std::string ControllerService::CompletionMismatch(EngineSlot* slot, const lifecy
 // ---- Driver ---------------------------------------------------------------------------------
 
 void ControllerService::Drive(EngineSlot* slot) {
+  int64_t next_expiry_check = 0;
   while (!stop_) {
+    if (options_.lease_timeout_ms > 0 && SteadyMs() >= next_expiry_check) {
+      ExpireLeases(slot->index);
+      next_expiry_check = SteadyMs() + std::min<int64_t>(50, options_.lease_timeout_ms);
+    }
     bool busy = slot->runner->Poll();
     if (!busy) {
       bool just_ended = false;
@@ -316,12 +432,15 @@ void ControllerService::Drive(EngineSlot* slot) {
         State st = slot->controller->state();
         bool can = op.recovery ? st == State::kTainted : st == State::kReady;
         if (!can) {
-          if (op.recovery && st == State::kReady) {
-            ops_[op.id].errors[slot->index] = "engine is READY: nothing to recover";
+          std::string why;
+          if (op.recovery && st == State::kReady) why = "engine is READY: nothing to recover";
+          if (!op.recovery && st == State::kTainted) why = "engine is TAINTED: recover it first";
+          if (!why.empty()) {
+            ops_[op.id].errors[slot->index] = why;
             slot->queue.pop_front();
-          } else if (!op.recovery && st == State::kTainted) {
-            ops_[op.id].errors[slot->index] = "engine is TAINTED: recover it first";
-            slot->queue.pop_front();
+            Status j =
+                JournalOpLocked("update_not_started", Json{{"id", op.id}, {"engine", slot->index}, {"reason", why}});
+            if (!j.ok()) RC_LOG_ERROR("update {}: {}", op.id, j.ToString());
           }
           // Otherwise wait (e.g. UNINITIALIZED, or a restore in progress).
         } else {
@@ -344,13 +463,19 @@ void ControllerService::Drive(EngineSlot* slot) {
             slot->id.generation_settled = was_settled;
           }
           lock.lock();
+          Status j;
           if (started.ok()) {
             ops_[op.id].ordinals[slot->index] = started->ordinal;
+            j = JournalOpLocked("update_started",
+                                Json{{"id", op.id}, {"engine", slot->index}, {"ordinal", started->ordinal}});
           } else {
             ops_[op.id].errors[slot->index] = started.status().ToString();
             slot->running_op.clear();
             --updating_;
+            j = JournalOpLocked("update_not_started",
+                                Json{{"id", op.id}, {"engine", slot->index}, {"reason", started.status().ToString()}});
           }
+          if (!j.ok()) RC_LOG_ERROR("update {}: {}", op.id, j.ToString());
           cv_.notify_all();
           continue;
         }
@@ -387,8 +512,40 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   if (versions_ == nullptr) return FailedPrecondition("controller has no directory (--directory) to resolve versions");
   RC_ASSIGN_OR_RETURN(lifecycle::UpdateTarget target, versions_->Resolve(model, version));
   std::lock_guard<std::mutex> lock(mu_);
+  std::set<size_t> already_live;
+  if (!recovery) {
+    // The same version requested again while an update to it is still running (or queued):
+    // one cycle, one id.
+    const OpRecord* latest = nullptr;
+    for (const auto& [id, rec] : ops_) {
+      if (rec.recovery || rec.model != model || rec.version != version) continue;
+      if (!OpJson(rec)["done"].get<bool>()) return id;
+      if (latest == nullptr || OpNumber(id) > OpNumber(latest->id)) latest = &rec;
+    }
+    for (const auto& slot : engines_) {
+      const auto& c = *slot->controller;
+      // The driver clears running_op only on its next pass after the update ended.
+      bool idle = slot->running_op.empty();
+      if (!idle) {
+        auto op = ops_.find(slot->running_op);
+        if (op != ops_.end()) {
+          auto ord = op->second.ordinals.find(slot->index);
+          if (ord != op->second.ordinals.end()) {
+            auto u = c.Update(ord->second);
+            idle = u && u->outcome != UpdateOutcome::kInProgress;
+          }
+        }
+      }
+      const bool live = slot->queue.empty() && idle && c.state() == State::kReady &&
+                        c.version().label == target.label &&
+                        c.identity().content_digest == target.identity.content_digest;
+      if (live) already_live.insert(slot->index);
+    }
+    // Live everywhere already: the update that installed it, if this controller ran one.
+    if (already_live.size() == engines_.size() && latest != nullptr) return latest->id;
+  }
   Op op;
-  op.id = "u-" + std::to_string(next_op_++);
+  op.id = "u-" + std::to_string(next_op_);
   op.recovery = recovery;
   op.target = target;
   OpRecord rec;
@@ -396,14 +553,87 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   rec.model = model;
   rec.version = version;
   rec.recovery = recovery;
+  rec.already_live = already_live;
   rec.requested_wall_ms = WallTimeMs();
   rec.only = only;
+  Json live = Json::array();
+  for (size_t e : already_live) live.push_back(e);
+  // Durable before the id is handed out: GET /v1/updates/<id> must work after a restart.
+  RC_RETURN_IF_ERROR(JournalOpLocked("update_requested", Json{{"id", op.id},
+                                                              {"model", model},
+                                                              {"version", version},
+                                                              {"recovery", recovery},
+                                                              {"requested_wall_ms", rec.requested_wall_ms},
+                                                              {"already_live", live},
+                                                              {"only", only ? Json(*only) : Json()}}));
+  ++next_op_;
   ops_[op.id] = rec;
   for (auto& slot : engines_) {
-    if (!only || slot->index == *only) slot->queue.push_back(op);
+    if ((!only || slot->index == *only) && !already_live.count(slot->index)) slot->queue.push_back(op);
   }
   cv_.notify_all();
   return op.id;
+}
+
+Status ControllerService::JournalOpLocked(const std::string& event, Json detail) {
+  lifecycle::JournalRecord r;
+  r.t_ms = SteadyMs();
+  r.event = event;
+  r.detail = std::move(detail);
+  return ops_journal_->Append(r).WithContext("update journal " + options_.state_dir + "/updates.journal.db");
+}
+
+Status ControllerService::RestoreOps() {
+  RC_ASSIGN_OR_RETURN(auto records, ops_journal_->ReadAll());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (records.empty()) {
+    // A first record, so that an update journal that existed is never legitimately empty.
+    RC_RETURN_IF_ERROR(JournalOpLocked("created", Json::object()));
+  }
+  int64_t highest = 0;
+  for (const auto& r : records) {
+    if (r.event == "created") continue;
+    const Json& d = r.detail;
+    const std::string id = d.value("id", "");
+    const std::string where =
+        "update journal '" + options_.state_dir + "/updates.journal.db' record " + std::to_string(r.seq);
+    if (id.empty()) return DataLoss(where + ": no update id");
+    if (r.event == "update_requested") {
+      OpRecord rec;
+      rec.id = id;
+      rec.model = d.value("model", "");
+      rec.version = d.value("version", "");
+      rec.recovery = d.value("recovery", false);
+      rec.requested_wall_ms = d.value("requested_wall_ms", int64_t{0});
+      for (const auto& e : d.value("already_live", Json::array())) {
+        if (e.is_number_unsigned()) rec.already_live.insert(e.get<size_t>());
+      }
+      if (d.contains("only") && d["only"].is_number_unsigned()) rec.only = d["only"].get<size_t>();
+      ops_[id] = rec;
+      highest = std::max(highest, OpNumber(id));
+      continue;
+    }
+    auto it = ops_.find(id);
+    if (it == ops_.end()) return DataLoss(where + ": " + r.event + " of " + id + ", which was never requested");
+    const size_t engine = d.value("engine", size_t{0});
+    if (r.event == "update_started") {
+      it->second.ordinals[engine] = d.value("ordinal", int64_t{0});
+    } else if (r.event == "update_not_started") {
+      it->second.errors[engine] = d.value("reason", "");
+    }
+  }
+  // Updates still queued on an engine when the controller stopped never started there.
+  for (auto& [id, rec] : ops_) {
+    for (const auto& slot : engines_) {
+      const size_t e = slot->index;
+      if (rec.only && e != *rec.only) continue;
+      if (!rec.ordinals.count(e) && !rec.errors.count(e) && !rec.already_live.count(e)) {
+        rec.errors[e] = "the controller restarted before this update started on this engine";
+      }
+    }
+  }
+  next_op_ = highest + 1;
+  return OkStatus();
 }
 
 Result<std::string> ControllerService::RequestUpdate(const std::string& model, const std::string& version) {
@@ -431,7 +661,10 @@ Json ControllerService::OpJson(const OpRecord& rec) const {
     Json e{{"engine", slot->handle.name}, {"index", slot->index}};
     auto err = rec.errors.find(slot->index);
     auto ord = rec.ordinals.find(slot->index);
-    if (err != rec.errors.end()) {
+    if (rec.already_live.count(slot->index)) {
+      e["outcome"] = "already_live";
+      e["reason"] = "the engine was READY on " + rec.version + " when the update was requested";
+    } else if (err != rec.errors.end()) {
       e["outcome"] = "not_started";
       e["reason"] = err->second;
       overall = "partial";
@@ -488,6 +721,7 @@ Result<Json> ControllerService::WaitForUpdate(const std::string& id, int64_t tim
 // ---- Rollouts ---------------------------------------------------------------------------------
 
 Result<std::pair<size_t, lifecycle::RolloutBinding>> ControllerService::AdmitSomewhere(const std::string& rollout_id) {
+  RC_RETURN_IF_ERROR(ValidateRolloutId(rollout_id));
   size_t n = engines_.size();
   size_t start = round_robin_.fetch_add(1) % n;
   std::string reasons;
@@ -541,10 +775,18 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   t.finished_ms = WallTimeMs();
   Json finish_detail{{"engine", slot->handle.name}};
   if (!result.ok()) {
+    // Row first, then the finish (the invariant in service.h); neither result is dropped: a row
+    // that could not be written is named in the finish record, a finish that could not be
+    // journaled leaves the rollout admitted (recorded interrupted at the next restart).
     t.finish_reason = "error";
     finish_detail["error"] = result.status().ToString();
-    (void)slot->controller->Finish(rollout_id, finish_detail);
-    (void)trajectories_->Insert(t);
+    Status stored = trajectories_->Insert(t);
+    if (!stored.ok()) finish_detail["trajectory_error"] = stored.ToString();
+    Status finished = slot->controller->Finish(rollout_id, finish_detail);
+    if (!stored.ok() || !finished.ok()) {
+      RC_LOG_ERROR("rollout {} failed on {} and its record is incomplete: trajectory {}, finish {}", rollout_id,
+                   slot->handle.name, stored.ToString(), finished.ToString());
+    }
     rollouts_failed_.fetch_add(1);
     return result.status().WithContext("rollout " + rollout_id + " on " + slot->handle.name);
   }
@@ -600,7 +842,17 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   // leaves an admitted rollout without a finish record, which the restart records interrupted
   // (its row is kept). The other order would leave a rollout finished in the journal whose
   // output exists nowhere — a lost rollout (issue #6, crash safety).
-  RC_RETURN_IF_ERROR(trajectories_->Insert(t));
+  if (Status stored = trajectories_->Insert(t); !stored.ok()) {
+    // The output exists only in this answer, which the client will not get: finish the binding
+    // (it must not hold a drain forever) with the failure in its journal record.
+    finish_detail["trajectory_error"] = stored.ToString();
+    Status finished = slot->controller->Finish(rollout_id, finish_detail);
+    if (!finished.ok()) {
+      RC_LOG_ERROR("rollout {}: {}; and its finish: {}", rollout_id, stored.ToString(), finished.ToString());
+    }
+    rollouts_failed_.fetch_add(1);
+    return stored.WithContext("rollout " + rollout_id + ": the trajectory could not be stored");
+  }
   RC_RETURN_IF_ERROR(slot->controller->Finish(rollout_id, finish_detail));
   rollouts_ok_.fetch_add(1);
   resp["binding"] = lifecycle::ToJson(binding);
@@ -613,24 +865,45 @@ Result<Json> ControllerService::Admit(const std::string& rollout_id_in) {
   if (rollout_id.empty()) rollout_id = "ro-" + std::to_string(WallTimeMs()) + "-" + std::to_string(next_rollout_++);
   RC_ASSIGN_OR_RETURN(auto admitted, AdmitSomewhere(rollout_id));
   auto [index, binding] = admitted;
+  Lease lease;
+  lease.engine = index;
+  lease.admitted_wall_ms = WallTimeMs();
+  if (options_.lease_timeout_ms > 0) lease.expires_ms = SteadyMs() + options_.lease_timeout_ms;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    leases_[rollout_id] = index;
+    leases_[rollout_id] = lease;
+    expired_leases_.erase(rollout_id);
   }
   Json j = lifecycle::ToJson(binding);
   j["engine"] = engines_[index]->handle.name;
+  j["lease_timeout_ms"] = options_.lease_timeout_ms;
   return j;
 }
 
 Status ControllerService::FinishLease(const std::string& rollout_id, const Json& body) {
-  size_t index;
+  Lease lease;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = leases_.find(rollout_id);
-    if (it == leases_.end()) return NotFound("no lease for rollout '" + rollout_id + "'");
-    index = it->second;
+    if (it == leases_.end()) {
+      if (auto e = expired_leases_.find(rollout_id); e != expired_leases_.end()) {
+        return FailedPrecondition("the lease of rollout '" + rollout_id + "' expired at wall ms " +
+                                  std::to_string(e->second) + " (no finish or heartbeat within " +
+                                  std::to_string(options_.lease_timeout_ms) +
+                                  " ms); it is recorded with finish_reason expired");
+      }
+      return NotFound("no lease for rollout '" + rollout_id + "'");
+    }
+    // Taken out while it is finished: a concurrent finish or the expiry cannot write a second row.
+    lease = it->second;
+    leases_.erase(it);
   }
-  EngineSlot* slot = engines_[index].get();
+  auto put_back = [&](bool row_written) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lease.row_written = lease.row_written || row_written;
+    leases_[rollout_id] = lease;
+  };
+  EngineSlot* slot = engines_[lease.engine].get();
   auto binding = slot->controller->Binding(rollout_id);
   if (!binding) return NotFound("rollout '" + rollout_id + "' is not active on " + slot->handle.name);
   Trajectory t;
@@ -645,14 +918,87 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
   }
   t.finish_reason = body.value("finish_reason", "stop");
   t.cached_tokens = body.value("cached_tokens", int64_t{0});
+  t.admitted_ms = lease.admitted_wall_ms;
   t.finished_ms = WallTimeMs();
-  t.admitted_ms = t.finished_ms;
   t.extra = body.value("extra", Json::object());
-  RC_RETURN_IF_ERROR(slot->controller->Finish(rollout_id, Json{{"lease", true}, {"finish_reason", t.finish_reason}}));
-  RC_RETURN_IF_ERROR(trajectories_->Insert(t));
-  std::lock_guard<std::mutex> lock(mu_);
-  leases_.erase(rollout_id);
+  // Row first, then the finish (service.h): a crash between the two leaves the rollout admitted
+  // in the journal (recorded interrupted at restart) with its row kept, never finished and lost.
+  if (!lease.row_written) {
+    if (Status stored = trajectories_->Insert(t); !stored.ok()) {
+      put_back(false);
+      return stored.WithContext("lease " + rollout_id + ": the trajectory was not stored and the lease stays open; "
+                                "retry the finish");
+    }
+  }
+  if (Status finished = slot->controller->Finish(rollout_id, Json{{"lease", true}, {"finish_reason", t.finish_reason}});
+      !finished.ok()) {
+    if (!slot->controller->Binding(rollout_id)) return finished;  // ended meanwhile (drain abort)
+    put_back(true);
+    return finished.WithContext("lease " + rollout_id + ": the trajectory is stored but the finish was not journaled; "
+                                "retry the finish");
+  }
   return OkStatus();
+}
+
+Result<Json> ControllerService::ExtendLease(const std::string& rollout_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(rollout_id);
+  if (it == leases_.end()) {
+    if (expired_leases_.count(rollout_id)) {
+      return FailedPrecondition("the lease of rollout '" + rollout_id + "' already expired; admit a new rollout");
+    }
+    return NotFound("no lease for rollout '" + rollout_id + "'");
+  }
+  if (options_.lease_timeout_ms > 0) it->second.expires_ms = SteadyMs() + options_.lease_timeout_ms;
+  return Json{{"rollout_id", rollout_id},
+              {"expires_in_ms", options_.lease_timeout_ms > 0 ? Json(options_.lease_timeout_ms) : Json()}};
+}
+
+void ControllerService::ExpireLeases(size_t engine) {
+  std::vector<std::pair<std::string, Lease>> due;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = SteadyMs();
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.engine == engine && it->second.expires_ms != 0 && now >= it->second.expires_ms) {
+        due.emplace_back(it->first, it->second);
+        it = leases_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  EngineSlot* slot = engines_[engine].get();
+  for (auto& [id, lease] : due) {
+    auto binding = slot->controller->Binding(id);
+    if (!binding) continue;  // ended another way (drain abort); nothing holds the drain
+    Trajectory t;
+    t.binding = *binding;
+    t.engine = slot->handle.name;
+    t.finish_reason = "expired";
+    t.admitted_ms = lease.admitted_wall_ms;
+    t.finished_ms = WallTimeMs();
+    t.extra = Json{{"lease_timeout_ms", options_.lease_timeout_ms}};
+    Status s = lease.row_written ? OkStatus() : trajectories_->Insert(t);
+    if (s.ok()) lease.row_written = true;
+    if (s.ok()) {
+      s = slot->controller->Finish(id, Json{{"lease", true},
+                                            {"expired", true},
+                                            {"finish_reason", "expired"},
+                                            {"lease_timeout_ms", options_.lease_timeout_ms}});
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s.ok()) {
+      RC_LOG_WARN("lease of rollout {} on {} expired after {} ms without a finish or heartbeat", id,
+                  slot->handle.name, options_.lease_timeout_ms);
+      expired_leases_[id] = WallTimeMs();
+      if (expired_leases_.size() > 100000) expired_leases_.erase(expired_leases_.begin());
+    } else {
+      RC_LOG_ERROR("lease of rollout {} expired but could not be recorded ({}); retrying", id, s.ToString());
+      lease.expires_ms = SteadyMs() + 1000;
+      leases_[id] = lease;
+    }
+  }
 }
 
 // ---- Observation --------------------------------------------------------------------------------

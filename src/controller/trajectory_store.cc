@@ -2,6 +2,10 @@
 
 #include <sqlite3.h>
 
+#include <filesystem>
+
+#include "rolloutcore/base/hash.h"
+
 namespace rc::controller {
 namespace {
 
@@ -24,6 +28,16 @@ std::vector<T> FromArr(const Json& j) {
   return out;
 }
 
+// xxHash3-64 over the stored columns, length-prefixed.
+std::string RowChecksum(const std::string& rollout_id, const std::string& label, const std::string& body) {
+  Hasher h(0x7472616a);  // "traj"
+  for (const std::string* f : {&rollout_id, &label, &body}) {
+    h.UpdateU64(f->size());
+    h.Update(*f);
+  }
+  return Hex64(h.Digest());
+}
+
 }  // namespace
 
 Json ToJson(const Trajectory& t) {
@@ -40,23 +54,76 @@ Json ToJson(const Trajectory& t) {
               {"extra", t.extra}};
 }
 
-Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string& path) {
+Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string& path, bool must_exist) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  if (must_exist) {
+    if (!existed) return DataLoss("trajectory store '" + path + "' is missing, but the state dir says it existed");
+    if (std::filesystem::file_size(path, ec) == 0 || ec) {
+      return DataLoss("trajectory store '" + path + "' is empty (0 bytes), but the state dir says it existed");
+    }
+  }
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
-      SQLITE_OK) {
+  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX | (must_exist ? 0 : SQLITE_OPEN_CREATE);
+  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
     return Unavailable("cannot open trajectory store '" + path + "': " + msg);
   }
   std::unique_ptr<TrajectoryStore> s(new TrajectoryStore(db, path));
+  if (existed) {
+    sqlite3_stmt* st = nullptr;
+    std::string problems;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &st, nullptr);
+    if (rc == SQLITE_OK) {
+      while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char* t = sqlite3_column_text(st, 0);
+        std::string line = t ? reinterpret_cast<const char*>(t) : "";
+        if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+      }
+      sqlite3_finalize(st);
+    }
+    if (rc != SQLITE_DONE) problems = sqlite3_errmsg(db);
+    if (!problems.empty()) {
+      return DataLoss("trajectory store '" + path + "' fails SQLite's integrity check: " + problems.substr(0, 500));
+    }
+  }
+  if (must_exist) {
+    sqlite3_stmt* st = nullptr;
+    bool has_table = false;
+    if (sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type='table' AND name='trajectories'", -1, &st,
+                           nullptr) == SQLITE_OK) {
+      has_table = sqlite3_step(st) == SQLITE_ROW;
+      sqlite3_finalize(st);
+    }
+    if (!has_table) {
+      return DataLoss("trajectory store '" + path + "' has no trajectories table, but the state dir says it existed");
+    }
+  }
   const char* ddl =
       "PRAGMA journal_mode=WAL;"
       "CREATE TABLE IF NOT EXISTS trajectories ("
       " id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, label TEXT NOT NULL, generation INTEGER NOT NULL,"
-      " body TEXT NOT NULL);"
+      " body TEXT NOT NULL, checksum TEXT);"
       "CREATE INDEX IF NOT EXISTS trajectories_label ON trajectories(label);";
   char* err = nullptr;
   if (sqlite3_exec(db, ddl, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    return Internal("trajectory store '" + path + "': " + msg);
+  }
+  // Stores written before rows were checksummed: add the column (their rows stay unchecked).
+  bool has_checksum = false;
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, "PRAGMA table_info(trajectories)", -1, &st, nullptr) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      const unsigned char* name = sqlite3_column_text(st, 1);
+      if (name && std::string(reinterpret_cast<const char*>(name)) == "checksum") has_checksum = true;
+    }
+    sqlite3_finalize(st);
+  }
+  if (!has_checksum && sqlite3_exec(db, "ALTER TABLE trajectories ADD COLUMN checksum TEXT", nullptr, nullptr, &err) !=
+                           SQLITE_OK) {
     std::string msg = err ? err : "?";
     sqlite3_free(err);
     return Internal("trajectory store '" + path + "': " + msg);
@@ -69,7 +136,8 @@ TrajectoryStore::~TrajectoryStore() { sqlite3_close(Db(db_)); }
 Status TrajectoryStore::Insert(const Trajectory& t) {
   std::lock_guard<std::mutex> lock(mu_);
   sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(Db(db_), "INSERT INTO trajectories (rollout_id, label, generation, body) VALUES (?,?,?,?)",
+  if (sqlite3_prepare_v2(Db(db_),
+                         "INSERT INTO trajectories (rollout_id, label, generation, body, checksum) VALUES (?,?,?,?,?)",
                          -1, &st, nullptr) != SQLITE_OK) {
     return Internal("trajectory store: " + std::string(sqlite3_errmsg(Db(db_))));
   }
@@ -78,6 +146,8 @@ Status TrajectoryStore::Insert(const Trajectory& t) {
   sqlite3_bind_text(st, 2, t.binding.version.label.c_str(), -1, SQLITE_TRANSIENT);
   sqlite3_bind_int64(st, 3, t.binding.version.generation);
   sqlite3_bind_text(st, 4, body.c_str(), -1, SQLITE_TRANSIENT);
+  const std::string checksum = RowChecksum(t.binding.rollout_id, t.binding.version.label, body);
+  sqlite3_bind_text(st, 5, checksum.c_str(), -1, SQLITE_TRANSIENT);
   int rc = sqlite3_step(st);
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE) return Unavailable("trajectory store insert failed: " + std::string(sqlite3_errmsg(Db(db_))));
@@ -87,7 +157,7 @@ Status TrajectoryStore::Insert(const Trajectory& t) {
 Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, int64_t limit) const {
   std::lock_guard<std::mutex> lock(mu_);
   sqlite3_stmt* st = nullptr;
-  std::string sql = "SELECT body FROM trajectories";
+  std::string sql = "SELECT id, rollout_id, label, body, checksum FROM trajectories";
   if (!label.empty()) sql += " WHERE label = ?";
   sql += " ORDER BY id";
   if (limit >= 0) sql += " LIMIT " + std::to_string(limit);
@@ -96,9 +166,25 @@ Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, 
   }
   if (!label.empty()) sqlite3_bind_text(st, 1, label.c_str(), -1, SQLITE_TRANSIENT);
   std::vector<Trajectory> out;
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    auto j = ParseJson(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)), "trajectory row");
-    if (!j.ok()) continue;
+  auto text = [&](int col) {
+    const unsigned char* t = sqlite3_column_text(st, col);
+    return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
+  };
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    // A row that does not read back as written is an error for the whole read: never a
+    // shorter answer that looks complete.
+    const std::string where = "trajectory store '" + path_ + "' row " + std::to_string(sqlite3_column_int64(st, 0));
+    const std::string body = text(3);
+    if (sqlite3_column_type(st, 4) != SQLITE_NULL && text(4) != RowChecksum(text(1), text(2), body)) {
+      sqlite3_finalize(st);
+      return DataLoss(where + ": checksum mismatch (the row was changed after it was written)");
+    }
+    auto j = ParseJson(body, "trajectory row");
+    if (!j.ok() || !j->is_object() || !(*j).contains("binding") || !(*j)["binding"].is_object()) {
+      sqlite3_finalize(st);
+      return DataLoss(where + ": unreadable body" + (j.ok() ? std::string() : ": " + j.status().message()));
+    }
     Trajectory t;
     const Json& b = (*j)["binding"];
     t.binding.rollout_id = b.value("rollout_id", "");
@@ -119,6 +205,12 @@ Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, 
     t.engine_weight_version = j->value("engine_weight_version", "");
     t.extra = j->value("extra", Json::object());
     out.push_back(std::move(t));
+  }
+  if (rc != SQLITE_DONE) {
+    std::string msg = sqlite3_errmsg(Db(db_));
+    sqlite3_finalize(st);
+    return DataLoss("trajectory store '" + path_ + "': read failed after " + std::to_string(out.size()) +
+                    " rows: " + msg);
   }
   sqlite3_finalize(st);
   return out;

@@ -28,13 +28,16 @@ void SendJson(httplib::Response& res, int status, const Json& j) {
   res.set_content(Dump(j), kJson);
 }
 
+Json ErrorJson(int status, const std::string& message) {
+  return Json{{"object", "error"},
+              {"error", message},
+              {"message", message},
+              {"type", status == 400 ? "BadRequestError" : status == 404 ? "NotFoundError" : "InternalServerError"},
+              {"code", status}};
+}
+
 void SendError(httplib::Response& res, int status, const std::string& message) {
-  Json j = {{"object", "error"},
-            {"error", message},
-            {"message", message},
-            {"type", status == 400 ? "BadRequestError" : status == 404 ? "NotFoundError" : "InternalServerError"},
-            {"code", status}};
-  SendJson(res, status, j);
+  SendJson(res, status, ErrorJson(status, message));
 }
 
 int HttpStatus(const Status& s) {
@@ -172,12 +175,14 @@ class EngineServer::Impl {
     std::atomic<int64_t> pause_delay_ms{0};
     std::atomic<int64_t> install_delay_ms{0};
     std::atomic<bool> refuse_install{false};
+    std::atomic<bool> fail_install_after_first_rank{false};
     std::atomic<int64_t> reset_delay_ms{0};
     std::atomic<int64_t> digest_delay_ms{0};
     std::atomic<int64_t> resume_delay_ms{0};
     Json ToJson() const {
       return Json{{"pause_delay_ms", pause_delay_ms.load()},   {"install_delay_ms", install_delay_ms.load()},
                   {"refuse_install", refuse_install.load()},   {"reset_delay_ms", reset_delay_ms.load()},
+                  {"fail_install_after_first_rank", fail_install_after_first_rank.load()},
                   {"digest_delay_ms", digest_delay_ms.load()}, {"resume_delay_ms", resume_delay_ms.load()}};
     }
   };
@@ -503,14 +508,27 @@ void EngineServer::Impl::Routes() {
     if (!version.ok()) return SendError(r, 400, version.status().message());
     auto skip = GetBool(*j, "skip_cache_reset", "", false);
     if (!skip.ok()) return SendError(r, 400, skip.status().message());
+    // Every answer names its install_outcome (docs/engine.md): refused_untouched (409) — nothing
+    // live was touched; failed_after_mutation (500) — the live weights may be partial;
+    // installed (200). The receiver establishes it where the first live byte is written.
+    auto error_with_outcome = [&r](int status, InstallOutcome outcome, const std::string& message) {
+      Json body = ErrorJson(status, message);
+      body["install_outcome"] = InstallOutcomeName(outcome);
+      SendJson(r, status, body);
+    };
     if (faults_.refuse_install.load()) {
-      return SendError(r, 409, "install of " + *version + " refused (fault injection): nothing was touched");
+      return error_with_outcome(409, InstallOutcome::kRefusedUntouched,
+                                "install of " + *version + " refused (fault injection): nothing was touched");
     }
-    auto out = receiver_.Install(*version, *skip);
+    InstallResult out = receiver_.Install(*version, *skip);
     Delay(faults_.install_delay_ms);
-    // 409 means refused before touching live weights; anything else after the copy began is 500.
-    if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
-    SendJson(r, 200, *out);
+    switch (out.outcome) {
+      case InstallOutcome::kInstalled: return SendJson(r, 200, out.evidence);
+      case InstallOutcome::kRefusedUntouched:
+        return error_with_outcome(409, out.outcome, out.status.message());
+      case InstallOutcome::kFailedAfterMutation:
+        return error_with_outcome(500, out.outcome, out.status.message());
+    }
   }));
   svr.Get("/rc/weights/digest", Guard([this](const httplib::Request& q, httplib::Response& r) {
     auto fresh = BoolParam(q, "fresh");
@@ -541,7 +559,8 @@ void EngineServer::Impl::FaultRoutes() {
     if (!j.ok()) return SendError(r, 400, j.status().message());
     if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
     Status known = CheckKnownKeys(*j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
-                                       "digest_delay_ms", "resume_delay_ms"}, "fault");
+                                       "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank"},
+                                  "fault");
     if (!known.ok()) return SendError(r, 400, known.message());
     int64_t v[5];
     const char* names[5] = {"pause_delay_ms", "install_delay_ms", "reset_delay_ms", "digest_delay_ms",
@@ -553,12 +572,16 @@ void EngineServer::Impl::FaultRoutes() {
     }
     auto refuse = GetBool(*j, "refuse_install", "refuse_install", false);
     if (!refuse.ok()) return SendError(r, 400, refuse.status().message());
+    auto fail_after = GetBool(*j, "fail_install_after_first_rank", "fail_install_after_first_rank", false);
+    if (!fail_after.ok()) return SendError(r, 400, fail_after.status().message());
     faults_.pause_delay_ms = v[0];
     faults_.install_delay_ms = v[1];
     faults_.reset_delay_ms = v[2];
     faults_.digest_delay_ms = v[3];
     faults_.resume_delay_ms = v[4];
     faults_.refuse_install = *refuse;
+    faults_.fail_install_after_first_rank = *fail_after;
+    receiver_.SetFailAfterFirstRankForTesting(*fail_after);
     RC_LOG_WARN("engine: faults set to {}", faults_.ToJson().dump());
     SendJson(r, 200, faults_.ToJson());
   }));

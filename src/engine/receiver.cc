@@ -239,23 +239,44 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   return staged_->evidence;
 }
 
-Result<Json> RefitReceiver::Install(const std::string& version, bool skip_cache_reset) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto result = InstallLocked(version, skip_cache_reset);
-  std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
-  if (result.ok()) {
-    ++installs_ok_;
-    last_install_ms_ = (*result)["stages_ms"];
-    bytes_installed_total_ += (*result)["bytes_installed"].get<uint64_t>();
-  } else if (result.status().code() == StatusCode::kFailedPrecondition) {
-    ++installs_refused_;
-  } else {
-    ++installs_failed_;
+std::string_view InstallOutcomeName(InstallOutcome o) {
+  switch (o) {
+    case InstallOutcome::kRefusedUntouched: return "refused_untouched";
+    case InstallOutcome::kInstalled: return "installed";
+    case InstallOutcome::kFailedAfterMutation: return "failed_after_mutation";
   }
-  return result;
+  return "unknown";
 }
 
-Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_cache_reset) {
+InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache_reset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::atomic<bool> touched{false};
+  auto result = InstallLocked(version, skip_cache_reset, &touched);
+  InstallResult out;
+  if (result.ok()) {
+    out.outcome = InstallOutcome::kInstalled;
+    out.evidence = std::move(result).value();
+    out.evidence["install_outcome"] = InstallOutcomeName(out.outcome);
+  } else {
+    // The fact comes from the copy itself, not from the error's code.
+    out.outcome = touched.load() ? InstallOutcome::kFailedAfterMutation : InstallOutcome::kRefusedUntouched;
+    out.status = result.status();
+  }
+  std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+  switch (out.outcome) {
+    case InstallOutcome::kInstalled:
+      ++installs_ok_;
+      last_install_ms_ = out.evidence["stages_ms"];
+      bytes_installed_total_ += out.evidence["bytes_installed"].get<uint64_t>();
+      break;
+    case InstallOutcome::kRefusedUntouched: ++installs_refused_; break;
+    case InstallOutcome::kFailedAfterMutation: ++installs_failed_; break;
+  }
+  return out;
+}
+
+Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_cache_reset,
+                                          std::atomic<bool>* touched) {
   if (!engine_->IsPaused()) {
     return FailedPrecondition("install refused: the engine is not paused (pause it first); nothing was touched");
   }
@@ -268,7 +289,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
-  auto fill = [this, &bytes](int rank, const RankLayout&, ParameterStore* params) -> Status {
+  auto fill = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) -> Status {
     const auto& shadow = shadow_[static_cast<size_t>(rank)];
     std::vector<std::pair<const std::vector<float>*, const Parameter*>> copies;
     for (const auto& [name, data] : shadow) {
@@ -277,10 +298,15 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
       if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
       copies.emplace_back(&data, p);
     }
+    // The first live byte is written below: from here on a failure is after mutation.
+    touched->store(true);
     ParallelFor(copies.size(), threads_, [&](size_t i) {
       std::memcpy(copies[i].second->data(), copies[i].first->data(), copies[i].second->nbytes());
       bytes += copies[i].second->nbytes();
     });
+    if (rank == 0 && fail_after_first_rank_.load()) {
+      return FailedPrecondition("injected fault: install failed after rank 0 wrote its weights");
+    }
     return OkStatus();
   };
   live_cache_valid_ = false;  // the live weights are about to change

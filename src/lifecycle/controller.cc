@@ -472,12 +472,19 @@ Status Controller::BeginInstall(const PauseEvidence& pause) {
 Status Controller::InstallComplete(const InstallEvidence& install) {
   std::lock_guard<std::mutex> lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
+  if (install.outcome != InstallOutcome::kInstalled) {
+    return FailedPrecondition("install evidence says " + std::string(InstallOutcomeName(install.outcome)) +
+                              ", not installed: " + install.error);
+  }
   if (install.label != pending_->label) {
     return FailedPrecondition("install evidence is for '" + install.label + "', not the target '" +
                               pending_->label + "'");
   }
   return TransitionLocked(Event::kInstallComplete,
-                          Json{{"evidence", {{"label", install.label}, {"bytes", install.bytes}, {"detail", install.detail}}}});
+                          Json{{"evidence", {{"label", install.label},
+                                            {"bytes", install.bytes},
+                                            {"install_outcome", InstallOutcomeName(install.outcome)},
+                                            {"detail", install.detail}}}});
 }
 
 Status Controller::CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required) {
@@ -582,6 +589,10 @@ Result<UpdateTarget> Controller::BeginRecovery(UpdateTarget target) {
 Status Controller::Recovered(const InstallEvidence& install, const LabelEvidence& label, const DigestEvidence& digest) {
   std::lock_guard<std::mutex> lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRecovered));
+  if (install.outcome != InstallOutcome::kInstalled) {
+    return FailedPrecondition("recovery install evidence says " + std::string(InstallOutcomeName(install.outcome)) +
+                              ", not installed: " + install.error);
+  }
   if (install.label != pending_->label) {
     return FailedPrecondition("recovery install evidence is for '" + install.label + "', not '" + pending_->label + "'");
   }

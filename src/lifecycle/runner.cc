@@ -259,11 +259,17 @@ void Runner::StepInstalling(bool recovery) {
   }
   auto r = install_call_.pending->Get();
   install_call_.Clear();
-  if (!r.ok()) {
-    if (!recovery && r.status().code() == StatusCode::kFailedPrecondition) {
-      return RejectAndResume("install refused before mutation: " + r.status().message(), true);
-    }
-    return TaintWith("install failed: " + r.status().ToString());
+  // The engine says what the install did (InstallOutcome, set where the first live byte is
+  // written); only an explicit "refused, untouched" returns to READY. An error is an answer
+  // without that fact: the outcome is unknown and mutation may have begun.
+  if (!r.ok()) return TaintWith("install failed, outcome unknown: " + r.status().ToString());
+  if (r->outcome == InstallOutcome::kRefusedUntouched) {
+    if (recovery) return TaintWith("recovery: install refused: " + r->error);
+    return RejectAndResume("install refused before mutation: " + r->error, true);
+  }
+  if (r->outcome != InstallOutcome::kInstalled) {
+    return TaintWith("install failed after mutation began (" + std::string(InstallOutcomeName(r->outcome)) +
+                     "): " + r->error);
   }
   if (recovery) {
     install_evidence_ = *r;

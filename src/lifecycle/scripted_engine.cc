@@ -210,14 +210,20 @@ Pending<InstallEvidence> ScriptedEngine::Install(const UpdateTarget& target, boo
   current_update_ = target.ordinal;
   const OpScript& s = full ? OpScript() : ScriptFor("install");
   const int64_t start = clock_->NowMs();
+  auto refused = [&target](std::string why) {
+    InstallEvidence e;
+    e.label = target.label;
+    e.outcome = InstallOutcome::kRefusedUntouched;
+    e.error = std::move(why);
+    return e;
+  };
   if (!paused_) {
     // A real engine refuses to install while serving; so does this one.
-    return Pending<InstallEvidence>::Completed(FailedPrecondition("install refused: engine is not paused"));
+    return Pending<InstallEvidence>::Completed(refused("install refused: engine is not paused"));
   }
   if (s.behavior == "fail_before_mutation") {
-    return Schedule<InstallEvidence>(s, []() -> Result<InstallEvidence> {
-      return FailedPrecondition("install refused: staged version does not match the layout");
-    });
+    return Schedule<InstallEvidence>(s, [e = refused("install refused: staged version does not match the layout")]()
+                                            -> Result<InstallEvidence> { return e; });
   }
   size_t window = mutations_.size();
   mutations_.push_back({start, -1});
@@ -226,7 +232,11 @@ Pending<InstallEvidence> ScriptedEngine::Install(const UpdateTarget& target, boo
     mutations_[window].second = clock_->NowMs();
     if (b == "fail_after_mutation") {
       digest_ = "partial-" + target.identity.content_digest;
-      return Internal("install failed after writing 3 of 7 tensors");
+      InstallEvidence e;
+      e.label = target.label;
+      e.outcome = InstallOutcome::kFailedAfterMutation;
+      e.error = "install failed after writing 3 of 7 tensors";
+      return e;
     }
     previous_label_ = label_;
     label_ = target.label;

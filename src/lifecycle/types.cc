@@ -36,6 +36,22 @@ std::optional<DrainPolicy> DrainPolicyFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view InstallOutcomeName(InstallOutcome o) {
+  switch (o) {
+    case InstallOutcome::kInstalled: return "installed";
+    case InstallOutcome::kRefusedUntouched: return "refused_untouched";
+    case InstallOutcome::kFailedAfterMutation: return "failed_after_mutation";
+  }
+  return "unknown";
+}
+
+std::optional<InstallOutcome> InstallOutcomeFromName(std::string_view name) {
+  if (name == "installed") return InstallOutcome::kInstalled;
+  if (name == "refused_untouched") return InstallOutcome::kRefusedUntouched;
+  if (name == "failed_after_mutation") return InstallOutcome::kFailedAfterMutation;
+  return std::nullopt;
+}
+
 Json ToJson(const WeightVersion& v) { return Json{{"label", v.label}, {"generation", v.generation}}; }
 
 Json ToJson(const WeightIdentity& id) {

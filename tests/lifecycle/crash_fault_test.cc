@@ -181,6 +181,21 @@ TEST_F(RealTimeFaultTest, FailAfterMutationTaints) {
   EXPECT_EQ(engine_.shared()->mutations_finished.load(), 1) << "the inner install did happen";
 }
 
+// Issue 13 defect 9: a precondition error raised after the install wrote (here: the inner
+// install ran, then FailedPrecondition) is not "refused before mutation": only the engine's
+// explicit refused_untouched outcome is, and this one taints.
+TEST_F(RealTimeFaultTest, PreconditionErrorAfterMutationTaints) {
+  rc::testing::Fault f;
+  f.kind = rc::testing::Fault::Kind::kFailAfter;
+  f.code = StatusCode::kFailedPrecondition;
+  faulty_.Set("install", f);
+  auto u = RunUpdate(RunnerOptions{});
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->outcome, UpdateOutcome::kTainted) << u->reason;
+  EXPECT_EQ(c_->state(), State::kTainted);
+  EXPECT_EQ(engine_.shared()->mutations_finished.load(), 1) << "the inner install did happen";
+}
+
 TEST_F(RealTimeFaultTest, FailBeforeMutationReturnsToOldVersion) {
   rc::testing::Fault f;
   f.kind = rc::testing::Fault::Kind::kFailBefore;

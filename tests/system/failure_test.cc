@@ -168,6 +168,31 @@ TEST_F(FailureTest, RefusedInstallStaysReadyAndAHungInstallTaintsAtTheDeadline) 
   EXPECT_EQ(r.json["choices"][0]["weight_version"], "v0");
 }
 
+// Issue 13 defect 9, across processes: the engine's install answer names its install_outcome.
+// A real refusal (not paused) is 409 refused_untouched; a FailedPrecondition raised after rank 0
+// wrote (fault hook) is failed_after_mutation, and the controller taints — it used to read the
+// 409 such an error mapped to as "refused before mutation" and return to READY.
+TEST_F(FailureTest, InstallFailingAfterTheFirstRankWroteTaints) {
+  Stack s = StartStack();
+  ASSERT_FALSE(HasFailure());
+  Json v0 = WaitCommitted(s.dir, "v0");
+  Step(s, "v1");
+  ASSERT_EQ(Http(s.engine, "POST", "/rc/refit/stage",
+                 Json{{"model", kModelName}, {"version", "v1"}, {"directory", Url(s.dir)}}).status, 200);
+  Reply refused = Http(s.engine, "POST", "/rc/refit/install", Json{{"version", "v1"}});
+  EXPECT_EQ(refused.status, 409) << refused.text;
+  EXPECT_EQ(refused.json.value("install_outcome", ""), "refused_untouched") << refused.text;
+  EXPECT_EQ(LiveDigest(s.engine), v0["content_digest"]);
+
+  SetFaults(s.engine, Json{{"fail_install_after_first_rank", true}});
+  Json failed = UpdateAndWait(s.ctl, "v1");
+  EXPECT_EQ(failed["outcome"], "tainted") << failed.dump();
+  EXPECT_NE(failed.value("reason", "").find("failed_after_mutation"), std::string::npos) << failed.dump();
+  EXPECT_EQ(StateOf(s.ctl), "TAINTED");
+  EXPECT_EQ(Rollout(s.ctl, Prompt(10, 3), 4).status, 503) << "a tainted engine admits nothing";
+  SetFaults(s.engine, Json::object());
+}
+
 // Sets an environment variable for the life of the object (children inherit it at spawn).
 class ScopedEnv {
  public:

@@ -139,7 +139,12 @@ class FakeEngine final : public EngineAdapter {
     return Async<InstallEvidence>([s = s_, t]() -> Result<InstallEvidence> {
       {
         std::lock_guard<std::mutex> lock(s->mu);
-        if (!s->paused) return FailedPrecondition("install refused: engine is not paused");
+        if (!s->paused) {
+          InstallEvidence refused{t.label, 0, Json::object()};
+          refused.outcome = InstallOutcome::kRefusedUntouched;
+          refused.error = "install refused: engine is not paused";
+          return refused;
+        }
       }
       s->mutating = true;
       s->mutations_started.fetch_add(1);
@@ -227,6 +232,15 @@ class FaultInjectingAdapter final : public EngineAdapter {
   }
   Pending<StageEvidence> Stage(const UpdateTarget& t) override { return Wrap("stage", [&] { return inner_->Stage(t); }); }
   Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override {
+    Fault f = Get("install");
+    if (f.kind == Fault::Kind::kFailBefore) {
+      // The inner install was never called: this wrapper knows nothing was touched, and says so
+      // the way an engine does (an error would mean "outcome unknown").
+      InstallEvidence refused{t.label, 0, Json::object()};
+      refused.outcome = InstallOutcome::kRefusedUntouched;
+      refused.error = "injected failure before install (" + std::string(StatusCodeName(f.code)) + ")";
+      return Pending<InstallEvidence>::Completed(refused);
+    }
     return Wrap("install", [&] { return inner_->Install(t, full); });
   }
   Pending<CacheResetResult> ResetCache(CacheKind k) override { return Wrap("reset", [&] { return inner_->ResetCache(k); }); }

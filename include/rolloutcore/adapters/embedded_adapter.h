@@ -5,10 +5,11 @@
 //  * GetDrainStatus reads running/waiting counts from EngineState;
 //  * Stage pulls the committed version through the engine's RefitReceiver (directory, plan,
 //    transport, staged digest check) while the engine keeps serving;
-//  * Install goes through RefitReceiver::Install, which refuses before mutation
-//    (FailedPrecondition) when the engine is not paused or another version is staged, and
-//    otherwise installs, resets the prefix cache in the same critical section and proves the live
-//    digest; a recovery install (`full`) stages the target first;
+//  * Install goes through RefitReceiver::Install, which refuses before mutation (evidence with
+//    InstallOutcome kRefusedUntouched) when the engine is not paused or another version is staged,
+//    and otherwise installs, resets the prefix cache in the same critical section and proves the
+//    live digest; a failure after the first live byte is kFailedAfterMutation. A recovery
+//    install (`full`) stages the target first;
 //  * ResetCache returns the engine's own KvResetEvidence; ReadLabel/ReadContentDigest read the
 //    live label and the content digest of the live weights; ProbeIdentity reads the engine's
 //    boot id, label, install generation and the receiver's cached live digest.

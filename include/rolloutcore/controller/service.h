@@ -21,6 +21,26 @@
 // generation), reports another label or another digest is moved READY → TAINTED (then
 // RECOVERING with auto_recover); a completion that does not match its binding is answered as an
 // error (DataLoss), recorded failed with the reason, and never stored as a bound rollout.
+// Invariants:
+//  * A rollout is sent to an engine only after its Controller admitted it (READY).
+//  * Its trajectory row is written BEFORE its finish is journaled, in both the proxy and the
+//    lease path: a crash between the two leaves an admitted rollout without a finish record,
+//    which the restart records interrupted (its row is kept); the other order would leave a
+//    rollout finished in the journal whose output exists nowhere. A lease whose row could not be
+//    written stays admitted (the client may retry the finish; the lease timeout ends it); a
+//    proxied rollout whose row could not be written is finished with the failure in its journal
+//    record ("trajectory_error").
+//  * Rollout and lease ids match kRolloutIdPattern (checked at admission, InvalidArgument
+//    naming rollout_id otherwise), so every admitted id can be named in a URL path.
+//  * A lease not finished (or extended) within lease_timeout_ms of its admission or last
+//    heartbeat is expired: a trajectory row with finish_reason "expired" is written, then its
+//    binding is finished with {"expired": true} in the journal, so it stops holding a drain.
+//  * An update starts on an engine only from READY; engines update independently, at most
+//    max_updating at once, so the rest keep serving.
+//  * A request for a version already being installed (an update of the same model and version
+//    not yet done) returns that update's id; engines already READY on it are not cycled again.
+//    Update ids are journaled (updates.journal.db) before they are returned, so they survive a
+//    restart and new ids continue after the highest.
 //
 // Thread safety: all public methods may be called from any thread.
 #pragma once
@@ -34,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,7 +92,7 @@ class VersionSource {
 };
 
 struct ServiceOptions {
-  std::string state_dir;               // journals and the trajectory store live here
+  std::string state_dir;               // journals, the trajectory store and the marker live here
   lifecycle::RunnerOptions runner;
   int max_updating = 1;
   bool auto_update = false;
@@ -79,7 +100,23 @@ struct ServiceOptions {
   int64_t retry_after_s = 1;           // Retry-After for refused rollouts
   int64_t verify_interval_ms = 1000;   // periodic identity check of READY engines; 0: off
   bool auto_recover = false;           // after an identity taint, recover to the committed version
+  // A lease not finished or extended within this many ms is expired; 0: leases never expire.
+  int64_t lease_timeout_ms = 300000;
 };
+
+// The ids a rollout or lease may have: 1..128 of [A-Za-z0-9._-], not "." or "..", no "/".
+inline constexpr const char* kRolloutIdPattern = "[A-Za-z0-9._-]{1,128} (not . or ..)";
+// OK, or InvalidArgument naming `field` and the first offending character.
+Status ValidateRolloutId(const std::string& id, const std::string& field = "rollout_id");
+
+// The state dir marker (<state_dir>/rolloutcore-state.json), written once a controller has
+// started over the dir. While it exists, Create opens the stores it names with must_exist: a
+// journal or trajectory store that is missing, empty or fails SQLite's integrity check (or a
+// journal whose record chain does not verify) makes Create fail with DataLoss naming the file.
+std::string StateMarkerPath(const std::string& state_dir);
+// The number of engines the marker records; -1 when there is no marker.
+Result<int64_t> ReadStateMarker(const std::string& state_dir);
+Status WriteStateMarker(const std::string& state_dir, int64_t engines);
 
 class ControllerService {
  public:
@@ -97,7 +134,11 @@ class ControllerService {
   // the binding is DataLoss naming expected and reported values, and the engine is tainted.
   // Lease mode: a binding on some READY engine; the client generates and calls FinishLease.
   Result<Json> Admit(const std::string& rollout_id);
+  // Writes the trajectory row, then journals the finish. NotFound for an unknown lease,
+  // FailedPrecondition for an expired one.
   Status FinishLease(const std::string& rollout_id, const Json& body);
+  // Extends a live lease by lease_timeout_ms from now; returns {rollout_id, expires_in_ms}.
+  Result<Json> ExtendLease(const std::string& rollout_id);
 
   // ---- Updates ----
   // Queues an update of every engine to the committed (model, version); returns its id.
@@ -157,12 +198,19 @@ class ControllerService {
     bool recovery = false;
     std::map<size_t, int64_t> ordinals;  // engine → ordinal once started
     std::map<size_t, std::string> errors;  // engine → why it did not start
+    std::set<size_t> already_live;         // engines READY on the version when it was requested
     int64_t requested_wall_ms = 0;
     std::optional<size_t> only;            // the one engine it is for (an auto-recovery); else all
   };
+  struct Lease {
+    size_t engine = 0;
+    int64_t admitted_wall_ms = 0;
+    int64_t expires_ms = 0;  // steady clock; 0: never
+    bool row_written = false;  // the trajectory row exists; only the finish record is missing
+  };
 
   ControllerService() = default;
-  Status InitEngine(EngineSlot* slot);
+  Status InitEngine(EngineSlot* slot, bool must_exist);
   void Drive(EngineSlot* slot);
   void FollowDirectory();
   // Queues on every engine, or only on engine `only` when given.
@@ -181,6 +229,10 @@ class ControllerService {
   // Empty when the completion matches the binding and the verified identity; else why not.
   std::string CompletionMismatch(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& resp) const;
   bool IdentityVerified(const EngineSlot* slot) const;
+  // Journals an update-id event (update_requested / update_started / update_not_started).
+  Status JournalOpLocked(const std::string& event, Json detail);  // caller holds mu_
+  Status RestoreOps();  // at Create, before the drivers start
+  void ExpireLeases(size_t engine);
 
   VersionSource* versions_ = nullptr;
   ServiceOptions options_;
@@ -190,8 +242,9 @@ class ControllerService {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<std::string, OpRecord> ops_;                       // guarded by mu_
-  std::map<std::string, size_t> leases_;                      // rollout → engine, guarded by mu_
-  std::map<std::string, std::pair<Json, int64_t>> lease_meta_;  // guarded by mu_
+  std::unique_ptr<lifecycle::Journal> ops_journal_;           // appends under mu_
+  std::map<std::string, Lease> leases_;                       // rollout → lease, guarded by mu_
+  std::map<std::string, int64_t> expired_leases_;             // rollout → wall ms, guarded by mu_
   int updating_ = 0;                                          // guarded by mu_
   int64_t next_op_ = 1;                                       // guarded by mu_
   std::atomic<int64_t> next_rollout_{1};

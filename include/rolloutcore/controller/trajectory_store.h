@@ -3,7 +3,11 @@
 // One row per rollout: binding (rollout id, engine, label, generation, content digest,
 // checkpoint, run, step), prompt and output token ids, logprobs, finish reason, cached prompt
 // tokens, and timings. Rows are written once, when the rollout finishes (or is recorded
-// interrupted), and never changed.
+// interrupted), and never changed; each carries a checksum of what was written.
+//
+// Damage is an error, never a shorter answer: Open runs SQLite's integrity check on an existing
+// file (must_exist: a missing or empty file is DataLoss too, not a fresh store), and List fails
+// with DataLoss naming the row when a row does not read back as written or the read stops early.
 //
 // Thread safety: all methods may be called from any thread (one connection, one mutex).
 #pragma once
@@ -38,7 +42,7 @@ Json ToJson(const Trajectory& t);
 
 class TrajectoryStore {
  public:
-  static Result<std::unique_ptr<TrajectoryStore>> Open(const std::string& path);
+  static Result<std::unique_ptr<TrajectoryStore>> Open(const std::string& path, bool must_exist = false);
   ~TrajectoryStore();
   Status Insert(const Trajectory& t);
   // Rows in insertion order; label empty = all.

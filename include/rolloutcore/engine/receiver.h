@@ -8,10 +8,14 @@
 // name (shm or ucx) into shadow copies of the parameters (staging; the live weights are not
 // touched, so the engine keeps serving) → digest what was staged in global source coordinates
 // and compare it, tensor by tensor, with the manifest. A mismatch refuses the stage.
-// Install(version): only while the engine is paused (FailedPrecondition otherwise, and when
-// nothing or another version is staged — in both cases nothing live was touched): copies the
-// staged parameters into the live ones through Engine::InstallWeights, which sets the label in
-// the same critical section, then digests the live weights and compares them with the manifest.
+// Install(version): only while the engine is paused (refused otherwise, and when nothing or
+// another version is staged — in both cases nothing live was touched): copies the staged
+// parameters into the live ones through Engine::InstallWeights, which sets the label in the
+// same critical section, then digests the live weights and compares them with the manifest.
+// Its InstallOutcome is established where the first live byte is written (the install copy
+// marks itself before its first memcpy): refused_untouched when the install ended before that
+// point, whatever the error; failed_after_mutation when it ended after it; installed when the
+// live digest matched.
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
 //
@@ -34,6 +38,7 @@
 // Thread safety: all methods may be called from any thread; one mutex serializes them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -60,6 +65,16 @@ struct StageRequest {
   int64_t timeout_ms = 60'000;  // deadline for the pull; Unavailable/DeadlineExceeded past it
 };
 
+// What an install did to the live weights (the wire names of lifecycle::InstallOutcome).
+enum class InstallOutcome { kRefusedUntouched, kInstalled, kFailedAfterMutation };
+std::string_view InstallOutcomeName(InstallOutcome o);  // refused_untouched | installed | failed_after_mutation
+
+struct InstallResult {
+  InstallOutcome outcome = InstallOutcome::kRefusedUntouched;
+  Status status;                  // OK exactly when outcome is kInstalled
+  Json evidence = Json::object();  // the install evidence (weight_version, bytes, stages) when installed
+};
+
 class RefitReceiver {
  public:
   explicit RefitReceiver(Engine* engine, int threads = 0);
@@ -67,7 +82,10 @@ class RefitReceiver {
 
   Result<Json> Stage(const StageRequest& request);
   // skip_cache_reset is for the stale-cache negative control only (docs/engine.md).
-  Result<Json> Install(const std::string& version, bool skip_cache_reset = false);
+  InstallResult Install(const std::string& version, bool skip_cache_reset = false);
+  // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
+  // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
+  void SetFailAfterFirstRankForTesting(bool on) { fail_after_first_rank_ = on; }
   // The live weights change only through Install (which bumps the engine's generation), so the
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
@@ -85,7 +103,8 @@ class RefitReceiver {
   struct Staged;
   Status EnsureCaptures();
   Result<Json> StageLocked(const StageRequest& request);
-  Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset);
+  // Sets *touched before the first live byte is written.
+  Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched);
   Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers);
   std::vector<refit::DestinationBuffers> LiveBuffers();
 
@@ -107,6 +126,7 @@ class RefitReceiver {
   refit::TensorDigests live_cache_;                                 // guarded by mu_
   int64_t live_cache_generation_ = -1;                              // guarded by mu_
   bool live_cache_valid_ = false;                                   // guarded by mu_
+  std::atomic<bool> fail_after_first_rank_{false};                  // test-only fault
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_

@@ -37,7 +37,9 @@ class EngineAdapter {
   virtual Pending<PauseEvidence> Pause(PauseMode mode) = 0;
   virtual Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& rollout_ids) = 0;
   virtual Pending<StageEvidence> Stage(const UpdateTarget& target) = 0;
-  // `full` asks for a complete re-install (recovery): every parameter is rewritten.
+  // `full` asks for a complete re-install (recovery): every parameter is rewritten. An answer
+  // from the engine is evidence with its InstallOutcome (a refusal or a failure included); an
+  // error means the outcome is unknown (types.h).
   virtual Pending<InstallEvidence> Install(const UpdateTarget& target, bool full) = 0;
   virtual Pending<CacheResetResult> ResetCache(CacheKind kind) = 0;
   virtual Pending<LabelEvidence> ReadLabel() = 0;

@@ -65,10 +65,18 @@ class MemoryJournal final : public Journal {
   int64_t fail_after_ = -1;             // guarded by mu_
 };
 
+// Every record carries a checksum chained over all records before it (xxHash3-64 of its
+// stored fields seeded with the previous record's): Open and every read verify the whole chain,
+// so a record edited, deleted or renumbered after it was written is DataLoss naming the file and
+// the record, never a state to restore from. (It detects damage and careless edits; it is not a
+// signature — someone who can run this code can rewrite a consistent chain.) Open also runs
+// SQLite's integrity check on an existing file.
 class SqliteJournal final : public Journal {
  public:
-  // Opens (creating if needed) the journal database at `path`.
-  static Result<std::unique_ptr<SqliteJournal>> Open(const std::string& path);
+  // Opens (creating if needed) the journal database at `path`. must_exist: the state dir says
+  // the journal was written before, so a missing, empty (0 bytes or no records) or damaged file
+  // is DataLoss, not a fresh journal.
+  static Result<std::unique_ptr<SqliteJournal>> Open(const std::string& path, bool must_exist = false);
   ~SqliteJournal() override;
   Status Append(JournalRecord& rec) override;
   Result<std::vector<JournalRecord>> ReadSince(int64_t since) const override;
@@ -79,6 +87,9 @@ class SqliteJournal final : public Journal {
   mutable std::mutex mu_;
   void* db_;  // sqlite3*, guarded by mu_
   std::string path_;
+  // The last record's seq and chain value, learned by the verifying read in Open.
+  mutable int64_t last_seq_ = 0;  // guarded by mu_
+  mutable uint64_t head_ = 0;     // guarded by mu_
 };
 
 }  // namespace rc::lifecycle

@@ -86,10 +86,25 @@ struct StageEvidence {
 // Install evidence. An adapter whose install fails returns an error Status instead; by
 // contract it returns FailedPrecondition ONLY when it knows nothing live was mutated (the
 // engine refused up front). Every other error is treated as ambiguous: mutation may have begun.
+// What an install did to the live weights, as the engine established it at the point where the
+// first live byte is (or would have been) written — never inferred from an error code.
+enum class InstallOutcome {
+  kInstalled,            // every staged byte written and the label set
+  kRefusedUntouched,     // refused before the first live byte: the old version is intact
+  kFailedAfterMutation,  // failed after the first live byte: live weights may be partial
+};
+std::string_view InstallOutcomeName(InstallOutcome o);  // installed | refused_untouched | failed_after_mutation
+std::optional<InstallOutcome> InstallOutcomeFromName(std::string_view name);
+
+// An install the engine answered. An adapter that cannot tell what happened (the answer was lost,
+// the engine did not say) returns an error instead: the outcome is then unknown, and the Runner
+// treats it as mutated. Only an explicit kRefusedUntouched lets an update return to READY.
 struct InstallEvidence {
   std::string label;       // the label the install path set
   int64_t bytes = 0;       // bytes written into live parameters
   Json detail;
+  InstallOutcome outcome = InstallOutcome::kInstalled;
+  std::string error{};     // why, when outcome is not kInstalled
 };
 
 struct CacheResetResult {
