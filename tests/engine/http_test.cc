@@ -322,5 +322,28 @@ TEST_F(HttpTest, DuplicateLiveRequestIdIsAConflict) {
   Post("/v1/completions", R"({"prompt":[4,5],"max_tokens":2,"request_id":"dup"})");
 }
 
+// Issue 13 #12: the integer fields of the test-only fault route are range-checked too.
+TEST_F(HttpTest, FaultDelaysAreBounded) {
+  ServerOptions so;
+  so.port = 0;
+  so.model_name = "tiny";
+  so.enable_fault_injection = true;
+  EngineServer faulty(engine_.get(), so);
+  ASSERT_TRUE(faulty.Start().ok());
+  httplib::Client c("127.0.0.1", faulty.port());
+  for (const char* body : {R"({"install_delay_ms":9223372036854775807})", R"({"pause_delay_ms":600001})",
+                           R"({"reset_delay_ms":18446744073709551615})"}) {
+    auto r = c.Post("/rc/fault", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body << " -> " << r->body;
+    EXPECT_NE(r->body.find("_delay_ms"), std::string::npos) << r->body;
+  }
+  auto ok = c.Post("/rc/fault", R"({"install_delay_ms":600000})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  c.Post("/rc/fault", "{}", "application/json");
+  faulty.Stop();
+}
+
 }  // namespace
 }  // namespace rc::engine
