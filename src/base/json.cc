@@ -1,5 +1,6 @@
 #include "rolloutcore/base/json.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -34,6 +35,13 @@ Result<Json> ParseJson(std::string_view text, std::string_view what) {
 }
 
 Result<Json> ReadJsonFile(const std::string& path) {
+  // A FIFO (or a device) would block the open or the read forever: only regular files are read.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && st.type() != std::filesystem::file_type::regular) {
+    if (st.type() == std::filesystem::file_type::not_found) return NotFound("cannot open '" + path + "'");
+    return InvalidArgument("'" + path + "' is not a regular file (a FIFO, device, socket or directory); refusing to read it");
+  }
   std::ifstream in(path);
   if (!in) return NotFound("cannot open '" + path + "'");
   std::stringstream ss;

@@ -751,12 +751,34 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   if (rollout_id.empty()) rollout_id = "ro-" + std::to_string(WallTimeMs()) + "-" + std::to_string(next_rollout_++);
   Json body = request;
   body.erase("rollout_id");
+  // One rollout is one prompt: a string, or a non-empty list of token ids. Anything else would be
+  // passed on and read differently by the engine (a string prompt_token_ids is text to it; a list
+  // of prompts gives several choices of which one would be recorded).
+  auto token_list = [](const Json& v, const char* field) -> Status {
+    if (!v.is_array() || v.empty()) {
+      return InvalidArgument(std::string(field) + ": expected a non-empty list of token ids, got " +
+                             (v.is_array() ? std::string("an empty list") : JsonTypeName(v)));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_number_integer()) {
+        return InvalidArgument(std::string(field) + "[" + std::to_string(i) + "]: expected a token id (integer), got " +
+                               JsonTypeName(v[i]));
+      }
+    }
+    return OkStatus();
+  };
   if (body.contains("prompt_token_ids")) {
     if (body.contains("prompt")) return InvalidArgument("give either prompt or prompt_token_ids, not both");
+    RC_RETURN_IF_ERROR(token_list(body["prompt_token_ids"], "prompt_token_ids"));
     body["prompt"] = body["prompt_token_ids"];
     body.erase("prompt_token_ids");
   }
   if (!body.contains("prompt")) return InvalidArgument("prompt: required field is missing (or prompt_token_ids)");
+  if (!body["prompt"].is_string()) RC_RETURN_IF_ERROR(token_list(body["prompt"], "prompt"));
+  if (body.contains("stream") && !body["stream"].is_null() && body["stream"] != false) {
+    return InvalidArgument("stream: a rollout is returned whole by the controller (stream must be false or absent); "
+                           "stream from the engine's /v1/completions directly");
+  }
   if (body.contains("n") && body["n"] != 1) return InvalidArgument("n: one rollout is one completion (n must be 1)");
   body["request_id"] = rollout_id;
   body["return_token_ids"] = true;

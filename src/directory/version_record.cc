@@ -160,6 +160,13 @@ Result<refit::Manifest> MergeRankTables(std::string_view model, std::string_view
       into.shards.insert(into.shards.end(), t.shards.begin(), t.shards.end());
     }
   }
+  if (merged.empty()) {
+    // Such a version would commit and then fail every stage ("has no shards"), or worse be
+    // installed as "nothing changed": refuse it at its last publish.
+    return InvalidArgument(fmt::format("{}: tensors: none of its {} rank(s) published any tensor (a version needs at "
+                                       "least one)",
+                                       context, expected_ranks));
+  }
   refit::Manifest m;
   m.model = std::string(model);
   m.version = std::string(version);

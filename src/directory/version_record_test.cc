@@ -101,6 +101,20 @@ TEST(MergeRankTablesTest, MergesInNameAndRankOrder) {
   EXPECT_NE(m->content_digest, 0u);
 }
 
+// Issue 13 #14: a version with zero tensors must not commit.
+TEST(MergeRankTablesTest, VersionWithNoTensorIsRefused) {
+  std::vector<refit::ShardTable> none;
+  auto m = MergeRankTables("m", "v", 2, {{0, &none}, {1, &none}});
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("tensors: none of its 2 rank(s) published any tensor"), std::string::npos)
+      << m.status().message();
+  // One rank owning nothing is fine when another publishes tensors.
+  auto t0 = RowShardTables(0, 1, 2);
+  for (auto& t : t0) t.shards[0].rank = 1;
+  auto ok = MergeRankTables("m", "v", 2, {{0, &none}, {1, &t0}});
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
 TEST(MergeRankTablesTest, TensorMissingOnAllButOneRankIsIncomplete) {
   auto t0 = RowShardTables(0, 2, 2);
   auto t1 = RowShardTables(1, 2, 1);  // rank 1 has no w1 rows

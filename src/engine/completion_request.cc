@@ -1,3 +1,5 @@
+#include <cstdio>
+
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/engine/http_server.h"
 
@@ -24,6 +26,27 @@ Result<std::vector<int32_t>> TokenList(const Json& j, const std::string& field) 
 }
 
 }  // namespace
+
+Status ValidateRequestId(std::string_view id, std::string_view field) {
+  if (id.empty()) return OkStatus();  // the engine assigns one
+  if (id.size() > kMaxRequestIdLength) {
+    return InvalidArgument(std::string(field) + ": at most " + std::to_string(kMaxRequestIdLength) +
+                           " characters, got " + std::to_string(id.size()));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                    c == '_' || c == '.' || c == ':';
+    if (!ok) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      return InvalidArgument(std::string(field) + ": character " + hex + " at position " + std::to_string(i) +
+                             " is not allowed (letters, digits and - _ . : only)");
+    }
+  }
+  if (id == "." || id == "..") return InvalidArgument(std::string(field) + ": '" + std::string(id) + "' is not an id");
+  return OkStatus();
+}
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ByteTokenizer& tokenizer) {
   RC_ASSIGN_OR_RETURN(Json j, ParseJson(body, "request body"));
@@ -82,10 +105,18 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const By
   RC_ASSIGN_OR_RETURN(r.n, GetInt(j, "n", "", 1));
   if (r.n < 1 || r.n > 16) return InvalidArgument("n: must be in [1, 16]");
   if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
-    if (!it->is_number_integer()) return TypeError("logprobs", "an integer", *it);
-    const int64_t k = it->get<int64_t>();
+    RC_ASSIGN_OR_RETURN(const int64_t k, GetInt(j, "logprobs", ""));
     if (k < 0 || k > 20) return InvalidArgument("logprobs: must be in [0, 20], got " + std::to_string(k));
     s.num_logprobs = k;
+  }
+  // best_of (vLLM V1 refuses it too): sampling best_of candidates and returning the n best is
+  // not implemented, so anything but best_of == n is refused rather than silently ignored.
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
+    RC_ASSIGN_OR_RETURN(const int64_t b, GetInt(j, "best_of", ""));
+    if (b != r.n) {
+      return InvalidArgument("best_of: not supported by the embedded engine (got " + std::to_string(b) +
+                             "; only best_of == n, " + std::to_string(r.n) + ", is accepted)");
+    }
   }
   RC_ASSIGN_OR_RETURN(r.return_token_ids, GetBool(j, "return_token_ids", "", false));
   RC_ASSIGN_OR_RETURN(s.ignore_eos, GetBool(j, "ignore_eos", "", false));
@@ -100,6 +131,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const By
     if (r.cache_salt.empty()) return InvalidArgument("cache_salt: must be a non-empty string");
   }
   RC_ASSIGN_OR_RETURN(r.request_id, GetString(j, "request_id", "", ""));
+  RC_RETURN_IF_ERROR(ValidateRequestId(r.request_id, "request_id"));
   RC_ASSIGN_OR_RETURN(r.model, GetString(j, "model", "", ""));
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return TypeError("stop_token_ids", "a list of token ids", *it);

@@ -1,5 +1,8 @@
 #include "rolloutcore/engine/engine.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -108,6 +111,30 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
     return InvalidArgument("num-kv-blocks * block-size (" + std::to_string(o.num_kv_blocks * o.block_size) +
                            ") cannot hold one sequence of max-model-len " + std::to_string(e->max_model_len_));
   }
+  // What the machine can hold: the f32 parameters (NumParameters * 4 bytes is a lower bound over
+  // all ranks; replicated tensors come on top) and the KV pool must fit in physical memory, or
+  // the allocation below grows until the kernel kills the process.
+  {
+    int64_t kv_heads_total = 0;
+    for (int r = 0; r < o.tensor_parallel_size; ++r) {
+      auto l = MakeRankLayout(spec, o.tensor_parallel_size, r);
+      if (!l.ok()) return l.status();
+      kv_heads_total += l->kv_heads;
+    }
+    const long double gib = 1024.0L * 1024.0L * 1024.0L;
+    const long double params = static_cast<long double>(spec.NumParameters()) * 4.0L;
+    const long double kv = static_cast<long double>(o.num_kv_blocks) * static_cast<long double>(o.block_size) *
+                           static_cast<long double>(spec.num_layers * kv_heads_total * spec.head_dim) * 2.0L * 4.0L;
+    const long double have = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
+    if (have > 0 && params + kv > have) {
+      return InvalidArgument(fmt::format(
+          "model of {} parameters (num_hidden_layers {}, hidden_size {}, vocab_size {}) needs {:.1f} GiB for its f32 "
+          "parameters and {:.1f} GiB for the KV cache ({} blocks); this machine has {:.1f} GiB of memory",
+          spec.NumParameters(), spec.num_layers, spec.hidden_size, spec.vocab_size, static_cast<double>(params / gib),
+          static_cast<double>(kv / gib), o.num_kv_blocks, static_cast<double>(have / gib)));
+    }
+  }
   e->pool_ = std::make_unique<ThreadPool>(o.num_threads);
   RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks, o.block_size,
                                                e->pool_.get()));
@@ -144,7 +171,8 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
   }
   const SamplingParams& p = req.sampling;
   if (p.max_tokens < 1) return InvalidArgument("max_tokens: must be at least 1, got " + std::to_string(p.max_tokens));
-  if (plen + p.max_tokens > max_model_len_) {
+  // Compared as max_tokens > room, never as plen + max_tokens (which overflows near INT64_MAX).
+  if (p.max_tokens > max_model_len_ - plen) {
     return InvalidArgument("max_tokens: prompt (" + std::to_string(plen) + " tokens) + max_tokens (" +
                            std::to_string(p.max_tokens) + ") exceeds max_model_len " + std::to_string(max_model_len_));
   }
@@ -152,27 +180,36 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
   if (!(p.top_p > 0 && p.top_p <= 1)) return InvalidArgument("top_p: must be in (0, 1]");
   if (p.num_logprobs > 20) return InvalidArgument("logprobs: at most 20");
   for (size_t i = 0; i < p.stop_token_ids.size(); ++i) {
-    if (p.stop_token_ids[i] < 0) return InvalidArgument("stop_token_ids[" + std::to_string(i) + "]: must be >= 0");
+    if (p.stop_token_ids[i] < 0 || p.stop_token_ids[i] >= s.vocab_size) {
+      return InvalidArgument("stop_token_ids[" + std::to_string(i) + "]: token id " +
+                             std::to_string(p.stop_token_ids[i]) + " is outside the vocabulary [0, " +
+                             std::to_string(s.vocab_size) + ")");
+    }
   }
   auto seq = std::make_unique<Sequence>();
   auto stream = std::make_shared<RequestStream>();
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    seq->seq_id = next_seq_id_++;
-    seq->request_id = req.request_id.empty() ? "req-" + std::to_string(seq->seq_id) : req.request_id;
-    seq->rng = SamplerRng(p.seed ? *p.seed : seed_rng_.Next());
-    stream->weight_version_ = weight_version_;
-    stream->install_generation_ = generation_;
-  }
   seq->prompt_len = req.prompt.size();
-  stream->request_id_ = seq->request_id;
   stream->prompt_ = req.prompt;
   seq->tokens = std::move(req.prompt);
   seq->params = std::move(req.sampling);
   seq->cache_salt = std::move(req.cache_salt);
   seq->stream = stream;
   {
+    // The uniqueness check and the queueing are one critical section: two concurrent requests
+    // with the same id cannot both get in.
     std::lock_guard<std::mutex> l(mu_);
+    if (!req.request_id.empty()) {
+      auto same = [&](const std::unique_ptr<Sequence>& q) { return q->request_id == req.request_id; };
+      if (std::any_of(running_.begin(), running_.end(), same) || std::any_of(waiting_.begin(), waiting_.end(), same)) {
+        return AlreadyExists("request_id: '" + req.request_id + "' is already in use by a live request");
+      }
+    }
+    seq->seq_id = next_seq_id_++;
+    seq->request_id = req.request_id.empty() ? "req-" + std::to_string(seq->seq_id) : req.request_id;
+    seq->rng = SamplerRng(seq->params.seed ? *seq->params.seed : seed_rng_.Next());
+    stream->weight_version_ = weight_version_;
+    stream->install_generation_ = generation_;
+    stream->request_id_ = seq->request_id;
     waiting_.push_back(std::move(seq));
     notified_ = true;
   }
@@ -557,6 +594,16 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
       waiting_.push_front(std::move(s));
     }
     ev = kv_->ResetPrefixCache();
+  }
+  if (!ev.success) {
+    // Only possible when blocks are referenced outside any request. The weights are written, but
+    // KV computed under the old ones could still be reused: fail (after mutation), keep the old
+    // label, and count the refusal — never a reset that did not happen.
+    metrics_.cache_resets_refused++;
+    return Internal("install of " + label + ": the prefix cache could not be reset after preempting every running "
+                    "request (" + std::to_string(ev.blocks_in_use) +
+                    " KV blocks still in use); weights were written (the install generation moved), the label is "
+                    "unchanged");
   }
   metrics_.cache_resets++;
   weight_version_ = label;

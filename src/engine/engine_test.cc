@@ -9,6 +9,22 @@
 #include "rolloutcore/engine/loader.h"
 
 namespace rc::engine {
+
+// Fault injection into the engine's own state: a KV block referenced outside any request (the
+// broken invariant under which a reset stays refused even after every request was preempted).
+class EngineTestPeer {
+ public:
+  static void HoldBlockOutsideAnyRequest(Engine* e) {
+    std::lock_guard<std::mutex> l(e->mu_);
+    KvPlan plan;
+    KvDemand d;
+    d.seq_id = -1;
+    d.need_tokens = 1;
+    ASSERT_TRUE(e->kv_->PlanDemand(d, &plan));
+    e->kv_->Apply(plan);
+  }
+};
+
 namespace {
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}, const std::string& model = "tiny", uint64_t seed = 1) {
@@ -301,6 +317,64 @@ TEST(EngineTest, BootIdPerInstanceAndInstallGenerationCountsEveryWriteAttempt) {
   EXPECT_EQ(e->State().install_generation, 2);
   const std::string boot = e->boot_id();
   EXPECT_EQ(e->boot_id(), boot);
+}
+
+// Issue 13 #10: a reset that stays refused inside an install is not counted as a reset, and the
+// install fails (after the weights were written) instead of claiming a clean install.
+TEST(EngineTest, InstallCountsOnlyObservedCacheResets) {
+  auto e = MakeEngine();
+  const ModelSpec spec = e->spec();
+  WeightFill fill = MakeWeightFill(spec, [spec]() -> Result<std::unique_ptr<TensorSource>> {
+    return MakeDummySource(spec, 99);
+  });
+  // A keep-mode request holds blocks: the first reset is refused, the request is preempted and
+  // the second reset succeeds: one reset, counted once.
+  auto s = *e->AddRequest(Greedy(Prompt(9), 30));
+  ASSERT_TRUE(e->Step());
+  ASSERT_TRUE(e->Pause(PauseMode::kKeep).ok());
+  ASSERT_GT(e->State().blocks_in_use, 0);
+  ASSERT_TRUE(e->InstallWeights(fill, "v1", 1).ok());
+  EXPECT_EQ(e->Metrics().cache_resets, 1);
+  EXPECT_EQ(e->Metrics().cache_resets_refused, 0);
+  EXPECT_EQ(e->State().weight_version, "v1");
+  // Blocks held outside any request: even after preempting everything the reset is refused.
+  EngineTestPeer::HoldBlockOutsideAnyRequest(e.get());
+  Status st = e->InstallWeights(fill, "v2", 2);
+  EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
+  EXPECT_NE(st.message().find("prefix cache could not be reset"), std::string::npos) << st.message();
+  EXPECT_EQ(e->Metrics().cache_resets, 1) << "a refused reset is not a reset";
+  EXPECT_EQ(e->Metrics().cache_resets_refused, 1);
+  EXPECT_EQ(e->State().weight_version, "v1") << "label unchanged after a failed install";
+  EXPECT_EQ(e->State().install_generation, 2) << "the weights were written: the install generation moved";
+}
+
+// Issue 13 #12 and #14: overflowing max_tokens, out-of-vocabulary stop ids and duplicate live
+// request ids are refused, naming the field.
+TEST(EngineTest, AdmissionRefusesOverflowOutOfVocabStopIdsAndDuplicateIds) {
+  auto e = MakeEngine();
+  GenerateRequest r = Greedy(Prompt(4), INT64_MAX);
+  auto a = e->AddRequest(r);
+  EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument) << a.status().ToString();
+  EXPECT_NE(a.status().message().find("max_tokens"), std::string::npos) << a.status().message();
+  r = Greedy(Prompt(4), INT64_MAX - 2);
+  EXPECT_EQ(e->AddRequest(r).status().code(), StatusCode::kInvalidArgument);
+  r = Greedy(Prompt(4), 3);
+  r.sampling.stop_token_ids = {1, static_cast<int32_t>(e->spec().vocab_size)};
+  auto b = e->AddRequest(r);
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
+  EXPECT_NE(b.status().message().find("stop_token_ids[1]"), std::string::npos) << b.status().message();
+  r = Greedy(Prompt(4), 3);
+  r.request_id = "same";
+  auto first = e->AddRequest(r);
+  ASSERT_TRUE(first.ok());
+  auto second = e->AddRequest(r);
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists) << second.status().ToString();
+  EXPECT_NE(second.status().message().find("request_id"), std::string::npos);
+  RunToCompletion(e.get());
+  EXPECT_EQ((*first)->Wait().tokens.size(), 3u);
+  EXPECT_TRUE(e->AddRequest(r).ok()) << "a finished request's id can be reused";
+  RunToCompletion(e.get());
+  EXPECT_EQ(e->State().num_running + e->State().num_waiting, 0);
 }
 
 }  // namespace

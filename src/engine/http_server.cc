@@ -32,7 +32,10 @@ Json ErrorJson(int status, const std::string& message) {
   return Json{{"object", "error"},
               {"error", message},
               {"message", message},
-              {"type", status == 400 ? "BadRequestError" : status == 404 ? "NotFoundError" : "InternalServerError"},
+              {"type", status == 400   ? "BadRequestError"
+                       : status == 404 ? "NotFoundError"
+                       : status == 409 ? "ConflictError"
+                                       : "InternalServerError"},
               {"code", status}};
 }
 
@@ -45,6 +48,7 @@ int HttpStatus(const Status& s) {
     case StatusCode::kInvalidArgument: return 400;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kAlreadyExists: return 409;
     case StatusCode::kUnavailable: return 503;
     case StatusCode::kDeadlineExceeded: return 504;
     case StatusCode::kUnimplemented: return 501;
@@ -151,6 +155,11 @@ class EngineServer::Impl {
   void Track(const std::string& id, const std::vector<std::string>& ids) {
     std::lock_guard<std::mutex> l(live_mu_);
     live_[id] = ids;
+  }
+  // Reserves a completion id for one request; false when a live completion already has it.
+  bool Claim(const std::string& id) {
+    std::lock_guard<std::mutex> l(live_mu_);
+    return live_.emplace(id, std::vector<std::string>{}).second;
   }
   void Untrack(const std::string& id) {
     std::lock_guard<std::mutex> l(live_mu_);
@@ -265,7 +274,15 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   auto parsed = ParseCompletionRequest(req.body, tokenizer_);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
   auto cr = std::make_shared<CompletionRequest>(std::move(parsed).value());
+  // vLLM answers 404 for a model it does not serve; an empty or missing model means the served one.
+  if (!cr->model.empty() && cr->model != options_.model_name) {
+    return SendError(res, 404, "model: '" + cr->model + "' is not served here (this engine serves '" +
+                                   options_.model_name + "')");
+  }
   const std::string id = cr->request_id.empty() ? "cmpl-" + std::to_string(next_id_++) : cr->request_id;
+  if (!Claim(id)) {
+    return SendError(res, 409, "request_id: '" + id + "' is already in use by a live completion");
+  }
   if (!cr->stream) {
     auto out = RunCompletion(engine_, tokenizer_, *cr, id, options_.model_name,
                              [this, &id](const std::vector<std::string>& ids) { Track(id, ids); });
@@ -496,6 +513,10 @@ void EngineServer::Impl::Routes() {
     req.directory = *dir;
     auto timeout = GetInt(*j, "timeout_ms", "", req.timeout_ms);
     if (!timeout.ok()) return SendError(r, 400, timeout.status().message());
+    if (*timeout < 1 || *timeout > kMaxStageTimeoutMs) {
+      return SendError(r, 400, "timeout_ms: must be in [1, " + std::to_string(kMaxStageTimeoutMs) + "], got " +
+                                   std::to_string(*timeout));
+    }
     req.timeout_ms = *timeout;
     auto out = receiver_.Stage(req);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
@@ -566,8 +587,13 @@ void EngineServer::Impl::FaultRoutes() {
     const char* names[5] = {"pause_delay_ms", "install_delay_ms", "reset_delay_ms", "digest_delay_ms",
                             "resume_delay_ms"};
     for (int i = 0; i < 5; ++i) {
-      auto x = GetNonNegativeInt(*j, names[i], names[i], 0);
+      auto x = GetNonNegativeInt(*j, names[i], "", 0);
       if (!x.ok()) return SendError(r, 400, x.status().message());
+      constexpr int64_t kMaxFaultDelayMs = 600'000;
+      if (*x > kMaxFaultDelayMs) {
+        return SendError(r, 400, std::string(names[i]) + ": at most " + std::to_string(kMaxFaultDelayMs) + ", got " +
+                                     std::to_string(*x));
+      }
       v[i] = *x;
     }
     auto refuse = GetBool(*j, "refuse_install", "refuse_install", false);

@@ -221,6 +221,25 @@ Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const
                              "' is a preset, not a folder: use --load-format dummy to run it with random weights");
     }
     const std::string dir = load.model;
+    // What the files can hold: every parameter takes at least 2 bytes (BF16 / F16), so a
+    // config.json whose sizes describe far more than the safetensors files hold is refused before
+    // the engine allocates anything for it. A folder that is only a little short (some tensors
+    // missing) is left to the loader, whose error names the missing tensor; what the engine
+    // allocates before it finds out is then bounded by a small multiple of the files.
+    uint64_t file_bytes = 0;
+    for (const auto& de : std::filesystem::directory_iterator(dir, ec)) {
+      std::error_code fec;
+      if (de.path().extension() == ".safetensors" && de.is_regular_file(fec)) file_bytes += de.file_size(fec);
+    }
+    const auto need = static_cast<uint64_t>(spec.NumParameters()) * 2;
+    if (need > 2 * file_bytes + (uint64_t{1} << 20)) {
+      return InvalidArgument(dir + "/config.json: its sizes (num_hidden_layers " + std::to_string(spec.num_layers) +
+                             ", hidden_size " + std::to_string(spec.hidden_size) + ", intermediate_size " +
+                             std::to_string(spec.intermediate_size) + ", vocab_size " + std::to_string(spec.vocab_size) +
+                             ") describe " + std::to_string(spec.NumParameters()) + " parameters, at least " +
+                             std::to_string(need) + " bytes of weights, but the folder's *.safetensors files hold " +
+                             std::to_string(file_bytes) + " bytes");
+    }
     fill = MakeWeightFill(spec, [dir]() { return OpenFolderSource(dir); });
   } else {
     return InvalidArgument("--load-format: expected auto, safetensors or dummy; got '" + load.load_format + "'");

@@ -2,8 +2,18 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+
+#include "rolloutcore/base/json.h"
 
 namespace rc::engine {
 namespace {
@@ -77,6 +87,111 @@ TEST(LoaderTest, TensorParallelLayoutErrors) {
   auto e = CreateEngine({"tiny", "dummy", 0}, o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("tensor-parallel-size 3"), std::string::npos);
+}
+
+// A tiny model folder written from dummy weights, with one tensor's element replaced.
+std::string WriteTinyFolder(const std::string& name, const std::string& tensor = "", size_t element = 0,
+                            float value = 0) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  auto spec = *ResolveModel("tiny");
+  auto src = MakeDummySource(spec, 5);
+  EXPECT_TRUE(WriteModelFolder(dir, spec, src.get(), DType::kF32).ok());
+  if (tensor.empty()) return dir;
+  // Rewrite model.safetensors with the element changed (F32, so any value is representable).
+  auto folder = SafetensorsFolder::Open(dir).value();
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorToWrite> tensors;
+  for (const auto& n : folder->Names()) {
+    auto loc = folder->Find(n).value();
+    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
+    if (n == tensor) std::memcpy(storage.back().data() + 4 * element, &value, 4);
+    tensors.push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
+  }
+  folder.reset();
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, {}).ok());
+  return dir;
+}
+
+// Issue 13 #15: NaN / Inf weights are refused at load, naming the tensor and the element.
+TEST(LoaderTest, NonFiniteWeightsAreRefusedNamingTensorAndElement) {
+  EngineOptions o;
+  o.num_threads = 1;
+  ASSERT_TRUE(CreateEngine({WriteTinyFolder("model_finite"), "auto", 0}, o).ok());
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    const std::string dir = WriteTinyFolder("model_nonfinite", "model.layers.1.mlp.down_proj.weight", 77, bad);
+    auto e = CreateEngine({dir, "auto", 0}, o);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("tensor 'model.layers.1.mlp.down_proj.weight' element 77 is"),
+              std::string::npos)
+        << e.status().message();
+    EXPECT_NE(e.status().message().find(std::isnan(bad) ? "NaN" : bad > 0 ? "+Inf" : "-Inf"), std::string::npos)
+        << e.status().message();
+  }
+}
+
+// Runs f on another thread; fails the test (and runs unblock) when it does not return in 3 s.
+template <typename F>
+auto WithinSeconds(F f, const std::function<void()>& unblock) {
+  auto pending = std::async(std::launch::async, f);
+  if (pending.wait_for(std::chrono::seconds(3)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked for 3 s";
+    unblock();
+  }
+  return pending.get();
+}
+
+// Issue 13 #13: a model.safetensors or config.json that is a FIFO is refused at once (opening
+// one for reading blocks until a writer appears), naming the file.
+TEST(LoaderTest, FifoModelFilesAreRefusedWithoutBlocking) {
+  for (const char* file : {"model.safetensors", "config.json"}) {
+    SCOPED_TRACE(file);
+    const std::string dir = WriteTinyFolder(std::string("model_fifo_") + file);
+    const std::string path = dir + "/" + file;
+    std::filesystem::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+    auto unblock = [&] {
+      const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // a writer: the open returns
+      if (w >= 0) ::close(w);
+    };
+    auto e = WithinSeconds([&] { return CreateEngine({dir, "auto", 0}, {}); }, unblock);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("not a regular file"), std::string::npos) << e.status().message();
+    EXPECT_NE(e.status().message().find(path), std::string::npos) << e.status().message();
+  }
+}
+
+// Issue 13 #13: sizes in config.json are bounded by what the files and the machine can hold,
+// and the error names the field.
+TEST(LoaderTest, ConfigSizesAreBoundedByTheFilesAndTheMachine) {
+  const std::string dir = WriteTinyFolder("model_big_config");
+  auto edit = [&](const std::string& key, int64_t value) {
+    Json cfg = ReadJsonFile(dir + "/config.json").value();
+    cfg[key] = value;
+    std::ofstream(dir + "/config.json", std::ios::trunc) << cfg.dump(2);
+  };
+  // Far beyond any model: refused by the config parser before anything is allocated.
+  edit("num_hidden_layers", 1'000'000'000);
+  auto spec = ResolveModel(dir);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("num_hidden_layers 1000000000 exceeds the limit"), std::string::npos)
+      << spec.status().message();
+  EXPECT_NE(spec.status().message().find("config.json"), std::string::npos) << spec.status().message();
+  // Plausible for a config, but not for these files: 1000 layers need ~75 MB, the file has ~0.3.
+  edit("num_hidden_layers", 1000);
+  ASSERT_TRUE(ResolveModel(dir).ok());
+  auto e = CreateEngine({dir, "auto", 0}, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("num_hidden_layers 1000"), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("*.safetensors files hold"), std::string::npos) << e.status().message();
+  // Random weights of a valid but huge geometry: bounded by the machine's memory.
+  edit("num_hidden_layers", 512);
+  edit("hidden_size", 8192);
+  edit("intermediate_size", 32768);  // 4e11 parameters: 1.6 TB of f32
+  e = CreateEngine({dir, "dummy", 0}, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("this machine has"), std::string::npos) << e.status().message();
 }
 
 }  // namespace

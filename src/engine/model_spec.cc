@@ -1,5 +1,7 @@
 #include "rolloutcore/engine/model_spec.h"
 
+#include "rolloutcore/refit/model_config.h"
+
 namespace rc::engine {
 
 std::string_view ArchitectureName(Architecture a) {
@@ -23,6 +25,23 @@ Status ModelSpec::Validate() const {
   RC_RETURN_IF_ERROR(positive(num_heads, "num_attention_heads"));
   RC_RETURN_IF_ERROR(positive(num_kv_heads, "num_key_value_heads"));
   RC_RETURN_IF_ERROR(positive(head_dim, "head_dim"));
+  // The same bounds the config parser applies (rolloutcore/refit/model_config.h), so that a spec
+  // made by hand cannot overflow NumParameters or make the engine allocate without bound either.
+  auto at_most = [](int64_t v, const char* name, int64_t max) -> Status {
+    if (v > max) {
+      return InvalidArgument(std::string("model config ") + name + " " + std::to_string(v) + " exceeds the limit " +
+                             std::to_string(max));
+    }
+    return OkStatus();
+  };
+  RC_RETURN_IF_ERROR(at_most(num_layers, "num_hidden_layers", refit::kMaxModelLayers));
+  RC_RETURN_IF_ERROR(at_most(hidden_size, "hidden_size", int64_t{1} << 17));
+  RC_RETURN_IF_ERROR(at_most(num_heads, "num_attention_heads", 1024));
+  RC_RETURN_IF_ERROR(at_most(num_kv_heads, "num_key_value_heads", 1024));
+  RC_RETURN_IF_ERROR(at_most(head_dim, "head_dim", 1024));
+  RC_RETURN_IF_ERROR(at_most(vocab_size, "vocab_size", int64_t{1} << 24));
+  RC_RETURN_IF_ERROR(at_most(intermediate_size, "intermediate_size", int64_t{1} << 20));
+  RC_RETURN_IF_ERROR(at_most(max_position_embeddings, "max_position_embeddings", int64_t{1} << 30));
   if (head_dim % 2 != 0) return InvalidArgument("model config head_dim must be even, got " + std::to_string(head_dim));
   if (num_heads % num_kv_heads != 0) {
     return InvalidArgument("model config num_attention_heads " + std::to_string(num_heads) +

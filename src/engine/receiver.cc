@@ -30,6 +30,95 @@ Json DigestsJson(const refit::TensorDigests& d) {
 }
 
 
+// The source tensor and global element index that copy `c` wrote to element `dest` of its
+// parameter; false when the copy does not write it.
+bool SourceElementOf(const refit::CapturedCopy& c, int64_t dest, std::string* where) {
+  const size_t n = c.box.ndim();
+  if (n == 0) return false;
+  const refit::Shape g = refit::RowMajorStrides(c.source_shape);
+  refit::Shape ds(n, 0);
+  for (size_t k = 0; k < c.view_to_source.size(); ++k) {
+    if (c.view_to_source[k] >= 0) ds[static_cast<size_t>(c.view_to_source[k])] = c.dest_strides[k];
+  }
+  for (size_t s = 0; s < n; ++s) {
+    if (c.box.extent[s] <= 0) return false;
+  }
+  std::vector<int64_t> idx(n, 0);  // offsets inside the box
+  for (;;) {
+    int64_t d = c.dest_offset, gi = 0;
+    for (size_t s = 0; s < n; ++s) {
+      d += idx[s] * ds[s];
+      gi += (c.box.start[s] + idx[s]) * g[s];
+    }
+    if (d == dest) {
+      std::string coords;
+      for (size_t s = 0; s < n; ++s) coords += (s ? ", " : "") + std::to_string(c.box.start[s] + idx[s]);
+      *where = "tensor " + c.source + " element " + std::to_string(gi) + " (index [" + coords + "])";
+      return true;
+    }
+    size_t s = n;
+    while (s > 0) {
+      --s;
+      if (++idx[s] < c.box.extent[s]) break;
+      idx[s] = 0;
+      if (s == 0) return false;
+    }
+  }
+}
+
+// InvalidArgument naming the first non-finite staged weight (rank, then parameter order) by its
+// source tensor and global element index.
+Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vector<refit::DestinationBuffers>& buffers,
+                   int threads) {
+  struct Item {
+    size_t rank;
+    uint32_t param;
+    std::span<const std::byte> bytes;
+  };
+  std::vector<Item> items;
+  for (size_t r = 0; r < captures.size(); ++r) {
+    for (uint32_t p = 0; p < captures[r].params.size(); ++p) {
+      const refit::TensorSpec& spec = captures[r].params[p];
+      if (spec.dtype != refit::DType::kF32) continue;  // the engine's parameters are f32
+      auto it = buffers[r].find(spec.name);
+      if (it == buffers[r].end()) continue;
+      items.push_back({r, p, it->second});
+    }
+  }
+  std::vector<int64_t> first(items.size(), -1);
+  ParallelFor(items.size(), threads, [&](size_t i) {
+    const std::byte* b = items[i].bytes.data();
+    const size_t count = items[i].bytes.size() / 4;
+    for (size_t k = 0; k < count; ++k) {
+      uint32_t u;
+      std::memcpy(&u, b + 4 * k, 4);
+      if ((u & 0x7f800000u) == 0x7f800000u) {
+        first[i] = static_cast<int64_t>(k);
+        return;
+      }
+    }
+  });
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (first[i] < 0) continue;
+    const Item& it = items[i];
+    uint32_t u;
+    std::memcpy(&u, it.bytes.data() + 4 * first[i], 4);
+    const char* kind = (u & 0x007fffffu) != 0 ? "NaN" : (u & 0x80000000u) ? "-Inf" : "+Inf";
+    const refit::Capture& cap = captures[it.rank];
+    std::string where;
+    for (const refit::CapturedCopy& c : cap.copies) {
+      if (c.param == it.param && SourceElementOf(c, first[i], &where)) break;
+    }
+    if (where.empty()) {
+      where = "parameter " + cap.params[it.param].name + " of rank " + std::to_string(it.rank) + " element " +
+              std::to_string(first[i]);
+    }
+    return InvalidArgument(where + " is " + kind + "; non-finite weights are refused (nothing was staged, nothing "
+                           "live was touched)");
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 struct RefitReceiver::Staged {
@@ -98,13 +187,38 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   if (req.model.empty() || req.version.empty() || req.directory.empty()) {
     return InvalidArgument("stage needs model, version and directory");
   }
-  if (req.timeout_ms <= 0) {
-    return InvalidArgument("stage timeout_ms must be positive, got " + std::to_string(req.timeout_ms));
+  if (req.timeout_ms <= 0 || req.timeout_ms > kMaxStageTimeoutMs) {
+    return InvalidArgument("timeout_ms: must be in [1, " + std::to_string(kMaxStageTimeoutMs) + "], got " +
+                           std::to_string(req.timeout_ms));
   }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  std::unique_lock<std::timed_mutex> gate(stage_gate_, std::defer_lock);
+  if (!gate.try_lock_until(deadline)) {
+    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    ++stages_failed_;
+    return Unavailable("stage of " + req.version + " could not start within its timeout_ms " +
+                       std::to_string(req.timeout_ms) + ": the stage of " + stage_running_ + " has been running for " +
+                       std::to_string(static_cast<int64_t>(MsSince(stage_started_))) + " ms; retry");
+  }
+  {
+    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    stage_running_ = req.version;
+    stage_started_ = std::chrono::steady_clock::now();
+  }
+  struct ClearRunning {
+    RefitReceiver* r;
+    ~ClearRunning() {
+      std::lock_guard<std::mutex> metrics_lock(r->metrics_mu_);
+      r->stage_running_.clear();
+    }
+  } clear_running{this};
   std::lock_guard<std::mutex> lock(mu_);
   // A new stage replaces what was staged: the shadow buffers are about to be overwritten.
   staged_.reset();
-  auto result = StageLocked(req);
+  StageRequest left = req;  // what is left of the deadline after waiting for the gate and mu_
+  left.timeout_ms = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+  auto result = StageLocked(left);
   std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
   if (result.ok()) {
     ++stages_ok_;
@@ -120,7 +234,13 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   Json stages = Json::object();
 
   auto t = std::chrono::steady_clock::now();
-  directory::DirectoryClient dir(req.directory);
+  // Discovery runs under the stage's deadline too (the client's default would be 30 s).
+  directory::ClientOptions client_options;
+  const int64_t left_ms = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+  client_options.connect_timeout_ms = std::min(client_options.connect_timeout_ms, left_ms);
+  client_options.request_timeout_ms = std::min(client_options.request_timeout_ms, left_ms);
+  directory::DirectoryClient dir(req.directory, client_options);
   RC_ASSIGN_OR_RETURN(refit::Manifest manifest, dir.Get(req.model, req.version));
   RC_ASSIGN_OR_RETURN(refit::TensorDigests published, refit::TensorDigestsFromShards(manifest));
   stages["discovery"] = MsSince(t);
@@ -189,6 +309,12 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   const double wire_ms = static_cast<double>(wire_ns) / 1e6;
   stages["wire"] = wire_ms;
   stages["transform"] = static_cast<double>(transform_ns) / 1e6;
+
+  // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
+  // be installed.
+  t = std::chrono::steady_clock::now();
+  RC_RETURN_IF_ERROR(CheckFinite(captures_, shadow_buffers_, threads_).WithContext("staged weights of " + req.version));
+  stages["finite_check"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_));

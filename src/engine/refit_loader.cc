@@ -7,6 +7,7 @@
 // Engine-side additions (not in rc::refit::ModelConfig): eos / bos token ids, read from the
 // folder's config.json (and generation_config.json when present); the preset aliases
 // "qwen3-0.6b-like" (= qwen3-0.6b) and "tiny-tied" (tiny with tied embeddings).
+#include <cstring>
 #include <filesystem>
 
 #include "engine/model.h"
@@ -126,6 +127,37 @@ Status ReadSpecialTokens(const std::string& dir, ModelSpec* s) {
   return OkStatus();
 }
 
+// NaN / Inf weights would load and serve silently (null logprobs); refuse them, naming the
+// tensor and the first bad element's row-major index.
+Status CheckFinite(const std::string& name, const SourceTensor& t) {
+  const uint8_t* b = t.bytes.data();
+  const size_t esize = DTypeSize(t.dtype);
+  const size_t n = t.bytes.size() / esize;
+  for (size_t i = 0; i < n; ++i) {
+    bool bad = false, nan = false, negative = false;
+    if (t.dtype == DType::kF32) {
+      uint32_t u;
+      std::memcpy(&u, b + 4 * i, 4);
+      bad = (u & 0x7f800000u) == 0x7f800000u;
+      nan = (u & 0x007fffffu) != 0;
+      negative = (u >> 31) != 0;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * i, 2);
+      const uint16_t exp = t.dtype == DType::kBF16 ? 0x7f80u : 0x7c00u;
+      bad = (h & exp) == exp;
+      nan = (h & static_cast<uint16_t>(~exp & 0x7fffu)) != 0;
+      negative = (h >> 15) != 0;
+    }
+    if (bad) {
+      return InvalidArgument("tensor '" + name + "' element " + std::to_string(i) + " is " +
+                             (nan ? "NaN" : negative ? "-Inf" : "+Inf") + " (" + std::string(DTypeName(t.dtype)) +
+                             "); non-finite weights are refused");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> EnginePresetNames() {
@@ -204,6 +236,7 @@ Status LoadRank(const ModelSpec& spec, const RankLayout& l, TensorSource* source
       return InvalidArgument("tensor '" + s.name + "' has dtype " + std::string(DTypeName(t.dtype)) +
                              "; supported: F32, BF16, F16");
     }
+    RC_RETURN_IF_ERROR(CheckFinite(s.name, t));
   }
   refit::MaterializeContext ctx(lookup, decls, std::move(buffers));
   RC_RETURN_IF_ERROR(refit::LoadEngineRank(config, layout, l.rank, ctx));

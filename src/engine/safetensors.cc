@@ -201,12 +201,23 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
 }
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NotFound("cannot open safetensors file '" + path + "'");
+  // Only regular files: opening a FIFO blocks until a writer appears (start-up would hang), and
+  // a device has no size to check the header against. Look first, then open without blocking
+  // and check again what was opened.
   struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return InvalidArgument("safetensors file '" + path + "' is not a regular file (a FIFO, device, socket or "
+                           "directory); refusing to open it");
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return NotFound("cannot open safetensors file '" + path + "'");
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return Internal("cannot stat '" + path + "'");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument("safetensors file '" + path + "' is not a regular file; refusing to read it");
   }
   const size_t size = static_cast<size_t>(st.st_size);
   void* base = nullptr;

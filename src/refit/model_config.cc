@@ -176,6 +176,25 @@ Status ValidateModelConfig(const ModelConfig& c) {
   RC_RETURN_IF_ERROR(positive(c.num_key_value_heads, "num_key_value_heads"));
   RC_RETURN_IF_ERROR(positive(c.head_dim, "head_dim"));
   RC_RETURN_IF_ERROR(positive(c.vocab_size, "vocab_size"));
+  // Sizes come from a file: everything downstream (tensor lists, captures, parameters) allocates
+  // in proportion to them, so each is bounded by what a real model uses (generously) before
+  // anything loops over them, and the parameter count below by kMaxModelParameters.
+  auto at_most = [&](int64_t v, std::string_view field, int64_t max) -> Status {
+    if (v > max) return InvalidArgument(fmt::format("model {}: {} {} exceeds the limit {}", w, field, v, max));
+    return OkStatus();
+  };
+  RC_RETURN_IF_ERROR(at_most(c.num_hidden_layers, "num_hidden_layers", kMaxModelLayers));
+  RC_RETURN_IF_ERROR(at_most(c.hidden_size, "hidden_size", int64_t{1} << 17));
+  RC_RETURN_IF_ERROR(at_most(c.num_attention_heads, "num_attention_heads", 1024));
+  RC_RETURN_IF_ERROR(at_most(c.num_key_value_heads, "num_key_value_heads", 1024));
+  RC_RETURN_IF_ERROR(at_most(c.head_dim, "head_dim", 1024));
+  RC_RETURN_IF_ERROR(at_most(c.vocab_size, "vocab_size", int64_t{1} << 24));
+  RC_RETURN_IF_ERROR(at_most(c.intermediate_size, "intermediate_size", int64_t{1} << 20));
+  RC_RETURN_IF_ERROR(at_most(c.moe_intermediate_size, "moe_intermediate_size", int64_t{1} << 20));
+  RC_RETURN_IF_ERROR(at_most(c.num_experts, "num_experts", 1024));
+  RC_RETURN_IF_ERROR(at_most(c.max_position_embeddings, "max_position_embeddings", int64_t{1} << 30));
+  RC_RETURN_IF_ERROR(at_most(static_cast<int64_t>(c.mlp_only_layers.size()), "mlp_only_layers (count)",
+                             kMaxModelLayers));
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return InvalidArgument(fmt::format("model {}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                                        w, c.num_attention_heads, c.num_key_value_heads));
@@ -207,6 +226,11 @@ Status ValidateModelConfig(const ModelConfig& c) {
   if (c.vocab_size * c.hidden_size > kMaxElements ||
       c.num_experts * 2 * c.moe_intermediate_size * c.hidden_size > kMaxElements) {
     return InvalidArgument(fmt::format("model {}: tensors are too large", w));
+  }
+  // With the bounds above this cannot overflow int64.
+  if (const int64_t n = c.num_parameters(); n > kMaxModelParameters) {
+    return InvalidArgument(fmt::format("model {}: the sizes describe {} parameters, more than the limit {}", w, n,
+                                       kMaxModelParameters));
   }
   return OkStatus();
 }

@@ -144,6 +144,34 @@ TEST(ControllerServiceTest, RolloutsAreBoundAndUpdatesCommit) {
   fs::remove_all(dir);
 }
 
+// Issue 13 #14: inputs the engine would read differently are refused before admission, naming
+// the field, and nothing is recorded for them.
+TEST(ControllerServiceTest, RolloutInputsTheEngineWouldMisreadAreRefused) {
+  auto dir = TempDir("inputs");
+  StaticVersions versions;
+  Engines e;
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, Options(dir))).value();
+  struct Case {
+    Json body;
+    std::string field;
+  } cases[] = {
+      {Json{{"prompt_token_ids", "abc"}}, "prompt_token_ids:"},
+      {Json{{"prompt_token_ids", Json::array()}}, "prompt_token_ids:"},
+      {Json{{"prompt_token_ids", {1, "x"}}}, "prompt_token_ids[1]"},
+      {Json{{"prompt", {{1, 2}, {3}}}}, "prompt[0]"},
+      {Json{{"prompt", {1, 2}}, {"stream", true}}, "stream:"},
+  };
+  for (const auto& c : cases) {
+    auto r = svc->Rollout(c.body);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.body.dump() << " -> " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << c.body.dump() << " -> " << r.status().message();
+  }
+  EXPECT_TRUE(svc->trajectories()->List("v0").value().empty()) << "nothing admitted, nothing stored";
+  auto ok = svc->Rollout(Json{{"prompt", "text"}, {"stream", false}});
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  fs::remove_all(dir);
+}
+
 TEST(ControllerServiceTest, LeaseModeAndRestartKeepState) {
   auto dir = TempDir("lease");
   StaticVersions versions;

@@ -300,5 +300,94 @@ TEST_F(HttpTest, ResetRefusedWhileRequestHoldsBlocks) {
   t.join();
 }
 
+// Issue 13 #12 and #14: integer overflow and inputs that used to be accepted but served wrong
+// (or ignored) are refused, naming the field.
+TEST_F(HttpTest, OverflowAndSilentlyIgnoredInputsAreRefused) {
+  struct Case {
+    std::string path;
+    std::string body;
+    int status;
+    std::string field;
+  } cases[] = {
+      {"/v1/completions", R"({"prompt":[1,2],"max_tokens":9223372036854775807})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":[1,2],"max_tokens":9223372036854775806})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":[1,2],"max_tokens":18446744073709551615})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":[1,2],"logprobs":18446744073709551615})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":[1,2],"n":9223372036854775807})", 400, "n"},
+      {"/v1/completions", R"({"prompt":[1,2],"best_of":4})", 400, "best_of"},
+      {"/v1/completions", R"({"prompt":[1,2],"stop_token_ids":[99999]})", 400, "stop_token_ids[0]"},
+      {"/v1/completions", R"({"prompt":[1,2],"request_id":"../x"})", 400, "request_id"},
+      {"/v1/completions", R"({"prompt":[1,2],"request_id":"a/b"})", 400, "request_id"},
+      {"/v1/completions", R"({"prompt":[1,2],"request_id":".."})", 400, "request_id"},
+      {"/v1/completions", R"({"prompt":[1,2],"model":"no-such-model"})", 404, "model"},
+      {"/rc/refit/stage",
+       R"({"model":"m","version":"v1","directory":"http://127.0.0.1:1","timeout_ms":9223372036854775807})", 400,
+       "timeout_ms"},
+      {"/rc/refit/stage", R"({"model":"m","version":"v1","directory":"http://127.0.0.1:1","timeout_ms":0})", 400,
+       "timeout_ms"},
+  };
+  for (const auto& c : cases) {
+    auto res = client_->Post(c.path.c_str(), c.body, "application/json");
+    ASSERT_TRUE(res) << c.body;
+    EXPECT_EQ(res->status, c.status) << c.body << " -> " << res->body;
+    EXPECT_NE(res->body.find(c.field), std::string::npos) << c.body << " -> " << res->body;
+  }
+  EXPECT_EQ(engine_->Metrics().generation_tokens, 0) << "nothing was generated for any of them";
+  // What is accepted: the served model name, best_of == n, a plain id.
+  Json ok = Post("/v1/completions",
+                 R"({"prompt":[1,2],"model":"tiny","best_of":1,"max_tokens":2,"request_id":"run-1.a:b_c"})");
+  EXPECT_EQ(ok["id"], "run-1.a:b_c");
+  EXPECT_EQ(ok["model"], "tiny");
+}
+
+// Issue 13 #14: two live completions with one request_id would share engine request ids (an
+// abort by id hits both): the second is refused with 409 while the first runs.
+TEST_F(HttpTest, DuplicateLiveRequestIdIsAConflict) {
+  Post("/pause?mode=keep", "");  // frozen: the first completion cannot finish meanwhile
+  int first_status = 0;
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":4,"temperature":0,"request_id":"dup"})",
+                    "application/json");
+    first_status = r ? r->status : -1;
+  });
+  while (engine_->State().num_running + engine_->State().num_waiting == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Json j = Post("/v1/completions", R"({"prompt":[4,5],"max_tokens":2,"request_id":"dup"})", 409);
+  EXPECT_NE(j["message"].get<std::string>().find("request_id"), std::string::npos) << j.dump();
+  Json streamed = Post("/v1/completions", R"({"prompt":[4,5],"max_tokens":2,"request_id":"dup","stream":true})", 409);
+  EXPECT_EQ(engine_->State().num_running + engine_->State().num_waiting, 1) << "the refused ones never ran";
+  Post("/resume", "");
+  t.join();
+  EXPECT_EQ(first_status, 200);
+  // Once finished, the id is free again.
+  Post("/v1/completions", R"({"prompt":[4,5],"max_tokens":2,"request_id":"dup"})");
+}
+
+// Issue 13 #12: the integer fields of the test-only fault route are range-checked too.
+TEST_F(HttpTest, FaultDelaysAreBounded) {
+  ServerOptions so;
+  so.port = 0;
+  so.model_name = "tiny";
+  so.enable_fault_injection = true;
+  EngineServer faulty(engine_.get(), so);
+  ASSERT_TRUE(faulty.Start().ok());
+  httplib::Client c("127.0.0.1", faulty.port());
+  for (const char* body : {R"({"install_delay_ms":9223372036854775807})", R"({"pause_delay_ms":600001})",
+                           R"({"reset_delay_ms":18446744073709551615})"}) {
+    auto r = c.Post("/rc/fault", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body << " -> " << r->body;
+    EXPECT_NE(r->body.find("_delay_ms"), std::string::npos) << r->body;
+  }
+  auto ok = c.Post("/rc/fault", R"({"install_delay_ms":600000})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  c.Post("/rc/fault", "{}", "application/json");
+  faulty.Stop();
+}
+
 }  // namespace
 }  // namespace rc::engine

@@ -23,7 +23,8 @@ using OrderedJson = nlohmann::ordered_json;
 
 // Parses text; InvalidArgument with the parser's position on malformed input.
 Result<Json> ParseJson(std::string_view text, std::string_view what = "JSON");
-// Reads and parses a file; NotFound when it cannot be opened.
+// Reads and parses a file; NotFound when it cannot be opened, InvalidArgument when it is not a
+// regular file (a FIFO would block the read forever).
 Result<Json> ReadJsonFile(const std::string& path);
 
 // Name of a JSON value's type for messages ("string", "integer", ...).

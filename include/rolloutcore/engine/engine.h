@@ -153,7 +153,10 @@ class Engine {
   int64_t max_model_len() const { return max_model_len_; }
 
   // Validates and queues a request (InvalidArgument naming the field: prompt too long for
-  // max_model_len, token ids outside the vocabulary, max_tokens < 1, ...).
+  // max_model_len, token ids outside the vocabulary (prompt or stop_token_ids), max_tokens < 1
+  // or too large for the context, ...). AlreadyExists when a request with the same non-empty
+  // request_id is still running or waiting (ids must be unique among live requests, or an
+  // abort by id would hit both).
   Result<std::shared_ptr<RequestStream>> AddRequest(GenerateRequest request);
   // Aborts the named requests (all when empty); returns how many were live.
   int64_t Abort(const std::vector<std::string>& request_ids);
@@ -185,6 +188,10 @@ class Engine {
   // touched). Moves the install generation to `generation` before fill writes anything, calls
   // fill for every rank, drops the prefix cache (KV computed under old weights is never
   // reused), then sets the label. `generation` must exceed the current install generation.
+  // If the cache still cannot be dropped after every running request was preempted (blocks held
+  // outside any request: a broken invariant) the install fails with Internal after the weights
+  // were written and the label stays unchanged, so the caller sees a failure after mutation
+  // rather than a clean install. Metrics().cache_resets counts only resets observed to succeed.
   // reset_prefix_cache=false exists only for the stale-cache negative control experiment (an
   // update done outside the controller that skips the reset); every real path resets.
   Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
@@ -195,6 +202,7 @@ class Engine {
 
  private:
   struct Sequence;
+  friend class EngineTestPeer;  // engine_test.cc: injects a broken-invariant KV state
   Engine() = default;
   void FinishLocked(Sequence* seq, FinishReason reason);
   void PreemptLocked(Sequence* seq);

@@ -37,9 +37,16 @@ struct CompletionRequest {
   std::string model;
 };
 
+// Request ids (completion `request_id`, hence the engine ids "<id>-<k>"): 1..128 characters of
+// [A-Za-z0-9._:-], not "." or ".." (an id ends up in URLs, logs and file names; "a/../b" must not).
+// Empty means "assign one". InvalidArgument naming `field` and the offending character otherwise.
+inline constexpr size_t kMaxRequestIdLength = 128;
+Status ValidateRequestId(std::string_view id, std::string_view field);
+
 // Parses a /v1/completions body. InvalidArgument "FIELD: ..." for malformed JSON, wrong types,
-// out-of-range values (negative max_tokens, logprobs > 20, empty cache_salt, ...). Context-length
-// checks happen when the engine admits the request.
+// out-of-range values (negative max_tokens, logprobs > 20, empty cache_salt, a request_id outside
+// the character set above, best_of other than n, ...). Context-length and vocabulary checks
+// happen when the engine admits the request; the model name is checked by the server.
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ByteTokenizer& tokenizer);
 
 // The pieces of /v1/completions that do not depend on HTTP, shared by the server and by

@@ -35,10 +35,21 @@
 // Work is spread over `threads` threads (default: the hardware threads): dtype conversion,
 // digests and the install copy.
 //
+// Refused at stage (nothing staged, nothing live touched): a non-finite (NaN / ±Inf) staged
+// weight, named by its source tensor and global element index — the digest cannot catch a NaN
+// the trainer itself published.
+//
+// Deadlines: every step of a stage runs under its timeout_ms (1 ms .. kMaxStageTimeoutMs):
+// discovery (the directory request), imports (the transports never block opening a handle) and
+// the pull. Stages are serialized (one set of shadow buffers); a stage that cannot start before
+// its own deadline because another one is still running fails with Unavailable naming the stage
+// in progress, instead of queueing behind it without bound.
+//
 // Thread safety: all methods may be called from any thread; one mutex serializes them.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -57,6 +68,8 @@
 #include "rolloutcore/refit/planner.h"
 
 namespace rc::engine {
+
+inline constexpr int64_t kMaxStageTimeoutMs = 3'600'000;
 
 struct StageRequest {
   std::string model;
@@ -111,6 +124,8 @@ class RefitReceiver {
   Engine* engine_;
   refit::ModelConfig config_;
   const int threads_;
+  // Held for the whole of a Stage (before mu_), taken with the stage's deadline.
+  std::timed_mutex stage_gate_;
   mutable std::mutex mu_;
   std::vector<refit::Capture> captures_;                            // guarded by mu_, per rank
   std::vector<std::vector<refit::DigestRegion>> digest_regions_;    // guarded by mu_
@@ -135,6 +150,8 @@ class RefitReceiver {
   uint64_t stages_ok_ = 0, stages_failed_ = 0;                      // guarded by metrics_mu_
   uint64_t installs_ok_ = 0, installs_refused_ = 0, installs_failed_ = 0;  // guarded by metrics_mu_
   uint64_t bytes_pulled_total_ = 0, bytes_installed_total_ = 0;    // guarded by metrics_mu_
+  std::string stage_running_;                                       // guarded by metrics_mu_ ("" when none)
+  std::chrono::steady_clock::time_point stage_started_;             // guarded by metrics_mu_
 };
 
 }  // namespace rc::engine

@@ -83,6 +83,11 @@ struct ModelConfig {
   int64_t num_parameters() const;
 };
 
+// Bounds a config read from a file must stay within (ValidateModelConfig): at most
+// kMaxModelLayers layers and kMaxModelParameters parameters, and per-field limits far above any
+// real model (hidden 2^17, heads and head_dim 1024, vocab 2^24, intermediate 2^20, experts 1024).
+inline constexpr int64_t kMaxModelLayers = 1024;
+inline constexpr int64_t kMaxModelParameters = int64_t{1} << 41;
 [[nodiscard]] Status ValidateModelConfig(const ModelConfig& config);
 
 // Parses a HF config.json object. `what` names the source in messages.

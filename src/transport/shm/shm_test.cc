@@ -2,7 +2,14 @@
 // through /proc/self). Cross-process behaviour is tested in tests/transport/.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <future>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -13,6 +20,7 @@
 namespace rc::transport {
 namespace {
 
+using shm_internal::FormatShmDescriptor;
 using shm_internal::ParseShmDescriptor;
 using shm_internal::ShmDescriptor;
 
@@ -223,6 +231,50 @@ TEST(ShmTransportTest, DeregisteredSourceFailsCleanly) {
   auto remote2 = reader->Import(reg2.descriptor).value();
   std::vector<ReadOp> ops2 = {{remote2, 0, dest.data(), dest.size()}};
   EXPECT_TRUE(reader->PostReads(ops2).value()->Wait(kFar).ok());
+}
+
+// Issue 13 #6: a descriptor naming a FIFO (here one of this process's fds, a FIFO with no writer:
+// opening it for reading would block until a writer appears) must be refused at once, and the
+// transport must keep working for real descriptors afterwards.
+TEST(ShmTransportTest, ImportOfAFifoFailsFastAndLaterImportsWork) {
+  const std::string fifo = ::testing::TempDir() + "/rc_shm_fifo_" + std::to_string(::getpid());
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const int fifo_fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a reader, no writer
+  ASSERT_GE(fifo_fd, 0) << std::strerror(errno);
+  auto owner = MakeShm();
+  auto reader = MakeShm();
+  auto buf = ShmBuffer::Create(1 << 16).value();
+  Fill(buf.data(), buf.size(), 9);
+  auto reg = owner->RegisterMemory(buf.region()).value();
+  ShmDescriptor d = ParseShmDescriptor(reg.descriptor).value();
+  ShmDescriptor crafted = d;
+  crafted.fd = fifo_fd;  // the data fd now names the FIFO
+  auto pending = std::async(std::launch::async, [&] { return reader->Import(FormatShmDescriptor(crafted)); });
+  if (pending.wait_for(std::chrono::seconds(3)) != std::future_status::ready) {
+    ADD_FAILURE() << "Import of a FIFO blocked for 3 s";
+    // Unblock the stuck open (a writer appears), so the test can end.
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (w >= 0) ::close(w);
+  }
+  auto r = pending.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("FIFO"), std::string::npos) << r.status().message();
+  // The control fd naming the FIFO is refused the same way.
+  crafted = d;
+  crafted.ctl_fd = fifo_fd;
+  auto c = reader->Import(FormatShmDescriptor(crafted));
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
+  // A legitimate import still works.
+  auto remote = reader->Import(reg.descriptor);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  std::vector<std::byte> dest(buf.size());
+  std::vector<ReadOp> ops = {{*remote, 0, dest.data(), dest.size()}};
+  ASSERT_TRUE(reader->PostReads(ops).value()->Wait(kFar).ok());
+  EXPECT_EQ(std::memcmp(dest.data(), buf.data(), dest.size()), 0);
+  ::close(fifo_fd);
+  std::filesystem::remove(fifo);
 }
 
 TEST(ShmTransportTest, DestroyedBufferInvalidatesItsRegistrations) {

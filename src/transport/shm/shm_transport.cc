@@ -217,6 +217,16 @@ class ShmTransfer final : public Transfer {
 
 std::string Errno(int err) { return std::strerror(err); }
 
+const char* FileKind(mode_t m) {
+  if (S_ISFIFO(m)) return "FIFO or pipe";
+  if (S_ISSOCK(m)) return "socket";
+  if (S_ISCHR(m)) return "character device";
+  if (S_ISBLK(m)) return "block device";
+  if (S_ISDIR(m)) return "directory";
+  if (S_ISLNK(m)) return "symbolic link";
+  return "non-regular file";
+}
+
 class ShmTransport final : public Transport {
  public:
   ShmTransport(Clock* clock, const ShmTransportOptions& options)
@@ -383,7 +393,17 @@ class ShmTransport final : public Transport {
       }
     }
     const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
-    const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Look before opening: opening a FIFO (or a pipe's read end) blocks until a writer appears,
+    // and a device may act on open. A descriptor naming anything but a regular file (a memfd is
+    // one) is refused without opening it.
+    struct stat before;
+    if (::stat(path.c_str(), &before) == 0 && !S_ISREG(before.st_mode)) {
+      return FailedPrecondition(fmt::format("shm descriptor {}: fd {} of process {} is a {}, not a memfd (a regular "
+                                            "file); refusing to open it",
+                                            descriptor, fd, pid, FileKind(before.st_mode)));
+    }
+    // O_NONBLOCK: even if the fd was swapped for a FIFO after the stat, open returns at once.
+    const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (f < 0) {
       const int err = errno;
       if (err == ENOENT || err == ESRCH) {
@@ -398,6 +418,15 @@ class ShmTransport final : public Transport {
       ~Closer() { ::close(fd); }
     } closer{f};
     // Check what we actually opened, through our own fd (no race with the owner's fd table).
+    struct stat opened;
+    if (::fstat(f, &opened) != 0) {
+      return Unavailable(fmt::format("shm descriptor {}: fstat of {}: {}", descriptor, path, Errno(errno)));
+    }
+    if (!S_ISREG(opened.st_mode)) {
+      return FailedPrecondition(fmt::format("shm descriptor {}: fd {} of process {} is a {}, not a memfd (a regular "
+                                            "file); refusing to map it",
+                                            descriptor, fd, pid, FileKind(opened.st_mode)));
+    }
     char link[256];
     const std::string self = fmt::format("/proc/self/fd/{}", f);
     const ssize_t n = ::readlink(self.c_str(), link, sizeof link - 1);

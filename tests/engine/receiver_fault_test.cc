@@ -1,0 +1,234 @@
+// Fault tests of the engine's refit receiver (issue 13 #6 and #15), in one process: a real
+// directory (MemoryStore behind its HTTP server), a real trainer Publisher over the shm transport
+// and a real engine with its RefitReceiver. The faults are what a trainer or a crafted directory
+// entry can hand a receiver: a NaN the trainer itself published (its digest is valid), a shard
+// handle naming a FIFO (opening it for reading blocks until a writer appears), and a directory
+// that accepts the connection and never answers.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <regex>
+
+#include "rolloutcore/base/clock.h"
+#include "rolloutcore/directory/memory_store.h"
+#include "rolloutcore/directory/server.h"
+#include "rolloutcore/engine/loader.h"
+#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/refit/layouts.h"
+#include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/trainer/publisher.h"
+#include "rolloutcore/trainer/synthetic_trainer.h"
+#include "rolloutcore/transport/shm.h"
+
+namespace rc::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+class ReceiverFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = directory::NewMemoryStore(SystemClock::Default());
+    server_ = std::make_unique<directory::DirectoryServer>(store_.get(), directory::ServerOptions{});
+    ASSERT_TRUE(server_->Start().ok());
+    EngineOptions o;
+    o.num_threads = 2;
+    auto e = CreateEngine({"tiny", "dummy", 3}, o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    receiver_ = std::make_unique<RefitReceiver>(engine_.get(), 2);
+    auto t = trainer::CreateTrainerTransport("shm");
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    transport_ = std::move(t).value();
+    publisher_ = std::make_unique<trainer::Publisher>(transport_.get(), store_.get(), "m", 0, 1);
+  }
+  void TearDown() override {
+    publisher_.reset();
+    server_->Stop();
+  }
+
+  // Publishes every tensor of the tiny model, whole, from one rank: bf16 of the synthetic W_step,
+  // with element `element` of `bad_tensor` (if any) replaced by the bf16 bits `bad_bits`.
+  void Publish(const std::string& version, int64_t step, const std::string& bad_tensor = "", size_t element = 0,
+               uint16_t bad_bits = 0) {
+    auto config = refit::ModelPreset("tiny").value();
+    auto specs = refit::ListSourceTensors(config).value();
+    trainer::SyntheticWeights w{7, 1e-3f};
+    for (auto spec : specs) {
+      spec.dtype = refit::DType::kBF16;
+      refit::Box box;
+      box.start = refit::Shape(spec.shape.size(), 0);
+      box.extent = spec.shape;
+      std::vector<uint16_t> bits = trainer::ComputeBf16(w, spec, box, step);
+      if (spec.name == bad_tensor) bits[element] = bad_bits;
+      auto buf = std::make_shared<transport::ShmBuffer>(transport::ShmBuffer::Create(bits.size() * 2).value());
+      std::memcpy(buf->data(), bits.data(), bits.size() * 2);
+      trainer::ShardSource s;
+      s.name = spec.name;
+      s.dtype = refit::DType::kBF16;
+      s.global_shape = spec.shape;
+      s.offset = box.start;
+      s.local_shape = spec.shape;
+      s.data = buf->data();
+      s.keep_alive = buf;
+      ASSERT_TRUE(publisher_->AddShard(version, std::move(s)).ok());
+    }
+    auto r = publisher_->Publish(version);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->result.state, directory::VersionState::kCommitted);
+  }
+
+  StageRequest Stage(const std::string& version, int64_t timeout_ms = 20'000) const {
+    StageRequest r;
+    r.model = "m";
+    r.version = version;
+    r.directory = server_->url();
+    r.timeout_ms = timeout_ms;
+    return r;
+  }
+
+  std::string LiveDigest() { return receiver_->LiveDigest(true).value()["content_digest"].get<std::string>(); }
+
+  void StageAndInstall(const std::string& version) {
+    auto staged = receiver_->Stage(Stage(version));
+    ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+    ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+    auto installed = receiver_->Install(version);
+    engine_->Resume();
+    ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+    EXPECT_EQ(engine_->WeightVersion(), version);
+  }
+
+  std::unique_ptr<directory::DirectoryStore> store_;
+  std::unique_ptr<directory::DirectoryServer> server_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<RefitReceiver> receiver_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<trainer::Publisher> publisher_;
+};
+
+// #15: a NaN (or Inf) the trainer published has a valid digest; the stage refuses it, naming the
+// source tensor and element, nothing is staged and nothing live changes. A clean version after
+// it stages and installs.
+TEST_F(ReceiverFaultTest, NonFiniteWeightsFailTheStageNamingTensorAndElement) {
+  const std::string before = LiveDigest();
+  struct Case {
+    std::string version;
+    uint16_t bits;
+    std::string kind;
+  } cases[] = {{"v1", 0x7fc0, "NaN"}, {"v2", 0x7f80, "+Inf"}, {"v3", 0xff80, "-Inf"}};
+  for (const auto& c : cases) {
+    Publish(c.version, 1, "model.layers.1.mlp.down_proj.weight", 77, c.bits);
+    auto r = receiver_->Stage(Stage(c.version));
+    ASSERT_FALSE(r.ok()) << c.version;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("tensor model.layers.1.mlp.down_proj.weight element 77 (index [0, 77]) is " +
+                                        c.kind),
+              std::string::npos)
+        << r.status().message();
+    EXPECT_EQ(receiver_->staged_version(), "");
+  }
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  EXPECT_EQ(receiver_->Install("v1").status().code(), StatusCode::kFailedPrecondition) << "nothing is staged";
+  engine_->Resume();
+  EXPECT_EQ(engine_->WeightVersion(), "default");
+  EXPECT_EQ(LiveDigest(), before) << "live weights untouched";
+  Publish("v4", 2);
+  StageAndInstall("v4");
+  EXPECT_NE(LiveDigest(), before);
+}
+
+// #6: a committed entry whose shard handle names a FIFO (here one of this process's fds: a FIFO
+// opened for reading, with no writer) fails the stage at once with a clear error; the next,
+// legitimate stage succeeds.
+TEST_F(ReceiverFaultTest, ShardHandleNamingAFifoFailsFastAndTheNextStageSucceeds) {
+  Publish("v1", 1);
+  const std::string fifo = ::testing::TempDir() + "/rc_receiver_fifo_" + std::to_string(::getpid());
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const int fifo_fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(fifo_fd, 0);
+  // The crafted entry: v1's tables with the first shard's data fd replaced by the FIFO's.
+  refit::Manifest m = store_->Get("m", "v1").value();
+  directory::PublishRequest evil;
+  evil.model = "m";
+  evil.version = "evil";
+  evil.rank = 0;
+  evil.expected_ranks = 1;
+  evil.lease_ttl_ms = 60'000;
+  evil.tables = m.tables;
+  std::string& handle = evil.tables[0].shards[0].handle;
+  handle = std::regex_replace(handle, std::regex(":fd=[0-9]+:"), ":fd=" + std::to_string(fifo_fd) + ":");
+  ASSERT_NE(handle.find(":fd=" + std::to_string(fifo_fd) + ":"), std::string::npos) << handle;
+  ASSERT_TRUE(store_->Publish(evil).ok());
+
+  auto t0 = Clock::now();
+  auto pending = std::async(std::launch::async, [&] { return receiver_->Stage(Stage("evil", 60'000)); });
+  if (pending.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "the stage of a FIFO handle blocked for 5 s";
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // unblock the stuck open
+    if (w >= 0) ::close(w);
+  }
+  auto r = pending.get();
+  const double s = SecondsSince(t0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is a FIFO or pipe, not a memfd"), std::string::npos) << r.status().message();
+  EXPECT_LT(s, 5.0);
+  StageAndInstall("v1");
+  ::close(fifo_fd);
+  std::filesystem::remove(fifo);
+}
+
+// #6: one stuck stage does not hold the others without bound. A stage whose directory accepts
+// the connection and never answers ends at its own deadline (not the client's 30 s); a stage
+// asked for meanwhile fails within its own (shorter) deadline naming the stage in progress, and
+// a stage after both succeeds.
+TEST_F(ReceiverFaultTest, AStuckStageEndsAtItsDeadlineAndDoesNotHoldOthers) {
+  Publish("v1", 1);
+  const int hole = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(hole, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(hole, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(hole, 16), 0);  // the kernel completes connections; nobody ever reads them
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(hole, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  StageRequest stuck = Stage("v1", 2'500);
+  stuck.directory = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  auto t0 = Clock::now();
+  auto first = std::async(std::launch::async, [&] { return receiver_->Stage(stuck); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the first stage holds the receiver
+  auto t1 = Clock::now();
+  auto second = receiver_->Stage(Stage("v1", 700));
+  const double s2 = SecondsSince(t1);
+  EXPECT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable) << second.status().ToString();
+  EXPECT_NE(second.status().message().find("the stage of v1 has been running for"), std::string::npos)
+      << second.status().message();
+  EXPECT_LT(s2, 2.0) << "the second stage waits at most its own deadline";
+  if (first.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "the stuck stage did not end within 10 s of a 2.5 s deadline";
+  }
+  auto r1 = first.get();
+  const double s1 = SecondsSince(t0);
+  EXPECT_FALSE(r1.ok());
+  EXPECT_LT(s1, 2.5 + 2.0) << "discovery runs under the stage's deadline: " << r1.status().ToString();
+  ::close(hole);
+  StageAndInstall("v1");
+}
+
+}  // namespace
+}  // namespace rc::engine
