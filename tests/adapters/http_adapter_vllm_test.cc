@@ -1,80 +1,218 @@
-// The HTTP adapter against a vLLM-shaped server on loopback: empty-200 cache resets are not
-// taken as evidence; the canary is. The server here models vLLM's documented behaviour: a
-// prefix cache that a reset may or may not clear, cached_tokens in usage, /metrics gauges.
+// The HTTP adapter's vLLM flavour against a fake vLLM 0.26 on loopback that speaks vLLM's
+// endpoints as VLLM_RL_SURFACE.md describes them (/pause?mode&clear_cache, /is_paused,
+// /reset_prefix_cache → {"success"}, empty-200 mm/encoder resets, cached_tokens in usage, gauges
+// that refresh only on steps) and rolloutcore's worker extension protocol over /collective_rpc
+// (docs/vllm.md: rc_describe, rc_stage, rc_install, rc_label, rc_digest, one result per worker).
+// The real-vLLM tests run on the GPU machine (label gpu+vllm).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "rolloutcore/adapters/http_adapter.h"
+#include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/lifecycle/runner.h"
+#include "rolloutcore/refit/digest.h"
 
 namespace rc::adapters {
 namespace {
 
+struct FakeVllmConfig {
+  int workers = 1;
+  bool extension = true;     // rolloutcore.vllm.Extension loaded
+  bool dev_mode = true;      // VLLM_SERVER_DEV_MODE=1
+  bool prefix_caching = true;
+  bool reset_clears = true;  // a successful reset really drops the canary's blocks
+};
+
 class FakeVllm {
  public:
-  explicit FakeVllm(bool reset_really_clears) : clears_(reset_really_clears) {
+  using Config = FakeVllmConfig;
+  explicit FakeVllm(Config cfg = {}) : cfg_(cfg) {
+    labels_.assign(cfg_.workers, "v7");
+    generations_.assign(cfg_.workers, 3);
     svr_.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
     svr_.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
+    svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content(R"({"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]})", "application/json");
+    });
     svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content("# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name=\"m\"} " +
                         std::to_string(running_.load()) + "\nvllm:num_requests_waiting{model_name=\"m\"} 0\n" +
                         "vllm:num_requests_running_total 99\n",
                     "text/plain");
     });
-    svr_.Post("/pause", [this](const httplib::Request&, httplib::Response& r) {
+    svr_.Post("/pause", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      pause_queries_.push_back("mode=" + q.get_param_value("mode") + "&clear_cache=" + q.get_param_value("clear_cache"));
       paused_ = true;
       r.set_content(R"({"status":"paused"})", "application/json");
     });
     svr_.Post("/resume", [this](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r)) return;
       paused_ = false;
       r.set_content(R"({"status":"resumed"})", "application/json");
     });
     svr_.Get("/is_paused", [this](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r)) return;
       r.set_content(Json{{"is_paused", paused_.load()}}.dump(), "application/json");
     });
     svr_.Post("/reset_prefix_cache", [this](const httplib::Request& q, httplib::Response& r) {
-      reset_query_ = q.get_param_value("reset_running_requests");
-      if (clears_) cached_ = false;
-      r.status = 200;  // vLLM: empty body whatever happened
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++prefix_resets_;
+      reset_running_requests_ = q.get_param_value("reset_running_requests");
+      bool ok = true;
+      if (!reset_answers_.empty()) {
+        ok = reset_answers_.front();
+        if (reset_answers_.size() > 1) reset_answers_.pop_front();
+      }
+      if (ok && cfg_.reset_clears) cached_ = false;
+      r.set_content(Json{{"success", ok}}.dump(), "application/json");
     });
-    svr_.Get("/weight_info", [](const httplib::Request&, httplib::Response& r) {
-      r.set_content(R"({"weight_version":"v7"})", "application/json");
-    });
+    for (const char* path : {"/reset_mm_cache", "/reset_encoder_cache"}) {
+      svr_.Post(path, [this, path](const httplib::Request&, httplib::Response& r) {
+        if (!Dev(r)) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        ++other_resets_[path];
+        r.status = 200;  // vLLM: an empty 200 whatever happened
+      });
+    }
     svr_.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
       Json body = Json::parse(q.body);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (paused_) ++completions_while_paused_;
+      ++completions_;
+      last_model_ = body.value("model", std::string());
       int64_t n = static_cast<int64_t>(body["prompt"].size());
-      int64_t hit = cached_ ? n : 0;
+      int64_t hit = cfg_.prefix_caching && cached_ ? n : 0;
       cached_ = true;
       r.set_content(Json{{"usage", {{"prompt_tokens", n}, {"prompt_tokens_details", {{"cached_tokens", hit}}}}}}.dump(),
                     "application/json");
+    });
+    svr_.Post("/collective_rpc", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      Json body = Json::parse(q.body);
+      std::string method = body["method"];
+      if (!cfg_.extension) {
+        r.status = 500;
+        r.set_content(Json{{"error", {{"message", "Method '" + method + "' is not implemented."},
+                                      {"type", "InternalServerError"},
+                                      {"code", 500}}}}
+                          .dump(),
+                      "application/json");
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      rpc_calls_.push_back(body);
+      Json results = Json::array();
+      for (int i = 0; i < cfg_.workers; ++i) results.push_back(Rpc(method, body["kwargs"], i));
+      r.set_content(Json{{"results", results}}.dump(), "application/json");
     });
     port_ = svr_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { svr_.listen_after_bind(); });
     while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ~FakeVllm() {
-    svr_.stop();
-    thread_.join();
+  ~FakeVllm() { Stop(); }
+  void Stop() {
+    if (thread_.joinable()) {
+      svr_.stop();
+      thread_.join();
+    }
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  // Scripted behaviour: set through Script() (the handlers read it under mu_).
+  template <typename F>
+  void Script(F f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    f();
+  }
   std::atomic<int> running_{0};
-  std::string reset_query_;
+  std::deque<bool> reset_answers_;          // successive /reset_prefix_cache answers; the last repeats
+  std::vector<std::string> install_outcomes_;  // per worker; empty: "installed" everywhere
+  Json stage_failure_;                      // a worker's {"ok": false, ...} for rc_stage (rank 0)
+  std::vector<Json> digest_results_;        // per worker rc_digest result
+  std::vector<std::string> labels_;
+  std::vector<int64_t> generations_;
+
+  // Observations.
+  std::mutex mu_;
+  std::vector<std::string> pause_queries_;
+  std::vector<Json> rpc_calls_;
+  int prefix_resets_ = 0;
+  std::map<std::string, int> other_resets_;
+  int completions_ = 0;
+  int completions_while_paused_ = 0;
+  std::string last_model_;
+  std::string reset_running_requests_;
 
  private:
+  bool Dev(httplib::Response& r) {
+    if (cfg_.dev_mode) return true;
+    r.status = 404;
+    r.set_content(R"({"detail":"Not Found"})", "application/json");
+    return false;
+  }
+  Json Rpc(const std::string& method, const Json& kwargs, int rank) {
+    if (method == "rc_describe") {
+      return Json{{"ok", true}, {"extension_version", "0.1"}, {"boot_id", "b1"}, {"tp_rank", rank},
+                  {"tp_size", cfg_.workers}, {"device", "cuda:" + std::to_string(rank)}, {"label", labels_[rank]},
+                  {"generation", generations_[rank]}, {"captured", true}, {"data_ptrs_stable", true}};
+    }
+    if (method == "rc_stage") {
+      if (rank == 0 && !stage_failure_.is_null()) return stage_failure_;
+      return Json{{"ok", true}, {"version", kwargs["version"]}, {"mode", "full"}, {"transport", "cuda_ipc"},
+                  {"bytes_needed", 1000}, {"bytes_planned", 1000 + rank}, {"bytes_pulled", 1000},
+                  {"stage_ms", {{"total", 12.5}}}, {"staged_digest", "00000000000000aa"}};
+    }
+    if (method == "rc_install") {
+      std::string outcome = install_outcomes_.empty() ? "installed" : install_outcomes_[rank];
+      Json r{{"ok", outcome == "installed"}, {"outcome", outcome}};
+      if (outcome == "installed") {
+        labels_[rank] = kwargs["version"];
+        generations_[rank] += 1;
+        r["bytes_installed"] = 500;
+        r["install_ms"] = 3;
+      } else {
+        r["code"] = outcome == "refused_untouched" ? "FailedPrecondition" : "Internal";
+        r["error"] = outcome == "refused_untouched" ? "nothing staged for " + kwargs["version"].get<std::string>()
+                                                    : "copy failed on layer 3";
+      }
+      r["label"] = labels_[rank];
+      r["generation"] = generations_[rank];
+      return r;
+    }
+    if (method == "rc_label") {
+      return Json{{"ok", true}, {"label", labels_[rank]}, {"generation", generations_[rank]}, {"boot_id", "b1"},
+                  {"content_digest", nullptr}};
+    }
+    if (method == "rc_digest") {
+      if (rank < static_cast<int>(digest_results_.size())) return digest_results_[rank];
+      return Json{{"ok", true}, {"content_digest", "0123456789abcdef"}, {"label", labels_[rank]}};
+    }
+    return Json{{"ok", false}, {"code", "InvalidArgument"}, {"error", "unknown method " + method}};
+  }
+
+  Config cfg_;
   httplib::Server svr_;
   std::thread thread_;
   int port_ = 0;
-  bool clears_;
   std::atomic<bool> paused_{false};
-  std::atomic<bool> cached_{false};
+  bool cached_ = false;  // guarded by mu_
 };
 
 HttpAdapterOptions Options(const std::string& url) {
   HttpAdapterOptions o;
   o.base_url = url;
+  o.directory_url = "http://127.0.0.1:8200";
+  o.model = "tiny";
+  o.reset_backoff_ms = 1;
   return o;
 }
 
@@ -90,44 +228,225 @@ lifecycle::UpdateTarget Target() {
   return t;
 }
 
-TEST(HttpAdapterVllmTest, DescribesVllmAndReadsDrainFromMetrics) {
-  FakeVllm vllm(true);
+TEST(HttpAdapterVllmTest, DescribesVllmThroughTheExtensionAndReadsDrainFromMetrics) {
+  FakeVllm vllm;
   HttpEngineAdapter a(Options(vllm.url()));
   auto d = a.Describe();
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->kind, "vllm");
-  EXPECT_FALSE(d->offers_content_digest);
+  EXPECT_TRUE(d->offers_content_digest);
+  EXPECT_TRUE(d->supports_staging);
+  EXPECT_EQ(d->caches.size(), 3u) << "prefix, encoder and multimodal are all reset";
   EXPECT_EQ(a.flavor(), EngineFlavor::kVllm);
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    ASSERT_EQ(vllm.rpc_calls_.size(), 1u);
+    EXPECT_EQ(vllm.rpc_calls_[0]["method"], "rc_describe");
+  }
   vllm.running_ = 3;
   auto drain = Await(a.GetDrainStatus());
   ASSERT_TRUE(drain.ok()) << drain.status().ToString();
   EXPECT_EQ(drain->running, 3) << "the _total counter with a longer name is not summed in";
   auto label = Await(a.ReadLabel());
-  ASSERT_TRUE(label.ok());
-  EXPECT_EQ(label->label, "v7");
-  EXPECT_EQ(Await(a.ReadContentDigest()).status().code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(Await(a.Install(Target(), false)).status().code(), StatusCode::kFailedPrecondition)
-      << "refused up front: the runner returns to READY on the old version";
+  ASSERT_TRUE(label.ok()) << label.status().ToString();
+  EXPECT_EQ(label->label, "v7") << "the label comes from rc_label, set by rc_install";
 }
 
-TEST(HttpAdapterVllmTest, CanaryAcceptsARealReset) {
-  FakeVllm vllm(true);
+TEST(HttpAdapterVllmTest, MissingExtensionOrDevModeNamesTheServeFlags) {
+  for (bool dev_mode : {true, false}) {
+    FakeVllm::Config cfg;
+    cfg.extension = false;
+    cfg.dev_mode = dev_mode;  // second round: no dev mode at all (every dev route 404s)
+    FakeVllm vllm(cfg);
+    HttpEngineAdapter a(Options(vllm.url()));
+    auto d = a.Describe();
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(d.status().message().find("--worker-extension-cls rolloutcore.vllm.Extension"), std::string::npos)
+        << d.status().message();
+    EXPECT_NE(d.status().message().find("VLLM_SERVER_DEV_MODE=1"), std::string::npos) << d.status().message();
+    if (dev_mode) {
+      EXPECT_NE(d.status().message().find("Method 'rc_describe' is not implemented."), std::string::npos)
+          << "vLLM's own message is kept";
+    }
+  }
+}
+
+TEST(HttpAdapterVllmTest, StageWarmsTheCanaryThenStagesOnEveryWorker) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
-  ASSERT_TRUE(Await(a.Stage(Target())).ok());  // warms the canary
+  auto st = Await(a.Stage(Target()));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->label, "v8");
+  EXPECT_EQ(st->bytes, 2001) << "bytes planned summed over the workers";
+  EXPECT_EQ(st->detail["bytes_pulled"], 2000);
+  ASSERT_EQ(st->detail["workers"].size(), 2u);
+  EXPECT_EQ(st->detail["workers"][1]["staged_digest"], "00000000000000aa");
+  EXPECT_EQ(st->detail["workers"][1]["stage_ms"]["total"], 12.5);
+  const Json& warm = st->detail["canary_warmup"];
+  EXPECT_EQ(warm["warmed_in"], "stage");
+  EXPECT_EQ(warm["first_cached_tokens"], 0);
+  EXPECT_EQ(warm["second_cached_tokens"], 64);
+  EXPECT_EQ(warm["verifiable"], true);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_, 2);
+  EXPECT_EQ(vllm.last_model_, "tiny-qwen3") << "the canary names the served model (GET /v1/models)";
+  const Json& call = vllm.rpc_calls_.back();
+  EXPECT_EQ(call["method"], "rc_stage");
+  EXPECT_EQ(call["kwargs"]["model"], "tiny");
+  EXPECT_EQ(call["kwargs"]["version"], "v8");
+  EXPECT_EQ(call["kwargs"]["directory"], "http://127.0.0.1:8200");
+  EXPECT_EQ(call["kwargs"]["timeout_ms"], 120000);
+}
+
+TEST(HttpAdapterVllmTest, AWorkersStageFailureKeepsItsCode) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.stage_failure_ = Json{{"ok", false}, {"code", "NotFound"}, {"error", "no committed version v8 of tiny"}}; });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto st = Await(a.Stage(Target()));
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(st.status().message().find("rank 0: rc_stage: no committed version v8"), std::string::npos)
+      << st.status().message();
+}
+
+TEST(HttpAdapterVllmTest, PauseWithoutStageWarmsTheCanaryBeforePausingAndRecordsTheDrainRule) {
+  FakeVllm vllm;
+  vllm.running_ = 2;  // stale gauges: the last step's value, never refreshed while paused
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto p = Await(a.Pause(lifecycle::PauseMode::kWait));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->paused);
+  EXPECT_EQ(p->running, 0) << "a 200 from /pause?mode=wait is vLLM's statement that it went idle";
+  EXPECT_EQ(p->detail["gauges"]["num_requests_running"], 2) << "the gauges are recorded all the same";
+  EXPECT_EQ(p->detail["canary_warmup"]["warmed_in"], "pause");
+  EXPECT_EQ(p->detail["canary_warmup"]["verifiable"], true);
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_, 2);
+    EXPECT_EQ(vllm.completions_while_paused_, 0) << "requests sent while paused would block until the resume";
+    ASSERT_EQ(vllm.pause_queries_.size(), 1u);
+    EXPECT_EQ(vllm.pause_queries_[0], "mode=wait&clear_cache=false");
+  }
+  // A second pause in the same cycle does not warm again; mode=keep trusts only the gauge.
+  auto k = Await(a.Pause(lifecycle::PauseMode::kKeep));
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->running, 2) << "keep freezes requests in place: the running gauge is the evidence";
+  EXPECT_FALSE(k->detail.contains("canary_warmup"));
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.pause_queries_[1], "mode=keep&clear_cache=false");
+  EXPECT_EQ(vllm.completions_, 2);
+}
+
+TEST(HttpAdapterVllmTest, FullCycleRecordsObservedEvidence) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
   auto pause = Await(a.Pause(lifecycle::PauseMode::kWait));
   ASSERT_TRUE(pause.ok());
-  EXPECT_TRUE(pause->paused);
+  EXPECT_FALSE(pause->detail.contains("canary_warmup")) << "the stage warmed it this cycle";
+  auto inst = Await(a.Install(Target(), false));
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->label, "v8");
+  EXPECT_EQ(inst->bytes, 500);
   auto reset = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
-  ASSERT_TRUE(reset.ok());
-  EXPECT_EQ(vllm.reset_query_, "true");
+  ASSERT_TRUE(reset.ok()) << reset.status().ToString();
+  EXPECT_TRUE(reset->success);
+  EXPECT_TRUE(reset->verified);
+  EXPECT_EQ(reset->attempts, 1);
+  EXPECT_EQ(vllm.reset_running_requests_, "") << "never preempt: a refusal must stay visible";
+  auto label = Await(a.ReadLabel());
+  ASSERT_TRUE(label.ok());
+  EXPECT_EQ(label->label, "v8");
+  auto digest = Await(a.ReadContentDigest());
+  ASSERT_TRUE(digest.ok()) << digest.status().ToString();
+  EXPECT_EQ(digest->content_digest, "0123456789abcdef");
   auto resume = Await(a.Resume());
   ASSERT_TRUE(resume.ok()) << resume.status().ToString();
   EXPECT_FALSE(resume->paused_after);
+  EXPECT_EQ(resume->detail["canary"]["checked"], true);
+  EXPECT_EQ(resume->detail["canary"]["cached_tokens"], 0);
+  EXPECT_EQ(resume->detail["canary"]["verified"], true) << resume->detail.dump();
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  bool fresh = false;
+  for (const Json& c : vllm.rpc_calls_) {
+    if (c["method"] == "rc_digest") fresh = c["kwargs"]["fresh"] == true;
+  }
+  EXPECT_TRUE(fresh) << "validation digests the live parameters, not a cached value";
+}
+
+TEST(HttpAdapterVllmTest, RefusedPrefixResetIsRetriedAndTheAttemptsRecorded) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.reset_answers_ = {false, false, true}; });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto r = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->success);
+  EXPECT_TRUE(r->verified);
+  EXPECT_EQ(r->attempts, 3);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.prefix_resets_, 3);
+}
+
+TEST(HttpAdapterVllmTest, AlwaysRefusedPrefixResetIsNeverSuccess) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.reset_answers_ = {false}; });
+  HttpAdapterOptions o = Options(vllm.url());
+  o.reset_attempts = 4;
+  HttpEngineAdapter a(o);
+  ASSERT_TRUE(a.Describe().ok());
+  auto r = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->success);
+  EXPECT_EQ(r->attempts, 4);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.prefix_resets_, 4) << "bounded";
+}
+
+TEST(HttpAdapterVllmTest, MmAndEncoderResetsAreSentButUnverified) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  for (auto kind : {lifecycle::CacheKind::kEncoder, lifecycle::CacheKind::kMultimodal}) {
+    auto r = Await(a.ResetCache(kind));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->success) << "vLLM accepted it";
+    EXPECT_FALSE(r->verified) << "an empty 200 proves nothing";
+  }
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.other_resets_["/reset_encoder_cache"], 1);
+  EXPECT_EQ(vllm.other_resets_["/reset_mm_cache"], 1);
+}
+
+TEST(HttpAdapterVllmTest, CanaryThatNeverHitsIsRecordedUnableToVerify) {
+  FakeVllm::Config cfg;
+  cfg.prefix_caching = false;  // the second warm-up reports 0 cached tokens
+  FakeVllm vllm(cfg);
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto st = Await(a.Stage(Target()));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->detail["canary_warmup"]["verifiable"], false);
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  ASSERT_TRUE(Await(a.ResetCache(lifecycle::CacheKind::kPrefix)).ok());
+  auto resume = Await(a.Resume());
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  EXPECT_EQ(resume->detail["canary"]["cached_tokens"], 0);
+  EXPECT_EQ(resume->detail["canary"]["verified"], false) << "0 after a warm-up that never hit proves nothing";
+  EXPECT_TRUE(resume->detail["canary"].contains("why_not"));
 }
 
 TEST(HttpAdapterVllmTest, CanaryCatchesAResetThatDidNothing) {
-  FakeVllm vllm(false);  // answers 200 but keeps the blocks, as vLLM may
+  FakeVllm::Config cfg;
+  cfg.reset_clears = false;  // answers success but keeps the blocks
+  FakeVllm vllm(cfg);
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
   ASSERT_TRUE(Await(a.Stage(Target())).ok());
@@ -137,6 +456,215 @@ TEST(HttpAdapterVllmTest, CanaryCatchesAResetThatDidNothing) {
   ASSERT_FALSE(resume.ok());
   EXPECT_EQ(resume.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(resume.status().message().find("64 cached prompt tokens"), std::string::npos);
+}
+
+TEST(HttpAdapterVllmTest, ResumeWithoutAResetThisCycleSkipsTheCanary) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());  // warms
+  auto resume = Await(a.Resume());  // e.g. the best-effort resume of a rejected update
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  EXPECT_EQ(resume->detail["canary"]["checked"], false);
+}
+
+TEST(HttpAdapterVllmTest, InstallOutcomesMapToTheContract) {
+  struct Case {
+    std::vector<std::string> outcomes;
+    StatusCode want;
+  };
+  for (const Case& c : {Case{{"refused_untouched", "refused_untouched"}, StatusCode::kFailedPrecondition},
+                        Case{{"installed", "installed"}, StatusCode::kOk},
+                        Case{{"installed", "failed_after_mutation"}, StatusCode::kInternal},
+                        Case{{"refused_untouched", "installed"}, StatusCode::kInternal},
+                        Case{{"installed", "bogus"}, StatusCode::kInternal}}) {
+    FakeVllm::Config cfg;
+    cfg.workers = 2;
+    FakeVllm vllm(cfg);
+    vllm.Script([&] { vllm.install_outcomes_ = c.outcomes; });
+    HttpEngineAdapter a(Options(vllm.url()));
+    ASSERT_TRUE(a.Describe().ok());
+    auto inst = Await(a.Install(Target(), false));
+    std::string what = c.outcomes[0] + "," + c.outcomes[1];
+    ASSERT_EQ(inst.status().code(), c.want) << what << ": " << inst.status().ToString();
+    if (inst.ok()) {
+      EXPECT_EQ(inst->label, "v8");
+      EXPECT_EQ(inst->bytes, 1000) << "bytes installed summed over the workers";
+      EXPECT_EQ(inst->detail["generation"], 4);
+    } else if (c.want == StatusCode::kFailedPrecondition) {
+      EXPECT_NE(inst.status().message().find("before any live byte was written"), std::string::npos);
+      EXPECT_NE(inst.status().message().find("nothing staged for v8"), std::string::npos) << inst.status().message();
+    } else {
+      EXPECT_NE(inst.status().message().find("unknown state"), std::string::npos) << inst.status().message();
+    }
+  }
+}
+
+TEST(HttpAdapterVllmTest, InstallTransportLossIsAmbiguous) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  vllm.Stop();
+  auto inst = Await(a.Install(Target(), false));
+  ASSERT_FALSE(inst.ok());
+  EXPECT_EQ(inst.status().code(), StatusCode::kUnavailable) << "never FailedPrecondition: the runner taints";
+}
+
+TEST(HttpAdapterVllmTest, LabelDisagreementAcrossWorkersIsDataLoss) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
+  vllm.Script([&] { vllm.labels_ = {"v8", "v7"}; });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto label = Await(a.ReadLabel());
+  ASSERT_FALSE(label.ok());
+  EXPECT_EQ(label.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(label.status().message().find("rank 1 'v7'"), std::string::npos) << label.status().message();
+}
+
+Json Sum(uint64_t sum, int64_t elements, bool full, std::optional<int64_t> numel = std::nullopt) {
+  Json j{{"sum", Hex64(sum)}, {"elements", elements}, {"full", full}};
+  if (numel) j["numel"] = *numel;
+  return j;
+}
+
+TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
+  // "norm" is replicated (full on both ranks); "proj" is split 6 + 4 elements of 10, and the
+  // partial sums wrap around 2^64.
+  const uint64_t norm = 0x1111222233334444ull, a0 = 0xfffffffffffffff0ull, a1 = 0x20;
+  vllm.Script([&] {
+    vllm.digest_results_ = {
+      Json{{"ok", true}, {"content_digest", nullptr}, {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a0, 6, false, 10)}}}},
+      Json{{"ok", true}, {"content_digest", nullptr}, {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a1, 4, false, 10)}}}}};
+  });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto d = Await(a.ReadContentDigest());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  refit::TensorDigests want{{"norm", norm}, {"proj", a0 + a1}};
+  EXPECT_EQ(want["proj"], 0x10u);
+  EXPECT_EQ(d->content_digest, Hex64(refit::CombineTensorDigests(want)));
+
+  // A replicated tensor whose ranks disagree, and a split that misses elements, are DataLoss.
+  vllm.Script([&] { vllm.digest_results_[1]["tensor_sums"]["norm"] = Sum(norm + 1, 8, true); });
+  auto bad = Await(a.ReadContentDigest());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("tensor norm"), std::string::npos) << bad.status().message();
+  vllm.Script([&] {
+    vllm.digest_results_[1]["tensor_sums"]["norm"] = Sum(norm, 8, true);
+    vllm.digest_results_[1]["tensor_sums"]["proj"] = Sum(a1, 3, false, 10);
+  });
+  bad = Await(a.ReadContentDigest());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("cover 9 elements of 10"), std::string::npos) << bad.status().message();
+  // A worker's own failure keeps its code.
+  vllm.Script([&] { vllm.digest_results_[1] = Json{{"ok", false}, {"code", "Unavailable"}, {"error", "CUDA busy"}}; });
+  bad = Await(a.ReadContentDigest());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnavailable);
+}
+
+// Through the real Controller and Runner: vLLM's refusals are never a commit.
+class VllmRunnerTest : public ::testing::Test {
+ protected:
+  Result<lifecycle::UpdateRecord> RunUpdate(FakeVllm& vllm, HttpAdapterOptions o = {}) {
+    if (o.base_url.empty()) o = Options(vllm.url());
+    adapter_ = std::make_unique<HttpEngineAdapter>(o);
+    c_ = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal_)).value();
+    RC_RETURN_IF_ERROR(c_->Initialize({"v7", 3}, {"", "", "", 0}));
+    lifecycle::RunnerOptions ro;
+    ro.deadlines.reset_ms = 2000;
+    runner_ = std::make_unique<lifecycle::Runner>(c_.get(), adapter_.get(), SystemClock::Default(), ro);
+    lifecycle::UpdateTarget t = Target();
+    t.identity.content_digest = "0123456789abcdef";
+    RC_RETURN_IF_ERROR(runner_->StartUpdate(t).status());
+    return runner_->RunToCompletion();
+  }
+  lifecycle::MemoryJournal journal_;
+  std::unique_ptr<HttpEngineAdapter> adapter_;
+  std::unique_ptr<lifecycle::Controller> c_;
+  std::unique_ptr<lifecycle::Runner> runner_;
+};
+
+TEST_F(VllmRunnerTest, UpdateCommitsWithEveryPieceOfEvidenceJournaled) {
+  FakeVllm vllm;
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_EQ(c_->version().label, "v8");
+  EXPECT_EQ(u->evidence["staged"]["engine"]["canary_warmup"]["verifiable"], true) << u->evidence.dump();
+  EXPECT_EQ(u->evidence["begin_install"]["detail"]["drain_rule"].get<std::string>().rfind("wait:", 0), 0u);
+  bool prefix_verified = false, encoder_unverified = false;
+  for (const Json& r : u->evidence["caches_reset"]) {
+    if (r["cache"] == "prefix") prefix_verified = r["verified"] == true;
+    if (r["cache"] == "encoder") encoder_unverified = r["verified"] == false;
+  }
+  EXPECT_TRUE(prefix_verified) << u->evidence.dump();
+  EXPECT_TRUE(encoder_unverified) << u->evidence.dump();
+  EXPECT_EQ(u->evidence["validated"]["digest_checked"], true);
+  EXPECT_EQ(u->evidence["resumed"]["detail"]["canary"]["verified"], true) << u->evidence.dump();
+}
+
+TEST_F(VllmRunnerTest, PrefixResetThatStaysRefusedTaints) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.reset_answers_ = {false}; });
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kTainted) << u->evidence.dump();
+  EXPECT_EQ(c_->state(), lifecycle::State::kTainted);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_GE(vllm.prefix_resets_, 5) << "retried";
+}
+
+TEST_F(VllmRunnerTest, InstallRefusedUntouchedLeavesTheOldVersionReady) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.install_outcomes_ = {"refused_untouched"}; });
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected);
+  EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+  EXPECT_EQ(c_->version().label, "v7");
+}
+
+TEST(EngineUrlTest, ParsesFlavourPrefixes) {
+  auto v = ParseEngineUrl("vllm+http://10.0.0.1:8000/");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->base_url, "http://10.0.0.1:8000");
+  EXPECT_EQ(v->flavor, EngineFlavor::kVllm);
+  auto r = ParseEngineUrl("rolloutcore+http://h:1");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->flavor, EngineFlavor::kRolloutcore);
+  auto p = ParseEngineUrl("http://h:2");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->flavor, EngineFlavor::kUnknown);
+  for (const char* bad : {"vllm://h:1", "h:1", "vllm+http://", "sglang+http://h:1"}) {
+    auto b = ParseEngineUrl(bad);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find(bad), std::string::npos);
+  }
+}
+
+TEST(EngineUrlTest, AVllmUrlThatAnswersAsRolloutcoreIsRefused) {
+  httplib::Server svr;
+  svr.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) {
+    r.set_content(R"({"num_running":0,"num_waiting":0})", "application/json");
+  });
+  int port = svr.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { svr.listen_after_bind(); });
+  while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  HttpAdapterOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(port);
+  o.expected_flavor = EngineFlavor::kVllm;
+  HttpEngineAdapter a(o);
+  auto d = a.Describe();
+  svr.stop();
+  t.join();
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(d.status().message().find("rolloutcore engine"), std::string::npos) << d.status().message();
 }
 
 TEST(HttpAdapterVllmTest, UnreachableEngineIsUnavailableNamingTheUrl) {
