@@ -279,6 +279,7 @@ Result<EngineDescription> VllmFlavor::Describe() {
     std::lock_guard<std::mutex> lock(mu_);
     warmup_.reset();
     prefix_reset_done_ = false;
+    staged_version_.clear();
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_describe", Json::object(), 30000));
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -442,18 +443,30 @@ Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
   e.label = target.label;
   RC_ASSIGN_OR_RETURN(e.detail, StageWorkers(target, &e.bytes));
   e.detail["canary_warmup"] = warm;
+  std::lock_guard<std::mutex> lock(mu_);
+  staged_version_ = target.label;
   return e;
 }
 
 Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool full) {
   Json staged;
-  if (full) {
-    // Recovery: nothing proves what (if anything) is staged; stage the target inside the install
-    // deadline. Any failure of a recovery install leaves the engine TAINTED (the Runner never
-    // reads a recovery error as "refused").
+  bool staged_this_cycle = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_this_cycle = staged_version_ == target.label;
+  }
+  if (full || !staged_this_cycle) {
+    // Recovery (nothing proves what, if anything, is staged) or no prefetch this cycle: stage
+    // the target now, inside the install deadline. A stage never touches live weights, so a
+    // failed stage in an update is a refusal before mutation; in a recovery any failure leaves
+    // the engine TAINTED (the Runner never reads a recovery error as "refused").
     int64_t bytes = 0;
     auto s = StageWorkers(target, &bytes);
-    if (!s.ok()) return s.status().WithContext("recovery: staging " + target.label);
+    if (!s.ok()) {
+      if (full) return s.status().WithContext("recovery: staging " + target.label);
+      return FailedPrecondition("install of " + target.label + " refused before mutation: staging it (no prefetch "
+                                "this cycle) failed: " + s.status().ToString());
+    }
     staged = *s;
   }
   // CollectiveRpc answers FailedPrecondition only when the method provably never ran (no
@@ -461,7 +474,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   // (Internal) is ambiguous and taints.
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
   RC_ASSIGN_OR_RETURN(InstallEvidence e, InstallEvidenceFromOutcomes(workers, target.label, options_.base_url));
-  if (full) e.detail["recovery_stage"] = staged;
+  if (!staged.is_null()) e.detail["staged_in_install"] = staged;
   return e;
 }
 

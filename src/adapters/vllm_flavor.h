@@ -12,7 +12,9 @@
 //    tokens, else DataLoss (stale prefix KV survived: the controller taints);
 //  * /reset_prefix_cache's {"success"} is checked and refusals are retried with bounded backoff;
 //    /reset_mm_cache and /reset_encoder_cache answer an empty 200 and are recorded unverified;
-//  * the drain rule of Pause is documented at VllmFlavor::Pause.
+//  * the drain rule of Pause is documented at VllmFlavor::Pause;
+//  * Install stages first when no Stage staged the target this cycle (prefetch off) or in a
+//    recovery; a failed stage there is a refusal before mutation (a stage touches nothing live).
 // A cycle starts at Describe() (the Runner calls it at the start of every update and recovery).
 //
 // Thread safety: all methods may be called from any thread, concurrently (the Runner may abandon
@@ -87,6 +89,7 @@ class VllmFlavor {
   std::mutex mu_;
   std::optional<Json> warmup_;       // this cycle's canary warm-up evidence; guarded by mu_
   bool prefix_reset_done_ = false;   // this cycle's prefix cache reset succeeded; guarded by mu_
+  std::string staged_version_;       // the version this cycle's Stage staged ("" none); guarded by mu_
 };
 
 // A worker's {"ok": false, "code", "error"} as a Status ("vLLM at URL rank R: METHOD: error");

@@ -89,8 +89,9 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"wait", "abort", "keep"}))
       ->capture_default_str();
   serve->add_flag("--no-prefetch", o->no_prefetch,
-                  "Do not stage the new version while the engine still serves; stage nothing before the pause (on "
-                  "vLLM the canary is then warmed just before the pause)");
+                  "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
+                  "install, while paused, and warm the canary just before the pause; rolloutcore engines refuse "
+                  "the install (nothing staged), so the update is rejected");
   serve->add_option("--vllm-transfer", o->vllm_transfer,
                     "vLLM engines: how weights move. rolloutcore: rc_stage/rc_install in rolloutcore's worker extension. "
                     "native-nccl (vLLM's start/update/finish_weight_update session): not implemented yet, refused")

@@ -318,6 +318,7 @@ TEST(HttpAdapterVllmTest, InstallTransportLossIsAmbiguous) {
   FakeVllm vllm;
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
   vllm.Stop();
   auto inst = Await(a.Install(Target(), false));
   ASSERT_FALSE(inst.ok());
@@ -384,13 +385,13 @@ TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {
 // Through the real Controller and Runner: vLLM's refusals are never a commit.
 class VllmRunnerTest : public ::testing::Test {
  protected:
-  Result<lifecycle::UpdateRecord> RunUpdate(FakeVllm& vllm, HttpAdapterOptions o = {}) {
-    if (o.base_url.empty()) o = Options(vllm.url());
-    adapter_ = std::make_unique<HttpEngineAdapter>(o);
+  Result<lifecycle::UpdateRecord> RunUpdate(FakeVllm& vllm, bool prefetch = true) {
+    adapter_ = std::make_unique<HttpEngineAdapter>(Options(vllm.url()));
     c_ = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal_)).value();
     RC_RETURN_IF_ERROR(c_->Initialize({"v7", 3}, {"", "", "", 0}));
     lifecycle::RunnerOptions ro;
     ro.deadlines.reset_ms = 2000;
+    ro.prefetch = prefetch;
     runner_ = std::make_unique<lifecycle::Runner>(c_.get(), adapter_.get(), SystemClock::Default(), ro);
     lifecycle::UpdateTarget t = Target();
     t.identity.content_digest = "0123456789abcdef";
@@ -420,6 +421,29 @@ TEST_F(VllmRunnerTest, UpdateCommitsWithEveryPieceOfEvidenceJournaled) {
   EXPECT_TRUE(encoder_unverified) << u->evidence.dump();
   EXPECT_EQ(u->evidence["validated"]["digest_checked"], true);
   EXPECT_EQ(u->evidence["resumed"]["detail"]["canary"]["verified"], true) << u->evidence.dump();
+}
+
+TEST_F(VllmRunnerTest, WithoutPrefetchTheCanaryIsWarmedBeforeThePauseAndTheInstallStages) {
+  FakeVllm vllm;
+  auto u = RunUpdate(vllm, /*prefetch=*/false);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_FALSE(u->evidence.contains("staged"));
+  EXPECT_EQ(u->evidence["begin_install"]["detail"]["canary_warmup"]["warmed_in"], "pause") << u->evidence.dump();
+  EXPECT_EQ(u->evidence["install_complete"]["detail"]["staged_in_install"]["bytes_planned"], 1000);
+  EXPECT_EQ(u->evidence["resumed"]["detail"]["canary"]["verified"], true) << u->evidence.dump();
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_while_paused_, 0);
+}
+
+TEST_F(VllmRunnerTest, AStageThatFailsInsideTheInstallIsARefusalBeforeMutation) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.stage_failure_ = Json{{"ok", false}, {"code", "Unavailable"}, {"error", "source dead"}}; });
+  auto u = RunUpdate(vllm, /*prefetch=*/false);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected) << u->evidence.dump();
+  EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+  EXPECT_EQ(c_->version().label, "v7");
 }
 
 TEST_F(VllmRunnerTest, PrefixResetThatStaysRefusedTaints) {
