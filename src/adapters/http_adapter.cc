@@ -128,12 +128,13 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
   vo.reset_attempts = s_->options.reset_attempts;
   vo.reset_backoff_ms = s_->options.reset_backoff_ms;
   Shared* raw = s_.get();  // owns the flavour, so outlives it
-  s_->vllm = std::make_unique<internal::VllmFlavor>(
-      std::move(vo),
-      [raw](const std::string& method, const std::string& path, const std::string& body) -> Result<internal::HttpReply> {
-        RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
-        return internal::HttpReply{r.status, r.body};
-      });
+  s_->vllm =
+      std::make_unique<internal::VllmFlavor>(std::move(vo),
+                                             [raw](const std::string& method, const std::string& path,
+                                                   const std::string& body) -> Result<internal::HttpReply> {
+                                               RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
+                                               return internal::HttpReply{r.status, r.body};
+                                             });
 }
 
 HttpEngineAdapter::~HttpEngineAdapter() = default;
@@ -148,8 +149,9 @@ Result<EngineDescription> HttpEngineAdapter::Describe() {
   const EngineFlavor expected = s_->options.expected_flavor;
   if (state->status == 200) {
     if (expected == EngineFlavor::kVllm) {
-      return FailedPrecondition("engine at " + s_->options.base_url +
-                                " was given as vllm+http:// but answers GET /rc/engine/state: it is a rolloutcore engine");
+      return FailedPrecondition(
+          "engine at " + s_->options.base_url +
+          " was given as vllm+http:// but answers GET /rc/engine/state: it is a rolloutcore engine");
     }
     s_->flavor = EngineFlavor::kRolloutcore;
     d.kind = "rolloutcore";
@@ -310,8 +312,9 @@ Pending<ResumeEvidence> HttpEngineAdapter::Resume() {
 Result<EngineUrl> ParseEngineUrl(const std::string& url) {
   EngineUrl out;
   std::string rest = url;
-  for (const auto& [prefix, flavor] : {std::pair<std::string, EngineFlavor>{"vllm+", EngineFlavor::kVllm},
-                                       std::pair<std::string, EngineFlavor>{"rolloutcore+", EngineFlavor::kRolloutcore}}) {
+  for (const auto& [prefix, flavor] :
+       {std::pair<std::string, EngineFlavor>{"vllm+", EngineFlavor::kVllm},
+        std::pair<std::string, EngineFlavor>{"rolloutcore+", EngineFlavor::kRolloutcore}}) {
     if (rest.rfind(prefix, 0) == 0) {
       out.flavor = flavor;
       rest = rest.substr(prefix.size());
@@ -344,7 +347,8 @@ std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url,
 }
 
 Result<Json> HttpEngineAdapter::WarmCanary() {
-  if (!s_->IsVllm()) return FailedPrecondition("the canary is a vLLM check; engine at " + s_->options.base_url + " is not vLLM");
+  if (!s_->IsVllm())
+    return FailedPrecondition("the canary is a vLLM check; engine at " + s_->options.base_url + " is not vLLM");
   return s_->vllm->WarmCanary("manual");
 }
 

@@ -64,7 +64,8 @@ Status WorkerStatus(const Json& result, size_t rank, const std::string& method, 
                     JsonTypeName(result) + ", not an object");
   }
   if (result.value("ok", false) == true) return OkStatus();
-  std::string code_name = result.contains("code") && result["code"].is_string() ? result["code"].get<std::string>() : "";
+  std::string code_name =
+      result.contains("code") && result["code"].is_string() ? result["code"].get<std::string>() : "";
   std::string error =
       result.contains("error") && result["error"].is_string() ? result["error"].get<std::string>() : result.dump();
   std::optional<StatusCode> code = StatusCodeFromName(code_name);
@@ -90,9 +91,9 @@ Result<InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& wor
   }
   if (refused == workers.size()) {
     Status first = WorkerStatus(workers[0], 0, "rc_install", where);
-    return FailedPrecondition("install of " + version + " refused by vLLM at " + where +
-                              " before any live byte was written: " +
-                              (first.ok() ? std::string("refused_untouched") : first.message()));
+    return FailedPrecondition(
+        "install of " + version + " refused by vLLM at " + where +
+        " before any live byte was written: " + (first.ok() ? std::string("refused_untouched") : first.message()));
   }
   if (installed != workers.size()) {
     // Name the first worker that did not install cleanly. Never FailedPrecondition: some live
@@ -125,7 +126,8 @@ Result<InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& wor
     e.bytes += bytes;
     install_ms = std::max<int64_t>(install_ms, workers[i].value("install_ms", int64_t{0}));
   }
-  e.detail = Json{{"outcome", "installed"}, {"generation", generation}, {"install_ms", install_ms}, {"workers", workers}};
+  e.detail =
+      Json{{"outcome", "installed"}, {"generation", generation}, {"install_ms", install_ms}, {"workers", workers}};
   return e;
 }
 
@@ -172,8 +174,8 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
   refit::TensorDigests digests;
   for (const auto& [name, ps] : parts) {
     const std::string what = "rc_digest on vLLM at " + where + ", tensor " + name;
-    bool all_full = ps.size() == workers.size() &&
-                    std::all_of(ps.begin(), ps.end(), [](const Part& p) { return p.full; });
+    bool all_full =
+        ps.size() == workers.size() && std::all_of(ps.begin(), ps.end(), [](const Part& p) { return p.full; });
     if (all_full) {
       for (const Part& p : ps) {
         if (p.sum != ps[0].sum) {
@@ -195,7 +197,8 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
       numel = n;
     }
     if (!numel) {
-      return DataLoss(what + ": partial sums without the tensor's element count (numel): the partition cannot be "
+      return DataLoss(what +
+                      ": partial sums without the tensor's element count (numel): the partition cannot be "
                       "checked");
     }
     uint64_t sum = 0;
@@ -220,8 +223,8 @@ VllmFlavor::VllmFlavor(VllmOptions options, HttpCall call) : options_(std::move(
 Result<Json> VllmFlavor::PostJson(const std::string& path, const std::string& body) {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", path, body));
   if (r.status != 200) {
-    std::string msg = "POST " + options_.base_url + path + " answered " + std::to_string(r.status) + ": " +
-                      ErrorMessage(r.body);
+    std::string msg =
+        "POST " + options_.base_url + path + " answered " + std::to_string(r.status) + ": " + ErrorMessage(r.body);
     if (r.status == 404) return FailedPrecondition(msg + " (vLLM's dev endpoints need VLLM_SERVER_DEV_MODE=1)");
     if (r.status == 400 || r.status == 422) return FailedPrecondition(msg);
     return Unavailable(msg);
@@ -410,8 +413,7 @@ Result<Json> VllmFlavor::StageWorkers(const UpdateTarget& target, int64_t* bytes
               {"version", target.label},
               {"directory", options_.directory_url},
               {"timeout_ms", options_.stage_timeout_ms}};
-  RC_ASSIGN_OR_RETURN(std::vector<Json> workers,
-                      CollectiveRpc("rc_stage", kwargs, options_.stage_timeout_ms + 5000));
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_stage", kwargs, options_.stage_timeout_ms + 5000));
   Json detail{{"workers", workers}};
   int64_t needed = 0, planned = 0, pulled = 0;
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -464,8 +466,10 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
     auto s = StageWorkers(target, &bytes);
     if (!s.ok()) {
       if (full) return s.status().WithContext("recovery: staging " + target.label);
-      return FailedPrecondition("install of " + target.label + " refused before mutation: staging it (no prefetch "
-                                "this cycle) failed: " + s.status().ToString());
+      return FailedPrecondition("install of " + target.label +
+                                " refused before mutation: staging it (no prefetch "
+                                "this cycle) failed: " +
+                                s.status().ToString());
     }
     staged = *s;
   }

@@ -39,8 +39,8 @@ struct HttpReply {
 };
 // One HTTP request to the engine ("GET"/"POST", path with query, JSON body or empty). A transport
 // failure is Unavailable naming the URL.
-using HttpCall = std::function<Result<HttpReply>(const std::string& method, const std::string& path,
-                                                 const std::string& body)>;
+using HttpCall =
+    std::function<Result<HttpReply>(const std::string& method, const std::string& path, const std::string& body)>;
 
 struct VllmOptions {
   std::string base_url;
@@ -87,9 +87,9 @@ class VllmFlavor {
   std::string served_model_;  // from GET /v1/models at Describe (for the canary); guarded by mu_
 
   std::mutex mu_;
-  std::optional<Json> warmup_;       // this cycle's canary warm-up evidence; guarded by mu_
-  bool prefix_reset_done_ = false;   // this cycle's prefix cache reset succeeded; guarded by mu_
-  std::string staged_version_;       // the version this cycle's Stage staged ("" none); guarded by mu_
+  std::optional<Json> warmup_;      // this cycle's canary warm-up evidence; guarded by mu_
+  bool prefix_reset_done_ = false;  // this cycle's prefix cache reset succeeded; guarded by mu_
+  std::string staged_version_;      // the version this cycle's Stage staged ("" none); guarded by mu_
 };
 
 // A worker's {"ok": false, "code", "error"} as a Status ("vLLM at URL rank R: METHOD: error");
@@ -102,8 +102,7 @@ Status WorkerStatus(const Json& result, size_t rank, const std::string& method, 
 // and generation → InstallEvidence; anything else (failed_after_mutation, a mix, a missing or
 // unknown outcome) → Internal (the weights are in an unknown state: taint).
 Result<lifecycle::InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& workers,
-                                                               const std::string& version,
-                                                               const std::string& where);
+                                                               const std::string& version, const std::string& where);
 
 // Combines rc_digest results of the TP ranks into the content digest (16 hex digits): one
 // worker → its content_digest; several → per tensor, all ranks `full` → equal sums, else the

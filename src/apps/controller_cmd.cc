@@ -56,11 +56,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
             validate_ms = 60000, resume_ms = 5000;
   };
   auto o = std::make_shared<Opts>();
-  serve->add_option("--engine", o->engines,
-                    "Engine base URL(s), comma-separated: http://HOST:PORT (flavour detected: a rolloutcore engine "
-                    "answers /rc/engine/state, otherwise vLLM), vllm+http://HOST:PORT (vLLM with rolloutcore's worker "
-                    "extension, docs/vllm.md), rolloutcore+http://HOST:PORT; 'embedded' runs an engine in this "
-                    "process (see --embedded-*)")
+  serve
+      ->add_option("--engine", o->engines,
+                   "Engine base URL(s), comma-separated: http://HOST:PORT (flavour detected: a rolloutcore engine "
+                   "answers /rc/engine/state, otherwise vLLM), vllm+http://HOST:PORT (vLLM with rolloutcore's worker "
+                   "extension, docs/vllm.md), rolloutcore+http://HOST:PORT; 'embedded' runs an engine in this "
+                   "process (see --embedded-*)")
       ->required();
   serve->add_option("--embedded-model", o->embedded_model, "Embedded engine: preset name or Hugging Face folder")
       ->capture_default_str();
@@ -83,23 +84,27 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")->check(CLI::PositiveNumber);
   serve->add_option("--drain-policy", o->drain_policy, "After the drain deadline: wait | abort | cancel")
       ->check(CLI::IsMember({"wait", "abort", "cancel"}));
-  serve->add_option("--pause-mode", o->pause_mode,
-                    "How the engine pauses once drained: wait (in-flight requests finish; vLLM's /pause?mode=wait) | "
-                    "abort | keep (frozen in place; an install is refused while any is frozen)")
+  serve
+      ->add_option("--pause-mode", o->pause_mode,
+                   "How the engine pauses once drained: wait (in-flight requests finish; vLLM's /pause?mode=wait) | "
+                   "abort | keep (frozen in place; an install is refused while any is frozen)")
       ->check(CLI::IsMember({"wait", "abort", "keep"}))
       ->capture_default_str();
   serve->add_flag("--no-prefetch", o->no_prefetch,
                   "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
                   "install, while paused, and warm the canary just before the pause; rolloutcore engines refuse "
                   "the install (nothing staged), so the update is rejected");
-  serve->add_option("--vllm-transfer", o->vllm_transfer,
-                    "vLLM engines: how weights move. rolloutcore: rc_stage/rc_install in rolloutcore's worker extension. "
-                    "native-nccl (vLLM's start/update/finish_weight_update session): not implemented yet, refused")
+  serve
+      ->add_option(
+          "--vllm-transfer", o->vllm_transfer,
+          "vLLM engines: how weights move. rolloutcore: rc_stage/rc_install in rolloutcore's worker extension. "
+          "native-nccl (vLLM's start/update/finish_weight_update session): not implemented yet, refused")
       ->check(CLI::IsMember({"rolloutcore", "native-nccl"}))
       ->capture_default_str();
-  serve->add_option("--vllm-reset-attempts", o->vllm_reset_attempts,
-                    "vLLM engines: /reset_prefix_cache calls per reset while it answers success:false (backoff 10 ms, "
-                    "doubling); the controller retries refused resets within --reset-deadline-ms on top")
+  serve
+      ->add_option("--vllm-reset-attempts", o->vllm_reset_attempts,
+                   "vLLM engines: /reset_prefix_cache calls per reset while it answers success:false (backoff 10 ms, "
+                   "doubling); the controller retries refused resets within --reset-deadline-ms on top")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");

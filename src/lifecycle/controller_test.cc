@@ -105,7 +105,9 @@ TEST_F(ControllerTest, EveryCacheMustConfirmItsReset) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("4 blocks in use"), std::string::npos);
   EXPECT_EQ(c_->state(), State::kInvalidating);
-  EXPECT_TRUE(c_->CachesReset({{CacheKind::kPrefix, true, 3, 0, true}, {CacheKind::kEncoder, true, 0, 0, true}}, required).ok());
+  EXPECT_TRUE(
+      c_->CachesReset({{CacheKind::kPrefix, true, 3, 0, true}, {CacheKind::kEncoder, true, 0, 0, true}}, required)
+          .ok());
 }
 
 // An empty-200 reset (vLLM's mm/encoder caches) passes unverified and the journal says so; the
@@ -115,12 +117,14 @@ TEST_F(ControllerTest, UnverifiedResetsAreNeverRecordedAsProven) {
   ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
   ASSERT_TRUE(c_->InstallComplete({"rc-1", 100, Json::object()}).ok());
   std::vector<CacheKind> required = {CacheKind::kPrefix, CacheKind::kEncoder};
-  Status s = c_->CachesReset({{CacheKind::kPrefix, true, 0, 0, false}, {CacheKind::kEncoder, true, 0, 0, true}}, required);
+  Status s =
+      c_->CachesReset({{CacheKind::kPrefix, true, 0, 0, false}, {CacheKind::kEncoder, true, 0, 0, true}}, required);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("prefix cache reset is unverified"), std::string::npos) << s.message();
   EXPECT_EQ(c_->state(), State::kInvalidating);
   ASSERT_TRUE(
-      c_->CachesReset({{CacheKind::kPrefix, true, 2, 0, true, 3}, {CacheKind::kEncoder, true, 0, 0, false}}, required).ok());
+      c_->CachesReset({{CacheKind::kPrefix, true, 2, 0, true, 3}, {CacheKind::kEncoder, true, 0, 0, false}}, required)
+          .ok());
   auto records = journal_.ReadAll();
   ASSERT_TRUE(records.ok());
   const JournalRecord& last = records->back();

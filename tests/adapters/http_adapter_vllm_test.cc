@@ -118,7 +118,9 @@ TEST(HttpAdapterVllmTest, StageWarmsTheCanaryThenStagesOnEveryWorker) {
 
 TEST(HttpAdapterVllmTest, AWorkersStageFailureKeepsItsCode) {
   FakeVllm vllm;
-  vllm.Script([&] { vllm.stage_failure_ = Json{{"ok", false}, {"code", "NotFound"}, {"error", "no committed version v8 of tiny"}}; });
+  vllm.Script([&] {
+    vllm.stage_failure_ = Json{{"ok", false}, {"code", "NotFound"}, {"error", "no committed version v8 of tiny"}};
+  });
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
   auto st = Await(a.Stage(Target()));
@@ -277,7 +279,7 @@ TEST(HttpAdapterVllmTest, ResumeWithoutAResetThisCycleSkipsTheCanary) {
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
   ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());  // warms
-  auto resume = Await(a.Resume());  // e.g. the best-effort resume of a rejected update
+  auto resume = Await(a.Resume());                                // e.g. the best-effort resume of a rejected update
   ASSERT_TRUE(resume.ok()) << resume.status().ToString();
   EXPECT_EQ(resume->detail["canary"]["checked"], false);
 }
@@ -352,9 +354,12 @@ TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {
   // partial sums wrap around 2^64.
   const uint64_t norm = 0x1111222233334444ull, a0 = 0xfffffffffffffff0ull, a1 = 0x20;
   vllm.Script([&] {
-    vllm.digest_results_ = {
-      Json{{"ok", true}, {"content_digest", nullptr}, {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a0, 6, false, 10)}}}},
-      Json{{"ok", true}, {"content_digest", nullptr}, {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a1, 4, false, 10)}}}}};
+    vllm.digest_results_ = {Json{{"ok", true},
+                                 {"content_digest", nullptr},
+                                 {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a0, 6, false, 10)}}}},
+                            Json{{"ok", true},
+                                 {"content_digest", nullptr},
+                                 {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a1, 4, false, 10)}}}}};
   });
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());

@@ -33,8 +33,8 @@ class VllmCliTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
   std::unique_ptr<ChildProcess> Start(const std::vector<std::string>& extra, int port) {
-    std::vector<std::string> args = {"controller", "serve", "--state-dir", dir_ + "/state", "--port",
-                                     std::to_string(port)};
+    std::vector<std::string> args = {"controller",    "serve",  "--state-dir",
+                                     dir_ + "/state", "--port", std::to_string(port)};
     args.insert(args.end(), extra.begin(), extra.end());
     auto c = ChildProcess::Spawn("controller", args, dir_ + "/controller.log", ROLLOUTCORE_BIN);
     EXPECT_TRUE(c.ok()) << c.status().ToString();

@@ -27,8 +27,8 @@ namespace rc::testing {
 
 struct FakeVllmConfig {
   int workers = 1;
-  bool extension = true;     // rolloutcore.vllm.Extension loaded
-  bool dev_mode = true;      // VLLM_SERVER_DEV_MODE=1
+  bool extension = true;  // rolloutcore.vllm.Extension loaded
+  bool dev_mode = true;   // VLLM_SERVER_DEV_MODE=1
   bool prefix_caching = true;
   bool reset_clears = true;  // a successful reset really drops the canary's blocks
 };
@@ -53,7 +53,8 @@ class FakeVllm {
     svr_.Post("/pause", [this](const httplib::Request& q, httplib::Response& r) {
       if (!Dev(r)) return;
       std::lock_guard<std::mutex> lock(mu_);
-      pause_queries_.push_back("mode=" + q.get_param_value("mode") + "&clear_cache=" + q.get_param_value("clear_cache"));
+      pause_queries_.push_back("mode=" + q.get_param_value("mode") +
+                               "&clear_cache=" + q.get_param_value("clear_cache"));
       paused_ = true;
       r.set_content(R"({"status":"paused"})", "application/json");
     });
@@ -105,9 +106,10 @@ class FakeVllm {
       std::string method = body["method"];
       if (!cfg_.extension) {
         r.status = 500;
-        r.set_content(Json{{"error", {{"message", "Method '" + method + "' is not implemented."},
-                                      {"type", "InternalServerError"},
-                                      {"code", 500}}}}
+        r.set_content(Json{{"error",
+                            {{"message", "Method '" + method + "' is not implemented."},
+                             {"type", "InternalServerError"},
+                             {"code", 500}}}}
                           .dump(),
                       "application/json");
         return;
@@ -138,10 +140,10 @@ class FakeVllm {
     f();
   }
   std::atomic<int> running_{0};
-  std::deque<bool> reset_answers_;          // successive /reset_prefix_cache answers; the last repeats
+  std::deque<bool> reset_answers_;             // successive /reset_prefix_cache answers; the last repeats
   std::vector<std::string> install_outcomes_;  // per worker; empty: "installed" everywhere
-  Json stage_failure_;                      // a worker's {"ok": false, ...} for rc_stage (rank 0)
-  std::vector<Json> digest_results_;        // per worker rc_digest result
+  Json stage_failure_;                         // a worker's {"ok": false, ...} for rc_stage (rank 0)
+  std::vector<Json> digest_results_;           // per worker rc_digest result
   std::vector<std::string> labels_;
   std::vector<int64_t> generations_;
 
@@ -165,15 +167,28 @@ class FakeVllm {
   }
   Json Rpc(const std::string& method, const Json& kwargs, int rank) {
     if (method == "rc_describe") {
-      return Json{{"ok", true}, {"extension_version", "0.1"}, {"boot_id", "b1"}, {"tp_rank", rank},
-                  {"tp_size", cfg_.workers}, {"device", "cuda:" + std::to_string(rank)}, {"label", labels_[rank]},
-                  {"generation", generations_[rank]}, {"captured", true}, {"data_ptrs_stable", true}};
+      return Json{{"ok", true},
+                  {"extension_version", "0.1"},
+                  {"boot_id", "b1"},
+                  {"tp_rank", rank},
+                  {"tp_size", cfg_.workers},
+                  {"device", "cuda:" + std::to_string(rank)},
+                  {"label", labels_[rank]},
+                  {"generation", generations_[rank]},
+                  {"captured", true},
+                  {"data_ptrs_stable", true}};
     }
     if (method == "rc_stage") {
       if (rank == 0 && !stage_failure_.is_null()) return stage_failure_;
-      return Json{{"ok", true}, {"version", kwargs["version"]}, {"mode", "full"}, {"transport", "cuda_ipc"},
-                  {"bytes_needed", 1000}, {"bytes_planned", 1000 + rank}, {"bytes_pulled", 1000},
-                  {"stage_ms", {{"total", 12.5}}}, {"staged_digest", "00000000000000aa"}};
+      return Json{{"ok", true},
+                  {"version", kwargs["version"]},
+                  {"mode", "full"},
+                  {"transport", "cuda_ipc"},
+                  {"bytes_needed", 1000},
+                  {"bytes_planned", 1000 + rank},
+                  {"bytes_pulled", 1000},
+                  {"stage_ms", {{"total", 12.5}}},
+                  {"staged_digest", "00000000000000aa"}};
     }
     if (method == "rc_install") {
       std::string outcome = install_outcomes_.empty() ? "installed" : install_outcomes_[rank];
@@ -193,7 +208,10 @@ class FakeVllm {
       return r;
     }
     if (method == "rc_label") {
-      return Json{{"ok", true}, {"label", labels_[rank]}, {"generation", generations_[rank]}, {"boot_id", "b1"},
+      return Json{{"ok", true},
+                  {"label", labels_[rank]},
+                  {"generation", generations_[rank]},
+                  {"boot_id", "b1"},
                   {"content_digest", nullptr}};
     }
     if (method == "rc_digest") {
