@@ -313,7 +313,41 @@ Result<EngineDescription> VllmFlavor::Describe() {
   return d;
 }
 
+// The Runner polls this only while no controller rollout is active. vLLM's gauges refresh only on
+// engine steps, so a request aborted outside a step (a client that went away) can leave a stale
+// non-zero forever. When the same non-zero reading has persisted for gauge_probe_after_ms on an
+// unpaused engine, one canary request (max_tokens=1: it finishes in its first step, and a step
+// takes its stats after removing finished requests) makes vLLM step, and the gauges are read
+// again: a real request keeps the count non-zero, a stale one goes to 0. At most one probe per
+// gauge_probe_after_ms. The probe is synchronous on purpose: it has finished inside vLLM before
+// this call returns, so it can never wait out a pause and land after the resume (where it would
+// warm the canary's blocks under the new weights). Never while paused: it would block.
 Result<DrainStatus> VllmFlavor::Drain() {
+  RC_ASSIGN_OR_RETURN(DrainStatus d, Gauges());
+  const auto now = std::chrono::steady_clock::now();
+  const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.gauge_probe_after_ms));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (d.idle() || d.running != last_gauges_.running || d.waiting != last_gauges_.waiting) {
+      last_gauges_ = d;
+      gauges_since_ = now;
+      return d;
+    }
+    if (now - gauges_since_ < after || now - last_gauge_probe_ < after) return d;
+    last_gauge_probe_ = now;
+  }
+  RC_ASSIGN_OR_RETURN(bool paused, IsPaused());
+  if (paused) return d;
+  RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
+  (void)cached;
+  RC_ASSIGN_OR_RETURN(DrainStatus fresh, Gauges());
+  std::lock_guard<std::mutex> lock(mu_);
+  last_gauges_ = fresh;
+  gauges_since_ = std::chrono::steady_clock::now();
+  return fresh;
+}
+
+Result<DrainStatus> VllmFlavor::Gauges() {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/metrics", ""));
   if (r.status != 200) {
     return Unavailable("GET " + options_.base_url + "/metrics answered " + std::to_string(r.status));
@@ -385,7 +419,7 @@ Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
   detail["pause"] = Json{{"request", path}, {"reply", reply}};
   PauseEvidence e;
   RC_ASSIGN_OR_RETURN(e.paused, IsPaused());
-  auto gauges = Drain();
+  auto gauges = Gauges();
   if (gauges.ok()) {
     detail["gauges"] = Json{{"num_requests_running", gauges->running}, {"num_requests_waiting", gauges->waiting}};
   } else {

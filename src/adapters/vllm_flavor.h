@@ -22,6 +22,7 @@
 // guarded by mu_.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -47,9 +48,10 @@ struct VllmOptions {
   std::string directory_url;  // rc_stage's `directory`
   std::string model;          // rc_stage's `model` (directory model name; defaults to the target's)
   std::vector<int32_t> canary_prompt;
-  int64_t stage_timeout_ms = 120000;  // rc_stage's timeout_ms
-  int reset_attempts = 5;             // /reset_prefix_cache calls per ResetCache
-  int64_t reset_backoff_ms = 10;      // delay before the first retry; doubles per retry
+  int64_t stage_timeout_ms = 120000;    // rc_stage's timeout_ms
+  int reset_attempts = 5;               // /reset_prefix_cache calls per ResetCache
+  int64_t reset_backoff_ms = 10;        // delay before the first retry; doubles per retry
+  int64_t gauge_probe_after_ms = 1000;  // a non-zero gauge reading unchanged this long is probed
 };
 
 class VllmFlavor {
@@ -59,6 +61,8 @@ class VllmFlavor {
   // rc_describe on every worker; FailedPrecondition naming the `vllm serve` flags when the
   // extension (or dev mode) is missing. Starts a new cycle (forgets the canary warm-up).
   Result<lifecycle::EngineDescription> Describe();
+  // Running/waiting from /metrics; a non-zero reading is refreshed by one probe request first
+  // (see the rule at the definition).
   Result<lifecycle::DrainStatus> Drain();
   Result<lifecycle::PauseEvidence> Pause(lifecycle::PauseMode mode);
   Result<lifecycle::StageEvidence> Stage(const lifecycle::UpdateTarget& target);
@@ -79,7 +83,8 @@ class VllmFlavor {
  private:
   Result<Json> PostJson(const std::string& path, const std::string& body);
   Result<bool> IsPaused();
-  Result<int64_t> Canary();  // sends the canary once: the cached prompt tokens vLLM reports
+  Result<lifecycle::DrainStatus> Gauges();  // the /metrics gauges as they are (no probe)
+  Result<int64_t> Canary();                 // sends the canary once: the cached prompt tokens vLLM reports
   Result<Json> StageWorkers(const lifecycle::UpdateTarget& target, int64_t* bytes);
 
   VllmOptions options_;
@@ -87,9 +92,12 @@ class VllmFlavor {
   std::string served_model_;  // from GET /v1/models at Describe (for the canary); guarded by mu_
 
   std::mutex mu_;
-  std::optional<Json> warmup_;      // this cycle's canary warm-up evidence; guarded by mu_
-  bool prefix_reset_done_ = false;  // this cycle's prefix cache reset succeeded; guarded by mu_
-  std::string staged_version_;      // the version this cycle's Stage staged ("" none); guarded by mu_
+  std::optional<Json> warmup_;          // this cycle's canary warm-up evidence; guarded by mu_
+  bool prefix_reset_done_ = false;      // this cycle's prefix cache reset succeeded; guarded by mu_
+  std::string staged_version_;          // the version this cycle's Stage staged ("" none); guarded by mu_
+  lifecycle::DrainStatus last_gauges_;  // guarded by mu_
+  std::chrono::steady_clock::time_point gauges_since_{};      // last_gauges_ first seen; guarded by mu_
+  std::chrono::steady_clock::time_point last_gauge_probe_{};  // guarded by mu_
 };
 
 // A worker's {"ok": false, "code", "error"} as a Status ("vLLM at URL rank R: METHOD: error");

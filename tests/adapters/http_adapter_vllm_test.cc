@@ -27,6 +27,7 @@ HttpAdapterOptions Options(const std::string& url) {
   o.directory_url = "http://127.0.0.1:8200";
   o.model = "tiny";
   o.reset_backoff_ms = 1;
+  o.gauge_probe_after_ms = 50;
   return o;
 }
 
@@ -64,6 +65,38 @@ TEST(HttpAdapterVllmTest, DescribesVllmThroughTheExtensionAndReadsDrainFromMetri
   auto label = Await(a.ReadLabel());
   ASSERT_TRUE(label.ok()) << label.status().ToString();
   EXPECT_EQ(label->label, "v7") << "the label comes from rc_label, set by rc_install";
+}
+
+TEST(HttpAdapterVllmTest, GaugesLeftStaleAreRefreshedByOneProbeButNeverWhilePaused) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  vllm.stale_gauges_ = true;  // e.g. a request aborted outside a step left the gauge at 2
+  vllm.running_ = 2;
+  auto drain = Await(a.GetDrainStatus());
+  ASSERT_TRUE(drain.ok()) << drain.status().ToString();
+  EXPECT_EQ(drain->running, 2) << "a fresh non-zero reading is taken as it is";
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_, 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));  // past gauge_probe_after_ms
+  drain = Await(a.GetDrainStatus());
+  ASSERT_TRUE(drain.ok()) << drain.status().ToString();
+  EXPECT_EQ(drain->running, 0) << "the unchanged reading was probed: vLLM stepped and refreshed its gauges";
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_, 1);
+  }
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  vllm.running_ = 2;
+  ASSERT_EQ(Await(a.GetDrainStatus())->running, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  drain = Await(a.GetDrainStatus());
+  ASSERT_TRUE(drain.ok()) << drain.status().ToString();
+  EXPECT_EQ(drain->running, 2) << "no probe while paused: it would block until the resume";
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_while_paused_, 0);
 }
 
 TEST(HttpAdapterVllmTest, MissingExtensionOrDevModeNamesTheServeFlags) {

@@ -91,6 +91,7 @@ class FakeVllm {
     svr_.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
       Json body = Json::parse(q.body);
       std::lock_guard<std::mutex> lock(mu_);
+      if (stale_gauges_) running_ = 0;  // the step this request causes refreshes the gauges to the truth
       if (paused_) ++completions_while_paused_;
       ++completions_;
       last_model_ = body.value("model", std::string());
@@ -140,6 +141,7 @@ class FakeVllm {
     f();
   }
   std::atomic<int> running_{0};
+  std::atomic<bool> stale_gauges_{false};      // running_ is a stale value that the next engine step clears
   std::deque<bool> reset_answers_;             // successive /reset_prefix_cache answers; the last repeats
   std::vector<std::string> install_outcomes_;  // per worker; empty: "installed" everywhere
   Json stage_failure_;                         // a worker's {"ok": false, ...} for rc_stage (rank 0)

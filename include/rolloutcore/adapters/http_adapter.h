@@ -42,6 +42,7 @@ struct HttpAdapterOptions {
   int64_t stage_timeout_ms = 120000;   // vLLM: rc_stage's timeout_ms (the controller passes its stage deadline)
   int reset_attempts = 5;              // vLLM: /reset_prefix_cache calls per ResetCache while it answers success:false
   int64_t reset_backoff_ms = 10;       // vLLM: delay before the first retry; doubles per retry
+  int64_t gauge_probe_after_ms = 1000;  // vLLM: a non-zero drain reading unchanged this long is refreshed by a probe
   EngineFlavor expected_flavor = EngineFlavor::kUnknown;  // kUnknown: detect; else Describe() checks it
 };
 
