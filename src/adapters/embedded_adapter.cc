@@ -174,6 +174,7 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
       r.success = ev.success;
       r.freed_blocks = ev.freed_blocks;
       r.blocks_in_use = ev.blocks_in_use;
+      r.verified = true;  // the engine's own evidence
       return r;
     });
   }

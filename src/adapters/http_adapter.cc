@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "adapters/vllm_flavor.h"
 #include "rolloutcore/base/json.h"
 
 namespace rc::adapters {
@@ -28,6 +29,8 @@ using lifecycle::UpdateTarget;
 struct HttpEngineAdapter::Shared {
   HttpAdapterOptions options;
   std::atomic<EngineFlavor> flavor{EngineFlavor::kUnknown};
+  std::unique_ptr<internal::VllmFlavor> vllm;  // set at construction; used once flavor is kVllm
+  bool IsVllm() const { return flavor.load() == EngineFlavor::kVllm; }
 
   std::unique_ptr<httplib::Client> Client() const {
     auto c = std::make_unique<httplib::Client>(options.base_url);
@@ -78,30 +81,8 @@ struct HttpEngineAdapter::Shared {
       RC_ASSIGN_OR_RETURN(d.waiting, GetNonNegativeInt(j, "num_waiting", "state"));
       return d;
     }
-    RC_ASSIGN_OR_RETURN(httplib::Response resp, Do("GET", "/metrics"));
-    if (resp.status != 200) return Unavailable("GET " + Where("/metrics") + " answered " + std::to_string(resp.status));
-    DrainStatus d;
-    RC_ASSIGN_OR_RETURN(double running, PrometheusValue(resp.body, "vllm:num_requests_running"));
-    RC_ASSIGN_OR_RETURN(double waiting, PrometheusValue(resp.body, "vllm:num_requests_waiting"));
-    d.running = static_cast<int64_t>(running);
-    d.waiting = static_cast<int64_t>(waiting);
-    return d;
-  }
-
-  // Sends the canary and returns the cached prompt tokens vLLM reports for it.
-  Result<int64_t> Canary() const {
-    Json body{{"prompt", options.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
-    if (!options.model.empty()) body["model"] = options.model;
-    RC_ASSIGN_OR_RETURN(Json j, DoJson("POST", "/v1/completions", body.dump()));
-    if (!j.contains("usage") || !j["usage"].is_object()) {
-      return DataLoss("canary response from " + Where("/v1/completions") + " has no usage");
-    }
-    const Json& usage = j["usage"];
-    if (!usage.contains("prompt_tokens_details") || !usage["prompt_tokens_details"].is_object()) {
-      return FailedPrecondition("vLLM at " + options.base_url +
-                                " does not report cached tokens: start it with --enable-prompt-tokens-details");
-    }
-    return GetNonNegativeInt(usage["prompt_tokens_details"], "cached_tokens", "usage.prompt_tokens_details", 0);
+    if (IsVllm()) return vllm->Drain();
+    return FailedPrecondition("engine at " + options.base_url + ": drain status before Describe() found its flavour");
   }
 };
 
@@ -139,12 +120,16 @@ Result<IdentityEvidence> ProbeVllmIdentity(const HttpEngineAdapter::Shared& s) {
     if (i == 0) {
       first = e;
     } else if (e.label != first.label || e.install_generation != first.install_generation ||
-               e.boot_id != first.boot_id || e.content_digest != first.content_digest) {
+               e.content_digest != first.content_digest) {
       return DataLoss(where + ": workers disagree: worker 0 reports label '" + first.label + "' generation " +
                       std::to_string(first.install_generation) + " boot " + first.boot_id + " digest '" +
                       first.content_digest + "', worker " + std::to_string(i) + " reports label '" + e.label +
                       "' generation " + std::to_string(e.install_generation) + " boot " + e.boot_id + " digest '" +
                       e.content_digest + "'");
+    } else {
+      // Each worker is its own process with its own boot id: the engine's is all of them, so a
+      // restart of any worker changes it.
+      first.boot_id += "," + e.boot_id;
     }
   }
   return first;
@@ -194,6 +179,23 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
     for (int i = 0; i < 64; ++i) options.canary_prompt.push_back(100 + (i * 37) % 200);
   }
   s_->options = std::move(options);
+  internal::VllmOptions vo;
+  vo.base_url = s_->options.base_url;
+  vo.directory_url = s_->options.directory_url;
+  vo.model = s_->options.model;
+  vo.canary_prompt = s_->options.canary_prompt;
+  vo.stage_timeout_ms = s_->options.stage_timeout_ms;
+  vo.reset_attempts = s_->options.reset_attempts;
+  vo.reset_backoff_ms = s_->options.reset_backoff_ms;
+  vo.gauge_probe_after_ms = s_->options.gauge_probe_after_ms;
+  Shared* raw = s_.get();  // owns the flavour, so outlives it
+  s_->vllm =
+      std::make_unique<internal::VllmFlavor>(std::move(vo),
+                                             [raw](const std::string& method, const std::string& path,
+                                                   const std::string& body) -> Result<internal::HttpReply> {
+                                               RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
+                                               return internal::HttpReply{r.status, r.body};
+                                             });
 }
 
 HttpEngineAdapter::~HttpEngineAdapter() = default;
@@ -205,7 +207,13 @@ Result<EngineDescription> HttpEngineAdapter::Describe() {
   d.name = s_->options.base_url;
   auto state = s_->Do("GET", "/rc/engine/state");
   if (!state.ok()) return state.status();
+  const EngineFlavor expected = s_->options.expected_flavor;
   if (state->status == 200) {
+    if (expected == EngineFlavor::kVllm) {
+      return FailedPrecondition(
+          "engine at " + s_->options.base_url +
+          " was given as vllm+http:// but answers GET /rc/engine/state: it is a rolloutcore engine");
+    }
     s_->flavor = EngineFlavor::kRolloutcore;
     d.kind = "rolloutcore";
     d.offers_content_digest = true;
@@ -219,12 +227,15 @@ Result<EngineDescription> HttpEngineAdapter::Describe() {
     return Unavailable("engine at " + s_->options.base_url + " is not healthy (GET /health answered " +
                        std::to_string(health.status) + ")");
   }
+  if (expected == EngineFlavor::kRolloutcore) {
+    return FailedPrecondition("engine at " + s_->options.base_url +
+                              " was given as rolloutcore+http:// but does not answer GET /rc/engine/state (" +
+                              std::to_string(state->status) + ")");
+  }
+  // vLLM (or another OpenAI-compatible server): only rolloutcore's worker extension makes it
+  // drivable; VllmFlavor::Describe says which flags are missing otherwise.
   s_->flavor = EngineFlavor::kVllm;
-  d.kind = "vllm";
-  d.offers_content_digest = false;
-  d.supports_staging = false;
-  d.caches = {CacheKind::kPrefix};
-  return d;
+  return s_->vllm->Describe();
 }
 
 Pending<DrainStatus> HttpEngineAdapter::GetDrainStatus() {
@@ -233,6 +244,7 @@ Pending<DrainStatus> HttpEngineAdapter::GetDrainStatus() {
 
 Pending<PauseEvidence> HttpEngineAdapter::Pause(PauseMode mode) {
   return RunDetached<PauseEvidence>([s = s_, mode]() -> Result<PauseEvidence> {
+    if (s->IsVllm()) return s->vllm->Pause(mode);
     RC_ASSIGN_OR_RETURN(Json ignored, s->DoJson("POST", "/pause?mode=" + PauseModeQuery(mode)));
     (void)ignored;
     PauseEvidence e;
@@ -255,12 +267,7 @@ Pending<AbortEvidence> HttpEngineAdapter::AbortRequests(const std::vector<std::s
 
 Pending<StageEvidence> HttpEngineAdapter::Stage(const UpdateTarget& target) {
   return RunDetached<StageEvidence>([s = s_, target]() -> Result<StageEvidence> {
-    if (s->flavor.load() == EngineFlavor::kVllm) {
-      // No receiver-driven staging on vLLM; warm the canary so the reset can be verified later.
-      RC_ASSIGN_OR_RETURN(int64_t cached, s->Canary());
-      (void)cached;
-      return StageEvidence{target.label, 0, Json{{"canary", "warmed"}}};
-    }
+    if (s->IsVllm()) return s->vllm->Stage(target);
     std::string model = s->options.model.empty() ? target.model : s->options.model;
     Json body{{"model", model}, {"version", target.label}, {"directory", s->options.directory_url}};
     RC_ASSIGN_OR_RETURN(Json j, s->DoJson("POST", "/rc/refit/stage", body.dump()));
@@ -274,12 +281,7 @@ Pending<StageEvidence> HttpEngineAdapter::Stage(const UpdateTarget& target) {
 
 Pending<InstallEvidence> HttpEngineAdapter::Install(const UpdateTarget& target, bool full) {
   return RunDetached<InstallEvidence>([s = s_, target, full]() -> Result<InstallEvidence> {
-    if (s->flavor.load() == EngineFlavor::kVllm) {
-      // Refused up front, nothing was touched: FailedPrecondition is the contract for that.
-      return FailedPrecondition("vLLM at " + s->options.base_url +
-                                " receives weights from the trainer (update_weights); receiver-driven install is "
-                                "not available");
-    }
+    if (s->IsVllm()) return s->vllm->Install(target, full);
     if (full) {
       // Recovery: the Runner stages nothing before a recovery install, and the engine holds a
       // staged copy only if the failed update left one (an engine restarted after a crash holds
@@ -325,6 +327,7 @@ Pending<InstallEvidence> HttpEngineAdapter::Install(const UpdateTarget& target, 
 
 Pending<CacheResetResult> HttpEngineAdapter::ResetCache(CacheKind kind) {
   return RunDetached<CacheResetResult>([s = s_, kind]() -> Result<CacheResetResult> {
+    if (s->IsVllm()) return s->vllm->ResetCache(kind);
     std::string path = kind == CacheKind::kPrefix    ? "/reset_prefix_cache"
                        : kind == CacheKind::kEncoder ? "/reset_encoder_cache"
                                                      : "/reset_mm_cache";
@@ -337,20 +340,16 @@ Pending<CacheResetResult> HttpEngineAdapter::ResetCache(CacheKind kind) {
       RC_ASSIGN_OR_RETURN(r.success, GetBool(j, "success", path));
       r.freed_blocks = j.value("freed_blocks", int64_t{0});
       r.blocks_in_use = j.value("blocks_in_use", int64_t{0});
+      r.verified = true;  // the engine's own evidence body
       return r;
     }
-    if (s->flavor.load() != EngineFlavor::kVllm) {
-      return DataLoss("POST " + s->Where(path) + " returned no evidence body");
-    }
-    // vLLM: an empty 200 is not evidence; the canary check in Resume() is.
-    r.success = true;
-    r.blocks_in_use = -1;  // unknown; verified by the canary
-    return r;
+    return DataLoss("POST " + s->Where(path) + " returned no evidence body");
   });
 }
 
 Pending<LabelEvidence> HttpEngineAdapter::ReadLabel() {
   return RunDetached<LabelEvidence>([s = s_]() -> Result<LabelEvidence> {
+    if (s->IsVllm()) return s->vllm->ReadLabel();
     RC_ASSIGN_OR_RETURN(Json j, s->DoJson("GET", "/weight_info"));
     LabelEvidence e;
     RC_ASSIGN_OR_RETURN(e.label, GetString(j, "weight_version", "weight_info"));
@@ -360,6 +359,7 @@ Pending<LabelEvidence> HttpEngineAdapter::ReadLabel() {
 
 Pending<DigestEvidence> HttpEngineAdapter::ReadContentDigest() {
   return RunDetached<DigestEvidence>([s = s_]() -> Result<DigestEvidence> {
+    if (s->IsVllm()) return s->vllm->ReadContentDigest();
     if (s->flavor.load() != EngineFlavor::kRolloutcore) {
       return Unimplemented("engine at " + s->options.base_url + " offers no content digest");
     }
@@ -372,19 +372,36 @@ Pending<DigestEvidence> HttpEngineAdapter::ReadContentDigest() {
 
 Pending<ResumeEvidence> HttpEngineAdapter::Resume() {
   return RunDetached<ResumeEvidence>([s = s_]() -> Result<ResumeEvidence> {
+    if (s->IsVllm()) return s->vllm->Resume();
     RC_ASSIGN_OR_RETURN(Json ignored, s->DoJson("POST", "/resume"));
     (void)ignored;
     ResumeEvidence e;
     RC_ASSIGN_OR_RETURN(e.paused_after, s->IsPaused());
-    if (s->flavor.load() == EngineFlavor::kVllm && !e.paused_after) {
-      RC_ASSIGN_OR_RETURN(int64_t cached, s->Canary());
-      if (cached != 0) {
-        return DataLoss("stale prefix cache: the canary reported " + std::to_string(cached) +
-                        " cached prompt tokens after the reset");
-      }
-    }
     return e;
   });
+}
+
+Result<EngineUrl> ParseEngineUrl(const std::string& url) {
+  EngineUrl out;
+  std::string rest = url;
+  for (const auto& [prefix, flavor] :
+       {std::pair<std::string, EngineFlavor>{"vllm+", EngineFlavor::kVllm},
+        std::pair<std::string, EngineFlavor>{"rolloutcore+", EngineFlavor::kRolloutcore}}) {
+    if (rest.rfind(prefix, 0) == 0) {
+      out.flavor = flavor;
+      rest = rest.substr(prefix.size());
+      break;
+    }
+  }
+  const bool http = rest.rfind("http://", 0) == 0, https = rest.rfind("https://", 0) == 0;
+  const size_t host_at = http ? 7 : https ? 8 : 0;
+  if ((!http && !https) || rest.size() == host_at || rest[host_at] == '/' || rest[host_at] == ':') {
+    return InvalidArgument("engine URL '" + url +
+                           "': expected http://HOST:PORT, vllm+http://HOST:PORT or rolloutcore+http://HOST:PORT");
+  }
+  while (rest.size() > host_at && rest.back() == '/') rest.pop_back();
+  out.base_url = rest;
+  return out;
 }
 
 std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms) {
@@ -421,5 +438,11 @@ Pending<IdentityEvidence> HttpEngineAdapter::ProbeIdentity() {
 }
 
 Status HttpEngineAdapter::WarmCanary() { return s_->Canary().status(); }
+
+Result<Json> HttpEngineAdapter::WarmCanary() {
+  if (!s_->IsVllm())
+    return FailedPrecondition("the canary is a vLLM check; engine at " + s_->options.base_url + " is not vLLM");
+  return s_->vllm->WarmCanary("manual");
+}
 
 }  // namespace rc::adapters

@@ -51,13 +51,20 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     int64_t verify_interval_ms = 1000;
     bool auto_recover = false;
     double lease_timeout_s = 300;
+    std::string pause_mode = "wait";
+    bool no_prefetch = false;
+    std::string vllm_transfer = "rolloutcore";
+    int vllm_reset_attempts = 5;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
   };
   auto o = std::make_shared<Opts>();
-  serve->add_option("--engine", o->engines,
-                    "Engine base URL(s), comma-separated (http://127.0.0.1:8000,...); 'embedded' runs an engine in "
-                    "this process (see --embedded-*)")
+  serve
+      ->add_option("--engine", o->engines,
+                   "Engine base URL(s), comma-separated: http://HOST:PORT (flavour detected: a rolloutcore engine "
+                   "answers /rc/engine/state, otherwise vLLM), vllm+http://HOST:PORT (vLLM with rolloutcore's worker "
+                   "extension, docs/vllm.md), rolloutcore+http://HOST:PORT; 'embedded' runs an engine in this "
+                   "process (see --embedded-*)")
       ->required();
   serve->add_option("--embedded-model", o->embedded_model, "Embedded engine: preset name or Hugging Face folder")
       ->capture_default_str();
@@ -94,6 +101,28 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                     "(POST /v1/rollouts/{id}:heartbeat) before it is recorded expired and stops holding a drain; "
                     "0: never")
       ->check(CLI::NonNegativeNumber)
+  serve
+      ->add_option("--pause-mode", o->pause_mode,
+                   "How the engine pauses once drained: wait (in-flight requests finish; vLLM's /pause?mode=wait) | "
+                   "abort | keep (frozen in place; an install is refused while any is frozen)")
+      ->check(CLI::IsMember({"wait", "abort", "keep"}))
+      ->capture_default_str();
+  serve->add_flag("--no-prefetch", o->no_prefetch,
+                  "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
+                  "install, while paused, and warm the canary just before the pause; rolloutcore engines refuse "
+                  "the install (nothing staged), so the update is rejected");
+  serve
+      ->add_option(
+          "--vllm-transfer", o->vllm_transfer,
+          "vLLM engines: how weights move. rolloutcore: rc_stage/rc_install in rolloutcore's worker extension. "
+          "native-nccl (vLLM's start/update/finish_weight_update session): not implemented yet, refused")
+      ->check(CLI::IsMember({"rolloutcore", "native-nccl"}))
+      ->capture_default_str();
+  serve
+      ->add_option("--vllm-reset-attempts", o->vllm_reset_attempts,
+                   "vLLM engines: /reset_prefix_cache calls per reset while it answers success:false (backoff 10 ms, "
+                   "doubling); the controller retries refused resets within --reset-deadline-ms on top")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
   serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
@@ -103,6 +132,14 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--validate-deadline-ms", o->validate_ms, "Validation (label + digest) deadline (ms)");
   serve->add_option("--resume-deadline-ms", o->resume_ms, "Resume deadline (ms)");
   serve->callback([o, exit_code] {
+    if (o->vllm_transfer == "native-nccl") {
+      std::cerr << "controller serve: --vllm-transfer native-nccl is not implemented: rolloutcore's worker extension "
+                   "has no method that labels weights vLLM's own transfer installed (the label is set only by "
+                   "rc_install), and no trainer-side helper drives the broadcast yet; use --vllm-transfer rolloutcore "
+                   "(docs/vllm.md, 'vLLM's own transfer')\n";
+      *exit_code = 2;
+      return;
+    }
     std::unique_ptr<directory::DirectoryClient> dir;
     std::unique_ptr<controller::DirectoryVersionSource> versions;
     if (!o->directory.empty()) {
@@ -133,14 +170,23 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
         embedded.push_back(std::move(e).value());
         continue;
       }
+      auto parsed = adapters::ParseEngineUrl(url);
+      if (!parsed.ok()) {
+        std::cerr << "controller serve: --engine: " << parsed.status().message() << "\n";
+        *exit_code = 2;
+        return;
+      }
       adapters::HttpAdapterOptions ao;
-      ao.base_url = url;
+      ao.base_url = parsed->base_url;
+      ao.expected_flavor = parsed->flavor;
       ao.directory_url = o->directory;
       ao.model = o->model;
+      ao.stage_timeout_ms = o->stage_ms;
+      ao.reset_attempts = o->vllm_reset_attempts;
       controller::EngineHandle h;
       h.name = url;
       h.adapter = std::make_unique<adapters::HttpEngineAdapter>(ao);
-      h.complete = adapters::MakeHttpCompleter(url);
+      h.complete = adapters::MakeHttpCompleter(parsed->base_url);
       engines.push_back(std::move(h));
     }
     controller::ServiceOptions so;
@@ -152,6 +198,10 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     so.auto_recover = o->auto_recover;
     so.lease_timeout_ms = static_cast<int64_t>(o->lease_timeout_s * 1000.0);
     so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o->drain_policy);
+    so.runner.pause_mode = o->pause_mode == "abort"  ? lifecycle::PauseMode::kAbort
+                           : o->pause_mode == "keep" ? lifecycle::PauseMode::kKeep
+                                                     : lifecycle::PauseMode::kWait;
+    so.runner.prefetch = !o->no_prefetch;
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;
     so.runner.deadlines.pause_ms = o->pause_ms;

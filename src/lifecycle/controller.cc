@@ -57,7 +57,9 @@ Json ResetResultsJson(const std::vector<CacheResetResult>& results) {
     arr.push_back(Json{{"cache", CacheKindName(r.kind)},
                        {"success", r.success},
                        {"freed_blocks", r.freed_blocks},
-                       {"blocks_in_use", r.blocks_in_use}});
+                       {"blocks_in_use", r.blocks_in_use},
+                       {"verified", r.verified},
+                       {"attempts", r.attempts}});
   }
   return arr;
 }
@@ -465,8 +467,9 @@ Status Controller::BeginInstall(const PauseEvidence& pause) {
   if (!active_.empty()) {
     return FailedPrecondition("install refused: " + std::to_string(active_.size()) + " admitted rollouts are active");
   }
-  return TransitionLocked(Event::kBeginInstall,
-                          Json{{"evidence", {{"paused", pause.paused}, {"running", pause.running}}}});
+  Json ev{{"paused", pause.paused}, {"running", pause.running}};
+  if (!pause.detail.is_null()) ev["detail"] = pause.detail;
+  return TransitionLocked(Event::kBeginInstall, Json{{"evidence", ev}});
 }
 
 Status Controller::InstallComplete(const InstallEvidence& install) {
@@ -499,8 +502,17 @@ Status Controller::CachesReset(const std::vector<CacheResetResult>& results, con
       return FailedPrecondition("the " + std::string(CacheKindName(kind)) + " cache reset was refused (" +
                                 std::to_string(it->blocks_in_use) + " blocks in use)");
     }
+    if (kind == CacheKind::kPrefix && !it->verified) {
+      return FailedPrecondition("the prefix cache reset is unverified: the engine's reply (after " +
+                                std::to_string(it->attempts) + " attempts) does not prove the cache was cleared");
+    }
   }
-  return TransitionLocked(Event::kCachesReset, Json{{"evidence", ResetResultsJson(results)}});
+  Json unverified = Json::array();
+  for (const auto& r : results) {
+    if (!r.verified) unverified.push_back(CacheKindName(r.kind));
+  }
+  return TransitionLocked(Event::kCachesReset,
+                          Json{{"evidence", ResetResultsJson(results)}, {"unverified", unverified}});
 }
 
 Status Controller::Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
@@ -530,9 +542,10 @@ Status Controller::Resumed(const ResumeEvidence& resume) {
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kResumed));
   if (resume.paused_after) return FailedPrecondition("resume not confirmed: the engine still reports itself paused");
   WeightVersion v{pending_->label, version_.generation + 1};
-  return TransitionLocked(Event::kResumed, Json{{"version", ToJson(v)},
-                                                {"identity", ToJson(pending_->identity)},
-                                                {"evidence", {{"paused_after", resume.paused_after}}}});
+  Json ev{{"paused_after", resume.paused_after}};
+  if (!resume.detail.is_null()) ev["detail"] = resume.detail;
+  return TransitionLocked(Event::kResumed,
+                          Json{{"version", ToJson(v)}, {"identity", ToJson(pending_->identity)}, {"evidence", ev}});
 }
 
 Status Controller::RejectBeforeMutation(const std::string& reason, bool install_refused_before_mutation) {

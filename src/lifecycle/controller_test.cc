@@ -31,7 +31,7 @@ class ControllerTest : public ::testing::Test {
     ToQuiesced();
     ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
     ASSERT_TRUE(c_->InstallComplete({"rc-1", 100, Json::object()}).ok());
-    ASSERT_TRUE(c_->CachesReset({{CacheKind::kPrefix, true, 1, 0}}, {CacheKind::kPrefix}).ok());
+    ASSERT_TRUE(c_->CachesReset({{CacheKind::kPrefix, true, 1, 0, true}}, {CacheKind::kPrefix}).ok());
   }
   ManualClock clock_;
   MemoryJournal journal_;
@@ -98,14 +98,41 @@ TEST_F(ControllerTest, EveryCacheMustConfirmItsReset) {
   ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
   ASSERT_TRUE(c_->InstallComplete({"rc-1", 100, Json::object()}).ok());
   std::vector<CacheKind> required = {CacheKind::kPrefix, CacheKind::kEncoder};
-  Status s = c_->CachesReset({{CacheKind::kPrefix, true, 3, 0}}, required);
+  Status s = c_->CachesReset({{CacheKind::kPrefix, true, 3, 0, true}}, required);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("encoder"), std::string::npos);
-  s = c_->CachesReset({{CacheKind::kPrefix, false, 0, 4}, {CacheKind::kEncoder, true, 0, 0}}, required);
+  s = c_->CachesReset({{CacheKind::kPrefix, false, 0, 4, true}, {CacheKind::kEncoder, true, 0, 0, true}}, required);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("4 blocks in use"), std::string::npos);
   EXPECT_EQ(c_->state(), State::kInvalidating);
-  EXPECT_TRUE(c_->CachesReset({{CacheKind::kPrefix, true, 3, 0}, {CacheKind::kEncoder, true, 0, 0}}, required).ok());
+  EXPECT_TRUE(
+      c_->CachesReset({{CacheKind::kPrefix, true, 3, 0, true}, {CacheKind::kEncoder, true, 0, 0, true}}, required)
+          .ok());
+}
+
+// An empty-200 reset (vLLM's mm/encoder caches) passes unverified and the journal says so; the
+// prefix cache must be verified.
+TEST_F(ControllerTest, UnverifiedResetsAreNeverRecordedAsProven) {
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  ASSERT_TRUE(c_->InstallComplete({"rc-1", 100, Json::object()}).ok());
+  std::vector<CacheKind> required = {CacheKind::kPrefix, CacheKind::kEncoder};
+  Status s =
+      c_->CachesReset({{CacheKind::kPrefix, true, 0, 0, false}, {CacheKind::kEncoder, true, 0, 0, true}}, required);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("prefix cache reset is unverified"), std::string::npos) << s.message();
+  EXPECT_EQ(c_->state(), State::kInvalidating);
+  ASSERT_TRUE(
+      c_->CachesReset({{CacheKind::kPrefix, true, 2, 0, true, 3}, {CacheKind::kEncoder, true, 0, 0, false}}, required)
+          .ok());
+  auto records = journal_.ReadAll();
+  ASSERT_TRUE(records.ok());
+  const JournalRecord& last = records->back();
+  ASSERT_EQ(last.event, "caches_reset");
+  EXPECT_EQ(last.detail["unverified"], Json::array({"encoder"})) << last.detail.dump();
+  EXPECT_EQ(last.detail["evidence"][0]["verified"], true);
+  EXPECT_EQ(last.detail["evidence"][0]["attempts"], 3);
+  EXPECT_EQ(last.detail["evidence"][1]["verified"], false);
 }
 
 TEST_F(ControllerTest, ValidationChecksLabelAndDigest) {

@@ -68,7 +68,7 @@ struct Fixture {
       case E::kBeginInstall: return c->BeginInstall(PauseEvidence{true, 0});
       case E::kInstallComplete: return c->InstallComplete(InstallEvidence{Pending(), 10, Json::object()});
       case E::kCachesReset:
-        return c->CachesReset({CacheResetResult{CacheKind::kPrefix, true, 3, 0}}, {CacheKind::kPrefix});
+        return c->CachesReset({CacheResetResult{CacheKind::kPrefix, true, 3, 0, true}}, {CacheKind::kPrefix});
       case E::kValidated: return c->Validated(LabelEvidence{Pending()}, DigestEvidence{PendingDigest()}, true);
       case E::kResumed: return c->Resumed(ResumeEvidence{false});
       case E::kRejectBeforeMutation: return c->RejectBeforeMutation("test", true);

@@ -72,12 +72,12 @@ TEST(HttpAdapterIdentityTest, VllmWorkersThatAgreeAreOneIdentity) {
   HttpEngineAdapter a(o);
   ASSERT_TRUE(a.Describe().ok());
   ASSERT_EQ(a.flavor(), EngineFlavor::kVllm);
-  vllm.SetResults(Json::array({Worker("v3", 2, "b-1", "00000000000000aa"), Worker("v3", 2, "b-1", "00000000000000aa")}));
+  vllm.SetResults(Json::array({Worker("v3", 2, "b-1", "00000000000000aa"), Worker("v3", 2, "b-2", "00000000000000aa")}));
   auto e = AwaitPending(a.ProbeIdentity(), 5000, "probe");
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_EQ(e->label, "v3");
   EXPECT_EQ(e->install_generation, 2);
-  EXPECT_EQ(e->boot_id, "b-1");
+  EXPECT_EQ(e->boot_id, "b-1,b-2") << "every worker process's boot id: any worker's restart changes it";
   EXPECT_EQ(e->content_digest, "00000000000000aa");
   Json sent = Json::parse(vllm.last_body());
   EXPECT_EQ(sent["method"], "rc_label");

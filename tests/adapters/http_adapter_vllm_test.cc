@@ -1,80 +1,33 @@
-// The HTTP adapter against a vLLM-shaped server on loopback: empty-200 cache resets are not
-// taken as evidence; the canary is. The server here models vLLM's documented behaviour: a
-// prefix cache that a reset may or may not clear, cached_tokens in usage, /metrics gauges.
+// The HTTP adapter's vLLM flavour against FakeVllm (tests/testing/fake_vllm.h: vLLM 0.26's
+// endpoints plus rolloutcore's worker-extension protocol over /collective_rpc), alone and under
+// the real Controller and Runner. The real-vLLM tests run on the GPU machine (label gpu+vllm).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "rolloutcore/adapters/http_adapter.h"
+#include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/lifecycle/runner.h"
+#include "rolloutcore/refit/digest.h"
+#include "testing/fake_vllm.h"
 
 namespace rc::adapters {
 namespace {
 
-class FakeVllm {
- public:
-  explicit FakeVllm(bool reset_really_clears) : clears_(reset_really_clears) {
-    svr_.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
-    svr_.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
-    svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
-      r.set_content("# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name=\"m\"} " +
-                        std::to_string(running_.load()) + "\nvllm:num_requests_waiting{model_name=\"m\"} 0\n" +
-                        "vllm:num_requests_running_total 99\n",
-                    "text/plain");
-    });
-    svr_.Post("/pause", [this](const httplib::Request&, httplib::Response& r) {
-      paused_ = true;
-      r.set_content(R"({"status":"paused"})", "application/json");
-    });
-    svr_.Post("/resume", [this](const httplib::Request&, httplib::Response& r) {
-      paused_ = false;
-      r.set_content(R"({"status":"resumed"})", "application/json");
-    });
-    svr_.Get("/is_paused", [this](const httplib::Request&, httplib::Response& r) {
-      r.set_content(Json{{"is_paused", paused_.load()}}.dump(), "application/json");
-    });
-    svr_.Post("/reset_prefix_cache", [this](const httplib::Request& q, httplib::Response& r) {
-      reset_query_ = q.get_param_value("reset_running_requests");
-      if (clears_) cached_ = false;
-      r.status = 200;  // vLLM: empty body whatever happened
-    });
-    svr_.Get("/weight_info", [](const httplib::Request&, httplib::Response& r) {
-      r.set_content(R"({"weight_version":"v7"})", "application/json");
-    });
-    svr_.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
-      Json body = Json::parse(q.body);
-      int64_t n = static_cast<int64_t>(body["prompt"].size());
-      int64_t hit = cached_ ? n : 0;
-      cached_ = true;
-      r.set_content(Json{{"usage", {{"prompt_tokens", n}, {"prompt_tokens_details", {{"cached_tokens", hit}}}}}}.dump(),
-                    "application/json");
-    });
-    port_ = svr_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ~FakeVllm() {
-    svr_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  std::atomic<int> running_{0};
-  std::string reset_query_;
-
- private:
-  httplib::Server svr_;
-  std::thread thread_;
-  int port_ = 0;
-  bool clears_;
-  std::atomic<bool> paused_{false};
-  std::atomic<bool> cached_{false};
-};
+using rc::testing::FakeVllm;
 
 HttpAdapterOptions Options(const std::string& url) {
   HttpAdapterOptions o;
   o.base_url = url;
+  o.directory_url = "http://127.0.0.1:8200";
+  o.model = "tiny";
+  o.reset_backoff_ms = 1;
+  o.gauge_probe_after_ms = 50;
   return o;
 }
 
@@ -90,44 +43,259 @@ lifecycle::UpdateTarget Target() {
   return t;
 }
 
-TEST(HttpAdapterVllmTest, DescribesVllmAndReadsDrainFromMetrics) {
-  FakeVllm vllm(true);
+TEST(HttpAdapterVllmTest, DescribesVllmThroughTheExtensionAndReadsDrainFromMetrics) {
+  FakeVllm vllm;
   HttpEngineAdapter a(Options(vllm.url()));
   auto d = a.Describe();
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->kind, "vllm");
-  EXPECT_FALSE(d->offers_content_digest);
+  EXPECT_TRUE(d->offers_content_digest);
+  EXPECT_TRUE(d->supports_staging);
+  EXPECT_EQ(d->caches.size(), 3u) << "prefix, encoder and multimodal are all reset";
   EXPECT_EQ(a.flavor(), EngineFlavor::kVllm);
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    ASSERT_EQ(vllm.rpc_calls_.size(), 1u);
+    EXPECT_EQ(vllm.rpc_calls_[0]["method"], "rc_describe");
+  }
   vllm.running_ = 3;
   auto drain = Await(a.GetDrainStatus());
   ASSERT_TRUE(drain.ok()) << drain.status().ToString();
   EXPECT_EQ(drain->running, 3) << "the _total counter with a longer name is not summed in";
   auto label = Await(a.ReadLabel());
-  ASSERT_TRUE(label.ok());
-  EXPECT_EQ(label->label, "v7");
-  EXPECT_EQ(Await(a.ReadContentDigest()).status().code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(Await(a.Install(Target(), false)).status().code(), StatusCode::kFailedPrecondition)
-      << "refused up front: the runner returns to READY on the old version";
+  ASSERT_TRUE(label.ok()) << label.status().ToString();
+  EXPECT_EQ(label->label, "v7") << "the label comes from rc_label, set by rc_install";
 }
 
-TEST(HttpAdapterVllmTest, CanaryAcceptsARealReset) {
-  FakeVllm vllm(true);
+TEST(HttpAdapterVllmTest, GaugesLeftStaleAreRefreshedByOneProbeButNeverWhilePaused) {
+  FakeVllm vllm;
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
-  ASSERT_TRUE(Await(a.Stage(Target())).ok());  // warms the canary
+  vllm.stale_gauges_ = true;  // e.g. a request aborted outside a step left the gauge at 2
+  vllm.running_ = 2;
+  auto drain = Await(a.GetDrainStatus());
+  ASSERT_TRUE(drain.ok()) << drain.status().ToString();
+  EXPECT_EQ(drain->running, 2) << "a fresh non-zero reading is taken as it is";
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_, 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));  // past gauge_probe_after_ms
+  drain = Await(a.GetDrainStatus());
+  ASSERT_TRUE(drain.ok()) << drain.status().ToString();
+  EXPECT_EQ(drain->running, 0) << "the unchanged reading was probed: vLLM stepped and refreshed its gauges";
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_, 1);
+  }
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  vllm.running_ = 2;
+  ASSERT_EQ(Await(a.GetDrainStatus())->running, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  drain = Await(a.GetDrainStatus());
+  ASSERT_TRUE(drain.ok()) << drain.status().ToString();
+  EXPECT_EQ(drain->running, 2) << "no probe while paused: it would block until the resume";
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_while_paused_, 0);
+}
+
+TEST(HttpAdapterVllmTest, MissingExtensionOrDevModeNamesTheServeFlags) {
+  for (bool dev_mode : {true, false}) {
+    FakeVllm::Config cfg;
+    cfg.extension = false;
+    cfg.dev_mode = dev_mode;  // second round: no dev mode at all (every dev route 404s)
+    FakeVllm vllm(cfg);
+    HttpEngineAdapter a(Options(vllm.url()));
+    auto d = a.Describe();
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(d.status().message().find("--worker-extension-cls rolloutcore.vllm.Extension"), std::string::npos)
+        << d.status().message();
+    EXPECT_NE(d.status().message().find("VLLM_SERVER_DEV_MODE=1"), std::string::npos) << d.status().message();
+    if (dev_mode) {
+      EXPECT_NE(d.status().message().find("Method 'rc_describe' is not implemented."), std::string::npos)
+          << "vLLM's own message is kept";
+    }
+  }
+}
+
+TEST(HttpAdapterVllmTest, StageWarmsTheCanaryThenStagesOnEveryWorker) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto st = Await(a.Stage(Target()));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->label, "v8");
+  EXPECT_EQ(st->bytes, 2001) << "bytes planned summed over the workers";
+  EXPECT_EQ(st->detail["bytes_pulled"], 2000);
+  ASSERT_EQ(st->detail["workers"].size(), 2u);
+  EXPECT_EQ(st->detail["workers"][1]["staged_digest"], "00000000000000aa");
+  EXPECT_EQ(st->detail["workers"][1]["stage_ms"]["total"], 12.5);
+  const Json& warm = st->detail["canary_warmup"];
+  EXPECT_EQ(warm["warmed_in"], "stage");
+  EXPECT_EQ(warm["first_cached_tokens"], 0);
+  EXPECT_EQ(warm["second_cached_tokens"], 64);
+  EXPECT_EQ(warm["verifiable"], true);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_, 2);
+  EXPECT_EQ(vllm.last_model_, "tiny-qwen3") << "the canary names the served model (GET /v1/models)";
+  const Json& call = vllm.rpc_calls_.back();
+  EXPECT_EQ(call["method"], "rc_stage");
+  EXPECT_EQ(call["kwargs"]["model"], "tiny");
+  EXPECT_EQ(call["kwargs"]["version"], "v8");
+  EXPECT_EQ(call["kwargs"]["directory"], "http://127.0.0.1:8200");
+  EXPECT_EQ(call["kwargs"]["timeout_ms"], 120000);
+}
+
+TEST(HttpAdapterVllmTest, AWorkersStageFailureKeepsItsCode) {
+  FakeVllm vllm;
+  vllm.Script([&] {
+    vllm.stage_failure_ = Json{{"ok", false}, {"code", "NotFound"}, {"error", "no committed version v8 of tiny"}};
+  });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto st = Await(a.Stage(Target()));
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(st.status().message().find("rank 0: rc_stage: no committed version v8"), std::string::npos)
+      << st.status().message();
+}
+
+TEST(HttpAdapterVllmTest, PauseWithoutStageWarmsTheCanaryBeforePausingAndRecordsTheDrainRule) {
+  FakeVllm vllm;
+  vllm.running_ = 2;  // stale gauges: the last step's value, never refreshed while paused
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto p = Await(a.Pause(lifecycle::PauseMode::kWait));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->paused);
+  EXPECT_EQ(p->running, 0) << "a 200 from /pause?mode=wait is vLLM's statement that it went idle";
+  EXPECT_EQ(p->detail["gauges"]["num_requests_running"], 2) << "the gauges are recorded all the same";
+  EXPECT_EQ(p->detail["canary_warmup"]["warmed_in"], "pause");
+  EXPECT_EQ(p->detail["canary_warmup"]["verifiable"], true);
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_, 2);
+    EXPECT_EQ(vllm.completions_while_paused_, 0) << "requests sent while paused would block until the resume";
+    ASSERT_EQ(vllm.pause_queries_.size(), 1u);
+    EXPECT_EQ(vllm.pause_queries_[0], "mode=wait&clear_cache=false");
+  }
+  // A second pause in the same cycle does not warm again; mode=keep trusts only the gauge.
+  auto k = Await(a.Pause(lifecycle::PauseMode::kKeep));
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->running, 2) << "keep freezes requests in place: the running gauge is the evidence";
+  EXPECT_FALSE(k->detail.contains("canary_warmup"));
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.pause_queries_[1], "mode=keep&clear_cache=false");
+  EXPECT_EQ(vllm.completions_, 2);
+}
+
+TEST(HttpAdapterVllmTest, FullCycleRecordsObservedEvidence) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
   auto pause = Await(a.Pause(lifecycle::PauseMode::kWait));
   ASSERT_TRUE(pause.ok());
-  EXPECT_TRUE(pause->paused);
+  EXPECT_FALSE(pause->detail.contains("canary_warmup")) << "the stage warmed it this cycle";
+  auto inst = Await(a.Install(Target(), false));
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->label, "v8");
+  EXPECT_EQ(inst->bytes, 500);
   auto reset = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
-  ASSERT_TRUE(reset.ok());
-  EXPECT_EQ(vllm.reset_query_, "true");
+  ASSERT_TRUE(reset.ok()) << reset.status().ToString();
+  EXPECT_TRUE(reset->success);
+  EXPECT_TRUE(reset->verified);
+  EXPECT_EQ(reset->attempts, 1);
+  EXPECT_EQ(vllm.reset_running_requests_, "") << "never preempt: a refusal must stay visible";
+  auto label = Await(a.ReadLabel());
+  ASSERT_TRUE(label.ok());
+  EXPECT_EQ(label->label, "v8");
+  auto digest = Await(a.ReadContentDigest());
+  ASSERT_TRUE(digest.ok()) << digest.status().ToString();
+  EXPECT_EQ(digest->content_digest, "0123456789abcdef");
   auto resume = Await(a.Resume());
   ASSERT_TRUE(resume.ok()) << resume.status().ToString();
   EXPECT_FALSE(resume->paused_after);
+  EXPECT_EQ(resume->detail["canary"]["checked"], true);
+  EXPECT_EQ(resume->detail["canary"]["cached_tokens"], 0);
+  EXPECT_EQ(resume->detail["canary"]["verified"], true) << resume->detail.dump();
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  bool fresh = false;
+  for (const Json& c : vllm.rpc_calls_) {
+    if (c["method"] == "rc_digest") fresh = c["kwargs"]["fresh"] == true;
+  }
+  EXPECT_TRUE(fresh) << "validation digests the live parameters, not a cached value";
+}
+
+TEST(HttpAdapterVllmTest, RefusedPrefixResetIsRetriedAndTheAttemptsRecorded) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.reset_answers_ = {false, false, true}; });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto r = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->success);
+  EXPECT_TRUE(r->verified);
+  EXPECT_EQ(r->attempts, 3);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.prefix_resets_, 3);
+}
+
+TEST(HttpAdapterVllmTest, AlwaysRefusedPrefixResetIsNeverSuccess) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.reset_answers_ = {false}; });
+  HttpAdapterOptions o = Options(vllm.url());
+  o.reset_attempts = 4;
+  HttpEngineAdapter a(o);
+  ASSERT_TRUE(a.Describe().ok());
+  auto r = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->success);
+  EXPECT_EQ(r->attempts, 4);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.prefix_resets_, 4) << "bounded";
+}
+
+TEST(HttpAdapterVllmTest, MmAndEncoderResetsAreSentButUnverified) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  for (auto kind : {lifecycle::CacheKind::kEncoder, lifecycle::CacheKind::kMultimodal}) {
+    auto r = Await(a.ResetCache(kind));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->success) << "vLLM accepted it";
+    EXPECT_FALSE(r->verified) << "an empty 200 proves nothing";
+  }
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.other_resets_["/reset_encoder_cache"], 1);
+  EXPECT_EQ(vllm.other_resets_["/reset_mm_cache"], 1);
+}
+
+TEST(HttpAdapterVllmTest, CanaryThatNeverHitsIsRecordedUnableToVerify) {
+  FakeVllm::Config cfg;
+  cfg.prefix_caching = false;  // the second warm-up reports 0 cached tokens
+  FakeVllm vllm(cfg);
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto st = Await(a.Stage(Target()));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->detail["canary_warmup"]["verifiable"], false);
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  ASSERT_TRUE(Await(a.ResetCache(lifecycle::CacheKind::kPrefix)).ok());
+  auto resume = Await(a.Resume());
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  EXPECT_EQ(resume->detail["canary"]["cached_tokens"], 0);
+  EXPECT_EQ(resume->detail["canary"]["verified"], false) << "0 after a warm-up that never hit proves nothing";
+  EXPECT_TRUE(resume->detail["canary"].contains("why_not"));
 }
 
 TEST(HttpAdapterVllmTest, CanaryCatchesAResetThatDidNothing) {
-  FakeVllm vllm(false);  // answers 200 but keeps the blocks, as vLLM may
+  FakeVllm::Config cfg;
+  cfg.reset_clears = false;  // answers success but keeps the blocks
+  FakeVllm vllm(cfg);
   HttpEngineAdapter a(Options(vllm.url()));
   ASSERT_TRUE(a.Describe().ok());
   ASSERT_TRUE(Await(a.Stage(Target())).ok());
@@ -137,6 +305,248 @@ TEST(HttpAdapterVllmTest, CanaryCatchesAResetThatDidNothing) {
   ASSERT_FALSE(resume.ok());
   EXPECT_EQ(resume.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(resume.status().message().find("64 cached prompt tokens"), std::string::npos);
+}
+
+TEST(HttpAdapterVllmTest, ResumeWithoutAResetThisCycleSkipsTheCanary) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());  // warms
+  auto resume = Await(a.Resume());                                // e.g. the best-effort resume of a rejected update
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  EXPECT_EQ(resume->detail["canary"]["checked"], false);
+}
+
+TEST(HttpAdapterVllmTest, InstallOutcomesMapToTheContract) {
+  struct Case {
+    std::vector<std::string> outcomes;
+    StatusCode want;
+  };
+  for (const Case& c : {Case{{"refused_untouched", "refused_untouched"}, StatusCode::kFailedPrecondition},
+                        Case{{"installed", "installed"}, StatusCode::kOk},
+                        Case{{"installed", "failed_after_mutation"}, StatusCode::kInternal},
+                        Case{{"refused_untouched", "installed"}, StatusCode::kInternal},
+                        Case{{"installed", "bogus"}, StatusCode::kInternal}}) {
+    FakeVllm::Config cfg;
+    cfg.workers = 2;
+    FakeVllm vllm(cfg);
+    vllm.Script([&] { vllm.install_outcomes_ = c.outcomes; });
+    HttpEngineAdapter a(Options(vllm.url()));
+    ASSERT_TRUE(a.Describe().ok());
+    auto inst = Await(a.Install(Target(), false));
+    std::string what = c.outcomes[0] + "," + c.outcomes[1];
+    if (c.want == StatusCode::kFailedPrecondition) {
+      // A refusal is evidence with the typed outcome, not an error (an error taints).
+      ASSERT_TRUE(inst.ok()) << what << ": " << inst.status().ToString();
+      EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched) << what;
+      EXPECT_NE(inst->error.find("before any live byte was written"), std::string::npos) << inst->error;
+      EXPECT_NE(inst->error.find("nothing staged for v8"), std::string::npos) << inst->error;
+      continue;
+    }
+    ASSERT_EQ(inst.status().code(), c.want) << what << ": " << inst.status().ToString();
+    if (inst.ok()) {
+      EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kInstalled);
+      EXPECT_EQ(inst->label, "v8");
+      EXPECT_EQ(inst->bytes, 1000) << "bytes installed summed over the workers";
+      EXPECT_EQ(inst->detail["generation"], 4);
+    } else {
+      EXPECT_NE(inst.status().message().find("unknown state"), std::string::npos) << inst.status().message();
+    }
+  }
+}
+
+TEST(HttpAdapterVllmTest, InstallTransportLossIsAmbiguous) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
+  vllm.Stop();
+  auto inst = Await(a.Install(Target(), false));
+  ASSERT_FALSE(inst.ok());
+  EXPECT_EQ(inst.status().code(), StatusCode::kUnavailable) << "never FailedPrecondition: the runner taints";
+}
+
+TEST(HttpAdapterVllmTest, LabelDisagreementAcrossWorkersIsDataLoss) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
+  vllm.Script([&] { vllm.labels_ = {"v8", "v7"}; });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto label = Await(a.ReadLabel());
+  ASSERT_FALSE(label.ok());
+  EXPECT_EQ(label.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(label.status().message().find("rank 1 'v7'"), std::string::npos) << label.status().message();
+}
+
+Json Sum(uint64_t sum, int64_t elements, bool full, std::optional<int64_t> numel = std::nullopt) {
+  Json j{{"sum", Hex64(sum)}, {"elements", elements}, {"full", full}};
+  if (numel) j["numel"] = *numel;
+  return j;
+}
+
+TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
+  // "norm" is replicated (full on both ranks); "proj" is split 6 + 4 elements of 10, and the
+  // partial sums wrap around 2^64.
+  const uint64_t norm = 0x1111222233334444ull, a0 = 0xfffffffffffffff0ull, a1 = 0x20;
+  vllm.Script([&] {
+    vllm.digest_results_ = {Json{{"ok", true},
+                                 {"content_digest", nullptr},
+                                 {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a0, 6, false, 10)}}}},
+                            Json{{"ok", true},
+                                 {"content_digest", nullptr},
+                                 {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a1, 4, false, 10)}}}}};
+  });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto d = Await(a.ReadContentDigest());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  refit::TensorDigests want{{"norm", norm}, {"proj", a0 + a1}};
+  EXPECT_EQ(want["proj"], 0x10u);
+  EXPECT_EQ(d->content_digest, Hex64(refit::CombineTensorDigests(want)));
+
+  // A replicated tensor whose ranks disagree, and a split that misses elements, are DataLoss.
+  vllm.Script([&] { vllm.digest_results_[1]["tensor_sums"]["norm"] = Sum(norm + 1, 8, true); });
+  auto bad = Await(a.ReadContentDigest());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("tensor norm"), std::string::npos) << bad.status().message();
+  vllm.Script([&] {
+    vllm.digest_results_[1]["tensor_sums"]["norm"] = Sum(norm, 8, true);
+    vllm.digest_results_[1]["tensor_sums"]["proj"] = Sum(a1, 3, false, 10);
+  });
+  bad = Await(a.ReadContentDigest());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("cover 9 elements of 10"), std::string::npos) << bad.status().message();
+  // A worker's own failure keeps its code.
+  vllm.Script([&] { vllm.digest_results_[1] = Json{{"ok", false}, {"code", "Unavailable"}, {"error", "CUDA busy"}}; });
+  bad = Await(a.ReadContentDigest());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnavailable);
+}
+
+// Through the real Controller and Runner: vLLM's refusals are never a commit.
+class VllmRunnerTest : public ::testing::Test {
+ protected:
+  Result<lifecycle::UpdateRecord> RunUpdate(FakeVllm& vllm, bool prefetch = true) {
+    adapter_ = std::make_unique<HttpEngineAdapter>(Options(vllm.url()));
+    c_ = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal_)).value();
+    RC_RETURN_IF_ERROR(c_->Initialize({"v7", 3}, {"", "", "", 0}));
+    lifecycle::RunnerOptions ro;
+    ro.deadlines.reset_ms = 2000;
+    ro.prefetch = prefetch;
+    runner_ = std::make_unique<lifecycle::Runner>(c_.get(), adapter_.get(), SystemClock::Default(), ro);
+    lifecycle::UpdateTarget t = Target();
+    t.identity.content_digest = "0123456789abcdef";
+    RC_RETURN_IF_ERROR(runner_->StartUpdate(t).status());
+    return runner_->RunToCompletion();
+  }
+  lifecycle::MemoryJournal journal_;
+  std::unique_ptr<HttpEngineAdapter> adapter_;
+  std::unique_ptr<lifecycle::Controller> c_;
+  std::unique_ptr<lifecycle::Runner> runner_;
+};
+
+TEST_F(VllmRunnerTest, UpdateCommitsWithEveryPieceOfEvidenceJournaled) {
+  FakeVllm vllm;
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_EQ(c_->version().label, "v8");
+  EXPECT_EQ(u->evidence["staged"]["engine"]["canary_warmup"]["verifiable"], true) << u->evidence.dump();
+  EXPECT_EQ(u->evidence["begin_install"]["detail"]["drain_rule"].get<std::string>().rfind("wait:", 0), 0u);
+  bool prefix_verified = false, encoder_unverified = false;
+  for (const Json& r : u->evidence["caches_reset"]) {
+    if (r["cache"] == "prefix") prefix_verified = r["verified"] == true;
+    if (r["cache"] == "encoder") encoder_unverified = r["verified"] == false;
+  }
+  EXPECT_TRUE(prefix_verified) << u->evidence.dump();
+  EXPECT_TRUE(encoder_unverified) << u->evidence.dump();
+  EXPECT_EQ(u->evidence["validated"]["digest_checked"], true);
+  EXPECT_EQ(u->evidence["resumed"]["detail"]["canary"]["verified"], true) << u->evidence.dump();
+}
+
+TEST_F(VllmRunnerTest, WithoutPrefetchTheCanaryIsWarmedBeforeThePauseAndTheInstallStages) {
+  FakeVllm vllm;
+  auto u = RunUpdate(vllm, /*prefetch=*/false);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_FALSE(u->evidence.contains("staged"));
+  EXPECT_EQ(u->evidence["begin_install"]["detail"]["canary_warmup"]["warmed_in"], "pause") << u->evidence.dump();
+  EXPECT_EQ(u->evidence["install_complete"]["detail"]["staged_in_install"]["bytes_planned"], 1000);
+  EXPECT_EQ(u->evidence["resumed"]["detail"]["canary"]["verified"], true) << u->evidence.dump();
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_while_paused_, 0);
+}
+
+TEST_F(VllmRunnerTest, AStageThatFailsInsideTheInstallIsARefusalBeforeMutation) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.stage_failure_ = Json{{"ok", false}, {"code", "Unavailable"}, {"error", "source dead"}}; });
+  auto u = RunUpdate(vllm, /*prefetch=*/false);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected) << u->evidence.dump();
+  EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+  EXPECT_EQ(c_->version().label, "v7");
+}
+
+TEST_F(VllmRunnerTest, PrefixResetThatStaysRefusedTaints) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.reset_answers_ = {false}; });
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kTainted) << u->evidence.dump();
+  EXPECT_EQ(c_->state(), lifecycle::State::kTainted);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_GE(vllm.prefix_resets_, 5) << "retried";
+}
+
+TEST_F(VllmRunnerTest, InstallRefusedUntouchedLeavesTheOldVersionReady) {
+  FakeVllm vllm;
+  vllm.Script([&] { vllm.install_outcomes_ = {"refused_untouched"}; });
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected);
+  EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+  EXPECT_EQ(c_->version().label, "v7");
+}
+
+TEST(EngineUrlTest, ParsesFlavourPrefixes) {
+  auto v = ParseEngineUrl("vllm+http://10.0.0.1:8000/");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->base_url, "http://10.0.0.1:8000");
+  EXPECT_EQ(v->flavor, EngineFlavor::kVllm);
+  auto r = ParseEngineUrl("rolloutcore+http://h:1");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->flavor, EngineFlavor::kRolloutcore);
+  auto p = ParseEngineUrl("http://h:2");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->flavor, EngineFlavor::kUnknown);
+  for (const char* bad : {"vllm://h:1", "h:1", "vllm+http://", "sglang+http://h:1"}) {
+    auto b = ParseEngineUrl(bad);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find(bad), std::string::npos);
+  }
+}
+
+TEST(EngineUrlTest, AVllmUrlThatAnswersAsRolloutcoreIsRefused) {
+  httplib::Server svr;
+  svr.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) {
+    r.set_content(R"({"num_running":0,"num_waiting":0})", "application/json");
+  });
+  int port = svr.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { svr.listen_after_bind(); });
+  while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  HttpAdapterOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(port);
+  o.expected_flavor = EngineFlavor::kVllm;
+  HttpEngineAdapter a(o);
+  auto d = a.Describe();
+  svr.stop();
+  t.join();
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(d.status().message().find("rolloutcore engine"), std::string::npos) << d.status().message();
 }
 
 TEST(HttpAdapterVllmTest, UnreachableEngineIsUnavailableNamingTheUrl) {

@@ -164,7 +164,9 @@ class FakeEngine final : public EngineAdapter {
     });
   }
   Pending<CacheResetResult> ResetCache(CacheKind kind) override {
-    return Async<CacheResetResult>([kind]() -> Result<CacheResetResult> { return CacheResetResult{kind, true, 1, 0}; });
+    return Async<CacheResetResult>([kind]() -> Result<CacheResetResult> {
+      return CacheResetResult{kind, true, 1, 0, true};
+    });
   }
   Pending<LabelEvidence> ReadLabel() override {
     return Async<LabelEvidence>([s = s_]() -> Result<LabelEvidence> {

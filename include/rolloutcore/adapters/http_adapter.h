@@ -6,17 +6,15 @@
 //    bodies ({"success", "freed_blocks", "blocks_in_use"}); staging and install go through
 //    /rc/refit/stage and /rc/refit/install; the content digest of live weights is
 //    GET /rc/weights/digest; drain status is /rc/engine/state.
-//  * vllm: drain status from /metrics (vllm:num_requests_running / _waiting); reset_prefix_cache
-//    answers an empty 200 even when it did nothing, so the adapter gets evidence another way:
-//    (1) the reset is sent with reset_running_requests=true while the engine is verified paused
-//    and idle, so vLLM's one refusal condition (blocks held by running requests) cannot hold, and
-//    (2) a canary: before the update a fixed canary prompt is sent once so its blocks are cached;
-//    Resume() then sends the canary again (max_tokens=1) and the resume evidence is accepted only
-//    if vLLM reports 0 cached prompt tokens for it (usage.prompt_tokens_details.cached_tokens,
-//    which needs vLLM's --enable-prompt-tokens-details). A non-zero count means KV computed under
-//    the old weights survived: the resume fails and the controller taints the engine before any
-//    rollout is admitted. vLLM offers no content digest, and its weights are pushed by the
-//    trainer (NCCL path), so Install() here reports Unimplemented for vLLM.
+//  * vllm: vLLM 0.26 started with rolloutcore's worker extension (docs/vllm.md gives the `vllm
+//    serve` flags). Describe() calls rc_describe through POST /collective_rpc (a vLLM without the
+//    extension or without VLLM_SERVER_DEV_MODE=1 is a FailedPrecondition naming the flags);
+//    staging, install, label and content digest run inside vLLM (rc_stage, rc_install, rc_label,
+//    rc_digest, one result per TP rank, combined here); pause is /pause?mode=M&clear_cache=false
+//    read back through /is_paused; the prefix reset's {"success"} is checked and refusals retried;
+//    mm/encoder resets are recorded unverified; a canary prompt (warmed before the update, checked
+//    for 0 cached tokens after the resume) is a second, observed check of the prefix reset. The
+//    details and rules are in src/adapters/vllm_flavor.h and docs/vllm.md.
 //
 // Every call runs on its own detached thread with an HTTP timeout; the Runner enforces the
 // deadline and may abandon it (see base/pending.h).
@@ -33,15 +31,20 @@
 
 namespace rc::adapters {
 
+enum class EngineFlavor { kUnknown, kRolloutcore, kVllm };
+
 struct HttpAdapterOptions {
   std::string base_url;             // "http://127.0.0.1:8000"
   std::string directory_url;        // for /rc/refit/stage (rolloutcore engines)
   std::string model;                // directory model name (defaults to the target's)
   int64_t http_timeout_ms = 120000; // transport timeout of one HTTP call (the Runner's deadlines are shorter)
   std::vector<int32_t> canary_prompt;  // vLLM canary (token ids); default: 64 fixed tokens
+  int64_t stage_timeout_ms = 120000;   // vLLM: rc_stage's timeout_ms (the controller passes its stage deadline)
+  int reset_attempts = 5;              // vLLM: /reset_prefix_cache calls per ResetCache while it answers success:false
+  int64_t reset_backoff_ms = 10;       // vLLM: delay before the first retry; doubles per retry
+  int64_t gauge_probe_after_ms = 1000;  // vLLM: a non-zero drain reading unchanged this long is refreshed by a probe
+  EngineFlavor expected_flavor = EngineFlavor::kUnknown;  // kUnknown: detect; else Describe() checks it
 };
-
-enum class EngineFlavor { kUnknown, kRolloutcore, kVllm };
 
 class HttpEngineAdapter final : public lifecycle::EngineAdapter {
  public:
@@ -64,8 +67,9 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
   Pending<lifecycle::IdentityEvidence> ProbeIdentity() override;
 
   EngineFlavor flavor() const;
-  // vLLM only: sends the canary once so its blocks are cached (the Runner's Stage does this).
-  Status WarmCanary();
+  // vLLM only: sends the canary twice so its blocks are cached (Stage, or Pause without a Stage,
+  // does this in an update); returns the warm-up evidence.
+  Result<Json> WarmCanary();
 
   struct Shared;  // connection settings shared with in-flight calls
 
@@ -77,6 +81,15 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
 // base_url/v1/completions and returns the response JSON; non-2xx answers become errors carrying
 // the engine's message (400 → InvalidArgument, 503 → Unavailable, others → Internal).
 std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms = 600000);
+
+// Parses a controller --engine URL: "vllm+http://H:P" (vLLM, checked at Describe),
+// "rolloutcore+http://H:P" (a rolloutcore engine, checked), "http://H:P" / "https://H:P"
+// (flavour detected). InvalidArgument naming the URL otherwise.
+struct EngineUrl {
+  std::string base_url;  // without the flavour prefix
+  EngineFlavor flavor = EngineFlavor::kUnknown;
+};
+Result<EngineUrl> ParseEngineUrl(const std::string& url);
 
 // Parses one sample value from Prometheus text ("name{labels} value"); NotFound when absent.
 // Sums the samples of all label sets of `name`.

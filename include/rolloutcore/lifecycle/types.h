@@ -75,6 +75,7 @@ struct DrainStatus {
 struct PauseEvidence {
   bool paused = false;   // read back from the engine after the pause call
   int64_t running = 0;   // requests still running after the pause
+  Json detail = nullptr;  // what the adapter observed (pause reply, gauges, canary warm-up); journaled
 };
 
 struct StageEvidence {
@@ -107,11 +108,20 @@ struct InstallEvidence {
   std::string error{};     // why, when outcome is not kInstalled
 };
 
+// One cache reset. `success`: the engine accepted the reset and did not refuse it. `verified`:
+// the engine's own reply proves the outcome (a success flag, freed/in-use block counts); an
+// engine that answers an empty 200 (vLLM's reset_mm_cache / reset_encoder_cache) gives
+// success = true, verified = false. The Controller requires success for every cache and
+// verified for the prefix cache (stale prefix KV silently changes outputs, and every supported
+// engine reports on it); other caches may pass unverified, and the journal says so
+// ("verified": false, "unverified": [...]) — an unverified reset is never recorded as proven.
 struct CacheResetResult {
   CacheKind kind = CacheKind::kPrefix;
   bool success = false;
   int64_t freed_blocks = 0;
   int64_t blocks_in_use = 0;
+  bool verified = false;
+  int64_t attempts = 1;  // reset calls the adapter made for this result (it may retry refusals)
 };
 
 struct LabelEvidence {
@@ -136,6 +146,7 @@ struct IdentityEvidence {
 
 struct ResumeEvidence {
   bool paused_after = true;  // read back: false means the engine generates again
+  Json detail = nullptr;     // what the adapter observed (e.g. vLLM's post-reset canary); journaled
 };
 
 struct AbortEvidence {

@@ -1,0 +1,642 @@
+#include "adapters/vllm_flavor.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "rolloutcore/adapters/http_adapter.h"
+#include "rolloutcore/base/hash.h"
+#include "rolloutcore/refit/digest.h"
+
+namespace rc::adapters::internal {
+
+using lifecycle::CacheKind;
+using lifecycle::CacheResetResult;
+using lifecycle::DigestEvidence;
+using lifecycle::DrainStatus;
+using lifecycle::EngineDescription;
+using lifecycle::InstallEvidence;
+using lifecycle::LabelEvidence;
+using lifecycle::PauseEvidence;
+using lifecycle::PauseMode;
+using lifecycle::ResumeEvidence;
+using lifecycle::StageEvidence;
+using lifecycle::UpdateTarget;
+
+namespace {
+
+constexpr const char* kServeFlags =
+    "start vLLM with --worker-extension-cls rolloutcore.vllm.Extension and VLLM_SERVER_DEV_MODE=1 "
+    "(plus --enable-prompt-tokens-details --enable-prefix-caching; see docs/vllm.md)";
+
+// vLLM's error bodies: {"error": {"message": ...}} (routers, collective_rpc) or {"error": "..."}
+// (/pause, /resume); anything else is returned as is.
+std::string ErrorMessage(const std::string& body) {
+  auto j = ParseJson(body, "error body");
+  if (j.ok() && j->is_object() && j->contains("error")) {
+    const Json& e = (*j)["error"];
+    if (e.is_string()) return e.get<std::string>();
+    if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
+  }
+  return body;
+}
+
+Result<uint64_t> ParseHex64(const Json& v, const std::string& what) {
+  if (!v.is_string()) return DataLoss(what + ": expected a 16-digit hex string, got " + JsonTypeName(v));
+  const std::string s = v.get<std::string>();
+  uint64_t out = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out, 16);
+  if (s.size() != 16 || ec != std::errc() || ptr != s.data() + s.size()) {
+    return DataLoss(what + ": '" + s + "' is not 16 hex digits");
+  }
+  return out;
+}
+
+void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+}  // namespace
+
+Status WorkerStatus(const Json& result, size_t rank, const std::string& method, const std::string& where) {
+  if (!result.is_object()) {
+    return Internal("vLLM at " + where + " rank " + std::to_string(rank) + ": " + method + " returned " +
+                    JsonTypeName(result) + ", not an object");
+  }
+  if (result.value("ok", false) == true) return OkStatus();
+  std::string code_name =
+      result.contains("code") && result["code"].is_string() ? result["code"].get<std::string>() : "";
+  std::string error =
+      result.contains("error") && result["error"].is_string() ? result["error"].get<std::string>() : result.dump();
+  std::optional<StatusCode> code = StatusCodeFromName(code_name);
+  std::string msg = "vLLM at " + where + " rank " + std::to_string(rank) + ": " + method + ": " + error;
+  if (!code || *code == StatusCode::kOk) return Internal(msg + " (code '" + code_name + "')");
+  return Status(*code, msg);
+}
+
+Result<InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& workers, const std::string& version,
+                                                    const std::string& where) {
+  if (workers.empty()) return Internal("rc_install on vLLM at " + where + " returned no worker results");
+  size_t refused = 0, installed = 0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const Json& w = workers[i];
+    std::string outcome = w.is_object() && w.contains("outcome") && w["outcome"].is_string()
+                              ? w["outcome"].get<std::string>()
+                              : std::string();
+    if (outcome == "refused_untouched") {
+      ++refused;
+    } else if (outcome == "installed" && w.value("ok", false) == true) {
+      ++installed;
+    }
+  }
+  if (refused == workers.size()) {
+    // The typed outcome the extension set where the first live byte would have been written.
+    Status first = WorkerStatus(workers[0], 0, "rc_install", where);
+    InstallEvidence e;
+    e.outcome = InstallOutcome::kRefusedUntouched;
+    e.error = "install of " + version + " refused by vLLM at " + where +
+              " before any live byte was written: " + (first.ok() ? std::string("refused_untouched") : first.message());
+    e.label = workers[0].is_object() ? workers[0].value("label", std::string()) : std::string();
+    e.detail = Json{{"outcome", "refused_untouched"}, {"workers", workers}};
+    return e;
+  }
+  if (installed != workers.size()) {
+    // Name the first worker that did not install cleanly. Never FailedPrecondition: some live
+    // bytes may have been written.
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const Json& w = workers[i];
+      std::string outcome = w.is_object() ? w.value("outcome", std::string("<none>")) : "<none>";
+      if (outcome == "installed" && w.value("ok", false) == true) continue;
+      Status st = WorkerStatus(w, i, "rc_install", where);
+      return Internal("install of " + version + " on vLLM at " + where + ": rank " + std::to_string(i) +
+                      " reports outcome '" + outcome + "'" + (st.ok() ? "" : " (" + st.ToString() + ")") + "; " +
+                      std::to_string(installed) + " of " + std::to_string(workers.size()) +
+                      " ranks installed: the live weights are in an unknown state");
+    }
+  }
+  InstallEvidence e;
+  RC_ASSIGN_OR_RETURN(e.label, GetString(workers[0], "label", "rc_install rank 0"));
+  RC_ASSIGN_OR_RETURN(int64_t generation, GetInt(workers[0], "generation", "rc_install rank 0"));
+  int64_t install_ms = 0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    std::string where_i = "rc_install rank " + std::to_string(i);
+    RC_ASSIGN_OR_RETURN(std::string label, GetString(workers[i], "label", where_i));
+    RC_ASSIGN_OR_RETURN(int64_t gen, GetInt(workers[i], "generation", where_i));
+    if (label != e.label || gen != generation) {
+      return DataLoss("install of " + version + " on vLLM at " + where + ": rank " + std::to_string(i) +
+                      " set label '" + label + "' generation " + std::to_string(gen) + ", rank 0 '" + e.label +
+                      "' generation " + std::to_string(generation));
+    }
+    RC_ASSIGN_OR_RETURN(int64_t bytes, GetNonNegativeInt(workers[i], "bytes_installed", where_i, 0));
+    e.bytes += bytes;
+    install_ms = std::max<int64_t>(install_ms, workers[i].value("install_ms", int64_t{0}));
+  }
+  e.detail =
+      Json{{"outcome", "installed"}, {"generation", generation}, {"install_ms", install_ms}, {"workers", workers}};
+  return e;
+}
+
+Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const std::string& where) {
+  if (workers.empty()) return Internal("rc_digest on vLLM at " + where + " returned no worker results");
+  for (size_t i = 0; i < workers.size(); ++i) RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_digest", where));
+  if (workers.size() == 1) {
+    const Json& w = workers[0];
+    if (!w.contains("content_digest") || w["content_digest"].is_null()) {
+      return DataLoss("rc_digest on vLLM at " + where + ": the only rank reports no content_digest");
+    }
+    RC_ASSIGN_OR_RETURN(uint64_t d, ParseHex64(w["content_digest"], "rc_digest content_digest"));
+    return Hex64(d);
+  }
+  struct Part {
+    size_t rank;
+    uint64_t sum;
+    int64_t elements;
+    bool full;
+    std::optional<int64_t> numel;
+  };
+  std::map<std::string, std::vector<Part>, std::less<>> parts;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const Json& w = workers[i];
+    std::string rank = "rc_digest rank " + std::to_string(i);
+    if (!w.contains("tensor_sums") || !w["tensor_sums"].is_object()) {
+      return DataLoss("rc_digest on vLLM at " + where + ": rank " + std::to_string(i) + " of " +
+                      std::to_string(workers.size()) + " reports no tensor_sums");
+    }
+    for (const auto& [name, t] : w["tensor_sums"].items()) {
+      std::string what = rank + " tensor_sums[" + name + "]";
+      if (!t.is_object()) return DataLoss(what + ": not an object");
+      Part p{i, 0, 0, false, std::nullopt};
+      RC_ASSIGN_OR_RETURN(p.sum, ParseHex64(t.value("sum", Json()), what + ".sum"));
+      RC_ASSIGN_OR_RETURN(p.elements, GetNonNegativeInt(t, "elements", what));
+      RC_ASSIGN_OR_RETURN(p.full, GetBool(t, "full", what));
+      if (t.contains("numel")) {
+        RC_ASSIGN_OR_RETURN(int64_t n, GetNonNegativeInt(t, "numel", what));
+        p.numel = n;
+      }
+      parts[name].push_back(p);
+    }
+  }
+  refit::TensorDigests digests;
+  for (const auto& [name, ps] : parts) {
+    const std::string what = "rc_digest on vLLM at " + where + ", tensor " + name;
+    bool all_full =
+        ps.size() == workers.size() && std::all_of(ps.begin(), ps.end(), [](const Part& p) { return p.full; });
+    if (all_full) {
+      for (const Part& p : ps) {
+        if (p.sum != ps[0].sum) {
+          return DataLoss(what + ": replicated on every rank, but rank " + std::to_string(p.rank) + " sums to " +
+                          Hex64(p.sum) + " and rank " + std::to_string(ps[0].rank) + " to " + Hex64(ps[0].sum));
+        }
+      }
+      digests[name] = ps[0].sum;
+      continue;
+    }
+    std::optional<int64_t> numel;
+    for (const Part& p : ps) {
+      std::optional<int64_t> n = p.numel ? p.numel : (p.full ? std::optional<int64_t>(p.elements) : std::nullopt);
+      if (!n) continue;
+      if (numel && *numel != *n) {
+        return DataLoss(what + ": ranks disagree on its element count (" + std::to_string(*numel) + " vs " +
+                        std::to_string(*n) + ")");
+      }
+      numel = n;
+    }
+    if (!numel) {
+      return DataLoss(what +
+                      ": partial sums without the tensor's element count (numel): the partition cannot be "
+                      "checked");
+    }
+    uint64_t sum = 0;
+    int64_t elements = 0;
+    for (const Part& p : ps) {
+      sum += p.sum;  // mod 2^64
+      elements += p.elements;
+    }
+    if (elements != *numel) {
+      return DataLoss(what + ": the ranks' partial sums cover " + std::to_string(elements) + " elements of " +
+                      std::to_string(*numel));
+    }
+    digests[name] = sum;
+  }
+  return Hex64(refit::CombineTensorDigests(digests));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+VllmFlavor::VllmFlavor(VllmOptions options, HttpCall call) : options_(std::move(options)), call_(std::move(call)) {}
+
+Result<Json> VllmFlavor::PostJson(const std::string& path, const std::string& body) {
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", path, body));
+  if (r.status != 200) {
+    std::string msg =
+        "POST " + options_.base_url + path + " answered " + std::to_string(r.status) + ": " + ErrorMessage(r.body);
+    if (r.status == 404) return FailedPrecondition(msg + " (vLLM's dev endpoints need VLLM_SERVER_DEV_MODE=1)");
+    if (r.status == 400 || r.status == 422) return FailedPrecondition(msg);
+    return Unavailable(msg);
+  }
+  if (r.body.empty()) return Json();
+  return ParseJson(r.body, "POST " + options_.base_url + path);
+}
+
+Result<bool> VllmFlavor::IsPaused() {
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/is_paused", ""));
+  if (r.status != 200) {
+    return Unavailable("GET " + options_.base_url + "/is_paused answered " + std::to_string(r.status) + ": " +
+                       ErrorMessage(r.body));
+  }
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(r.body, "GET /is_paused"));
+  return GetBool(j, "is_paused", "is_paused");
+}
+
+Result<std::vector<Json>> VllmFlavor::CollectiveRpc(const std::string& method, const Json& kwargs, int64_t timeout_ms) {
+  Json body{{"method", method}, {"args", Json::array()}, {"kwargs", kwargs.is_null() ? Json::object() : kwargs}};
+  body["timeout"] = timeout_ms > 0 ? Json(static_cast<double>(timeout_ms) / 1000.0) : Json();
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", "/collective_rpc", body.dump()));
+  const std::string where = "collective_rpc " + method + " on vLLM at " + options_.base_url;
+  if (r.status == 404) {
+    return FailedPrecondition(where + ": /collective_rpc answered 404 (dev mode is off): " + kServeFlags);
+  }
+  if (r.status != 200) {
+    std::string msg = ErrorMessage(r.body);
+    if (r.status == 500 && msg.find("not implemented") != std::string::npos) {
+      return FailedPrecondition(where + ": " + msg + " — rolloutcore's worker extension is not loaded: " + kServeFlags);
+    }
+    if (r.status == 400 || r.status == 422) {
+      return FailedPrecondition(where + " was rejected (" + std::to_string(r.status) + "): " + msg);
+    }
+    return Internal(where + " failed (" + std::to_string(r.status) + "): " + msg);
+  }
+  if (r.body.empty()) return Internal(where + " returned no results (empty reply)");
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(r.body, where));
+  if (!j.is_object() || !j.contains("results") || !j["results"].is_array() || j["results"].empty()) {
+    return Internal(where + ": expected {\"results\": [one per worker]}, got " + r.body.substr(0, 200));
+  }
+  std::vector<Json> out;
+  for (size_t i = 0; i < j["results"].size(); ++i) {
+    const Json& w = j["results"][i];
+    if (!w.is_object()) {
+      return Internal(where + ": rank " + std::to_string(i) + " returned " + JsonTypeName(w) + ", not an object");
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+Result<EngineDescription> VllmFlavor::Describe() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    warmup_.reset();
+    prefix_reset_done_ = false;
+    staged_version_.clear();
+  }
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_describe", Json::object(), 30000));
+  for (size_t i = 0; i < workers.size(); ++i) {
+    RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_describe", options_.base_url));
+    int64_t tp_size = workers[i].value("tp_size", int64_t{0});
+    if (tp_size != static_cast<int64_t>(workers.size())) {
+      return FailedPrecondition("rc_describe on vLLM at " + options_.base_url + ": rank " + std::to_string(i) +
+                                " reports tp_size " + std::to_string(tp_size) + " but " +
+                                std::to_string(workers.size()) + " workers answered");
+    }
+  }
+  // The served model name for the canary (vLLM refuses a name it does not serve).
+  auto models = call_("GET", "/v1/models", "");
+  if (models.ok() && models->status == 200) {
+    auto j = ParseJson(models->body, "GET /v1/models");
+    if (j.ok() && j->contains("data") && (*j)["data"].is_array() && !(*j)["data"].empty() &&
+        (*j)["data"][0].contains("id") && (*j)["data"][0]["id"].is_string()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      served_model_ = (*j)["data"][0]["id"].get<std::string>();
+    }
+  }
+  EngineDescription d;
+  d.name = options_.base_url;
+  d.kind = "vllm";
+  d.offers_content_digest = true;
+  d.supports_staging = true;
+  d.caches = {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal};
+  return d;
+}
+
+// The Runner polls this only while no controller rollout is active. vLLM's gauges refresh only on
+// engine steps, so a request aborted outside a step (a client that went away) can leave a stale
+// non-zero forever. When the same non-zero reading has persisted for gauge_probe_after_ms on an
+// unpaused engine, one canary request (max_tokens=1: it finishes in its first step, and a step
+// takes its stats after removing finished requests) makes vLLM step, and the gauges are read
+// again: a real request keeps the count non-zero, a stale one goes to 0. At most one probe per
+// gauge_probe_after_ms. The probe is synchronous on purpose: it has finished inside vLLM before
+// this call returns, so it can never wait out a pause and land after the resume (where it would
+// warm the canary's blocks under the new weights). Never while paused: it would block.
+Result<DrainStatus> VllmFlavor::Drain() {
+  RC_ASSIGN_OR_RETURN(DrainStatus d, Gauges());
+  const auto now = std::chrono::steady_clock::now();
+  const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.gauge_probe_after_ms));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (d.idle() || d.running != last_gauges_.running || d.waiting != last_gauges_.waiting) {
+      last_gauges_ = d;
+      gauges_since_ = now;
+      return d;
+    }
+    if (now - gauges_since_ < after || now - last_gauge_probe_ < after) return d;
+    last_gauge_probe_ = now;
+  }
+  RC_ASSIGN_OR_RETURN(bool paused, IsPaused());
+  if (paused) return d;
+  RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
+  (void)cached;
+  RC_ASSIGN_OR_RETURN(DrainStatus fresh, Gauges());
+  std::lock_guard<std::mutex> lock(mu_);
+  last_gauges_ = fresh;
+  gauges_since_ = std::chrono::steady_clock::now();
+  return fresh;
+}
+
+Result<DrainStatus> VllmFlavor::Gauges() {
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/metrics", ""));
+  if (r.status != 200) {
+    return Unavailable("GET " + options_.base_url + "/metrics answered " + std::to_string(r.status));
+  }
+  DrainStatus d;
+  RC_ASSIGN_OR_RETURN(double running, PrometheusValue(r.body, "vllm:num_requests_running"));
+  RC_ASSIGN_OR_RETURN(double waiting, PrometheusValue(r.body, "vllm:num_requests_waiting"));
+  d.running = static_cast<int64_t>(running);
+  d.waiting = static_cast<int64_t>(waiting);
+  return d;
+}
+
+Result<int64_t> VllmFlavor::Canary() {
+  Json body{{"prompt", options_.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!served_model_.empty()) body["model"] = served_model_;
+  }
+  RC_ASSIGN_OR_RETURN(Json j, PostJson("/v1/completions", body.dump()));
+  if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) {
+    return DataLoss("canary response from " + options_.base_url + "/v1/completions has no usage");
+  }
+  const Json& usage = j["usage"];
+  if (!usage.contains("prompt_tokens_details") || !usage["prompt_tokens_details"].is_object()) {
+    return FailedPrecondition("vLLM at " + options_.base_url +
+                              " does not report cached tokens: start it with --enable-prompt-tokens-details");
+  }
+  return GetNonNegativeInt(usage["prompt_tokens_details"], "cached_tokens", "usage.prompt_tokens_details", 0);
+}
+
+Result<Json> VllmFlavor::WarmCanary(const std::string& where) {
+  RC_ASSIGN_OR_RETURN(int64_t first, Canary());
+  RC_ASSIGN_OR_RETURN(int64_t second, Canary());
+  Json ev{{"warmed_in", where},
+          {"prompt_tokens", options_.canary_prompt.size()},
+          {"first_cached_tokens", first},
+          {"second_cached_tokens", second},
+          {"verifiable", second > 0}};
+  if (second == 0) {
+    ev["why_not"] =
+        "the second warm-up reported 0 cached tokens (prefix caching off, or the canary shorter than one "
+        "block): a post-resume 0 proves nothing";
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  warmup_ = ev;
+  return ev;
+}
+
+// Drain rule. mode=wait returns only once nothing runs (vLLM's own idle callback) and mode=abort
+// only after aborting everything, so a 200 from /pause in those modes plus /is_paused true is
+// vLLM's statement that nothing runs: running = 0. The gauges are recorded but not used for
+// them: they refresh only on engine steps, so a paused engine keeps the last step's values,
+// possibly non-zero, forever. mode=keep freezes in-flight requests in place, so there running
+// is the gauge (a stale value only errs towards refusing the install, which is safe).
+Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
+  Json detail = Json::object();
+  bool warm = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    warm = warmup_.has_value();
+  }
+  // Requests sent while paused block until the resume: warm before the pause.
+  if (!warm) {
+    RC_ASSIGN_OR_RETURN(Json ev, WarmCanary("pause"));
+    detail["canary_warmup"] = ev;
+  }
+  const std::string path = "/pause?mode=" + std::string(lifecycle::PauseModeName(mode)) + "&clear_cache=false";
+  RC_ASSIGN_OR_RETURN(Json reply, PostJson(path, ""));
+  detail["pause"] = Json{{"request", path}, {"reply", reply}};
+  PauseEvidence e;
+  RC_ASSIGN_OR_RETURN(e.paused, IsPaused());
+  auto gauges = Gauges();
+  if (gauges.ok()) {
+    detail["gauges"] = Json{{"num_requests_running", gauges->running}, {"num_requests_waiting", gauges->waiting}};
+  } else {
+    detail["gauges"] = Json{{"error", gauges.status().ToString()}};
+  }
+  if (mode == PauseMode::kKeep) {
+    if (!gauges.ok()) return gauges.status().WithContext("pause mode=keep: the running gauge is the only evidence");
+    e.running = gauges->running;
+    detail["drain_rule"] = "keep: running from vllm:num_requests_running";
+  } else {
+    e.running = 0;
+    detail["drain_rule"] = std::string(lifecycle::PauseModeName(mode)) +
+                           ": /pause answered 200 only once idle (gauges refresh on engine steps only)";
+  }
+  e.detail = detail;
+  return e;
+}
+
+Result<Json> VllmFlavor::StageWorkers(const UpdateTarget& target, int64_t* bytes) {
+  if (options_.directory_url.empty()) {
+    return InvalidArgument("staging on vLLM at " + options_.base_url + " needs the directory URL (--directory)");
+  }
+  std::string model = options_.model.empty() ? target.model : options_.model;
+  Json kwargs{{"model", model},
+              {"version", target.label},
+              {"directory", options_.directory_url},
+              {"timeout_ms", options_.stage_timeout_ms}};
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_stage", kwargs, options_.stage_timeout_ms + 5000));
+  Json detail{{"workers", workers}};
+  int64_t needed = 0, planned = 0, pulled = 0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const Json& w = workers[i];
+    RC_RETURN_IF_ERROR(WorkerStatus(w, i, "rc_stage", options_.base_url));
+    std::string where = "rc_stage rank " + std::to_string(i);
+    RC_ASSIGN_OR_RETURN(std::string version, GetString(w, "version", where));
+    if (version != target.label) {
+      return DataLoss("vLLM at " + options_.base_url + " rank " + std::to_string(i) + " staged '" + version +
+                      "', not '" + target.label + "'");
+    }
+    RC_ASSIGN_OR_RETURN(int64_t n, GetNonNegativeInt(w, "bytes_needed", where, 0));
+    RC_ASSIGN_OR_RETURN(int64_t p, GetNonNegativeInt(w, "bytes_planned", where, 0));
+    RC_ASSIGN_OR_RETURN(int64_t u, GetNonNegativeInt(w, "bytes_pulled", where, 0));
+    needed += n;
+    planned += p;
+    pulled += u;
+  }
+  detail["bytes_needed"] = needed;
+  detail["bytes_planned"] = planned;
+  detail["bytes_pulled"] = pulled;
+  *bytes = planned;
+  return detail;
+}
+
+Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
+  RC_ASSIGN_OR_RETURN(Json warm, WarmCanary("stage"));
+  StageEvidence e;
+  e.label = target.label;
+  RC_ASSIGN_OR_RETURN(e.detail, StageWorkers(target, &e.bytes));
+  e.detail["canary_warmup"] = warm;
+  std::lock_guard<std::mutex> lock(mu_);
+  staged_version_ = target.label;
+  return e;
+}
+
+Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool full) {
+  Json staged;
+  bool staged_this_cycle = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_this_cycle = staged_version_ == target.label;
+  }
+  if (full || !staged_this_cycle) {
+    // Recovery (nothing proves what, if anything, is staged) or no prefetch this cycle: stage
+    // the target now, inside the install deadline. A stage never touches live weights, so a
+    // failed stage in an update is a refusal before mutation; in a recovery any failure leaves
+    // the engine TAINTED (the Runner never reads a recovery error as "refused").
+    int64_t bytes = 0;
+    auto s = StageWorkers(target, &bytes);
+    if (!s.ok()) {
+      if (full) return s.status().WithContext("recovery: staging " + target.label);
+      InstallEvidence e;
+      e.outcome = InstallOutcome::kRefusedUntouched;
+      e.error = "install of " + target.label + " refused before mutation: staging it (no prefetch this cycle) failed: " +
+                s.status().ToString();
+      e.detail = Json{{"outcome", "refused_untouched"}, {"stage_error", s.status().ToString()}};
+      return e;
+    }
+    staged = *s;
+  }
+  // CollectiveRpc answers FailedPrecondition only when the method provably never ran (no
+  // extension, dev mode off, request rejected); transport loss (Unavailable) or a raised method
+  // (Internal) is ambiguous and taints.
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
+  RC_ASSIGN_OR_RETURN(InstallEvidence e, InstallEvidenceFromOutcomes(workers, target.label, options_.base_url));
+  if (!staged.is_null()) e.detail["staged_in_install"] = staged;
+  return e;
+}
+
+Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
+  CacheResetResult r;
+  r.kind = kind;
+  if (kind != CacheKind::kPrefix) {
+    // vLLM answers an empty 200 and reports nothing: sent, accepted, not verified.
+    const std::string path = kind == CacheKind::kEncoder ? "/reset_encoder_cache" : "/reset_mm_cache";
+    RC_ASSIGN_OR_RETURN(Json ignored, PostJson(path, ""));
+    (void)ignored;
+    r.success = true;
+    r.verified = false;
+    r.blocks_in_use = -1;  // unknown
+    return r;
+  }
+  // success:false means blocks are still held (a running or frozen request): retry with bounded
+  // backoff; never take it as success. reset_running_requests stays false: preempting would
+  // hide the refusal (and drop a frozen request's KV).
+  const int attempts = std::max(1, options_.reset_attempts);
+  int64_t backoff = std::max<int64_t>(1, options_.reset_backoff_ms);
+  for (int i = 1; i <= attempts; ++i) {
+    RC_ASSIGN_OR_RETURN(Json j, PostJson("/reset_prefix_cache", ""));
+    if (!j.is_object() || !j.contains("success") || !j["success"].is_boolean()) {
+      return DataLoss("POST " + options_.base_url + "/reset_prefix_cache answered " + j.dump() +
+                      ", not {\"success\": bool}");
+    }
+    r.attempts = i;
+    r.verified = true;  // vLLM's own success flag
+    r.success = j["success"].get<bool>();
+    if (r.success) {
+      r.blocks_in_use = 0;
+      std::lock_guard<std::mutex> lock(mu_);
+      prefix_reset_done_ = true;
+      return r;
+    }
+    if (i < attempts) {
+      SleepMs(backoff);
+      backoff *= 2;
+    }
+  }
+  r.blocks_in_use = -1;  // vLLM does not say how many
+  return r;
+}
+
+Result<LabelEvidence> VllmFlavor::ReadLabel() {
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_label", Json::object(), 30000));
+  LabelEvidence e;
+  int64_t generation = 0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_label", options_.base_url));
+    std::string where = "rc_label rank " + std::to_string(i);
+    RC_ASSIGN_OR_RETURN(std::string label, GetString(workers[i], "label", where));
+    RC_ASSIGN_OR_RETURN(int64_t gen, GetInt(workers[i], "generation", where));
+    if (i == 0) {
+      e.label = label;
+      generation = gen;
+    } else if (label != e.label || gen != generation) {
+      return DataLoss("vLLM at " + options_.base_url + ": the ranks disagree on the live weights: rank 0 reports '" +
+                      e.label + "' generation " + std::to_string(generation) + ", rank " + std::to_string(i) + " '" +
+                      label + "' generation " + std::to_string(gen));
+    }
+  }
+  return e;
+}
+
+Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers,
+                      CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", true}}, 0));
+  DigestEvidence e;
+  RC_ASSIGN_OR_RETURN(e.content_digest, CombineWorkerDigests(workers, options_.base_url));
+  return e;
+}
+
+Result<ResumeEvidence> VllmFlavor::Resume() {
+  RC_ASSIGN_OR_RETURN(Json reply, PostJson("/resume", ""));
+  ResumeEvidence e;
+  RC_ASSIGN_OR_RETURN(e.paused_after, IsPaused());
+  Json detail{{"resume", reply}};
+  std::optional<Json> warm;
+  bool reset_done = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    warm = warmup_;
+    reset_done = prefix_reset_done_;
+  }
+  if (e.paused_after) {
+    e.detail = detail;
+    return e;
+  }
+  if (!reset_done) {
+    // A resume after a rejected update (no reset): cached canary blocks are expected and fine.
+    detail["canary"] = Json{{"checked", false}, {"why", "no prefix cache reset in this cycle"}};
+    e.detail = detail;
+    return e;
+  }
+  RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    warmup_.reset();
+    prefix_reset_done_ = false;
+  }
+  if (cached != 0) {
+    return DataLoss("stale prefix cache on vLLM at " + options_.base_url + ": the canary reported " +
+                    std::to_string(cached) + " cached prompt tokens after the reset");
+  }
+  bool verifiable = warm && warm->value("verifiable", false);
+  Json canary{{"checked", true}, {"cached_tokens", cached}, {"verified", verifiable}};
+  if (!warm) {
+    canary["why_not"] = "the canary was not warmed in this cycle";
+  } else {
+    canary["warmup"] = *warm;
+    if (!verifiable) canary["why_not"] = warm->value("why_not", std::string("the warm-up showed no cache hit"));
+  }
+  detail["canary"] = canary;
+  e.detail = detail;
+  return e;
+}
+
+}  // namespace rc::adapters::internal

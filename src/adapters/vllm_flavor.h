@@ -1,0 +1,122 @@
+// VllmFlavor: the HTTP adapter's vLLM flavour (internal to rc::adapters; HttpEngineAdapter
+// dispatches to it once Describe() has found a vLLM). It drives vLLM 0.26's own endpoints
+// (/pause, /is_paused, /resume, /reset_*_cache, /metrics, /v1/completions) and rolloutcore's
+// worker extension through POST /collective_rpc, with the protocol of docs/vllm.md:
+// rc_describe, rc_stage, rc_install, rc_label, rc_digest, one result per worker (TP rank).
+//
+// Evidence is observed, never assumed:
+//  * the canary prompt is warmed before every update (in Stage, or in Pause when no Stage ran
+//    this cycle) by sending it twice; the second answer must report cached tokens, else the
+//    post-resume check cannot fail and is recorded as "unable to verify";
+//  * after the resume (in a cycle whose prefix cache was reset) the canary must report 0 cached
+//    tokens, else DataLoss (stale prefix KV survived: the controller taints);
+//  * /reset_prefix_cache's {"success"} is checked and refusals are retried with bounded backoff;
+//    /reset_mm_cache and /reset_encoder_cache answer an empty 200 and are recorded unverified;
+//  * the drain rule of Pause is documented at VllmFlavor::Pause;
+//  * Install stages first when no Stage staged the target this cycle (prefetch off) or in a
+//    recovery; a failed stage there is a refusal before mutation (a stage touches nothing live).
+// A cycle starts at Describe() (the Runner calls it at the start of every update and recovery).
+//
+// Thread safety: all methods may be called from any thread, concurrently (the Runner may abandon
+// a call at its deadline and issue the next one while the first still runs); the canary state is
+// guarded by mu_.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/lifecycle/types.h"
+
+namespace rc::adapters::internal {
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+// One HTTP request to the engine ("GET"/"POST", path with query, JSON body or empty). A transport
+// failure is Unavailable naming the URL.
+using HttpCall =
+    std::function<Result<HttpReply>(const std::string& method, const std::string& path, const std::string& body)>;
+
+struct VllmOptions {
+  std::string base_url;
+  std::string directory_url;  // rc_stage's `directory`
+  std::string model;          // rc_stage's `model` (directory model name; defaults to the target's)
+  std::vector<int32_t> canary_prompt;
+  int64_t stage_timeout_ms = 120000;    // rc_stage's timeout_ms
+  int reset_attempts = 5;               // /reset_prefix_cache calls per ResetCache
+  int64_t reset_backoff_ms = 10;        // delay before the first retry; doubles per retry
+  int64_t gauge_probe_after_ms = 1000;  // a non-zero gauge reading unchanged this long is probed
+};
+
+class VllmFlavor {
+ public:
+  VllmFlavor(VllmOptions options, HttpCall call);
+
+  // rc_describe on every worker; FailedPrecondition naming the `vllm serve` flags when the
+  // extension (or dev mode) is missing. Starts a new cycle (forgets the canary warm-up).
+  Result<lifecycle::EngineDescription> Describe();
+  // Running/waiting from /metrics; a non-zero reading is refreshed by one probe request first
+  // (see the rule at the definition).
+  Result<lifecycle::DrainStatus> Drain();
+  Result<lifecycle::PauseEvidence> Pause(lifecycle::PauseMode mode);
+  Result<lifecycle::StageEvidence> Stage(const lifecycle::UpdateTarget& target);
+  Result<lifecycle::InstallEvidence> Install(const lifecycle::UpdateTarget& target, bool full);
+  Result<lifecycle::CacheResetResult> ResetCache(lifecycle::CacheKind kind);
+  Result<lifecycle::LabelEvidence> ReadLabel();
+  Result<lifecycle::DigestEvidence> ReadContentDigest();
+  Result<lifecycle::ResumeEvidence> Resume();
+  // Sends the canary twice; the evidence says whether the post-resume check can fail. `where`
+  // ("stage", "pause") is recorded.
+  Result<Json> WarmCanary(const std::string& where);
+
+  // POST /collective_rpc {method, kwargs}; one result object per worker. The extension or dev
+  // mode missing → FailedPrecondition naming the flags; the request rejected (400/422) →
+  // FailedPrecondition (the method did not run); the method raised (500) → Internal.
+  Result<std::vector<Json>> CollectiveRpc(const std::string& method, const Json& kwargs, int64_t timeout_ms);
+
+ private:
+  Result<Json> PostJson(const std::string& path, const std::string& body);
+  Result<bool> IsPaused();
+  Result<lifecycle::DrainStatus> Gauges();  // the /metrics gauges as they are (no probe)
+  Result<int64_t> Canary();                 // sends the canary once: the cached prompt tokens vLLM reports
+  Result<Json> StageWorkers(const lifecycle::UpdateTarget& target, int64_t* bytes);
+
+  VllmOptions options_;
+  HttpCall call_;
+  std::string served_model_;  // from GET /v1/models at Describe (for the canary); guarded by mu_
+
+  std::mutex mu_;
+  std::optional<Json> warmup_;          // this cycle's canary warm-up evidence; guarded by mu_
+  bool prefix_reset_done_ = false;      // this cycle's prefix cache reset succeeded; guarded by mu_
+  std::string staged_version_;          // the version this cycle's Stage staged ("" none); guarded by mu_
+  lifecycle::DrainStatus last_gauges_;  // guarded by mu_
+  std::chrono::steady_clock::time_point gauges_since_{};      // last_gauges_ first seen; guarded by mu_
+  std::chrono::steady_clock::time_point last_gauge_probe_{};  // guarded by mu_
+};
+
+// A worker's {"ok": false, "code", "error"} as a Status ("vLLM at URL rank R: METHOD: error");
+// OK when ok is true. An unknown or missing code is Internal.
+Status WorkerStatus(const Json& result, size_t rank, const std::string& method, const std::string& where);
+
+// Maps rc_install's per-worker outcomes to the lifecycle's install contract (one place, so it
+// can switch to a typed InstallOutcome): every worker refused_untouched → FailedPrecondition
+// (nothing live was written: READY on the old version); every worker installed with one label
+// and generation → InstallEvidence; anything else (failed_after_mutation, a mix, a missing or
+// unknown outcome) → Internal (the weights are in an unknown state: taint).
+Result<lifecycle::InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& workers,
+                                                               const std::string& version, const std::string& where);
+
+// Combines rc_digest results of the TP ranks into the content digest (16 hex digits): one
+// worker → its content_digest; several → per tensor, all ranks `full` → equal sums, else the
+// partial sums added mod 2^64 with element counts adding up to the tensor's `numel` (or the
+// elements of a full rank); then refit::CombineTensorDigests in name order. DataLoss on any
+// disagreement.
+Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const std::string& where);
+
+}  // namespace rc::adapters::internal

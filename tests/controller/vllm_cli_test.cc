@@ -1,0 +1,109 @@
+// `rolloutcore controller serve --engine vllm+http://...` as a real process against FakeVllm (in
+// this test process, on loopback): the controller initializes the engine through rolloutcore's
+// worker extension (rc_describe, rc_label, rc_digest), and the flags that cannot work are
+// refused with messages that say why.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "apps/child_process.h"
+#include "testing/fake_vllm.h"
+
+namespace rc {
+namespace {
+
+namespace fs = std::filesystem;
+using apps::ChildProcess;
+using testing::FakeVllm;
+
+class VllmCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("rc-vllm-cli-" + std::to_string(::getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (ctl_) ctl_->Stop();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  std::unique_ptr<ChildProcess> Start(const std::vector<std::string>& extra, int port) {
+    std::vector<std::string> args = {"controller",    "serve",  "--state-dir",
+                                     dir_ + "/state", "--port", std::to_string(port)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto c = ChildProcess::Spawn("controller", args, dir_ + "/controller.log", ROLLOUTCORE_BIN);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  // Waits for the process to exit; returns its exit status (or -1 on timeout).
+  static int WaitExit(ChildProcess* c, int64_t timeout_ms = 30000) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      if (!c->Alive()) return c->Stop(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  std::string dir_;
+  std::unique_ptr<ChildProcess> ctl_;
+};
+
+TEST_F(VllmCliTest, ServeInitializesAVllmEngineThroughTheExtension) {
+  FakeVllm vllm;
+  int port = apps::FreePort().value();
+  ctl_ = Start({"--engine", "vllm+" + vllm.url(), "--pause-mode", "wait"}, port);
+  ASSERT_TRUE(ctl_);
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_connection_timeout(1, 0);
+  Json status;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < end) {
+    ASSERT_TRUE(ctl_->Alive()) << ctl_->LogTail();
+    auto r = cli.Get("/v1/status");
+    if (r && r->status == 200) {
+      status = Json::parse(r->body);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(status.is_null()) << ctl_->LogTail();
+  const std::string text = status.dump();
+  EXPECT_NE(text.find("\"v7\""), std::string::npos) << "the label rc_label reports: " << text;
+  EXPECT_NE(text.find("0123456789abcdef"), std::string::npos) << "the content digest rc_digest reports: " << text;
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  std::vector<std::string> methods;
+  for (const Json& c : vllm.rpc_calls_) methods.push_back(c["method"]);
+  EXPECT_NE(std::find(methods.begin(), methods.end(), "rc_describe"), methods.end());
+  EXPECT_NE(std::find(methods.begin(), methods.end(), "rc_label"), methods.end());
+  EXPECT_NE(std::find(methods.begin(), methods.end(), "rc_digest"), methods.end());
+}
+
+TEST_F(VllmCliTest, ServeRefusesAVllmWithoutTheExtensionNamingTheFlags) {
+  FakeVllm::Config cfg;
+  cfg.extension = false;
+  FakeVllm vllm(cfg);
+  ctl_ = Start({"--engine", "vllm+" + vllm.url()}, apps::FreePort().value());
+  ASSERT_TRUE(ctl_);
+  EXPECT_EQ(WaitExit(ctl_.get()), 1) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("--worker-extension-cls rolloutcore.vllm.Extension"), std::string::npos)
+      << ctl_->LogTail();
+}
+
+TEST_F(VllmCliTest, NativeNcclTransferAndBadUrlsAreRefusedUpFront) {
+  ctl_ = Start({"--engine", "vllm+http://127.0.0.1:1", "--vllm-transfer", "native-nccl"}, apps::FreePort().value());
+  ASSERT_TRUE(ctl_);
+  EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("native-nccl is not implemented"), std::string::npos) << ctl_->LogTail();
+  ctl_ = Start({"--engine", "vllm+ftp://127.0.0.1:1"}, apps::FreePort().value());
+  ASSERT_TRUE(ctl_);
+  EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("vllm+ftp://127.0.0.1:1"), std::string::npos) << ctl_->LogTail();
+}
+
+}  // namespace
+}  // namespace rc

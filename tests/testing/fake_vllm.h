@@ -1,0 +1,234 @@
+// FakeVllm: a fake vLLM 0.26 on loopback (cpp-httplib, in the test process) that speaks vLLM's
+// endpoints as ../shared/vllm/VLLM_RL_SURFACE.md describes them — /pause?mode&clear_cache,
+// /is_paused, /resume, /reset_prefix_cache answering {"success"}, empty-200 mm/encoder resets,
+// usage.prompt_tokens_details.cached_tokens, /metrics gauges that nothing refreshes while paused,
+// /v1/models, dev routes 404 without dev mode — and rolloutcore's worker-extension protocol over
+// POST /collective_rpc (docs/vllm.md): rc_describe, rc_stage, rc_install, rc_label, rc_digest, one
+// result per worker; "Method 'x' is not implemented." (500) without the extension.
+//
+// Behaviour is scripted through Script() (handlers read it under mu_); observations are read
+// under mu_ too. Thread safety: the server's handler threads and the test thread share state only
+// under mu_ (running_ is atomic).
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+
+namespace rc::testing {
+
+struct FakeVllmConfig {
+  int workers = 1;
+  bool extension = true;  // rolloutcore.vllm.Extension loaded
+  bool dev_mode = true;   // VLLM_SERVER_DEV_MODE=1
+  bool prefix_caching = true;
+  bool reset_clears = true;  // a successful reset really drops the canary's blocks
+};
+
+class FakeVllm {
+ public:
+  using Config = FakeVllmConfig;
+  explicit FakeVllm(Config cfg = {}) : cfg_(cfg) {
+    labels_.assign(cfg_.workers, "v7");
+    generations_.assign(cfg_.workers, 3);
+    svr_.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+    svr_.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
+    svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content(R"({"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]})", "application/json");
+    });
+    svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content("# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name=\"m\"} " +
+                        std::to_string(running_.load()) + "\nvllm:num_requests_waiting{model_name=\"m\"} 0\n" +
+                        "vllm:num_requests_running_total 99\n",
+                    "text/plain");
+    });
+    svr_.Post("/pause", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      pause_queries_.push_back("mode=" + q.get_param_value("mode") +
+                               "&clear_cache=" + q.get_param_value("clear_cache"));
+      paused_ = true;
+      r.set_content(R"({"status":"paused"})", "application/json");
+    });
+    svr_.Post("/resume", [this](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r)) return;
+      paused_ = false;
+      r.set_content(R"({"status":"resumed"})", "application/json");
+    });
+    svr_.Get("/is_paused", [this](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r)) return;
+      r.set_content(Json{{"is_paused", paused_.load()}}.dump(), "application/json");
+    });
+    svr_.Post("/reset_prefix_cache", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++prefix_resets_;
+      reset_running_requests_ = q.get_param_value("reset_running_requests");
+      bool ok = true;
+      if (!reset_answers_.empty()) {
+        ok = reset_answers_.front();
+        if (reset_answers_.size() > 1) reset_answers_.pop_front();
+      }
+      if (ok && cfg_.reset_clears) cached_ = false;
+      r.set_content(Json{{"success", ok}}.dump(), "application/json");
+    });
+    for (const char* path : {"/reset_mm_cache", "/reset_encoder_cache"}) {
+      svr_.Post(path, [this, path](const httplib::Request&, httplib::Response& r) {
+        if (!Dev(r)) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        ++other_resets_[path];
+        r.status = 200;  // vLLM: an empty 200 whatever happened
+      });
+    }
+    svr_.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
+      Json body = Json::parse(q.body);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stale_gauges_) running_ = 0;  // the step this request causes refreshes the gauges to the truth
+      if (paused_) ++completions_while_paused_;
+      ++completions_;
+      last_model_ = body.value("model", std::string());
+      int64_t n = static_cast<int64_t>(body["prompt"].size());
+      int64_t hit = cfg_.prefix_caching && cached_ ? n : 0;
+      cached_ = true;
+      r.set_content(Json{{"usage", {{"prompt_tokens", n}, {"prompt_tokens_details", {{"cached_tokens", hit}}}}}}.dump(),
+                    "application/json");
+    });
+    svr_.Post("/collective_rpc", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      Json body = Json::parse(q.body);
+      std::string method = body["method"];
+      if (!cfg_.extension) {
+        r.status = 500;
+        r.set_content(Json{{"error",
+                            {{"message", "Method '" + method + "' is not implemented."},
+                             {"type", "InternalServerError"},
+                             {"code", 500}}}}
+                          .dump(),
+                      "application/json");
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      rpc_calls_.push_back(body);
+      Json results = Json::array();
+      for (int i = 0; i < cfg_.workers; ++i) results.push_back(Rpc(method, body["kwargs"], i));
+      r.set_content(Json{{"results", results}}.dump(), "application/json");
+    });
+    port_ = svr_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { svr_.listen_after_bind(); });
+    while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeVllm() { Stop(); }
+  void Stop() {
+    if (thread_.joinable()) {
+      svr_.stop();
+      thread_.join();
+    }
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  // Scripted behaviour: set through Script() (the handlers read it under mu_).
+  template <typename F>
+  void Script(F f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    f();
+  }
+  std::atomic<int> running_{0};
+  std::atomic<bool> stale_gauges_{false};      // running_ is a stale value that the next engine step clears
+  std::deque<bool> reset_answers_;             // successive /reset_prefix_cache answers; the last repeats
+  std::vector<std::string> install_outcomes_;  // per worker; empty: "installed" everywhere
+  Json stage_failure_;                         // a worker's {"ok": false, ...} for rc_stage (rank 0)
+  std::vector<Json> digest_results_;           // per worker rc_digest result
+  std::vector<std::string> labels_;
+  std::vector<int64_t> generations_;
+
+  // Observations.
+  std::mutex mu_;
+  std::vector<std::string> pause_queries_;
+  std::vector<Json> rpc_calls_;
+  int prefix_resets_ = 0;
+  std::map<std::string, int> other_resets_;
+  int completions_ = 0;
+  int completions_while_paused_ = 0;
+  std::string last_model_;
+  std::string reset_running_requests_;
+
+ private:
+  bool Dev(httplib::Response& r) {
+    if (cfg_.dev_mode) return true;
+    r.status = 404;
+    r.set_content(R"({"detail":"Not Found"})", "application/json");
+    return false;
+  }
+  Json Rpc(const std::string& method, const Json& kwargs, int rank) {
+    if (method == "rc_describe") {
+      return Json{{"ok", true},
+                  {"extension_version", "0.1"},
+                  {"boot_id", "b1"},
+                  {"tp_rank", rank},
+                  {"tp_size", cfg_.workers},
+                  {"device", "cuda:" + std::to_string(rank)},
+                  {"label", labels_[rank]},
+                  {"generation", generations_[rank]},
+                  {"captured", true},
+                  {"data_ptrs_stable", true}};
+    }
+    if (method == "rc_stage") {
+      if (rank == 0 && !stage_failure_.is_null()) return stage_failure_;
+      return Json{{"ok", true},
+                  {"version", kwargs["version"]},
+                  {"mode", "full"},
+                  {"transport", "cuda_ipc"},
+                  {"bytes_needed", 1000},
+                  {"bytes_planned", 1000 + rank},
+                  {"bytes_pulled", 1000},
+                  {"stage_ms", {{"total", 12.5}}},
+                  {"staged_digest", "00000000000000aa"}};
+    }
+    if (method == "rc_install") {
+      std::string outcome = install_outcomes_.empty() ? "installed" : install_outcomes_[rank];
+      Json r{{"ok", outcome == "installed"}, {"outcome", outcome}};
+      if (outcome == "installed") {
+        labels_[rank] = kwargs["version"];
+        generations_[rank] += 1;
+        r["bytes_installed"] = 500;
+        r["install_ms"] = 3;
+      } else {
+        r["code"] = outcome == "refused_untouched" ? "FailedPrecondition" : "Internal";
+        r["error"] = outcome == "refused_untouched" ? "nothing staged for " + kwargs["version"].get<std::string>()
+                                                    : "copy failed on layer 3";
+      }
+      r["label"] = labels_[rank];
+      r["generation"] = generations_[rank];
+      return r;
+    }
+    if (method == "rc_label") {
+      return Json{{"ok", true},
+                  {"label", labels_[rank]},
+                  {"generation", generations_[rank]},
+                  {"boot_id", "b1"},
+                  {"content_digest", nullptr}};
+    }
+    if (method == "rc_digest") {
+      if (rank < static_cast<int>(digest_results_.size())) return digest_results_[rank];
+      return Json{{"ok", true}, {"content_digest", "0123456789abcdef"}, {"label", labels_[rank]}};
+    }
+    return Json{{"ok", false}, {"code", "InvalidArgument"}, {"error", "unknown method " + method}};
+  }
+
+  Config cfg_;
+  httplib::Server svr_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<bool> paused_{false};
+  bool cached_ = false;  // guarded by mu_
+};
+
+}  // namespace rc::testing
