@@ -866,8 +866,23 @@ class Extension:
                        "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
                 rank, size = self._rc_tp()
                 if size > 1:
+                    # Partial sums per tensor: the adapter adds them across ranks (or takes one when every
+                    # rank holds the whole tensor) and checks the element counts add up (docs/vllm.md).
+                    held: Dict[str, int] = {}
+                    numel: Dict[str, int] = {}
+                    for c in st.capture.copies:
+                        n = 1
+                        for x in c["dest_shape"]:
+                            n *= x
+                        held[c["source"]] = held.get(c["source"], 0) + n
+                        total = 1
+                        for x in c["source_shape"]:
+                            total *= x
+                        numel[c["source"]] = total
                     out["content_digest"] = None
-                    out["tensor_sums"] = {n: {"sum": h, "full": False} for n, h in d["tensors"].items()}
+                    out["tensor_sums"] = {n: {"sum": h, "elements": held.get(n, 0), "numel": numel.get(n, 0),
+                                              "full": held.get(n, 0) == numel.get(n, -1)}
+                                          for n, h in d["tensors"].items()}
                 if per_tensor:
                     out["tensors"] = dict(d["tensors"])
                 return out
