@@ -437,8 +437,6 @@ Pending<IdentityEvidence> HttpEngineAdapter::ProbeIdentity() {
   });
 }
 
-Status HttpEngineAdapter::WarmCanary() { return s_->Canary().status(); }
-
 Result<Json> HttpEngineAdapter::WarmCanary() {
   if (!s_->IsVllm())
     return FailedPrecondition("the canary is a vLLM check; engine at " + s_->options.base_url + " is not vLLM");

@@ -18,6 +18,7 @@ using lifecycle::DigestEvidence;
 using lifecycle::DrainStatus;
 using lifecycle::EngineDescription;
 using lifecycle::InstallEvidence;
+using lifecycle::InstallOutcome;
 using lifecycle::LabelEvidence;
 using lifecycle::PauseEvidence;
 using lifecycle::PauseMode;

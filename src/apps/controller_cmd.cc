@@ -101,6 +101,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                     "(POST /v1/rollouts/{id}:heartbeat) before it is recorded expired and stops holding a drain; "
                     "0: never")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   serve
       ->add_option("--pause-mode", o->pause_mode,
                    "How the engine pauses once drained: wait (in-flight requests finish; vLLM's /pause?mode=wait) | "

@@ -46,11 +46,6 @@ std::vector<int64_t> IntArray(const Json& j) {
   return out;
 }
 
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // "u-12" → 12; 0 when the id is not of that form.
 int64_t OpNumber(const std::string& id) {
   if (id.rfind("u-", 0) != 0 || id.size() < 3 || id.size() > 20) return 0;

@@ -106,7 +106,7 @@ class ReceiverFaultTest : public ::testing::Test {
     ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
     auto installed = receiver_->Install(version);
     engine_->Resume();
-    ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+    ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
     EXPECT_EQ(engine_->WeightVersion(), version);
   }
 
@@ -140,7 +140,9 @@ TEST_F(ReceiverFaultTest, NonFiniteWeightsFailTheStageNamingTensorAndElement) {
     EXPECT_EQ(receiver_->staged_version(), "");
   }
   ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
-  EXPECT_EQ(receiver_->Install("v1").status().code(), StatusCode::kFailedPrecondition) << "nothing is staged";
+  auto refused = receiver_->Install("v1");
+  EXPECT_EQ(refused.status.code(), StatusCode::kFailedPrecondition) << "nothing is staged";
+  EXPECT_EQ(refused.outcome, InstallOutcome::kRefusedUntouched);
   engine_->Resume();
   EXPECT_EQ(engine_->WeightVersion(), "default");
   EXPECT_EQ(LiveDigest(), before) << "live weights untouched";
