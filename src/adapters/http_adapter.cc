@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::adapters {
 
@@ -29,7 +30,7 @@ struct HttpEngineAdapter::Shared {
   std::atomic<EngineFlavor> flavor{EngineFlavor::kUnknown};
 
   std::unique_ptr<httplib::Client> Client() const {
-    auto c = std::make_unique<httplib::Client>(options.base_url);
+    auto c = net::MakeClient(options.base_url);  // the process's API key and TLS CA (rolloutcore/net)
     auto secs = options.http_timeout_ms / 1000;
     auto usecs = (options.http_timeout_ms % 1000) * 1000;
     c->set_connection_timeout(5, 0);
@@ -323,6 +324,7 @@ Pending<ResumeEvidence> HttpEngineAdapter::Resume() {
 std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms) {
   return [base_url, timeout_ms](const Json& body) -> Result<Json> {
     httplib::Client c(base_url);
+    net::ApplyClientPolicy(c);
     c.set_connection_timeout(5, 0);
     c.set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
     auto r = c.Post("/v1/completions", body.dump(), "application/json");

@@ -115,6 +115,20 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+Status CheckBindSecurity(std::string_view name, std::string_view host, const ServerSecurity& sec) {
+  if (IsLoopbackHost(host) || !sec.api_key.empty()) return OkStatus();
+  if (!sec.insecure_no_auth) {
+    return FailedPrecondition(fmt::format(
+        "{}: refusing to serve on {} (not loopback) without an API key: set --api-key or {}, or pass "
+        "--insecure-no-auth to serve without authentication",
+        name, host, kApiKeyEnv));
+  }
+  RC_LOG_WARN("{}: serving on {} WITHOUT authentication (--insecure-no-auth): anyone who can reach it can change "
+              "its state",
+              name, host);
+  return OkStatus();
+}
+
 HttpServer::HttpServer(HttpServerOptions options) : options_(std::move(options)) {
   const ServerSecurity& sec = options_.security;
   if (!sec.tls_cert_file.empty() && !sec.tls_key_file.empty()) {
@@ -233,17 +247,7 @@ httplib::Server::HandlerResponse HttpServer::OnError(const httplib::Request& req
 Status HttpServer::Start() {
   if (thread_.joinable()) return FailedPrecondition(options_.name + ": server already started");
   const ServerSecurity& sec = options_.security;
-  if (!IsLoopbackHost(options_.host) && sec.api_key.empty()) {
-    if (!sec.insecure_no_auth) {
-      return FailedPrecondition(fmt::format(
-          "{}: refusing to serve on {} (not loopback) without an API key: set --api-key or {}, or pass "
-          "--insecure-no-auth to serve without authentication",
-          options_.name, options_.host, kApiKeyEnv));
-    }
-    RC_LOG_WARN("{}: serving on {} WITHOUT authentication (--insecure-no-auth): anyone who can reach it can "
-                "change its state",
-                options_.name, options_.host);
-  }
+  RC_RETURN_IF_ERROR(CheckBindSecurity(options_.name, options_.host, sec));
   if (sec.tls_cert_file.empty() != sec.tls_key_file.empty()) {
     return InvalidArgument(fmt::format("{}: TLS needs both --tls-cert and --tls-key (got only {})", options_.name,
                                        sec.tls_cert_file.empty() ? "--tls-key" : "--tls-cert"));

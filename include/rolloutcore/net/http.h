@@ -41,20 +41,9 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/net/security.h"
 
 namespace rc::net {
-
-inline constexpr const char* kApiKeyEnv = "ROLLOUTCORE_API_KEY";
-inline constexpr const char* kTlsCaFileEnv = "ROLLOUTCORE_TLS_CA_FILE";
-
-// What a server demands of its callers. Set from `--api-key` (or ROLLOUTCORE_API_KEY),
-// `--insecure-no-auth`, `--tls-cert`, `--tls-key`.
-struct ServerSecurity {
-  std::string api_key;           // empty: no authentication (loopback only, unless insecure_no_auth)
-  bool insecure_no_auth = false;  // allow a non-loopback bind without a key (warns)
-  std::string tls_cert_file;     // PEM; with tls_key_file: HTTPS
-  std::string tls_key_file;
-};
 
 struct HttpServerOptions {
   std::string name = "server";  // in messages and logs: "directory", "engine", ...
@@ -74,6 +63,11 @@ struct HttpServerOptions {
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopbackHost(std::string_view host);
+
+// OK on a loopback host or with an API key; FailedPrecondition naming the host otherwise, unless
+// insecure_no_auth (then it logs a warning). HttpServer::Start calls it; a command may call it
+// earlier, before it does anything else.
+Status CheckBindSecurity(std::string_view name, std::string_view host, const ServerSecurity& security);
 
 // Compares in time that depends only on the lengths, not on where the strings differ.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
@@ -139,16 +133,6 @@ class HttpServer {
   std::thread thread_;
   int port_ = 0;
 };
-
-// What a client sends: the bearer key, and the CA file that verifies https servers.
-struct ClientConfig {
-  std::string api_key;      // empty: no Authorization header
-  std::string tls_ca_file;  // empty: the system's CA store
-  // The process default: what SetDefaultClientConfig set, else ROLLOUTCORE_API_KEY and
-  // ROLLOUTCORE_TLS_CA_FILE from the environment.
-  static ClientConfig Default();
-};
-void SetDefaultClientConfig(ClientConfig config);
 
 // Sets the bearer key and, for https, certificate verification against tls_ca_file.
 void ApplyClientPolicy(httplib::Client& client, const ClientConfig& config = ClientConfig::Default());
