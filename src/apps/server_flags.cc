@@ -7,7 +7,8 @@ namespace rc::apps {
 void AddServerSecurityFlags(CLI::App* serve, net::ServerSecurity* s) {
   serve->add_option("--api-key", s->api_key,
                     std::string("Bearer key every mutating request (POST/DELETE) must carry; GETs stay open. "
-                                "Default: $") + net::kApiKeyEnv);
+                                "Default: $") +
+                        net::kApiKeyEnv);
   serve->add_flag("--insecure-no-auth", s->insecure_no_auth,
                   "Allow serving on a non-loopback address without an API key (warns; never in production)");
   serve->add_option("--tls-cert", s->tls_cert_file, "PEM certificate: serve HTTPS (with --tls-key)")

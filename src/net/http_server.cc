@@ -118,14 +118,15 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 Status CheckBindSecurity(std::string_view name, std::string_view host, const ServerSecurity& sec) {
   if (IsLoopbackHost(host) || !sec.api_key.empty()) return OkStatus();
   if (!sec.insecure_no_auth) {
-    return FailedPrecondition(fmt::format(
-        "{}: refusing to serve on {} (not loopback) without an API key: set --api-key or {}, or pass "
-        "--insecure-no-auth to serve without authentication",
-        name, host, kApiKeyEnv));
+    return FailedPrecondition(
+        fmt::format("{}: refusing to serve on {} (not loopback) without an API key: set --api-key or {}, or pass "
+                    "--insecure-no-auth to serve without authentication",
+                    name, host, kApiKeyEnv));
   }
-  RC_LOG_WARN("{}: serving on {} WITHOUT authentication (--insecure-no-auth): anyone who can reach it can change "
-              "its state",
-              name, host);
+  RC_LOG_WARN(
+      "{}: serving on {} WITHOUT authentication (--insecure-no-auth): anyone who can reach it can change "
+      "its state",
+      name, host);
   return OkStatus();
 }
 
@@ -190,8 +191,9 @@ HttpServer& HttpServer::set_exception_handler(httplib::Server::ExceptionHandler 
 
 void HttpServer::SendPolicyError(httplib::Response& res, int http_status, const Status& status) const {
   res.status = http_status;
-  res.set_content(options_.error_body ? options_.error_body(http_status, status) : DefaultErrorBody(http_status, status),
-                  "application/json");
+  res.set_content(
+      options_.error_body ? options_.error_body(http_status, status) : DefaultErrorBody(http_status, status),
+      "application/json");
 }
 
 httplib::Server::HandlerResponse HttpServer::PreRouting(const httplib::Request& req, httplib::Response& res) const {
@@ -236,8 +238,9 @@ httplib::Server::HandlerResponse HttpServer::OnError(const httplib::Request& req
   }
   if (!allow.empty()) {
     res.set_header("Allow", allow);
-    SendPolicyError(res, 405, Status(StatusCode::kInvalidArgument,
-                                     fmt::format("method {} is not allowed here; allowed: {}", req.method, allow)));
+    SendPolicyError(res, 405,
+                    Status(StatusCode::kInvalidArgument,
+                           fmt::format("method {} is not allowed here; allowed: {}", req.method, allow)));
     return R::Handled;
   }
   SendPolicyError(res, 404, NotFound(fmt::format("{}: no route for {} {}", options_.name, req.method, req.path)));
@@ -289,7 +292,8 @@ Status HttpServer::Start() {
   while (!http_->is_running() && !ended->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (ended->load()) {
     thread_.join();
-    return Unavailable(fmt::format("{}: the HTTP server on {}:{} stopped at once", options_.name, options_.host, port_));
+    return Unavailable(
+        fmt::format("{}: the HTTP server on {}:{} stopped at once", options_.name, options_.host, port_));
   }
   return OkStatus();
 }

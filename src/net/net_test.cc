@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -18,11 +19,11 @@ TEST(Utf8Test, FindsTheFirstBadByte) {
   EXPECT_EQ(FirstInvalidUtf8("plain ascii"), std::nullopt);
   EXPECT_EQ(FirstInvalidUtf8("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80"), std::nullopt);
   EXPECT_EQ(FirstInvalidUtf8("ab\xff"), 2u);
-  EXPECT_EQ(FirstInvalidUtf8("a\xc3"), 1u);              // truncated
-  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0u);           // overlong
-  EXPECT_EQ(FirstInvalidUtf8("x\xed\xa0\x80"), 1u);      // surrogate
-  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0u);   // above U+10FFFF
-  EXPECT_EQ(FirstInvalidUtf8("\xe2\x82z"), 0u);          // bad continuation
+  EXPECT_EQ(FirstInvalidUtf8("a\xc3"), 1u);             // truncated
+  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0u);          // overlong
+  EXPECT_EQ(FirstInvalidUtf8("x\xed\xa0\x80"), 1u);     // surrogate
+  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0u);  // above U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("\xe2\x82z"), 0u);         // bad continuation
 }
 
 TEST(Utf8Test, NamesTheJsonField) {
@@ -59,7 +60,8 @@ struct TestServer {
       ++posts;
       r.set_content("{}", "application/json");
     });
-    http.Delete(R"(/items/([^/]+))", [](const httplib::Request&, httplib::Response& r) { r.set_content("{}", "application/json"); });
+    http.Delete(R"(/items/([^/]+))",
+                [](const httplib::Request&, httplib::Response& r) { r.set_content("{}", "application/json"); });
   }
   HttpServer http;
   std::atomic<int> posts{0};
@@ -190,6 +192,14 @@ TEST(HttpServerTest, SlowClientsDoNotStarveOthers) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   });
+  struct Join {  // also when an assertion returns early
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join{stop, trickler};
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let them all be accepted
   for (int k = 0; k < 3; ++k) {
     httplib::Client c("127.0.0.1", s.http.port());
@@ -208,13 +218,35 @@ TEST(HttpServerTest, SlowClientsDoNotStarveOthers) {
   for (int fd : trickle) ::close(fd);
 }
 
+// The listen backlog is ours (1024 by default), not cpp-httplib's compiled-in 5: `ss -ltn` shows
+// a listening socket's backlog in its Send-Q column.
+TEST(HttpServerTest, ListenBacklogIsRaised) {
+  if (std::system("command -v ss >/dev/null 2>&1") != 0) GTEST_SKIP() << "ss (iproute2) is not installed";
+  HttpServerOptions o = Options();
+  o.listen_backlog = 777;
+  TestServer s(o);
+  ASSERT_TRUE(s.http.Start().ok());
+  const std::string cmd = "ss -ltnH 'sport = :" + std::to_string(s.http.port()) + "'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[512] = {0};
+  const bool got = std::fgets(line, sizeof(line), p) != nullptr;
+  ::pclose(p);
+  ASSERT_TRUE(got) << cmd << " printed nothing";
+  char state[32] = {0};
+  int recv_q = -1, send_q = -1;
+  ASSERT_EQ(std::sscanf(line, "%31s %d %d", state, &recv_q, &send_q), 3) << line;
+  EXPECT_EQ(send_q, 777) << line;
+}
+
 namespace fs = std::filesystem;
 
 // A self-signed certificate for 127.0.0.1 made with the openssl tool.
 bool MakeCert(const std::string& dir) {
-  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
-                          "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
-                          dir + "/key.pem -out " + dir + "/cert.pem >" + dir + "/openssl.log 2>&1";
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
+      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      dir + "/key.pem -out " + dir + "/cert.pem >" + dir + "/openssl.log 2>&1";
   return std::system(cmd.c_str()) == 0;
 }
 

@@ -129,14 +129,14 @@ class SecurityE2E : public ::testing::Test {
         "trainer", {"trainer", "serve", "--model", "tiny", "--name", kModel, "--layout", "fsdp:2", "--directory",
                     Url(dir_port_), "--transport", "shm", "--seed", "7", "--port", std::to_string(trainer_port_)});
     ASSERT_TRUE(WaitHealthy(t, trainer_port_, "/status"));
-    ChildProcess* e = procs_->Start(
-        "engine", {"engine", "serve", "--model", "tiny", "--load-format", "dummy", "--seed", "1", "--port",
-                   std::to_string(engine_port_), "--weight-version", "v0", "--served-model-name", kModel,
-                   "--threads", "1", "--directory", Url(dir_port_)});
+    ChildProcess* e =
+        procs_->Start("engine", {"engine", "serve", "--model", "tiny", "--load-format", "dummy", "--seed", "1",
+                                 "--port", std::to_string(engine_port_), "--weight-version", "v0",
+                                 "--served-model-name", kModel, "--threads", "1", "--directory", Url(dir_port_)});
     ASSERT_TRUE(WaitHealthy(e, engine_port_, "/health"));
     ChildProcess* c = procs_->Start(
-        "controller", {"controller", "serve", "--engine", Url(engine_port_), "--directory", Url(dir_port_),
-                       "--model", kModel, "--state-dir", dir_ + "/controller", "--port", std::to_string(ctl_port_)});
+        "controller", {"controller", "serve", "--engine", Url(engine_port_), "--directory", Url(dir_port_), "--model",
+                       kModel, "--state-dir", dir_ + "/controller", "--port", std::to_string(ctl_port_)});
     ASSERT_TRUE(WaitHealthy(c, ctl_port_, "/health"));
   }
   static void TearDownTestSuite() {
@@ -268,12 +268,10 @@ TEST_F(SecurityE2E, WrongMethodIs405WithAllow) {
     int port;
     std::string method, path, allow;
   };
-  const std::vector<Case> cases = {{ctl_port_, "GET", "/v1/rollouts", "POST"},
-                                   {ctl_port_, "POST", "/v1/status", "GET"},
-                                   {engine_port_, "GET", "/pause", "POST"},
-                                   {engine_port_, "POST", "/health", "GET"},
-                                   {trainer_port_, "GET", "/step", "POST"},
-                                   {dir_port_, "POST", "/v1/models/m/versions", "GET"}};
+  const std::vector<Case> cases = {
+      {ctl_port_, "GET", "/v1/rollouts", "POST"}, {ctl_port_, "POST", "/v1/status", "GET"},
+      {engine_port_, "GET", "/pause", "POST"},    {engine_port_, "POST", "/health", "GET"},
+      {trainer_port_, "GET", "/step", "POST"},    {dir_port_, "POST", "/v1/models/m/versions", "GET"}};
   for (const Case& c : cases) {
     Reply r = Send(c.port, c.method, c.path);
     EXPECT_EQ(r.status, 405) << c.method << " " << c.path << ": " << r.body;
@@ -293,7 +291,8 @@ TEST_F(SecurityE2E, InvalidUtf8Is400NamingTheField) {
       {ctl_port_, "GET", "/v1/trajectories?label=%C3%28", "", "query parameter 'label': invalid UTF-8"},
       {engine_port_, "POST", "/v1/completions", "{\"prompt\": [\"ok\", \"\xff\"], \"max_tokens\": 2}",
        "prompt[1]: invalid UTF-8"},
-      {engine_port_, "POST", "/update_weight_version", "{\"new_version\": \"v\xc0\xaf\"}", "new_version: invalid UTF-8"},
+      {engine_port_, "POST", "/update_weight_version", "{\"new_version\": \"v\xc0\xaf\"}",
+       "new_version: invalid UTF-8"},
       {trainer_port_, "POST", "/release", "{\"version\": \"v\xfe\"}", "version: invalid UTF-8"},
       {dir_port_, "GET", "/v1/models/%FF/versions", "", "path: invalid UTF-8"}};
   for (const Case& c : cases) {
@@ -352,11 +351,13 @@ TEST(SecurityStartTest, NonLoopbackWithoutKeyRefusesToStart) {
   const std::string port = std::to_string(apps::FreePort().value());
   const std::vector<std::pair<std::string, std::vector<std::string>>> servers = {
       {"directory", {"directory", "serve", "--host", "0.0.0.0", "--port", port}},
-      {"trainer", {"trainer", "serve", "--model", "tiny", "--directory", "http://127.0.0.1:1", "--host", "0.0.0.0",
-                   "--port", port}},
+      {"trainer",
+       {"trainer", "serve", "--model", "tiny", "--directory", "http://127.0.0.1:1", "--host", "0.0.0.0", "--port",
+        port}},
       {"engine", {"engine", "serve", "--model", "tiny", "--load-format", "dummy", "--host", "0.0.0.0", "--port", port}},
-      {"controller", {"controller", "serve", "--engine", "http://127.0.0.1:1", "--state-dir", dir + "/ctl", "--host",
-                      "0.0.0.0", "--port", port}}};
+      {"controller",
+       {"controller", "serve", "--engine", "http://127.0.0.1:1", "--state-dir", dir + "/ctl", "--host", "0.0.0.0",
+        "--port", port}}};
   for (const auto& [name, args] : servers) {
     ChildProcess* c = procs.Start(name, args);
     ASSERT_NE(c, nullptr);
@@ -375,18 +376,19 @@ TEST(SecurityStartTest, NonLoopbackWithoutKeyRefusesToStart) {
 TEST(SecurityStartTest, TlsOnLoopbackWithASelfSignedCertificate) {
   ::unsetenv(net::kApiKeyEnv);
   const std::string dir = TestDir("tls");
-  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -addext "
-                          "subjectAltName=IP:127.0.0.1 -keyout " + dir + "/key.pem -out " + dir + "/cert.pem >" +
-                          dir + "/openssl.log 2>&1";
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -addext "
+      "subjectAltName=IP:127.0.0.1 -keyout " +
+      dir + "/key.pem -out " + dir + "/cert.pem >" + dir + "/openssl.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl failed, see " << dir << "/openssl.log";
   Processes procs(dir);
   const int dport = apps::FreePort().value(), eport = apps::FreePort().value();
-  const std::vector<std::string> tls = {"--tls-cert", dir + "/cert.pem", "--tls-key", dir + "/key.pem", "--api-key",
-                                        "tls-key"};
+  const std::vector<std::string> tls = {"--tls-cert",     dir + "/cert.pem", "--tls-key",
+                                        dir + "/key.pem", "--api-key",       "tls-key"};
   std::vector<std::string> dargs = {"directory", "serve", "--port", std::to_string(dport)};
   dargs.insert(dargs.end(), tls.begin(), tls.end());
-  std::vector<std::string> eargs = {"engine", "serve", "--model", "tiny", "--load-format", "dummy", "--threads", "1",
-                                    "--port", std::to_string(eport)};
+  std::vector<std::string> eargs = {"engine", "serve",     "--model", "tiny",   "--load-format",
+                                    "dummy",  "--threads", "1",       "--port", std::to_string(eport)};
   eargs.insert(eargs.end(), tls.begin(), tls.end());
   ChildProcess* d = procs.Start("directory", dargs);
   ChildProcess* e = procs.Start("engine", eargs);
