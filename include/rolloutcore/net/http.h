@@ -1,31 +1,30 @@
-// rc::net: the one HTTP policy every rolloutcore server and client shares (docs/security.md).
+// rc::net: the one HTTP policy every rolloutcore server and client shares (README "Security").
 //
 // Server policy (HttpServer, a thin owner of a cpp-httplib server):
 //   - Authentication: when an API key is set, every request whose method is not GET or HEAD
 //     must carry "Authorization: Bearer <key>" (compared in constant time); otherwise 401 with a
-//     JSON error before the body is even read, and nothing runs. GET/HEAD (health, metrics, status, journal reads, long-polls)
-//     stay open. A server bound to a non-loopback address refuses to start without a key unless
-//     `insecure_no_auth` is set (then it warns).
+//     JSON error before the body is even read, and nothing runs. GET/HEAD (health, metrics,
+//     status, journal reads, long-polls) stay open. A server bound to a non-loopback address
+//     refuses to start without a key unless `insecure_no_auth` is set (then it warns).
 //   - Input: a path, query parameter or body that is not valid UTF-8 is answered 400 naming the
 //     field (for a JSON body, the key path of the string that holds the bad byte) before the
-//     route's handler runs; JSON is always dumped with invalid bytes replaced, so no error reply throws.
+//     route's handler runs; DumpJson replaces invalid bytes, so no error reply throws.
 //   - Methods: a path that exists for other methods answers 405 with an `Allow` header.
 //   - Slow clients: read/write timeouts, a worker pool that grows on demand up to max_threads
 //     (idle or trickling sockets each hold one worker, so many are needed), and a listen backlog
 //     of listen_backlog instead of cpp-httplib's compiled-in 5.
 //   - TLS: with tls_cert_file and tls_key_file the server speaks HTTPS (cpp-httplib's OpenSSL
 //     support, which Debian's libcpp-httplib is built with).
-// Error bodies are made by ServerOptions::error_body, so each server keeps its own error shape.
+// Error bodies are made by HttpServerOptions::error_body, so each server keeps its own shape.
 //
-// Client policy (ClientConfig, ApplyClientPolicy, MakeClient): the bearer key and the CA file
-// for https URLs. A process has one default config, read from ROLLOUTCORE_API_KEY and
-// ROLLOUTCORE_TLS_CA_FILE at first use, or set once by a command from its flags
-// (SetDefaultClientConfig) before it starts threads; every client in the project uses it unless
-// given another.
+// Client policy (ClientConfig in security.h, ApplyClientPolicy, MakeClient): the bearer key and
+// the CA file for https URLs. A process has one default config, read from ROLLOUTCORE_API_KEY and
+// ROLLOUTCORE_TLS_CA_FILE, or set once by a command from its flags (SetDefaultClientConfig)
+// before it starts threads; every client in the project uses it unless given another.
 //
 // Thread safety: HttpServer's route registration, Start and Stop from one owning thread before /
-// after serving; handlers run on the pool's threads. DefaultClientConfig may be called from any
-// thread; SetDefaultClientConfig is meant for start-up.
+// after serving; handlers run on the pool's threads. ClientConfig::Default may be called from
+// any thread; SetDefaultClientConfig is meant for start-up.
 #pragma once
 
 #include <httplib.h>
@@ -50,7 +49,7 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: an ephemeral port (see port())
   ServerSecurity security;
-  int max_threads = 256;        // workers grow on demand up to this many
+  int max_threads = 256;  // workers grow on demand up to this many
   int64_t read_timeout_ms = 10'000;
   int64_t write_timeout_ms = 10'000;
   int64_t keep_alive_timeout_ms = 2'000;  // an idle keep-alive connection gives its worker back after this
