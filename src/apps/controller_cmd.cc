@@ -156,7 +156,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    controller::ControllerHttpServer server(svc->get(), controller::ControllerHttpOptions{o->host, o->port, o->security});
+    controller::ControllerHttpServer server(svc->get(),
+                                            controller::ControllerHttpOptions{o->host, o->port, o->security});
     Status s = server.Start();
     if (!s.ok()) {
       std::cerr << "controller serve: " << s.ToString() << "\n";
@@ -164,8 +165,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       return;
     }
     std::cout << "controller listening on " << (o->security.tls_cert_file.empty() ? "http" : "https") << "://"
-              << o->host << ":" << server.port() << " (state in "
-              << o->state_dir << ")" << std::endl;
+              << o->host << ":" << server.port() << " (state in " << o->state_dir << ")" << std::endl;
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));

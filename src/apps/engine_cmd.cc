@@ -74,7 +74,8 @@ int Serve(const ServeFlags& f) {
     std::cerr << "engine serve: " << st.ToString() << "\n";
     return 2;
   }
-  std::cout << "rolloutcore engine serving " << so.model_name << " on " << (f.security.tls_cert_file.empty() ? "http" : "https") << "://" << f.host << ":" << server.port()
+  std::cout << "rolloutcore engine serving " << so.model_name << " on "
+            << (f.security.tls_cert_file.empty() ? "http" : "https") << "://" << f.host << ":" << server.port()
             << " (tp=" << f.tp << ", max_model_len=" << (*engine)->max_model_len()
             << ", kv blocks=" << (*engine)->options().num_kv_blocks << "x" << f.block_size << ")" << std::endl;
   int sig = 0;

@@ -43,9 +43,10 @@ Result<std::string> QueryParam(const ApiRequest& r, const std::string& key, std:
 }
 
 ApiResponse MethodNotAllowed(const ApiRequest& r, std::string_view allowed) {
-  return ApiResponse{405, Dump(ErrorToJson(Status(StatusCode::kInvalidArgument,
-                                                  fmt::format("method {} is not allowed on {} (allowed: {})",
-                                                              r.method.substr(0, 16), r.path.substr(0, 256), allowed)))),
+  return ApiResponse{405,
+                     Dump(ErrorToJson(Status(StatusCode::kInvalidArgument,
+                                             fmt::format("method {} is not allowed on {} (allowed: {})",
+                                                         r.method.substr(0, 16), r.path.substr(0, 256), allowed)))),
                      std::string(allowed)};
 }
 

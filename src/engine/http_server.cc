@@ -1,7 +1,6 @@
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/receiver.h"
 
-
 #include <atomic>
 #include <chrono>
 #include <map>

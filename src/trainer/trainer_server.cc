@@ -53,7 +53,10 @@ struct TrainerServer::Impl {
 
 TrainerServer::TrainerServer(SyntheticTrainer* trainer, TrainerServerOptions options,
                              std::function<void(const Result<VersionStatus>&)> on_step)
-    : trainer_(trainer), options_(std::move(options)), on_step_(std::move(on_step)), impl_(std::make_unique<Impl>(options_)) {}
+    : trainer_(trainer),
+      options_(std::move(options)),
+      on_step_(std::move(on_step)),
+      impl_(std::make_unique<Impl>(options_)) {}
 
 TrainerServer::~TrainerServer() { Stop(); }
 

@@ -4,12 +4,13 @@
 //   POST /step              publishes the next version; 200 with its VersionStatus JSON
 //   POST /release           body {"version": "v3"}; 200 {"version": "v3", "released": true}
 // Errors answer {"error": {"code": "NotFound", "message": "..."}} with 400 (InvalidArgument),
-// 404 (NotFound), 409 (FailedPrecondition / AlreadyExists), 503 (Unavailable) or 500.
+// 401 (Unauthenticated: no or wrong API key), 404 (NotFound), 405 (wrong method), 409
+// (FailedPrecondition / AlreadyExists), 503 (Unavailable) or 500.
 //
 // Binds 127.0.0.1 unless told otherwise. Server policy (API key on every POST, 405 + Allow, UTF-8
-// checks, TLS, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h). Thread safety: Start and Stop from one owning thread;
-// requests are served on the server's worker threads and go straight to the (thread-safe)
-// trainer. The trainer must outlive the server.
+// checks, TLS, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h). Thread safety: Start
+// and Stop from one owning thread; requests are served on the server's worker threads and go
+// straight to the (thread-safe) trainer. The trainer must outlive the server.
 #pragma once
 
 #include <functional>

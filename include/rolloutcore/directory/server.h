@@ -2,11 +2,11 @@
 // (`rolloutcore directory serve`).
 //
 // Binds 127.0.0.1 unless told otherwise. Server policy (API key on every POST/DELETE, TLS, UTF-8
-// checks, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h). Bad input is answered 400 naming the field, unknown
-// things 404, state conflicts 409; nothing a client sends can crash the server (bodies are size-
-// and depth-limited, and every handler catches). Long-polls (GET .../commits?timeout_ms=T) each
-// hold one worker thread, so the pool is sized for many concurrent watchers; Stop() answers them
-// within wait_slice_ms.
+// checks, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h). Bad input is answered 400
+// naming the field, unknown things 404, state conflicts 409; nothing a client sends can crash the
+// server (bodies are size- and depth-limited, and every handler catches). Long-polls (GET
+// .../commits?timeout_ms=T) each hold one worker thread, so the pool grows for many concurrent
+// watchers; Stop() answers them within wait_slice_ms.
 //
 // Thread safety: Start and Stop from one owning thread; requests are served on the server's own
 // worker threads. The store must outlive the server.
