@@ -32,7 +32,9 @@ from .errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     RolloutcoreError,
+    UnauthenticatedError,
     UnavailableError,
 )
 
@@ -60,6 +62,8 @@ __all__ = [
     "RolloutcoreError",
     "InvalidArgumentError",
     "NotFoundError",
+    "UnauthenticatedError",
+    "PermissionDeniedError",
     "FailedPreconditionError",
     "UnavailableError",
     "DeadlineExceededError",

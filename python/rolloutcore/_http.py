@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,12 +29,25 @@ def _error_message(body: Any, raw: str) -> tuple:
     return None, raw.strip() or "(empty body)"
 
 
-class JsonHttp:
-    """A base URL plus a timeout; every call is one request on a fresh connection."""
+API_KEY_ENV = "ROLLOUTCORE_API_KEY"
+TLS_CA_FILE_ENV = "ROLLOUTCORE_TLS_CA_FILE"
 
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+
+class JsonHttp:
+    """A base URL plus a timeout; every call is one request on a fresh connection.
+
+    ``api_key`` (default: the ``ROLLOUTCORE_API_KEY`` environment variable) is sent as
+    ``Authorization: Bearer <key>`` on every request, as the servers' ``--api-key`` expects.
+    For ``https://`` URLs the server certificate is verified against ``ROLLOUTCORE_TLS_CA_FILE``
+    when set, else the system's CAs.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0, api_key: Optional[str] = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+        ca = os.environ.get(TLS_CA_FILE_ENV)
+        self._ssl = ssl.create_default_context(cafile=ca) if ca and self.base_url.startswith("https") else None
 
     def request(
         self,
@@ -55,6 +70,8 @@ class JsonHttp:
                 url += "?" + urllib.parse.urlencode(q)
         data = None
         headers: Dict[str, str] = {}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
@@ -62,7 +79,7 @@ class JsonHttp:
             data = b""
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s, context=self._ssl) as resp:
                 text = resp.read().decode("utf-8", errors="replace")
         except urllib.error.HTTPError as e:
             text = e.read().decode("utf-8", errors="replace")

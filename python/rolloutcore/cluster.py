@@ -151,8 +151,13 @@ class LocalCluster:
         directory_store: str = "memory",
         start_controller: bool = True,
         timeout_s: float = 60.0,
+        api_key: Optional[str] = None,
     ) -> None:
         self.model = model
+        # With api_key, every server requires it for mutating requests (--api-key through the
+        # environment) and every client here sends it; None: whatever $ROLLOUTCORE_API_KEY says.
+        self.api_key = api_key
+        self._env = None if api_key is None else {**os.environ, "ROLLOUTCORE_API_KEY": api_key}
         self.binary = binary or find_binary()
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="rolloutcore-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
@@ -161,7 +166,7 @@ class LocalCluster:
         try:
             d = self._start("directory", ["directory", "serve", "--store", directory_store, "--port", "0"], timeout_s)
             self.directory_url = d.url
-            self.directory = DirectoryClient(d.url)
+            self.directory = DirectoryClient(d.url, api_key=api_key)
             _wait_ok(self.directory.health, "directory", d, timeout_s)
 
             eargs = ["engine", "serve", "--model", engine_model, "--port", "0", "--weight-version", engine_version,
@@ -172,7 +177,7 @@ class LocalCluster:
                 eargs += ["--threads", str(engine_threads)]
             e = self._start("engine", [*eargs, *engine_args], timeout_s)
             self.engine_url = e.url
-            self.engine = EngineClient(e.url)
+            self.engine = EngineClient(e.url, api_key=api_key)
             _wait_ok(self.engine.health, "engine", e, timeout_s)
 
             self.controller_url = ""
@@ -184,14 +189,14 @@ class LocalCluster:
                     timeout_s,
                 )
                 self.controller_url = c.url
-                self.controller = ControllerClient(c.url)
+                self.controller = ControllerClient(c.url, api_key=api_key)
                 _wait_ok(self.controller.health, "controller", c, timeout_s)
         except BaseException:
             self.close()
             raise
 
     def _start(self, name: str, args: List[str], timeout_s: float) -> Server:
-        s = Server(name, args, self.workdir / f"{name}.log", self.binary)
+        s = Server(name, args, self.workdir / f"{name}.log", self.binary, env=self._env)
         self.servers.append(s)
         s.wait_url(timeout_s)
         return s

@@ -25,9 +25,9 @@ class ControllerClient:
     request), which is how rollouts of one group are usually sent.
     """
 
-    def __init__(self, url: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 120.0, api_key: Optional[str] = None) -> None:
         self.url = url.rstrip("/")
-        self._http = JsonHttp(self.url, timeout_s)
+        self._http = JsonHttp(self.url, timeout_s, api_key)  # api_key None: $ROLLOUTCORE_API_KEY
 
     # ---- rollouts ------------------------------------------------------------------------
 

@@ -26,9 +26,9 @@ class DirectoryClient:
     Thread safety: methods may be called from any thread (each call is its own request).
     """
 
-    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 30.0, api_key: Optional[str] = None) -> None:
         self.url = url.rstrip("/")
-        self._http = JsonHttp(self.url, timeout_s)
+        self._http = JsonHttp(self.url, timeout_s, api_key)  # api_key None: $ROLLOUTCORE_API_KEY
 
     def health(self) -> Dict[str, Any]:
         """``{"status": "ok", "store": ...}``; raises UnavailableError when unreachable."""

@@ -76,6 +76,18 @@ class UnimplementedError(RolloutcoreError, NotImplementedError):
     code = "Unimplemented"
 
 
+class UnauthenticatedError(RolloutcoreError, PermissionError):
+    """No API key, or not the server's (HTTP 401): set ROLLOUTCORE_API_KEY or pass ``api_key``."""
+
+    code = "Unauthenticated"
+
+
+class PermissionDeniedError(RolloutcoreError, PermissionError):
+    """Authenticated, but not allowed (HTTP 403)."""
+
+    code = "PermissionDenied"
+
+
 _BY_CODE: Dict[str, Type[RolloutcoreError]] = {
     c.code: c
     for c in (
@@ -89,11 +101,15 @@ _BY_CODE: Dict[str, Type[RolloutcoreError]] = {
         InternalError,
         AlreadyExistsError,
         UnimplementedError,
+        UnauthenticatedError,
+        PermissionDeniedError,
     )
 }
 
 _BY_HTTP: Dict[int, Type[RolloutcoreError]] = {
     400: InvalidArgumentError,
+    401: UnauthenticatedError,
+    403: PermissionDeniedError,
     404: NotFoundError,
     409: FailedPreconditionError,
     503: UnavailableError,

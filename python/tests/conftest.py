@@ -7,6 +7,7 @@ comes from PYTHONPATH (CTest points it at <build>/python) or an installed wheel.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Dict, Iterator
 
 import numpy as np
@@ -18,8 +19,14 @@ from rolloutcore.publisher import _bf16_bits
 MODEL = "tiny"
 
 
+# Every server of the session requires this key for mutating requests, and every client (the
+# pure-Python ones and the compiled Publisher's directory client) sends it from the environment.
+API_KEY = "rc-pytest-key"
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[rolloutcore.LocalCluster]:
+    os.environ["ROLLOUTCORE_API_KEY"] = API_KEY
     with rolloutcore.LocalCluster(model=MODEL, engine_model="tiny", engine_threads=2) as c:
         yield c
 

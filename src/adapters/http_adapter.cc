@@ -8,6 +8,7 @@
 
 #include "adapters/vllm_flavor.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::adapters {
 
@@ -33,7 +34,7 @@ struct HttpEngineAdapter::Shared {
   bool IsVllm() const { return flavor.load() == EngineFlavor::kVllm; }
 
   std::unique_ptr<httplib::Client> Client() const {
-    auto c = std::make_unique<httplib::Client>(options.base_url);
+    auto c = net::MakeClient(options.base_url);  // the process's API key and TLS CA (rolloutcore/net)
     auto secs = options.http_timeout_ms / 1000;
     auto usecs = (options.http_timeout_ms % 1000) * 1000;
     c->set_connection_timeout(5, 0);
@@ -407,6 +408,7 @@ Result<EngineUrl> ParseEngineUrl(const std::string& url) {
 std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms) {
   return [base_url, timeout_ms](const Json& body) -> Result<Json> {
     httplib::Client c(base_url);
+    net::ApplyClientPolicy(c);
     c.set_connection_timeout(5, 0);
     c.set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
     auto r = c.Post("/v1/completions", body.dump(), "application/json");

@@ -16,6 +16,7 @@
 #include "apps/commands.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/engine/loader.h"
+#include "rolloutcore/net/http.h"
 
 extern char** environ;
 
@@ -124,6 +125,7 @@ Result<double> ColdStart(const std::string& self, const std::string& preset, int
   }
   posix_spawn_file_actions_destroy(&fa);
   httplib::Client cli("127.0.0.1", port);
+  net::ApplyClientPolicy(cli);
   cli.set_connection_timeout(0, 200000);
   cli.set_read_timeout(600, 0);
   const std::string body = R"({"prompt":[1,2,3,4],"max_tokens":1,"temperature":0})";

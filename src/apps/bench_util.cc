@@ -7,10 +7,13 @@
 #include <thread>
 #include <vector>
 
+#include "rolloutcore/net/http.h"
+
 namespace rc::apps {
 
 Result<Json> BenchCall(int port, const std::string& method, const std::string& path, const Json& body, int timeout_s) {
   httplib::Client c("127.0.0.1", port);
+  net::ApplyClientPolicy(c);  // the bench's children require $ROLLOUTCORE_API_KEY when it is set
   c.set_read_timeout(timeout_s, 0);
   auto r = method == "GET" ? c.Get(path.c_str()) : c.Post(path.c_str(), body.dump(), "application/json");
   if (!r) return Unavailable(method + " " + path + ": " + httplib::to_string(r.error()));

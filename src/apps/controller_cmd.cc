@@ -4,11 +4,13 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/server_flags.h"
 #include "rolloutcore/adapters/embedded_adapter.h"
 #include "rolloutcore/adapters/http_adapter.h"
 #include "rolloutcore/controller/directory_versions.h"
 #include "rolloutcore/controller/http_server.h"
 #include "rolloutcore/directory/client.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::apps {
 namespace {
@@ -57,6 +59,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     int vllm_reset_attempts = 5;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
+    net::ServerSecurity security;
   };
   auto o = std::make_shared<Opts>();
   serve
@@ -132,7 +135,16 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--reset-deadline-ms", o->reset_ms, "Cache-reset deadline (ms)");
   serve->add_option("--validate-deadline-ms", o->validate_ms, "Validation (label + digest) deadline (ms)");
   serve->add_option("--resume-deadline-ms", o->resume_ms, "Resume deadline (ms)");
+  AddServerSecurityFlags(serve, &o->security);
   serve->callback([o, exit_code] {
+    // The key is checked first (before engines start) and is also the key of every call the
+    // controller makes (engines, directory).
+    ResolveServerSecurity(&o->security);
+    if (Status s = net::CheckBindSecurity("controller", o->host, o->security); !s.ok()) {
+      std::cerr << "controller serve: " << s.ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
     if (o->vllm_transfer == "native-nccl") {
       std::cerr << "controller serve: --vllm-transfer native-nccl is not implemented: rolloutcore's worker extension "
                    "has no method that labels weights vLLM's own transfer installed (the label is set only by "
@@ -216,15 +228,16 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    controller::ControllerHttpServer server(svc->get(), o->host, o->port);
+    controller::ControllerHttpServer server(svc->get(),
+                                            controller::ControllerHttpOptions{o->host, o->port, o->security});
     Status s = server.Start();
     if (!s.ok()) {
       std::cerr << "controller serve: " << s.ToString() << "\n";
       *exit_code = 1;
       return;
     }
-    std::cout << "controller listening on http://" << o->host << ":" << server.port() << " (state in "
-              << o->state_dir << ")" << std::endl;
+    std::cout << "controller listening on " << (o->security.tls_cert_file.empty() ? "http" : "https") << "://"
+              << o->host << ":" << server.port() << " (state in " << o->state_dir << ")" << std::endl;
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "apps/child_process.h"
@@ -23,6 +24,7 @@
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::apps {
 namespace {
@@ -69,6 +71,7 @@ class Demo {
   Status WaitHealthy(ChildProcess* child, int port, const std::string& path, int64_t timeout_ms) {
     auto deadline = SystemClock::Default()->NowMs() + timeout_ms;
     httplib::Client c("127.0.0.1", port);
+    net::ApplyClientPolicy(c);
     c.set_connection_timeout(1, 0);
     while (SystemClock::Default()->NowMs() < deadline) {
       if (!child->Alive()) {
@@ -85,6 +88,7 @@ class Demo {
   Result<Json> Http(int port, const std::string& method, const std::string& path, const Json& body = Json(),
                     int64_t timeout_s = 120) {
     httplib::Client c("127.0.0.1", port);
+    net::ApplyClientPolicy(c);
     c.set_read_timeout(timeout_s, 0);
     auto r = method == "GET" ? c.Get(path.c_str()) : c.Post(path.c_str(), body.is_null() ? "" : body.dump(), "application/json");
     if (!r) return Unavailable(method + " :" + std::to_string(port) + path + ": " + httplib::to_string(r.error()));
@@ -117,6 +121,7 @@ class Demo {
   }
   void Clients();
   Status Setup();
+  void LockCheck();
   Status Cycle(int k);
   void Report();
 
@@ -141,6 +146,14 @@ Status Demo::Setup() {
   RC_ASSIGN_OR_RETURN(engine_port_, FreePort());
   RC_ASSIGN_OR_RETURN(ctl_port_, FreePort());
   std::string dir_url = "http://127.0.0.1:" + std::to_string(dir_port_);
+  // One API key for the whole demo (README "Security"): the children inherit it through the
+  // environment and require it on every mutating request; this process sends it (rc::net).
+  if (const char* k = ::getenv(net::kApiKeyEnv); k == nullptr || *k == '\0') {
+    std::random_device rd;
+    std::string key = "rc-demo-";
+    for (int i = 0; i < 4; ++i) key += fmt::format("{:08x}", rd());
+    ::setenv(net::kApiKeyEnv, key.c_str(), 1);
+  }
 
   Say("starting the directory (SQLite) on :" + std::to_string(dir_port_));
   RC_ASSIGN_OR_RETURN(directory_, Start("directory", {"directory", "serve", "--store",
@@ -159,7 +172,8 @@ Status Demo::Setup() {
   Say(fmt::format("starting the engine (tp {}) on :{}", o_.tp, engine_port_));
   RC_ASSIGN_OR_RETURN(engine_, Start("engine", {"engine", "serve", "--model", v0_dir, "--tensor-parallel-size",
                                                 std::to_string(o_.tp), "--port", std::to_string(engine_port_),
-                                                "--weight-version", "v0", "--served-model-name", model_name_}));
+                                                "--weight-version", "v0", "--served-model-name", model_name_,
+                                                "--directory", dir_url}));
   RC_RETURN_IF_ERROR(WaitHealthy(engine_.get(), engine_port_, "/health", 60000));
 
   Say(fmt::format("starting the synthetic trainer ({} ranks, {} transport) on :{}", o_.ranks, o_.transport,
@@ -185,7 +199,34 @@ Status Demo::Setup() {
                                                         o_.workdir + "/controller", "--port",
                                                         std::to_string(ctl_port_)}));
   RC_RETURN_IF_ERROR(WaitHealthy(controller_.get(), ctl_port_, "/health", 30000));
+  LockCheck();
   return OkStatus();
+}
+
+// The lock on the door: a mutating request without the key is refused (401) on every server and
+// changes nothing; reads stay open.
+void Demo::LockCheck() {
+  struct Probe {
+    const char* server;
+    int port;
+    const char* path;
+  };
+  const Probe probes[] = {{"directory", dir_port_, "/v1/models/m/versions/vX/ranks/0"},
+                          {"trainer", trainer_port_, "/step"},
+                          {"engine", engine_port_, "/pause?mode=abort"},
+                          {"controller", ctl_port_, "/v1/updates"}};
+  std::string detail;
+  bool ok = true;
+  for (const Probe& p : probes) {
+    httplib::Client c("127.0.0.1", p.port);  // deliberately without the key
+    auto r = c.Post(p.path, "{}", "application/json");
+    const int code = r ? r->status : 0;
+    ok = ok && code == 401;
+    detail += fmt::format("{}{} {}", detail.empty() ? "" : ", ", p.server, code);
+  }
+  auto paused = Http(engine_port_, "GET", "/is_paused");
+  ok = ok && paused.ok() && !paused->value("is_paused", true);
+  AddCheck("without the API key every server answers 401 and nothing changes", ok, detail);
 }
 
 void Demo::Clients() {
@@ -200,6 +241,7 @@ void Demo::Clients() {
   for (int c = 0; c < o_.clients; ++c) {
     threads.emplace_back([this, c, prompts] {
       httplib::Client cli("127.0.0.1", ctl_port_);
+      net::ApplyClientPolicy(cli);
       cli.set_read_timeout(120, 0);
       int n = 0;
       while (!stop_clients_) {

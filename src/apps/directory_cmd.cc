@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "apps/commands.h"
+#include "apps/server_flags.h"
 #include "directory/codec.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/server.h"
@@ -21,6 +22,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 7470;
   int64_t max_wait_ms = 60'000;
+  net::ServerSecurity security;
 };
 
 int Serve(const ServeOptions& o) {
@@ -37,14 +39,12 @@ int Serve(const ServeOptions& o) {
     fmt::print(stderr, "directory: cannot open store '{}': {}\n", o.store, store.status().ToString());
     return 1;
   }
-  if (o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1") {
-    fmt::print(stderr, "directory: warning: serving on {} (not loopback); the API has no authentication\n", o.host);
-  }
   directory::ServerOptions options;
   options.host = o.host;
   options.port = o.port;
   options.max_wait_ms = o.max_wait_ms;
   options.store_kind = o.store.substr(0, o.store.find(':'));
+  options.security = o.security;
   directory::DirectoryServer server(store->get(), options);
   Status s = server.Start();
   if (!s.ok()) {
@@ -86,7 +86,11 @@ void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--max-wait-ms", serve_opts->max_wait_ms, "Longest long-poll a client may ask for")
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
       ->capture_default_str();
-  serve->callback([serve_opts, exit_code] { *exit_code = Serve(*serve_opts); });
+  AddServerSecurityFlags(serve, &serve_opts->security);
+  serve->callback([serve_opts, exit_code] {
+    ResolveServerSecurity(&serve_opts->security);
+    *exit_code = Serve(*serve_opts);
+  });
 
   struct ClientOpts {
     std::string url = "http://127.0.0.1:7470";

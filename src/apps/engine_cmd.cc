@@ -5,8 +5,10 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/server_flags.h"
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/loader.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::apps {
 namespace {
@@ -28,6 +30,9 @@ struct ServeFlags {
   std::string served_model_name;
   int threads = 0;
   bool enable_fault_injection = false;
+  std::string directory;
+  int http_threads = 256;
+  net::ServerSecurity security;
 };
 
 int Serve(const ServeFlags& f) {
@@ -60,13 +65,17 @@ int Serve(const ServeFlags& f) {
   so.port = f.port;
   so.model_name = o.served_model_name;
   so.enable_fault_injection = f.enable_fault_injection;
+  so.directory_url = f.directory;
+  so.http_threads = f.http_threads;
+  so.security = f.security;
   engine::EngineServer server(engine->get(), so);
   Status st = server.Start();
   if (!st.ok()) {
     std::cerr << "engine serve: " << st.ToString() << "\n";
     return 2;
   }
-  std::cout << "rolloutcore engine serving " << so.model_name << " on http://" << f.host << ":" << server.port()
+  std::cout << "rolloutcore engine serving " << so.model_name << " on "
+            << (f.security.tls_cert_file.empty() ? "http" : "https") << "://" << f.host << ":" << server.port()
             << " (tp=" << f.tp << ", max_model_len=" << (*engine)->max_model_len()
             << ", kv blocks=" << (*engine)->options().num_kv_blocks << "x" << f.block_size << ")" << std::endl;
   int sig = 0;
@@ -102,7 +111,22 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--threads", flags->threads, "Compute threads (0: all cores)");
   serve->add_flag("--enable-fault-injection", flags->enable_fault_injection,
                   "Tests only: enable POST /rc/fault (delays and refusals, docs/engine.md); never in production");
-  serve->callback([flags, exit_code] { *exit_code = Serve(*flags); });
+  serve->add_option("--directory", flags->directory,
+                    "The only directory POST /rc/refit/stage may pull from (default: any directory on this host, "
+                    "i.e. a loopback URL)");
+  serve->add_option("--http-threads", flags->http_threads, "Most HTTP worker threads (started on demand)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  AddServerSecurityFlags(serve, &flags->security);
+  serve->callback([flags, exit_code] {
+    ResolveServerSecurity(&flags->security);
+    if (Status s = net::CheckBindSecurity("engine", flags->host, flags->security); !s.ok()) {
+      std::cerr << "engine serve: " << s.ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    *exit_code = Serve(*flags);
+  });
 }
 
 }  // namespace rc::apps

@@ -13,8 +13,10 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/server_flags.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/directory/client.h"
+#include "rolloutcore/net/http.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/trainer/export.h"
@@ -42,6 +44,7 @@ struct ServeOptions {
   int64_t publish_outcome_timeout_ms = 30'000;
   std::string first_step = "0";
   bool keep_on_exit = false;
+  net::ServerSecurity security;
 };
 
 void PrintStep(const Result<trainer::VersionStatus>& v) {
@@ -139,14 +142,11 @@ int Serve(const ServeOptions& o) {
   }
   trainer::SyntheticTrainer& t = *owned;
 
-  trainer::TrainerServer server(&t, trainer::TrainerServerOptions{o.host, o.port}, &PrintStep);
+  trainer::TrainerServer server(&t, trainer::TrainerServerOptions{o.host, o.port, o.security}, &PrintStep);
   if (Status s = server.Start(); !s.ok()) {
     fmt::print(stderr, "trainer: {}\n", s.ToString());
     (void)t.Shutdown(!o.keep_on_exit);
     return 1;
-  }
-  if (o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1") {
-    fmt::print(stderr, "trainer: warning: serving on {} (not loopback); the API has no authentication\n", o.host);
   }
   fmt::print("trainer listening on {} (model {} as {}, layout {}, transport {}, directory {})\n", server.url(), o.model,
              t.model_name(), layout->ToString(), o.transport, o.directory_url);
@@ -273,7 +273,16 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
                     "Step of the first version (N, or 'auto': one past the highest v<k> in the directory)")
       ->capture_default_str();
   serve->add_flag("--keep-on-exit", so->keep_on_exit, "Do not release this trainer's versions when stopping");
-  serve->callback([so, exit_code] { *exit_code = Serve(*so); });
+  AddServerSecurityFlags(serve, &so->security);
+  serve->callback([so, exit_code] {
+    ResolveServerSecurity(&so->security);
+    if (Status s = net::CheckBindSecurity("trainer", so->host, so->security); !s.ok()) {
+      fmt::print(stderr, "trainer serve: {}\n", s.ToString());
+      *exit_code = 2;
+      return;
+    }
+    *exit_code = Serve(*so);
+  });
 
   auto eo = std::make_shared<ExportOptions>();
   auto* ex = tr->add_subcommand("export", "Write version vK of the synthetic trainer as a HF folder.");

@@ -4,9 +4,10 @@
 
 namespace rc {
 namespace {
-constexpr std::array<std::string_view, 11> kNames = {
-    "OK",       "InvalidArgument", "NotFound", "FailedPrecondition", "Unavailable",  "DeadlineExceeded",
-    "Aborted",  "DataLoss",        "Internal", "AlreadyExists",      "Unimplemented"};
+constexpr std::array<std::string_view, 13> kNames = {
+    "OK",       "InvalidArgument", "NotFound", "FailedPrecondition", "Unavailable",     "DeadlineExceeded",
+    "Aborted",  "DataLoss",        "Internal", "AlreadyExists",      "Unimplemented",   "Unauthenticated",
+    "PermissionDenied"};
 }  // namespace
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -44,5 +45,7 @@ Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
+Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 
 }  // namespace rc

@@ -1,10 +1,7 @@
 #include "rolloutcore/controller/http_server.h"
 
-#include <httplib.h>
-
-#include <thread>
-
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::controller {
 
@@ -12,6 +9,8 @@ int HttpStatusFor(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return 200;
     case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kAlreadyExists:
     case StatusCode::kFailedPrecondition:
@@ -27,7 +26,7 @@ namespace {
 
 void SendJson(httplib::Response& r, int status, const Json& j) {
   r.status = status;
-  r.set_content(j.dump(), "application/json");
+  r.set_content(net::DumpJson(j), "application/json");
 }
 
 void SendError(httplib::Response& r, const Status& s, int64_t retry_after_s = 1) {
@@ -59,7 +58,17 @@ Result<int64_t> IntParam(const httplib::Request& q, const std::string& name, int
 
 class ControllerHttpServer::Impl {
  public:
-  Impl(ControllerService* s, std::string host, int port) : svc_(s), host_(std::move(host)), port_(port) {}
+  Impl(ControllerService* s, const ControllerHttpOptions& o) : svc_(s), svr_([&o] {
+    net::HttpServerOptions h;
+    h.name = "controller";
+    h.host = o.host;
+    h.port = o.port;
+    h.security = o.security;
+    h.error_body = [](int, const Status& st) {
+      return net::DumpJson(Json{{"error", st.message()}, {"code", StatusCodeName(st.code())}});
+    };
+    return h;
+  }()) {}
 
   template <typename F>
   httplib::Server::Handler Guard(F f) {
@@ -163,7 +172,7 @@ class ControllerHttpServer::Impl {
       if (!rows.ok()) return SendError(r, rows.status());
       if (format == "jsonl") {
         std::string out;
-        for (const auto& t : *rows) out += ToJson(t).dump() + "\n";
+        for (const auto& t : *rows) out += net::DumpJson(ToJson(t)) + "\n";
         r.set_content(out, "application/x-ndjson");
         return;
       }
@@ -179,35 +188,21 @@ class ControllerHttpServer::Impl {
 
   Status Start() {
     Routes();
-    if (port_ == 0) {
-      port_ = svr_.bind_to_any_port(host_.c_str());
-      if (port_ < 0) return Unavailable("cannot bind " + host_);
-    } else if (!svr_.bind_to_port(host_.c_str(), port_)) {
-      return Unavailable("cannot bind " + host_ + ":" + std::to_string(port_) + " (in use?)");
-    }
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return OkStatus();
+    return svr_.Start();
   }
-  void Stop() {
-    svr_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  void Wait() {
-    if (thread_.joinable()) thread_.join();
-  }
-  int port() const { return port_; }
+  void Stop() { svr_.Stop(); }
+  void Wait() { svr_.Wait(); }
+  int port() const { return svr_.port(); }
 
  private:
   ControllerService* svc_;
-  std::string host_;
-  int port_;
-  httplib::Server svr_;
-  std::thread thread_;
+  net::HttpServer svr_;
 };
 
+ControllerHttpServer::ControllerHttpServer(ControllerService* service, ControllerHttpOptions options)
+    : impl_(std::make_unique<Impl>(service, options)) {}
 ControllerHttpServer::ControllerHttpServer(ControllerService* service, std::string host, int port)
-    : impl_(std::make_unique<Impl>(service, std::move(host), port)) {}
+    : ControllerHttpServer(service, ControllerHttpOptions{std::move(host), port, {}}) {}
 ControllerHttpServer::~ControllerHttpServer() { impl_->Stop(); }
 Status ControllerHttpServer::Start() { return impl_->Start(); }
 int ControllerHttpServer::port() const { return impl_->port(); }

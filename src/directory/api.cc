@@ -15,9 +15,9 @@ namespace {
 // Messages may quote outside input that is not UTF-8; replace such bytes rather than throw.
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-ApiResponse Ok(const Json& j) { return ApiResponse{200, Dump(j)}; }
+ApiResponse Ok(const Json& j) { return ApiResponse{200, Dump(j), {}}; }
 
-ApiResponse Error(const Status& s) { return ApiResponse{HttpStatusFor(s), Dump(ErrorToJson(s))}; }
+ApiResponse Error(const Status& s) { return ApiResponse{HttpStatusFor(s), Dump(ErrorToJson(s)), {}}; }
 
 std::vector<std::string_view> SplitPath(std::string_view path) {
   std::vector<std::string_view> parts;
@@ -43,9 +43,11 @@ Result<std::string> QueryParam(const ApiRequest& r, const std::string& key, std:
 }
 
 ApiResponse MethodNotAllowed(const ApiRequest& r, std::string_view allowed) {
-  return ApiResponse{405, Dump(ErrorToJson(Status(StatusCode::kInvalidArgument,
-                                                  fmt::format("method {} is not allowed on {} (allowed: {})",
-                                                              r.method.substr(0, 16), r.path.substr(0, 256), allowed))))};
+  return ApiResponse{405,
+                     Dump(ErrorToJson(Status(StatusCode::kInvalidArgument,
+                                             fmt::format("method {} is not allowed on {} (allowed: {})",
+                                                         r.method.substr(0, 16), r.path.substr(0, 256), allowed)))),
+                     std::string(allowed)};
 }
 
 Result<Json> HandleCommits(DirectoryStore& store, std::string_view model, const ApiRequest& r,

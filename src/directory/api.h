@@ -25,6 +25,7 @@ struct ApiRequest {
 struct ApiResponse {
   int status = 200;
   std::string body;  // JSON
+  std::string allow;  // 405: the methods the path serves (the Allow header)
 };
 
 struct ApiLimits {

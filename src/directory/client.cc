@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include "directory/codec.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::directory {
 namespace {
@@ -32,6 +33,7 @@ Result<Json> DirectoryClient::Call(const std::string& method, const std::string&
                                    int64_t extra_wait_ms) {
   httplib::Client client(base_url_);
   if (!client.is_valid()) return InvalidArgument(fmt::format("directory URL '{}' is not valid", base_url_));
+  net::ApplyClientPolicy(client, options_.auth);
   SetTimeout(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
   httplib::Result res = method == "GET"      ? client.Get(path)
                         : method == "DELETE" ? client.Delete(path)

@@ -248,6 +248,8 @@ int HttpStatusFor(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return 200;
     case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kFailedPrecondition:
     case StatusCode::kAlreadyExists:

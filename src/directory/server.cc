@@ -1,32 +1,47 @@
 #include "rolloutcore/directory/server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include "directory/api.h"
+#include "directory/codec.h"
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::directory {
 
+namespace {
+
+net::HttpServerOptions HttpOptions(const ServerOptions& o) {
+  net::HttpServerOptions h;
+  h.name = "directory";
+  h.host = o.host;
+  h.port = o.port;
+  h.security = o.security;
+  h.max_threads = std::max(4, o.threads);
+  h.max_body_bytes = o.max_body_bytes;
+  h.read_timeout_ms = 30'000;
+  h.write_timeout_ms = 30'000;
+  h.error_body = [](int, const Status& s) { return net::DumpJson(internal::ErrorToJson(s)); };
+  return h;
+}
+
+}  // namespace
+
 struct DirectoryServer::Impl {
-  httplib::Server http;
+  explicit Impl(const ServerOptions& o) : http(HttpOptions(o)) {}
+  net::HttpServer http;
 };
 
 DirectoryServer::DirectoryServer(DirectoryStore* store, ServerOptions options)
-    : store_(store), options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
+    : store_(store), options_(std::move(options)), impl_(std::make_unique<Impl>(options_)) {}
 
 DirectoryServer::~DirectoryServer() { Stop(); }
 
-std::string DirectoryServer::url() const { return fmt::format("http://{}:{}", options_.host, port_); }
+std::string DirectoryServer::url() const { return impl_->http.url(); }
 
 Status DirectoryServer::Start() {
-  if (thread_.joinable()) return FailedPrecondition("directory server already started");
-  httplib::Server& http = impl_->http;
-  const int threads = std::max(4, options_.threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http.set_payload_max_length(options_.max_body_bytes);
-  http.set_read_timeout(30, 0);
-  http.set_write_timeout(30, 0);
+  if (started_) return FailedPrecondition("directory server already started");
+  net::HttpServer& http = impl_->http;
   internal::ApiLimits limits;
   limits.max_wait_ms = options_.max_wait_ms;
   limits.store_kind = options_.store_kind;
@@ -38,6 +53,7 @@ Status DirectoryServer::Start() {
     api.body = req.body;
     internal::ApiResponse out = internal::HandleApiRequest(*store_, api, limits, &stopping_);
     res.status = out.status;
+    if (!out.allow.empty()) res.set_header("Allow", out.allow);
     res.set_content(std::move(out.body), "application/json");
   };
   http.Get(".*", handler);
@@ -50,27 +66,15 @@ Status DirectoryServer::Start() {
     res.set_content(R"({"error":{"code":"Internal","message":"directory: unexpected error"}})", "application/json");
   });
 
-  if (options_.port == 0) {
-    port_ = http.bind_to_any_port(options_.host);
-    if (port_ <= 0) return Unavailable(fmt::format("directory: cannot bind {}:<any port>", options_.host));
-  } else {
-    if (!http.bind_to_port(options_.host, options_.port)) {
-      return Unavailable(fmt::format("directory: cannot bind {}:{}", options_.host, options_.port));
-    }
-    port_ = options_.port;
-  }
-  thread_ = std::thread([this] {
-    if (!impl_->http.listen_after_bind() && !stopping_.load()) RC_LOG_ERROR("directory: server loop ended early");
-  });
+  RC_RETURN_IF_ERROR(http.Start());
+  port_ = http.port();
+  started_ = true;
   return OkStatus();
 }
 
 void DirectoryServer::Stop() {
   stopping_.store(true);
-  if (thread_.joinable()) {
-    impl_->http.stop();
-    thread_.join();
-  }
+  impl_->http.Stop();
 }
 
 }  // namespace rc::directory

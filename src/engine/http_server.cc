@@ -1,8 +1,6 @@
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/receiver.h"
 
-#include <httplib.h>
-
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -15,13 +13,14 @@
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/version.h"
 #include "rolloutcore/engine/engine_loop.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::engine {
 namespace {
 
 constexpr const char* kJson = "application/json";
 
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string Dump(const Json& j) { return net::DumpJson(j); }
 
 void SendJson(httplib::Response& res, int status, const Json& j) {
   res.status = status;
@@ -29,23 +28,65 @@ void SendJson(httplib::Response& res, int status, const Json& j) {
 }
 
 Json ErrorJson(int status, const std::string& message) {
-  return Json{{"object", "error"},
-              {"error", message},
-              {"message", message},
-              {"type", status == 400   ? "BadRequestError"
-                       : status == 404 ? "NotFoundError"
-                       : status == 409 ? "ConflictError"
-                                       : "InternalServerError"},
-              {"code", status}};
+  const char* type = status == 400   ? "BadRequestError"
+                     : status == 401 ? "AuthenticationError"
+                     : status == 403 ? "PermissionDeniedError"
+                     : status == 404 ? "NotFoundError"
+                     : status == 405 ? "MethodNotAllowedError"
+                     : status == 409 ? "ConflictError"
+                                     : "InternalServerError";
+  return {{"object", "error"}, {"error", message}, {"message", message}, {"type", type}, {"code", status}};
 }
 
 void SendError(httplib::Response& res, int status, const std::string& message) {
   SendJson(res, status, ErrorJson(status, message));
 }
 
+net::HttpServerOptions EngineHttpOptions(const ServerOptions& o) {
+  net::HttpServerOptions h;
+  h.name = "engine";
+  h.host = o.host;
+  h.port = o.port;
+  h.security = o.security;
+  h.max_threads = o.http_threads;
+  h.max_body_bytes = size_t{64} << 20;
+  h.error_body = [](int status, const Status& s) { return Dump(ErrorJson(status, s.message())); };
+  return h;
+}
+
+// The host of "scheme://host[:port][/path]" ("::1" for "[::1]:p"); empty when there is none.
+std::string UrlHost(std::string_view url) {
+  auto scheme = url.find("://");
+  std::string_view rest = scheme == std::string_view::npos ? url : url.substr(scheme + 3);
+  rest = rest.substr(0, rest.find_first_of("/?#"));
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) rest = rest.substr(at + 1);
+  if (!rest.empty() && rest.front() == '[') return std::string(rest.substr(1, rest.find(']') - 1));
+  return std::string(rest.substr(0, rest.find(':')));
+}
+
+std::string TrimSlash(std::string s) {
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  return s;
+}
+
+// POST /rc/refit/stage names the directory to pull from; only the engine's own may be used, or
+// (without --directory) one on this host. PermissionDenied names both.
+Status CheckStageDirectory(const std::string& configured, const std::string& requested) {
+  if (!configured.empty()) {
+    if (TrimSlash(requested) == TrimSlash(configured)) return OkStatus();
+    return PermissionDenied("directory: this engine stages only from the directory it was started with (--directory " +
+                            configured + "), not '" + requested + "'");
+  }
+  if (net::IsLoopbackHost(UrlHost(requested))) return OkStatus();
+  return PermissionDenied("directory: '" + requested + "' is not on this host; an engine started without "
+                          "--directory stages only from a loopback directory (start it with --directory URL)");
+}
+
 int HttpStatus(const Status& s) {
   switch (s.code()) {
     case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kFailedPrecondition: return 409;
     case StatusCode::kAlreadyExists: return 409;
@@ -146,8 +187,7 @@ class EngineServer::Impl {
   ByteTokenizer tokenizer_;
   EngineLoop loop_;
   RefitReceiver receiver_;
-  httplib::Server server_;
-  std::thread listener_;
+  net::HttpServer server_{EngineHttpOptions(options_)};
   std::atomic<int64_t> next_id_{1};
   // Completion id -> the engine request ids it runs as ("<id>-<k>" for each prompt x n).
   std::mutex live_mu_;
@@ -401,11 +441,9 @@ std::string EngineServer::Impl::Metrics() const {
 
 void EngineServer::Impl::Routes() {
   auto& svr = server_;
-  svr.new_task_queue = [n = options_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
   svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     SendError(res, 500, "internal error");
   });
-  svr.set_payload_max_length(64u << 20);
 
   svr.Post("/v1/completions", Guard([this](const httplib::Request& q, httplib::Response& r) { Completions(q, r); }));
   svr.Get("/v1/models", Guard([this](const httplib::Request&, httplib::Response& r) {
@@ -511,6 +549,9 @@ void EngineServer::Impl::Routes() {
     req.model = *model;
     req.version = *version;
     req.directory = *dir;
+    if (Status allowed = CheckStageDirectory(options_.directory_url, *dir); !allowed.ok()) {
+      return SendError(r, 403, allowed.message());
+    }
     auto timeout = GetInt(*j, "timeout_ms", "", req.timeout_ms);
     if (!timeout.ok()) return SendError(r, 400, timeout.status().message());
     if (*timeout < 1 || *timeout > kMaxStageTimeoutMs) {
@@ -623,30 +664,21 @@ EngineServer::~EngineServer() { Stop(); }
 
 Status EngineServer::Start() {
   impl_->Routes();
-  auto& svr = impl_->server_;
-  if (impl_->options_.port == 0) {
-    port_ = svr.bind_to_any_port(impl_->options_.host);
-    if (port_ < 0) return Unavailable("cannot bind " + impl_->options_.host);
-  } else {
-    if (!svr.bind_to_port(impl_->options_.host, impl_->options_.port)) {
-      return Unavailable("cannot bind " + impl_->options_.host + ":" + std::to_string(impl_->options_.port));
-    }
-    port_ = impl_->options_.port;
-  }
   impl_->loop_.Start();
-  impl_->listener_ = std::thread([this] { impl_->server_.listen_after_bind(); });
+  if (Status s = impl_->server_.Start(); !s.ok()) {
+    impl_->loop_.Stop();
+    return s;
+  }
+  port_ = impl_->server_.port();
   return OkStatus();
 }
 
 void EngineServer::Stop() {
   if (!impl_) return;
-  impl_->server_.stop();
-  if (impl_->listener_.joinable()) impl_->listener_.join();
+  impl_->server_.Stop();
   impl_->loop_.Stop();
 }
 
-void EngineServer::Wait() {
-  if (impl_->listener_.joinable()) impl_->listener_.join();
-}
+void EngineServer::Wait() { impl_->server_.Wait(); }
 
 }  // namespace rc::engine

@@ -1,17 +1,17 @@
 #include "trainer/trainer_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::trainer {
 namespace {
 
 void Reply(httplib::Response& res, int status, const Json& body) {
   res.status = status;
-  res.set_content(body.dump() + "\n", "application/json");
+  res.set_content(net::DumpJson(body) + "\n", "application/json");
 }
 
 void ReplyError(httplib::Response& res, const Status& s) {
@@ -25,6 +25,8 @@ int HttpStatusFor(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return 200;
     case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kFailedPrecondition:
     case StatusCode::kAlreadyExists: return 409;
@@ -35,23 +37,34 @@ int HttpStatusFor(const Status& s) {
 }
 
 struct TrainerServer::Impl {
-  httplib::Server http;
+  explicit Impl(const TrainerServerOptions& o) : http([&o] {
+    net::HttpServerOptions h;
+    h.name = "trainer";
+    h.host = o.host;
+    h.port = o.port;
+    h.security = o.security;
+    h.max_body_bytes = size_t{1} << 20;
+    h.read_timeout_ms = 30'000;
+    h.write_timeout_ms = 30'000;
+    return h;
+  }()) {}
+  net::HttpServer http;
 };
 
 TrainerServer::TrainerServer(SyntheticTrainer* trainer, TrainerServerOptions options,
                              std::function<void(const Result<VersionStatus>&)> on_step)
-    : trainer_(trainer), options_(std::move(options)), on_step_(std::move(on_step)), impl_(std::make_unique<Impl>()) {}
+    : trainer_(trainer),
+      options_(std::move(options)),
+      on_step_(std::move(on_step)),
+      impl_(std::make_unique<Impl>(options_)) {}
 
 TrainerServer::~TrainerServer() { Stop(); }
 
-std::string TrainerServer::url() const { return fmt::format("http://{}:{}", options_.host, port_); }
+std::string TrainerServer::url() const { return impl_->http.url(); }
 
 Status TrainerServer::Start() {
-  if (thread_.joinable()) return FailedPrecondition("trainer server already started");
-  httplib::Server& http = impl_->http;
-  http.set_payload_max_length(size_t{1} << 20);
-  http.set_read_timeout(30, 0);
-  http.set_write_timeout(30, 0);
+  if (port_ != 0) return FailedPrecondition("trainer server already started");
+  net::HttpServer& http = impl_->http;
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     ReplyError(res, Internal("the trainer failed while answering this request"));
   });
@@ -91,25 +104,11 @@ Status TrainerServer::Start() {
     Reply(res, 200, Json{{"version", *version}, {"rank", *rank}, {"byte", *byte}, {"corrupted", true}});
   });
 
-  if (options_.port == 0) {
-    port_ = http.bind_to_any_port(options_.host);
-    if (port_ <= 0) return Unavailable(fmt::format("trainer: cannot bind {}:<any port>", options_.host));
-  } else {
-    if (!http.bind_to_port(options_.host, options_.port)) {
-      return Unavailable(fmt::format("trainer: cannot bind {}:{}", options_.host, options_.port));
-    }
-    port_ = options_.port;
-  }
-  thread_ = std::thread([this] {
-    if (!impl_->http.listen_after_bind()) RC_LOG_WARN("trainer: HTTP server loop ended");
-  });
+  RC_RETURN_IF_ERROR(http.Start());
+  port_ = http.port();
   return OkStatus();
 }
 
-void TrainerServer::Stop() {
-  if (!thread_.joinable()) return;
-  impl_->http.stop();
-  thread_.join();
-}
+void TrainerServer::Stop() { impl_->http.Stop(); }
 
 }  // namespace rc::trainer

@@ -4,11 +4,13 @@
 //   POST /step              publishes the next version; 200 with its VersionStatus JSON
 //   POST /release           body {"version": "v3"}; 200 {"version": "v3", "released": true}
 // Errors answer {"error": {"code": "NotFound", "message": "..."}} with 400 (InvalidArgument),
-// 404 (NotFound), 409 (FailedPrecondition / AlreadyExists), 503 (Unavailable) or 500.
+// 401 (Unauthenticated: no or wrong API key), 404 (NotFound), 405 (wrong method), 409
+// (FailedPrecondition / AlreadyExists), 503 (Unavailable) or 500.
 //
-// Binds 127.0.0.1 unless told otherwise. Thread safety: Start and Stop from one owning thread;
-// requests are served on the server's worker threads and go straight to the (thread-safe)
-// trainer. The trainer must outlive the server.
+// Binds 127.0.0.1 unless told otherwise. Server policy (API key on every POST, 405 + Allow, UTF-8
+// checks, TLS, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h). Thread safety: Start
+// and Stop from one owning thread; requests are served on the server's worker threads and go
+// straight to the (thread-safe) trainer. The trainer must outlive the server.
 #pragma once
 
 #include <functional>
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/net/security.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
 
 namespace rc::trainer {
@@ -24,6 +27,8 @@ namespace rc::trainer {
 struct TrainerServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: an ephemeral port
+  // API key (POST /step, /release, /fault/* need it when set), TLS, and the non-loopback rule.
+  net::ServerSecurity security;
 };
 
 class TrainerServer {
@@ -35,7 +40,8 @@ class TrainerServer {
   TrainerServer(const TrainerServer&) = delete;
   TrainerServer& operator=(const TrainerServer&) = delete;
 
-  // Unavailable naming host:port when the bind fails.
+  // Unavailable naming host:port when the bind fails; FailedPrecondition for a non-loopback host
+  // without an API key.
   [[nodiscard]] Status Start();
   void Stop();  // idempotent
   int port() const { return port_; }
@@ -47,7 +53,6 @@ class TrainerServer {
   const TrainerServerOptions options_;
   std::function<void(const Result<VersionStatus>&)> on_step_;
   std::unique_ptr<Impl> impl_;
-  std::thread thread_;
   int port_ = 0;
 };
 

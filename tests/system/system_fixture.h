@@ -31,6 +31,7 @@
 
 #include "apps/child_process.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::system_test {
 
@@ -90,6 +91,9 @@ class SystemTest : public ::testing::Test {
                .string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
+    // Every process of the stack requires this key for mutating requests (inherited through the
+    // environment); Http() sends it, as do the processes' own clients (issue 13, defect 18).
+    ::setenv(net::kApiKeyEnv, "rc-system-test-key", 1);
     t0_ = NowMs();
   }
   void TearDown() override {
@@ -138,6 +142,7 @@ class SystemTest : public ::testing::Test {
   static Reply Http(int port, const std::string& method, const std::string& path, const Json& body = Json(),
                     int timeout_s = 60) {
     httplib::Client cli("127.0.0.1", port);
+    net::ApplyClientPolicy(cli);
     cli.set_connection_timeout(2, 0);
     cli.set_read_timeout(timeout_s, 0);
     auto r = method == "GET" ? cli.Get(path.c_str())

@@ -28,6 +28,8 @@ enum class StatusCode {
   kInternal,
   kAlreadyExists,
   kUnimplemented,
+  kUnauthenticated,  // no or wrong credentials (HTTP 401)
+  kPermissionDenied,  // authenticated, but not allowed to do this (HTTP 403)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -69,6 +71,8 @@ Status DataLoss(std::string message);
 Status Internal(std::string message);
 Status AlreadyExists(std::string message);
 Status Unimplemented(std::string message);
+Status Unauthenticated(std::string message);
+Status PermissionDenied(std::string message);
 
 template <typename T>
 class [[nodiscard]] Result {

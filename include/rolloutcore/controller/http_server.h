@@ -11,7 +11,9 @@
 //
 // Errors are JSON {"error": message, "code": StatusCodeName} with 400 (bad input, naming the
 // field), 404, 409 (state conflict), 503 (retryable), 504, 500. Handlers never let an exception
-// escape. Binds 127.0.0.1 unless told otherwise.
+// escape. Binds 127.0.0.1 unless told otherwise. Server policy (API key on every POST, 405 + Allow,
+// UTF-8 checks, TLS, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h): with a key, the
+// POSTs above answer 401 without it and the GETs stay open.
 //
 // Thread safety: Start/Stop from the owning thread; handlers run on httplib's worker threads.
 #pragma once
@@ -20,14 +22,23 @@
 #include <string>
 
 #include "rolloutcore/controller/service.h"
+#include "rolloutcore/net/security.h"
 
 namespace rc::controller {
 
+struct ControllerHttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port
+  net::ServerSecurity security;  // API key, TLS, the non-loopback rule
+};
+
 class ControllerHttpServer {
  public:
-  ControllerHttpServer(ControllerService* service, std::string host, int port);
+  ControllerHttpServer(ControllerService* service, ControllerHttpOptions options);
+  ControllerHttpServer(ControllerService* service, std::string host, int port);  // no key, no TLS
   ~ControllerHttpServer();
-  // Binds and starts serving on a background thread; Unavailable when the port is taken.
+  // Binds and starts serving on a background thread; Unavailable when the port is taken,
+  // FailedPrecondition for a non-loopback host without an API key.
   Status Start();
   int port() const;
   void Stop();

@@ -21,17 +21,20 @@
 #include <thread>
 
 #include "rolloutcore/directory/store.h"
+#include "rolloutcore/net/security.h"
 
 namespace rc::directory {
 
 struct ClientOptions {
   int64_t connect_timeout_ms = 2'000;
   int64_t request_timeout_ms = 30'000;
+  // The API key sent with every request and the CA file for https URLs (rolloutcore/net).
+  net::ClientConfig auth = net::ClientConfig::Default();
 };
 
 class DirectoryClient final : public DirectoryStore {
  public:
-  // base_url: "http://127.0.0.1:PORT".
+  // base_url: "http://127.0.0.1:PORT" or "https://HOST:PORT".
   explicit DirectoryClient(std::string base_url, ClientOptions options = {});
 
   Result<PublishResult> Publish(const PublishRequest& request) override;

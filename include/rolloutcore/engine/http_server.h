@@ -3,7 +3,8 @@
 //
 // The server owns an EngineLoop that drives the engine. Handlers never throw out: every
 // exception is caught at this edge and answered 500; bad input is a 400 whose message names the
-// field. Binds 127.0.0.1 unless told otherwise.
+// field. Binds 127.0.0.1 unless told otherwise. Server policy (API key on every POST, 405 + Allow,
+// UTF-8 checks, TLS, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h).
 //
 // Thread safety: Start/Stop from the owning thread; handlers run on httplib's worker threads and
 // only call the engine's thread-safe API. ParseCompletionRequest is pure.
@@ -22,6 +23,7 @@
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/engine/tokenizer.h"
+#include "rolloutcore/net/security.h"
 
 namespace rc::engine {
 
@@ -77,7 +79,13 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port
   std::string model_name = "rolloutcore";
-  int http_threads = 32;
+  int http_threads = 256;  // most HTTP worker threads (started on demand; a stream or a slow client holds one)
+  // API key (every POST needs it when set: completions, pause, stage, install, ...), TLS, and the
+  // non-loopback rule (rolloutcore/net/http.h).
+  net::ServerSecurity security;
+  // The one directory POST /rc/refit/stage may pull from (`--directory`); any other URL is 403.
+  // Empty: only a directory on this host (a loopback URL) is accepted.
+  std::string directory_url;
   // Test-only fault hooks (`POST /rc/fault`, docs/engine.md "Fault injection (tests only)").
   // Off by default; when off the route does not exist (404).
   bool enable_fault_injection = false;
@@ -90,7 +98,8 @@ class EngineServer {
   EngineServer(const EngineServer&) = delete;
   EngineServer& operator=(const EngineServer&) = delete;
 
-  // Binds, starts the engine loop and the listener thread. Unavailable when the port is taken.
+  // Binds, starts the engine loop and the listener thread. Unavailable when the port is taken;
+  // FailedPrecondition for a non-loopback host without an API key.
   Status Start();
   int port() const { return port_; }
   // Stops listening and the engine loop.

@@ -1,0 +1,142 @@
+// rc::net: the one HTTP policy every rolloutcore server and client shares (README "Security").
+//
+// Server policy (HttpServer, a thin owner of a cpp-httplib server):
+//   - Authentication: when an API key is set, every request whose method is not GET or HEAD
+//     must carry "Authorization: Bearer <key>" (compared in constant time); otherwise 401 with a
+//     JSON error before the body is even read, and nothing runs. GET/HEAD (health, metrics,
+//     status, journal reads, long-polls) stay open. A server bound to a non-loopback address
+//     refuses to start without a key unless `insecure_no_auth` is set (then it warns).
+//   - Input: a path, query parameter or body that is not valid UTF-8 is answered 400 naming the
+//     field (for a JSON body, the key path of the string that holds the bad byte) before the
+//     route's handler runs; DumpJson replaces invalid bytes, so no error reply throws.
+//   - Methods: a path that exists for other methods answers 405 with an `Allow` header.
+//   - Slow clients: read/write timeouts, a worker pool that grows on demand up to max_threads
+//     (idle or trickling sockets each hold one worker, so many are needed), and a listen backlog
+//     of listen_backlog instead of cpp-httplib's compiled-in 5.
+//   - TLS: with tls_cert_file and tls_key_file the server speaks HTTPS (cpp-httplib's OpenSSL
+//     support, which Debian's libcpp-httplib is built with).
+// Error bodies are made by HttpServerOptions::error_body, so each server keeps its own shape.
+//
+// Client policy (ClientConfig in security.h, ApplyClientPolicy, MakeClient): the bearer key and
+// the CA file for https URLs. A process has one default config, read from ROLLOUTCORE_API_KEY and
+// ROLLOUTCORE_TLS_CA_FILE, or set once by a command from its flags (SetDefaultClientConfig)
+// before it starts threads; every client in the project uses it unless given another.
+//
+// Thread safety: HttpServer's route registration, Start and Stop from one owning thread before /
+// after serving; handlers run on the pool's threads. ClientConfig::Default may be called from
+// any thread; SetDefaultClientConfig is meant for start-up.
+#pragma once
+
+#include <httplib.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "rolloutcore/base/json.h"
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/net/security.h"
+
+namespace rc::net {
+
+struct HttpServerOptions {
+  std::string name = "server";  // in messages and logs: "directory", "engine", ...
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: an ephemeral port (see port())
+  ServerSecurity security;
+  int max_threads = 256;  // workers grow on demand up to this many
+  int64_t read_timeout_ms = 10'000;
+  int64_t write_timeout_ms = 10'000;
+  int64_t keep_alive_timeout_ms = 2'000;  // an idle keep-alive connection gives its worker back after this
+  int listen_backlog = 1024;
+  size_t max_body_bytes = size_t{64} << 20;
+  // The body of an error this layer answers (401, 405, 400 for UTF-8, 404 for no route), in the
+  // server's own shape; default {"error": {"code": Name, "message": msg}}.
+  std::function<std::string(int http_status, const Status& status)> error_body;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackHost(std::string_view host);
+
+// OK on a loopback host or with an API key; FailedPrecondition naming the host otherwise, unless
+// insecure_no_auth (then it logs a warning). HttpServer::Start calls it; a command may call it
+// earlier, before it does anything else.
+Status CheckBindSecurity(std::string_view name, std::string_view host, const ServerSecurity& security);
+
+// Compares in time that depends only on the lengths, not on where the strings differ.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+// The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlongs,
+// no surrogates, nothing above U+10FFFF), or nullopt when all of `s` is valid.
+std::optional<size_t> FirstInvalidUtf8(std::string_view s);
+
+// OK, or InvalidArgument "<what>: invalid UTF-8 (byte 0xff at offset 3)". For a JSON text `what`
+// is refined to the key path of the string that holds the byte ("request body: prompt[1]").
+Status CheckUtf8(std::string_view s, std::string_view what);
+Status CheckJsonUtf8(std::string_view json_text, std::string_view what);
+
+// j.dump() that never throws: invalid UTF-8 in strings is replaced by U+FFFD.
+std::string DumpJson(const Json& j);
+
+class HttpServer {
+ public:
+  using Handler = httplib::Server::Handler;
+
+  explicit HttpServer(HttpServerOptions options);
+  ~HttpServer();  // Stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Route registration, as cpp-httplib's (pattern is a regex over the path); recorded so that a
+  // path served under other methods answers 405 + Allow.
+  HttpServer& Get(const std::string& pattern, Handler handler);
+  HttpServer& Post(const std::string& pattern, Handler handler);
+  HttpServer& Put(const std::string& pattern, Handler handler);
+  HttpServer& Patch(const std::string& pattern, Handler handler);
+  HttpServer& Delete(const std::string& pattern, Handler handler);
+  HttpServer& set_exception_handler(httplib::Server::ExceptionHandler handler);
+
+  // Checks the security options (FailedPrecondition for a non-loopback bind without a key and
+  // without insecure_no_auth; InvalidArgument for a half-given or unreadable TLS pair), binds
+  // (Unavailable naming host:port when it cannot) and serves on a background thread.
+  [[nodiscard]] Status Start();
+  // Stops accepting, finishes the requests in flight, joins. Idempotent.
+  void Stop();
+  // Blocks until the serving thread ends (Stop from another thread, or a fatal listener error).
+  void Wait();
+
+  int port() const { return port_; }
+  bool tls() const;
+  // "http://HOST:PORT" or "https://HOST:PORT".
+  std::string url() const;
+  const HttpServerOptions& options() const { return options_; }
+
+ private:
+  struct Route {
+    std::string method;
+    std::string pattern;
+  };
+  HttpServer& Add(const std::string& method, const std::string& pattern, Handler handler);
+  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) const;
+  httplib::Server::HandlerResponse OnError(const httplib::Request& req, httplib::Response& res) const;
+  void SendPolicyError(httplib::Response& res, int http_status, const Status& status) const;
+
+  const HttpServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::vector<Route> routes_;  // written before Start only
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// Sets the bearer key and, for https, certificate verification against tls_ca_file.
+void ApplyClientPolicy(httplib::Client& client, const ClientConfig& config = ClientConfig::Default());
+// A client for base_url ("http://h:p" or "https://h:p") with the policy applied.
+std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url,
+                                            const ClientConfig& config = ClientConfig::Default());
+
+}  // namespace rc::net
