@@ -19,10 +19,11 @@ BUNDLE=${2:-$ROOT/build/cuda-bundle}
 # PYTHON=1: the bundle of the vLLM worker extension instead (scripts/gpu/run_vllm.sh): the CUDA
 # build of the Python package (BUILD configured with ROLLOUTCORE_WITH_PYTHON=ON for the GPU
 # machine's Python 3.12, see docs/vllm.md) and the `rolloutcore` binary; the package goes to
-# BUNDLE/python/rolloutcore with its extension checked by ldd like the binaries.
+# BUNDLE/python/rolloutcore with its extension checked by ldd like the binaries. SKIP_BUILD=1 bundles
+# what BUILD holds without building first.
 if [[ "${PYTHON:-0}" == 1 ]]; then
   BINS=(src/apps/rolloutcore)
-  cmake --build "$BUILD" -j2 --target rolloutcore _core
+  [[ "${SKIP_BUILD:-0}" == 1 ]] || cmake --build "$BUILD" -j2 --target rolloutcore _core
 else
   BINS=(src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner
         src/transport/cuda_ipc/transport_cuda_ipc_test src/transport/nccl/transport_nccl_test)

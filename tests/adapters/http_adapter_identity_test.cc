@@ -15,8 +15,8 @@
 namespace rc::adapters {
 namespace {
 
-// vLLM with the worker extension: /collective_rpc answers `results` (one object per worker), or
-// 404 when `results` is null (no such endpoint).
+// vLLM with the worker extension: /collective_rpc answers rc_describe for one worker, and every
+// other method with the scripted `results` (one object per worker), or 404 when `results` is null.
 class FakeVllmWithExtension {
  public:
   FakeVllmWithExtension() {
@@ -27,6 +27,12 @@ class FakeVllmWithExtension {
     });
     svr_.Post("/collective_rpc", [this](const httplib::Request& q, httplib::Response& r) {
       std::lock_guard<std::mutex> l(mu_);
+      if (Json::parse(q.body, nullptr, false).value("method", "") == "rc_describe") {
+        // Describe() finds the extension first (one worker); the probe's answers are scripted.
+        r.set_content(R"({"results":[{"ok":true,"tp_rank":0,"tp_size":1,"boot_id":"b-1","label":"v7","generation":0}]})",
+                      "application/json");
+        return;
+      }
       last_body_ = q.body;
       if (results_.is_null()) {
         r.status = 404;
