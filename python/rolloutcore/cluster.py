@@ -27,7 +27,9 @@ from .directory import DirectoryClient
 from .engine import EngineClient
 from .errors import DeadlineExceededError, UnavailableError
 
-_URL = re.compile(r"(http://[0-9.]+:[0-9]+)")
+# The URL a server announces ("... listening on URL", "... serving M on URL"): not the first URL in
+# its log, which may be a peer's (a restarted controller logs its engines' URLs first).
+_URL = re.compile(r"\bon (https?://[0-9.]+:[0-9]+)")
 
 
 def find_binary() -> str:

@@ -234,7 +234,10 @@ bool ControllerService::IdentityVerified(const EngineSlot* slot) const {
 void ControllerService::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim) {
   if (slot->controller->state() != State::kReady) {
     // TAINTED admits nothing (a recovery re-verifies); other states belong to an operation.
-    if (after_op) slot->after_op_pending = false;
+    if (after_op) {
+      slot->after_op_pending = false;
+      slot->settling = false;  // not READY: the state itself admits nothing
+    }
     return;
   }
   lifecycle::EngineAdapter* adapter = slot->handle.adapter.get();
@@ -308,12 +311,16 @@ void ControllerService::VerifyIdentity(EngineSlot* slot, bool after_op, bool cla
     }
   }
   if (after_op) slot->after_op_pending = false;
-  if (why.empty()) return;
+  if (why.empty()) {
+    if (after_op) slot->settling = false;
+    return;
+  }
   std::string reason = claim ? "controller start: the journal claims label '" + committed.label + "' (digest " +
                                    (committed_id.content_digest.empty() ? "unknown" : committed_id.content_digest) +
                                    ") but " + Join(why)
                              : "identity check: " + Join(why);
   TaintForIdentity(slot, reason);
+  if (after_op) slot->settling = false;
 }
 
 void ControllerService::TaintForIdentity(EngineSlot* slot, const std::string& reason) {
@@ -442,6 +449,7 @@ void ControllerService::Drive(EngineSlot* slot) {
           slot->queue.pop_front();
           ++updating_;
           slot->running_op = op.id;
+          slot->settling = true;
           lock.unlock();
           slot->running_recovery = op.recovery;
           slot->generation_before_op = slot->controller->version().generation;
@@ -707,8 +715,15 @@ Result<Json> ControllerService::WaitForUpdate(const std::string& id, int64_t tim
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (true) {
     RC_ASSIGN_OR_RETURN(Json j, UpdateStatus(id));
-    if (j["done"].get<bool>()) return j;
-    if (std::chrono::steady_clock::now() >= deadline) return DeadlineExceeded("update " + id + " still in progress");
+    if (j["done"].get<bool>()) {
+      // Done, and (within the deadline) past the post-operation identity check that lets the
+      // engines admit again, so a caller's next rollout is not refused as "finishing an operation".
+      bool settling = false;
+      for (const auto& slot : engines_) settling = settling || slot->settling.load();
+      if (!settling || std::chrono::steady_clock::now() >= deadline) return j;
+    } else if (std::chrono::steady_clock::now() >= deadline) {
+      return DeadlineExceeded("update " + id + " still in progress");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -729,6 +744,10 @@ Result<std::pair<size_t, lifecycle::RolloutBinding>> ControllerService::AdmitSom
     }
     if (!IdentityVerified(slot.get())) {
       reasons += (reasons.empty() ? "" : "; ") + slot->handle.name + " is READY but its identity is not verified yet";
+      continue;
+    }
+    if (slot->settling.load()) {
+      reasons += (reasons.empty() ? "" : "; ") + slot->handle.name + " is finishing an operation (identity re-check)";
       continue;
     }
     auto b = slot->controller->Admit(rollout_id);

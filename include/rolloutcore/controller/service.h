@@ -187,6 +187,10 @@ class ControllerService {
     int64_t generation_before_op = 0;           // driver thread only
     int64_t next_verify_ms = 0;                 // driver thread only (steady clock)
     bool after_op_pending = false;              // driver thread only: the post-operation check is due
+    // Set when an operation starts, cleared once its post-operation identity check ran: the
+    // operation's end makes the engine READY before that check re-reads its identity (a recovery
+    // changes the boot id), and nothing may be admitted against the identity verified before it.
+    std::atomic<bool> settling{false};
     mutable std::mutex id_mu;
     VerifiedIdentity id;                        // guarded by id_mu
     std::thread driver;
