@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <thread>
 
 #include "rolloutcore/base/json.h"
@@ -281,23 +283,35 @@ TEST_F(HttpTest, AbortRequestsByCompletionId) {
 }
 
 TEST_F(HttpTest, ResetRefusedWhileRequestHoldsBlocks) {
-  Post("/pause?mode=keep", "");
+  // A request long enough (400 tokens) that it is still running when it has been seen running and
+  // the engine is frozen right after; it used to be 50 tokens, which a loaded machine could finish
+  // before the poll below saw it (then the loop never ended).
+  std::atomic<bool> done{false};
   std::thread t([&] {
     httplib::Client c("127.0.0.1", server_->port());
     c.set_read_timeout(60, 0);
-    c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":50,"temperature":0})", "application/json");
+    c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":400,"temperature":0})", "application/json");
+    done = true;
   });
-  Post("/resume", "");
-  while (engine_->State().num_running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (engine_->State().num_running == 0 && !done && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool seen_running = !done && engine_->State().num_running > 0;
   Post("/pause?mode=keep", "");
-  Json ev = Post("/reset_prefix_cache", "");
-  EXPECT_EQ(ev["success"], false);
-  EXPECT_EQ(ev["freed_blocks"], 0);
-  EXPECT_GT(ev["blocks_in_use"].get<int>(), 0);
-  ev = Post("/reset_prefix_cache?reset_running_requests=true", "");
-  EXPECT_EQ(ev["success"], true);
+  const bool frozen = engine_->State().num_running > 0;
+  if (seen_running && frozen) {
+    Json ev = Post("/reset_prefix_cache", "");
+    EXPECT_EQ(ev["success"], false);
+    EXPECT_EQ(ev["freed_blocks"], 0);
+    EXPECT_GT(ev["blocks_in_use"].get<int>(), 0);
+    ev = Post("/reset_prefix_cache?reset_running_requests=true", "");
+    EXPECT_EQ(ev["success"], true);
+  }
   Post("/resume", "");
   t.join();
+  EXPECT_TRUE(seen_running) << "the 400-token request was never seen running (finished first, or not started in 30 s)";
+  EXPECT_TRUE(frozen) << "the request was no longer running when the engine was frozen";
 }
 
 // Issue 13 #12 and #14: integer overflow and inputs that used to be accepted but served wrong
