@@ -5,8 +5,13 @@
 # scripts/gpu/make_bundle.sh build/cuda-py build/cuda-py-bundle; docs/vllm.md).
 #
 #   scripts/gpu/run_vllm.sh [PYTEST_ARGS...]     logs and figures in $OUT (default ./out-vllm)
+# Exit 77 (CTest's skip code for the test vllm_gpu_tests, labels gpu + vllm) when there is no GPU,
+# no vLLM bundle or no CUDA build of the package: nothing to run here.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "skipped: no NVIDIA GPU on this machine (the vLLM tests run on the GPU machine)"; exit 77
+fi
 VB=${VB:-/tmp/vb}
 export OUT=${OUT:-$ROOT/out-vllm}
 mkdir -p "$OUT"
@@ -15,11 +20,11 @@ if [[ ! -d "$VB/site" ]]; then
     (cd "$VB" && sha256sum -c SHA256SUMS >/dev/null) || { echo "vLLM bundle pieces missing or checksum mismatch" >&2; exit 3; }
     cat "$VB"/vllm_bundle.tar.xz.part-* | xz -dc | tar -x -C "$VB"
   else
-    echo "no vLLM bundle at $VB (see ../shared/vllm/README.md)" >&2; exit 3
+    echo "skipped: no vLLM bundle at $VB (see ../shared/vllm/README.md)" >&2; exit 77
   fi
 fi
 B="$ROOT/build/cuda-py-bundle"
-[[ -f "$B/bin/rolloutcore" ]] || { echo "no $B: build it with PYTHON=1 scripts/gpu/make_bundle.sh" >&2; exit 3; }
+[[ -f "$B/bin/rolloutcore" ]] || { echo "skipped: no $B: build it with PYTHON=1 scripts/gpu/make_bundle.sh" >&2; exit 77; }
 chmod +x "$B/bin/rolloutcore"
 export VLLM_SITE="$VB/site" RC_PYTHONPATH="$B/python" ROLLOUTCORE_BIN="$B/bin/rolloutcore"
 export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
