@@ -113,6 +113,31 @@ void ChildProcess::Kill() {
   }
 }
 
+Status ChildProcess::Freeze(int timeout_ms) {
+  if (pid_ <= 0 || reaped_) return FailedPrecondition(name_ + " is not running");
+  kill(-pid_, SIGSTOP);
+  kill(pid_, SIGSTOP);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED | WEXITED | WNOWAIT | WNOHANG) == 0 &&
+        info.si_pid == pid_) {
+      if (info.si_code == CLD_STOPPED || info.si_code == CLD_TRAPPED) return OkStatus();
+      return FailedPrecondition(name_ + " exited instead of stopping");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return DeadlineExceeded(name_ + " was not reported stopped within " + std::to_string(timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void ChildProcess::Thaw() {
+  if (pid_ <= 0 || reaped_) return;
+  kill(-pid_, SIGCONT);
+  kill(pid_, SIGCONT);
+}
+
 std::string ChildProcess::LogTail(size_t lines) const {
   std::ifstream in(log_path_);
   std::vector<std::string> all;

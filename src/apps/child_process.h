@@ -38,6 +38,12 @@ class ChildProcess {
   int Stop(int grace_ms = 3000);
   // SIGKILL now (fault experiments).
   void Kill();
+  // SIGSTOP, then waits (up to timeout_ms) until the kernel reports the process stopped: kill()
+  // returns before every thread stopped, and a multi-threaded child (a UCX progress thread) may
+  // keep serving for a while on a loaded machine. DeadlineExceeded / FailedPrecondition (exited)
+  // otherwise. Freeze leaves the stop report waitable (WNOWAIT); Thaw sends SIGCONT.
+  [[nodiscard]] Status Freeze(int timeout_ms = 10000);
+  void Thaw();
   pid_t pid() const { return pid_; }
   const std::string& name() const { return name_; }
   const std::string& log_path() const { return log_path_; }

@@ -139,9 +139,9 @@ TEST_F(FailureTest, RefusedInstallStaysReadyAndAHungInstallTaintsAtTheDeadline) 
   SetFaults(s.engine, Json{{"install_delay_ms", 10000}});
   std::string id = RequestUpdate(s.ctl, "v1");
   ASSERT_TRUE(WaitState(s.ctl, "UPDATING", 30000, 1)) << StateOf(s.ctl);
-  ::kill(s.engine_proc->pid(), SIGSTOP);
+  ASSERT_TRUE(s.engine_proc->Freeze().ok());
   auto tainted_seen = WaitState(s.ctl, "TAINTED", kInstallDeadline + 5000, 1);
-  ::kill(s.engine_proc->pid(), SIGCONT);
+  s.engine_proc->Thaw();
   ASSERT_TRUE(tainted_seen) << "still " << StateOf(s.ctl);
   EXPECT_EQ(WaitUpdate(s.ctl, id)["engines"][0]["outcome"], "tainted");
   InstallWindow w = WindowOf(Journal(s.ctl));
@@ -228,7 +228,8 @@ TEST_F(FailureTest, TrainerThatStopsAnsweringMidPullLeavesTheEngineReadyOnTheOld
   Json v0 = WaitCommitted(s.dir, "v0");
   Json v1 = Step(s, "v1");
 
-  ::kill(s.trainer_proc->pid(), SIGSTOP);
+  // Stopped for certain before the stage (a signalled trainer may still serve reads for a while).
+  ASSERT_TRUE(s.trainer_proc->Freeze().ok());
   Json update = UpdateAndWait(s.ctl, "v1");
   EXPECT_EQ(update["outcome"], "rejected") << update.dump();
   EXPECT_NE(update.value("reason", "").find("staging"), std::string::npos) << update.dump();
