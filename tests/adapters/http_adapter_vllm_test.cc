@@ -223,11 +223,16 @@ TEST(HttpAdapterVllmTest, FullCycleRecordsObservedEvidence) {
   EXPECT_EQ(resume->detail["canary"]["cached_tokens"], 0);
   EXPECT_EQ(resume->detail["canary"]["verified"], true) << resume->detail.dump();
   std::lock_guard<std::mutex> lock(vllm.mu_);
-  bool fresh = false;
+  bool asked = false, fresh = true;
   for (const Json& c : vllm.rpc_calls_) {
-    if (c["method"] == "rc_digest") fresh = c["kwargs"]["fresh"] == true;
+    if (c["method"] == "rc_digest") {
+      asked = true;
+      fresh = c["kwargs"]["fresh"] == true;
+    }
   }
-  EXPECT_TRUE(fresh) << "validation digests the live parameters, not a cached value";
+  EXPECT_TRUE(asked);
+  EXPECT_FALSE(fresh) << "validation reads the digest rc_install computed from the live parameters after its "
+                         "copies: no second pass over the weights in the pause window";
 }
 
 TEST(HttpAdapterVllmTest, RefusedPrefixResetIsRetriedAndTheAttemptsRecorded) {
