@@ -34,7 +34,7 @@ case "$preset" in
 esac
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}"
 export ROLLOUTCORE_LOG="${ROLLOUTCORE_LOG:-warn}"
 args=(--test-dir "build/$preset" --output-on-failure -j "$jobs" -LE 'gpu|slow')
 if [ -n "$labels" ]; then args+=(-L "$labels"); fi

@@ -192,8 +192,25 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
                            std::to_string(req.timeout_ms));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
-  std::unique_lock<std::timed_mutex> gate(stage_gate_, std::defer_lock);
-  if (!gate.try_lock_until(deadline)) {
+  bool got_gate = false;
+  {
+    std::unique_lock<std::mutex> g(gate_mu_);
+    got_gate = gate_cv_.wait_until(g, deadline, [&] { return !stage_busy_; });
+    if (got_gate) stage_busy_ = true;
+  }
+  struct ReleaseGate {
+    RefitReceiver* r;
+    bool held;
+    ~ReleaseGate() {
+      if (!held) return;
+      {
+        std::lock_guard<std::mutex> g(r->gate_mu_);
+        r->stage_busy_ = false;
+      }
+      r->gate_cv_.notify_one();
+    }
+  } release_gate{this, got_gate};
+  if (!got_gate) {
     std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
     ++stages_failed_;
     return Unavailable("stage of " + req.version + " could not start within its timeout_ms " +

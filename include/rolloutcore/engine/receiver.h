@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -124,8 +125,12 @@ class RefitReceiver {
   Engine* engine_;
   refit::ModelConfig config_;
   const int threads_;
-  // Held for the whole of a Stage (before mu_), taken with the stage's deadline.
-  std::timed_mutex stage_gate_;
+  // Held for the whole of a Stage (before mu_), taken with the stage's deadline. A flag under a
+  // mutex + condition variable rather than std::timed_mutex: libstdc++'s timed lock uses
+  // pthread_mutex_clocklock, which ThreadSanitizer (GCC 12) does not intercept.
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool stage_busy_ = false;  // guarded by gate_mu_
   mutable std::mutex mu_;
   std::vector<refit::Capture> captures_;                            // guarded by mu_, per rank
   std::vector<std::vector<refit::DigestRegion>> digest_regions_;    // guarded by mu_
