@@ -1,6 +1,6 @@
 // Shared by the controller service tests: a version source that resolves every "v*" version,
 // FakeEngine handles behind fault wrappers with a completion function that reports the engine's
-// live label (as the embedded engine does), and per-test state dirs.
+// live label and identity (as the embedded engine does), and per-test state dirs.
 #pragma once
 
 #include <chrono>
@@ -53,10 +53,11 @@ struct Engines {
   std::vector<std::unique_ptr<rc::testing::FakeEngine>> fakes;
   std::vector<std::unique_ptr<rc::testing::FaultInjectingAdapter>> faulty;
 
-  std::vector<EngineHandle> Make(int n) {
+  // Engines serving `label` with digest "d-<label>" (a restarted controller's engines keep theirs).
+  std::vector<EngineHandle> Make(int n, const std::string& start_label = "v0") {
     std::vector<EngineHandle> out;
     for (int i = 0; i < n; ++i) {
-      fakes.push_back(std::make_unique<rc::testing::FakeEngine>("v0", "d-v0"));
+      fakes.push_back(std::make_unique<rc::testing::FakeEngine>(start_label, "d-" + start_label));
       auto shared = fakes.back()->shared();
       auto* fake = fakes.back().get();
       EngineHandle h;
@@ -68,16 +69,23 @@ struct Engines {
       h.complete = [shared, fake](const Json& body) -> Result<Json> {
         fake->StartRequest();
         std::string label;
+        int64_t generation;
         {
           std::lock_guard<std::mutex> lock(shared->mu);
           label = shared->label;
+          generation = shared->install_generation;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         fake->EndRequest();
+        // As the embedded engine answers: label and install generation at admission per choice,
+        // and the engine's identity when it answered.
         Json choice{{"index", 0}, {"text", "x"}, {"finish_reason", "length"}, {"token_ids", {5, 6, 7}},
                     {"prompt_token_ids", body["prompt"]}, {"weight_version", label},
+                    {"install_generation", generation},
                     {"logprobs", {{"token_logprobs", {-0.5, -0.25, -1.0}}}}};
-        return Json{{"choices", {choice}}, {"usage", {{"prompt_tokens", 3}, {"prompt_tokens_details", {{"cached_tokens", 0}}}}}};
+        return Json{{"choices", {choice}},
+                    {"usage", {{"prompt_tokens", 3}, {"prompt_tokens_details", {{"cached_tokens", 0}}}}},
+                    {"rolloutcore", fake->CompletionIdentity()}};
       };
       out.push_back(std::move(h));
     }
@@ -86,7 +94,7 @@ struct Engines {
 };
 
 inline std::string TempDir(const std::string& name) {
-  auto p = fs::temp_directory_path() / ("rc_ctlf_" + name + "_" + std::to_string(::getpid()));
+  auto p = fs::temp_directory_path() / ("rc_ctl_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p.string();
 }
