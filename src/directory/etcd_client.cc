@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "directory/codec.h"
+#include "rolloutcore/base/log.h"
 
 namespace rc::directory::internal {
 namespace {
@@ -205,6 +206,8 @@ Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
         return r;
       }
       last_errors[i] = r.status().message();
+      RC_LOG_WARN("etcd: member {} of {} did not serve {} ({}); trying the next one", i + 1, n, path,
+                  r.status().message());
       if (std::chrono::steady_clock::now() >= deadline && round > 0) {
         std::string all;
         for (size_t e = 0; e < n; ++e) {
