@@ -13,6 +13,7 @@
 #include "directory/test_util.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/directory/etcd_store.h"
+#include "rolloutcore/directory/store.h"
 
 namespace rc::directory::testing {
 namespace {
@@ -30,7 +31,8 @@ class LosingProxy {
         res.status = 502;
         return;
       }
-      if (req.path == "/v3/kv/txn" && req.body.find("request_delete_range") != std::string::npos && !lost_.exchange(true)) {
+      if (req.path == "/v3/kv/txn" && req.body.find("request_delete_range") != std::string::npos &&
+          !lost_.exchange(true)) {
         res.status = 503;
         res.set_content("<html>member went away</html>", "text/html");
         return;
@@ -82,8 +84,8 @@ TEST(EtcdFailoverTest, RequestsMoveOnWhenAMemberDoesNotAnswer) {
 
   // No member answers: Unavailable naming both.
   EtcdStoreOptions dead;
-  dead.endpoint = "http://127.0.0.1:" + std::to_string(FreeLoopbackPort()) + ",http://127.0.0.1:" +
-                  std::to_string(FreeLoopbackPort());
+  dead.endpoint = "http://127.0.0.1:" + std::to_string(FreeLoopbackPort()) +
+                  ",http://127.0.0.1:" + std::to_string(FreeLoopbackPort());
   dead.request_timeout_ms = 300;
   auto none = OpenEtcdStore(dead);
   ASSERT_FALSE(none.ok());
@@ -109,6 +111,36 @@ TEST(EtcdFailoverTest, ACommitAppliedWhoseAnswerWasLostIsReportedCommittedOnce) 
   ASSERT_TRUE(feed.ok());
   ASSERT_EQ(feed->size(), 1u) << "applied once";
   EXPECT_EQ((*feed)[0].content_digest, r->content_digest);
+}
+
+TEST(EtcdFailoverTest, StoreSpecTakesSeveralUrlsAndThePrefixAfterTheLast) {
+  auto misplaced = OpenDirectoryStore("etcd:http://127.0.0.1:1/p,http://127.0.0.1:2");
+  ASSERT_FALSE(misplaced.ok());
+  EXPECT_EQ(misplaced.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(misplaced.status().message().find("URL 1 of 2"), std::string::npos) << misplaced.status().ToString();
+  EXPECT_NE(misplaced.status().message().find("after the last URL"), std::string::npos)
+      << misplaced.status().ToString();
+  auto not_http = OpenDirectoryStore("etcd:http://127.0.0.1:1,https://127.0.0.1:2");
+  ASSERT_FALSE(not_http.ok());
+  EXPECT_NE(not_http.status().message().find("URL 2 of 2 must start with http://"), std::string::npos)
+      << not_http.status().ToString();
+  auto empty = OpenDirectoryStore("etcd:http://127.0.0.1:1,");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+
+  auto etcd = EtcdProcess::Start();
+  if (!etcd.ok()) GTEST_SKIP() << etcd.status().message();
+  // A dead first member, the live one second, and a prefix: the store opens and keeps its keys
+  // under the prefix (a second store on the same prefix sees them, one on another does not).
+  const std::string dead = "http://127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  auto a = OpenDirectoryStore("etcd:" + dead + "," + (*etcd)->endpoint() + "/spec-a");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE((*a)->Publish(MakePublish("m", "v1", 0, 1)).ok());
+  auto same = OpenDirectoryStore("etcd:" + (*etcd)->endpoint() + "/spec-a");
+  auto other = OpenDirectoryStore("etcd:" + (*etcd)->endpoint() + "/spec-b");
+  ASSERT_TRUE(same.ok() && other.ok());
+  EXPECT_TRUE((*same)->Get("m", "v1").ok());
+  EXPECT_EQ((*other)->Get("m", "v1").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -151,13 +151,32 @@ class EtcdCluster {
 
   ::testing::AssertionResult Spawn(int i, const std::string& state) {
     Member& m = members_[i];
-    auto c = apps::ChildProcess::Spawn(
-        m.name,
-        {"--name", m.name, "--data-dir", m.data_dir, "--listen-client-urls", m.client_url, "--advertise-client-urls",
-         m.client_url, "--listen-peer-urls", m.peer_url, "--initial-advertise-peer-urls", m.peer_url,
-         "--initial-cluster", initial_cluster_, "--initial-cluster-state", state, "--initial-cluster-token",
-         "rc-scale-test", "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"},
-        dir_ + "/" + m.name + ".log", kBinary);
+    auto c = apps::ChildProcess::Spawn(m.name,
+                                       {"--name",
+                                        m.name,
+                                        "--data-dir",
+                                        m.data_dir,
+                                        "--listen-client-urls",
+                                        m.client_url,
+                                        "--advertise-client-urls",
+                                        m.client_url,
+                                        "--listen-peer-urls",
+                                        m.peer_url,
+                                        "--initial-advertise-peer-urls",
+                                        m.peer_url,
+                                        "--initial-cluster",
+                                        initial_cluster_,
+                                        "--initial-cluster-state",
+                                        state,
+                                        "--initial-cluster-token",
+                                        "rc-scale-test",
+                                        "--heartbeat-interval",
+                                        "50",
+                                        "--election-timeout",
+                                        "500",
+                                        "--log-level",
+                                        "warn"},
+                                       dir_ + "/" + m.name + ".log", kBinary);
     if (!c.ok()) return ::testing::AssertionFailure() << c.status().ToString();
     m.proc = std::move(c).value();
     return ::testing::AssertionSuccess();

@@ -5,6 +5,8 @@
 // half-published version is never visible, the commit feed stays gapless, and watchers — a commit
 // feed long-poll, `controller serve --auto-update`, and the engine's receiver staging from the
 // directory — continue across the kills.
+#include "scale/etcd_cluster.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,20 +15,19 @@
 
 #include "directory/test_util.h"
 #include "rolloutcore/directory/client.h"
-#include "scale/etcd_cluster.h"
 #include "system/system_fixture.h"
 
 namespace rc::scale_test {
 namespace {
 
+using apps::ChildProcess;
 using directory::DirectoryClient;
 using directory::VersionState;
 using directory::testing::MakePublish;
+using system_test::NowMs;
 using system_test::Reply;
 using system_test::Stack;
 using system_test::SystemTest;
-using apps::ChildProcess;
-using system_test::NowMs;
 
 class EtcdClusterTest : public SystemTest {
  protected:

@@ -24,11 +24,11 @@
 namespace rc::scale_test {
 namespace {
 
+using apps::ChildProcess;
+using system_test::NowMs;
 using system_test::Prompt;
 using system_test::Reply;
 using system_test::SystemTest;
-using apps::ChildProcess;
-using system_test::NowMs;
 
 // Runs a shell command; returns its exit code and captured output (stdout + stderr).
 std::pair<int, std::string> Sh(const std::string& cmd) {
@@ -53,7 +53,8 @@ class NetnsHosts {
     bridge_ = tag_ + "b";
     if (::geteuid() != 0) return "not root (ip netns needs CAP_SYS_ADMIN and CAP_NET_ADMIN)";
     std::vector<std::string> cmds = {"ip link add " + bridge_ + " type bridge",
-                                     "ip addr add " + subnet_ + ".254/24 dev " + bridge_, "ip link set " + bridge_ + " up"};
+                                     "ip addr add " + subnet_ + ".254/24 dev " + bridge_,
+                                     "ip link set " + bridge_ + " up"};
     for (int i = 0; i < n; ++i) {
       const std::string ns = Ns(i), host = tag_ + "h" + std::to_string(i), inner = tag_ + "n" + std::to_string(i);
       cmds.push_back("ip netns add " + ns);
@@ -157,18 +158,24 @@ class NetnsTest : public SystemTest {
   Deployment Deploy(const std::vector<std::string>& controller_args = {}) {
     Deployment d;
     d.dir = apps::FreePort().value();
-    ChildProcess* dp = StartIn(kControl, "directory", {"directory", "serve", "--store", "sqlite:" + dir_ + "/dir.db",
-                                                       "--host", hosts_->Addr(kControl), "--port",
-                                                       std::to_string(d.dir)});
+    ChildProcess* dp = StartIn(kControl, "directory",
+                               {"directory", "serve", "--store", "sqlite:" + dir_ + "/dir.db", "--host",
+                                hosts_->Addr(kControl), "--port", std::to_string(d.dir)});
     EXPECT_TRUE(Healthy(dp, hosts_->Addr(kControl), d.dir, "/health"));
     auto trainer = [&](int ns, int leave_rank, int* port) {
       *port = apps::FreePort().value();
-      ChildProcess* t = StartIn(ns, "trainer-rank" + std::to_string(1 - leave_rank),
-                                {"trainer", "serve", "--model", system_test::kPreset, "--name",
-                                 system_test::kModelName, "--layout", "fsdp:2", "--directory", UrlIn(kControl, d.dir),
-                                 "--transport", "ucx", "--seed", system_test::kSeed, "--lr", system_test::kLr,
-                                 "--fail-rank", std::to_string(leave_rank), "--host", hosts_->Addr(ns), "--port",
-                                 std::to_string(*port)});
+      ChildProcess* t =
+          StartIn(ns, "trainer-rank" + std::to_string(1 - leave_rank), {"trainer",     "serve",
+                                                                        "--model",     system_test::kPreset,
+                                                                        "--name",      system_test::kModelName,
+                                                                        "--layout",    "fsdp:2",
+                                                                        "--directory", UrlIn(kControl, d.dir),
+                                                                        "--transport", "ucx",
+                                                                        "--seed",      system_test::kSeed,
+                                                                        "--lr",        system_test::kLr,
+                                                                        "--fail-rank", std::to_string(leave_rank),
+                                                                        "--host",      hosts_->Addr(ns),
+                                                                        "--port",      std::to_string(*port)});
       EXPECT_TRUE(Healthy(t, hosts_->Addr(ns), *port, "/status"));
     };
     trainer(kTrainer0, 1, &d.trainer0);  // publishes rank 0 of every version
@@ -177,21 +184,34 @@ class NetnsTest : public SystemTest {
     Export("v0", dir_ + "/v0");
     auto engine = [&](int ns, const std::string& name, int* port) {
       *port = apps::FreePort().value();
-      ChildProcess* e = StartIn(ns, name,
-                                {"engine", "serve", "--model", dir_ + "/v0", "--tensor-parallel-size", "1", "--host",
-                                 hosts_->Addr(ns), "--port", std::to_string(*port), "--weight-version", "v0",
-                                 "--served-model-name", system_test::kModelName, "--threads", "1", "--directory",
-                                 UrlIn(kControl, d.dir)});
+      ChildProcess* e =
+          StartIn(ns, name,
+                  {"engine", "serve", "--model", dir_ + "/v0", "--tensor-parallel-size", "1", "--host",
+                   hosts_->Addr(ns), "--port", std::to_string(*port), "--weight-version", "v0", "--served-model-name",
+                   system_test::kModelName, "--threads", "1", "--directory", UrlIn(kControl, d.dir)});
       EXPECT_TRUE(Healthy(e, hosts_->Addr(ns), *port, "/health"));
     };
     engine(kEngine0, "engine0", &d.engine0);
     engine(kEngine1, "engine1", &d.engine1);
     d.ctl = apps::FreePort().value();
-    std::vector<std::string> args = {"controller", "serve", "--engine",
-                                     UrlIn(kEngine0, d.engine0) + "," + UrlIn(kEngine1, d.engine1), "--directory",
-                                     UrlIn(kControl, d.dir), "--model", system_test::kModelName, "--state-dir",
-                                     dir_ + "/controller", "--host", hosts_->Addr(kControl), "--port",
-                                     std::to_string(d.ctl), "--max-updating", "2", "--verify-interval-ms", "0"};
+    std::vector<std::string> args = {"controller",
+                                     "serve",
+                                     "--engine",
+                                     UrlIn(kEngine0, d.engine0) + "," + UrlIn(kEngine1, d.engine1),
+                                     "--directory",
+                                     UrlIn(kControl, d.dir),
+                                     "--model",
+                                     system_test::kModelName,
+                                     "--state-dir",
+                                     dir_ + "/controller",
+                                     "--host",
+                                     hosts_->Addr(kControl),
+                                     "--port",
+                                     std::to_string(d.ctl),
+                                     "--max-updating",
+                                     "2",
+                                     "--verify-interval-ms",
+                                     "0"};
     args.insert(args.end(), controller_args.begin(), controller_args.end());
     ChildProcess* c = StartIn(kControl, "controller", args);
     EXPECT_TRUE(Healthy(c, hosts_->Addr(kControl), d.ctl, "/health"));
@@ -218,7 +238,10 @@ class NetnsTest : public SystemTest {
   }
   std::vector<int64_t> GreedyAt(const std::string& host, int port, int salt) {
     Reply r = At(host, port, "POST", "/v1/completions",
-                 Json{{"prompt", Prompt(10, salt)}, {"max_tokens", 8}, {"temperature", 0.0}, {"ignore_eos", true},
+                 Json{{"prompt", Prompt(10, salt)},
+                      {"max_tokens", 8},
+                      {"temperature", 0.0},
+                      {"ignore_eos", true},
                       {"return_token_ids", true}});
     EXPECT_EQ(r.status, 200) << r.text;
     return Tokens(r.json);
@@ -280,8 +303,9 @@ TEST_F(NetnsTest, RefitOverUcxTcpAcrossNamespacesMatchesLoopback) {
   // so the two links carry at least twice the model (plus TCP and UCX overhead).
   EXPECT_GE(sent0 + sent1, 2 * bytes) << "the weights must have crossed the trainer links";
   // And a rollout through the controller, bound to v1.
-  Reply r = At(hosts_->Addr(kControl), d.ctl, "POST", "/v1/rollouts",
-               Json{{"prompt_token_ids", Prompt(10, 0)}, {"max_tokens", 8}, {"temperature", 0.0}, {"ignore_eos", true}});
+  Reply r =
+      At(hosts_->Addr(kControl), d.ctl, "POST", "/v1/rollouts",
+         Json{{"prompt_token_ids", Prompt(10, 0)}, {"max_tokens", 8}, {"temperature", 0.0}, {"ignore_eos", true}});
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.json["binding"].value("label", std::string()), "v1");
   EXPECT_EQ(Tokens(r.json), GreedyAt("127.0.0.1", ref, 0));
@@ -314,7 +338,8 @@ TEST_F(NetnsTest, NetemDelayAndLossOnATrainerLinkEndTheUpdateWithinItsDeadline) 
   EXPECT_LT(took, kStageDeadline + 20000 + 10000) << "ends within its deadlines, never hangs";
   for (const auto& e : done.json["engines"]) {
     const std::string outcome = e.value("outcome", std::string());
-    std::cout << "engine " << e.value("ordinal", 0) << ": " << outcome << " " << e.value("reason", std::string()) << "\n";
+    std::cout << "engine " << e.value("ordinal", 0) << ": " << outcome << " " << e.value("reason", std::string())
+              << "\n";
     EXPECT_TRUE(outcome == "committed" || outcome == "rejected" || outcome == "tainted") << e.dump();
     if (outcome == "committed") {
       const int ns = e.value("ordinal", 0) == 0 ? kEngine0 : kEngine1;

@@ -17,11 +17,11 @@
 namespace rc::scale_test {
 namespace {
 
+using apps::ChildProcess;
+using system_test::NowMs;
 using system_test::Prompt;
 using system_test::Reply;
 using system_test::SystemTest;
-using apps::ChildProcess;
-using system_test::NowMs;
 
 constexpr int kReplicas = 8;
 constexpr int kMaxUpdating = 2;
@@ -66,8 +66,10 @@ struct ReadySampler {
           int ready = 0, out = 0;
           for (const auto& e : engines) {
             const std::string st = e.value("state", std::string());
-            if (st == "READY") ++ready;
-            else if (st != "TAINTED") ++out;
+            if (st == "READY")
+              ++ready;
+            else if (st != "TAINTED")
+              ++out;
           }
           min_ready = std::min(min_ready.load(), ready);
           max_out = std::max(max_out.load(), out);
@@ -139,7 +141,8 @@ TEST_F(ReplicasTest, EightReplicasUpdateTwoAtATimeWhileRolloutsNeverStop) {
     while (NowMs() < end) {
       auto es = Engines(ctl);
       int ok = 0;
-      for (const auto& e : es) ok += e.value("state", std::string()) == "READY" && e.value("label", std::string()) == label;
+      for (const auto& e : es)
+        ok += e.value("state", std::string()) == "READY" && e.value("label", std::string()) == label;
       if (ok == kReplicas) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
