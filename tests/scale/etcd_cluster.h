@@ -11,6 +11,7 @@
 // Thread safety: owned and driven by the test's thread; Leader() and Endpoints() only do HTTP.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <chrono>
