@@ -52,6 +52,10 @@ class NetnsHosts {
     subnet_ = "10." + std::to_string(100 + pid % 100) + "." + std::to_string((pid / 100) % 250);
     bridge_ = tag_ + "b";
     if (::geteuid() != 0) return "not root (ip netns needs CAP_SYS_ADMIN and CAP_NET_ADMIN)";
+    auto [found, path] = Sh("command -v ip");
+    while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
+    if (found != 0 || path.empty()) return "the `ip` command (iproute2) is not installed";
+    ip_ = path;
     std::vector<std::string> cmds = {"ip link add " + bridge_ + " type bridge",
                                      "ip addr add " + subnet_ + ".254/24 dev " + bridge_,
                                      "ip link set " + bridge_ + " up"};
@@ -80,6 +84,7 @@ class NetnsHosts {
   std::string Ns(int i) const { return tag_ + "ns" + std::to_string(i); }
   std::string Addr(int i) const { return subnet_ + "." + std::to_string(i + 1); }
   std::string HostVeth(int i) const { return tag_ + "h" + std::to_string(i); }
+  const std::string& ip() const { return ip_; }
   std::string InnerVeth(int i) const { return tag_ + "n" + std::to_string(i); }
   // Bytes the namespace sent into the bridge (the host side's receive counter).
   int64_t BytesFrom(int i) const {
@@ -90,7 +95,7 @@ class NetnsHosts {
   }
 
  private:
-  std::string tag_, subnet_, bridge_;
+  std::string tag_, subnet_, bridge_, ip_;
   int created_ = 0;
 };
 
@@ -116,7 +121,7 @@ class NetnsTest : public SystemTest {
   ChildProcess* StartIn(int ns, const std::string& name, std::vector<std::string> args) {
     std::vector<std::string> full = {"netns", "exec", hosts_->Ns(ns), ROLLOUTCORE_BIN};
     full.insert(full.end(), args.begin(), args.end());
-    auto c = ChildProcess::Spawn(name, full, dir_ + "/" + name + ".log", "/usr/sbin/ip");
+    auto c = ChildProcess::Spawn(name, full, dir_ + "/" + name + ".log", hosts_->ip());
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return nullptr;
     children_.push_back(std::move(c).value());
@@ -338,11 +343,11 @@ TEST_F(NetnsTest, NetemDelayAndLossOnATrainerLinkEndTheUpdateWithinItsDeadline) 
   EXPECT_LT(took, kStageDeadline + 20000 + 10000) << "ends within its deadlines, never hangs";
   for (const auto& e : done.json["engines"]) {
     const std::string outcome = e.value("outcome", std::string());
-    std::cout << "engine " << e.value("ordinal", 0) << ": " << outcome << " " << e.value("reason", std::string())
+    std::cout << "engine " << e.value("index", -1) << ": " << outcome << " " << e.value("reason", std::string())
               << "\n";
     EXPECT_TRUE(outcome == "committed" || outcome == "rejected" || outcome == "tainted") << e.dump();
     if (outcome == "committed") {
-      const int ns = e.value("ordinal", 0) == 0 ? kEngine0 : kEngine1;
+      const int ns = e.value("index", -1) == 0 ? kEngine0 : kEngine1;
       const int port = ns == kEngine0 ? d.engine0 : d.engine1;
       EXPECT_EQ(DigestAt(hosts_->Addr(ns), port).value("content_digest", std::string()),
                 v1.value("content_digest", std::string("?")));
