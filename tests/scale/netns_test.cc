@@ -1,5 +1,5 @@
 // Hosts as network namespaces (issue 19). The test creates five namespaces joined by veth pairs
-// to one bridge (10.A.B.0/24; the bridge's address lets this test, in the root namespace, reach
+// to one bridge (198.18-19.X.0/24; the bridge's address lets this test, in the root namespace, reach
 // them): the two trainer ranks in two of them (two `trainer serve --layout fsdp:2` processes,
 // each publishing one rank: --fail-rank names the rank it leaves to the other), two engines in
 // two more, the directory and the controller in the fifth. Every server binds its namespace's
@@ -49,7 +49,8 @@ class NetnsHosts {
   std::string Create(int n) {
     const int pid = static_cast<int>(::getpid());
     tag_ = "rc" + std::to_string(pid % 10000000);
-    subnet_ = "10." + std::to_string(100 + pid % 100) + "." + std::to_string((pid / 100) % 250);
+    // 198.18.0.0/15 is reserved for network benchmarks (RFC 2544): no real host route to clash with.
+    subnet_ = "198." + std::to_string(18 + pid % 2) + "." + std::to_string((pid / 2) % 256);
     bridge_ = tag_ + "b";
     if (::geteuid() != 0) return "not root (ip netns needs CAP_SYS_ADMIN and CAP_NET_ADMIN)";
     auto [found, path] = Sh("command -v ip");
