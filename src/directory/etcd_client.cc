@@ -208,13 +208,13 @@ Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
       last_errors[i] = r.status().message();
       RC_LOG_WARN("etcd: member {} of {} did not serve {} ({}); trying the next one", i + 1, n, path,
                   r.status().message());
-      if (std::chrono::steady_clock::now() >= deadline && round > 0) {
+      if (std::chrono::steady_clock::now() >= deadline && (round > 0 || k + 1 == n)) {
         std::string all;
         for (size_t e = 0; e < n; ++e) {
-          if (!last_errors[e].empty()) all += fmt::format("{}[{}] {}", all.empty() ? "" : "; ", e, last_errors[e]);
+          if (!last_errors[e].empty()) all += fmt::format("{}member {}: {}", all.empty() ? "" : "; ", e + 1, last_errors[e]);
         }
-        return Unavailable(fmt::format("etcd: none of the {} members answered {} within {} ms: {}", n, path,
-                                       2 * timeout_ms_, all));
+        return Unavailable(fmt::format("etcd: none of the {} members answered {} (every member tried, {} ms): {}",
+                                       n, path, 2 * timeout_ms_, all));
       }
     }
     // A full round failed: an election is probably running. Wait a little before the next one.

@@ -8,8 +8,9 @@
 // Several endpoints (the members of one etcd cluster): every request goes to the member that
 // answered last; when it does not answer (connection refused, reset, timed out) or answers
 // Unavailable / DeadlineExceeded ("etcdserver: leader changed", "no leader", "request timed out"),
-// the request is sent to the next member, round after round, until one answers or the failover
-// budget (2 x timeout_ms) is spent; then Unavailable naming every endpoint and its last error.
+// the request is sent to the next member, round after round, until one answers, or every member
+// was tried and the failover budget (2 x timeout_ms) is spent; then Unavailable naming every
+// member and its last error.
 // A retried request may have been applied by the member that did not answer: callers only send
 // txns whose compares make a second application fail (and re-read), lease grants (a leaked lease
 // expires at its TTL), keep-alives and reads, so a retry never applies anything twice.
