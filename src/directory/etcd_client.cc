@@ -206,6 +206,10 @@ Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
         return r;
       }
       last_errors[i] = r.status().message();
+      // Move every later call (this thread's and the concurrent ones) off this member at once:
+      // otherwise each of them would wait out its own timeout on a frozen member first.
+      size_t expected = i;
+      preferred_.compare_exchange_strong(expected, (i + 1) % n, std::memory_order_relaxed);
       RC_LOG_WARN("etcd: member {} of {} did not serve {} ({}); trying the next one", i + 1, n, path,
                   r.status().message());
       if (std::chrono::steady_clock::now() >= deadline && (round > 0 || k + 1 == n)) {
