@@ -131,6 +131,13 @@ TEST(PolicyModesTest, KeepContinuesOnStaleKvAndNoNewRequestHitsIt) {
   // Stale KV: the continuation is not what fresh v1 KV gives.
   const auto v1 = RunOne(MakeEngine(99).get(), Greedy(held, kTokens - kSwapAt));
   EXPECT_NE(Slice(r.rollout.tokens, kSwapAt, kTokens), v1.tokens);
+  // The late request registered fresh v1 blocks for the shared prefix; a request over the kept
+  // request's whole sequence reaches past them only through blocks the kept request computed on
+  // stale KV, which it never registered: its output is what fresh v1 weights give.
+  std::vector<int32_t> whole = Prompt(kPrompt);
+  whole.insert(whole.end(), r.rollout.tokens.begin(), r.rollout.tokens.end() - 1);
+  EXPECT_EQ(r.after_end.tokens, RunOne(MakeEngine(99).get(), Greedy(whole, 4)).tokens);
+  EXPECT_LE(r.after_end.cached_tokens, 16) << "at most the late request's one fresh full block";
   EXPECT_EQ(r.metrics.inflight_kept, 1);
   EXPECT_EQ(r.metrics.generation_tokens_by_kv["stale"], kTokens - kSwapAt);
 }
