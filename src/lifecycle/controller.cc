@@ -170,6 +170,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
   }
   if (ev == "aborted_by_drain") {
     active_.erase(r.rollout);
+    inflight_.erase(r.rollout);
     aborted_.insert(r.rollout);
     ++counters_.aborted_by_drain;
     return;
@@ -183,6 +184,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
   }
   if (ev == "interrupted") {
     active_.erase(r.rollout);
+    inflight_.erase(r.rollout);
     interrupted_.insert(r.rollout);
     ++counters_.interrupted;
     return;
