@@ -1112,6 +1112,8 @@ Json ControllerService::StatusJson() const {
               {"trajectories", trajectories_->path()},
               {"verify_interval_ms", options_.verify_interval_ms},
               {"auto_recover", options_.auto_recover},
+              {"update_mode", lifecycle::PolicyModeName(options_.default_mode)},
+              {"max_staleness", options_.runner.max_staleness},
               {"rollouts", {{"ok", rollouts_ok_.load()}, {"refused", rollouts_refused_.load()},
                             {"failed", rollouts_failed_.load()}, {"identity_mismatch", rollouts_mismatched_.load()}}}};
 }

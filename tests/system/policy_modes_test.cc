@@ -66,13 +66,18 @@ int64_t HoldMidGeneration(int engine, double base, int64_t at_least) {
 Json CompleteSalted(SystemTest* t, int engine, const std::vector<int64_t>& prompt, int max_tokens,
                     const std::string& salt) {
   Json body{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0.0}, {"ignore_eos", true},
-            {"return_token_ids", true}};
+            {"return_token_ids", true}, {"logprobs", 0}};
   if (!salt.empty()) body["cache_salt"] = salt;
   return t->Call(engine, "POST", "/v1/completions", body);
 }
 
-std::vector<int64_t> Slice(const std::vector<int64_t>& v, size_t from, size_t to) {
-  return std::vector<int64_t>(v.begin() + static_cast<long>(from), v.begin() + static_cast<long>(to));
+template <typename T>
+std::vector<T> Slice(const std::vector<T>& v, size_t from, size_t to) {
+  return std::vector<T>(v.begin() + static_cast<long>(from), v.begin() + static_cast<long>(to));
+}
+
+std::vector<double> Logprobs(const Json& completion) {
+  return completion["choices"][0]["logprobs"]["token_logprobs"].get<std::vector<double>>();
 }
 
 std::string RequestUpdateIn(SystemTest* t, int ctl, const std::string& version, const std::string& mode) {
@@ -86,13 +91,19 @@ void SpansAcrossUpdate(PolicyModesTest* t, const std::string& mode) {
   Stack s = t->StartStack(o);
   ASSERT_FALSE(t->HasFailure());
   const std::vector<int64_t> prompt = Prompt(40, 3);
-  const std::vector<int64_t> v0_tokens = SystemTest::Tokens(t->Complete(s.engine, prompt, kTokens));
+  const Json v0_run = CompleteSalted(t, s.engine, prompt, kTokens, "");
+  const std::vector<int64_t> v0_tokens = SystemTest::Tokens(v0_run);
   ASSERT_EQ(v0_tokens.size(), static_cast<size_t>(kTokens));
   Json v1 = t->Step(s, "v1");
 
   const double base = Metric(s.engine, "vllm:generation_tokens_total");
   Reply reply;
-  std::thread client([&] { reply = SystemTest::Rollout(s.ctl, prompt, kTokens, "long-" + mode); });
+  std::thread client([&] {
+    reply = SystemTest::Http(s.ctl, "POST", "/v1/rollouts",
+                             Json{{"prompt_token_ids", prompt}, {"max_tokens", kTokens}, {"temperature", 0.0},
+                                  {"ignore_eos", true}, {"logprobs", 0}, {"rollout_id", "long-" + mode}},
+                             120);
+  });
   const int64_t k = HoldMidGeneration(s.engine, base, 8);
   std::string id = k > 0 ? RequestUpdateIn(t, s.ctl, "v1", mode) : "";
   if (k <= 0) SystemTest::Http(s.engine, "POST", "/resume");
@@ -123,10 +134,13 @@ void SpansAcrossUpdate(PolicyModesTest* t, const std::string& mode) {
   const Json& engine_spans = reply.json["choices"][0]["version_spans"];
   ASSERT_EQ(engine_spans.size(), 2u);
   EXPECT_EQ(engine_spans[1]["from_token"], k) << "the engine's own boundary";
-  EXPECT_EQ(reply.json["choices"][0]["logprobs"], nullptr);
 
   // Tokens before the swap: the v0-only run.
   EXPECT_EQ(Slice(tokens, 0, static_cast<size_t>(k)), Slice(v0_tokens, 0, static_cast<size_t>(k)));
+  // Per-token logprobs are the behaviour policy's: before the swap, the v0 run's.
+  const std::vector<double> logprobs = Logprobs(reply.json);
+  ASSERT_EQ(logprobs.size(), static_cast<size_t>(kTokens));
+  EXPECT_EQ(Slice(logprobs, 0, static_cast<size_t>(k)), Slice(Logprobs(v0_run), 0, static_cast<size_t>(k)));
   // After: a from-scratch v1 prefill of prompt + prefix (salted: no cache hit at all).
   std::vector<int64_t> prefixed = prompt;
   prefixed.insert(prefixed.end(), tokens.begin(), tokens.begin() + k);
@@ -135,6 +149,7 @@ void SpansAcrossUpdate(PolicyModesTest* t, const std::string& mode) {
   const std::vector<int64_t> v1_after = SystemTest::Tokens(fresh);
   if (mode == "recompute") {
     EXPECT_EQ(Slice(tokens, static_cast<size_t>(k), kTokens), v1_after) << "recompute == re-prefill under v1";
+    EXPECT_EQ(Slice(logprobs, static_cast<size_t>(k), kTokens), Logprobs(fresh)) << "and its logprobs are v1's";
   } else {
     EXPECT_NE(Slice(tokens, static_cast<size_t>(k), kTokens), v1_after) << "keep continued on stale v0 KV";
   }
@@ -153,6 +168,7 @@ void SpansAcrossUpdate(PolicyModesTest* t, const std::string& mode) {
     found = true;
     EXPECT_EQ(row["version_spans"], spans);
     EXPECT_EQ(row["output_token_ids"].get<std::vector<int64_t>>(), tokens);
+    EXPECT_EQ(row["logprobs"].get<std::vector<double>>(), logprobs);
   }
   EXPECT_TRUE(found);
   auto finish = SystemTest::Find(SystemTest::Journal(s.ctl), "finish", "long-" + mode);
@@ -239,6 +255,9 @@ TEST_F(PolicyModesTest, MaxStalenessOneAbortsARolloutThatWouldSpanTwoUpdates) {
   ASSERT_TRUE(a.is_object()) << reply.text;
   EXPECT_EQ(a["reason"], "max_staleness");
   EXPECT_EQ(a["max_staleness"], 1);
+  const Json status = Call(s.ctl, "GET", "/v1/status");
+  EXPECT_EQ(status["update_mode"], "keep");
+  EXPECT_EQ(status["max_staleness"], 1);
   EXPECT_EQ(a["target"], "v2");
   const Json& spans = reply.json["version_spans"];
   ASSERT_EQ(spans.size(), 2u) << spans.dump();
@@ -255,7 +274,11 @@ TEST_F(PolicyModesTest, BadModeIsRefusedNamingIt) {
   Reply r = Http(s.ctl, "POST", "/v1/updates", Json{{"model", kModelName}, {"version", "v1"}, {"mode", "lazy"}});
   EXPECT_EQ(r.status, 400) << r.text;
   EXPECT_NE(r.text.find("'lazy'"), std::string::npos) << r.text;
+  Reply typed = Http(s.ctl, "POST", "/v1/updates", Json{{"model", kModelName}, {"version", "v1"}, {"mode", 3}});
+  EXPECT_EQ(typed.status, 400) << typed.text;
+  EXPECT_NE(typed.text.find("mode"), std::string::npos) << typed.text;
   EXPECT_EQ(StateOf(s.ctl), "READY") << "nothing started";
+  EXPECT_EQ(Call(s.ctl, "GET", "/v1/status")["update_mode"], "strict") << "the default";
 }
 
 }  // namespace
