@@ -228,7 +228,9 @@ class Engine {
   // Refit install path: requires the engine paused (FailedPrecondition otherwise, nothing
   // touched). Moves the install generation to `generation` before fill writes anything, calls
   // fill for every rank, drops the prefix cache (KV computed under old weights is never
-  // reused), then sets the label. `generation` must exceed the current install generation.
+  // reused; requests live across the install are preempted to recompute, or keep their stale KV
+  // after Pause(kKeep, InFlightKv::kKeep), and each gets a version span boundary at its exact
+  // output length), then sets the label. `generation` must exceed the current install generation.
   // If the cache still cannot be dropped after every running request was preempted (blocks held
   // outside any request: a broken invariant) the install fails with Internal after the weights
   // were written and the label stays unchanged, so the caller sees a failure after mutation
