@@ -118,6 +118,24 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
     });
   }
 
+  // Every policy mode: the engine records each request's span boundary at its exact token index.
+  Status SupportsPolicyMode(lifecycle::PolicyMode) override { return OkStatus(); }
+
+  Pending<PauseEvidence> PauseForUpdate(lifecycle::PolicyMode mode) override {
+    return RunDetached<PauseEvidence>([s = s_, mode]() -> Result<PauseEvidence> {
+      using lifecycle::PolicyMode;
+      if (mode == PolicyMode::kStrict) return InvalidArgument("PauseForUpdate: strict updates drain (Pause)");
+      const engine::PauseMode pm = mode == PolicyMode::kAbort ? engine::PauseMode::kAbort : engine::PauseMode::kKeep;
+      const engine::InFlightKv kv = mode == PolicyMode::kKeep ? engine::InFlightKv::kKeep : engine::InFlightKv::kRecompute;
+      RC_RETURN_IF_ERROR(s->engine->Pause(pm, kv));
+      PauseEvidence e;
+      e.paused = s->engine->IsPaused();
+      e.running = s->engine->State().num_running;
+      e.detail = Json{{"mode", lifecycle::PolicyModeName(mode)}, {"inflight_kv", engine::InFlightKvName(kv)}};
+      return e;
+    });
+  }
+
   Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
     return RunDetached<AbortEvidence>([s = s_, ids]() -> Result<AbortEvidence> {
       // Rollout ids name completions; abort the engine requests each one runs as.

@@ -306,3 +306,65 @@ TEST_F(EmbeddedAdapterTest, AbortByRolloutIdStopsItsEngineRequests) {
 
 }  // namespace
 }  // namespace rc::adapters
+
+namespace rc::adapters {
+namespace {
+
+// Policy mode recompute through the in-process adapter: a rollout frozen mid-generation spans the
+// update; its spans put the boundary at the engine's token count at the freeze, and its tokens
+// after it equal a from-scratch (salted) prefill of prompt + prefix under v1.
+TEST_F(EmbeddedAdapterTest, RecomputeUpdateUnderARunningRolloutThroughTheInProcessAdapter) {
+  Step();
+  trainer::VersionStatus v1 = Step();
+  StartService();
+  engine::Engine* e = engine_->engine();
+  const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
+  constexpr int kTokens = 200;
+  const int64_t base = e->Metrics().generation_tokens;
+  std::promise<Result<Json>> reply;
+  std::thread client([&] {
+    reply.set_value(service_->Rollout(Json{{"prompt_token_ids", prompt}, {"max_tokens", kTokens},
+                                           {"temperature", 0.0}, {"ignore_eos", true}, {"rollout_id", "long"}}));
+  });
+  while (e->Metrics().generation_tokens - base < 4) std::this_thread::yield();
+  ASSERT_TRUE(e->Pause(engine::PauseMode::kKeep).ok());  // freeze it where it is
+  const int64_t k = e->Metrics().generation_tokens - base;
+  const bool held = e->State().num_running == 1;
+  if (!held) e->Resume();
+  std::string id;
+  if (held) {
+    auto requested = service_->RequestUpdate("m", "v1", lifecycle::PolicyMode::kRecompute);
+    ASSERT_TRUE(requested.ok()) << requested.status().ToString();
+    id = *requested;
+  }
+  auto out = reply.get_future().get();
+  client.join();
+  ASSERT_TRUE(held) << "the rollout finished before it could be frozen";
+  auto done = service_->WaitForUpdate(id, 60000);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ((*done)["engines"][0]["outcome"], "committed") << done->dump();
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const Json& spans = (*out)["version_spans"];
+  ASSERT_EQ(spans.size(), 2u) << spans.dump();
+  EXPECT_EQ(spans[0]["to_token"], k);
+  EXPECT_EQ(spans[1]["label"], "v1");
+  EXPECT_EQ(spans[1]["kv"], "recomputed");
+  EXPECT_EQ(spans[1]["content_digest"], Hex64(v1.content_digest));
+  const auto tokens = (*out)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(kTokens));
+  engine::GenerateRequest ref;
+  ref.prompt = prompt;
+  ref.prompt.insert(ref.prompt.end(), tokens.begin(), tokens.begin() + k);
+  ref.sampling.temperature = 0;
+  ref.sampling.max_tokens = kTokens - k;
+  ref.sampling.ignore_eos = true;
+  ref.cache_salt = "from-scratch";
+  auto stream = e->AddRequest(ref);
+  ASSERT_TRUE(stream.ok());
+  auto snap = (*stream)->Wait();
+  EXPECT_EQ(snap.cached_tokens, 0);
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin() + k, tokens.end()), snap.tokens);
+}
+
+}  // namespace
+}  // namespace rc::adapters

@@ -257,6 +257,30 @@ Pending<PauseEvidence> HttpEngineAdapter::Pause(PauseMode mode) {
   });
 }
 
+Status HttpEngineAdapter::SupportsPolicyMode(lifecycle::PolicyMode mode) {
+  if (mode == lifecycle::PolicyMode::kStrict) return OkStatus();
+  if (s_->IsVllm()) return s_->vllm->SupportsPolicyMode(mode);
+  return OkStatus();  // the embedded engine reports each request's version spans
+}
+
+Pending<PauseEvidence> HttpEngineAdapter::PauseForUpdate(lifecycle::PolicyMode mode) {
+  return RunDetached<PauseEvidence>([s = s_, mode]() -> Result<PauseEvidence> {
+    using lifecycle::PolicyMode;
+    if (s->IsVllm()) return s->vllm->PauseForUpdate(mode);
+    if (mode == PolicyMode::kStrict) return InvalidArgument("PauseForUpdate: strict updates drain (Pause)");
+    const std::string query = mode == PolicyMode::kAbort  ? "/pause?mode=abort"
+                              : mode == PolicyMode::kKeep ? "/pause?mode=keep&inflight_kv=keep"
+                                                          : "/pause?mode=keep&inflight_kv=recompute";
+    RC_ASSIGN_OR_RETURN(Json reply, s->DoJson("POST", query));
+    PauseEvidence e;
+    RC_ASSIGN_OR_RETURN(e.paused, s->IsPaused());
+    RC_ASSIGN_OR_RETURN(DrainStatus d, s->Drain());
+    e.running = d.running;
+    e.detail = Json{{"mode", lifecycle::PolicyModeName(mode)}, {"request", query}, {"reply", reply}};
+    return e;
+  });
+}
+
 Pending<AbortEvidence> HttpEngineAdapter::AbortRequests(const std::vector<std::string>& rollout_ids) {
   return RunDetached<AbortEvidence>([s = s_, rollout_ids]() -> Result<AbortEvidence> {
     RC_ASSIGN_OR_RETURN(Json j, s->DoJson("POST", "/abort_requests", Json{{"request_ids", rollout_ids}}.dump()));

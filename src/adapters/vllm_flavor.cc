@@ -444,6 +444,29 @@ Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
   return e;
 }
 
+Status VllmFlavor::SupportsPolicyMode(lifecycle::PolicyMode mode) const {
+  using lifecycle::PolicyMode;
+  if (mode == PolicyMode::kStrict || mode == PolicyMode::kAbort) return OkStatus();
+  const std::string why =
+      mode == PolicyMode::kRecompute
+          ? "vLLM 0.26 cannot re-prefill running requests under the new weights at a reported token index "
+            "(pause?mode=keep&clear_cache=true preempts them, but no per-request swap index comes back)"
+          : "vLLM 0.26 reports no per-request token index at which the weights changed under a keep pause "
+            "(/pause?mode=keep&clear_cache=false), so the version spans could not be exact";
+  return Unimplemented("mode '" + std::string(lifecycle::PolicyModeName(mode)) + "' is not available on vLLM at " +
+                       options_.base_url + ": " + why + "; use strict or abort");
+}
+
+Result<PauseEvidence> VllmFlavor::PauseForUpdate(lifecycle::PolicyMode mode) {
+  RC_RETURN_IF_ERROR(SupportsPolicyMode(mode));
+  if (mode != lifecycle::PolicyMode::kAbort) return InvalidArgument("PauseForUpdate: strict updates drain (Pause)");
+  // /pause?mode=abort finishes every request with finish_reason "abort"; their tokens all came
+  // from the old weights, which is what their single span says.
+  RC_ASSIGN_OR_RETURN(PauseEvidence e, Pause(PauseMode::kAbort));
+  e.detail["policy_mode"] = "abort";
+  return e;
+}
+
 Result<Json> VllmFlavor::StageWorkers(const UpdateTarget& target, int64_t* bytes) {
   if (options_.directory_url.empty()) {
     return InvalidArgument("staging on vLLM at " + options_.base_url + " needs the directory URL (--directory)");

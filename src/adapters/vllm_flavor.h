@@ -65,6 +65,14 @@ class VllmFlavor {
   // (see the rule at the definition).
   Result<lifecycle::DrainStatus> Drain();
   Result<lifecycle::PauseEvidence> Pause(lifecycle::PauseMode mode);
+  // Policy modes on vLLM 0.26 (docs/vllm.md, "Policy modes"): strict and abort map to
+  // /pause?mode=wait|abort (an aborted request's tokens were all generated before the pause, so
+  // its one span is exact). keep and recompute are refused: vLLM reports no per-request token
+  // index at which the weights changed (a keep pause with clear_cache=false would continue the
+  // requests on stale KV, clear_cache=true would recompute them, but neither says where the
+  // boundary is), so their spans could not be exact. Unimplemented naming the mode otherwise.
+  Status SupportsPolicyMode(lifecycle::PolicyMode mode) const;
+  Result<lifecycle::PauseEvidence> PauseForUpdate(lifecycle::PolicyMode mode);
   Result<lifecycle::StageEvidence> Stage(const lifecycle::UpdateTarget& target);
   Result<lifecycle::InstallEvidence> Install(const lifecycle::UpdateTarget& target, bool full);
   Result<lifecycle::CacheResetResult> ResetCache(lifecycle::CacheKind kind);

@@ -54,6 +54,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     bool auto_recover = false;
     double lease_timeout_s = 300;
     std::string pause_mode = "wait";
+    std::string update_mode = "strict";
+    int64_t max_staleness = -1;
     bool no_prefetch = false;
     std::string vllm_transfer = "rolloutcore";
     int vllm_reset_attempts = 5;
@@ -110,6 +112,21 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                    "How the engine pauses once drained: wait (in-flight requests finish; vLLM's /pause?mode=wait) | "
                    "abort | keep (frozen in place; an install is refused while any is frozen)")
       ->check(CLI::IsMember({"wait", "abort", "keep"}))
+      ->capture_default_str();
+  serve
+      ->add_option("--update-mode", o->update_mode,
+                   "Policy mode of updates that do not name one (POST /v1/updates \"mode\"): strict (drain: no "
+                   "rollout spans two versions) | keep (running rollouts continue on their old KV) | recompute "
+                   "(their tokens are re-prefilled under the new weights) | abort (they end, recorded "
+                   "aborted_at_update); docs/lifecycle.md, \"Policy modes\"")
+      ->check(CLI::IsMember({"strict", "keep", "recompute", "abort"}))
+      ->capture_default_str();
+  serve
+      ->add_option("--max-staleness", o->max_staleness,
+                   "keep/recompute updates: a rollout may live through at most K updates; the update that would "
+                   "make it more aborts it (its trajectory says aborted_at_update, reason max_staleness); -1: no "
+                   "limit")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40))
       ->capture_default_str();
   serve->add_flag("--no-prefetch", o->no_prefetch,
                   "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
@@ -215,6 +232,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                            : o->pause_mode == "keep" ? lifecycle::PauseMode::kKeep
                                                      : lifecycle::PauseMode::kWait;
     so.runner.prefetch = !o->no_prefetch;
+    so.default_mode = *lifecycle::PolicyModeFromName(o->update_mode, "--update-mode");
+    so.runner.max_staleness = o->max_staleness;
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;
     so.runner.deadlines.pause_ms = o->pause_ms;

@@ -127,7 +127,18 @@ class ControllerHttpServer::Impl {
       if (!body.ok()) return SendError(r, body.status());
       auto mv = model_version(*body);
       if (!mv.ok()) return SendError(r, mv.status());
-      auto id = svc_->RequestUpdate(mv->first, mv->second);
+      // Optional policy mode (docs/lifecycle.md); absent: the deployment's --update-mode.
+      std::optional<lifecycle::PolicyMode> mode;
+      if (body->contains("mode") && !(*body)["mode"].is_null()) {
+        if (!(*body)["mode"].is_string()) {
+          return SendError(r, InvalidArgument("mode: expected one of strict, keep, recompute, abort (a string), got " +
+                                              JsonTypeName((*body)["mode"]) + " " + (*body)["mode"].dump()));
+        }
+        auto m = lifecycle::PolicyModeFromName((*body)["mode"].get<std::string>(), "mode");
+        if (!m.ok()) return SendError(r, m.status());
+        mode = *m;
+      }
+      auto id = svc_->RequestUpdate(mv->first, mv->second, mode);
       if (!id.ok()) return SendError(r, id.status());
       SendJson(r, 202, Json{{"id", *id}});
     }));

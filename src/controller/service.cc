@@ -503,7 +503,7 @@ void ControllerService::FollowDirectory() {
     if (commits->empty()) continue;
     const auto& latest = commits->back();
     seq = latest.seq;
-    auto id = Enqueue(options_.model, latest.version, false);
+    auto id = Enqueue(options_.model, latest.version, false, std::nullopt, options_.default_mode);
     if (!id.ok()) RC_LOG_WARN("auto-update to {}: {}", latest.version, id.status().ToString());
   }
 }
@@ -511,9 +511,16 @@ void ControllerService::FollowDirectory() {
 // ---- Updates ----------------------------------------------------------------------------------
 
 Result<std::string> ControllerService::Enqueue(const std::string& model, const std::string& version, bool recovery,
-                                               std::optional<size_t> only) {
+                                               std::optional<size_t> only, lifecycle::PolicyMode mode) {
   if (versions_ == nullptr) return FailedPrecondition("controller has no directory (--directory) to resolve versions");
+  if (mode != lifecycle::PolicyMode::kStrict) {
+    for (const auto& slot : engines_) {
+      Status ok = slot->handle.adapter->SupportsPolicyMode(mode);
+      if (!ok.ok()) return FailedPrecondition("mode: engine " + slot->handle.name + ": " + ok.message());
+    }
+  }
   RC_ASSIGN_OR_RETURN(lifecycle::UpdateTarget target, versions_->Resolve(model, version));
+  target.mode = mode;
   std::lock_guard<std::mutex> lock(mu_);
   std::set<size_t> already_live;
   if (!recovery) {
@@ -639,8 +646,9 @@ Status ControllerService::RestoreOps() {
   return OkStatus();
 }
 
-Result<std::string> ControllerService::RequestUpdate(const std::string& model, const std::string& version) {
-  return Enqueue(model, version, false);
+Result<std::string> ControllerService::RequestUpdate(const std::string& model, const std::string& version,
+                                                     std::optional<lifecycle::PolicyMode> mode) {
+  return Enqueue(model, version, false, std::nullopt, mode.value_or(options_.default_mode));
 }
 
 Result<std::string> ControllerService::RequestRecovery(const std::string& model, const std::string& version) {
@@ -802,6 +810,11 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   auto [index, binding] = admitted;
   EngineSlot* slot = engines_[index].get();
   int64_t admitted_ms = WallTimeMs();
+  int64_t admitted_install_generation = -1;  // what was verified when it was admitted
+  {
+    std::lock_guard<std::mutex> lock(slot->id_mu);
+    if (slot->id.generation_settled) admitted_install_generation = slot->id.install_generation;
+  }
   auto result = slot->handle.complete(body);
 
   Trajectory t;
@@ -827,7 +840,24 @@ Result<Json> ControllerService::Rollout(const Json& request) {
     return result.status().WithContext("rollout " + rollout_id + " on " + slot->handle.name);
   }
   Json& resp = *result;
-  if (std::string mismatch = CompletionMismatch(slot, binding, resp); !mismatch.empty()) {
+  // Policy modes: what in-flight updates did to it, and its version spans (service_spans.cc).
+  const auto inflight = slot->controller->InFlight(rollout_id);
+  std::string span_why, inflight_why;
+  const Json first_choice = resp.contains("choices") && resp["choices"].is_array() && !resp["choices"].empty() &&
+                                    resp["choices"][0].is_object()
+                                ? resp["choices"][0]
+                                : Json::object();
+  t.version_spans = VersionSpans(slot, binding, first_choice,
+                                 static_cast<int64_t>(first_choice.value("token_ids", Json::array()).size()), &span_why);
+  const Json checked = inflight ? InFlightAdjusted(slot, resp, admitted_install_generation, &inflight_why) : resp;
+  std::string mismatch = CompletionMismatch(slot, binding, checked);
+  for (const std::string* w : {&span_why, &inflight_why}) {
+    if (!w->empty()) mismatch += (mismatch.empty() ? "" : "; ") + *w;
+  }
+  if (inflight && !inflight->aborted_at_update.is_null() && first_choice.value("finish_reason", "") == "abort") {
+    t.aborted_at_update = inflight->aborted_at_update;
+  }
+  if (!mismatch.empty()) {
     // Not what the binding names: the output is discarded, never stored or returned as bound;
     // the rollout is recorded failed with the reason and the engine is tainted.
     t.finish_reason = "identity_mismatch";
@@ -874,6 +904,11 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   if (t.prompt_token_ids.empty() && body["prompt"].is_array()) t.prompt_token_ids = IntArray(body["prompt"]);
   finish_detail["finish_reason"] = t.finish_reason;
   finish_detail["completion_tokens"] = t.output_token_ids.size();
+  if (t.version_spans.size() > 1 || !t.aborted_at_update.is_null()) {
+    // Journal: the spans of a rollout an update touched (tokens per version and kv state).
+    finish_detail["version_spans"] = t.version_spans;
+    if (!t.aborted_at_update.is_null()) finish_detail["aborted_at_update"] = t.aborted_at_update;
+  }
   // The trajectory row is written before the finish is journaled: a crash between the two then
   // leaves an admitted rollout without a finish record, which the restart records interrupted
   // (its row is kept). The other order would leave a rollout finished in the journal whose
@@ -891,6 +926,10 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   }
   RC_RETURN_IF_ERROR(slot->controller->Finish(rollout_id, finish_detail));
   rollouts_ok_.fetch_add(1);
+  CountSpanTokens(t.version_spans);
+  if (!t.aborted_at_update.is_null()) rollouts_aborted_at_update_.fetch_add(1);
+  resp["version_spans"] = t.version_spans;
+  resp["aborted_at_update"] = t.aborted_at_update;
   resp["binding"] = lifecycle::ToJson(binding);
   resp["binding"]["engine"] = slot->handle.name;
   return resp;
@@ -1073,6 +1112,8 @@ Json ControllerService::StatusJson() const {
               {"trajectories", trajectories_->path()},
               {"verify_interval_ms", options_.verify_interval_ms},
               {"auto_recover", options_.auto_recover},
+              {"update_mode", lifecycle::PolicyModeName(options_.default_mode)},
+              {"max_staleness", options_.runner.max_staleness},
               {"rollouts", {{"ok", rollouts_ok_.load()}, {"refused", rollouts_refused_.load()},
                             {"failed", rollouts_failed_.load()}, {"identity_mismatch", rollouts_mismatched_.load()}}}};
 }
@@ -1120,6 +1161,30 @@ std::string ControllerService::Metrics() const {
     m << "rolloutcore_updates_total{engine=\"" << slot->handle.name << "\",outcome=\"tainted\"} " << c.updates_tainted
       << "\n";
   }
+  m << "# HELP rolloutcore_updates_by_mode_total Committed updates by policy mode.\n"
+    << "# TYPE rolloutcore_updates_by_mode_total counter\n";
+  for (const auto& slot : engines_) {
+    auto c = slot->controller->counters();
+    for (lifecycle::PolicyMode mode : lifecycle::kAllPolicyModes) {
+      const std::string name(lifecycle::PolicyModeName(mode));
+      auto it = c.updates_by_mode.find(name);
+      m << "rolloutcore_updates_by_mode_total{engine=\"" << slot->handle.name << "\",mode=\"" << name << "\"} "
+        << (it == c.updates_by_mode.end() ? 0 : it->second) << "\n";
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m << "# HELP rolloutcore_rollout_tokens_by_kv_total Output tokens of proxied rollouts by the KV state of their "
+         "version span (fresh | stale | recomputed).\n# TYPE rolloutcore_rollout_tokens_by_kv_total counter\n";
+    for (const char* kv : {"fresh", "stale", "recomputed"}) {
+      auto it = tokens_by_kv_.find(kv);
+      m << "rolloutcore_rollout_tokens_by_kv_total{kv=\"" << kv << "\"} "
+        << (it == tokens_by_kv_.end() ? 0 : it->second) << "\n";
+    }
+  }
+  m << "# HELP rolloutcore_rollouts_aborted_at_update_total Proxied rollouts an in-flight update ended (abort "
+       "mode, max staleness).\n# TYPE rolloutcore_rollouts_aborted_at_update_total counter\n"
+    << "rolloutcore_rollouts_aborted_at_update_total " << rollouts_aborted_at_update_.load() << "\n";
   m << "# HELP rolloutcore_phase_ms_total Milliseconds spent in each lifecycle phase during updates.\n"
     << "# TYPE rolloutcore_phase_ms_total counter\n";
   for (const auto& slot : engines_) {

@@ -51,7 +51,9 @@ Json ToJson(const Trajectory& t) {
               {"admitted_ms", t.admitted_ms},
               {"finished_ms", t.finished_ms},
               {"engine_weight_version", t.engine_weight_version},
-              {"extra", t.extra}};
+              {"extra", t.extra},
+              {"version_spans", t.version_spans},
+              {"aborted_at_update", t.aborted_at_update}};
 }
 
 Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string& path, bool must_exist) {
@@ -204,6 +206,8 @@ Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, 
     t.finished_ms = j->value("finished_ms", int64_t{0});
     t.engine_weight_version = j->value("engine_weight_version", "");
     t.extra = j->value("extra", Json::object());
+    t.version_spans = j->value("version_spans", Json::array());
+    t.aborted_at_update = j->contains("aborted_at_update") ? (*j)["aborted_at_update"] : Json();
     out.push_back(std::move(t));
   }
   if (rc != SQLITE_DONE) {

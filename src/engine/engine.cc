@@ -66,6 +66,8 @@ struct Engine::Sequence {
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks computed so far
   int64_t num_computed = 0;            // positions with KV in `blocks`
   bool counted_prefix = false;         // prefix-cache metrics taken at first admission
+  bool kv_stale = false;               // its KV was computed under older weights (kept across a swap)
+  std::vector<VersionSpan> spans;      // the last one is open
   std::shared_ptr<RequestStream> stream;
   // Per-step scratch.
   int64_t step_tokens = 0;
@@ -209,6 +211,7 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
     seq->rng = SamplerRng(seq->params.seed ? *seq->params.seed : seed_rng_.Next());
     stream->weight_version_ = weight_version_;
     stream->install_generation_ = generation_;
+    seq->spans.push_back(VersionSpan{0, 0, weight_version_, generation_, SpanKv::kFresh});
     stream->request_id_ = seq->request_id;
     waiting_.push_back(std::move(seq));
     notified_ = true;
@@ -224,6 +227,8 @@ void Engine::PublishLocked(Sequence* seq) {
   d.logprobs.insert(d.logprobs.end(), seq->out_logprobs.begin(), seq->out_logprobs.end());
   for (auto& t : seq->out_top) d.top_logprobs.push_back(std::move(t));
   d.cached_tokens = seq->cached_tokens;
+  d.spans = seq->spans;
+  if (!d.spans.empty()) d.spans.back().to_token = static_cast<int64_t>(seq->output_len());
   seq->out_tokens.clear();
   seq->out_logprobs.clear();
   seq->out_top.clear();
@@ -244,6 +249,11 @@ void Engine::FinishLocked(Sequence* seq, FinishReason reason) {
 }
 
 void Engine::PreemptLocked(Sequence* seq) {
+  if (seq->kv_stale) {
+    // It re-prefills under the live weights: from here on its KV is recomputed, not stale.
+    seq->kv_stale = false;
+    OpenSpanLocked(seq, SpanKv::kRecomputed);
+  }
   kv_->Release(seq->blocks);
   seq->blocks.clear();
   seq->block_hashes.clear();
@@ -414,7 +424,7 @@ bool Engine::Step() {
     }
     s->num_computed += s->step_tokens;
     s->step_tokens = 0;
-    if (kv_->prefix_caching()) {
+    if (kv_->prefix_caching() && !s->kv_stale) {
       const int64_t bs = options_.block_size;
       const size_t first = s->block_hashes.size();
       const int64_t full = s->num_computed / bs;
@@ -436,6 +446,7 @@ bool Engine::Step() {
       s->out_top.push_back(std::move(r.top_logprobs));
     }
     metrics_.generation_tokens++;
+    metrics_.generation_tokens_by_kv[std::string(SpanKvName(s->spans.back().kv))]++;
     FinishReason reason = FinishReason::kNone;
     const bool is_eos = std::find(eos.begin(), eos.end(), r.token) != eos.end();
     const auto& stops = s->params.stop_token_ids;
@@ -465,7 +476,13 @@ bool Engine::Step() {
   return true;
 }
 
-Status Engine::Pause(PauseMode mode) {
+Status Engine::Pause(PauseMode mode) { return Pause(mode, InFlightKv::kRecompute); }
+
+Status Engine::Pause(PauseMode mode, InFlightKv kv) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    pause_kv_ = kv;
+  }
   if (mode == PauseMode::kWait) {
     std::unique_lock<std::mutex> l(mu_);
     if (!paused_) {
@@ -482,9 +499,19 @@ Status Engine::Pause(PauseMode mode) {
   std::lock_guard<std::mutex> sl(step_mu_);
   if (mode == PauseMode::kAbort) {
     std::lock_guard<std::mutex> l(mu_);
-    for (auto& s : running_) FinishLocked(s.get(), FinishReason::kAbort);
+    auto by_pause = [](Sequence* s) {
+      std::lock_guard<std::mutex> sl2(s->stream->mu_);
+      s->stream->data_.aborted_by_pause = true;
+    };
+    for (auto& s : running_) {
+      by_pause(s.get());
+      FinishLocked(s.get(), FinishReason::kAbort);
+    }
     running_.clear();
-    for (auto& s : waiting_) FinishLocked(s.get(), FinishReason::kAbort);
+    for (auto& s : waiting_) {
+      by_pause(s.get());
+      FinishLocked(s.get(), FinishReason::kAbort);
+    }
     waiting_.clear();
     drain_cv_.notify_all();
   }
@@ -496,6 +523,7 @@ void Engine::Resume() {
     std::lock_guard<std::mutex> l(mu_);
     paused_ = false;
     draining_ = false;
+    pause_kv_ = InFlightKv::kRecompute;
     notified_ = true;
   }
   work_cv_.notify_all();
@@ -509,6 +537,13 @@ bool Engine::IsPaused() const {
 KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
   std::lock_guard<std::mutex> sl(step_mu_);
   std::lock_guard<std::mutex> l(mu_);
+  if (reset_running_requests && paused_ && pause_kv_ == InFlightKv::kKeep) {
+    // Paused to keep in-flight KV across an install: the frozen requests keep their blocks, and
+    // no hash survives, so nothing that exists now can be hit by a lookup.
+    KvResetEvidence ev = kv_->ForgetAllHashes();
+    metrics_.cache_resets++;
+    return ev;
+  }
   if (reset_running_requests) {
     // Preempt (not abort): they recompute from scratch, under whatever weights are live then.
     while (!running_.empty()) {
@@ -582,20 +617,11 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
     generation_ = generation;
     return OkStatus();
   }
-  // Stale KV must never be reused: drop every cached hash. Blocks held by frozen (keep-mode)
-  // requests are not registered any more either.
-  KvResetEvidence ev = kv_->ResetPrefixCache();
-  if (!ev.success) {
-    // Blocks still in use (keep-mode requests): preempt them so nothing old is reused.
-    while (!running_.empty()) {
-      std::unique_ptr<Sequence> s = std::move(running_.back());
-      running_.pop_back();
-      PreemptLocked(s.get());
-      waiting_.push_front(std::move(s));
-    }
-    ev = kv_->ResetPrefixCache();
-  }
-  if (!ev.success) {
+  // Stale KV must never be reused: drop every cached hash. Requests frozen across the install
+  // either re-prefill under the new weights (recompute, the default) or keep their own KV, which
+  // is never registered again (keep); each gets a version span boundary at its exact output index.
+  KvResetEvidence ev;
+  if (!SwapInFlightLocked(pause_kv_, label, generation, &ev)) {
     // Only possible when blocks are referenced outside any request. The weights are written, but
     // KV computed under the old ones could still be reused: fail (after mutation), keep the old
     // label, and count the refusal — never a reset that did not happen.
@@ -609,6 +635,69 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
   weight_version_ = label;
   generation_ = generation;
   return OkStatus();
+}
+
+// ---- Policy modes: in-flight requests across a weight swap (docs/lifecycle.md) ------------------
+
+std::string_view InFlightKvName(InFlightKv kv) { return kv == InFlightKv::kKeep ? "keep" : "recompute"; }
+
+Result<InFlightKv> InFlightKvFromName(std::string_view name) {
+  if (name == "recompute") return InFlightKv::kRecompute;
+  if (name == "keep") return InFlightKv::kKeep;
+  return InvalidArgument("inflight_kv: expected one of keep, recompute; got '" + std::string(name) + "'");
+}
+
+std::string_view SpanKvName(SpanKv kv) {
+  switch (kv) {
+    case SpanKv::kFresh: return "fresh";
+    case SpanKv::kStale: return "stale";
+    case SpanKv::kRecomputed: return "recomputed";
+  }
+  return "";
+}
+
+void Engine::OpenSpanLocked(Sequence* seq, SpanKv kv) { OpenSpanAtLocked(seq, kv, weight_version_, generation_); }
+
+void Engine::OpenSpanAtLocked(Sequence* seq, SpanKv kv, const std::string& label, int64_t generation) {
+  const auto at = static_cast<int64_t>(seq->output_len());
+  if (!seq->spans.empty() && seq->spans.back().from_token == at) seq->spans.pop_back();  // it held no token
+  if (!seq->spans.empty()) seq->spans.back().to_token = at;
+  seq->spans.push_back(VersionSpan{at, at, label, generation, kv});
+}
+
+bool Engine::SwapInFlightLocked(InFlightKv kv, const std::string& label, int64_t generation, KvResetEvidence* ev) {
+  // Waiting requests hold no KV: whatever they generated so far is re-prefilled under the new
+  // weights when they are admitted again.
+  for (auto& s : waiting_) {
+    const bool had_output = s->output_len() > 0;
+    s->kv_stale = false;
+    OpenSpanAtLocked(s.get(), had_output ? SpanKv::kRecomputed : SpanKv::kFresh, label, generation);
+  }
+  if (kv == InFlightKv::kKeep) {
+    for (auto& s : running_) {
+      s->kv_stale = s->num_computed > 0;
+      OpenSpanAtLocked(s.get(), s->kv_stale ? SpanKv::kStale : SpanKv::kFresh, label, generation);
+      if (s->kv_stale) metrics_.inflight_kept++;
+    }
+    // Their blocks stay theirs, but no hash survives: no new request can hit KV computed under
+    // the old weights, and the kept requests never register their (stale) blocks again.
+    *ev = kv_->ForgetAllHashes();
+    return ev->success;
+  }
+  // Recompute: every running request goes back to the front of the queue, in its order, with
+  // no KV; its next admission prefills prompt + generated tokens under the new weights.
+  while (!running_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(running_.back());
+    running_.pop_back();
+    s->kv_stale = false;
+    const bool had_kv = s->num_computed > 0 || s->output_len() > 0;
+    OpenSpanAtLocked(s.get(), had_kv ? SpanKv::kRecomputed : SpanKv::kFresh, label, generation);
+    PreemptLocked(s.get());
+    metrics_.inflight_recomputed++;
+    waiting_.push_front(std::move(s));
+  }
+  *ev = kv_->ResetPrefixCache();
+  return ev->success;
 }
 
 }  // namespace rc::engine

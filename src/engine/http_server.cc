@@ -108,6 +108,15 @@ Result<std::optional<bool>> BoolParam(const httplib::Request& req, const std::st
 
 }  // namespace
 
+Json VersionSpansJson(const std::vector<VersionSpan>& spans) {
+  Json out = Json::array();
+  for (const VersionSpan& v : spans) {
+    out.push_back(Json{{"from_token", v.from_token}, {"to_token", v.to_token}, {"label", v.label},
+                       {"install_generation", v.install_generation}, {"kv", SpanKvName(v.kv)}});
+  }
+  return out;
+}
+
 GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std::string& id, size_t prompt,
                                           int64_t k) {
   GenerateRequest g;
@@ -307,6 +316,8 @@ Json CompletionChoiceJson(const ByteTokenizer& tokenizer_, const RequestStream& 
   }
   c["weight_version"] = stream.weight_version();
   c["install_generation"] = stream.install_generation();
+  c["version_spans"] = VersionSpansJson(snap.spans);
+  if (snap.aborted_by_pause) c["aborted_by_pause"] = true;
   return c;
 }
 
@@ -430,6 +441,18 @@ std::string EngineServer::Impl::Metrics() const {
   metric("rolloutcore_cache_resets_refused_total", "counter", "Prefix cache resets refused (blocks in use).",
          m.cache_resets_refused, label);
   metric("rolloutcore_engine_steps_total", "counter", "Engine steps run.", m.steps, label);
+  o << "# HELP rolloutcore_generation_tokens_by_kv_total Generated tokens by the KV state they attended to.\n"
+       "# TYPE rolloutcore_generation_tokens_by_kv_total counter\n";
+  for (const char* kv : {"fresh", "stale", "recomputed"}) {
+    auto it = m.generation_tokens_by_kv.find(kv);
+    o << "rolloutcore_generation_tokens_by_kv_total{model_name=\"" << options_.model_name << "\",kv=\"" << kv
+      << "\"} " << (it == m.generation_tokens_by_kv.end() ? 0 : it->second) << "\n";
+  }
+  metric("rolloutcore_inflight_kept_total", "counter",
+         "Running requests kept on their (stale) KV across a weight install.", m.inflight_kept, label);
+  metric("rolloutcore_inflight_recomputed_total", "counter",
+         "Running requests preempted at a weight install to re-prefill under the new weights.",
+         m.inflight_recomputed, label);
   metric("rolloutcore_kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", s.blocks_in_use, label);
   metric("rolloutcore_weight_installs_total", "counter",
          "Installs into the live weights begun since the engine started (its install generation).",
@@ -471,10 +494,14 @@ void EngineServer::Impl::Routes() {
     if (!q.has_param("mode") && wait->has_value()) mode = **wait ? "wait" : "abort";
     auto m = PauseModeFromName(mode);
     if (!m.ok()) return SendError(r, 400, m.status().message());
-    Status st = engine_->Pause(*m);
+    // rolloutcore extension: what an install before the next resume does with frozen requests'
+    // KV (keep it, stale; or recompute it under the new weights, the default).
+    auto kv = InFlightKvFromName(q.has_param("inflight_kv") ? q.get_param_value("inflight_kv") : "recompute");
+    if (!kv.ok()) return SendError(r, 400, kv.status().message());
+    Status st = engine_->Pause(*m, *kv);
     if (!st.ok()) return SendError(r, HttpStatus(st), st.message());
     Delay(faults_.pause_delay_ms);
-    Json out = {{"status", "paused"}, {"mode", mode}};
+    Json out = {{"status", "paused"}, {"mode", mode}, {"inflight_kv", InFlightKvName(*kv)}};
     if (clear->value_or(false)) {
       KvResetEvidence ev = engine_->ResetPrefixCache(false);
       out["cache_reset"] = {{"success", ev.success}, {"freed_blocks", ev.freed_blocks},

@@ -153,4 +153,21 @@ KvResetEvidence KvCacheManager::ResetPrefixCache() {
   return ev;
 }
 
+KvResetEvidence KvCacheManager::ForgetAllHashes() {
+  KvResetEvidence ev;
+  ev.blocks_in_use = in_use_;
+  ev.freed_blocks = static_cast<int64_t>(by_hash_.size());
+  for (auto& [hash, id] : by_hash_) {
+    Block& b = blocks_[static_cast<size_t>(id)];
+    b.hashed = false;
+    b.hash = 0;
+    if (b.ref == 0) free_.push_back(id);
+  }
+  evictable_.clear();
+  by_hash_.clear();
+  std::sort(free_.begin(), free_.end(), std::greater<int32_t>());
+  ev.success = true;
+  return ev;
+}
+
 }  // namespace rc::engine

@@ -40,7 +40,12 @@ Json ToJson(const Counters& c) {
          {"updates_committed", c.updates_committed},
          {"updates_rejected", c.updates_rejected},
          {"updates_tainted", c.updates_tainted},
-         {"recoveries", c.recoveries}};
+         {"recoveries", c.recoveries},
+         {"inflight_spans", c.inflight_spans},
+         {"aborted_at_update", c.aborted_at_update}};
+  Json by_mode = Json::object();
+  for (const auto& [k, v] : c.updates_by_mode) by_mode[k] = v;
+  j["updates_by_mode"] = by_mode;
   Json phases = Json::object();
   for (const auto& [k, v] : c.phase_ms_total) {
     phases[k] = Json{{"total_ms", v}, {"count", c.phase_count.at(k)}};
@@ -159,11 +164,13 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
   }
   if (ev == "finish") {
     active_.erase(r.rollout);
+    inflight_.erase(r.rollout);
     ++counters_.finishes;
     return;
   }
   if (ev == "aborted_by_drain") {
     active_.erase(r.rollout);
+    inflight_.erase(r.rollout);
     aborted_.insert(r.rollout);
     ++counters_.aborted_by_drain;
     return;
@@ -177,6 +184,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
   }
   if (ev == "interrupted") {
     active_.erase(r.rollout);
+    inflight_.erase(r.rollout);
     interrupted_.insert(r.rollout);
     ++counters_.interrupted;
     return;
@@ -231,6 +239,23 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
     }
   };
 
+  if (ev == "drain_complete" && r.detail.contains("in_flight") && pending_) {
+    // An in-flight quiesce (QuiesceInFlight): the rollouts that live through this update, and
+    // those it ends.
+    for (const auto& id : r.detail["in_flight"]) {
+      if (!id.is_string() || !active_.count(id.get<std::string>())) continue;
+      inflight_[id.get<std::string>()].spanned.push_back(pending_->ordinal);
+      ++counters_.inflight_spans;
+    }
+    for (const auto& a : r.detail.value("abort", Json::array())) {
+      const std::string id = a.value("rollout", "");
+      if (!active_.count(id)) continue;
+      Json why = a;
+      why.erase("rollout");
+      inflight_[id].aborted_at_update = why;
+      ++counters_.aborted_at_update;
+    }
+  }
   if (ev == "initialize") {
     read_version();
   } else if (ev == "request_update" || ev == "begin_recovery") {
@@ -248,6 +273,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
       updates_[t->ordinal] = u;
     }
   } else if (ev == "resumed" || ev == "recovered") {
+    if (ev == "resumed" && pending_) ++counters_.updates_by_mode[std::string(PolicyModeName(pending_->mode))];
     read_version();
     if (ev == "recovered") ++counters_.recoveries;
     close(UpdateOutcome::kCommitted, "");
@@ -456,10 +482,67 @@ Status Controller::DrainComplete(const DrainStatus& engine) {
                                              {"active_bindings", 0}}}});
 }
 
+Result<std::vector<std::string>> Controller::QuiesceInFlight(const DrainStatus& engine, int64_t max_staleness) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
+  if (!pending_ || pending_->mode == PolicyMode::kStrict) {
+    return FailedPrecondition("quiesce in flight: update " + std::to_string(pending_ ? pending_->ordinal : 0) +
+                              " is strict: it must drain");
+  }
+  const PolicyMode mode = pending_->mode;
+  Json in_flight = Json::array(), abort = Json::array();
+  std::vector<std::string> ends;
+  for (const auto& [id, b] : active_) {
+    auto it = inflight_.find(id);
+    const int64_t spanned = it == inflight_.end() ? 0 : static_cast<int64_t>(it->second.spanned.size());
+    if (it != inflight_.end() && !it->second.aborted_at_update.is_null()) continue;  // ended already
+    Json why{{"rollout", id}, {"update", pending_->ordinal}, {"target", pending_->label}};
+    if (mode == PolicyMode::kAbort) {
+      why["reason"] = "mode_abort";
+    } else if (max_staleness >= 0 && spanned + 1 > max_staleness) {
+      why["reason"] = "max_staleness";
+      why["max_staleness"] = max_staleness;
+      why["updates_spanned"] = spanned;
+    } else {
+      in_flight.push_back(id);
+      continue;
+    }
+    abort.push_back(why);
+    ends.push_back(id);
+  }
+  RC_RETURN_IF_ERROR(TransitionLocked(Event::kDrainComplete,
+                                      Json{{"evidence", {{"engine_running", engine.running},
+                                                         {"engine_waiting", engine.waiting},
+                                                         {"active_bindings", active_.size()},
+                                                         {"mode", PolicyModeName(mode)}}},
+                                           {"in_flight", in_flight},
+                                           {"abort", abort},
+                                           {"max_staleness", max_staleness}}));
+  return ends;
+}
+
+std::optional<InFlightRecord> Controller::InFlight(const std::string& rollout_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = inflight_.find(rollout_id);
+  if (it == inflight_.end()) return std::nullopt;
+  return it->second;
+}
+
 Status Controller::BeginInstall(const PauseEvidence& pause) {
   std::lock_guard<std::mutex> lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginInstall));
   if (!pause.paused) return FailedPrecondition("install refused: the engine does not report itself paused");
+  if (pending_ && pending_->mode != PolicyMode::kStrict) {
+    // In flight: keep/recompute install under frozen requests; abort mode ended them all.
+    if (pending_->mode == PolicyMode::kAbort && pause.running != 0) {
+      return FailedPrecondition("install refused: abort mode, but the paused engine still reports " +
+                                std::to_string(pause.running) + " running requests");
+    }
+    Json ev{{"paused", pause.paused}, {"running", pause.running}, {"mode", PolicyModeName(pending_->mode)},
+            {"active_bindings", active_.size()}};
+    if (!pause.detail.is_null()) ev["detail"] = pause.detail;
+    return TransitionLocked(Event::kBeginInstall, Json{{"evidence", ev}});
+  }
   if (pause.running != 0) {
     return FailedPrecondition("install refused: the paused engine still reports " + std::to_string(pause.running) +
                               " running requests");

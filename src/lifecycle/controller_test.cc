@@ -279,3 +279,103 @@ TEST(SqliteJournalTest, SurvivesReopenAndRestoresController) {
 
 }  // namespace
 }  // namespace rc::lifecycle
+
+namespace rc::lifecycle {
+namespace {
+
+UpdateTarget InFlightTarget(const std::string& label, PolicyMode mode) {
+  UpdateTarget t = Target(label, "d-" + label);
+  t.mode = mode;
+  return t;
+}
+
+// Drives QUIESCED → READY for the update in progress (an in-flight one: frozen requests running).
+void CommitInFlight(Controller* c, const std::string& label, int64_t running) {
+  ASSERT_TRUE(c->BeginInstall({true, running}).ok());
+  ASSERT_TRUE(c->InstallComplete({label, 100, Json::object()}).ok());
+  ASSERT_TRUE(c->CachesReset({{CacheKind::kPrefix, true, 1, running, true}}, {CacheKind::kPrefix}).ok());
+  ASSERT_TRUE(c->Validated({label}, DigestEvidence{"d-" + label}, true).ok());
+  ASSERT_TRUE(c->Resumed({false}).ok());
+}
+
+TEST_F(ControllerTest, InFlightUpdateKeepsRolloutsRecordsWhatTheySpannedAndEnforcesMaxStaleness) {
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  // A strict update still drains: it cannot quiesce in flight, and DrainComplete refuses.
+  ASSERT_TRUE(c_->RequestUpdate(Target("rc-1", "d1")).ok());
+  EXPECT_EQ(c_->QuiesceInFlight({1, 0}, -1).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(c_->DrainComplete({0, 0}).ok());
+  ASSERT_TRUE(c_->RejectBeforeMutation("test", false).ok());
+
+  ASSERT_TRUE(c_->RequestUpdate(InFlightTarget("v1", PolicyMode::kKeep)).ok());
+  auto ends = c_->QuiesceInFlight({1, 0}, /*max_staleness=*/1);
+  ASSERT_TRUE(ends.ok()) << ends.status().ToString();
+  EXPECT_TRUE(ends->empty());
+  EXPECT_EQ(c_->state(), State::kQuiesced);
+  ASSERT_TRUE(c_->InFlight("r1"));
+  EXPECT_EQ(c_->InFlight("r1")->spanned, std::vector<int64_t>{2});
+  EXPECT_TRUE(c_->InFlight("r1")->aborted_at_update.is_null());
+  CommitInFlight(c_.get(), "v1", 1);
+  EXPECT_EQ(c_->version(), (WeightVersion{"v1", 1}));
+  EXPECT_EQ(c_->counters().updates_by_mode.at("keep"), 1);
+  EXPECT_EQ(c_->active_count(), 1) << "the rollout lives on across the update";
+
+  // A second one would make r1 span two updates: with max staleness 1 this update ends it.
+  ASSERT_TRUE(c_->Admit("r2").ok());
+  ASSERT_TRUE(c_->RequestUpdate(InFlightTarget("v2", PolicyMode::kRecompute)).ok());
+  ends = c_->QuiesceInFlight({2, 0}, 1);
+  ASSERT_TRUE(ends.ok());
+  EXPECT_EQ(*ends, std::vector<std::string>{"r1"});
+  const Json why = c_->InFlight("r1")->aborted_at_update;
+  EXPECT_EQ(why["reason"], "max_staleness");
+  EXPECT_EQ(why["target"], "v2");
+  EXPECT_EQ(why["update"], 3);
+  EXPECT_EQ(c_->InFlight("r2")->spanned, std::vector<int64_t>{3});
+  EXPECT_EQ(c_->counters().aborted_at_update, 1);
+
+  // The journal alone rebuilds the same records.
+  {
+    MemoryJournal copy;
+    auto records = journal_.ReadAll();
+    ASSERT_TRUE(records.ok());
+    for (const auto& r : *records) {
+      JournalRecord c = r;
+      ASSERT_TRUE(copy.Append(c).ok());
+    }
+    auto again = Controller::Open(&clock_, &copy);
+    ASSERT_TRUE(again.ok());
+    // (A restart mid-update records the active rollouts interrupted; the counters replay.)
+    EXPECT_EQ((*again)->counters().inflight_spans, 2);
+    EXPECT_EQ((*again)->counters().aborted_at_update, 1);
+    EXPECT_EQ((*again)->counters().updates_by_mode.at("keep"), 1);
+  }
+  ASSERT_TRUE(c_->Finish("r1").ok());
+  EXPECT_FALSE(c_->InFlight("r1")) << "a finished rollout's record goes with it";
+}
+
+TEST_F(ControllerTest, AbortModeInstallNeedsTheEngineIdle) {
+  ASSERT_TRUE(c_->Admit("r1").ok());
+  ASSERT_TRUE(c_->RequestUpdate(InFlightTarget("v1", PolicyMode::kAbort)).ok());
+  auto ends = c_->QuiesceInFlight({1, 0}, -1);
+  ASSERT_TRUE(ends.ok());
+  EXPECT_EQ(*ends, std::vector<std::string>{"r1"});
+  EXPECT_EQ(c_->InFlight("r1")->aborted_at_update["reason"], "mode_abort");
+  EXPECT_EQ(c_->BeginInstall({true, 1}).code(), StatusCode::kFailedPrecondition) << "abort mode: nothing may run";
+  EXPECT_TRUE(c_->BeginInstall({true, 0}).ok()) << "the binding may still be finishing on its proxy thread";
+}
+
+TEST(PolicyModeTest, NamesRoundTripAndStrictTargetsJournalAsBefore) {
+  for (PolicyMode m : kAllPolicyModes) EXPECT_EQ(*PolicyModeFromName(PolicyModeName(m)), m);
+  auto bad = PolicyModeFromName("lazy");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'lazy'"), std::string::npos);
+  UpdateTarget t = Target("v1", "d1");
+  EXPECT_FALSE(ToJson(t).contains("mode")) << "strict records are unchanged";
+  t.mode = PolicyMode::kRecompute;
+  auto back = UpdateTargetFromJson(ToJson(t), "target");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->mode, PolicyMode::kRecompute);
+}
+
+}  // namespace
+}  // namespace rc::lifecycle

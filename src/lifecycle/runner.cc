@@ -19,6 +19,11 @@ void Runner::Note(const std::string& text) {
 Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
   if (busy()) return FailedPrecondition("update " + std::to_string(target_.ordinal) + " is still in progress");
   RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
+  if (target.mode != PolicyMode::kStrict) {
+    // Refused before anything changes: the engine cannot give this mode exact spans.
+    Status supported = adapter_->SupportsPolicyMode(target.mode);
+    if (!supported.ok()) return FailedPrecondition(supported.message());
+  }
   RC_ASSIGN_OR_RETURN(target_, controller_->RequestUpdate(std::move(target)));
   notes_.clear();
   phase_ = Phase::kDraining;
@@ -108,6 +113,7 @@ bool Runner::Poll() {
     switch (phase_) {
       case Phase::kIdle: return false;
       case Phase::kDraining: StepDraining(); break;
+      case Phase::kInFlightAborting: StepAbortingInFlight(); break;
       case Phase::kPausing: StepPausing(false); break;
       case Phase::kInstalling: StepInstalling(false); break;
       case Phase::kResetting: StepResetting(false); break;
@@ -151,6 +157,8 @@ void Runner::StepDraining() {
                              false);
     }
   }
+
+  if (target_.mode != PolicyMode::kStrict) return StepQuiescingInFlight(now);
 
   if (abort_call_.active()) {
     if (abort_call_.pending->Ready()) {
@@ -212,6 +220,56 @@ void Runner::StepDraining() {
   if (!drain_call_.active() && now >= next_drain_poll_ms_ && controller_->active_count() == 0) {
     drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);
   }
+}
+
+// ---- In-flight modes -----------------------------------------------------------------------
+
+void Runner::StepQuiescingInFlight(int64_t now) {
+  if (!stage_done_) return;
+  if (!drain_call_.active()) {
+    drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);
+    return;
+  }
+  if (!drain_call_.pending->Ready()) {
+    if (now > drain_call_.deadline_ms) {
+      drain_call_.Clear();
+      return RejectAndResume("drain status overran its " + std::to_string(options_.deadlines.poll_ms) + " ms deadline",
+                             false);
+    }
+    return;
+  }
+  auto r = drain_call_.pending->Get();
+  drain_call_.Clear();
+  if (!r.ok()) return RejectAndResume("drain status failed: " + r.status().ToString(), false);
+  auto ends = controller_->QuiesceInFlight(*r, options_.max_staleness);
+  if (!ends.ok()) return RejectAndResume(ends.status().message(), false);
+  if (!ends->empty() && target_.mode != PolicyMode::kAbort) {
+    abort_ids_ = *ends;
+    Note("update " + std::to_string(target_.ordinal) + " ends " + std::to_string(abort_ids_.size()) +
+         " rollouts that would exceed max staleness " + std::to_string(options_.max_staleness));
+    phase_ = Phase::kInFlightAborting;
+    abort_call_.Start(adapter_->AbortRequests(abort_ids_), now + options_.deadlines.poll_ms);
+    return;
+  }
+  phase_ = Phase::kPausing;
+  pause_call_.Start(adapter_->PauseForUpdate(target_.mode), now + options_.deadlines.pause_ms);
+}
+
+void Runner::StepAbortingInFlight() {
+  if (!abort_call_.active()) return;
+  const int64_t now = Now();
+  if (!abort_call_.pending->Ready()) {
+    if (now > abort_call_.deadline_ms) {
+      abort_call_.Clear();
+      return RejectAndResume("aborting rollouts past max staleness overran its deadline", false);
+    }
+    return;
+  }
+  auto r = abort_call_.pending->Get();
+  abort_call_.Clear();
+  if (!r.ok()) return RejectAndResume("aborting rollouts past max staleness failed: " + r.status().ToString(), false);
+  phase_ = Phase::kPausing;
+  pause_call_.Start(adapter_->PauseForUpdate(target_.mode), now + options_.deadlines.pause_ms);
 }
 
 // ---- Pause ---------------------------------------------------------------------------------

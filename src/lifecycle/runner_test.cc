@@ -205,3 +205,29 @@ TEST_F(RunnerTest, SecondUpdateWhileBusyIsRefused) {
 
 }  // namespace
 }  // namespace rc::lifecycle
+
+namespace rc::lifecycle {
+namespace {
+
+// An engine that cannot give a mode exact spans (the default SupportsPolicyMode) is refused
+// before anything changes: no DRAINING, no journal record, READY on the old version.
+TEST_F(RunnerTest, ModeTheEngineCannotDoIsRefusedBeforeAnythingChanges) {
+  Build({});
+  const size_t records = journal_.size();
+  for (PolicyMode m : {PolicyMode::kKeep, PolicyMode::kRecompute, PolicyMode::kAbort}) {
+    UpdateTarget t = Target();
+    t.mode = m;
+    auto started = runner_->StartUpdate(t);
+    ASSERT_FALSE(started.ok()) << PolicyModeName(m);
+    EXPECT_EQ(started.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(started.status().message().find(std::string(PolicyModeName(m))), std::string::npos);
+  }
+  EXPECT_EQ(journal_.size(), records);
+  EXPECT_EQ(c_->state(), State::kReady);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok()) << "strict still runs";
+  Run();
+  EXPECT_EQ(c_->version(), (WeightVersion{"rc-1", 1}));
+}
+
+}  // namespace
+}  // namespace rc::lifecycle

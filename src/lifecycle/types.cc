@@ -70,7 +70,27 @@ Json ToJson(const RolloutBinding& b) {
 }
 
 Json ToJson(const UpdateTarget& t) {
-  return Json{{"label", t.label}, {"identity", ToJson(t.identity)}, {"model", t.model}, {"ordinal", t.ordinal}};
+  Json j{{"label", t.label}, {"identity", ToJson(t.identity)}, {"model", t.model}, {"ordinal", t.ordinal}};
+  if (t.mode != PolicyMode::kStrict) j["mode"] = PolicyModeName(t.mode);
+  return j;
+}
+
+std::string_view PolicyModeName(PolicyMode m) {
+  switch (m) {
+    case PolicyMode::kStrict: return "strict";
+    case PolicyMode::kKeep: return "keep";
+    case PolicyMode::kRecompute: return "recompute";
+    case PolicyMode::kAbort: return "abort";
+  }
+  return "unknown";
+}
+
+Result<PolicyMode> PolicyModeFromName(std::string_view name, std::string_view field) {
+  for (PolicyMode m : kAllPolicyModes) {
+    if (PolicyModeName(m) == name) return m;
+  }
+  return InvalidArgument(std::string(field) + ": '" + std::string(name) +
+                         "' is not a policy mode (expected one of strict, keep, recompute, abort)");
 }
 
 Result<WeightIdentity> WeightIdentityFromJson(const Json& j, std::string_view path) {
@@ -90,6 +110,10 @@ Result<UpdateTarget> UpdateTargetFromJson(const Json& j, std::string_view path) 
   if (j.contains("identity")) {
     std::string sub = std::string(path) + ".identity";
     RC_ASSIGN_OR_RETURN(t.identity, WeightIdentityFromJson(j["identity"], sub));
+  }
+  if (j.contains("mode")) {
+    RC_ASSIGN_OR_RETURN(std::string mode, GetString(j, "mode", path));
+    RC_ASSIGN_OR_RETURN(t.mode, PolicyModeFromName(mode, std::string(path) + ".mode"));
   }
   return t;
 }

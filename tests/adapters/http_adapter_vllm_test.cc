@@ -571,3 +571,39 @@ TEST(PrometheusTest, ParsesSamples) {
 
 }  // namespace
 }  // namespace rc::adapters
+
+namespace rc::adapters {
+namespace {
+
+// Policy modes on vLLM: abort maps to /pause?mode=abort; keep and recompute are refused with an
+// error that names the mode and why (vLLM reports no per-request swap index), before any call.
+TEST(HttpAdapterVllmTest, PolicyModesMapAbortAndRefuseKeepAndRecompute) {
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  EXPECT_TRUE(a.SupportsPolicyMode(lifecycle::PolicyMode::kStrict).ok());
+  EXPECT_TRUE(a.SupportsPolicyMode(lifecycle::PolicyMode::kAbort).ok());
+  for (auto m : {lifecycle::PolicyMode::kKeep, lifecycle::PolicyMode::kRecompute}) {
+    Status s = a.SupportsPolicyMode(m);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+    EXPECT_NE(s.message().find("'" + std::string(lifecycle::PolicyModeName(m)) + "'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("vLLM"), std::string::npos);
+    auto p = Await(a.PauseForUpdate(m));
+    EXPECT_FALSE(p.ok());
+  }
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_TRUE(vllm.pause_queries_.empty()) << "a refused mode never pauses vLLM";
+  }
+  auto p = Await(a.PauseForUpdate(lifecycle::PolicyMode::kAbort));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->paused);
+  EXPECT_EQ(p->detail["policy_mode"], "abort");
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  ASSERT_EQ(vllm.pause_queries_.size(), 1u);
+  EXPECT_EQ(vllm.pause_queries_[0], "mode=abort&clear_cache=false");
+}
+
+}  // namespace
+}  // namespace rc::adapters

@@ -54,6 +54,9 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
   Result<lifecycle::EngineDescription> Describe() override;
   Pending<lifecycle::DrainStatus> GetDrainStatus() override;
   Pending<lifecycle::PauseEvidence> Pause(lifecycle::PauseMode mode) override;
+  // Embedded engine: every mode. vLLM: VllmFlavor::SupportsPolicyMode (abort only).
+  Status SupportsPolicyMode(lifecycle::PolicyMode mode) override;
+  Pending<lifecycle::PauseEvidence> PauseForUpdate(lifecycle::PolicyMode mode) override;
   Pending<lifecycle::AbortEvidence> AbortRequests(const std::vector<std::string>& rollout_ids) override;
   Pending<lifecycle::StageEvidence> Stage(const lifecycle::UpdateTarget& target) override;
   Pending<lifecycle::InstallEvidence> Install(const lifecycle::UpdateTarget& target, bool full) override;

@@ -102,6 +102,8 @@ struct ServiceOptions {
   bool auto_recover = false;           // after an identity taint, recover to the committed version
   // A lease not finished or extended within this many ms is expired; 0: leases never expire.
   int64_t lease_timeout_ms = 300000;
+  // Policy mode of an update that does not name one (controller serve --update-mode).
+  lifecycle::PolicyMode default_mode = lifecycle::PolicyMode::kStrict;
 };
 
 // The ids a rollout or lease may have: 1..128 of [A-Za-z0-9._-], not "." or "..", no "/".
@@ -141,8 +143,11 @@ class ControllerService {
   Result<Json> ExtendLease(const std::string& rollout_id);
 
   // ---- Updates ----
-  // Queues an update of every engine to the committed (model, version); returns its id.
-  Result<std::string> RequestUpdate(const std::string& model, const std::string& version);
+  // Queues an update of every engine to the committed (model, version); returns its id. `mode`
+  // (default: options.default_mode) must be one every engine supports (FailedPrecondition naming
+  // the engine and why otherwise, e.g. recompute on vLLM).
+  Result<std::string> RequestUpdate(const std::string& model, const std::string& version,
+                                    std::optional<lifecycle::PolicyMode> mode = std::nullopt);
   // FailedPrecondition (HTTP 409) when no engine is TAINTED: there is nothing to recover.
   Result<std::string> RequestRecovery(const std::string& model, const std::string& version);
   Result<Json> UpdateStatus(const std::string& id) const;
@@ -219,7 +224,19 @@ class ControllerService {
   void FollowDirectory();
   // Queues on every engine, or only on engine `only` when given.
   Result<std::string> Enqueue(const std::string& model, const std::string& version, bool recovery,
-                              std::optional<size_t> only = std::nullopt);
+                              std::optional<size_t> only = std::nullopt,
+                              lifecycle::PolicyMode mode = lifecycle::PolicyMode::kStrict);
+  // Policy modes (service_spans.cc): the trajectory's version spans from the engine's per-choice
+  // spans, each mapped to the controller's version (label, generation, digest, update ordinal).
+  // Empty `why` when they are consistent with the binding and the in-flight record; else why not.
+  Json VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
+                    int64_t output_tokens, std::string* why) const;
+  // For a rollout an in-flight update touched: checks the answer-time identity against the
+  // labels it may have (CompletionMismatch checks those only for rollouts no update touched) and
+  // returns the response with those fields moved under "rolloutcore_inflight" for that check.
+  Json InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
+                        std::string* why) const;
+  void CountSpanTokens(const Json& spans);
   Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id);
   Json OpJson(const OpRecord& rec) const;  // caller holds mu_
   // Reads the engine's identity and checks it against the committed version and what was
@@ -259,6 +276,8 @@ class ControllerService {
   std::atomic<int64_t> rollouts_refused_{0};
   std::atomic<int64_t> rollouts_failed_{0};
   std::atomic<int64_t> rollouts_mismatched_{0};
+  std::map<std::string, int64_t> tokens_by_kv_;   // guarded by mu_: proxied output tokens per span kv
+  std::atomic<int64_t> rollouts_aborted_at_update_{0};
 };
 
 }  // namespace rc::controller

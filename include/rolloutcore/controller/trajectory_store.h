@@ -36,6 +36,12 @@ struct Trajectory {
   int64_t finished_ms = 0;    // wall clock
   std::string engine_weight_version;  // what the engine reported per choice, when it did
   Json extra = Json::object();        // client-supplied fields (lease mode)
+  // Which policy produced each output token (docs/lifecycle.md, "Policy modes"):
+  // [{from_token, to_token, label, generation, content_digest, kv, ...}]; empty for rows that do
+  // not record them (lease mode, rows written before policy modes existed).
+  Json version_spans = Json::array();
+  // Set when an in-flight update ended the rollout: {update, target, reason, ...}; else null.
+  Json aborted_at_update = nullptr;
 };
 
 Json ToJson(const Trajectory& t);

@@ -72,6 +72,33 @@ std::string_view FinishReasonName(FinishReason r);
 enum class PauseMode { kAbort, kWait, kKeep };
 Result<PauseMode> PauseModeFromName(std::string_view name);
 
+// What an install does with the KV of requests that live across it (frozen by a keep pause, or
+// preempted and waiting): kRecompute (the default, and what every install did before policy
+// modes existed) preempts them, so they re-prefill their tokens (prompt + generated so far)
+// under the new weights into fresh blocks; kKeep leaves running requests on the KV they hold
+// (computed under the old weights: "stale"), which is never registered in the prefix cache again.
+enum class InFlightKv { kRecompute, kKeep };
+std::string_view InFlightKvName(InFlightKv kv);  // recompute | keep
+Result<InFlightKv> InFlightKvFromName(std::string_view name);
+
+// The KV state the tokens of one version span attended to (docs/lifecycle.md, "Policy modes").
+enum class SpanKv { kFresh, kStale, kRecomputed };
+std::string_view SpanKvName(SpanKv kv);  // fresh | stale | recomputed
+
+// One stretch of a request's output generated under one set of live weights. Output tokens
+// [from_token, to_token) (indices into the generated tokens, not the prompt) were sampled under
+// the weights labelled `label` at install generation `install_generation`; `kv` says whether
+// the KV they attended to was computed under those weights (fresh), under older ones (stale), or
+// recomputed under them after a swap (recomputed). The engine records a boundary at the exact
+// output index where the live weights changed (or the KV was recomputed), under the step lock.
+struct VersionSpan {
+  int64_t from_token = 0;
+  int64_t to_token = 0;
+  std::string label;
+  int64_t install_generation = 0;
+  SpanKv kv = SpanKv::kFresh;
+};
+
 struct GenerateRequest {
   std::string request_id;  // empty: the engine assigns one
   std::vector<int32_t> prompt;
@@ -89,6 +116,10 @@ class RequestStream {
     FinishReason finish = FinishReason::kNone;
     bool finished = false;
     int64_t cached_tokens = 0;
+    // The output's version spans; the last one is open (to_token = tokens.size()).
+    std::vector<VersionSpan> spans;
+    // Set when a pause in abort mode (not an abort by id) ended the request.
+    bool aborted_by_pause = false;
   };
   // Returns once more than `seen` tokens exist or the request finished, or at the deadline.
   Snapshot WaitFrom(size_t seen, std::chrono::milliseconds timeout);
@@ -130,6 +161,11 @@ struct EngineMetrics {
   int64_t cache_resets = 0;
   int64_t cache_resets_refused = 0;
   int64_t steps = 0;
+  // Generated tokens by the KV state they attended to (SpanKvName), and installs by what they
+  // did with in-flight requests (requests kept on stale KV, preempted to recompute).
+  std::map<std::string, int64_t> generation_tokens_by_kv;
+  int64_t inflight_kept = 0;
+  int64_t inflight_recomputed = 0;
   std::map<std::string, int64_t> finished_by_reason;
   double kv_cache_usage = 0;
   int64_t num_running = 0;
@@ -170,11 +206,16 @@ class Engine {
   void Notify();
 
   Status Pause(PauseMode mode);
+  // Pause plus what the installs made before the next Resume do with in-flight KV (Resume
+  // restores kRecompute). Pause(mode) is Pause(mode, InFlightKv::kRecompute).
+  Status Pause(PauseMode mode, InFlightKv kv);
   void Resume();
   bool IsPaused() const;
 
   // Drops the prefix cache. Without reset_running_requests it refuses while any block is in
   // use; with it, running requests are preempted first (they recompute after resume).
+  // Except while paused with InFlightKv::kKeep: then reset_running_requests drops every hash
+  // (ForgetAllHashes) and leaves the frozen requests their KV.
   KvResetEvidence ResetPrefixCache(bool reset_running_requests);
 
   EngineState State() const;
@@ -187,7 +228,9 @@ class Engine {
   // Refit install path: requires the engine paused (FailedPrecondition otherwise, nothing
   // touched). Moves the install generation to `generation` before fill writes anything, calls
   // fill for every rank, drops the prefix cache (KV computed under old weights is never
-  // reused), then sets the label. `generation` must exceed the current install generation.
+  // reused; requests live across the install are preempted to recompute, or keep their stale KV
+  // after Pause(kKeep, InFlightKv::kKeep), and each gets a version span boundary at its exact
+  // output length), then sets the label. `generation` must exceed the current install generation.
   // If the cache still cannot be dropped after every running request was preempted (blocks held
   // outside any request: a broken invariant) the install fails with Internal after the weights
   // were written and the label stays unchanged, so the caller sees a failure after mutation
@@ -207,6 +250,13 @@ class Engine {
   void FinishLocked(Sequence* seq, FinishReason reason);
   void PreemptLocked(Sequence* seq);
   void PublishLocked(Sequence* seq);
+  // Starts a new version span for `seq` at its current output length (engine_spans.cc).
+  void OpenSpanLocked(Sequence* seq, SpanKv kv);
+  void OpenSpanAtLocked(Sequence* seq, SpanKv kv, const std::string& label, int64_t generation);
+  // At an install that changed the live weights: a span boundary for every live request and
+  // the prefix cache dropped, with in-flight KV kept or preempted per `kv` (engine_spans.cc).
+  // Returns false when the cache could not be dropped (blocks held outside any request).
+  bool SwapInFlightLocked(InFlightKv kv, const std::string& label, int64_t generation, KvResetEvidence* ev);
 
   EngineOptions options_;
   std::string boot_id_;
@@ -224,6 +274,7 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;
   bool paused_ = false;
   bool draining_ = false;
+  InFlightKv pause_kv_ = InFlightKv::kRecompute;
   std::string weight_version_;
   int64_t generation_ = 0;
   int64_t next_seq_id_ = 1;

@@ -60,6 +60,9 @@ GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std
 Json CompletionChoiceJson(const ByteTokenizer& tokenizer, const RequestStream& stream,
                           const RequestStream::Snapshot& snap, size_t index, size_t from, const CompletionRequest& cr,
                           bool final_chunk);
+// A request's version spans as each choice reports them ("version_spans": [{from_token, to_token,
+// label, install_generation, kv}], output token indices, the last span ends at the last token).
+Json VersionSpansJson(const std::vector<VersionSpan>& spans);
 // The engine's identity as a completion reports it (top-level "rolloutcore" object, read when
 // the response is built): {"boot_id", "label", "install_generation"}. With each choice's
 // weight_version and install_generation (at admission) a controller can tell whether the

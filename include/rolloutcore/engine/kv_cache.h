@@ -86,6 +86,10 @@ class KvCacheManager {
 
   // Drops all cached hashes; refuses (success=false, nothing changed) while any block is in use.
   KvResetEvidence ResetPrefixCache();
+  // Drops every hash, those of blocks in use included (their holders keep them; released, they
+  // become free, not evictable): afterwards no lookup can hit any block that exists now. Used
+  // when requests keep their (stale) KV across a weight swap. Always succeeds.
+  KvResetEvidence ForgetAllHashes();
 
  private:
   struct Block {

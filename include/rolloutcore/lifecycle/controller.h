@@ -66,6 +66,9 @@ struct Counters {
   int64_t updates_rejected = 0;
   int64_t updates_tainted = 0;
   int64_t recoveries = 0;
+  std::map<std::string, int64_t> updates_by_mode;   // committed updates by PolicyModeName
+  int64_t inflight_spans = 0;        // (rollout, in-flight update) pairs: a rollout lived through it
+  int64_t aborted_at_update = 0;     // rollouts an in-flight update ended (abort mode, max staleness)
   std::map<std::string, int64_t> phase_ms_total;  // by state name
   std::map<std::string, int64_t> phase_count;
 };
@@ -78,6 +81,14 @@ struct RestoreSummary {
   State state_now = State::kUninitialized;
   std::vector<std::string> interrupted;  // rollouts recorded interrupted
   bool engine_may_be_paused = false;     // the caller should resume (READY) or recover (TAINTED)
+};
+
+// What in-flight updates did to one active rollout (policy modes other than strict).
+struct InFlightRecord {
+  std::vector<int64_t> spanned;  // ordinals of the updates it lived through, in order
+  // Set when an update ended it: {"update": ordinal, "target": label, "reason": "mode_abort" |
+  // "max_staleness", "max_staleness": K}.
+  Json aborted_at_update = nullptr;
 };
 
 class Controller {
@@ -109,9 +120,18 @@ class Controller {
   // Ends bindings because the drain policy aborted them on the engine (DRAINING only).
   Status AbortForDrain(const std::vector<std::string>& rollout_ids, const AbortEvidence& evidence);
 
+  // What in-flight updates did to an active rollout; nullopt when none touched it.
+  std::optional<InFlightRecord> InFlight(const std::string& rollout_id) const;
+
   // ---- Update path (each needs the evidence of its postcondition) ----
   Result<UpdateTarget> RequestUpdate(UpdateTarget target);        // READY → DRAINING
   Status DrainComplete(const DrainStatus& engine);                // DRAINING → QUIESCED
+  // DRAINING → QUIESCED for an update whose mode is not strict: admissions are closed, the
+  // active rollouts stay. Each is recorded as living through this update, or as ended by it
+  // (every one in abort mode; in keep/recompute mode those that already lived through
+  // max_staleness updates, when max_staleness >= 0). Returns the ids it ends; the runner aborts
+  // them on the engine before the install. FailedPrecondition for a strict update.
+  Result<std::vector<std::string>> QuiesceInFlight(const DrainStatus& engine, int64_t max_staleness);
   Status BeginInstall(const PauseEvidence& pause);                // QUIESCED → UPDATING
   Status InstallComplete(const InstallEvidence& install);         // UPDATING → INVALIDATING
   // INVALIDATING → VALIDATING: every cache in `required` reset with success.
@@ -159,6 +179,7 @@ class Controller {
   std::map<std::string, RolloutBinding> active_;        // guarded by mu_
   std::set<std::string> interrupted_;                   // guarded by mu_
   std::set<std::string> aborted_;                       // guarded by mu_
+  std::map<std::string, InFlightRecord> inflight_;      // guarded by mu_ (active rollouts only)
   std::map<int64_t, UpdateRecord> updates_;             // guarded by mu_
   int64_t last_ordinal_ = 0;                            // guarded by mu_
   int64_t next_rollout_ = 1;                            // guarded by mu_

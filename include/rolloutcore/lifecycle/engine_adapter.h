@@ -48,6 +48,23 @@ class EngineAdapter {
   virtual Pending<ResumeEvidence> Resume() = 0;
   // Unimplemented when the engine has no way to report its identity.
   virtual Pending<IdentityEvidence> ProbeIdentity() = 0;
+
+  // ---- Policy modes other than strict (docs/lifecycle.md, "Policy modes") ----
+  // OK when this engine can run an update in `mode` with exact per-token version spans;
+  // otherwise Unimplemented saying why (checked when the update is requested). Strict always is.
+  virtual Status SupportsPolicyMode(PolicyMode mode) {
+    if (mode == PolicyMode::kStrict) return OkStatus();
+    return Unimplemented("this engine cannot run updates in mode '" + std::string(PolicyModeName(mode)) +
+                         "': it does not report the token index at which each request's weights changed");
+  }
+  // The pause of an in-flight update: keep/recompute freeze running requests (their KV kept for
+  // keep, re-prefilled under the new weights after the install for recompute), abort ends them.
+  // Until the next Resume, ResetCache(kPrefix) must drop every cached block without preempting
+  // the frozen requests. Only called for a mode SupportsPolicyMode accepted.
+  virtual Pending<PauseEvidence> PauseForUpdate(PolicyMode mode) {
+    return Pending<PauseEvidence>::Completed(
+        Unimplemented("this engine cannot pause for mode '" + std::string(PolicyModeName(mode)) + "'"));
+  }
 };
 
 }  // namespace rc::lifecycle

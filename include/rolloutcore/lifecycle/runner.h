@@ -16,6 +16,12 @@
 // Failure classes: stage/drain/pause failure or an install refused with FailedPrecondition ⇒
 // READY on the old version (plus a best-effort resume); any other failure after the install was
 // issued ⇒ TAINTED.
+// In-flight modes (target.mode keep | recompute | abort, docs/lifecycle.md): the adapter must
+// accept the mode (SupportsPolicyMode, checked before anything changes); DRAINING waits only for
+// the staging, then Controller::QuiesceInFlight records which active rollouts live through the
+// update and which it ends (abort mode: all; max_staleness), those are aborted on the engine
+// (keep/recompute), then PauseForUpdate freezes (or, abort mode, ends) the running requests and
+// the sequence continues as above.
 // Recovery: TAINTED → RECOVERING → Pause → full Install → cache resets → label + content digest
 // of all live weights → Resume → READY; any failure ⇒ TAINTED.
 //
@@ -42,6 +48,9 @@ struct RunnerOptions {
   int64_t reset_retry_interval_ms = 5;
   int max_reset_attempts = 3;
   bool prefetch = true;  // Stage() while draining
+  // In-flight modes: a rollout may live through at most this many updates; the update that would
+  // make it more is ended for it (aborted on the engine before the install). -1: no limit.
+  int64_t max_staleness = -1;
 };
 
 class Runner {
@@ -68,7 +77,7 @@ class Runner {
   const RunnerOptions& options() const { return options_; }
 
  private:
-  enum class Phase { kIdle, kDraining, kPausing, kInstalling, kResetting, kValidating, kResuming,
+  enum class Phase { kIdle, kDraining, kInFlightAborting, kPausing, kInstalling, kResetting, kValidating, kResuming,
                      kRecoverPausing, kRecoverInstalling, kRecoverResetting, kRecoverValidating,
                      kRecoverResuming };
   template <typename T>
@@ -88,6 +97,8 @@ class Runner {
   void IssueResets();
   void IssueValidation();
   void StepDraining();
+  void StepQuiescingInFlight(int64_t now);
+  void StepAbortingInFlight();
   void StepPausing(bool recovery);
   void StepInstalling(bool recovery);
   void StepResetting(bool recovery);

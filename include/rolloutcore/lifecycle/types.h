@@ -42,12 +42,25 @@ struct RolloutBinding {
   int64_t admitted_at_ms = 0;
 };
 
+// The policy mode of one update (docs/lifecycle.md, "Policy modes"). kStrict drains: no rollout
+// spans two versions. The others update under running rollouts: kKeep freezes them and lets them
+// continue on their old KV, kRecompute re-prefills their tokens under the new weights, kAbort
+// ends them (partial trajectories marked aborted_at_update). A rollout that spans an update
+// records exact per-token version spans.
+enum class PolicyMode { kStrict, kKeep, kRecompute, kAbort };
+std::string_view PolicyModeName(PolicyMode m);  // strict | keep | recompute | abort
+// InvalidArgument naming the bad value and the allowed ones.
+Result<PolicyMode> PolicyModeFromName(std::string_view name, std::string_view field = "mode");
+inline constexpr PolicyMode kAllPolicyModes[] = {PolicyMode::kStrict, PolicyMode::kKeep, PolicyMode::kRecompute,
+                                                 PolicyMode::kAbort};
+
 // What an update (or a recovery) should install.
 struct UpdateTarget {
   std::string label;
   WeightIdentity identity;
   std::string model;    // directory model name (informational for the controller)
   int64_t ordinal = 0;  // 1-based update number, assigned by the Controller
+  PolicyMode mode = PolicyMode::kStrict;  // journaled only when not strict
 };
 
 enum class PauseMode { kAbort, kWait, kKeep };

@@ -1,0 +1,149 @@
+// Policy modes in the controller service: a proxied rollout's version spans, mapped from what the
+// engine reported per choice to the versions this controller installed, and the identity checks
+// of a rollout that an in-flight update touched (docs/lifecycle.md, "Policy modes").
+#include <algorithm>
+#include <set>
+
+#include "rolloutcore/controller/service.h"
+
+namespace rc::controller {
+
+namespace {
+
+void Why(std::string* why, const std::string& text) {
+  if (why == nullptr) return;
+  *why += (why->empty() ? "" : "; ") + text;
+}
+
+}  // namespace
+
+Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
+                                     int64_t output_tokens, std::string* why) const {
+  Json out = Json::array();
+  const Json reported = choice.value("version_spans", Json());
+  if (!reported.is_array() || reported.empty()) {
+    // An engine that reports no spans (vLLM): the binding is the only version, which holds in the
+    // modes such an engine is allowed (strict, abort).
+    out.push_back(Json{{"from_token", 0},
+                       {"to_token", output_tokens},
+                       {"label", binding.version.label},
+                       {"generation", binding.version.generation},
+                       {"content_digest", binding.identity.content_digest},
+                       {"kv", "fresh"},
+                       {"reported_by_engine", false}});
+    return out;
+  }
+  const std::vector<lifecycle::UpdateRecord> updates = slot->controller->Updates();
+  int64_t expect_from = 0;
+  for (size_t i = 0; i < reported.size(); ++i) {
+    const Json& s = reported[i];
+    const std::string at = "version span " + std::to_string(i);
+    if (!s.is_object()) {
+      Why(why, at + " is not an object");
+      continue;
+    }
+    const int64_t from = s.value("from_token", int64_t{-1});
+    const int64_t to = s.value("to_token", int64_t{-1});
+    const std::string label = s.value("label", "");
+    if (from != expect_from || to < from) {
+      Why(why, at + " covers [" + std::to_string(from) + ", " + std::to_string(to) + "), expected it to start at " +
+                   std::to_string(expect_from));
+    }
+    expect_from = to;
+    Json span{{"from_token", from},
+              {"to_token", to},
+              {"label", label},
+              {"kv", s.value("kv", "")},
+              {"install_generation", s.value("install_generation", int64_t{-1})}};
+    if (label == binding.version.label) {
+      span["generation"] = binding.version.generation;
+      span["content_digest"] = binding.identity.content_digest;
+    } else {
+      // A version an update of this controller installed while the rollout ran: the newest update
+      // to that label (committed, or the one still in progress when the rollout answered).
+      const lifecycle::UpdateRecord* found = nullptr;
+      for (const auto& u : updates) {
+        if (u.recovery || u.target.label != label) continue;
+        if (u.outcome != lifecycle::UpdateOutcome::kCommitted && u.outcome != lifecycle::UpdateOutcome::kInProgress) {
+          continue;
+        }
+        if (found == nullptr || u.ordinal > found->ordinal) found = &u;
+      }
+      if (found == nullptr) {
+        Why(why, at + " was generated under label '" + label + "', which no update of this controller installed");
+        span["generation"] = nullptr;
+        span["content_digest"] = nullptr;
+      } else {
+        span["generation"] = found->from_version.generation + 1;
+        span["content_digest"] = found->target.identity.content_digest;
+        span["update"] = found->ordinal;
+        span["update_mode"] = lifecycle::PolicyModeName(found->target.mode);
+      }
+    }
+    out.push_back(span);
+  }
+  if (expect_from != output_tokens) {
+    Why(why, "the version spans end at token " + std::to_string(expect_from) + ", the output has " +
+                 std::to_string(output_tokens) + " tokens");
+  }
+  return out;
+}
+
+Json ControllerService::InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
+                                         std::string* why) const {
+  Json out = resp;
+  // The labels the engine may report when it answers: the binding's, every update the rollout
+  // lived through or that ended it, and the update in progress now (the answer may be built after
+  // the next pause began).
+  std::set<std::string> allowed;
+  if (auto p = slot->controller->pending_target()) allowed.insert(p->label);
+  allowed.insert(slot->controller->version().label);
+  if (out.contains("choices") && out["choices"].is_array()) {
+    for (size_t i = 0; i < out["choices"].size(); ++i) {
+      Json& c = out["choices"][i];
+      if (!c.is_object()) continue;
+      if (c.contains("version_spans") && c["version_spans"].is_array()) {
+        for (const auto& s : c["version_spans"]) {
+          if (s.is_object()) allowed.insert(s.value("label", ""));
+        }
+      }
+      if (c.contains("install_generation") && c["install_generation"].is_number_integer()) {
+        const int64_t g = c["install_generation"].get<int64_t>();
+        if (admitted_install_generation >= 0 && g != admitted_install_generation) {
+          Why(why, "choice " + std::to_string(i) + " was admitted at install generation " + std::to_string(g) +
+                       ", the one verified at its admission is " + std::to_string(admitted_install_generation));
+        }
+        c["rolloutcore_inflight_install_generation"] = g;
+        c.erase("install_generation");
+      }
+    }
+  }
+  if (out.contains("rolloutcore") && out["rolloutcore"].is_object()) {
+    Json& r = out["rolloutcore"];
+    if (r.contains("label") && r["label"].is_string()) {
+      const std::string label = r["label"].get<std::string>();
+      if (!allowed.count(label)) {
+        std::string list;
+        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        Why(why, "the engine reported label '" + label + "' when it answered; a rollout that spanned in-flight "
+                 "updates may end only on one of: " + list);
+      }
+      r.erase("label");
+    }
+    // The install generation at answer time moves with the in-flight updates; the post-update
+    // identity check verifies it.
+    r.erase("install_generation");
+  }
+  return out;
+}
+
+void ControllerService::CountSpanTokens(const Json& spans) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : spans) {
+    if (!s.is_object()) continue;
+    const int64_t n = s.value("to_token", int64_t{0}) - s.value("from_token", int64_t{0});
+    if (n > 0) tokens_by_kv_[s.value("kv", std::string("fresh"))] += n;
+  }
+}
+
+}  // namespace rc::controller
