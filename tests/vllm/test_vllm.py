@@ -132,6 +132,16 @@ def test_stage_install_and_prove_v1_from_fsdp2_cuda_shards(env):
     assert d["label"] == "v1" and d["generation"] == 1
     loaded = {n: h for n, h in per.items() if n not in d["not_loaded"]}
     assert d["tensors"] == loaded, "live digest != manifest for some tensor"
+    # The device digest (kernels.cu) against the CPU's definition, on the trainer's own bytes: the
+    # smallest, the largest and a fused (qkv) source tensor.
+    import rolloutcore
+
+    full = trainer.versions["v1"]
+    names = sorted(full, key=lambda n: full[n].numel())
+    picks = {names[0], names[-1]} | {n for n in names if n.endswith("k_proj.weight")}
+    for n in sorted(picks)[:4]:
+        if n in d["tensors"]:
+            assert rolloutcore.tensor_digest(full[n].detach().cpu().contiguous()) == d["tensors"][n], n
     if not d["not_loaded"]:
         assert d["content_digest"] == want == inst["content_digest"]
     lab = v.rpc1("rc_label")
