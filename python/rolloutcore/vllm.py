@@ -955,7 +955,13 @@ class Extension:
                     if not os.path.isdir(folder):
                         raise _Failure("FailedPrecondition",
                                        f"no capture yet and the model {folder} is not a local folder")
-                    self._rc_ensure_capture(st, _safetensors_specs(folder))
+                    specs = _safetensors_specs(folder)
+                    if not specs:
+                        raise _Failure("FailedPrecondition",
+                                       f"no capture yet and {folder} holds no safetensors weights (vLLM started "
+                                       "with --load-format dummy?): nothing proves the live weights until a "
+                                       "version is staged and installed")
+                    self._rc_ensure_capture(st, specs)
                 cached = st.live_digest is not None and not fresh
                 d = st.live_digest if cached else self._rc_digest_live(st)
                 out = {"ok": True, "label": st.label, "generation": st.generation, "digest_ms": d["digest_ms"],
