@@ -574,6 +574,7 @@ class _State:
         self.first_ptrs: Optional[Dict[str, int]] = None
         self.capture_ms = 0.0
         self.faults: Dict[str, int] = {}
+        self.fused: Optional[Dict[str, Any]] = None  # prepare_install's reply for the staged buffers
 
 
 class Extension:
@@ -691,6 +692,7 @@ class Extension:
         st.capture, st.stager, st.staging, st.staging_views = cap, stager, staging, views
         st.fallback, st.not_loaded, st.sources_key = fallback, not_loaded, key
         st.staged_version = None
+        st.fused = None
         st.capture_ms = (time.perf_counter() - t0) * 1e3
         if st.first_ptrs is None:
             st.first_ptrs = {n: p.data_ptr() for n, p in params.items()}
@@ -713,6 +715,62 @@ class Extension:
     def _rc_staging_buffers(self, st: _State) -> Dict[str, Tuple[int, int]]:
         return {f"rc.staging.{i}": (v.data_ptr(), v.numel() * v.element_size())
                 for i, v in enumerate(st.staging_views)}
+
+    def _rc_digest_fields(self, st: _State, d: Dict[str, Any], per_tensor: bool) -> Dict[str, Any]:
+        """The digest part of rc_digest's reply for the live digest ``d`` (also part of rc_install's)."""
+        out: Dict[str, Any] = {"content_digest": d["content_digest"], "digest_source": d.get("source", "reread"),
+                               "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
+        rank, size = self._rc_tp()
+        if size > 1:
+            # Partial sums per tensor: the adapter adds them across ranks (or takes one when every
+            # rank holds the whole tensor) and checks the element counts add up (docs/vllm.md).
+            held: Dict[str, int] = {}
+            numel: Dict[str, int] = {}
+            for c in st.capture.copies:
+                n = 1
+                for x in c["dest_shape"]:
+                    n *= x
+                held[c["source"]] = held.get(c["source"], 0) + n
+                total = 1
+                for x in c["source_shape"]:
+                    total *= x
+                numel[c["source"]] = total
+            out["content_digest"] = None
+            out["tensor_sums"] = {n: {"sum": h, "elements": held.get(n, 0), "numel": numel.get(n, 0),
+                                      "full": held.get(n, 0) == numel.get(n, -1)}
+                                  for n, h in d["tensors"].items()}
+        if per_tensor:
+            out["tensors"] = dict(d["tensors"])
+        return out
+
+    def rc_bench_digest(self, repeats: int = 5) -> Dict[str, Any]:
+        """Benchmark (not used by the controller): over the staging buffer (one allocation holding a
+        copy of every staged byte), the GPU time of a plain 16-byte-load read sweep and of the
+        staged digest kernel over the same bytes; over the live parameters, the live digest
+        (re-read) kernel. Best of ``repeats``. Nothing is written."""
+        from . import _core
+
+        st = self._rc_state()
+        with st.lock:
+            try:
+                if st.capture is None or st.staging is None:
+                    raise _Failure("FailedPrecondition", "nothing captured yet: stage a version first")
+                dev = self._rc_device()
+                staged_bytes = sum(v.numel() * v.element_size() for v in st.staging_views)
+                total = (st.staging.numel() // 16) * 16
+                read = [float(_core.read_sweep_ms(st.staging.data_ptr(), total, dev)) for _ in range(int(repeats))]
+                live = [float(self._rc_digest_live(st)["kernel_ms"]) for _ in range(int(repeats))]
+                live_bytes = sum(b for _, b in self._rc_live_buffers(st).values())
+                out = {"ok": True, "staging_alloc_bytes": total, "staged_bytes": staged_bytes,
+                       "read_sweep_ms": min(read), "read_gbps": total / min(read) / 1e6,
+                       "live_digest_kernel_ms": min(live), "live_param_bytes": live_bytes,
+                       "live_digest_gbps": staged_bytes / min(live) / 1e6,
+                       "digest_to_read_ratio": (staged_bytes / min(live)) / (total / min(read))}
+                return out
+            except _Failure as f:
+                return _fail(f.code, str(f))
+            except Exception as e:
+                return _fail(_code_of(e), f"rc_bench_digest: {type(e).__name__}: {e}", traceback=traceback.format_exc())
 
     # ---- the protocol (docs/vllm.md) -------------------------------------------------------
 
@@ -775,6 +833,7 @@ class Extension:
                 if not specs:
                     raise _Failure("InvalidArgument", f"version {version} of {model} has no tensors")
                 st.staged_version = None
+                st.fused = None
                 t1 = time.perf_counter()
                 self._rc_ensure_capture(st, specs)
                 capture_ms = (time.perf_counter() - t1) * 1e3
@@ -789,6 +848,15 @@ class Extension:
                           captured_copies=len(st.capture.copies),
                           suppressed_writes=dict(st.capture.suppressed_writes),
                           fallback_reasons={n: st.capture.unsupported[n] for n in st.fallback})
+                # The fused install table (copy + digest in one launch) is built and uploaded now, while
+                # vLLM still serves, so the install inside the pause only launches it.
+                if st.fallback:
+                    st.fused = {"ok": False, "reason": f"fallback tensors {st.fallback[:4]} load through load_weights"}
+                elif os.environ.get("ROLLOUTCORE_VLLM_FUSED_INSTALL", "1") == "0":
+                    st.fused = {"ok": False, "reason": "ROLLOUTCORE_VLLM_FUSED_INSTALL=0"}
+                else:
+                    st.fused = dict(st.stager.prepare_install(self._rc_staging_buffers(st), self._rc_live_buffers(st)))
+                ev["install_prepared"] = dict(st.fused)
                 st.staged_evidence = ev
                 return ev
             except _Failure as f:
@@ -810,36 +878,65 @@ class Extension:
             try:
                 params = st.capture.params
                 nbytes = 0
-                with torch.no_grad():
-                    for i, c in enumerate(st.capture.copies):
-                        p = params[c["param_name"]]
-                        dst = torch.as_strided(p.data, c["dest_shape"], c["dest_strides"],
-                                               p.data.storage_offset() + c["dest_offset"])
-                        mutated = True
-                        dst.copy_(st.staging_views[i])
-                        if i == 0 and st.faults.get("install_sleep_ms"):
-                            torch.cuda.synchronize()
-                            time.sleep(st.faults["install_sleep_ms"] / 1e3)
-                        nbytes += st.staging_views[i].numel() * st.staging_views[i].element_size()
-                    if st.fallback:
-                        base = len(st.capture.copies)
-                        model = self._rc_model()
-                        for j, name in enumerate(st.fallback):
+                fused = bool(st.fused and st.fused.get("ok"))
+                fused_refused = None
+                if fused:
+                    # One launch: every staging copy into its live destination, digesting what it
+                    # writes (the digest of the live weights without a second pass over them). The
+                    # stager refuses, writing nothing, when the buffers are not the prepared ones.
+                    torch.cuda.synchronize()
+                    staging_b, live_b = self._rc_staging_buffers(st), self._rc_live_buffers(st)
+                    mutated = True
+                    d = dict(st.stager.install(staging_b, live_b))
+                    if not d.get("ok"):
+                        mutated, fused, fused_refused = False, False, d.get("reason")
+                if fused:
+                    nbytes = int(d["bytes"])
+                    if st.faults.get("install_sleep_ms"):
+                        time.sleep(st.faults["install_sleep_ms"] / 1e3)
+                    install_ms = (time.perf_counter() - t0) * 1e3
+                if not fused:
+                    with torch.no_grad():
+                        for i, c in enumerate(st.capture.copies):
+                            p = params[c["param_name"]]
+                            dst = torch.as_strided(p.data, c["dest_shape"], c["dest_strides"],
+                                                   p.data.storage_offset() + c["dest_offset"])
                             mutated = True
-                            model.load_weights([(name, st.staging_views[base + j])])
-                            nbytes += st.staging_views[base + j].numel() * st.staging_views[base + j].element_size()
-                torch.cuda.synchronize()
-                install_ms = (time.perf_counter() - t0) * 1e3
+                            dst.copy_(st.staging_views[i])
+                            if i == 0 and st.faults.get("install_sleep_ms"):
+                                torch.cuda.synchronize()
+                                time.sleep(st.faults["install_sleep_ms"] / 1e3)
+                            nbytes += st.staging_views[i].numel() * st.staging_views[i].element_size()
+                        if st.fallback:
+                            base = len(st.capture.copies)
+                            model = self._rc_model()
+                            for j, name in enumerate(st.fallback):
+                                mutated = True
+                                model.load_weights([(name, st.staging_views[base + j])])
+                                nbytes += st.staging_views[base + j].numel() * st.staging_views[base + j].element_size()
+                    torch.cuda.synchronize()
+                    install_ms = (time.perf_counter() - t0) * 1e3
+                    d = None
                 st.label = version
                 st.generation += 1
                 st.staged_version = None
-                d = self._rc_digest_live(st)
+                if d is None:
+                    d = self._rc_digest_live(st)
+                else:
+                    st.live_digest = d
                 mismatch = [n for n, h in d["tensors"].items() if st.published.get(n) != h]
-                return {"ok": True, "outcome": "installed", "label": st.label, "generation": st.generation,
-                        "bytes_installed": nbytes, "install_ms": install_ms, "digest_ms": d["digest_ms"],
-                        "content_digest": d["content_digest"], "verified": not mismatch,
-                        "mismatched_tensors": mismatch[:16], "fallback_tensors": list(st.fallback),
-                        "not_loaded": list(st.not_loaded)}
+                out = {"ok": True, "outcome": "installed", "label": st.label, "generation": st.generation,
+                       "boot_id": _BOOT_ID, "bytes_installed": nbytes, "install_ms": install_ms,
+                       "install_path": "fused" if fused else "copy_then_digest",
+                       "fused_refused": fused_refused if fused_refused else (None if fused else (st.fused or {}).get("reason")),
+                       "digest_ms": 0.0 if fused else d["digest_ms"], "kernel_ms": d.get("kernel_ms"),
+                       "verified": not mismatch, "mismatched_tensors": mismatch[:16],
+                       "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
+                # What rc_label and rc_digest(fresh=False) would answer now, so the adapter needs no
+                # further round trip inside the pause.
+                out.update(self._rc_digest_fields(st, d, per_tensor=False))
+                out["call_ms"] = (time.perf_counter() - t0) * 1e3
+                return out
             except Exception as e:
                 outcome = "failed_after_mutation" if mutated else "refused_untouched"
                 if mutated:
@@ -858,33 +955,18 @@ class Extension:
                     if not os.path.isdir(folder):
                         raise _Failure("FailedPrecondition",
                                        f"no capture yet and the model {folder} is not a local folder")
-                    self._rc_ensure_capture(st, _safetensors_specs(folder))
+                    specs = _safetensors_specs(folder)
+                    if not specs:
+                        raise _Failure("FailedPrecondition",
+                                       f"no capture yet and {folder} holds no safetensors weights (vLLM started "
+                                       "with --load-format dummy?): nothing proves the live weights until a "
+                                       "version is staged and installed")
+                    self._rc_ensure_capture(st, specs)
                 cached = st.live_digest is not None and not fresh
                 d = st.live_digest if cached else self._rc_digest_live(st)
-                out = {"ok": True, "content_digest": d["content_digest"], "label": st.label,
-                       "generation": st.generation, "digest_ms": d["digest_ms"], "cached": cached,
-                       "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
-                rank, size = self._rc_tp()
-                if size > 1:
-                    # Partial sums per tensor: the adapter adds them across ranks (or takes one when every
-                    # rank holds the whole tensor) and checks the element counts add up (docs/vllm.md).
-                    held: Dict[str, int] = {}
-                    numel: Dict[str, int] = {}
-                    for c in st.capture.copies:
-                        n = 1
-                        for x in c["dest_shape"]:
-                            n *= x
-                        held[c["source"]] = held.get(c["source"], 0) + n
-                        total = 1
-                        for x in c["source_shape"]:
-                            total *= x
-                        numel[c["source"]] = total
-                    out["content_digest"] = None
-                    out["tensor_sums"] = {n: {"sum": h, "elements": held.get(n, 0), "numel": numel.get(n, 0),
-                                              "full": held.get(n, 0) == numel.get(n, -1)}
-                                          for n, h in d["tensors"].items()}
-                if per_tensor:
-                    out["tensors"] = dict(d["tensors"])
+                out = {"ok": True, "label": st.label, "generation": st.generation, "digest_ms": d["digest_ms"],
+                       "cached": cached}
+                out.update(self._rc_digest_fields(st, d, per_tensor=per_tensor))
                 return out
             except _Failure as f:
                 return _fail(f.code, str(f))

@@ -121,7 +121,8 @@ k = r.get("kill_owner_mid_transfer") or {}
 print(f"  {r['transport']}: wire {r['wire_gbps']:.1f} GB/s vs peer copy {r['peer_copy_gbps']:.1f} GB/s "
       f"(ratio {r['wire_to_peer_ratio']:.2f}, target >= 0.9); install {r['install_gbps']:.1f} GB/s vs d2d "
       f"{r['d2d_memcpy_gbps']:.1f} GB/s (ratio {r['install_to_d2d_ratio']:.2f}, target >= 0.8); digest "
-      f"{r['digest_best_ms']:.2f} ms for {r['param_bytes']/1e9:.1f} GB (target < 20 ms); verified "
+      f"{r['digest_best_ms']:.2f} ms for {r['param_bytes']/1e9:.1f} GB = {r['digest_gbps']:.0f} GB/s vs read sweep "
+      f"{r['read_gbps']:.0f} GB/s (ratio {r['digest_to_read_ratio']:.2f}, target >= 0.8); verified "
       f"{r['digest_verified']}; kill detected in {k.get('detection_ms', float('nan')):.1f} ms: "
       f"{k.get('detected_within_deadline')}")
 PY

@@ -189,6 +189,7 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
   vo.reset_attempts = s_->options.reset_attempts;
   vo.reset_backoff_ms = s_->options.reset_backoff_ms;
   vo.gauge_probe_after_ms = s_->options.gauge_probe_after_ms;
+  vo.pause_via_sleep = s_->options.vllm_pause_via_sleep;
   Shared* raw = s_.get();  // owns the flavour, so outlives it
   s_->vllm =
       std::make_unique<internal::VllmFlavor>(std::move(vo),

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "rolloutcore/adapters/http_adapter.h"
 #include "rolloutcore/base/hash.h"
@@ -288,6 +289,7 @@ Result<EngineDescription> VllmFlavor::Describe() {
     std::lock_guard<std::mutex> lock(mu_);
     warmup_.reset();
     prefix_reset_done_ = false;
+    install_replies_.reset();
     staged_version_.clear();
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_describe", Json::object(), 30000));
@@ -420,7 +422,11 @@ Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
     RC_ASSIGN_OR_RETURN(Json ev, WarmCanary("pause"));
     detail["canary_warmup"] = ev;
   }
-  const std::string path = "/pause?mode=" + std::string(lifecycle::PauseModeName(mode)) + "&clear_cache=false";
+  // /sleep?level=0 is EngineCore.sleep: pause_scheduler(mode, clear_cache=false) and nothing else
+  // (level 0 touches no memory), without AsyncLLM.pause_generation's trailing 20 ms sleep.
+  const std::string path = options_.pause_via_sleep
+                               ? "/sleep?level=0&mode=" + std::string(lifecycle::PauseModeName(mode))
+                               : "/pause?mode=" + std::string(lifecycle::PauseModeName(mode)) + "&clear_cache=false";
   RC_ASSIGN_OR_RETURN(Json reply, PostJson(path, ""));
   detail["pause"] = Json{{"request", path}, {"reply", reply}};
   PauseEvidence e;
@@ -541,9 +547,22 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   // CollectiveRpc answers FailedPrecondition only when the method provably never ran (no
   // extension, dev mode off, request rejected); transport loss (Unavailable) or a raised method
   // (Internal) is ambiguous and taints.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    install_replies_.reset();
+  }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
   RC_ASSIGN_OR_RETURN(InstallEvidence e, InstallEvidenceFromOutcomes(workers, target.label, options_.base_url));
   if (!staged.is_null()) e.detail["staged_in_install"] = staged;
+  bool complete = !workers.empty();
+  for (const Json& w : workers) {
+    complete = complete && w.is_object() && w.contains("label") && w.contains("generation") &&
+               (w.contains("tensor_sums") || (w.contains("content_digest") && w["content_digest"].is_string()));
+  }
+  if (complete) {
+    std::lock_guard<std::mutex> lock(mu_);
+    install_replies_ = workers;
+  }
   return e;
 }
 
@@ -590,7 +609,17 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
 }
 
 Result<LabelEvidence> VllmFlavor::ReadLabel() {
-  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_label", Json::object(), 30000));
+  std::optional<std::vector<Json>> from_install;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    from_install = install_replies_;
+  }
+  std::vector<Json> workers;
+  if (from_install) {
+    workers = std::move(*from_install);  // the label rc_install set and reported (see the header)
+  } else {
+    RC_ASSIGN_OR_RETURN(workers, CollectiveRpc("rc_label", Json::object(), 30000));
+  }
   LabelEvidence e;
   int64_t generation = 0;
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -615,15 +644,31 @@ Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
   // that rc_install computed by reading the live parameters after its copies, so the pause window
   // does not pay for a second pass over the weights (27 ms for 16.4 GB on an H200). Without a
   // cached digest (a restarted controller's claim check) the extension computes one.
-  RC_ASSIGN_OR_RETURN(std::vector<Json> workers,
-                      CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", false}}, 0));
+  std::optional<std::vector<Json>> from_install;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    from_install = std::exchange(install_replies_, std::nullopt);  // used once: a later read asks again
+  }
+  std::vector<Json> workers;
+  if (from_install) {
+    workers = std::move(*from_install);
+  } else {
+    RC_ASSIGN_OR_RETURN(workers, CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", false}}, 0));
+  }
   DigestEvidence e;
   RC_ASSIGN_OR_RETURN(e.content_digest, CombineWorkerDigests(workers, options_.base_url));
   return e;
 }
 
 Result<ResumeEvidence> VllmFlavor::Resume() {
-  RC_ASSIGN_OR_RETURN(Json reply, PostJson("/resume", ""));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    install_replies_.reset();
+  }
+  // /wake_up?tags=scheduling: EngineCore.wake_up with only the scheduling tag resumes the
+  // scheduler and wakes no memory (the pair of /sleep?level=0).
+  const char* resume_path = options_.pause_via_sleep ? "/wake_up?tags=scheduling" : "/resume";
+  RC_ASSIGN_OR_RETURN(Json reply, PostJson(resume_path, ""));
   ResumeEvidence e;
   RC_ASSIGN_OR_RETURN(e.paused_after, IsPaused());
   Json detail{{"resume", reply}};

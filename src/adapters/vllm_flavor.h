@@ -14,7 +14,10 @@
 //    /reset_mm_cache and /reset_encoder_cache answer an empty 200 and are recorded unverified;
 //  * the drain rule of Pause is documented at VllmFlavor::Pause;
 //  * Install stages first when no Stage staged the target this cycle (prefetch off) or in a
-//    recovery; a failed stage there is a refusal before mutation (a stage touches nothing live).
+//    recovery; a failed stage there is a refusal before mutation (a stage touches nothing live);
+//  * the label and digest read right after an install come from rc_install's own reply (the
+//    extension sets the label in rc_install and returns what rc_label and rc_digest(fresh=false)
+//    would), when every rank's reply carries them; otherwise rc_label / rc_digest are called.
 // A cycle starts at Describe() (the Runner calls it at the start of every update and recovery).
 //
 // Thread safety: all methods may be called from any thread, concurrently (the Runner may abandon
@@ -52,6 +55,7 @@ struct VllmOptions {
   int reset_attempts = 5;               // /reset_prefix_cache calls per ResetCache
   int64_t reset_backoff_ms = 10;        // delay before the first retry; doubles per retry
   int64_t gauge_probe_after_ms = 1000;  // a non-zero gauge reading unchanged this long is probed
+  bool pause_via_sleep = false;  // /sleep?level=0&mode=M + /wake_up?tags=scheduling instead of /pause + /resume
 };
 
 class VllmFlavor {
@@ -103,6 +107,10 @@ class VllmFlavor {
   std::optional<Json> warmup_;          // this cycle's canary warm-up evidence; guarded by mu_
   bool prefix_reset_done_ = false;      // this cycle's prefix cache reset succeeded; guarded by mu_
   std::string staged_version_;          // the version this cycle's Stage staged ("" none); guarded by mu_
+  // Every rank's rc_install reply of this cycle's install, when each carries the label,
+  // generation and digest fields rc_label / rc_digest(fresh=false) would answer: ReadLabel and
+  // ReadContentDigest use it once instead of two more round trips inside the pause. Guarded by mu_.
+  std::optional<std::vector<Json>> install_replies_;
   lifecycle::DrainStatus last_gauges_;  // guarded by mu_
   std::chrono::steady_clock::time_point gauges_since_{};      // last_gauges_ first seen; guarded by mu_
   std::chrono::steady_clock::time_point last_gauge_probe_{};  // guarded by mu_

@@ -15,9 +15,20 @@
 // started cold until it answers a first completion, --restarts times.
 //
 // `bench cycle` runs both and prints the ratio restart / cycle; `bench restart` only the restart.
+//
+// `bench cycle --engine vllm [ARGS...]`: the same comparison against a real vLLM 0.26 on a GPU
+// machine, driven by the package's Python bench (python/rolloutcore/vllm_bench.py; it needs
+// torch and vLLM, which this binary does not link): this process execs
+// `$RC_PYTHON -m rolloutcore.vllm_bench [--cycles N] ARGS...` (RC_PYTHON defaults to python3;
+// the package must be importable, e.g. PYTHONPATH), with ROLLOUTCORE_BIN set to this binary.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -40,7 +51,32 @@ struct BenchCycleOptions {
   int restarts = 2;
   int tp = 1;
   bool json = false;
+  std::string engine = "embedded";  // cycle only: embedded | vllm
 };
+
+// Replaces this process with the vLLM bench (see the header). Returns only when exec failed.
+int ExecVllmBench(const BenchCycleOptions& o, bool cycles_given, const std::vector<std::string>& extra) {
+  const char* py = std::getenv("RC_PYTHON");
+  std::vector<std::string> args = {py != nullptr && *py != '\0' ? py : "python3", "-m", "rolloutcore.vllm_bench"};
+  if (cycles_given) {
+    args.push_back("--cycles");
+    args.push_back(std::to_string(o.cycles));
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  if (std::getenv("ROLLOUTCORE_BIN") == nullptr) {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) ::setenv("ROLLOUTCORE_BIN", self.c_str(), 1);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  ::execvp(argv[0], argv.data());
+  std::cerr << "bench cycle --engine vllm: cannot run " << args[0] << " -m rolloutcore.vllm_bench: "
+            << std::strerror(errno) << " (set RC_PYTHON to a Python with torch, vLLM 0.26 and this package)\n";
+  return 127;
+}
 
 std::string EngineModelFor(const std::string& model) { return model == "qwen3-0.6b" ? "qwen3-0.6b-like" : model; }
 
@@ -303,7 +339,30 @@ void RegisterBenchCycleCommands(CLI::App& app, int* exit_code) {
   cycle->add_option("--cycles", o->cycles, "Warm update cycles to time (after one cold one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cycle->callback([o, exit_code] {
+  cycle
+      ->add_option("--engine", o->engine,
+                   "embedded: the engine in this process (the flags here). vllm: a real vLLM 0.26 on this GPU "
+                   "machine: execs `python3 -m rolloutcore.vllm_bench` (RC_PYTHON overrides python3) with --cycles "
+                   "and every further argument (--shape tiny|0.6b|8b, --controller, --pause-call pause|sleep|both, "
+                   "--no-restart, --dry-run, ...; `rolloutcore bench cycle --engine vllm --bench-help` lists them)")
+      ->check(CLI::IsMember({"embedded", "vllm"}))
+      ->capture_default_str();
+  cycle->allow_extras();
+  cycle->callback([o, exit_code, cycle] {
+    std::vector<std::string> extra = cycle->remaining();
+    if (o->engine == "vllm") {
+      for (auto& a : extra) {
+        if (a == "--bench-help") a = "--help";
+      }
+      *exit_code = ExecVllmBench(*o, cycle->count("--cycles") > 0, extra);
+      return;
+    }
+    if (!extra.empty()) {
+      std::cerr << "bench cycle: unknown arguments for --engine embedded: " << fmt::format("{}", fmt::join(extra, " "))
+                << "\n";
+      *exit_code = 2;
+      return;
+    }
     Status s = Run(*o, true);
     if (!s.ok()) std::cerr << "bench cycle: " << s.ToString() << "\n";
     *exit_code = s.ok() ? 0 : 1;

@@ -4,6 +4,7 @@
 // the kernel's arithmetic (gpu_kernels_test).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <random>
 #include <vector>
@@ -97,6 +98,135 @@ TEST(DigestTableTest, InstalledMatchesDigestInstalled) {
   CheckInstalled("tiny-qwen2", "tp:2");
   CheckInstalled("tiny-moe", "tp:2+ep:2");
   CheckInstalled("tiny-llama", "tp:2@bf16");
+}
+
+// The staging capture the vLLM extension builds for a live capture: copy i lands densely in its
+// own staging parameter "rc.staging.i" of the live parameter's dtype.
+refit::Capture StagingFor(const refit::Capture& live) {
+  refit::Capture s;
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const refit::CapturedCopy& c = live.copies[i];
+    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
+    refit::CapturedCopy sc = c;
+    sc.param = static_cast<uint32_t>(i);
+    sc.dest_offset = 0;
+    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
+    s.copies.push_back(std::move(sc));
+  }
+  return s;
+}
+
+using Bytes = std::map<std::string, std::vector<std::byte>>;
+
+refit::DestinationBuffers ViewsOf(const refit::Capture& cap, Bytes& bytes, std::mt19937_64& rng) {
+  refit::DestinationBuffers views;
+  for (const refit::TensorSpec& p : cap.params) {
+    auto& b = bytes[p.name];
+    b.resize(p.bytes());
+    for (auto& x : b) x = static_cast<std::byte>(rng());
+    views.emplace(p.name, std::span<std::byte>(b));
+  }
+  return views;
+}
+
+// torch's dst.copy_(staging_view), element by element, as the reference of the fused copy.
+void ReferenceInstall(const refit::Capture& live, Bytes& live_bytes, const refit::Capture& staging, Bytes& staging_bytes) {
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const refit::CapturedCopy& c = live.copies[i];
+    const size_t es = refit::DTypeSize(live.params[c.param].dtype);
+    const refit::Shape dense = refit::RowMajorStrides(c.dest_shape);
+    int64_t n = 1;
+    for (int64_t x : c.dest_shape) n *= x;
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t rest = e, soff = 0, doff = c.dest_offset;
+      for (size_t k = c.dest_shape.size(); k-- > 0;) {
+        const int64_t idx = rest % c.dest_shape[k];
+        rest /= c.dest_shape[k];
+        soff += idx * dense[k];
+        doff += idx * c.dest_strides[k];
+      }
+      std::memcpy(live_bytes[live.params[c.param].name].data() + doff * es,
+                  staging_bytes[staging.params[i].name].data() + soff * es, es);
+    }
+  }
+}
+
+void CheckFused(const refit::Capture& live, const std::string& what) {
+  const refit::Capture staging = StagingFor(live);
+  const refit::Capture* ranks[] = {&live};
+  const auto regions = refit::AssignDigestOwnership(ranks)[0];
+  std::mt19937_64 rng(11);
+  Bytes live_bytes, staging_bytes;
+  refit::DestinationBuffers live_views = ViewsOf(live, live_bytes, rng);
+  refit::DestinationBuffers staging_views = ViewsOf(staging, staging_bytes, rng);
+  Bytes want_live = live_bytes;
+  ReferenceInstall(live, want_live, staging, staging_bytes);
+  auto table = BuildFusedInstallTable(live, live_views, staging, staging_views, regions);
+  ASSERT_TRUE(table.ok()) << what << ": " << table.status().ToString();
+  const std::vector<uint64_t> sums = EvaluateFusedInstallOnHost(*table);
+  EXPECT_EQ(live_bytes, want_live) << what << ": the fused copies differ from copy_ element by element";
+  refit::TensorDigests got;
+  for (size_t i = 0; i < sums.size(); ++i) got[table->slot_tensors[i]] += sums[i];
+  // The digest of what was written equals the digest read back from live memory afterwards.
+  auto want = refit::DigestInstalled(live, live_views, regions);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_EQ(got, *want) << what;
+  EXPECT_GT(table->bytes, 0u);
+}
+
+TEST(DigestTableTest, FusedInstallCopiesAndDigestsLikeCopyThenDigestInstalled) {
+  for (const char* layout_text : {"tp:1", "tp:2", "tp:1@bf16", "tp:2@bf16"}) {
+    auto config = refit::ModelPreset("tiny").value();
+    auto layout = refit::ParseEngineLayout(layout_text).value();
+    for (int32_t r = 0; r < layout.world_size(); ++r) {
+      CheckFused(refit::CaptureEngineRank(config, layout, r).value(), std::string("tiny ") + layout_text);
+    }
+  }
+  auto llama = refit::CaptureEngineRank(refit::ModelPreset("tiny-llama").value(),
+                                        refit::ParseEngineLayout("tp:2@bf16").value(), 1);
+  CheckFused(llama.value(), "tiny-llama tp:2@bf16 rank 1");
+}
+
+TEST(DigestTableTest, FusedInstallDigestsATwiceInstalledSourceOnce) {
+  // A source installed into two parameters (a tied embedding both loaded): the second copy is not
+  // owned, so it is copied but not digested; the digest still equals DigestInstalled.
+  auto live = refit::CaptureEngineRank(refit::ModelPreset("tiny").value(), refit::ParseEngineLayout("tp:1@bf16").value(), 0)
+                  .value();
+  const refit::CapturedCopy first = live.copies[0];
+  refit::TensorSpec twin = live.params[first.param];
+  twin.name += ".twin";
+  live.params.push_back(twin);
+  refit::CapturedCopy again = first;
+  again.param = static_cast<uint32_t>(live.params.size() - 1);
+  live.copies.push_back(again);
+  CheckFused(live, "twin");
+  const refit::Capture staging = StagingFor(live);
+  const refit::Capture* ranks[] = {&live};
+  const auto regions = refit::AssignDigestOwnership(ranks)[0];
+  std::mt19937_64 rng(3);
+  Bytes lb, sb;
+  auto lv = ViewsOf(live, lb, rng);
+  auto sv = ViewsOf(staging, sb, rng);
+  auto table = BuildFusedInstallTable(live, lv, staging, sv, regions);
+  ASSERT_TRUE(table.ok());
+  EXPECT_EQ(table->chunks.back().digest, 0) << "the twin copy is copied, not digested";
+}
+
+TEST(DigestTableTest, FusedInstallRefusesOverlappingCopies) {
+  auto live = refit::CaptureEngineRank(refit::ModelPreset("tiny").value(), refit::ParseEngineLayout("tp:1@bf16").value(), 0)
+                  .value();
+  live.copies.push_back(live.copies[0]);  // the same live elements written twice
+  const refit::Capture staging = StagingFor(live);
+  const refit::Capture* ranks[] = {&live};
+  const auto regions = refit::AssignDigestOwnership(ranks)[0];
+  std::mt19937_64 rng(4);
+  Bytes lb, sb;
+  auto lv = ViewsOf(live, lb, rng);
+  auto sv = ViewsOf(staging, sb, rng);
+  auto table = BuildFusedInstallTable(live, lv, staging, sv, regions);
+  ASSERT_FALSE(table.ok());
+  EXPECT_EQ(table.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(table.status().message().find("overlapping"), std::string::npos) << table.status().ToString();
 }
 
 TEST(DigestTableTest, ContiguousTensorsBecomeFewChunks) {

@@ -19,6 +19,7 @@ namespace rc::cuda {
 namespace {
 
 using internal::DigestChunk;
+using internal::FusedChunk;
 using refit::DType;
 
 std::string CudaText(cudaError_t e) {
@@ -149,6 +150,72 @@ Status AddWalk(std::vector<WalkDim> dims, uint64_t gbase, uint64_t addr, uint32_
       }
       goff -= merged[d].g * (merged[d].size - 1);
       doff -= merged[d].d * (merged[d].size - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+
+struct FusedDim {
+  int64_t size, g, d, s;  // extent, global index stride, live stride, staging stride (elements)
+};
+
+// Appends the fused runs of one copy: the walk over its view dims (outer to inner), the staging
+// side dense (the innermost walked dim has staging stride 1 by construction).
+Status AddFusedWalk(std::vector<FusedDim> dims, uint64_t gbase, uint64_t dst, uint64_t src, uint32_t es, uint8_t mode,
+                    uint32_t slot, uint8_t digest, std::vector<FusedChunk>* out, uint64_t* elements) {
+  std::erase_if(dims, [](const FusedDim& d) { return d.size == 1; });
+  for (const FusedDim& d : dims) {
+    if (d.size <= 0) return OkStatus();
+  }
+  if (dims.empty()) dims.push_back({1, 1, 1, 1});
+  for (size_t i = dims.size(); i-- > 1;) {
+    FusedDim& outer = dims[i - 1];
+    const FusedDim& inner = dims[i];
+    if (outer.g == inner.size * inner.g && outer.d == inner.size * inner.d && outer.s == inner.size * inner.s) {
+      outer = {outer.size * inner.size, inner.g, inner.d, inner.s};
+      dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  const FusedDim inner = dims.back();
+  dims.pop_back();
+  if (inner.s != 1) return Internal(fmt::format("fused install walk: innermost staging stride {} is not 1", inner.s));
+  const uint64_t per_chunk = std::max<uint64_t>(1, internal::kDigestChunkBytes / es);
+  std::vector<int64_t> idx(dims.size(), 0);
+  int64_t goff = 0, doff = 0, soff = 0;
+  for (;;) {
+    for (int64_t start = 0; start < inner.size; start += static_cast<int64_t>(per_chunk)) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(per_chunk), inner.size - start);
+      FusedChunk c;
+      c.src = src + static_cast<uint64_t>((soff + start) * static_cast<int64_t>(es));
+      c.dst = dst + static_cast<uint64_t>((doff + start * inner.d) * static_cast<int64_t>(es));
+      c.gindex = gbase + static_cast<uint64_t>(goff + start * inner.g);
+      c.dstride = inner.d;
+      c.gstride = inner.g;
+      c.count = static_cast<uint32_t>(n);
+      c.slot = slot;
+      c.elem_size = static_cast<uint8_t>(es);
+      c.mode = mode;
+      c.digest = digest;
+      out->push_back(c);
+      if (digest) *elements += static_cast<uint64_t>(n);
+    }
+    if (out->size() > kMaxChunks) {
+      return InvalidArgument(fmt::format("fused install walk needs more than {} chunks", kMaxChunks));
+    }
+    size_t d = dims.size();
+    for (;;) {
+      if (d == 0) return OkStatus();
+      --d;
+      if (++idx[d] < dims[d].size) {
+        goff += dims[d].g;
+        doff += dims[d].d;
+        soff += dims[d].s;
+        break;
+      }
+      goff -= dims[d].g * (dims[d].size - 1);
+      doff -= dims[d].d * (dims[d].size - 1);
+      soff -= dims[d].s * (dims[d].size - 1);
       idx[d] = 0;
     }
   }
@@ -390,6 +457,141 @@ Result<DigestTable> BuildInstalledDigestTable(const refit::Capture& capture, con
   return table;
 }
 
+Result<FusedInstallTable> BuildFusedInstallTable(const refit::Capture& live, const refit::DestinationBuffers& live_buffers,
+                                                 const refit::Capture& staging,
+                                                 const refit::DestinationBuffers& staging_buffers,
+                                                 std::span<const refit::DigestRegion> regions) {
+  if (live.copies.size() != staging.copies.size()) {
+    return InvalidArgument(fmt::format("fused install: {} live copies but {} staging copies", live.copies.size(),
+                                       staging.copies.size()));
+  }
+  FusedInstallTable t;
+  std::unordered_map<std::string, uint32_t> slot_of;
+  auto slot = [&](const std::string& tensor) {
+    auto [it, inserted] = slot_of.emplace(tensor, static_cast<uint32_t>(t.slot_tensors.size()));
+    if (inserted) t.slot_tensors.push_back(tensor);
+    return it->second;
+  };
+  std::vector<std::vector<const refit::DigestRegion*>> owned(live.copies.size());
+  for (const refit::DigestRegion& r : regions) {
+    if (r.copy >= live.copies.size()) return InvalidArgument(fmt::format("copy index {} out of range", r.copy));
+    owned[r.copy].push_back(&r);
+  }
+  // Live destination intervals per parameter: overlapping copies would race in one launch.
+  std::map<uint32_t, std::vector<std::pair<int64_t, int64_t>>> intervals;
+  std::vector<refit::DigestRegion> digest_only;
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const refit::CapturedCopy& c = live.copies[i];
+    const refit::CapturedCopy& sc = staging.copies[i];
+    if (sc.source != c.source || sc.box.start != c.box.start || sc.box.extent != c.box.extent ||
+        sc.view_to_source != c.view_to_source || sc.dest_shape != c.dest_shape) {
+      return InvalidArgument(fmt::format("fused install: staging copy {} ({}) is not live copy {} ({})", i, sc.source,
+                                         i, c.source));
+    }
+    const refit::TensorSpec& p = live.params[c.param];
+    const refit::TensorSpec& sp = staging.params[sc.param];
+    if (p.dtype != sp.dtype) {
+      return InvalidArgument(fmt::format("fused install: copy {} stages {} into {} of {}", i, refit::DTypeName(sp.dtype),
+                                         p.name, refit::DTypeName(p.dtype)));
+    }
+    auto lit = live_buffers.find(p.name);
+    if (lit == live_buffers.end() || lit->second.size() != p.bytes()) {
+      return FailedPrecondition(fmt::format("destination {}: no installed buffer of {} bytes", p.name, p.bytes()));
+    }
+    auto sit = staging_buffers.find(sp.name);
+    if (sit == staging_buffers.end() || sit->second.size() != sp.bytes()) {
+      return FailedPrecondition(fmt::format("staging {}: no buffer of {} bytes", sp.name, sp.bytes()));
+    }
+    const size_t nd = c.dest_shape.size();
+    if (c.dest_strides.size() != nd || c.view_to_source.size() != nd) {
+      return InvalidArgument(fmt::format("copy {} of {}: dest shape/strides/view dims disagree", i, c.source));
+    }
+    int64_t numel = 1, hi = c.dest_offset;
+    for (size_t k = 0; k < nd; ++k) {
+      numel *= c.dest_shape[k];
+      if (c.dest_strides[k] < 0) {
+        return FailedPrecondition(fmt::format("copy {} of {}: negative live stride {}", i, c.source, c.dest_strides[k]));
+      }
+      if (c.dest_shape[k] > 0) hi += (c.dest_shape[k] - 1) * c.dest_strides[k];
+    }
+    const uint32_t s = slot(c.source);
+    if (numel == 0) continue;
+    if (c.dest_offset < 0 || (hi + 1) * static_cast<int64_t>(refit::DTypeSize(p.dtype)) > static_cast<int64_t>(p.bytes())) {
+      return InvalidArgument(fmt::format("copy {} of {}: live elements [{}, {}] outside {} ({} bytes)", i, c.source,
+                                         c.dest_offset, hi, p.name, p.bytes()));
+    }
+    intervals[c.param].push_back({c.dest_offset, hi});
+    const bool whole = owned[i].size() == 1 && owned[i][0]->box.start == c.box.start &&
+                       owned[i][0]->box.extent == c.box.extent;
+    if (!whole) {
+      for (const refit::DigestRegion* r : owned[i]) digest_only.push_back(*r);
+    }
+    const refit::Shape g = refit::RowMajorStrides(c.source_shape);
+    const refit::Shape dense = refit::RowMajorStrides(c.dest_shape);
+    int64_t gbase = 0;
+    for (size_t src_dim = 0; src_dim < c.box.ndim(); ++src_dim) gbase += c.box.start[src_dim] * g[src_dim];
+    std::vector<FusedDim> dims;
+    for (size_t k = 0; k < nd; ++k) {
+      const int32_t sd = c.view_to_source[k];
+      dims.push_back({c.dest_shape[k], sd >= 0 ? g[static_cast<size_t>(sd)] : 0, c.dest_strides[k], dense[k]});
+    }
+    const uint32_t es = static_cast<uint32_t>(refit::DTypeSize(p.dtype));
+    RC_RETURN_IF_ERROR(AddFusedWalk(std::move(dims), static_cast<uint64_t>(gbase),
+                                    reinterpret_cast<uint64_t>(lit->second.data()) +
+                                        static_cast<uint64_t>(c.dest_offset) * es,
+                                    reinterpret_cast<uint64_t>(sit->second.data()), es,
+                                    BitsModeFor(c.source_dtype, p.dtype), s, whole ? 1 : 0, &t.chunks, &t.elements)
+                           .WithContext(fmt::format("tensor {}", c.source)));
+    t.bytes += static_cast<uint64_t>(numel) * es;
+  }
+  for (auto& [param, iv] : intervals) {
+    std::sort(iv.begin(), iv.end());
+    for (size_t k = 1; k < iv.size(); ++k) {
+      if (iv[k].first <= iv[k - 1].second) {
+        return FailedPrecondition(fmt::format(
+            "fused install: two copies write overlapping elements of {} ([{}, {}] and [{}, {}]); one launch would race",
+            live.params[param].name, iv[k - 1].first, iv[k - 1].second, iv[k].first, iv[k].second));
+      }
+    }
+  }
+  // Copies owned only in part (the same source elements installed twice): digest their owned
+  // sub-boxes from staging, which holds exactly the bytes the copy writes.
+  if (!digest_only.empty()) {
+    RC_ASSIGN_OR_RETURN(t.digest_only, BuildInstalledDigestTable(staging, staging_buffers, digest_only));
+    for (DigestChunk& dc : t.digest_only.chunks) dc.slot = slot(t.digest_only.slot_tensors[dc.slot]);
+    t.elements += t.digest_only.elements;
+    t.digest_only.slot_tensors.clear();
+  }
+  return t;
+}
+
+std::vector<uint64_t> EvaluateFusedInstallOnHost(const FusedInstallTable& table) {
+  std::vector<uint64_t> sums(table.slot_tensors.size(), 0);
+  for (const FusedChunk& c : table.chunks) {
+    for (uint32_t j = 0; j < c.count; ++j) {
+      const auto* src = reinterpret_cast<const unsigned char*>(c.src) + static_cast<uint64_t>(j) * c.elem_size;
+      auto* dst = reinterpret_cast<unsigned char*>(c.dst) + static_cast<int64_t>(j) * c.dstride * c.elem_size;
+      uint64_t raw = 0;
+      std::memcpy(&raw, src, c.elem_size);  // little-endian
+      std::memcpy(dst, src, c.elem_size);
+      if (c.digest) {
+        sums[c.slot] += refit::DigestTerm(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
+                                          SourceBitsFromInstalled(c.mode, raw));
+      }
+    }
+  }
+  for (const DigestChunk& c : table.digest_only.chunks) {
+    for (uint32_t j = 0; j < c.count; ++j) {
+      const auto* p = reinterpret_cast<const unsigned char*>(c.addr) + static_cast<int64_t>(j) * c.dstride * c.elem_size;
+      uint64_t raw = 0;
+      std::memcpy(&raw, p, c.elem_size);
+      sums[c.slot] += refit::DigestTerm(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
+                                        SourceBitsFromInstalled(c.mode, raw));
+    }
+  }
+  return sums;
+}
+
 std::vector<uint64_t> EvaluateDigestTableOnHost(const DigestTable& table) {
   std::vector<uint64_t> sums(table.slot_tensors.size(), 0);
   for (const DigestChunk& c : table.chunks) {
@@ -455,6 +657,73 @@ Result<refit::TensorDigests> DeviceDigest::Run(double* kernel_ms) {
   refit::TensorDigests out;
   for (size_t i = 0; i < sums.size(); ++i) out[slot_tensors_[i]] += sums[i];
   return out;
+}
+
+// ---- DeviceInstall --------------------------------------------------------------------------------
+
+Result<DeviceInstall> DeviceInstall::Prepare(const refit::Capture& live, const refit::DestinationBuffers& live_buffers,
+                                             const refit::Capture& staging,
+                                             const refit::DestinationBuffers& staging_buffers,
+                                             std::span<const refit::DigestRegion> regions, int device) {
+  RC_ASSIGN_OR_RETURN(internal::FusedInstallTable t,
+                      internal::BuildFusedInstallTable(live, live_buffers, staging, staging_buffers, regions));
+  DeviceInstall di;
+  di.device_ = device;
+  di.chunk_count_ = t.chunks.size();
+  di.digest_chunk_count_ = t.digest_only.chunks.size();
+  di.bytes_ = t.bytes;
+  di.elements_ = t.elements;
+  di.slot_tensors_ = std::move(t.slot_tensors);
+  RC_ASSIGN_OR_RETURN(di.chunks_, DeviceBuffer::Allocate(device, std::max<size_t>(1, t.chunks.size()) * sizeof(internal::FusedChunk)));
+  RC_ASSIGN_OR_RETURN(di.digest_chunks_,
+                      DeviceBuffer::Allocate(device, std::max<size_t>(1, t.digest_only.chunks.size()) * sizeof(internal::DigestChunk)));
+  RC_ASSIGN_OR_RETURN(di.sums_, DeviceBuffer::Allocate(device, std::max<size_t>(1, di.slot_tensors_.size()) * 8));
+  if (!t.chunks.empty()) {
+    RC_RETURN_IF_ERROR(CopyToDevice(di.chunks_.data(), t.chunks.data(), t.chunks.size() * sizeof(internal::FusedChunk), device));
+  }
+  if (!t.digest_only.chunks.empty()) {
+    RC_RETURN_IF_ERROR(CopyToDevice(di.digest_chunks_.data(), t.digest_only.chunks.data(),
+                                    t.digest_only.chunks.size() * sizeof(internal::DigestChunk), device));
+  }
+  return di;
+}
+
+Result<refit::TensorDigests> DeviceInstall::Run(double* kernel_ms) {
+  DeviceGuard guard(device_);
+  RC_RETURN_IF_ERROR(guard.status(device_));
+  std::vector<uint64_t> sums(slot_tensors_.size(), 0);
+  if (!sums.empty()) RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(sums_.data(), 0, sums.size() * 8, nullptr), "cudaMemset"));
+  EventTimer timer;
+  if (chunk_count_ > 0) {
+    RC_RETURN_IF_ERROR(Check(internal::LaunchFusedInstall(reinterpret_cast<const internal::FusedChunk*>(chunks_.data()),
+                                                          chunk_count_, reinterpret_cast<uint64_t*>(sums_.data()), nullptr),
+                             "fused install kernel launch"));
+  }
+  if (digest_chunk_count_ > 0) {
+    RC_RETURN_IF_ERROR(Check(internal::LaunchDigest(reinterpret_cast<const internal::DigestChunk*>(digest_chunks_.data()),
+                                                    digest_chunk_count_, reinterpret_cast<uint64_t*>(sums_.data()), nullptr),
+                             "digest kernel launch (partly owned copies)"));
+  }
+  RC_ASSIGN_OR_RETURN(double ms, timer.Stop());
+  if (kernel_ms != nullptr) *kernel_ms = ms;
+  if (!sums.empty()) {
+    RC_RETURN_IF_ERROR(Check(cudaMemcpy(sums.data(), sums_.data(), sums.size() * 8, cudaMemcpyDeviceToHost),
+                             "fused install kernel"));
+  }
+  refit::TensorDigests out;
+  for (size_t i = 0; i < sums.size(); ++i) out[slot_tensors_[i]] += sums[i];
+  return out;
+}
+
+Result<double> TimedReadSweep(const void* src, uint64_t bytes, int device) {
+  DeviceGuard guard(device);
+  RC_RETURN_IF_ERROR(guard.status(device));
+  RC_ASSIGN_OR_RETURN(DeviceBuffer sink, DeviceBuffer::Allocate(device, 8));
+  RC_RETURN_IF_ERROR(Check(cudaMemset(sink.data(), 0, 8), "cudaMemset"));
+  EventTimer timer;
+  RC_RETURN_IF_ERROR(Check(internal::LaunchReadSweep(src, bytes, reinterpret_cast<uint64_t*>(sink.data()), nullptr),
+                           fmt::format("read sweep of {} bytes", bytes)));
+  return timer.Stop();
 }
 
 // ---- ExecutePlanOnDevice --------------------------------------------------------------------------

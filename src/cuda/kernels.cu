@@ -14,6 +14,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The digest is bound by integer work, not memory: SASS of the bf16 loop has ~47 instructions per
+// element (29 on the ALU pipe, 17 IMAD) for the two SplitMix64 finalizers, and it reads 16.4 GB in
+// ~17 ms (~960 GB/s) where a plain read takes 3.65 ms (H200, 2026-12-01). Moving the high-word
+// shifts to the multiply pipe (mulhi by 2^(32-k); 23 ALU / 23 IMAD per element) measured no gain
+// (17.5 ms, 937 GB/s), so the formula's instruction count, not the pipe balance, is the limit
+// (docs/vllm.md).
 // Same formula as rc::refit::DigestTerm (digest.h), which includes more than device code needs.
 __device__ __forceinline__ uint64_t Term(uint64_t index, uint64_t bits) { return rc::Mix64(rc::Mix64(index) ^ bits); }
 
@@ -87,6 +93,104 @@ __global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chun
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
     if (lane == 0) atomicAdd(reinterpret_cast<unsigned long long*>(sums + c.slot), static_cast<unsigned long long>(sum));
   }
+}
+
+template <int ES>
+__device__ __forceinline__ void StoreRaw(unsigned char* p, uint64_t v) {
+  if constexpr (ES == 1) *p = static_cast<unsigned char>(v);
+  if constexpr (ES == 2) *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
+  if constexpr (ES == 4) *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
+  if constexpr (ES == 8) *reinterpret_cast<unsigned long long*>(p) = v;
+}
+
+// One fused run: copy (and, when c.digest, digest what is written, from the same registers).
+template <int ES, int MODE>
+__device__ uint64_t FusedRun(const FusedChunk& c) {
+  const auto* src = reinterpret_cast<const unsigned char*>(c.src);
+  auto* dst = reinterpret_cast<unsigned char*>(c.dst);
+  uint64_t sum = 0;
+  const bool digest = c.digest != 0;
+  if (c.dstride == 1 && (!digest || c.gstride == 1) && ((c.src | c.dst) & 15) == 0) {
+    constexpr int kPer = 16 / ES;
+    constexpr uint64_t kMask = ES == 8 ? ~0ull : ((1ull << (8 * ES)) - 1);
+    const uint32_t nvec = c.count / kPer;
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    auto* d = reinterpret_cast<uint4*>(dst);
+    if (digest) {
+      for (uint32_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+        const uint4 q = __ldg(s + i);
+        d[i] = q;
+        const uint64_t w[2] = {q.x | (static_cast<uint64_t>(q.y) << 32), q.z | (static_cast<uint64_t>(q.w) << 32)};
+        const uint64_t g0 = c.gindex + static_cast<uint64_t>(i) * kPer;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
+          sum += Term(g0 + k, SourceBitsFromInstalled(MODE, raw));
+        }
+      }
+    } else {
+      for (uint32_t i = threadIdx.x; i < nvec; i += blockDim.x) d[i] = __ldg(s + i);
+    }
+    for (uint32_t j = nvec * kPer + threadIdx.x; j < c.count; j += blockDim.x) {
+      const uint64_t raw = LoadRaw<ES>(src + static_cast<uint64_t>(j) * ES);
+      StoreRaw<ES>(dst + static_cast<uint64_t>(j) * ES, raw);
+      if (digest) sum += Term(c.gindex + j, SourceBitsFromInstalled(MODE, raw));
+    }
+  } else {
+    for (uint32_t j = threadIdx.x; j < c.count; j += blockDim.x) {
+      const uint64_t raw = LoadRaw<ES>(src + static_cast<uint64_t>(j) * ES);
+      StoreRaw<ES>(dst + static_cast<int64_t>(j) * c.dstride * ES, raw);
+      if (digest) {
+        sum += Term(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
+                    SourceBitsFromInstalled(MODE, raw));
+      }
+    }
+  }
+  return sum;
+}
+
+__device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum) {
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+  __shared__ uint64_t warp_sums[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if (lane == 0 && sum != 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_sum), static_cast<unsigned long long>(sum));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) FusedInstallKernel(const FusedChunk* chunks, uint64_t* sums) {
+  const FusedChunk c = chunks[blockIdx.x];
+  uint64_t sum = 0;
+  switch (c.elem_size * 16 + c.mode) {
+    case 1 * 16 + kBitsRaw: sum = FusedRun<1, kBitsRaw>(c); break;
+    case 2 * 16 + kBitsRaw: sum = FusedRun<2, kBitsRaw>(c); break;
+    case 4 * 16 + kBitsRaw: sum = FusedRun<4, kBitsRaw>(c); break;
+    case 8 * 16 + kBitsRaw: sum = FusedRun<8, kBitsRaw>(c); break;
+    case 4 * 16 + kBitsF32FromBf16: sum = FusedRun<4, kBitsF32FromBf16>(c); break;
+    case 4 * 16 + kBitsF32FromF16: sum = FusedRun<4, kBitsF32FromF16>(c); break;
+    case 2 * 16 + kBitsBf16FromF32: sum = FusedRun<2, kBitsBf16FromF32>(c); break;
+    case 2 * 16 + kBitsF16FromF32: sum = FusedRun<2, kBitsF16FromF32>(c); break;
+    case 1 * 16 + kBitsMismatch: sum = FusedRun<1, kBitsMismatch>(c); break;
+    case 2 * 16 + kBitsMismatch: sum = FusedRun<2, kBitsMismatch>(c); break;
+    case 4 * 16 + kBitsMismatch: sum = FusedRun<4, kBitsMismatch>(c); break;
+    case 8 * 16 + kBitsMismatch: sum = FusedRun<8, kBitsMismatch>(c); break;
+    default: sum = 0; break;  // the host never builds other chunks
+  }
+  if (c.digest) BlockAddToSlot(sum, sums + c.slot);
+}
+
+__global__ void __launch_bounds__(kThreads) ReadSweepKernel(const uint4* src, uint64_t nvec, uint64_t* sink) {
+  uint32_t acc = 0;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < nvec;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint4 q = __ldg(src + i);
+    acc ^= q.x ^ q.y ^ q.z ^ q.w;
+  }
+  if (acc == 0x9e3779b9u) atomicAdd(reinterpret_cast<unsigned long long*>(sink), 1ull);  // practically never
 }
 
 __global__ void __launch_bounds__(kThreads) CopyKernel(const CopyChunk* chunks) {
@@ -199,6 +303,28 @@ cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* su
     const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
     DigestKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(chunks + begin, sums);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFusedInstall(const FusedChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream) {
+  constexpr uint64_t kMaxBlocks = (1ull << 31) - 1;
+  for (uint64_t begin = 0; begin < count; begin += kMaxBlocks) {
+    const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
+    FusedInstallKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(chunks + begin, sums);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchReadSweep(const void* src, uint64_t bytes, uint64_t* sink, cudaStream_t stream) {
+  if ((reinterpret_cast<uint64_t>(src) & 15) != 0 || bytes % 16 != 0) return cudaErrorInvalidValue;
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const uint64_t nvec = bytes / 16;
+  uint64_t blocks = static_cast<uint64_t>(sms > 0 ? sms : 132) * 16;  // enough loads in flight per SM
+  const uint64_t need = (nvec + kThreads - 1) / kThreads;
+  if (blocks > need) blocks = need < 1 ? 1 : need;
+  ReadSweepKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const uint4*>(src), nvec, sink);
   return cudaGetLastError();
 }
 

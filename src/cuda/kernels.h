@@ -31,6 +31,31 @@ inline constexpr uint32_t kDigestChunkBytes = 128 * 1024;  // contiguous chunks 
 // sums[slot] += sum of DigestTerm over each chunk (mod 2^64; sums must start zeroed).
 cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream);
 
+// A run of the fused install (staging -> live copy that digests what it writes, one pass): count
+// elements read densely from src (step 1) and written at dst + j * dstride (elements); when
+// `digest` is 1 each written element also adds DigestTerm(gindex + j * gstride, source bits) into
+// sums[slot] (the run is owned by its copy, digest.h AssignDigestOwnership); 0: copy only.
+struct FusedChunk {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+  uint64_t gindex = 0;
+  int64_t dstride = 1;
+  int64_t gstride = 1;
+  uint32_t count = 0;
+  uint32_t slot = 0;
+  uint8_t elem_size = 2;
+  uint8_t mode = 0;    // BitsMode (dtype_bits.h)
+  uint8_t digest = 1;  // 1: copy + digest, 0: copy only
+  uint8_t pad[5] = {};
+};
+static_assert(sizeof(FusedChunk) == 56);
+cudaError_t LaunchFusedInstall(const FusedChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream);
+
+// Plain read of `bytes` at `src` (16-byte loads, grid-stride, the XOR of everything folded into
+// *sink so the loads cannot be removed): the device's read bandwidth over the same bytes the digest
+// reads, for the benchmark's ratio. src must be 16-byte aligned; bytes a multiple of 16.
+cudaError_t LaunchReadSweep(const void* src, uint64_t bytes, uint64_t* sink, cudaStream_t stream);
+
 struct CopyChunk {
   uint64_t src = 0, dst = 0, bytes = 0;
 };

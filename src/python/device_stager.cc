@@ -9,9 +9,12 @@
 // topology is unchanged), pulls them with the manifest's transport (cuda_ipc / nccl: device to
 // device, no host copy) into the staging buffers, and checks the staged bytes against the
 // published per-tensor digests on the GPU. LiveDigest() digests the live parameters through the
-// live capture (DeviceDigest::ForInstalled, the same definition as everywhere in rolloutcore).
-// Nothing here writes a live parameter: the install (staging -> live, in place) is the
-// extension's, while vLLM is paused.
+// live capture (DeviceDigest::ForInstalled, the same definition as everywhere in rolloutcore;
+// the uploaded table is kept while the live addresses are unchanged).
+// PrepareInstall() (called after a stage, while vLLM still serves) builds and uploads the fused
+// install table (DeviceInstall: staging -> live copies that digest what they write, one launch);
+// Install() only launches it, so the extension calls it only while vLLM is paused. Nothing else
+// here writes a live parameter.
 //
 // Thread safety: one DeviceStager belongs to one worker thread (vLLM runs collective_rpc calls
 // one at a time); every method releases the GIL while it waits on the GPU or the network.
@@ -104,6 +107,18 @@ refit::DestinationBuffers BuffersFrom(const py::dict& buffers) {
   return out;
 }
 
+// Identity of a set of buffers (names, addresses, sizes): a cached device table stays valid while
+// it is unchanged.
+uint64_t BuffersKey(const refit::DestinationBuffers& b) {
+  Hasher h;
+  for (const auto& [name, span] : b) {
+    h.Update(name);
+    h.UpdateU64(reinterpret_cast<uint64_t>(span.data()));
+    h.UpdateU64(span.size());
+  }
+  return h.Digest();
+}
+
 py::dict DigestsDict(const refit::TensorDigests& d) {
   py::dict out;
   for (const auto& [name, v] : d) out[py::str(name)] = Hex64(v);
@@ -135,6 +150,9 @@ class PyDeviceStager {
     imports_.reset();
     transport_.reset();
     topology_ = 0;
+    live_digest_.reset();
+    install_.reset();
+    install_key_ = live_digest_key_ = 0;
   }
 
   py::dict Stage(const std::string& directory, const std::string& model, const std::string& version,
@@ -168,16 +186,30 @@ class PyDeviceStager {
   }
 
   // Per-tensor digests of the live parameters ({name: (address, bytes)}) through the live capture.
+  // The uploaded table is kept while the buffers (names, addresses, sizes) are unchanged.
   py::dict LiveDigest(const py::dict& live_buffers) {
     if (live_.copies.empty()) Raise(FailedPrecondition("DeviceStager: set_captures was not called"));
     refit::DestinationBuffers buffers = BuffersFrom(live_buffers);
     refit::TensorDigests d;
     double kernel_ms = 0;
+    bool cached = false;
     const auto t0 = std::chrono::steady_clock::now();
     {
       py::gil_scoped_release nogil;
-      auto digest = cuda::DeviceDigest::ForInstalled(live_, buffers, live_regions_, device_);
-      Result<refit::TensorDigests> r = digest.ok() ? digest->Run(&kernel_ms) : Result<refit::TensorDigests>(digest.status());
+      const uint64_t key = BuffersKey(buffers);
+      cached = live_digest_ && key == live_digest_key_;
+      Status st = OkStatus();
+      if (!cached) {
+        live_digest_.reset();
+        auto digest = cuda::DeviceDigest::ForInstalled(live_, buffers, live_regions_, device_);
+        if (digest.ok()) {
+          live_digest_ = std::make_unique<cuda::DeviceDigest>(std::move(*digest));
+          live_digest_key_ = key;
+        } else {
+          st = digest.status();
+        }
+      }
+      Result<refit::TensorDigests> r = st.ok() ? live_digest_->Run(&kernel_ms) : Result<refit::TensorDigests>(st);
       if (!r.ok()) {
         py::gil_scoped_acquire gil;
         Raise(r.status().WithContext("live digest"));
@@ -189,6 +221,83 @@ class PyDeviceStager {
     out["content_digest"] = Hex64(refit::CombineTensorDigests(d));
     out["kernel_ms"] = kernel_ms;
     out["digest_ms"] = MsSince(t0);
+    out["table_cached"] = cached;
+    out["source"] = "reread";
+    return out;
+  }
+
+  // Builds and uploads the fused install table for these buffers (kept while they are unchanged).
+  // Never writes a live byte. {ok: true, chunks, bytes, elements, prepare_ms} or {ok: false,
+  // reason} when the copies cannot run in one launch (overlapping live elements): the caller then
+  // copies in order and digests afterwards.
+  py::dict PrepareInstall(const py::dict& staging_buffers, const py::dict& live_buffers) {
+    if (live_.copies.empty()) Raise(FailedPrecondition("DeviceStager: set_captures was not called"));
+    refit::DestinationBuffers sb = BuffersFrom(staging_buffers), lb = BuffersFrom(live_buffers);
+    py::dict out;
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = OkStatus();
+    {
+      py::gil_scoped_release nogil;
+      const uint64_t key = BuffersKey(sb) * 31 + BuffersKey(lb);
+      if (!install_ || key != install_key_) {
+        install_.reset();
+        auto di = cuda::DeviceInstall::Prepare(live_, lb, staging_, sb, live_regions_, device_);
+        if (di.ok()) {
+          install_ = std::make_unique<cuda::DeviceInstall>(std::move(*di));
+          install_key_ = key;
+        } else {
+          st = di.status();
+        }
+      }
+    }
+    if (!st.ok()) {
+      if (st.code() != StatusCode::kFailedPrecondition) Raise(st.WithContext("preparing the fused install"));
+      out["ok"] = false;
+      out["reason"] = st.ToString();
+      return out;
+    }
+    out["ok"] = true;
+    out["chunks"] = install_->chunks();
+    out["bytes"] = install_->bytes();
+    out["elements"] = install_->elements();
+    out["prepare_ms"] = MsSince(t0);
+    return out;
+  }
+
+  // Launches the prepared fused install: writes every live destination of the staging copies and
+  // returns the digest of what it wrote. Only while the engine is paused (the caller's duty).
+  // {ok: false, reason} without writing anything when nothing was prepared for exactly these
+  // buffers (e.g. a parameter moved since the stage).
+  py::dict Install(const py::dict& staging_buffers, const py::dict& live_buffers) {
+    {
+      refit::DestinationBuffers sb = BuffersFrom(staging_buffers), lb = BuffersFrom(live_buffers);
+      if (!install_ || BuffersKey(sb) * 31 + BuffersKey(lb) != install_key_) {
+        py::dict refused;
+        refused["ok"] = false;
+        refused["reason"] = install_ ? "the buffers changed since prepare_install" : "prepare_install did not succeed";
+        return refused;
+      }
+    }
+    refit::TensorDigests d;
+    double kernel_ms = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      py::gil_scoped_release nogil;
+      Result<refit::TensorDigests> r = install_->Run(&kernel_ms);
+      if (!r.ok()) {
+        py::gil_scoped_acquire gil;
+        Raise(r.status().WithContext("fused install"));
+      }
+      d = std::move(*r);
+    }
+    py::dict out;
+    out["ok"] = true;
+    out["tensors"] = DigestsDict(d);
+    out["content_digest"] = Hex64(refit::CombineTensorDigests(d));
+    out["kernel_ms"] = kernel_ms;
+    out["digest_ms"] = MsSince(t0);
+    out["bytes"] = install_->bytes();
+    out["source"] = "fused";
     return out;
   }
 
@@ -277,6 +386,10 @@ class PyDeviceStager {
   std::map<std::string, double> last_stages_;
   refit::TensorDigests staged_;
   refit::TensorDigests published_;
+  std::unique_ptr<cuda::DeviceDigest> live_digest_;
+  uint64_t live_digest_key_ = 0;
+  std::unique_ptr<cuda::DeviceInstall> install_;
+  uint64_t install_key_ = 0;
   uint64_t manifest_digest_ = 0;
 };
 
@@ -289,7 +402,22 @@ void RegisterDeviceStager(py::module_& m) {
            py::arg("live_params"), py::arg("live_copies"))
       .def("stage", &PyDeviceStager::Stage, py::arg("directory"), py::arg("model"), py::arg("version"),
            py::arg("timeout_ms"), py::arg("staging_buffers"))
-      .def("live_digest", &PyDeviceStager::LiveDigest, py::arg("live_buffers"));
+      .def("live_digest", &PyDeviceStager::LiveDigest, py::arg("live_buffers"))
+      .def("prepare_install", &PyDeviceStager::PrepareInstall, py::arg("staging_buffers"), py::arg("live_buffers"))
+      .def("install", &PyDeviceStager::Install, py::arg("staging_buffers"), py::arg("live_buffers"));
+  // GPU milliseconds of a plain 16-byte-load read of `nbytes` at device address `address`.
+  m.def(
+      "read_sweep_ms",
+      [](uintptr_t address, uint64_t nbytes, int device) {
+        Result<double> r = Result<double>(0.0);
+        {
+          py::gil_scoped_release nogil;
+          r = cuda::TimedReadSweep(reinterpret_cast<const void*>(address), nbytes, device);
+        }
+        if (!r.ok()) Raise(r.status());
+        return *r;
+      },
+      py::arg("address"), py::arg("nbytes"), py::arg("device"));
 }
 
 }  // namespace rc::python

@@ -235,6 +235,90 @@ TEST(HttpAdapterVllmTest, FullCycleRecordsObservedEvidence) {
                          "copies: no second pass over the weights in the pause window";
 }
 
+Json Sum(uint64_t sum, int64_t elements, bool full, std::optional<int64_t> numel = std::nullopt) {
+  Json j{{"sum", Hex64(sum)}, {"elements", elements}, {"full", full}};
+  if (numel) j["numel"] = *numel;
+  return j;
+}
+
+int RpcCount(FakeVllm& vllm, const std::string& method) {
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  int n = 0;
+  for (const Json& c : vllm.rpc_calls_) n += c["method"] == method ? 1 : 0;
+  return n;
+}
+
+TEST(HttpAdapterVllmTest, InstallReplyServesLabelAndDigestWithoutMoreRoundTrips) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  cfg.install_reports_digest = true;
+  FakeVllm vllm(cfg);
+  const uint64_t norm = 0x1111222233334444ull, a0 = 0xfffffffffffffff0ull, a1 = 0x20;
+  vllm.Script([&] {
+    vllm.digest_results_ = {Json{{"ok", true},
+                                 {"content_digest", nullptr},
+                                 {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a0, 6, false, 10)}}}},
+                            Json{{"ok", true},
+                                 {"content_digest", nullptr},
+                                 {"tensor_sums", {{"norm", Sum(norm, 8, true)}, {"proj", Sum(a1, 4, false, 10)}}}}};
+  });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  ASSERT_TRUE(Await(a.Install(Target(), false)).ok());
+  ASSERT_TRUE(Await(a.ResetCache(lifecycle::CacheKind::kPrefix)).ok());
+  auto label = Await(a.ReadLabel());
+  ASSERT_TRUE(label.ok()) << label.status().ToString();
+  EXPECT_EQ(label->label, "v8");
+  auto digest = Await(a.ReadContentDigest());
+  ASSERT_TRUE(digest.ok()) << digest.status().ToString();
+  refit::TensorDigests want{{"norm", norm}, {"proj", a0 + a1}};
+  EXPECT_EQ(digest->content_digest, Hex64(refit::CombineTensorDigests(want)));
+  EXPECT_EQ(RpcCount(vllm, "rc_label"), 0) << "the label rc_install reported is the label rc_label would read";
+  EXPECT_EQ(RpcCount(vllm, "rc_digest"), 0) << "rc_install's reply carries rc_digest(fresh=false)'s fields";
+  // Used once: a later read asks the workers again, and sees what they say now.
+  vllm.Script([&] { vllm.digest_results_[1]["tensor_sums"]["norm"] = Sum(norm + 1, 8, true); });
+  auto again = Await(a.ReadContentDigest());
+  EXPECT_EQ(again.status().code(), StatusCode::kDataLoss) << "the ranks now disagree on norm";
+  EXPECT_EQ(RpcCount(vllm, "rc_digest"), 1);
+  ASSERT_TRUE(Await(a.Resume()).ok());
+}
+
+TEST(HttpAdapterVllmTest, AnInstallReplyWithoutTheDigestFieldsFallsBackToRcLabelAndRcDigest) {
+  FakeVllm vllm;  // install_reports_digest = false: the older extension's reply
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  ASSERT_TRUE(Await(a.Install(Target(), false)).ok());
+  ASSERT_TRUE(Await(a.ReadLabel()).ok());
+  ASSERT_TRUE(Await(a.ReadContentDigest()).ok());
+  EXPECT_EQ(RpcCount(vllm, "rc_label"), 1);
+  EXPECT_EQ(RpcCount(vllm, "rc_digest"), 1);
+}
+
+TEST(HttpAdapterVllmTest, PauseViaSleepUsesSleepLevelZeroAndWakeUpScheduling) {
+  FakeVllm vllm;
+  HttpAdapterOptions o = Options(vllm.url());
+  o.vllm_pause_via_sleep = true;
+  HttpEngineAdapter a(o);
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
+  auto p = Await(a.Pause(lifecycle::PauseMode::kWait));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->paused);
+  EXPECT_EQ(p->running, 0);
+  EXPECT_EQ(p->detail["pause"]["request"], "/sleep?level=0&mode=wait");
+  ASSERT_TRUE(Await(a.Install(Target(), false)).ok());
+  ASSERT_TRUE(Await(a.ResetCache(lifecycle::CacheKind::kPrefix)).ok());
+  auto r = Await(a.Resume());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->paused_after);
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.pause_queries_, (std::vector<std::string>{"sleep level=0&mode=wait", "wake_up tags=scheduling"}));
+}
+
 TEST(HttpAdapterVllmTest, RefusedPrefixResetIsRetriedAndTheAttemptsRecorded) {
   FakeVllm vllm;
   vllm.Script([&] { vllm.reset_answers_ = {false, false, true}; });
@@ -382,12 +466,6 @@ TEST(HttpAdapterVllmTest, LabelDisagreementAcrossWorkersIsDataLoss) {
   ASSERT_FALSE(label.ok());
   EXPECT_EQ(label.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(label.status().message().find("rank 1 'v7'"), std::string::npos) << label.status().message();
-}
-
-Json Sum(uint64_t sum, int64_t elements, bool full, std::optional<int64_t> numel = std::nullopt) {
-  Json j{{"sum", Hex64(sum)}, {"elements", elements}, {"full", full}};
-  if (numel) j["numel"] = *numel;
-  return j;
 }
 
 TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {

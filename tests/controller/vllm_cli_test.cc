@@ -105,5 +105,27 @@ TEST_F(VllmCliTest, NativeNcclTransferAndBadUrlsAreRefusedUpFront) {
   EXPECT_NE(ctl_->LogTail().find("vllm+ftp://127.0.0.1:1"), std::string::npos) << ctl_->LogTail();
 }
 
+TEST_F(VllmCliTest, BenchCycleEngineVllmRunsThePackagesBenchWithTheArguments) {
+  // The real Python bench, importable from the source tree; --dry-run prints its configuration
+  // (no GPU needed). --cycles is the subcommand's own flag, forwarded; the rest passes through.
+  ::setenv("PYTHONPATH", ROLLOUTCORE_PY_SRC, 1);
+  ::unsetenv("ROLLOUTCORE_BIN");
+  ctl_ = ChildProcess::Spawn("bench", {"bench", "cycle", "--engine", "vllm", "--cycles", "4", "--shape", "8b",
+                                       "--pause-call", "sleep", "--dry-run"},
+                             dir_ + "/bench.log", ROLLOUTCORE_BIN)
+             .value();
+  EXPECT_EQ(WaitExit(ctl_.get()), 0) << ctl_->LogTail();
+  const std::string out = ctl_->LogTail(40);
+  EXPECT_NE(out.find("\"cycles\": 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"shape\": \"8b\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"pause_call\": \"sleep\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"rolloutcore_bin\": \"/"), std::string::npos) << "the bench's servers use this binary: " << out;
+  // Arguments the embedded bench does not know are refused there, not ignored.
+  ctl_ = ChildProcess::Spawn("bench", {"bench", "cycle", "--shape", "8b"}, dir_ + "/bench2.log", ROLLOUTCORE_BIN).value();
+  EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("unknown arguments for --engine embedded: --shape 8b"), std::string::npos)
+      << ctl_->LogTail();
+}
+
 }  // namespace
 }  // namespace rc

@@ -31,6 +31,9 @@ struct FakeVllmConfig {
   bool dev_mode = true;   // VLLM_SERVER_DEV_MODE=1
   bool prefix_caching = true;
   bool reset_clears = true;  // a successful reset really drops the canary's blocks
+  // rc_install's reply also carries the digest fields of rc_digest(fresh=false) (the extension
+  // since the fused install); false: the older reply without them.
+  bool install_reports_digest = false;
 };
 
 class FakeVllm {
@@ -57,6 +60,22 @@ class FakeVllm {
                                "&clear_cache=" + q.get_param_value("clear_cache"));
       paused_ = true;
       r.set_content(R"({"status":"paused"})", "application/json");
+    });
+    // /sleep?level=0&mode=M pauses the scheduler like /pause; /wake_up?tags=scheduling resumes it.
+    // Both answer an empty 200, as vLLM does.
+    svr_.Post("/sleep", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      pause_queries_.push_back("sleep level=" + q.get_param_value("level") + "&mode=" + q.get_param_value("mode"));
+      if (q.get_param_value("level") == "0") paused_ = true;
+      r.status = 200;
+    });
+    svr_.Post("/wake_up", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      pause_queries_.push_back("wake_up tags=" + q.get_param_value("tags"));
+      paused_ = false;
+      r.status = 200;
     });
     svr_.Post("/resume", [this](const httplib::Request&, httplib::Response& r) {
       if (!Dev(r)) return;
@@ -207,6 +226,15 @@ class FakeVllm {
       }
       r["label"] = labels_[rank];
       r["generation"] = generations_[rank];
+      if (cfg_.install_reports_digest && outcome == "installed") {
+        Json d = rank < static_cast<int>(digest_results_.size())
+                     ? digest_results_[rank]
+                     : Json{{"ok", true}, {"content_digest", "0123456789abcdef"}};
+        for (const char* k : {"content_digest", "tensor_sums"}) {
+          if (d.contains(k)) r[k] = d[k];
+        }
+        r["digest_source"] = "fused";
+      }
       return r;
     }
     if (method == "rc_label") {

@@ -122,10 +122,26 @@ def test_stage_install_and_prove_v1_from_fsdp2_cuda_shards(env):
     assert ev["bytes_needed"] == ev["bytes_planned"] == ev["bytes_pulled"], ev
     assert ev["fallback_tensors"] == [], ev["fallback_reasons"]
     assert inst["verified"], inst
+    # One fused launch copied staging into the live parameters and digested what it wrote; the
+    # fresh digest below re-reads the live memory and must agree tensor by tensor.
+    assert ev["install_prepared"]["ok"], ev["install_prepared"]
+    assert inst["install_path"] == "fused" and inst["digest_source"] == "fused", inst
+    figure("tiny_fused_install_kernel_ms", inst["kernel_ms"])
     d = v.rpc1("rc_digest", per_tensor=True, fresh=True)
+    assert d["digest_source"] == "reread"
     assert d["label"] == "v1" and d["generation"] == 1
     loaded = {n: h for n, h in per.items() if n not in d["not_loaded"]}
     assert d["tensors"] == loaded, "live digest != manifest for some tensor"
+    # The device digest (kernels.cu) against the CPU's definition, on the trainer's own bytes: the
+    # smallest, the largest and a fused (qkv) source tensor.
+    import rolloutcore
+
+    full = trainer.versions["v1"]
+    names = sorted(full, key=lambda n: full[n].numel())
+    picks = {names[0], names[-1]} | {n for n in names if n.endswith("k_proj.weight")}
+    for n in sorted(picks)[:4]:
+        if n in d["tensors"]:
+            assert rolloutcore.tensor_digest(full[n].detach().cpu().contiguous()) == d["tensors"][n], n
     if not d["not_loaded"]:
         assert d["content_digest"] == want == inst["content_digest"]
     lab = v.rpc1("rc_label")
@@ -197,6 +213,34 @@ def test_reset_prefix_cache_answers_false_while_a_request_is_frozen(env):
     v.post("/resume")
     out = bg.join(120)
     assert out["usage"]["completion_tokens"] == 600
+
+
+def test_sleep_level0_pauses_the_scheduler_and_wake_up_scheduling_resumes_it(env):
+    """--vllm-pause-call sleep: /sleep?level=0&mode=wait is the scheduler pause without /pause's
+    trailing 20 ms sleep; requests sent meanwhile wait until /wake_up?tags=scheduling."""
+    v = env["vllm"]
+    t0 = time.perf_counter()
+    st, body = v.post("/sleep?level=0&mode=wait")
+    sleep_ms = (time.perf_counter() - t0) * 1e3
+    assert st == 200, body
+    assert http("GET", v.base + "/is_paused")[1] == {"is_paused": True}
+    bg = Background(v.complete, [5, 6, 7, 8], max_tokens=2)
+    bg.thread.join(0.5)
+    assert bg.thread.is_alive(), "a request was served while paused"
+    t1 = time.perf_counter()
+    st, body = v.post("/wake_up?tags=scheduling")
+    wake_ms = (time.perf_counter() - t1) * 1e3
+    assert st == 200, body
+    assert http("GET", v.base + "/is_paused")[1] == {"is_paused": False}
+    out = bg.join(60)
+    assert out["usage"]["completion_tokens"] == 2
+    t2 = time.perf_counter()
+    st, body = v.post("/pause?mode=wait&clear_cache=false")
+    pause_ms = (time.perf_counter() - t2) * 1e3
+    v.post("/resume")
+    figure("idle_sleep0_call_ms", round(sleep_ms, 2))
+    figure("idle_pause_call_ms", round(pause_ms, 2))
+    figure("idle_wake_up_call_ms", round(wake_ms, 2))
 
 
 def test_install_without_stage_is_refused_untouched(env):
@@ -450,3 +494,22 @@ def test_vllm_killed_mid_install_taints_in_bounded_time_and_recovery_proves_the_
     want, per = manifest_digests(env["directory"], MODEL, "v8")
     d = v2.rpc1("rc_digest", per_tensor=True, fresh=True)
     assert d["label"] == "v8" and {n: h for n, h in per.items() if n not in d["not_loaded"]} == d["tensors"]
+
+
+def test_controller_with_pause_via_sleep_commits(env, ctl):
+    """`controller serve --vllm-pause-call sleep` against the real vLLM: the update commits, the
+    journal shows the /sleep?level=0 pause, the engine is unpaused afterwards."""
+    trainer = env["trainer"]
+    trainer.make("v9", seed=9)
+    trainer.publish("v9")
+    want, per = manifest_digests(env["directory"], MODEL, "v9")
+    ctl.stop()
+    ctl.start("--vllm-pause-call", "sleep")
+    eng = update(ctl.url, "v9")
+    assert eng["outcome"] == "committed", eng
+    figure("controller_sleep_pause_phases_ms", eng.get("phases_ms"))
+    ins = [r for r in journal(ctl.url) if r.get("event") == "begin_install"]
+    assert ins and "/sleep?level=0&mode=wait" in json.dumps(ins[-1]), ins[-1:]
+    assert http("GET", env["vllm"].base + "/is_paused")[1] == {"is_paused": False}
+    d = env["vllm"].rpc1("rc_digest", per_tensor=True, fresh=True)
+    assert d["label"] == "v9" and {n: h for n, h in per.items() if n not in d["not_loaded"]} == d["tensors"]

@@ -43,6 +43,11 @@ struct HttpAdapterOptions {
   int reset_attempts = 5;              // vLLM: /reset_prefix_cache calls per ResetCache while it answers success:false
   int64_t reset_backoff_ms = 10;       // vLLM: delay before the first retry; doubles per retry
   int64_t gauge_probe_after_ms = 1000;  // vLLM: a non-zero drain reading unchanged this long is refreshed by a probe
+  // vLLM: how the scheduler is paused and resumed. false: POST /pause?mode=M&clear_cache=false and
+  // /resume. true: POST /sleep?level=0&mode=M and /wake_up?tags=scheduling, the same
+  // pause_scheduler(M, clear_cache=false) / resume_scheduler utility calls without the fixed 20 ms
+  // asyncio.sleep AsyncLLM.pause_generation adds after every pause (docs/vllm.md).
+  bool vllm_pause_via_sleep = false;
   EngineFlavor expected_flavor = EngineFlavor::kUnknown;  // kUnknown: detect; else Describe() checks it
 };
 

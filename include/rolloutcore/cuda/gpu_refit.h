@@ -42,6 +42,7 @@
 namespace rc::cuda {
 namespace internal {
 struct DigestTable;
+struct FusedInstallTable;
 }
 
 // CUDA devices visible to this process; 0 when there is no driver or no device (never fails).
@@ -135,6 +136,44 @@ class DeviceDigest {
   uint64_t elements_ = 0;
   std::vector<std::string> slot_tensors_;
 };
+
+// The install of staged parameters in one pass: every staging copy is copied into its live
+// destination (strided, in place) by one kernel launch, which digests the values it writes
+// (source coordinates, the live capture's ownership) from the same registers, so the live digest
+// costs no second pass over memory. Prepare() builds and uploads the run table once (addresses
+// stable while the buffers are); Run() only launches. What Run's digest proves: the bytes the
+// kernel wrote, mapped through the live capture, equal the digests it returns; it does not re-read
+// live memory (DeviceDigest::ForInstalled does, for a fresh check). Prepare fails with
+// FailedPrecondition when copies overlap in a live parameter (their order would matter).
+class DeviceInstall {
+ public:
+  [[nodiscard]] static Result<DeviceInstall> Prepare(const refit::Capture& live,
+                                                     const refit::DestinationBuffers& live_buffers,
+                                                     const refit::Capture& staging,
+                                                     const refit::DestinationBuffers& staging_buffers,
+                                                     std::span<const refit::DigestRegion> regions, int device);
+  // Launches the copies (+ digest), waits; per-tensor digests and the GPU time of the launch.
+  [[nodiscard]] Result<refit::TensorDigests> Run(double* kernel_ms = nullptr);
+  uint64_t chunks() const { return chunk_count_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t elements() const { return elements_; }
+
+ private:
+  int device_ = -1;
+  DeviceBuffer chunks_;
+  DeviceBuffer digest_chunks_;
+  DeviceBuffer sums_;
+  uint64_t chunk_count_ = 0;
+  uint64_t digest_chunk_count_ = 0;
+  uint64_t bytes_ = 0;
+  uint64_t elements_ = 0;
+  std::vector<std::string> slot_tensors_;
+};
+
+// GPU milliseconds of a plain read of `bytes` at `src` (device memory of `device`, 16-byte
+// aligned, bytes a multiple of 16) by a streaming kernel with 16-byte loads: the device's read
+// bandwidth over those bytes, the reference of the digest's GB/s.
+[[nodiscard]] Result<double> TimedReadSweep(const void* src, uint64_t bytes, int device);
 
 struct DeviceExecuteOptions {
   int device = 0;  // where the parameters live and staging is allocated

@@ -6,7 +6,7 @@ Writes into OUT_DIR:
   tokenizer.json + tokenizer_config.json + special_tokens_map.json
   (a byte-level BPE trained locally on a few sentences; no hub access).
 
-Usage: python3 make_tiny_qwen3.py OUT_DIR [--seed 0] [--tie] [--shape tiny|0.6b|8b] [--no-weights]
+Usage: python3 -m rolloutcore.vllm_models OUT_DIR [--seed 0] [--tie] [--shape tiny|0.6b|8b] [--no-weights]
 Needs only torch, transformers (5.x), tokenizers, safetensors.
 
 rolloutcore's copy of ../shared/vllm/make_tiny_qwen3.py, plus --shape: the real Qwen3-0.6B /

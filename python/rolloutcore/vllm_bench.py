@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """Hot update vs restart of a real vLLM 0.26 through rolloutcore's worker extension (GPU machine).
 
-    python3 tests/vllm/bench_vllm.py --shape tiny|0.6b|8b [--cycles 5] [--controller]
+    rolloutcore bench cycle --engine vllm --shape tiny|0.6b|8b [--cycles 5] [--controller] ...
+    python3 -m rolloutcore.vllm_bench --shape ...          (the same; what the subcommand runs)
+
+Needs a GPU, torch, vLLM 0.26 importable from $VLLM_SITE (default /tmp/vb/site, see docs/vllm.md)
+and the CUDA build of rolloutcore's package ($RC_PYTHONPATH, default: this package's folder).
 
 Per shape: a torch CUDA trainer publishes fsdp:2-style shards over cuda_ipc; vLLM (started with
 `--load-format dummy` for the 0.6b/8b shapes: their weights arrive by refit) takes `--cycles` hot
-updates, each: stage while serving -> pause(wait) -> install -> reset_prefix_cache -> (live digest,
-computed by the install) -> resume -> first token. Then vLLM is restarted on the same checkpoint:
-process start -> /health -> first token. Prints the split of a hot cycle (medians), the pause window,
-and the restart / hot-cycle ratio, and writes them to $OUT/bench_vllm_<shape>.json.
+updates, each: stage while serving -> pause(wait) -> install (one fused copy+digest launch; its
+reply carries the label and the live digest) -> reset_prefix_cache -> resume -> first token. The
+pause is vLLM's /pause (which sleeps 20 ms before answering) or /sleep?level=0 + /wake_up?tags=
+scheduling (`--pause-call`; `both`, the default, alternates them cycle by cycle). Then vLLM is
+restarted on the same checkpoint: process start -> /health -> first token. Prints the split of a
+hot cycle (medians), the pause window, the restart / hot-cycle ratio, and the GPU digest against a
+plain read of the same bytes (rc_bench_digest), and writes them to $OUT/bench_vllm_<shape>.json.
 
 With --controller the cycles go through `rolloutcore controller serve --engine vllm+http://...`
 (POST /v1/updates, phase times from GET /v1/updates/{id}) instead of being driven from here.
@@ -28,9 +35,13 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
+if __package__ in (None, ""):  # run as a file: import the package it lives in
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("RC_PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vllm_harness import OUT, Trainer, Vllm, http  # noqa: E402
+from rolloutcore.vllm_harness import OUT, Trainer, Vllm, http  # noqa: E402
+
+MAKE_TINY = os.environ.get("MAKE_TINY") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_models.py")
 
 
 def shapes_trainer(cfg_dir: str, durl: str, model: str):
@@ -69,14 +80,26 @@ def median(xs):
     return round(statistics.median(xs), 3) if xs else None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rolloutcore bench cycle --engine vllm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=["tiny", "0.6b", "8b"], default="tiny")
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--port", type=int, default=8200)
     ap.add_argument("--gpu-util", type=float, default=None)
     ap.add_argument("--controller", action="store_true", help="drive the cycles through rolloutcore's controller")
-    a = ap.parse_args()
+    ap.add_argument("--pause-call", choices=["pause", "sleep", "both"], default="both",
+                    help="pause: /pause?mode=wait&clear_cache=false + /resume; sleep: /sleep?level=0&mode=wait + "
+                         "/wake_up?tags=scheduling; both: alternate (odd cycles pause, even sleep). With "
+                         "--controller: sleep passes --vllm-pause-call sleep")
+    ap.add_argument("--no-restart", action="store_true", help="skip the restart measurement")
+    ap.add_argument("--no-digest-bench", action="store_true", help="skip rc_bench_digest")
+    ap.add_argument("--dry-run", action="store_true", help="print the configuration as JSON and exit")
+    a = ap.parse_args(argv)
+    if a.dry_run:
+        print(json.dumps({**vars(a), "make_tiny": MAKE_TINY, "out": str(OUT),
+                          "rolloutcore_bin": os.environ.get("ROLLOUTCORE_BIN")}, sort_keys=True))
+        return 0
     OUT.mkdir(parents=True, exist_ok=True)
     from rolloutcore.cluster import Server, find_binary
 
@@ -84,7 +107,7 @@ def main() -> int:
     work.mkdir(exist_ok=True)
     cfg = str(work / "model")
     dummy = a.shape != "tiny"
-    cmd = [sys.executable, os.environ["MAKE_TINY"], cfg, "--shape", a.shape] + (["--no-weights"] if dummy else [])
+    cmd = [sys.executable, MAKE_TINY, cfg, "--shape", a.shape] + (["--no-weights"] if dummy else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"],
                OUT / f"bench_directory_{a.shape}.log", find_binary())
@@ -101,8 +124,11 @@ def main() -> int:
     total_bytes = sum(x.numel() * x.element_size() for x in trainer.base.values())
     ctl = None
     if a.controller:
-        ctl = Server("controller", ["controller", "serve", "--engine", "vllm+" + v.base, "--directory", durl,
-                                    "--model", model, "--state-dir", str(work / "controller"), "--port", "0"],
+        ctl_args = ["controller", "serve", "--engine", "vllm+" + v.base, "--directory", durl,
+                    "--model", model, "--state-dir", str(work / "controller"), "--port", "0"]
+        if a.pause_call == "sleep":
+            ctl_args += ["--vllm-pause-call", "sleep"]
+        ctl = Server("controller", ctl_args,
                      OUT / f"bench_controller_{a.shape}.log", find_binary())
         curl = ctl.wait_url(60)
     rows = []
@@ -118,27 +144,32 @@ def main() -> int:
             ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000)
             assert ev["ok"], ev
             c1 = time.perf_counter()
-            st, body = v.post("/pause?mode=wait&clear_cache=false")
+            via_sleep = a.pause_call == "sleep" or (a.pause_call == "both" and k % 2 == 0)
+            st, body = v.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
             assert st == 200, body
             c2 = time.perf_counter()
             inst = v.rpc1("rc_install", version=ver)
             assert inst["ok"] and inst["verified"], inst
+            # The install's reply is what rc_label would answer (the label rc_install set) and what
+            # rc_digest(fresh=false) would: no further round trip inside the pause.
+            assert inst["label"] == ver and inst["content_digest"], inst
             c3 = time.perf_counter()
             st, body = v.post("/reset_prefix_cache")
             assert body == {"success": True}, body
             c4 = time.perf_counter()
-            lab = v.rpc1("rc_label")
-            assert lab["label"] == ver and lab["content_digest"] == inst["content_digest"]
-            c5 = time.perf_counter()
-            st, body = v.post("/resume")
+            st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
             assert st == 200, body
-            c6 = time.perf_counter()
+            c5 = time.perf_counter()
+            st, paused = http("GET", v.base + "/is_paused")
+            assert paused == {"is_paused": False}, paused
             row.update(stage_ms=(c1 - c0) * 1e3, stage_wire_ms=ev["stage_ms"].get("wire"),
-                       stage_digest_ms=ev["stage_ms"].get("digest"), pause_call_ms=(c2 - c1) * 1e3,
-                       install_call_ms=(c3 - c2) * 1e3, install_copy_ms=inst["install_ms"],
-                       live_digest_ms=inst["digest_ms"], reset_ms=(c4 - c3) * 1e3, label_ms=(c5 - c4) * 1e3,
-                       resume_ms=(c6 - c5) * 1e3, pause_window_ms=(c6 - c1) * 1e3,
-                       bytes_pulled=ev["bytes_pulled"])
+                       stage_digest_ms=ev["stage_ms"].get("digest"), pause_via=("sleep" if via_sleep else "pause"),
+                       pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c3 - c2) * 1e3,
+                       install_ms=inst["install_ms"], install_path=inst.get("install_path"),
+                       install_kernel_ms=inst.get("kernel_ms"), live_digest_ms=inst.get("digest_ms"),
+                       reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
+                       bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
+                       digest_equals_manifest=inst["content_digest"] == ev.get("manifest_digest"))
         else:
             st, body = http("POST", curl + "/v1/updates", {"model": model, "version": ver})
             assert st == 202, body
@@ -150,30 +181,41 @@ def main() -> int:
         row["hot_cycle_ms"] = (time.perf_counter() - c0) * 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
+    digest_bench = None
+    if not a.no_digest_bench:
+        digest_bench = v.rpc1("rc_bench_digest", repeats=5)
+        print("DIGEST " + json.dumps(digest_bench), flush=True)
     # Restart on the same checkpoint: process start -> healthy -> first token.
     v.stop()
-    r0 = time.time()
-    v2 = Vllm(cfg, a.port, f"bench_{a.shape}_restart", extra=extra, gpu_util=util, max_len=1024)
-    healthy = v2.wait_healthy(600)
-    restart_first = first_token_ms(v2)
-    restart_s = time.time() - r0
-    v2.stop()
+    restart_s = healthy = restart_first = None
+    if not a.no_restart:
+        r0 = time.time()
+        v2 = Vllm(cfg, a.port, f"bench_{a.shape}_restart", extra=extra, gpu_util=util, max_len=1024)
+        healthy = v2.wait_healthy(600)
+        restart_first = first_token_ms(v2)
+        restart_s = time.time() - r0
+        v2.stop()
     hot = [r["hot_cycle_ms"] for r in rows[1:]] or [r["hot_cycle_ms"] for r in rows]
     summary = {
         "shape": a.shape, "bytes": total_bytes, "cycles": a.cycles, "controller": bool(ctl),
         "cold_start_s": round(cold_total, 2), "cold_healthy_s": round(cold_healthy, 2),
         "cold_first_token_ms": round(cold_first, 2),
-        "restart_s": round(restart_s, 2), "restart_healthy_s": round(healthy, 2),
-        "restart_first_token_ms": round(restart_first, 2),
+        "restart_s": restart_s and round(restart_s, 2), "restart_healthy_s": healthy and round(healthy, 2),
+        "restart_first_token_ms": restart_first and round(restart_first, 2),
         "hot_cycle_ms_median": median(hot),
-        "restart_over_hot": round(restart_s * 1e3 / statistics.median(hot), 1),
+        "restart_over_hot": restart_s and round(restart_s * 1e3 / statistics.median(hot), 1),
+        "digest_bench": digest_bench,
         "rows": rows,
     }
-    for key in ("stage_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_copy_ms",
-                "live_digest_ms", "reset_ms", "label_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
+    for key in ("stage_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
+                "install_kernel_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
         vals = [r[key] for r in rows[1:] if r.get(key) is not None]
         if vals:
             summary[key + "_median"] = median(vals)
+        for via in ("pause", "sleep"):
+            vals = [r[key] for r in rows[1:] if r.get(key) is not None and r.get("pause_via") == via]
+            if vals and a.pause_call == "both":
+                summary[f"{key}_median_via_{via}"] = median(vals)
     print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "rows"}), flush=True)
     (OUT / f"bench_vllm_{a.shape}.json").write_text(json.dumps(summary, indent=1))
     if ctl is not None:
