@@ -1079,8 +1079,20 @@ void ControllerService::ExpireLeases(size_t engine) {
 // ---- Observation --------------------------------------------------------------------------------
 
 Json ControllerService::StatusJson() const {
+  // The states are read together under mu_, so the answer is one instant: an engine leaves READY
+  // only after its operation was counted in updating_ (under mu_) and the count drops only after
+  // it is back, so at most max_updating engines show an operation's state in one answer. Read one
+  // by one, an engine sampled before its operation ended and another after the next one began
+  // showed max_updating + 1 (ReplicasTest saw 5 of 8 READY with --max-updating 2).
+  std::vector<lifecycle::State> states;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    states.reserve(engines_.size());
+    for (const auto& slot : engines_) states.push_back(slot->controller->state());
+  }
   Json engines = Json::array();
-  for (const auto& slot : engines_) {
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    const auto& slot = engines_[i];
     auto v = slot->controller->version();
     Json engine_identity;
     {
@@ -1097,7 +1109,7 @@ Json ControllerService::StatusJson() const {
     }
     engines.push_back(Json{{"engine", slot->handle.name},
                            {"engine_identity", engine_identity},
-                           {"state", lifecycle::StateName(slot->controller->state())},
+                           {"state", lifecycle::StateName(states[i])},
                            {"label", v.label},
                            {"generation", v.generation},
                            {"identity", lifecycle::ToJson(slot->controller->identity())},
