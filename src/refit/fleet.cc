@@ -143,6 +143,10 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
   for (const ShardTable& t : manifest.tables) {
     rep.model_bytes += t.spec().bytes();
     if (t.shards.size() < 2) continue;
+    // Fast path (fsdp, tp splits): shards in strictly increasing order of their start are distinct.
+    bool increasing = true;
+    for (size_t i = 1; i < t.shards.size() && increasing; ++i) increasing = t.shards[i - 1].offset < t.shards[i].offset;
+    if (increasing) continue;
     std::vector<uint32_t> order(t.shards.size());
     std::iota(order.begin(), order.end(), 0u);
     auto key = [&](uint32_t i) { return std::tie(t.shards[i].offset, t.shards[i].shape); };
