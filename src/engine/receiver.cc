@@ -512,13 +512,13 @@ Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
                               " refused: that version is neither staged nor live on this engine");
   }
   RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(*manifest));
-  if (transport_name != "shm") {
+  if (transport_name != "shm" && transport_name != "ucx") {
     return FailedPrecondition("relay of " + req.version + " refused: its sources use " + transport_name +
-                              "; relays serve over shm, and one version uses one transport");
+                              "; relays serve host memory over shm or ucx, and one version uses one transport");
   }
   auto t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(std::unique_ptr<RelayHolding> holding,
-                      BuildRelayHolding(*manifest, captures_, buffers, req.model, req.holder));
+                      BuildRelayHolding(*manifest, captures_, buffers, req.model, req.holder, transport_name));
   const double build_ms = MsSince(t);
   directory::DirectoryClient dir(req.directory);
   directory::PublishRequest pub;

@@ -56,7 +56,8 @@ std::vector<HeldBox> DistinctBoxes(const refit::ShardTable& t) {
 Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(const refit::Manifest& manifest,
                                                         const std::vector<refit::Capture>& captures,
                                                         const std::vector<refit::DestinationBuffers>& buffers,
-                                                        std::string model, std::string holder) {
+                                                        std::string model, std::string holder,
+                                                        const std::string& transport_name) {
   if (captures.size() != buffers.size()) return Internal("relay: captures and buffers differ in rank count");
   auto h = std::make_unique<RelayHolding>();
   h->model = std::move(model);
@@ -135,7 +136,7 @@ Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(const refit::Manifest& m
   }
 
   // Prove every box holds the published bytes, then register it.
-  RC_ASSIGN_OR_RETURN(h->transport, transport::CreateTransport("shm"));
+  RC_ASSIGN_OR_RETURN(h->transport, transport::CreateTransport(transport_name));
   h->tables.reserve(manifest.tables.size());
   for (size_t i = 0; i < manifest.tables.size(); ++i) {
     const refit::ShardTable& t = manifest.tables[i];

@@ -14,8 +14,9 @@
 // published dtype, from the engine's parameters (every rank's captured copies, read back through
 // their views; bf16/f16 -> f32 widening is exact, so narrowing back restores the published bits),
 // into one shm buffer, and checks each shard's DigestBlock against the published digest before
-// anything is registered: a relay never serves bytes that differ from V. The holding is a
-// snapshot: later stages or installs do not change it.
+// anything is registered with the transport V's sources use (shm or ucx: host memory, which
+// both register; one transport per version): a relay never serves bytes that differ from V. The
+// holding is a snapshot: later stages or installs do not change it.
 //
 // Merging. MergeRelayHolders turns V's manifest plus the holder records a receiver found into the
 // manifest it plans against: every box held by at least one usable holder is served by those
@@ -51,7 +52,7 @@ std::string RelayHolderOf(std::string_view label, std::string_view version);
 
 struct RelayHolding {
   std::string model, version, holder;
-  std::unique_ptr<transport::Transport> transport;  // shm
+  std::unique_ptr<transport::Transport> transport;  // the one V's sources use (shm or ucx)
   transport::ShmBuffer buffer;
   std::vector<uint64_t> registrations;
   std::vector<refit::ShardTable> tables;  // V's tables with one shard per distinct box, rank 0, our handles
@@ -62,7 +63,8 @@ struct RelayHolding {
 // See the header comment. `buffers[r]` are rank r's parameters (engine dtype) for `captures[r]`.
 [[nodiscard]] Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(
     const refit::Manifest& manifest, const std::vector<refit::Capture>& captures,
-    const std::vector<refit::DestinationBuffers>& buffers, std::string model, std::string holder);
+    const std::vector<refit::DestinationBuffers>& buffers, std::string model, std::string holder,
+    const std::string& transport_name);
 
 struct RelayRecord {
   std::string holder;

@@ -4,11 +4,16 @@
 // and digests, handles into its own memory); later engines stage with use_relays and read from
 // the relays only. Checks: the trainer serves the same bytes (one model) for 2 and for 6
 // receivers; every receiver's live digest is the published one; reads spread over several
-// holders; a holder killed with SIGKILL is failed over to another holder within the deadline.
+// holders; a holder killed with SIGKILL is failed over to another holder within the deadline,
+// before the read (shm) and in the middle of it (ucx over TCP: a stopped holder stalls the posted
+// reads, then dies).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <future>
+#include <iostream>
 #include <set>
 #include <thread>
 
@@ -66,7 +71,7 @@ class FanoutE2eTest : public ::testing::Test {
   static std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
 
   // Directory, exported v0, trainer publishing v0 and then v1.
-  void StartWorld() {
+  void StartWorld(const std::string& transport = "shm") {
     dir_port_ = apps::FreePort().value();
     ChildProcess* d = Start("directory", {"directory", "serve", "--store", "sqlite:" + dir_ + "/dir.db", "--port",
                                           std::to_string(dir_port_)});
@@ -78,7 +83,7 @@ class FanoutE2eTest : public ::testing::Test {
     ASSERT_EQ(e->Stop(), 0) << e->LogTail();
     trainer_port_ = apps::FreePort().value();
     ChildProcess* t = Start("trainer", {"trainer", "serve", "--model", "tiny", "--name", "m", "--layout", "fsdp:2",
-                                        "--directory", Url(dir_port_), "--transport", "shm", "--seed", "7", "--port",
+                                        "--directory", Url(dir_port_), "--transport", transport, "--seed", "7", "--port",
                                         std::to_string(trainer_port_)});
     WaitHealthy(t, trainer_port_, "/status");
     WaitCommitted("v0");
@@ -220,6 +225,52 @@ TEST_F(FanoutE2eTest, KilledHolderIsFailedOverToAnotherHolderWithinTheDeadline) 
   EXPECT_EQ(from_trainer["sources"]["origin_bytes"].get<uint64_t>(), from_trainer["bytes_planned"].get<uint64_t>());
   EXPECT_EQ(from_trainer["sources"]["failovers"], 1);
   EXPECT_EQ(Install(d, "v1"), published["content_digest"]);
+}
+
+TEST_F(FanoutE2eTest, HolderKilledMidReadOverUcxIsFailedOverWithinTheDeadline) {
+  // UCX over TCP needs the owner's worker to progress every get: a frozen holder keeps the posted
+  // reads outstanding (the same mechanism as RefitE2eTest.TrainerStoppedOrKilledMidPullFails...).
+  const char* old = std::getenv("UCX_TLS");
+  const std::string saved = old ? old : "";
+  ::setenv("UCX_TLS", "tcp", 1);  // inherited by the processes started below
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() {
+      if (had) {
+        ::setenv("UCX_TLS", value.c_str(), 1);
+      } else {
+        ::unsetenv("UCX_TLS");
+      }
+    }
+  } restore{old != nullptr, saved};
+  StartWorld("ucx");
+  Engine a = StartEngine("ua"), b = StartEngine("ub"), c = StartEngine("uc");
+  Call(trainer_port_, "POST", "/step");
+  const Json published = WaitCommitted("v1");
+  std::set<std::string> used;
+  ASSERT_GT(FanOut({a, b}, "v1", &used), 0u);
+  Json staged_b = Stage(b, "v1", 1);  // (b re-stages v1 from the relays: both holders serve over ucx)
+  EXPECT_EQ(staged_b["transport"], "ucx");
+
+  ASSERT_TRUE(a.process->Freeze().ok());
+  const int64_t timeout_ms = 30'000;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pending = std::async(std::launch::async, [&] { return Stage(c, "v1", 0, 200, timeout_ms); });
+  ASSERT_EQ(pending.wait_for(std::chrono::milliseconds(1500)), std::future_status::timeout)
+      << "the stage must still be reading from the frozen holder";
+  a.process->Kill();  // mid-read: its reads are posted and outstanding
+  Json staged = pending.get();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s * 1000, static_cast<double>(timeout_ms)) << "completed within the deadline";
+  EXPECT_EQ(staged["content_digest"], published["content_digest"]);
+  const Json& src = staged["sources"];
+  EXPECT_EQ(src["failovers"], 1) << staged.dump();
+  EXPECT_EQ(src["failed_holders"], Json::array({"ua"}));
+  EXPECT_EQ(src["origin_bytes"], 0);
+  EXPECT_EQ(src["by_holder"]["ub"].get<uint64_t>(), staged["bytes_planned"].get<uint64_t>());
+  EXPECT_EQ(Install(c, "v1"), published["content_digest"]);
+  std::cout << "holder killed mid-read: stage completed from another holder " << s << " s after it began\n";
 }
 
 }  // namespace

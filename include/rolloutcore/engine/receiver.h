@@ -115,9 +115,10 @@ class RefitReceiver {
   // skip_cache_reset is for the stale-cache negative control only (docs/engine.md).
   InstallResult Install(const std::string& version, bool skip_cache_reset = false);
   // Rebuilds `version` (staged here, or installed and live) in its published dtype, checks every
-  // shard against its published digest, registers it with shm and publishes the holder record.
+  // shard against its published digest, registers it with the transport of the version's sources
+  // (shm or ucx) and publishes the holder record.
   // Replaces this engine's previous relay (its record is marked unavailable). FailedPrecondition
-  // when the version is neither staged nor live here, or its sources are not shm.
+  // when the version is neither staged nor live here, or its sources are neither shm nor ucx.
   Result<Json> Relay(const RelayRequest& request);
   // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
   // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
