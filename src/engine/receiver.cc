@@ -356,7 +356,9 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
  retry_with_other_holders:
   // Plans are rebuilt only when the source topology changes.
   t = std::chrono::steady_clock::now();
-  uint64_t topo = refit::SourceTopologyDigest(sources.manifest);
+  // The receiver rank picks among replicated sources, so it is part of what a cached plan assumed.
+  uint64_t topo = refit::SourceTopologyDigest(sources.manifest) ^
+                  (static_cast<uint64_t>(req.receiver_rank) * 0x9E3779B97F4A7C15ull);
   plan_cached = topo == plan_topology_ && plans_.size() == captures_.size();
   if (!plan_cached) {
     plans_.clear();

@@ -170,9 +170,13 @@ Result<MergedSources> MergeRelayHolders(const refit::Manifest& origin, const std
   }
   m.first_relay_rank = first;
   // Usable holders in name order; per holder, its tables by name.
+  // A record on another transport than V's would make the version mix transports: not used.
+  auto origin_transport = refit::ManifestTransport(origin);
   std::vector<const RelayRecord*> usable;
   for (const RelayRecord& r : records) {
-    if (!excluded.count(r.holder)) usable.push_back(&r);
+    if (excluded.count(r.holder) || !origin_transport.ok()) continue;
+    auto t = refit::ManifestTransport(r.manifest);
+    if (t.ok() && *t == *origin_transport) usable.push_back(&r);
   }
   std::sort(usable.begin(), usable.end(), [](const RelayRecord* a, const RelayRecord* b) { return a->holder < b->holder; });
   std::vector<std::unordered_map<std::string_view, const refit::ShardTable*>> tables(usable.size());

@@ -24,7 +24,8 @@
 // j mod H for the j-th relayed box, so that the planner's rotation by receiver rank spreads both
 // one receiver's boxes and the receivers over all holders), so the trainer serves only boxes no
 // relay holds. A record whose table,
-// box, dtype or digest differs from V's is not used for that box. Excluded holders (proved dead)
+// box, dtype or digest differs from V's is not used for that box, and a record whose handles
+// name another transport than V's is not used at all. Excluded holders (proved dead)
 // are skipped; with every holder of a box excluded the trainer's shards serve it again.
 //
 // Thread safety: pure functions except BuildRelayHolding, which allocates and registers memory.

@@ -76,6 +76,14 @@ TEST(RelayTest, ExcludedHoldersAreSkippedAndTheTrainerServesWhenNoneIsLeft) {
   for (const ShardTable& t : one->manifest.tables) {
     for (const ShardInfo& s : t.shards) EXPECT_EQ(s.handle.rfind("shm:v1:h1-", 0), 0u) << s.handle;
   }
+  RelayRecord other = Holder("h2", origin);
+  for (ShardTable& t : other.manifest.tables) {
+    for (ShardInfo& sh : t.shards) sh.handle = "ucx:v1:" + sh.handle.substr(7);
+  }
+  auto mixed = MergeRelayHolders(origin, {other}, {});
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_TRUE(mixed->holders.empty()) << "a record on another transport is not used";
+  EXPECT_EQ(mixed->boxes_from_origin, 4u);
   auto none = MergeRelayHolders(origin, {Holder("h0", origin)}, {"h0"});
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->holders.empty());
