@@ -7,14 +7,13 @@
 //
 // Exit codes: 0 planned; 2 bad input or a plan was refused (the message names the tensor).
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
 #include <sstream>
-
-#include <sys/resource.h>
 
 #include "apps/commands.h"
 #include "rolloutcore/base/json.h"
@@ -69,8 +68,12 @@ LinkLoad Busiest(const FleetReport& r, bool trainer) {
 }
 
 Json LinkJson(const LinkLoad& l) {
-  return Json{{"side", l.trainer ? "trainer" : "engine"}, {"node", l.node},   {"link", l.link},
-              {"gbps", l.gbps},                         {"bytes", l.bytes}, {"seconds", l.seconds()}};
+  return Json{{"side", l.trainer ? "trainer" : "engine"},
+              {"node", l.node},
+              {"link", l.link},
+              {"gbps", l.gbps},
+              {"bytes", l.bytes},
+              {"seconds", l.seconds()}};
 }
 
 int Run(const FleetFlags& f) {
@@ -171,26 +174,28 @@ int Run(const FleetFlags& f) {
                            spec.trainer.ToString(), spec.replicas, spec.engine.ToString(), rep->receivers);
   std::cout << fmt::format("  links            {}\n", links_text);
   std::cout << fmt::format("  model bytes      {} (every source tensor once)\n", Gb(rep->model_bytes));
-  std::cout << fmt::format("  plans            {} distinct (rotation period {}; each engine rank's plan is shared by "
-                           "the receivers of its class), {} receivers\n",
-                           rep->classes.size(), rep->rotation_period, rep->receivers);
-  std::cout << fmt::format("  bytes moved      {} in total = {:.3f} x model bytes\n", Gb(rep->total_bytes),
-                           static_cast<double>(rep->total_bytes) / static_cast<double>(std::max<uint64_t>(rep->model_bytes, 1)));
+  std::cout << fmt::format(
+      "  plans            {} distinct (rotation period {}; each engine rank's plan is shared by "
+      "the receivers of its class), {} receivers\n",
+      rep->classes.size(), rep->rotation_period, rep->receivers);
+  std::cout << fmt::format(
+      "  bytes moved      {} in total = {:.3f} x model bytes\n", Gb(rep->total_bytes),
+      static_cast<double>(rep->total_bytes) / static_cast<double>(std::max<uint64_t>(rep->model_bytes, 1)));
   std::cout << fmt::format("  per receiver     {} .. {} (mean {}), descriptors {} .. {}\n", Gb(dst.min), Gb(dst.max),
                            Gb(static_cast<uint64_t>(dst.mean)), dst_d.min, dst_d.max);
   std::cout << fmt::format("  per source rank  {} .. {} (mean {}), descriptors served {} .. {}\n", Gb(src.min),
                            Gb(src.max), Gb(static_cast<uint64_t>(src.mean)), src_d.min, src_d.max);
   std::cout << fmt::format("  descriptors      {} in total\n", rep->total_descriptors);
-  std::cout << fmt::format("  busiest links    trainer node {} link {}: {} ({:.3f} s at {:g} Gb/s); engine node {} "
-                           "link {}: {} ({:.3f} s at {:g} Gb/s)\n",
-                           tl.node, tl.link, Gb(tl.bytes), tl.seconds(), tl.gbps, el.node, el.link, Gb(el.bytes),
-                           el.seconds(), el.gbps);
+  std::cout << fmt::format(
+      "  busiest links    trainer node {} link {}: {} ({:.3f} s at {:g} Gb/s); engine node {} "
+      "link {}: {} ({:.3f} s at {:g} Gb/s)\n",
+      tl.node, tl.link, Gb(tl.bytes), tl.seconds(), tl.gbps, el.node, el.link, Gb(el.bytes), el.seconds(), el.gbps);
   std::cout << fmt::format("  lower bound      {:.3f} s ({} side is the bottleneck)\n", rep->lower_bound_s,
                            rep->bottleneck.trainer ? "trainer" : "engine");
-  std::cout << fmt::format("  plan time        {:.0f} ms for the slowest single plan (what one receiver rank spends); "
-                           "{:.0f} ms for all {} distinct plans + {:.0f} ms captures; {:.1f} s wall, {:.1f} s CPU\n",
-                           rep->plan_ms_max, rep->plan_ms_total, rep->classes.size(), rep->capture_ms_total, wall_s,
-                           cpu_s);
+  std::cout << fmt::format(
+      "  plan time        {:.0f} ms for the slowest single plan (what one receiver rank spends); "
+      "{:.0f} ms for all {} distinct plans + {:.0f} ms captures; {:.1f} s wall, {:.1f} s CPU\n",
+      rep->plan_ms_max, rep->plan_ms_total, rep->classes.size(), rep->capture_ms_total, wall_s, cpu_s);
   return 0;
 }
 

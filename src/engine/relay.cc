@@ -89,10 +89,10 @@ Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(const refit::Manifest& m
       auto pit = buffers[r].find(param.name);
       if (pit == buffers[r].end()) return Internal("relay: no buffer for parameter " + param.name);
       if (!refit::IsConversionSupported(param.dtype, t.dtype)) {
-        return FailedPrecondition(fmt::format("relay of {}: tensor {} is held as {} and published as {}: the "
-                                              "published bits cannot be restored",
-                                              manifest.version, t.name, refit::DTypeName(param.dtype),
-                                              refit::DTypeName(t.dtype)));
+        return FailedPrecondition(
+            fmt::format("relay of {}: tensor {} is held as {} and published as {}: the "
+                        "published bits cannot be restored",
+                        manifest.version, t.name, refit::DTypeName(param.dtype), refit::DTypeName(t.dtype)));
       }
       const size_t n = c.box.ndim();
       refit::Shape ds(n, 0);
@@ -144,10 +144,10 @@ Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(const refit::Manifest& m
     for (const HeldBox& hb : held[i]) {
       const uint64_t got = refit::DigestBlock(t.dtype, t.shape, hb.box, base + hb.offset);
       if (got != hb.digest) {
-        return DataLoss(fmt::format("relay of {}: tensor {} box {} rebuilt from this engine's weights has digest {}, "
-                                    "published {}; nothing is relayed",
-                                    manifest.version, t.name, refit::BoxToString(hb.box), Hex64(got),
-                                    Hex64(hb.digest)));
+        return DataLoss(
+            fmt::format("relay of {}: tensor {} box {} rebuilt from this engine's weights has digest {}, "
+                        "published {}; nothing is relayed",
+                        manifest.version, t.name, refit::BoxToString(hb.box), Hex64(got), Hex64(hb.digest)));
       }
       RC_ASSIGN_OR_RETURN(transport::Registration reg,
                           h->transport->RegisterMemory(h->buffer.region(hb.offset, hb.bytes)));
@@ -178,7 +178,8 @@ Result<MergedSources> MergeRelayHolders(const refit::Manifest& origin, const std
     auto t = refit::ManifestTransport(r.manifest);
     if (t.ok() && *t == *origin_transport) usable.push_back(&r);
   }
-  std::sort(usable.begin(), usable.end(), [](const RelayRecord* a, const RelayRecord* b) { return a->holder < b->holder; });
+  std::sort(usable.begin(), usable.end(),
+            [](const RelayRecord* a, const RelayRecord* b) { return a->holder < b->holder; });
   std::vector<std::unordered_map<std::string_view, const refit::ShardTable*>> tables(usable.size());
   for (size_t h = 0; h < usable.size(); ++h) {
     m.holders.push_back(usable[h]->holder);
@@ -197,7 +198,8 @@ Result<MergedSources> MergeRelayHolders(const refit::Manifest& origin, const std
         if (it == tables[h].end() || it->second->dtype != t.dtype || it->second->shape != t.shape) continue;
         for (const refit::ShardInfo& rs : it->second->shards) {
           if (rs.offset == s.offset && rs.shape == s.shape && rs.digest == s.digest) {
-            relayed.push_back(refit::ShardInfo{first + static_cast<int32_t>(h), s.offset, s.shape, rs.handle, s.digest});
+            relayed.push_back(
+                refit::ShardInfo{first + static_cast<int32_t>(h), s.offset, s.shape, rs.handle, s.digest});
             break;
           }
         }

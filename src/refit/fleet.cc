@@ -110,9 +110,10 @@ Result<std::pair<int32_t, EngineLayout>> ParseFleetEngines(std::string_view text
   std::string_view layout = text;
   if (const size_t x = text.find('x'); x != std::string_view::npos && x < text.find(':')) {
     if (!ParseInt(text.substr(0, x), &replicas, 1, 1 << 20)) {
-      return InvalidArgument(fmt::format("--engines '{}': expected REPLICASxLAYOUT, e.g. 128xtp:8, with 1..2^20 "
-                                         "replicas",
-                                         text));
+      return InvalidArgument(
+          fmt::format("--engines '{}': expected REPLICASxLAYOUT, e.g. 128xtp:8, with 1..2^20 "
+                      "replicas",
+                      text));
     }
     layout = text.substr(x + 1);
   }
@@ -125,8 +126,8 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
   RC_RETURN_IF_ERROR(CheckEngineLayout(spec.model, spec.engine));
   if (spec.replicas < 1) return InvalidArgument(fmt::format("fleet: {} engine replicas (need >= 1)", spec.replicas));
   if (static_cast<int64_t>(spec.replicas) * spec.engine.world_size() > INT32_MAX) {
-    return InvalidArgument(fmt::format("fleet: {} replicas of {} ranks exceed 2^31 receivers", spec.replicas,
-                                       spec.engine.world_size()));
+    return InvalidArgument(
+        fmt::format("fleet: {} replicas of {} ranks exceed 2^31 receivers", spec.replicas, spec.engine.world_size()));
   }
   RC_ASSIGN_OR_RETURN(Manifest manifest, MakeTrainerManifest(spec.model, spec.trainer, "fleet"));
   FleetReport rep;
@@ -165,8 +166,7 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
   for (int32_t r = 0; r < rep.engine_world; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     RC_ASSIGN_OR_RETURN(Capture capture, CaptureEngineRank(spec.model, spec.engine, r));
-    const double capture_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double capture_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rep.capture_ms_total += capture_ms;
     // Receivers of this engine rank, grouped by class key (g mod L, or g itself).
     std::map<int64_t, std::vector<int64_t>> groups;
@@ -180,7 +180,8 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
       o.dest_rank = static_cast<int32_t>(members.front());
       auto plan = BuildPlan(capture, manifest, o);
       if (!plan.ok()) {
-        return plan.status().WithContext(fmt::format("fleet: plan of engine rank {} (receiver {})", r, members.front()));
+        return plan.status().WithContext(
+            fmt::format("fleet: plan of engine rank {} (receiver {})", r, members.front()));
       }
       const auto n = static_cast<uint64_t>(members.size());
       FleetPlanClass c{r, rotation, static_cast<int64_t>(members.size()), plan->stats, capture_ms};

@@ -107,9 +107,10 @@ TEST(FleetTest, FoldedPlansGiveTheSameLoadsAsPlanningEveryReceiver) {
 }
 
 TEST(FleetTest, LinksFileAndEnginesParse) {
-  auto l = ParseFleetLinks("# cluster\ngpus_per_node 4\ntrainer 4x200\nengine 2x400 # two rails\n"
-                           "engine_node 3 1x100\n",
-                           "links.txt");
+  auto l = ParseFleetLinks(
+      "# cluster\ngpus_per_node 4\ntrainer 4x200\nengine 2x400 # two rails\n"
+      "engine_node 3 1x100\n",
+      "links.txt");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   EXPECT_EQ(l->gpus_per_node, 4);
   EXPECT_EQ(l->trainer.count, 4);

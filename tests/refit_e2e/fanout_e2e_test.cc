@@ -76,15 +76,15 @@ class FanoutE2eTest : public ::testing::Test {
     ChildProcess* d = Start("directory", {"directory", "serve", "--store", "sqlite:" + dir_ + "/dir.db", "--port",
                                           std::to_string(dir_port_)});
     WaitHealthy(d, dir_port_, "/health");
-    ChildProcess* e = Start("export-v0", {"trainer", "export", "--model", "tiny", "--seed", "7", "--version", "v0",
-                                          "--out", dir_ + "/v0"});
+    ChildProcess* e = Start(
+        "export-v0", {"trainer", "export", "--model", "tiny", "--seed", "7", "--version", "v0", "--out", dir_ + "/v0"});
     ASSERT_NE(e, nullptr);
     while (e->Alive()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ASSERT_EQ(e->Stop(), 0) << e->LogTail();
     trainer_port_ = apps::FreePort().value();
-    ChildProcess* t = Start("trainer", {"trainer", "serve", "--model", "tiny", "--name", "m", "--layout", "fsdp:2",
-                                        "--directory", Url(dir_port_), "--transport", transport, "--seed", "7", "--port",
-                                        std::to_string(trainer_port_)});
+    ChildProcess* t = Start(
+        "trainer", {"trainer", "serve", "--model", "tiny", "--name", "m", "--layout", "fsdp:2", "--directory",
+                    Url(dir_port_), "--transport", transport, "--seed", "7", "--port", std::to_string(trainer_port_)});
     WaitHealthy(t, trainer_port_, "/status");
     WaitCommitted("v0");
   }
@@ -97,9 +97,9 @@ class FanoutE2eTest : public ::testing::Test {
     Engine e;
     e.holder = holder;
     e.port = apps::FreePort().value();
-    e.process = Start("engine-" + holder, {"engine", "serve", "--model", dir_ + "/v0", "--tensor-parallel-size", "2",
-                                           "--port", std::to_string(e.port), "--weight-version", "v0", "--threads",
-                                           "1"});
+    e.process =
+        Start("engine-" + holder, {"engine", "serve", "--model", dir_ + "/v0", "--tensor-parallel-size", "2", "--port",
+                                   std::to_string(e.port), "--weight-version", "v0", "--threads", "1"});
     WaitHealthy(e.process, e.port, "/health");
     return e;
   }

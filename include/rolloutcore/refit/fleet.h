@@ -42,8 +42,8 @@ struct NodeLinks {
 
 struct FleetLinks {
   int32_t gpus_per_node = 8;
-  NodeLinks trainer;  // every trainer node, unless overridden below
-  NodeLinks engine;   // every engine node, unless overridden below
+  NodeLinks trainer;                           // every trainer node, unless overridden below
+  NodeLinks engine;                            // every engine node, unless overridden below
   std::map<int32_t, NodeLinks> trainer_nodes;  // node index -> links
   std::map<int32_t, NodeLinks> engine_nodes;
 };
@@ -93,8 +93,8 @@ struct LinkLoad {
 struct FleetReport {
   uint64_t model_bytes = 0;  // every source tensor once, in its published dtype
   int32_t trainer_ranks = 0;
-  int32_t engine_world = 0;  // ranks per replica
-  int64_t receivers = 0;     // replicas * engine_world
+  int32_t engine_world = 0;     // ranks per replica
+  int64_t receivers = 0;        // replicas * engine_world
   int64_t rotation_period = 1;  // L
   std::vector<FleetPlanClass> classes;
   std::vector<uint64_t> receiver_bytes;        // per receiver g
@@ -104,8 +104,8 @@ struct FleetReport {
   uint64_t total_bytes = 0;
   uint64_t total_descriptors = 0;
   double capture_ms_total = 0;
-  double plan_ms_total = 0;  // sum over the distinct plans built
-  double plan_ms_max = 0;    // slowest single plan: what one receiver rank spends planning
+  double plan_ms_total = 0;     // sum over the distinct plans built
+  double plan_ms_max = 0;       // slowest single plan: what one receiver rank spends planning
   std::vector<LinkLoad> links;  // every link of every node, trainer nodes first
   double lower_bound_s = 0;     // busiest link
   LinkLoad bottleneck;
