@@ -10,7 +10,7 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libxxhash-dev libsqlite3-dev sqlite3 libucx-dev
   clang clang-format clang-tidy libclang-rt-dev
   python3 python3-pip python3-dev pybind11-dev
-  etcd-server
+  etcd-server iproute2
 )
 
 missing=()

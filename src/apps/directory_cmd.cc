@@ -78,7 +78,7 @@ void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
 
   auto serve_opts = std::make_shared<ServeOptions>();
   auto* serve = dir->add_subcommand("serve", "Serve the directory's HTTP/JSON API (docs/directory.md).");
-  serve->add_option("--store", serve_opts->store, "memory | sqlite:PATH | etcd:URL[/PREFIX]")->capture_default_str();
+  serve->add_option("--store", serve_opts->store, "memory | sqlite:PATH | etcd:URL[,URL...][/PREFIX] (several URLs: members of one etcd cluster, with failover)")->capture_default_str();
   serve->add_option("--host", serve_opts->host, "Address to bind (loopback by default)")->capture_default_str();
   serve->add_option("--port", serve_opts->port, "Port to bind (0: any free port; the URL is printed)")
       ->check(CLI::Range(0, 65535))

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <chrono>
+#include <thread>
+
 #include "directory/codec.h"
+#include "rolloutcore/base/log.h"
 
 namespace rc::directory::internal {
 namespace {
@@ -148,11 +152,20 @@ EtcdTxn& EtcdTxn::DeletePrefix(std::string_view prefix) {
 
 Json EtcdTxn::ToJson() const { return Json{{"compare", compare_}, {"success", success_}, {"failure", Json::array()}}; }
 
-EtcdClient::EtcdClient(std::string endpoint, int64_t timeout_ms)
-    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms) {}
+EtcdClient::EtcdClient(std::string endpoints, int64_t timeout_ms)
+    : endpoint_(std::move(endpoints)), timeout_ms_(timeout_ms) {
+  size_t start = 0;
+  while (start <= endpoint_.size()) {
+    size_t comma = endpoint_.find(',', start);
+    if (comma == std::string::npos) comma = endpoint_.size();
+    if (comma > start) endpoints_.push_back(endpoint_.substr(start, comma - start));
+    start = comma + 1;
+  }
+  if (endpoints_.empty()) endpoints_.push_back(endpoint_);
+}
 
-Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
-  httplib::Client client(endpoint_);
+Result<Json> EtcdClient::CallOne(const std::string& endpoint, std::string_view path, const Json& body) {
+  httplib::Client client(endpoint);
   const time_t sec = static_cast<time_t>(timeout_ms_ / 1000);
   const time_t usec = static_cast<time_t>((timeout_ms_ % 1000) * 1000);
   client.set_connection_timeout(sec, usec);
@@ -160,24 +173,71 @@ Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
   client.set_write_timeout(sec, usec);
   auto res = client.Post(std::string(path), body.dump(), "application/json");
   if (!res) {
-    return Unavailable(fmt::format("etcd at {} did not answer {}: {}", endpoint_, path, httplib::to_string(res.error())));
+    return Unavailable(fmt::format("etcd at {} did not answer {}: {}", endpoint, path, httplib::to_string(res.error())));
   }
   auto j = ParseJson(res->body, "etcd response");
-  if (!j.ok()) return Internal(fmt::format("etcd {} (HTTP {}): {}", path, res->status, j.status().message()));
+  if (!j.ok()) {
+    // A member that is shutting down or not serving yet may answer with a non-JSON error page.
+    const StatusCode code = res->status >= 500 ? StatusCode::kUnavailable : StatusCode::kInternal;
+    return Status(code, fmt::format("etcd at {} {} (HTTP {}): {}", endpoint, path, res->status, j.status().message()));
+  }
   if (res->status != 200 || j->contains("error")) {
     std::string message = j->value("message", j->value("error", std::string("unknown error")));
-    return Status(FromGrpcCode(IntField(*j, "code")), fmt::format("etcd {}: {}", path, message));
+    return Status(FromGrpcCode(IntField(*j, "code")), fmt::format("etcd at {} {}: {}", endpoint, path, message));
   }
   return std::move(*j);
 }
 
+Result<Json> EtcdClient::Call(std::string_view path, const Json& body) {
+  const size_t n = endpoints_.size();
+  if (n == 1) return CallOne(endpoints_[0], path, body);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(2 * timeout_ms_);
+  std::vector<std::string> last_errors(n);
+  size_t first = preferred_.load(std::memory_order_relaxed) % n;
+  for (int round = 0;; ++round) {
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (first + k) % n;
+      auto r = CallOne(endpoints_[i], path, body);
+      // Only "this member cannot serve now" moves on; any other answer (including NotFound,
+      // FailedPrecondition) is the cluster's answer.
+      if (r.ok() || (r.status().code() != StatusCode::kUnavailable &&
+                     r.status().code() != StatusCode::kDeadlineExceeded)) {
+        preferred_.store(i, std::memory_order_relaxed);
+        return r;
+      }
+      last_errors[i] = r.status().message();
+      RC_LOG_WARN("etcd: member {} of {} did not serve {} ({}); trying the next one", i + 1, n, path,
+                  r.status().message());
+      if (std::chrono::steady_clock::now() >= deadline && (round > 0 || k + 1 == n)) {
+        std::string all;
+        for (size_t e = 0; e < n; ++e) {
+          if (!last_errors[e].empty()) all += fmt::format("{}member {}: {}", all.empty() ? "" : "; ", e + 1, last_errors[e]);
+        }
+        return Unavailable(fmt::format("etcd: none of the {} members answered {} (every member tried, {} ms): {}",
+                                       n, path, 2 * timeout_ms_, all));
+      }
+    }
+    // A full round failed: an election is probably running. Wait a little before the next one.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    first = (first + 1) % n;
+  }
+}
+
 Status EtcdClient::Health() {
-  httplib::Client client(endpoint_);
-  client.set_connection_timeout(static_cast<time_t>(timeout_ms_ / 1000), static_cast<time_t>((timeout_ms_ % 1000) * 1000));
-  auto res = client.Get("/health");
-  if (!res) return Unavailable(fmt::format("etcd at {} did not answer /health: {}", endpoint_, httplib::to_string(res.error())));
-  if (res->status != 200) return Unavailable(fmt::format("etcd at {} is unhealthy (HTTP {})", endpoint_, res->status));
-  return OkStatus();
+  Status last = OkStatus();
+  for (const std::string& endpoint : endpoints_) {
+    httplib::Client client(endpoint);
+    client.set_connection_timeout(static_cast<time_t>(timeout_ms_ / 1000),
+                                  static_cast<time_t>((timeout_ms_ % 1000) * 1000));
+    client.set_read_timeout(static_cast<time_t>(timeout_ms_ / 1000), static_cast<time_t>((timeout_ms_ % 1000) * 1000));
+    auto res = client.Get("/health");
+    if (res && res->status == 200) return OkStatus();  // one healthy member is enough: it reaches a quorum
+    last = res ? Unavailable(fmt::format("etcd at {} is unhealthy (HTTP {})", endpoint, res->status))
+               : Unavailable(fmt::format("etcd at {} did not answer /health: {}", endpoint,
+                                         httplib::to_string(res.error())));
+  }
+  if (endpoints_.size() == 1) return last;
+  return Unavailable(fmt::format("no member of etcd {} is healthy; last: {}", endpoint_, last.message()));
 }
 
 Result<std::optional<EtcdKv>> EtcdClient::Get(std::string_view key) {

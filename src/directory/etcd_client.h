@@ -5,10 +5,22 @@
 // Errors: a gRPC error from etcd becomes the matching Status (NotFound for "requested lease not
 // found", ...); a connection failure is Unavailable naming the endpoint.
 //
+// Several endpoints (the members of one etcd cluster): every request goes to the member that
+// answered last; when it does not answer (connection refused, reset, timed out) or answers
+// Unavailable / DeadlineExceeded ("etcdserver: leader changed", "no leader", "request timed out"),
+// the request is sent to the next member, round after round, until one answers, or every member
+// was tried and the failover budget (2 x timeout_ms) is spent; then Unavailable naming every
+// member and its last error.
+// A retried request may have been applied by the member that did not answer: callers only send
+// txns whose compares make a second application fail (and re-read), lease grants (a leaked lease
+// expires at its TTL), keep-alives and reads, so a retry never applies anything twice.
+//
 // Thread safety: all methods may be called from any thread; every request opens its own
-// connection (cheap on loopback, and no connection state is shared).
+// connection (cheap on loopback, and no connection state is shared); the preferred member is an
+// atomic index.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -50,10 +62,13 @@ class EtcdTxn {
 
 class EtcdClient {
  public:
-  // endpoint: "http://host:port".
-  EtcdClient(std::string endpoint, int64_t timeout_ms);
+  // endpoints: "http://host:port", or several separated by commas (members of one cluster).
+  // timeout_ms bounds one attempt at one member.
+  EtcdClient(std::string endpoints, int64_t timeout_ms);
 
+  // The endpoints as given (comma-separated).
   const std::string& endpoint() const { return endpoint_; }
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
 
   [[nodiscard]] Status Health();
   [[nodiscard]] Result<std::optional<EtcdKv>> Get(std::string_view key);
@@ -72,9 +87,12 @@ class EtcdClient {
 
  private:
   [[nodiscard]] Result<Json> Call(std::string_view path, const Json& body);
+  [[nodiscard]] Result<Json> CallOne(const std::string& endpoint, std::string_view path, const Json& body);
 
   std::string endpoint_;
+  std::vector<std::string> endpoints_;
   int64_t timeout_ms_;
+  std::atomic<size_t> preferred_{0};  // index into endpoints_ of the member that answered last
 };
 
 }  // namespace rc::directory::internal

@@ -104,9 +104,26 @@ class EtcdStore final : public DirectoryStore {
       if (!ttl.ok()) return ttl.status();
       given_ttl_s = *ttl;
     }
+    // The digest of the committing txn this call sent last (0: none). A txn may be applied by etcd
+    // although its answer was lost (the member died; the client re-sent it to another member,
+    // whose compares then failed): when the re-read finds the version COMMITTED with exactly that
+    // content, this publish is what committed it.
+    uint64_t sent_commit_digest = 0;
     for (int attempt = 0; attempt < options_.max_txn_attempts; ++attempt) {
       auto snap = Resolve(r.model, r.version, /*with_values=*/false);
       if (!snap.ok()) return fail(snap.status());
+      if (sent_commit_digest != 0 && snap->exists && !snap->meta.released &&
+          snap->meta.state == VersionState::kCommitted && snap->meta.content_digest == sent_commit_digest) {
+        PublishResult out;
+        out.state = VersionState::kCommitted;
+        out.expected_ranks = r.expected_ranks;
+        out.ranks_published = r.expected_ranks;
+        out.commit_seq = snap->meta.commit_seq;
+        out.content_digest = snap->meta.content_digest;
+        out.lease_id = r.lease_id != 0 ? r.lease_id : granted;
+        out.lease_ttl_ms = (r.lease_id != 0 ? given_ttl_s : granted_ttl_s) * 1000;
+        return out;
+      }
       auto completes = internal::CheckPublish(snap->exists ? &snap->meta : nullptr, r);
       if (!completes.ok()) return fail(completes.status());
       int64_t lease_id = r.lease_id;
@@ -181,6 +198,7 @@ class EtcdStore final : public DirectoryStore {
         out.ranks_published = r.expected_ranks;
         out.commit_seq = seq;
         out.content_digest = meta.content_digest;
+        sent_commit_digest = meta.content_digest;
       } else {
         meta.rank_leases[r.rank] = lease_id;
         txn.Put(MetaKey(r.model, r.version), MetaToJson(meta))
@@ -189,7 +207,15 @@ class EtcdStore final : public DirectoryStore {
         out.ranks_published = static_cast<int32_t>(meta.rank_leases.size());
       }
       auto ok = etcd_.Commit(txn);
-      if (!ok.ok()) return fail(ok.status());
+      if (!ok.ok()) {
+        if (sent_commit_digest == 0) return fail(ok.status());
+        // The committing txn's fate is unknown (no member answered): say so, and which digest, so
+        // the caller re-reads the version instead of assuming either outcome.
+        return fail(Unavailable(fmt::format("{}: the commit by rank {} (content digest {}) may or may not have been "
+                                       "applied; no etcd member confirmed it: {}",
+                                       internal::DescribeVersion(r.model, r.version), r.rank,
+                                       internal::DigestHex(sent_commit_digest), ok.status().message())));
+      }
       if (*ok) return out;
     }
     return fail(Aborted(fmt::format("{}: publish of rank {} lost {} optimistic races in a row; retry",
@@ -408,8 +434,18 @@ class EtcdStore final : public DirectoryStore {
 }  // namespace
 
 Result<std::unique_ptr<DirectoryStore>> OpenEtcdStore(const EtcdStoreOptions& options) {
-  if (!options.endpoint.starts_with("http://")) {
-    return InvalidArgument(fmt::format("etcd endpoint must start with http://, got '{}'", options.endpoint));
+  {
+    size_t start = 0;
+    while (start <= options.endpoint.size()) {
+      size_t comma = options.endpoint.find(',', start);
+      if (comma == std::string::npos) comma = options.endpoint.size();
+      const std::string_view one = std::string_view(options.endpoint).substr(start, comma - start);
+      if (!one.starts_with("http://")) {
+        return InvalidArgument(fmt::format("etcd endpoint must start with http://, got '{}' (in '{}')", one,
+                                           options.endpoint));
+      }
+      start = comma + 1;
+    }
   }
   if (options.prefix.empty() || options.prefix[0] != '/' || options.prefix.back() == '/') {
     return InvalidArgument(

@@ -75,19 +75,40 @@ Result<std::unique_ptr<DirectoryStore>> OpenDirectoryStore(std::string_view spec
     return OpenSqliteStore(path, clock);
   }
   if (spec.starts_with("etcd:")) {
-    std::string url(spec.substr(5));
-    if (!url.starts_with("http://")) {
-      return InvalidArgument(fmt::format("store: etcd URL must start with http://, got '{}'", url));
-    }
+    // etcd:URL[,URL...][/PREFIX]: the members of one cluster; the prefix follows the last URL.
+    std::string list(spec.substr(5));
     EtcdStoreOptions options;
-    const size_t slash = url.find('/', 7);
-    if (slash != std::string::npos) {
-      std::string prefix = url.substr(slash);
-      while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
-      if (prefix != "/") options.prefix = prefix;
-      url.resize(slash);
+    std::vector<std::string> urls;
+    size_t start = 0;
+    while (start <= list.size()) {
+      size_t comma = list.find(',', start);
+      if (comma == std::string::npos) comma = list.size();
+      urls.push_back(list.substr(start, comma - start));
+      start = comma + 1;
     }
-    options.endpoint = url;
+    std::string endpoints;
+    for (size_t i = 0; i < urls.size(); ++i) {
+      std::string url = urls[i];
+      if (!url.starts_with("http://")) {
+        return InvalidArgument(fmt::format("store: etcd URL {} of {} must start with http://, got '{}'", i + 1,
+                                           urls.size(), url));
+      }
+      const size_t slash = url.find('/', 7);
+      if (slash != std::string::npos) {
+        if (i + 1 != urls.size()) {
+          return InvalidArgument(fmt::format(
+              "store: etcd URL {} of {} ('{}') has a path; the key prefix goes after the last URL only", i + 1,
+              urls.size(), url));
+        }
+        std::string prefix = url.substr(slash);
+        while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+        if (prefix != "/") options.prefix = prefix;
+        url.resize(slash);
+      }
+      if (url.size() <= 7) return InvalidArgument(fmt::format("store: etcd URL {} of {} has no host", i + 1, urls.size()));
+      endpoints += (i ? "," : "") + url;
+    }
+    options.endpoint = endpoints;
     return OpenEtcdStore(options);
   }
   return InvalidArgument(fmt::format("store: unknown store '{}' (expected memory, sqlite:PATH or etcd:URL)", spec));

@@ -37,9 +37,11 @@
 namespace rc::directory {
 
 struct EtcdStoreOptions {
-  std::string endpoint;               // "http://127.0.0.1:2379"
+  // "http://127.0.0.1:2379", or the members of one cluster comma-separated; requests fail over
+  // to the next member when one does not answer (etcd_client.h, docs/directory.md).
+  std::string endpoint;
   std::string prefix = "/rolloutcore";
-  int64_t request_timeout_ms = 5'000;
+  int64_t request_timeout_ms = 5'000;  // one attempt at one member; failover may take twice that
   int64_t poll_interval_ms = 50;
   int max_txn_attempts = 200;  // optimistic retries under contention before Aborted
 };

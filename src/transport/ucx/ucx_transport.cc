@@ -490,8 +490,12 @@ class Core {
       RC_LOG_WARN("ucx transport: peer {} failed: {}", peer->label, UcsError(peer->error));
       auto it = peers_.find(peer->worker_address);
       if (it != peers_.end() && it->second == peer) peers_.erase(it);
-      CloseEndpointLocked(*peer, peer->error);
+      // Abandon first: the forced close completes the peer's outstanding gets with
+      // UCS_ERR_CANCELED, and the transfer must report the peer's failure (Unavailable), not a
+      // cancellation nobody asked for (that was Aborted, HTTP 500, when the pid watchdog saw the
+      // death before UCX did).
       AbandonTransfersOfLocked(*peer, peer->error);
+      CloseEndpointLocked(*peer, peer->error);
     }
   }
 
