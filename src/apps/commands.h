@@ -12,6 +12,7 @@ namespace rc::apps {
 
 void RegisterSimulateCommand(CLI::App& app, int* exit_code);
 void RegisterPlanCommand(CLI::App& app, int* exit_code);
+void RegisterPlanFleetCommand(CLI::App& app, int* exit_code);
 void RegisterDirectoryCommand(CLI::App& app, int* exit_code);
 void RegisterControllerCommand(CLI::App& app, int* exit_code);
 void RegisterEngineCommand(CLI::App& app, int* exit_code);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   rc::apps::RegisterSimulateCommand(app, &exit_code);
   rc::apps::RegisterPlanCommand(app, &exit_code);
+  rc::apps::RegisterPlanFleetCommand(app, &exit_code);
   rc::apps::RegisterDirectoryCommand(app, &exit_code);
   rc::apps::RegisterControllerCommand(app, &exit_code);
   rc::apps::RegisterEngineCommand(app, &exit_code);

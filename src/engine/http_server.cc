@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/log.h"
@@ -586,7 +588,35 @@ void EngineServer::Impl::Routes() {
                                    std::to_string(*timeout));
     }
     req.timeout_ms = *timeout;
+    auto use_relays = GetBool(*j, "use_relays", "", false);
+    if (!use_relays.ok()) return SendError(r, 400, use_relays.status().message());
+    req.use_relays = *use_relays;
+    auto receiver_rank = GetInt(*j, "receiver_rank", "", 0);
+    if (!receiver_rank.ok()) return SendError(r, 400, receiver_rank.status().message());
+    if (*receiver_rank < 0 || *receiver_rank > 1'000'000) {
+      return SendError(r, 400, "receiver_rank: must be in [0, 1000000], got " + std::to_string(*receiver_rank));
+    }
+    req.receiver_rank = static_cast<int32_t>(*receiver_rank);
     auto out = receiver_.Stage(req);
+    if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
+    SendJson(r, 200, *out);
+  }));
+  // Fan-out (docs/refit.md): serve a staged or live version as a source of it.
+  svr.Post("/rc/refit/relay", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto j = ParseJson(q.body, "request body");
+    if (!j.ok()) return SendError(r, 400, j.status().message());
+    if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
+    RelayRequest req;
+    for (auto [field, dest] : {std::pair<const char*, std::string*>{"model", &req.model}, {"version", &req.version},
+                               {"directory", &req.directory}, {"holder", &req.holder}}) {
+      auto v = GetString(*j, field, "", field == std::string_view("holder") ? "engine-" + std::to_string(::getpid()) : "");
+      if (!v.ok()) return SendError(r, 400, v.status().message());
+      *dest = *v;
+    }
+    if (Status allowed = CheckStageDirectory(options_.directory_url, req.directory); !allowed.ok()) {
+      return SendError(r, 403, allowed.message());
+    }
+    auto out = receiver_.Relay(req);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);
   }));

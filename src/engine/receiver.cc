@@ -1,6 +1,7 @@
 #include "rolloutcore/engine/receiver.h"
 
 #include <algorithm>
+#include <set>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/transport/transport.h"
+#include "engine/relay.h"
 
 namespace rc::engine {
 namespace {
@@ -134,6 +136,75 @@ namespace {
 int DefaultThreads(int threads) {
   if (threads > 0) return threads;
   return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+}
+
+// The committed holder records of (model, version); a record that cannot be read is skipped.
+std::vector<RelayRecord> FindRelayRecords(directory::DirectoryStore& dir, const std::string& model,
+                                          const std::string& version) {
+  std::vector<RelayRecord> out;
+  auto list = dir.List(RelayModelName(model), directory::StateFilter::kCommitted);
+  if (!list.ok()) return out;
+  for (const directory::VersionInfo& info : *list) {
+    std::string holder = RelayHolderOf(info.version, version);
+    if (holder.empty()) continue;
+    auto m = dir.Get(RelayModelName(model), info.version);
+    if (!m.ok()) continue;
+    out.push_back(RelayRecord{std::move(holder), std::move(m).value()});
+  }
+  return out;
+}
+
+// Holders of `sources` whose memory cannot be imported from here (shm: the owner process is gone).
+std::vector<std::string> UnreachableHolders(const MergedSources& sources, transport::Transport& transport) {
+  std::vector<std::string> dead;
+  for (size_t h = 0; h < sources.holders.size(); ++h) {
+    const int32_t rank = sources.first_relay_rank + static_cast<int32_t>(h);
+    const refit::ShardInfo* probe = nullptr;
+    for (const refit::ShardTable& t : sources.manifest.tables) {
+      for (const refit::ShardInfo& s : t.shards) {
+        if (s.rank == rank) {
+          probe = &s;
+          break;
+        }
+      }
+      if (probe != nullptr) break;
+    }
+    if (probe == nullptr) continue;
+    auto remote = transport.Import(probe->handle);
+    if (!remote.ok()) {
+      dead.push_back(sources.holders[h]);
+    } else {
+      (void)transport.ReleaseRemote(*remote);
+    }
+  }
+  return dead;
+}
+
+// Which holder served how many of the planned bytes.
+Json SourcesEvidence(const std::vector<refit::TransferPlan>& plans, const MergedSources& sources, size_t records,
+                     const std::set<std::string>& failed, int failovers) {
+  uint64_t origin = 0, relayed = 0;
+  std::map<std::string, uint64_t> by_holder;
+  for (const refit::TransferPlan& p : plans) {
+    for (const refit::ReadRun& run : p.runs) {
+      const int32_t rank = p.sources[run.source].rank;
+      const int64_t h = static_cast<int64_t>(rank) - sources.first_relay_rank;
+      if (h >= 0 && h < static_cast<int64_t>(sources.holders.size())) {
+        relayed += run.length;
+        by_holder[sources.holders[static_cast<size_t>(h)]] += run.length;
+      } else {
+        origin += run.length;
+      }
+    }
+  }
+  Json holders = Json::object();
+  for (const auto& [name, b] : by_holder) holders[name] = b;
+  return Json{{"origin_bytes", origin},
+              {"relay_bytes", relayed},
+              {"by_holder", holders},
+              {"holder_records", records},
+              {"failed_holders", std::vector<std::string>(failed.begin(), failed.end())},
+              {"failovers", failovers}};
 }
 
 }  // namespace
@@ -266,16 +337,37 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   RC_RETURN_IF_ERROR(EnsureCaptures());
   stages["source_preparation"] = MsSince(t);
 
+  // Fan-out (relay.h): the holder records of this version, merged into what we plan against.
+  std::vector<RelayRecord> relay_records;
+  if (req.use_relays) relay_records = FindRelayRecords(dir, req.model, req.version);
+  std::set<std::string> failed_holders;
+  MergedSources sources;
+  if (!relay_records.empty()) {
+    RC_ASSIGN_OR_RETURN(sources, MergeRelayHolders(manifest, relay_records, failed_holders));
+  } else {
+    sources.manifest = manifest;
+  }
+  int failovers = 0;
+  bool plan_cached = false, shadow_allocated = false;
+  double registration_ms = 0;
+  std::string transport_name;
+  uint64_t bytes = 0, reads = 0;
+  int64_t import_ns = 0, wire_ns = 0, transform_ns = 0;
+ retry_with_other_holders:
   // Plans are rebuilt only when the source topology changes.
   t = std::chrono::steady_clock::now();
-  uint64_t topo = refit::SourceTopologyDigest(manifest);
-  bool plan_cached = topo == plan_topology_ && plans_.size() == captures_.size();
+  // The receiver rank picks among replicated sources, so it is part of what a cached plan assumed.
+  uint64_t topo = refit::SourceTopologyDigest(sources.manifest) ^
+                  (static_cast<uint64_t>(req.receiver_rank) * 0x9E3779B97F4A7C15ull);
+  plan_cached = topo == plan_topology_ && plans_.size() == captures_.size();
   if (!plan_cached) {
     plans_.clear();
     for (size_t r = 0; r < captures_.size(); ++r) {
       refit::PlanOptions po;
-      po.dest_rank = static_cast<int32_t>(r);
-      RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(captures_[r], manifest, po));
+      po.dest_rank = static_cast<int32_t>(static_cast<int64_t>(req.receiver_rank) *
+                                              static_cast<int64_t>(captures_.size()) +
+                                          static_cast<int64_t>(r));
+      RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(captures_[r], sources.manifest, po));
       plans_.push_back(std::move(p));
     }
     plan_topology_ = topo;
@@ -286,7 +378,6 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   // Registration: shadow parameters (never the live ones; allocated once and kept), the
   // transport, and (inside the executor, reported separately) descriptor import.
   t = std::chrono::steady_clock::now();
-  bool shadow_allocated = false;
   if (shadow_.size() != captures_.size()) {
     shadow_.assign(captures_.size(), {});
     shadow_buffers_.clear();
@@ -302,12 +393,10 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     shadow_allocated = true;
   }
   if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
-  RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(manifest));
+  RC_ASSIGN_OR_RETURN(transport_name, refit::ManifestTransport(sources.manifest));
   RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
-  double registration_ms = MsSince(t);
+  registration_ms += MsSince(t);
 
-  uint64_t bytes = 0, reads = 0;
-  int64_t import_ns = 0, wire_ns = 0, transform_ns = 0;
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
     eo.arena = arena_.get();
@@ -315,7 +404,24 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     eo.timeout_ms = std::max<int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     auto st = refit::ExecutePlan(plans_[r], *transport, shadow_buffers_[r], eo);
-    if (!st.ok()) return st.status().WithContext("pulling " + req.version + " into rank " + std::to_string(r));
+    if (!st.ok()) {
+      // A relay whose memory cannot be reached any more is excluded (and its record marked
+      // unavailable: we proved its owner gone); the pull restarts from the remaining holders.
+      std::vector<std::string> dead = UnreachableHolders(sources, *transport);
+      if (!dead.empty() && std::chrono::steady_clock::now() < deadline) {
+        for (const std::string& holder : dead) {
+          failed_holders.insert(holder);
+          (void)dir.MarkUnavailable(RelayModelName(req.model), RelayLabel(req.version, holder),
+                                    "relay holder " + holder + " unreachable from a receiver of " + req.version +
+                                        ": " + std::string(st.status().message().substr(0, 200)));
+        }
+        ++failovers;
+        RC_ASSIGN_OR_RETURN(sources, MergeRelayHolders(manifest, relay_records, failed_holders));
+        bytes = reads = 0;
+        goto retry_with_other_holders;
+      }
+      return st.status().WithContext("pulling " + req.version + " into rank " + std::to_string(r));
+    }
     bytes += st->bytes_read;
     reads += st->reads;
     import_ns += st->import_ns + st->staging_ns;
@@ -372,6 +478,9 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
                           {"content_digest", Hex64(staged->manifest.content_digest)},
                           {"wire_gbps", gbps},
                           {"stages_ms", stages}};
+  if (req.use_relays) {
+    staged->evidence["sources"] = SourcesEvidence(plans_, sources, relay_records.size(), failed_holders, failovers);
+  }
   {
     std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
     last_stage_ms_ = stages;
@@ -380,6 +489,68 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   }
   staged_ = std::move(staged);
   return staged_->evidence;
+}
+
+Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
+  if (req.model.empty() || req.version.empty() || req.directory.empty() || req.holder.empty()) {
+    return InvalidArgument("relay needs model, version, directory and holder");
+  }
+  RC_RETURN_IF_ERROR(directory::ValidateName(req.holder, "relay holder"));
+  std::lock_guard<std::mutex> lock(mu_);
+  const refit::Manifest* manifest = nullptr;
+  std::vector<refit::DestinationBuffers> buffers;
+  std::string from;
+  if (staged_ && staged_->model == req.model && staged_->version == req.version) {
+    manifest = &staged_->manifest;
+    buffers = shadow_buffers_;
+    from = "staged";
+  } else if (installed_manifest_ && installed_model_ == req.model && installed_manifest_->version == req.version &&
+             engine_->WeightVersion() == req.version) {
+    manifest = &*installed_manifest_;
+    buffers = LiveBuffers();
+    from = "installed";
+  } else {
+    return FailedPrecondition("relay of " + req.version + " of " + req.model +
+                              " refused: that version is neither staged nor live on this engine");
+  }
+  RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(*manifest));
+  if (transport_name != "shm" && transport_name != "ucx") {
+    return FailedPrecondition("relay of " + req.version + " refused: its sources use " + transport_name +
+                              "; relays serve host memory over shm or ucx, and one version uses one transport");
+  }
+  auto t = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(std::unique_ptr<RelayHolding> holding,
+                      BuildRelayHolding(*manifest, captures_, buffers, req.model, req.holder, transport_name));
+  const double build_ms = MsSince(t);
+  directory::DirectoryClient dir(req.directory);
+  directory::PublishRequest pub;
+  pub.model = RelayModelName(req.model);
+  pub.version = RelayLabel(req.version, req.holder);
+  pub.rank = 0;
+  pub.expected_ranks = 1;
+  pub.lease_ttl_ms = req.lease_ttl_ms;
+  pub.tables = holding->tables;
+  RC_ASSIGN_OR_RETURN(directory::PublishResult published, dir.Publish(pub));
+  if (published.state != directory::VersionState::kCommitted) {
+    return Internal("relay record " + pub.version + " of " + pub.model + " did not commit");
+  }
+  if (relay_ && !(relay_->model == req.model && relay_->version == req.version)) {
+    // The old record names memory we are about to free.
+    directory::DirectoryClient old_dir(relay_directory_);
+    (void)old_dir.MarkUnavailable(RelayModelName(relay_->model), RelayLabel(relay_->version, relay_->holder),
+                                  "relay holder " + relay_->holder + " now relays " + req.version);
+  }
+  Json out{{"holder", req.holder},
+           {"relay_model", pub.model},
+           {"relay_version", pub.version},
+           {"from", from},
+           {"bytes", holding->bytes},
+           {"registrations", holding->registrations.size()},
+           {"content_digest", Hex64(published.content_digest)},
+           {"build_ms", build_ms}};
+  relay_ = std::move(holding);
+  relay_directory_ = req.directory;
+  return out;
 }
 
 std::string_view InstallOutcomeName(InstallOutcome o) {
@@ -479,6 +650,8 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   out["live_content_digest"] = Hex64(refit::CombineTensorDigests(*live));
   stages["ready"] = 0.0;
   out["stages_ms"] = stages;
+  installed_manifest_ = std::move(staged_->manifest);  // what a relay of the live version serves
+  installed_model_ = staged_->model;
   staged_.reset();  // the shadow stays allocated for the next refit; a new stage is needed
   return out;
 }

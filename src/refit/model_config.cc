@@ -69,6 +69,33 @@ std::vector<ModelConfig> BuildPresets() {
     p.push_back(c);
   }
   {
+    // Qwen/Qwen3-235B-A22B config.json: qwen3_moe, hidden 4096, 94 layers, 64 q / 4 kv heads of
+    // 128, 128 experts of moe_intermediate 1536 (top 8), vocab 151936, untied, bf16.
+    ModelConfig c = Qwen3Like("qwen3-235b-a22b", 4096, 12288, 94, 64, 4, 128, 151936, false);
+    c.architecture = Architecture::kQwen3Moe;
+    c.num_experts = 128;
+    c.moe_intermediate_size = 1536;
+    c.num_experts_per_tok = 8;
+    p.push_back(c);
+  }
+  {
+    // Kimi-K2 *shape* (moonshotai/Kimi-K2-Instruct config.json, deepseek_v3): hidden 7168, 61
+    // layers, layer 0 dense (first_k_dense_replace 1, intermediate 18432), 384 routed experts of
+    // moe_intermediate 2048 (top 8), 64 heads, vocab 163840, untied, bf16 training weights.
+    // Expressed as Qwen3-MoE, which the planner and layouts know: MLA (q_a/q_b/kv_a/kv_b, 101.1M
+    // parameters per layer) becomes 64 q heads + 1 kv head of 128 (119.2M per layer), and the one
+    // shared expert per MoE layer (44.0M) is absent. docs/scale.md states the byte difference.
+    ModelConfig c = Qwen3Like("kimi-k2-shape", 7168, 18432, 61, 64, 1, 128, 163840, false);
+    c.architecture = Architecture::kQwen3Moe;
+    c.num_experts = 384;
+    c.moe_intermediate_size = 2048;
+    c.num_experts_per_tok = 8;
+    c.mlp_only_layers = {0};
+    c.rope_theta = 50000.0;
+    c.max_position_embeddings = 131072;
+    p.push_back(c);
+  }
+  {
     ModelConfig c;
     c.name = "llama3-70b";
     c.architecture = Architecture::kLlama;

@@ -215,7 +215,8 @@ TEST_F(SecurityE2E, EveryMutatingEndpointNeedsTheKeyAndNothingChanges) {
                     {"POST", "/reset_encoder_cache", ""},
                     {"POST", "/update_weight_version", R"({"new_version":"vFAKE"})"},
                     {"POST", "/rc/refit/stage", stage},
-                    {"POST", "/rc/refit/install", R"({"version":"v0"})"}});
+                    {"POST", "/rc/refit/install", R"({"version":"v0"})"},
+                    {"POST", "/rc/refit/relay", stage}});
   ExpectAllRefused(ctl_port_, "controller",
                    {{"POST", "/v1/rollouts", R"({"prompt_token_ids":[1,2,3],"max_tokens":2})"},
                     {"POST", "/v1/rollouts:admit", R"({"rollout_id":"r1"})"},

@@ -77,6 +77,21 @@ struct StageRequest {
   std::string version;
   std::string directory;  // base URL of the directory
   int64_t timeout_ms = 60'000;  // deadline for the pull; Unavailable/DeadlineExceeded past it
+  // Fan-out (docs/refit.md): also read from engines that relay this version ("<model>@relay"
+  // holder records), which then serve every box they hold instead of the trainer; a holder whose
+  // memory cannot be reached is excluded and its part re-read from the others (or the trainer)
+  // within the same deadline. receiver_rank spreads receivers over holders (round robin).
+  bool use_relays = false;
+  int32_t receiver_rank = 0;
+};
+
+// Serve a staged or installed version as a source of it (docs/refit.md "Fan-out").
+struct RelayRequest {
+  std::string model;
+  std::string version;
+  std::string directory;
+  std::string holder;  // this engine's name in the holder record (directory naming rule)
+  int64_t lease_ttl_ms = 60'000;
 };
 
 // What an install did to the live weights (the wire names of lifecycle::InstallOutcome).
@@ -89,6 +104,8 @@ struct InstallResult {
   Json evidence = Json::object();  // the install evidence (weight_version, bytes, stages) when installed
 };
 
+struct RelayHolding;
+
 class RefitReceiver {
  public:
   explicit RefitReceiver(Engine* engine, int threads = 0);
@@ -97,6 +114,12 @@ class RefitReceiver {
   Result<Json> Stage(const StageRequest& request);
   // skip_cache_reset is for the stale-cache negative control only (docs/engine.md).
   InstallResult Install(const std::string& version, bool skip_cache_reset = false);
+  // Rebuilds `version` (staged here, or installed and live) in its published dtype, checks every
+  // shard against its published digest, registers it with the transport of the version's sources
+  // (shm or ucx) and publishes the holder record.
+  // Replaces this engine's previous relay (its record is marked unavailable). FailedPrecondition
+  // when the version is neither staged nor live here, or its sources are neither shm nor ucx.
+  Result<Json> Relay(const RelayRequest& request);
   // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
   // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
   void SetFailAfterFirstRankForTesting(bool on) { fail_after_first_rank_ = on; }
@@ -147,6 +170,11 @@ class RefitReceiver {
   int64_t live_cache_generation_ = -1;                              // guarded by mu_
   bool live_cache_valid_ = false;                                   // guarded by mu_
   std::atomic<bool> fail_after_first_rank_{false};                  // test-only fault
+  // Fan-out: the manifest of the version installed last, and what this engine relays.
+  std::optional<refit::Manifest> installed_manifest_;               // guarded by mu_
+  std::string installed_model_;                                     // guarded by mu_
+  std::unique_ptr<RelayHolding> relay_;                             // guarded by mu_
+  std::string relay_directory_;                                     // guarded by mu_
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_

@@ -8,7 +8,8 @@
 // Presets: `tiny` (Qwen3 architecture, hidden 64, 2 layers, 4 q heads, 2 kv heads, head_dim 16,
 // intermediate 128, vocab 256: small enough for instant engine tests), `tiny-llama`,
 // `tiny-qwen2` (q/k/v biases), `tiny-moe` (Qwen3-MoE, 8 experts), and the real shapes
-// `qwen3-0.6b`, `qwen3-8b`, `qwen3-30b-a3b`, `llama3-70b`.
+// `qwen3-0.6b`, `qwen3-8b`, `qwen3-30b-a3b`, `qwen3-235b-a22b`, `llama3-70b`, and
+// `kimi-k2-shape` (Kimi-K2's sizes in Qwen3-MoE form, for planning at scale: docs/scale.md).
 //
 // Thread safety: values and pure functions.
 // Invariant: a ModelConfig returned by ParseModelConfigJson / ModelPreset / ResolveModelSpec has
