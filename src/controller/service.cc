@@ -409,7 +409,6 @@ void ControllerService::Drive(EngineSlot* slot) {
         std::lock_guard<std::mutex> lock(mu_);
         if (!slot->running_op.empty()) {
           slot->running_op.clear();
-          --updating_;
           cv_.notify_all();
           slot->after_op_pending = just_ended = true;
         }
@@ -429,6 +428,12 @@ void ControllerService::Drive(EngineSlot* slot) {
                              : kUnverifiedRetryMs);
       }
       std::unique_lock<std::mutex> lock(mu_);
+      if (slot->holds_update_place && !slot->settling.load()) {
+        // Settled (its identity re-checked): only now may another engine leave service.
+        slot->holds_update_place = false;
+        --updating_;
+        cv_.notify_all();
+      }
       if (!slot->queue.empty() && updating_ < options_.max_updating) {
         Op op = slot->queue.front();
         State st = slot->controller->state();
@@ -448,6 +453,7 @@ void ControllerService::Drive(EngineSlot* slot) {
         } else {
           slot->queue.pop_front();
           ++updating_;
+          slot->holds_update_place = true;
           slot->running_op = op.id;
           slot->settling = true;
           lock.unlock();
@@ -474,7 +480,9 @@ void ControllerService::Drive(EngineSlot* slot) {
           } else {
             ops_[op.id].errors[slot->index] = started.status().ToString();
             slot->running_op.clear();
+            slot->holds_update_place = false;
             --updating_;
+            slot->settling = false;  // nothing started: the engine is as it was
             j = JournalOpLocked("update_not_started",
                                 Json{{"id", op.id}, {"engine", slot->index}, {"reason", started.status().ToString()}});
           }

@@ -196,6 +196,9 @@ class ControllerService {
     // operation's end makes the engine READY before that check re-reads its identity (a recovery
     // changes the boot id), and nothing may be admitted against the identity verified before it.
     std::atomic<bool> settling{false};
+    // The operation's place among --max-updating, held from its start until it settled (the
+    // engine admits nothing before that, so it counts as out of service).
+    bool holds_update_place = false;            // guarded by mu_
     mutable std::mutex id_mu;
     VerifiedIdentity id;                        // guarded by id_mu
     std::thread driver;
