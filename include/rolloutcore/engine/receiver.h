@@ -70,6 +70,10 @@
 
 namespace rc::engine {
 
+namespace internal {
+struct DeltaStaged;
+}
+
 inline constexpr int64_t kMaxStageTimeoutMs = 3'600'000;
 
 struct StageRequest {
@@ -100,6 +104,12 @@ class RefitReceiver {
   // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
   // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
   void SetFailAfterFirstRankForTesting(bool on) { fail_after_first_rank_ = on; }
+  // Test-only fault: while on, a delta install flips bit 0 of the first value it wrote (the write
+  // "does not land"), which only the post-install check can see.
+  void SetCorruptDeltaInstallForTesting(bool on) { corrupt_delta_install_ = on; }
+  // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
+  // digest of the live weights is compared with the manifest (0: never; full installs always do).
+  void SetFullVerifyEvery(int n);
   // The live weights change only through Install (which bumps the engine's generation), so the
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
@@ -121,6 +131,15 @@ class RefitReceiver {
   Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched);
   Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers);
   std::vector<refit::DestinationBuffers> LiveBuffers();
+  // Delta refit (receiver_delta.cc). TryStageDelta: nullopt (with *why_full set) when the
+  // manifest cannot be applied as a delta here; otherwise the delta stage's evidence or refusal.
+  std::optional<Result<Json>> TryStageDelta(const StageRequest& request, const refit::Manifest& manifest,
+                                            const refit::TensorDigests& published, const Json& stages,
+                                            std::string* why_full);
+  Result<Json> InstallDeltaLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched,
+                                  const Json& stage_evidence, const refit::TensorDigests& published);
+  // The anchor-check evidence of a full install (which digests every live byte anyway).
+  Json FullInstallAnchor();
 
   Engine* engine_;
   refit::ModelConfig config_;
@@ -147,6 +166,10 @@ class RefitReceiver {
   int64_t live_cache_generation_ = -1;                              // guarded by mu_
   bool live_cache_valid_ = false;                                   // guarded by mu_
   std::atomic<bool> fail_after_first_rank_{false};                  // test-only fault
+  std::atomic<bool> corrupt_delta_install_{false};                  // test-only fault
+  std::unique_ptr<internal::DeltaStaged> delta_staged_;            // guarded by mu_; set with staged_
+  int full_verify_every_ = 16;                                      // guarded by mu_
+  int64_t deltas_since_anchor_ = 0;                                 // guarded by mu_
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_
