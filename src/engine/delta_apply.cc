@@ -19,19 +19,6 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool Intersect(const refit::Box& a, const refit::Box& b, refit::Box* out) {
-  out->start.resize(a.ndim());
-  out->extent.resize(a.ndim());
-  for (size_t d = 0; d < a.ndim(); ++d) {
-    const int64_t lo = std::max(a.start[d], b.start[d]);
-    const int64_t hi = std::min(a.start[d] + a.extent[d], b.start[d] + b.extent[d]);
-    if (hi <= lo) return false;
-    out->start[d] = lo;
-    out->extent[d] = hi - lo;
-  }
-  return true;
-}
-
 bool Inside(const refit::Box& b, const int64_t* coords) {
   for (size_t d = 0; d < b.ndim(); ++d) {
     if (coords[d] < b.start[d] || coords[d] >= b.start[d] + b.extent[d]) return false;
@@ -168,7 +155,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
         const refit::ShardInfo& s = t.shards[si];
         if (!boxes.insert(refit::BoxToString(s.box())).second) continue;  // a replica: read one
         refit::Box overlap;
-        if (!Intersect(c.box, s.box(), &overlap)) continue;
+        if (!refit::Intersect(c.box, s.box(), &overlap)) continue;
         for (size_t d = 0; d < overlap.ndim(); ++d) overlap.start[d] -= s.offset[d];
         const refit::DeltaTiling g = refit::TilingFor(s.shape);
         for (int64_t tile : refit::TilesTouching(g, s.shape, overlap)) need[{ti->second, si}].insert(tile);

@@ -237,17 +237,17 @@ Result<Manifest> ManifestFromJson(const Json& j) {
       if (auto dit = sj.find("delta"); dit != sj.end() && !dit->is_null()) {
         const std::string dpath = spath + ".delta";
         RC_RETURN_IF_ERROR(CheckKnownKeys(*dit, {"base", "base_digest", "handle", "offset", "bytes", "changed"}, dpath));
-        ShardDelta d;
-        RC_ASSIGN_OR_RETURN(d.base, GetString(*dit, "base", dpath));
-        RC_ASSIGN_OR_RETURN(d.base_digest, HexFromJson(*dit, "base_digest", dpath));
-        RC_ASSIGN_OR_RETURN(d.handle, GetString(*dit, "handle", dpath));
+        ShardDelta sd;
+        RC_ASSIGN_OR_RETURN(sd.base, GetString(*dit, "base", dpath));
+        RC_ASSIGN_OR_RETURN(sd.base_digest, HexFromJson(*dit, "base_digest", dpath));
+        RC_ASSIGN_OR_RETURN(sd.handle, GetString(*dit, "handle", dpath));
         RC_ASSIGN_OR_RETURN(int64_t off, GetNonNegativeInt(*dit, "offset", dpath));
         RC_ASSIGN_OR_RETURN(int64_t len, GetNonNegativeInt(*dit, "bytes", dpath));
-        RC_ASSIGN_OR_RETURN(d.changed, GetNonNegativeInt(*dit, "changed", dpath));
-        if (d.base.empty() || d.handle.empty()) return InvalidArgument(dpath + ": base and handle must not be empty");
-        d.offset = static_cast<uint64_t>(off);
-        d.bytes = static_cast<uint64_t>(len);
-        s.delta = std::move(d);
+        RC_ASSIGN_OR_RETURN(sd.changed, GetNonNegativeInt(*dit, "changed", dpath));
+        if (sd.base.empty() || sd.handle.empty()) return InvalidArgument(dpath + ": base and handle must not be empty");
+        sd.offset = static_cast<uint64_t>(off);
+        sd.bytes = static_cast<uint64_t>(len);
+        s.delta = std::move(sd);
       }
       t.shards.push_back(std::move(s));
     }

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 
 #include "rolloutcore/base/log.h"
@@ -115,6 +116,75 @@ void Publisher::RememberPublished(std::string_view version, const std::vector<St
     p.bytes.assign(b, b + s.source.bytes());
   }
   previous_version_ = std::string(version);
+}
+
+}  // namespace rc::trainer
+
+namespace rc::trainer {
+
+Result<std::string> Publisher::CorruptDeltaForTesting(std::string_view version, std::string_view kind) {
+  if (kind != "value" && kind != "index" && kind != "missing") {
+    return InvalidArgument(fmt::format("corrupt delta kind '{}': expected value, index or missing", kind));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = versions_.find(version);
+  if (it == versions_.end()) return NotFound(fmt::format("rank {} holds no version {}", rank_, version));
+  std::byte* region = nullptr;
+  for (const StagedShard& s : it->second.shards) {
+    if (s.delta_keep_alive) region = static_cast<const transport::ShmBuffer*>(s.delta_keep_alive.get())->data();
+  }
+  for (const StagedShard& s : it->second.shards) {
+    if (!s.delta || s.delta->changed < 2 || region == nullptr) continue;
+    const ShardSource& src = s.source;
+    const size_t es = refit::DTypeSize(src.dtype);
+    std::span<std::byte> payload(region + s.delta->offset, s.delta->bytes);
+    RC_ASSIGN_OR_RETURN(auto table, refit::ParseDeltaTable(src.dtype, src.local_shape, payload, payload.size()));
+    const refit::DeltaTiling g = refit::TilingFor(src.local_shape);
+    std::vector<int64_t> offsets;
+    std::vector<std::byte> values;
+    for (int64_t t = 0; t < g.tiles(); ++t) {
+      const refit::DeltaTile& e = table[static_cast<size_t>(t)];
+      RC_RETURN_IF_ERROR(refit::DecodeDeltaTile(g, es, t, e, payload.subspan(e.offset, e.bytes),
+                                                [&](int64_t o, const std::byte* v) {
+                                                  offsets.push_back(o);
+                                                  values.insert(values.end(), v, v + es);
+                                                }));
+    }
+    // Tiles are decoded in tile order; the encoder wants shard order.
+    std::vector<size_t> order(offsets.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offsets[a] < offsets[b]; });
+    std::vector<int64_t> o2;
+    std::vector<std::byte> v2;
+    for (size_t i : order) {
+      o2.push_back(offsets[i]);
+      v2.insert(v2.end(), values.begin() + static_cast<std::ptrdiff_t>(i * es),
+                values.begin() + static_cast<std::ptrdiff_t>((i + 1) * es));
+    }
+    if (kind == "value") {
+      v2[0] ^= std::byte{0x01};
+    } else if (kind == "missing") {
+      o2.erase(o2.begin());
+      v2.erase(v2.begin(), v2.begin() + static_cast<std::ptrdiff_t>(es));
+    } else {
+      // Move one changed element to the next position, if that one is unchanged.
+      bool moved = false;
+      for (size_t i = 0; i + 1 < o2.size() && !moved; ++i) {
+        if (o2[i] + 1 < o2[i + 1]) {
+          ++o2[i];
+          moved = true;
+        }
+      }
+      if (!moved) continue;
+    }
+    RC_ASSIGN_OR_RETURN(refit::EncodedDelta e, refit::EncodeShardDeltaFromChanges(src.dtype, src.local_shape, o2, v2));
+    if (e.bytes.size() > payload.size()) continue;
+    std::memcpy(payload.data(), e.bytes.data(), e.bytes.size());
+    RC_LOG_WARN("fault injection: delta of tensor {} (rank {}, version {}) corrupted: {}", src.name, rank_, version,
+                kind);
+    return src.name;
+  }
+  return NotFound(fmt::format("rank {}: version {} has no delta shard to corrupt", rank_, version));
 }
 
 }  // namespace rc::trainer

@@ -309,6 +309,14 @@ Status SyntheticTrainer::CorruptByte(std::string_view version, int32_t rank, uin
   return OkStatus();
 }
 
+Result<std::string> SyntheticTrainer::CorruptDelta(std::string_view version, int32_t rank, std::string_view kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size() || ranks_[static_cast<size_t>(rank)]->publisher == nullptr) {
+    return InvalidArgument(fmt::format("rank {} is not a live rank of this trainer", rank));
+  }
+  return ranks_[static_cast<size_t>(rank)]->publisher->CorruptDeltaForTesting(version, kind);
+}
+
 Result<VersionStatus> SyntheticTrainer::Step() {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return FailedPrecondition(fmt::format("trainer of model {} is shut down", model_name_));

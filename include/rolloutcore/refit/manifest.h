@@ -46,7 +46,7 @@ struct ShardInfo {
   Shape shape;   // local (box) extent; the shard's bytes are this box, row-major
   std::string handle;  // transport descriptor, opaque to refit
   uint64_t digest = 0;  // content digest of the box (DigestBlock)
-  std::optional<ShardDelta> delta;  // set when the version was published as a delta
+  std::optional<ShardDelta> delta = std::nullopt;  // set when the version was published as a delta
 
   Box box() const { return Box{offset, shape}; }
 };

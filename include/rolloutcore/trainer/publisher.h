@@ -164,6 +164,13 @@ class Publisher {
   // Publisher holds no such version.
   [[nodiscard]] Status Release(std::string_view version, bool release_in_directory = false);
 
+  // Test-only fault (the delta e2e tests): corrupts the delta payload of the first shard of
+  // `version` with at least two changes, after the publish, in one of three ways — "value" flips
+  // bit 0 of one new value, "index" moves one changed element to a neighbouring unchanged
+  // position, "missing" drops one changed element — rewriting the payload in place so that it
+  // still parses. Returns the tensor it corrupted. NotFound when the version has no such shard.
+  [[nodiscard]] Result<std::string> CorruptDeltaForTesting(std::string_view version, std::string_view kind);
+
   // Versions held (staged or published), in label order.
   std::vector<std::string> versions() const;
   bool IsPublished(std::string_view version) const;
@@ -178,11 +185,11 @@ class Publisher {
     uint64_t registration_id = 0;  // valid when registered
     std::string descriptor;
     uint64_t digest = 0;
-    std::optional<refit::ShardDelta> delta;  // this version's delta of the shard, once computed
+    std::optional<refit::ShardDelta> delta = std::nullopt;  // this version's delta of the shard, once computed
     // The first shard of a version with deltas owns the registration of the region holding every
     // payload of the version (0 otherwise) and keeps that region alive.
     uint64_t delta_registration_id = 0;
-    std::shared_ptr<const void> delta_keep_alive;
+    std::shared_ptr<const void> delta_keep_alive = nullptr;
   };
   // A shard's bytes as last published (delta publishing).
   struct PreviousShard {

@@ -141,6 +141,9 @@ class SyntheticTrainer {
   // Fault injection (tests, experiments): flips bit 0 of one byte of a rank's published buffer
   // of `version`, after it was published — readers must detect it by its content digest.
   [[nodiscard]] Status CorruptByte(std::string_view version, int32_t rank, uint64_t byte);
+  // Fault injection: Publisher::CorruptDeltaForTesting on `rank` (kind value | index | missing);
+  // returns the tensor corrupted.
+  [[nodiscard]] Result<std::string> CorruptDelta(std::string_view version, int32_t rank, std::string_view kind);
 
  private:
   struct Rank;
