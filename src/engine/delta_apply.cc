@@ -53,6 +53,17 @@ struct DecodedShard {
 
 }  // namespace
 
+bool CarriesDelta(const refit::Manifest& manifest) {
+  bool any = false;
+  for (const refit::ShardTable& t : manifest.tables) {
+    for (const refit::ShardInfo& s : t.shards) {
+      if (!s.delta) return false;
+      any = true;
+    }
+  }
+  return any;
+}
+
 std::string DeltaIneligibility(const refit::Manifest& manifest, const std::string& live_version,
                                const refit::TensorDigests* live) {
   std::string base;

@@ -36,6 +36,9 @@ namespace rc::engine::internal {
 std::string DeltaIneligibility(const refit::Manifest& manifest, const std::string& live_version,
                                const refit::TensorDigests* live);
 
+// True when every shard of `manifest` carries a delta.
+bool CarriesDelta(const refit::Manifest& manifest);
+
 struct DeltaWrite {
   uint32_t param = 0;  // index into the rank's capture params
   int64_t offset = 0;  // element offset in the parameter

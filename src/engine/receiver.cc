@@ -423,6 +423,7 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
     // The fact comes from the copy itself, not from the error's code.
     out.outcome = touched.load() ? InstallOutcome::kFailedAfterMutation : InstallOutcome::kRefusedUntouched;
     out.status = result.status();
+    if (out.outcome == InstallOutcome::kFailedAfterMutation) mutated_unproven_ = true;
   }
   std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
   switch (out.outcome) {

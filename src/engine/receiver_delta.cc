@@ -25,6 +25,7 @@ void RefitReceiver::SetFullVerifyEvery(int n) {
 Json RefitReceiver::FullInstallAnchor() {
   // Called with mu_ held, after a full install's live digest matched the manifest.
   deltas_since_anchor_ = 0;
+  mutated_unproven_ = false;
   return Json{{"ran", true}, {"ok", true}, {"reason", "full install: every live byte was digested"}};
 }
 
@@ -37,6 +38,11 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
   // Cheap refusals first, without the live digest.
   *why_full = internal::DeltaIneligibility(manifest, live_version, nullptr);
   const bool only_proof_missing = why_full->find("base cannot be proven") != std::string::npos;
+  if (mutated_unproven_ && internal::CarriesDelta(manifest)) {
+    *why_full = "the last install failed after it began writing live weights (recovery): only a full install "
+                "proves them again";
+    return std::nullopt;
+  }
   if (!why_full->empty() && !only_proof_missing) return std::nullopt;
   Json stages = stages_in;
   std::string proof = "the digest of the live weights computed at the last install";

@@ -170,6 +170,9 @@ class RefitReceiver {
   std::unique_ptr<internal::DeltaStaged> delta_staged_;            // guarded by mu_; set with staged_
   int full_verify_every_ = 16;                                      // guarded by mu_
   int64_t deltas_since_anchor_ = 0;                                 // guarded by mu_
+  // An install failed after it began writing: until a full install proves the live weights
+  // again (recovery), no delta is applied on them.
+  bool mutated_unproven_ = false;                                   // guarded by mu_
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_
