@@ -84,7 +84,7 @@ Status RunDeltaRefitBench(const DeltaBenchOptions& o) {
     RC_ASSIGN_OR_RETURN(auto t, ChildProcess::Spawn("trainer-" + name,
                                                     {"trainer", "serve", "--model", o.model, "--name", name, "--layout",
                                                      "fsdp:" + std::to_string(o.ranks), "--directory", dir_url,
-                                                     "--transport", o.transport, "--change-fraction",
+                                                     "--transport", o.transport, "--keep", "1", "--change-fraction",
                                                      fmt::format("{}", f), "--delta", "--port",
                                                      std::to_string(trainer_port)},
                                                     log("trainer-" + name)));

@@ -118,6 +118,10 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   for (size_t i = 0; i < m.tables.size(); ++i) table_of[m.tables[i].name] = i;
   std::map<std::string, uint32_t, std::less<>> tensor_id;
 
+  if (m.tables.size() > UINT16_MAX || captures.size() > UINT8_MAX) {
+    return InvalidArgument(fmt::format("delta refit handles up to {} tensors and {} ranks, not {} and {}", UINT16_MAX,
+                                       UINT8_MAX, m.tables.size(), captures.size()));
+  }
   RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(m));
   RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
   std::map<std::string, transport::RemoteMemory> remotes;
@@ -149,6 +153,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   };
 
   double wire_ms = 0, decode_ms = 0, map_ms = 0;
+  std::vector<uint64_t> gain(m.tables.size(), 0);  // per tensor id: sum of (new term - old term)
   for (size_t r = 0; r < captures.size(); ++r) {
     const refit::Capture& cap = captures[r];
     // Which shards and tiles this rank needs: (table, shard) -> tiles.
@@ -307,22 +312,23 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
           } else {
             refit::ConvertElements(c.source_dtype, &src_bits, 1, param.dtype, &dst_bits, 1, 1);
           }
-          out.writes[r].push_back(DeltaWrite{c.param, dest, dst_bits});
+          if (pes > 4) return InvalidArgument("delta refit: parameter " + param.name + " has elements over 4 bytes");
+          out.writes[r].push_back(DeltaWrite{c.param, static_cast<uint32_t>(dst_bits), dest});
           if (owned == regions_by_copy.end()) continue;
           bool mine = false;
           for (const auto& [copy, box] : owned->second) mine = mine || Inside(*box, coords.data());
           // Digest regions are disjoint over copies and ranks: an element is counted once overall.
           if (!mine) continue;
           DeltaCheck chk;
-          chk.rank = static_cast<uint32_t>(r);
-          chk.param = c.param;
-          chk.tensor = tid.first->second;
-          chk.offset = dest;
           chk.global = gi;
-          chk.source = c.source_dtype;
           chk.old_term = refit::DigestTerm(
               gi, refit::InstalledSourceBits(c.source_dtype, param.dtype, live + static_cast<size_t>(dest) * pes));
-          chk.new_term = refit::DigestTerm(gi, refit::InstalledSourceBits(c.source_dtype, param.dtype, &dst_bits));
+          chk.write = static_cast<uint32_t>(out.writes[r].size() - 1);
+          chk.tensor = static_cast<uint16_t>(tid.first->second);
+          chk.rank = static_cast<uint8_t>(r);
+          chk.source = c.source_dtype;
+          gain[chk.tensor] += refit::DigestTerm(gi, refit::InstalledSourceBits(c.source_dtype, param.dtype, &dst_bits)) -
+                              chk.old_term;
           out.checks.push_back(chk);
         }
       }
@@ -350,7 +356,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   // The prediction: D_new = D_live + sum (new - old), tensor by tensor, against the manifest.
   auto t0 = std::chrono::steady_clock::now();
   out.predicted = out.base_digests;
-  for (const DeltaCheck& chk : out.checks) out.predicted[out.tensors[chk.tensor]] += chk.new_term - chk.old_term;
+  for (size_t i = 0; i < out.tensors.size(); ++i) out.predicted[out.tensors[i]] += gain[i];
   std::string mismatch = refit::FirstDigestMismatch(out.predicted, *in.published);
   out.stages_ms["wire"] = wire_ms;
   out.stages_ms["transform"] = decode_ms + map_ms;
@@ -381,14 +387,23 @@ Status ApplyDeltaWrites(const std::vector<DeltaWrite>& writes, const refit::Capt
 Result<refit::TensorDigests> DigestAfterDelta(const DeltaStaged& staged, const std::vector<refit::Capture>& captures,
                                               const std::vector<refit::DestinationBuffers>& live) {
   refit::TensorDigests out = staged.base_digests;
-  for (const DeltaCheck& chk : staged.checks) {
-    const refit::TensorSpec& p = captures[chk.rank].params[chk.param];
-    auto it = live[chk.rank].find(p.name);
-    if (it == live[chk.rank].end()) return FailedPrecondition("no live parameter " + p.name);
-    const std::byte* e = it->second.data() + static_cast<size_t>(chk.offset) * refit::DTypeSize(p.dtype);
-    out[staged.tensors[chk.tensor]] +=
-        refit::DigestTerm(chk.global, refit::InstalledSourceBits(chk.source, p.dtype, e)) - chk.old_term;
+  // Live base pointers per rank and parameter, looked up once.
+  std::vector<std::vector<const std::byte*>> base(captures.size());
+  for (size_t r = 0; r < captures.size(); ++r) {
+    for (const refit::TensorSpec& p : captures[r].params) {
+      auto it = live[r].find(p.name);
+      if (it == live[r].end()) return FailedPrecondition("no live parameter " + p.name);
+      base[r].push_back(it->second.data());
+    }
   }
+  std::vector<uint64_t> gain(staged.tensors.size(), 0);
+  for (const DeltaCheck& chk : staged.checks) {
+    const DeltaWrite& w = staged.writes[chk.rank][chk.write];
+    const refit::DType dtype = captures[chk.rank].params[w.param].dtype;
+    const std::byte* e = base[chk.rank][w.param] + static_cast<size_t>(w.offset) * refit::DTypeSize(dtype);
+    gain[chk.tensor] += refit::DigestTerm(chk.global, refit::InstalledSourceBits(chk.source, dtype, e)) - chk.old_term;
+  }
+  for (size_t i = 0; i < gain.size(); ++i) out[staged.tensors[i]] += gain[i];
   return out;
 }
 

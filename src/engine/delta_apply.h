@@ -41,20 +41,19 @@ bool CarriesDelta(const refit::Manifest& manifest);
 
 struct DeltaWrite {
   uint32_t param = 0;  // index into the rank's capture params
+  uint32_t bits = 0;   // the new value in the parameter's dtype (at most 4 bytes)
   int64_t offset = 0;  // element offset in the parameter
-  uint64_t bits = 0;   // the new value in the parameter's dtype
 };
 
-// One changed source element counted by the digest (each element once over all ranks).
+// One changed source element counted by the digest (each element once over all ranks): 24 bytes,
+// since a delta of a large model at F = 0.1 has tens of millions of them.
 struct DeltaCheck {
-  uint32_t rank = 0;
-  uint32_t param = 0;
-  uint32_t tensor = 0;  // index into DeltaStaged::tensors
-  int64_t offset = 0;
-  uint64_t global = 0;
+  uint64_t global = 0;    // global element index in the source tensor
+  uint64_t old_term = 0;  // DigestTerm of the live value before the install
+  uint32_t write = 0;     // index into DeltaStaged::writes[rank]
+  uint16_t tensor = 0;    // index into DeltaStaged::tensors
+  uint8_t rank = 0;
   refit::DType source = refit::DType::kBF16;
-  uint64_t old_term = 0;
-  uint64_t new_term = 0;
 };
 
 struct DeltaStaged {

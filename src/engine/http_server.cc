@@ -626,7 +626,7 @@ void EngineServer::Impl::FaultRoutes() {
     if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
     Status known = CheckKnownKeys(*j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
                                        "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank",
-                                       "corrupt_delta_install"},
+                                       "corrupt_delta_install", "corrupt_live_weight"},
                                   "fault");
     if (!known.ok()) return SendError(r, 400, known.message());
     int64_t v[5];
@@ -648,6 +648,13 @@ void EngineServer::Impl::FaultRoutes() {
     if (!fail_after.ok()) return SendError(r, 400, fail_after.status().message());
     auto corrupt_delta = GetBool(*j, "corrupt_delta_install", "corrupt_delta_install", false);
     if (!corrupt_delta.ok()) return SendError(r, 400, corrupt_delta.status().message());
+    auto corrupt_live = GetBool(*j, "corrupt_live_weight", "corrupt_live_weight", false);
+    if (!corrupt_live.ok()) return SendError(r, 400, corrupt_live.status().message());
+    if (*corrupt_live) {
+      // One-shot: memory corrupted between updates (docs/refit.md "Anchor checks").
+      if (Status c = receiver_.CorruptLiveWeightForTesting(); !c.ok()) return SendError(r, 404, c.message());
+      RC_LOG_WARN("engine: fault injection: flipped bit 0 of rank 0's model.norm.weight[0]");
+    }
     faults_.pause_delay_ms = v[0];
     faults_.install_delay_ms = v[1];
     faults_.reset_delay_ms = v[2];

@@ -22,6 +22,14 @@ void RefitReceiver::SetFullVerifyEvery(int n) {
   full_verify_every_ = n < 0 ? 0 : n;
 }
 
+Status RefitReceiver::CorruptLiveWeightForTesting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Parameter* p = engine_->Parameters(0).Find("model.norm.weight");
+  if (p == nullptr || p->nbytes() == 0) return NotFound("rank 0 has no model.norm.weight to corrupt");
+  reinterpret_cast<std::byte*>(p->data())[0] ^= std::byte{0x01};
+  return OkStatus();
+}
+
 Json RefitReceiver::FullInstallAnchor() {
   // Called with mu_ held, after a full install's live digest matched the manifest.
   deltas_since_anchor_ = 0;

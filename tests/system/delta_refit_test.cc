@@ -59,23 +59,25 @@ class DeltaRefitTest : public SystemTest {
     EXPECT_TRUE(WaitHealthy(t, port, "/status"));
     return port;
   }
-  int StartTpEngine(const std::string& name, const std::string& model_dir, const std::string& label, int tp) {
+  int StartTpEngine(const std::string& name, const std::string& model_dir, const std::string& label, int tp,
+                    int full_verify_every = 16) {
     int port = apps::FreePort().value();
     ChildProcess* e = Start(name, {"engine", "serve", "--model", model_dir, "--tensor-parallel-size",
                                    std::to_string(tp), "--port", std::to_string(port), "--weight-version", label,
-                                   "--served-model-name", kModelName, "--threads", "1", "--enable-fault-injection"});
+                                   "--served-model-name", kModelName, "--threads", "1", "--enable-fault-injection",
+                                   "--full-verify-every", std::to_string(full_verify_every)});
     EXPECT_TRUE(WaitHealthy(e, port, "/health"));
     return port;
   }
   // Directory, delta trainer (v0 committed), engine at `tp` from the exported v0, controller.
-  Stack StartDeltaStack(const std::string& transport, int tp) {
+  Stack StartDeltaStack(const std::string& transport, int tp, int full_verify_every = 16) {
     UseSmallModel();
     Stack s;
     s.state_dir = dir_ + "/controller";
     s.v0_dir = dir_ + "/v0";
     s.dir = StartDirectory();
     ExportVersion("v0", s.v0_dir);
-    s.engine = StartTpEngine("engine", s.v0_dir, "v0", tp);
+    s.engine = StartTpEngine("engine", s.v0_dir, "v0", tp, full_verify_every);
     s.trainer = StartDeltaTrainer(s.dir, transport);
     WaitCommitted(s.dir, "v0");
     StartController(s);
@@ -229,6 +231,35 @@ TEST_F(DeltaRefitTest, AWriteThatDoesNotLandTaintsAndRecoveryPullsInFull) {
     }
   }
   EXPECT_TRUE(full_recovery) << "no journal record of a full recovery stage:\n" << all;
+  auto recovered = FindLast(Journal(s.ctl), "recovered");
+  ASSERT_TRUE(recovered.has_value());
+  EXPECT_EQ((*recovered)["detail"]["evidence"]["anchor_check"]["ran"], true) << "a full digest at every recovery";
+}
+
+// Anchor checks: a full digest of the live weights every N delta installs catches memory that was
+// corrupted between updates (the O(changed) proof cannot), and the mismatch taints.
+TEST_F(DeltaRefitTest, AnchorCheckEveryNDeltasCatchesMemoryCorruptedBetweenUpdates) {
+  Stack s = StartDeltaStack("shm", 2, /*full_verify_every=*/2);
+  auto anchor_of = [&](const Json& entry) { return entry["evidence"]["install_complete"]["detail"]["anchor_check"]; };
+  DeltaStep(s, "v1");
+  Json e1 = UpdateAndWait(s.ctl, "v1");
+  EXPECT_EQ(anchor_of(e1)["ran"], false) << e1.dump();
+  DeltaStep(s, "v2");
+  Json e2 = UpdateAndWait(s.ctl, "v2");
+  EXPECT_EQ(e2.value("phase", std::string()), "READY");
+  EXPECT_EQ(anchor_of(e2)["ran"], true) << "the 2nd delta install runs the anchor check";
+  EXPECT_EQ(anchor_of(e2)["ok"], true);
+  // Live memory corrupted between updates: the next delta (v3) still proves its own changes...
+  SetFaults(s.engine, Json{{"corrupt_live_weight", true}});
+  DeltaStep(s, "v3");
+  Json e3 = UpdateAndWait(s.ctl, "v3");
+  EXPECT_EQ(e3.value("phase", std::string()), "READY") << "the O(changed) proof does not read unchanged memory";
+  EXPECT_EQ(anchor_of(e3)["ran"], false);
+  // ...and the anchor check after v4 finds the corruption and taints.
+  DeltaStep(s, "v4");
+  Json e4 = UpdateAndWait(s.ctl, "v4");
+  EXPECT_EQ(e4.value("phase", std::string()), "TAINTED") << e4.dump();
+  EXPECT_NE(e4.dump().find("anchor check after the delta install of v4"), std::string::npos) << e4.dump();
 }
 
 }  // namespace
