@@ -1,6 +1,7 @@
 // `rolloutcore bench refit --delta`: full and sparse delta refit side by side in one run
 // (docs/refit.md "Delta refit"). Per change fraction F: a synthetic trainer publishing with
-// --change-fraction F --delta; the engine (dummy weights) refits v0 in full (the baseline: bytes
+// --change-fraction F --delta; the engine (dummy weights) refits v0 in full after one warm-up
+// stage (the steady-state baseline: bytes
 // on the wire, stage, install, verify, pause), the trainer steps, and the engine refits v1 as a
 // delta on v0. Reported: both rows and the ratios (delta bytes / full bytes, delta stage+install+
 // verify / full's).
@@ -89,6 +90,11 @@ Status RunDeltaRefitBench(const DeltaBenchOptions& o) {
                                                      std::to_string(trainer_port)},
                                                     log("trainer-" + name)));
     RC_RETURN_IF_ERROR(BenchWaitHealthy(t.get(), trainer_port, "/status", 600));
+    // Warm-up: the first stage of an engine allocates its shadow parameters and faults their pages
+    // in; the full row is the steady-state refit every later full refit costs.
+    RC_ASSIGN_OR_RETURN(Json warm, BenchCall(engine_port, "POST", "/rc/refit/stage",
+                                             Json{{"model", name}, {"version", "v0"}, {"directory", dir_url}}));
+    (void)warm;
     RC_ASSIGN_OR_RETURN(Json full, Refit(engine_port, name, "v0", dir_url));
     RC_ASSIGN_OR_RETURN(Json step, BenchCall(trainer_port, "POST", "/step"));
     RC_ASSIGN_OR_RETURN(Json delta, Refit(engine_port, name, "v1", dir_url));

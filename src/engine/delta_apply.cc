@@ -36,6 +36,24 @@ int64_t DestOffset(const refit::CapturedCopy& c, const int64_t* coords) {
   return d;
 }
 
+bool ContainsBox(const refit::Box& outer, const refit::Box& inner) {
+  for (size_t d = 0; d < outer.ndim(); ++d) {
+    if (inner.start[d] < outer.start[d] || inner.start[d] + inner.extent[d] > outer.start[d] + outer.extent[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+size_t VarintBytes(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
 bool NonFinite(refit::DType dtype, uint64_t bits) {
   switch (dtype) {
     case refit::DType::kBF16: return (bits & 0x7f80u) == 0x7f80u;
@@ -273,7 +291,8 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
     t0 = std::chrono::steady_clock::now();
     std::map<size_t, std::vector<std::pair<uint32_t, const refit::Box*>>> regions_by_copy;
     for (const refit::DigestRegion& reg : (*in.regions)[r]) regions_by_copy[reg.copy].push_back({reg.copy, &reg.box});
-    std::map<std::pair<size_t, size_t>, std::vector<int64_t>> region_changes;  // yardstick
+    uint64_t region_bytes = 0;  // yardstick: see the loop
+    int64_t region_changed = 0;
     std::vector<int64_t> coords;
     for (uint32_t ci = 0; ci < cap.copies.size(); ++ci) {
       const refit::CapturedCopy& c = cap.copies[ci];
@@ -290,11 +309,24 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
         const refit::ShardTable& t = m.tables[d.table];
         if (t.name != c.source) continue;
         const refit::ShardInfo& s = t.shards[d.shard];
+        refit::Box overlap;
+        if (!refit::Intersect(c.box, s.box(), &overlap)) continue;
+        const bool whole = overlap == s.box();  // every element of the shard lies in the copy's box
+        bool own_all = false;  // one owned region holds the whole overlap: no per-element test
+        if (owned != regions_by_copy.end()) {
+          for (const auto& [copy, box] : owned->second) own_all = own_all || ContainsBox(*box, overlap);
+        }
         const refit::Shape local = refit::RowMajorStrides(s.shape);
         const refit::Shape global = refit::RowMajorStrides(t.shape);
+        const refit::DeltaTiling g = refit::TilingFor(s.shape);
+        const size_t ses = refit::DTypeSize(t.dtype);
+        const bool bf16_to_f32 = c.source_dtype == refit::DType::kBF16 && param.dtype == refit::DType::kF32;
+        if (pes > 4) return InvalidArgument("delta refit: parameter " + param.name + " has elements over 4 bytes");
         auto tid = tensor_id.emplace(t.name, static_cast<uint32_t>(out.tensors.size()));
         if (tid.second) out.tensors.push_back(t.name);
+        const auto tensor = static_cast<uint16_t>(tid.first->second);
         coords.assign(t.shape.size(), 0);
+        int64_t prev_tile = -1, prev_k = 0;
         for (const auto& [o, bits] : d.changes) {
           int64_t rest = o;
           uint64_t gi = 0;
@@ -303,20 +335,34 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
             rest %= local[dim];
             gi += static_cast<uint64_t>(coords[dim] * global[dim]);
           }
-          if (!Inside(c.box, coords.data())) continue;
-          region_changes[{d.table, d.shard}].push_back(o);
+          if (!whole && !Inside(c.box, coords.data())) continue;
+          // The yardstick: the tile bodies an encoding of only this region's changes would take.
+          {
+            const int64_t rr = o / g.cols, cc = o % g.cols;
+            const int64_t tr = rr / g.tile_rows, tc = cc / g.tile_cols;
+            const int64_t tile = tr * g.tiles_c + tc;
+            const int64_t in_tile = (rr - tr * g.tile_rows) * g.TileCols(tile) + (cc - tc * g.tile_cols);
+            region_bytes += ses + VarintBytes(static_cast<uint64_t>(tile == prev_tile ? in_tile - prev_k : in_tile));
+            ++region_changed;
+            prev_tile = tile;
+            prev_k = in_tile;
+          }
           const int64_t dest = DestOffset(c, coords.data());
-          uint64_t src_bits = bits, dst_bits = 0;
+          uint64_t dst_bits = 0;
           if (c.source_dtype == param.dtype) {
             dst_bits = bits;
+          } else if (bf16_to_f32) {
+            dst_bits = bits << 16;  // exact widening
           } else {
+            uint64_t src_bits = bits;
             refit::ConvertElements(c.source_dtype, &src_bits, 1, param.dtype, &dst_bits, 1, 1);
           }
-          if (pes > 4) return InvalidArgument("delta refit: parameter " + param.name + " has elements over 4 bytes");
           out.writes[r].push_back(DeltaWrite{c.param, static_cast<uint32_t>(dst_bits), dest});
           if (owned == regions_by_copy.end()) continue;
-          bool mine = false;
-          for (const auto& [copy, box] : owned->second) mine = mine || Inside(*box, coords.data());
+          bool mine = own_all;
+          if (!mine) {
+            for (const auto& [copy, box] : owned->second) mine = mine || Inside(*box, coords.data());
+          }
           // Digest regions are disjoint over copies and ranks: an element is counted once overall.
           if (!mine) continue;
           DeltaCheck chk;
@@ -324,7 +370,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
           chk.old_term = refit::DigestTerm(
               gi, refit::InstalledSourceBits(c.source_dtype, param.dtype, live + static_cast<size_t>(dest) * pes));
           chk.write = static_cast<uint32_t>(out.writes[r].size() - 1);
-          chk.tensor = static_cast<uint16_t>(tid.first->second);
+          chk.tensor = tensor;
           chk.rank = static_cast<uint8_t>(r);
           chk.source = c.source_dtype;
           gain[chk.tensor] += refit::DigestTerm(gi, refit::InstalledSourceBits(c.source_dtype, param.dtype, &dst_bits)) -
@@ -332,14 +378,6 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
           out.checks.push_back(chk);
         }
       }
-    }
-    uint64_t region_bytes = 0;
-    int64_t region_changed = 0;
-    for (auto& [key, sorted] : region_changes) {
-      std::sort(sorted.begin(), sorted.end());
-      sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-      region_bytes += refit::PlainDeltaBytes(sorted, refit::DTypeSize(m.tables[key.first].dtype));
-      region_changed += static_cast<int64_t>(sorted.size());
     }
     map_ms += MsSince(t0);
     out.bytes_pulled += rank_bytes;
