@@ -16,6 +16,13 @@
 // marks itself before its first memcpy): refused_untouched when the install ended before that
 // point, whatever the error; failed_after_mutation when it ended after it; installed when the
 // live digest matched.
+// Delta refit (docs/refit.md "Delta refit"; receiver_delta.cc, delta_apply.h): when the version's
+// shards carry deltas on the version the engine serves and the live digests prove that base, Stage
+// pulls only the delta tiles each rank's copies touch, predicts every tensor's digest from the old
+// and new values (refusing a mismatch before anything live changes) and Install writes only the
+// changed elements, re-checks them from live memory (O(changed)) and, every full_verify_every-th
+// delta install, digests all live weights (anchor check). Otherwise Stage pulls in full. The stage
+// evidence says which (`mode`, `mode_reason`).
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
 //
@@ -107,6 +114,9 @@ class RefitReceiver {
   // Test-only fault: while on, a delta install flips bit 0 of the first value it wrote (the write
   // "does not land"), which only the post-install check can see.
   void SetCorruptDeltaInstallForTesting(bool on) { corrupt_delta_install_ = on; }
+  // Test-only fault: flips bit 0 of the first element of rank 0's model.norm.weight in place,
+  // outside any install (memory corrupted between updates: only an anchor check sees it).
+  [[nodiscard]] Status CorruptLiveWeightForTesting();
   // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
   // digest of the live weights is compared with the manifest (0: never; full installs always do).
   void SetFullVerifyEvery(int n);
