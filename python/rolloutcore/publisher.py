@@ -103,9 +103,13 @@ class Publisher:
         transport: str = "shm",
         lease_ttl_ms: int = 30_000,
         keepalive_interval_ms: int = 0,
+        delta: bool = False,
     ) -> None:
+        # delta=True: keep one host copy of every shard as last published (memory: one copy of
+        # each shard) so that ``publish(version, delta=True)`` can send sparse deltas against it.
+        self._delta = bool(delta)
         self._impl = core().Publisher(
-            directory, model, rank, world_size, transport, lease_ttl_ms, keepalive_interval_ms
+            directory, model, rank, world_size, transport, lease_ttl_ms, keepalive_interval_ms, self._delta
         )
 
     allocate = staticmethod(allocate)
@@ -163,7 +167,7 @@ class Publisher:
         for name, array in tensors.items():
             self.add_shard(version, name, array, dtype=dtype, copy=copy)
 
-    def publish(self, version: str) -> Dict[str, Any]:
+    def publish(self, version: str, delta: Optional[bool] = None) -> Dict[str, Any]:
         """Registers, digests and publishes this rank's shards of ``version``.
 
         Returns ``{version, state, ranks_published, expected_ranks, commit_seq, content_digest,
@@ -174,7 +178,19 @@ class Publisher:
         keeps its buffers and asks the directory for the outcome; if it cannot tell in time this
         raises ``UnavailableError`` ("outcome unknown") and the buffers stay registered: call
         ``publish`` again to ask again, or ``release``.
+
+        ``delta=True`` (the default for a ``Publisher(..., delta=True)``) also publishes, per
+        shard, the elements whose bits changed since this publisher's previous version when the
+        directory reports that one COMMITTED (docs/refit.md "Delta refit"); the full shards stay
+        published. The report then names ``delta_base``, ``delta_shards``, ``delta_changed`` and
+        ``delta_bytes``. Deltas need the host copy kept since the last publish: ValueError for a
+        publisher made without ``delta=True``. Shards in device memory are published in full.
         """
+        if delta is not None and bool(delta) != self._delta:
+            raise ValueError(
+                f"publish(delta={bool(delta)}) on a Publisher made with delta={self._delta}: delta publishing keeps a "
+                "copy of every shard from one publish to the next, so it is chosen when the Publisher is made"
+            )
         return self._impl.publish(version)
 
     def publish_empty(self, version: str) -> Dict[str, Any]:

@@ -10,6 +10,8 @@ import sys
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 
 def core() -> ModuleType:
     """The compiled extension; ImportError with instructions when it is not available."""
@@ -98,3 +100,35 @@ def combine_digests(digests: Mapping[str, Union[str, int]]) -> str:
 def transports() -> List[str]:
     """Names of the transports built into the core (local, shm, and ucx when built)."""
     return [t["name"] for t in core().transports()]
+
+
+def changed_elements(old: Any, new: Any) -> Tuple[Any, Any]:
+    """The change mask of a delta refit (docs/refit.md "Delta refit"), computed where the tensor
+    lives: ``(offsets, values)`` with the row-major flat offsets (int64, increasing) of the
+    elements whose *bits* differ between ``old`` and ``new`` and their new values (same dtype).
+
+    numpy arrays compare on the host; torch tensors compare on their own device (a CUDA tensor's
+    mask, nonzero and gather run on the GPU, and only the changed elements come back: no host copy
+    of the shard); a DTensor compares its local shard (``to_local()``), so offsets are local to
+    this rank's shard, as the Publisher's deltas are. Bits, not values: -0.0 vs +0.0 and NaN
+    payloads count as changes, as the digest sees them. ValueError when shapes or dtypes differ.
+    """
+    if hasattr(old, "to_local") and hasattr(new, "to_local"):
+        old, new = old.to_local(), new.to_local()
+    if tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
+        raise ValueError(f"change mask: old {tuple(old.shape)} {old.dtype} vs new {tuple(new.shape)} {new.dtype}")
+    if isinstance(old, np.ndarray):
+        width = old.dtype.itemsize
+        view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+        a = np.ascontiguousarray(old).reshape(-1).view(view)
+        b = np.ascontiguousarray(new).reshape(-1).view(view)
+        offsets = np.flatnonzero(a != b).astype(np.int64)
+        return offsets, np.ascontiguousarray(new).reshape(-1)[offsets]
+    import torch  # a torch tensor: compare bit patterns on its device
+
+    width = old.element_size()
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    a = old.contiguous().reshape(-1).view(view)
+    b = new.contiguous().reshape(-1).view(view)
+    offsets = torch.nonzero(a != b, as_tuple=False).reshape(-1)
+    return offsets, new.contiguous().reshape(-1)[offsets]

@@ -24,6 +24,7 @@
 #ifdef ROLLOUTCORE_WITH_CUDA
 #include "apps/bench_gpu_refit.h"
 #endif
+#include "apps/bench_refit_delta.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
 #include "rolloutcore/base/json.h"
@@ -48,6 +49,8 @@ struct BenchRefitOptions {
   int64_t timeout_ms = 120'000;
   bool kill_owner_mid_transfer = false;
   std::string json_out;
+  bool delta = false;  // full and delta refit side by side (bench_refit_delta.cc)
+  std::vector<double> change_fractions = {0.01, 0.1};
 };
 
 bool IsGpuTransport(const std::string& t) { return t == "cuda_ipc" || t == "nccl"; }
@@ -156,6 +159,11 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Stages to time")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a JSON report");
+  cmd->add_flag("--delta", o->delta,
+                "Full and sparse delta refit side by side: per --change-fractions F, refit v0 in full, then v1 as a "
+                "delta on v0 (bytes on the wire, stage, install, verify, pause; docs/refit.md)");
+  cmd->add_option("--change-fractions", o->change_fractions, "With --delta: the trainer's change fractions")
+      ->capture_default_str();
   cmd->add_option("--source", o->source, "Trainer layout (default fsdp:<trainer-ranks>)");
   cmd->add_option("--target", o->target,
                   "Engine layout (default tp:<tensor-parallel-size>); GPU transports use bf16 parameters unless "
@@ -188,6 +196,16 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
       g.json_out = o->json_out;
       s = RunGpuRefitBench(g);
 #endif
+    } else if (o->delta) {
+      DeltaBenchOptions d;
+      d.transport = o->transport;
+      d.model = o->model;
+      d.engine_model = o->engine_model;
+      d.ranks = o->ranks;
+      d.tp = o->tp;
+      d.fractions = o->change_fractions;
+      d.json = o->json;
+      s = RunDeltaRefitBench(d);
     } else if (!o->source.empty() || !o->target.empty()) {
       s = InvalidArgument("--source/--target are for the GPU transports; use --trainer-ranks and "
                           "--tensor-parallel-size with shm/ucx");

@@ -32,6 +32,7 @@ struct ServeFlags {
   bool enable_fault_injection = false;
   std::string directory;
   int http_threads = 256;
+  int full_verify_every = 16;
   net::ServerSecurity security;
 };
 
@@ -67,6 +68,7 @@ int Serve(const ServeFlags& f) {
   so.enable_fault_injection = f.enable_fault_injection;
   so.directory_url = f.directory;
   so.http_threads = f.http_threads;
+  so.full_verify_every = f.full_verify_every;
   so.security = f.security;
   engine::EngineServer server(engine->get(), so);
   Status st = server.Start();
@@ -114,6 +116,11 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--directory", flags->directory,
                     "The only directory POST /rc/refit/stage may pull from (default: any directory on this host, "
                     "i.e. a loopback URL)");
+  serve->add_option("--full-verify-every", flags->full_verify_every,
+                    "Delta refit anchor check: a full digest of the live weights after every N-th consecutive delta "
+                    "install (0: never; full installs always digest everything; docs/refit.md)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
   serve->add_option("--http-threads", flags->http_threads, "Most HTTP worker threads (started on demand)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

@@ -34,6 +34,8 @@ struct ServeOptions {
   std::string transport = "shm";
   uint64_t seed = 0;
   double lr = 1e-3;
+  double change_fraction = 1.0;
+  bool delta = false;
   std::string host = "127.0.0.1";
   int port = 7480;
   int64_t steps = 0;
@@ -102,6 +104,8 @@ int Serve(const ServeOptions& o) {
   options.transport = o.transport;
   options.weights.seed = o.seed;
   options.weights.lr = static_cast<float>(o.lr);
+  options.weights.change_fraction = static_cast<float>(o.change_fraction);
+  options.publisher.delta = o.delta;
   options.fail_rank = o.fail_rank;
   options.keep = o.keep;
   options.publisher.lease_ttl_ms = o.lease_ttl_ms;
@@ -192,6 +196,7 @@ struct ExportOptions {
   std::string model;
   uint64_t seed = 0;
   double lr = 1e-3;
+  double change_fraction = 1.0;
   std::string version;
   std::string out;
   bool json = false;
@@ -208,7 +213,7 @@ int Export(const ExportOptions& o) {
     fmt::print(stderr, "trainer export: --version: {}\n", step.status().ToString());
     return 2;
   }
-  trainer::SyntheticWeights w{o.seed, static_cast<float>(o.lr)};
+  trainer::SyntheticWeights w{o.seed, static_cast<float>(o.lr), static_cast<float>(o.change_fraction)};
   auto r = trainer::ExportVersion(*config, w, *step, o.out);
   if (!r.ok()) {
     fmt::print(stderr, "trainer export: {}\n", r.status().ToString());
@@ -247,6 +252,13 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--transport", so->transport, "shm | ucx | local")->capture_default_str();
   serve->add_option("--seed", so->seed, "Seed of the weights")->capture_default_str();
   serve->add_option("--lr", so->lr, "Step size of the synthetic update")->capture_default_str();
+  serve->add_option("--change-fraction", so->change_fraction,
+                    "Fraction of elements a step updates, clustered per tensor (1: all; docs/trainer.md)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  serve->add_flag("--delta", so->delta,
+                  "Publish each version with per-shard sparse deltas against the previous committed one (the full "
+                  "shards stay published; docs/refit.md \"Delta refit\")");
   serve->add_option("--host", so->host, "Address of the control API")->capture_default_str();
   serve->add_option("--port", so->port, "Port of the control API (0: any; the URL is printed)")
       ->check(CLI::Range(0, 65535))
@@ -289,6 +301,9 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   ex->add_option("--model", eo->model, "Refit preset or config.json / model folder")->required();
   ex->add_option("--seed", eo->seed, "Seed of the weights")->capture_default_str();
   ex->add_option("--lr", eo->lr, "Step size of the synthetic update")->capture_default_str();
+  ex->add_option("--change-fraction", eo->change_fraction, "Fraction of elements a step updates (as in serve)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   ex->add_option("--version", eo->version, "Version label v<k>")->required();
   ex->add_option("--out", eo->out, "Output folder")->required();
   ex->add_flag("--json", eo->json, "Print the result (paths, digests) as JSON");

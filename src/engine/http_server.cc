@@ -191,7 +191,9 @@ class EngineServer::Impl {
         options_(std::move(options)),
         tokenizer_(engine->spec().vocab_size),
         loop_(engine),
-        receiver_(engine) {}
+        receiver_(engine) {
+    receiver_.SetFullVerifyEvery(options_.full_verify_every);
+  }
 
   Engine* engine_;
   ServerOptions options_;
@@ -236,6 +238,7 @@ class EngineServer::Impl {
     std::atomic<int64_t> install_delay_ms{0};
     std::atomic<bool> refuse_install{false};
     std::atomic<bool> fail_install_after_first_rank{false};
+    std::atomic<bool> corrupt_delta_install{false};
     std::atomic<int64_t> reset_delay_ms{0};
     std::atomic<int64_t> digest_delay_ms{0};
     std::atomic<int64_t> resume_delay_ms{0};
@@ -243,6 +246,7 @@ class EngineServer::Impl {
       return Json{{"pause_delay_ms", pause_delay_ms.load()},   {"install_delay_ms", install_delay_ms.load()},
                   {"refuse_install", refuse_install.load()},   {"reset_delay_ms", reset_delay_ms.load()},
                   {"fail_install_after_first_rank", fail_install_after_first_rank.load()},
+                  {"corrupt_delta_install", corrupt_delta_install.load()},
                   {"digest_delay_ms", digest_delay_ms.load()}, {"resume_delay_ms", resume_delay_ms.load()}};
     }
   };
@@ -678,7 +682,8 @@ void EngineServer::Impl::FaultRoutes() {
     if (!j.ok()) return SendError(r, 400, j.status().message());
     if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
     Status known = CheckKnownKeys(*j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
-                                       "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank"},
+                                       "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank",
+                                       "corrupt_delta_install", "corrupt_live_weight"},
                                   "fault");
     if (!known.ok()) return SendError(r, 400, known.message());
     int64_t v[5];
@@ -698,6 +703,15 @@ void EngineServer::Impl::FaultRoutes() {
     if (!refuse.ok()) return SendError(r, 400, refuse.status().message());
     auto fail_after = GetBool(*j, "fail_install_after_first_rank", "fail_install_after_first_rank", false);
     if (!fail_after.ok()) return SendError(r, 400, fail_after.status().message());
+    auto corrupt_delta = GetBool(*j, "corrupt_delta_install", "corrupt_delta_install", false);
+    if (!corrupt_delta.ok()) return SendError(r, 400, corrupt_delta.status().message());
+    auto corrupt_live = GetBool(*j, "corrupt_live_weight", "corrupt_live_weight", false);
+    if (!corrupt_live.ok()) return SendError(r, 400, corrupt_live.status().message());
+    if (*corrupt_live) {
+      // One-shot: memory corrupted between updates (docs/refit.md "Anchor checks").
+      if (Status c = receiver_.CorruptLiveWeightForTesting(); !c.ok()) return SendError(r, 404, c.message());
+      RC_LOG_WARN("engine: fault injection: flipped bit 0 of rank 0's model.norm.weight[0]");
+    }
     faults_.pause_delay_ms = v[0];
     faults_.install_delay_ms = v[1];
     faults_.reset_delay_ms = v[2];
@@ -706,6 +720,8 @@ void EngineServer::Impl::FaultRoutes() {
     faults_.refuse_install = *refuse;
     faults_.fail_install_after_first_rank = *fail_after;
     receiver_.SetFailAfterFirstRankForTesting(*fail_after);
+    faults_.corrupt_delta_install = *corrupt_delta;
+    receiver_.SetCorruptDeltaInstallForTesting(*corrupt_delta);
     RC_LOG_WARN("engine: faults set to {}", faults_.ToJson().dump());
     SendJson(r, 200, faults_.ToJson());
   }));

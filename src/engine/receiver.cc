@@ -1,5 +1,7 @@
 #include "rolloutcore/engine/receiver.h"
 
+#include "engine/delta_apply.h"
+
 #include <algorithm>
 #include <set>
 #include <atomic>
@@ -303,6 +305,7 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   // A new stage replaces what was staged: the shadow buffers are about to be overwritten.
   staged_.reset();
+  delta_staged_.reset();
   StageRequest left = req;  // what is left of the deadline after waiting for the gate and mu_
   left.timeout_ms = std::max<int64_t>(
       1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
@@ -336,6 +339,20 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   t = std::chrono::steady_clock::now();
   RC_RETURN_IF_ERROR(EnsureCaptures());
   stages["source_preparation"] = MsSince(t);
+
+  // Delta refit (receiver_delta.cc): on a proven base only the changes move; otherwise in full.
+  std::string why_full;
+  if (auto delta = TryStageDelta(req, manifest, published, stages, &why_full)) {
+    if (!delta->ok()) return delta->status();
+    auto staged = std::make_unique<Staged>();
+    staged->model = req.model;
+    staged->version = req.version;
+    staged->published = std::move(published);
+    staged->manifest = std::move(manifest);
+    staged->evidence = std::move(*delta).value();
+    staged_ = std::move(staged);
+    return staged_->evidence;
+  }
 
   // Fan-out (relay.h): the holder records of this version, merged into what we plan against.
   std::vector<RelayRecord> relay_records;
@@ -462,6 +479,8 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   const double gbps = wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0;
   staged->evidence = Json{{"version", req.version},
                           {"model", req.model},
+                          {"mode", "full"},
+                          {"mode_reason", why_full},
                           {"transport", transport_name},
                           {"bytes_needed", needed},
                           {"bytes_planned", planned},
@@ -575,6 +594,7 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
     // The fact comes from the copy itself, not from the error's code.
     out.outcome = touched.load() ? InstallOutcome::kFailedAfterMutation : InstallOutcome::kRefusedUntouched;
     out.status = result.status();
+    if (out.outcome == InstallOutcome::kFailedAfterMutation) mutated_unproven_ = true;
   }
   std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
   switch (out.outcome) {
@@ -599,6 +619,11 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   }
   if (staged_->version != version) {
     return FailedPrecondition("install refused: staged version is " + staged_->version + ", not " + version);
+  }
+  if (delta_staged_) {
+    auto delta = InstallDeltaLocked(version, skip_cache_reset, touched, staged_->evidence, staged_->published);
+    if (delta.ok()) staged_.reset();
+    return delta;
   }
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
@@ -648,6 +673,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   out["bytes_installed"] = bytes.load();
   out["cache_reset"] = !skip_cache_reset;
   out["live_content_digest"] = Hex64(refit::CombineTensorDigests(*live));
+  out["anchor_check"] = FullInstallAnchor();
   stages["ready"] = 0.0;
   out["stages_ms"] = stages;
   installed_manifest_ = std::move(staged_->manifest);  // what a relay of the live version serves

@@ -701,12 +701,13 @@ Status Controller::Recovered(const InstallEvidence& install, const LabelEvidence
                               " != target digest " + pending_->identity.content_digest);
   }
   WeightVersion v{pending_->label, version_.generation + 1};
+  Json evidence{{"label", label.label}, {"content_digest", digest.content_digest}, {"bytes", install.bytes}};
+  // The engine's refit mode (delta | full, and why) and anchor check, journaled when it reports them.
+  for (const char* key : {"mode", "mode_reason", "anchor_check"}) {
+    if (install.detail.is_object() && install.detail.contains(key)) evidence[key] = install.detail[key];
+  }
   return TransitionLocked(Event::kRecovered,
-                          Json{{"version", ToJson(v)},
-                               {"identity", ToJson(pending_->identity)},
-                               {"evidence", {{"label", label.label},
-                                             {"content_digest", digest.content_digest},
-                                             {"bytes", install.bytes}}}});
+                          Json{{"version", ToJson(v)}, {"identity", ToJson(pending_->identity)}, {"evidence", evidence}});
 }
 
 }  // namespace rc::lifecycle

@@ -120,7 +120,7 @@ struct ShardRecord {
 class PyPublisher {
  public:
   PyPublisher(std::string directory, std::string model, int32_t rank, int32_t world_size, std::string transport,
-              int64_t lease_ttl_ms, int64_t keepalive_interval_ms)
+              int64_t lease_ttl_ms, int64_t keepalive_interval_ms, bool delta)
       : model_(std::move(model)), rank_(rank), world_size_(world_size) {
     if (world_size < 1) Raise(InvalidArgument(fmt::format("world_size must be >= 1, got {}", world_size)));
     if (rank < 0 || rank >= world_size) {
@@ -131,6 +131,7 @@ class PyPublisher {
     trainer::PublisherOptions options;
     options.lease_ttl_ms = lease_ttl_ms;
     options.keepalive_interval_ms = keepalive_interval_ms;
+    options.delta = delta;
     publisher_ =
         std::make_unique<trainer::Publisher>(transport_.get(), directory_.get(), model_, rank, world_size, options);
   }
@@ -243,6 +244,10 @@ class PyPublisher {
     out["register_ms"] = static_cast<double>(report->register_ns) / 1e6;
     out["digest_ms"] = static_cast<double>(report->digest_ns) / 1e6;
     out["publish_ms"] = static_cast<double>(report->publish_ns) / 1e6;
+    out["delta_base"] = report->delta_base;
+    out["delta_shards"] = report->delta_shards;
+    out["delta_changed"] = report->delta_changed;
+    out["delta_bytes"] = report->delta_bytes;
     out["tensor_digests"] = tensors;
     return out;
   }
@@ -489,9 +494,10 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "rolloutcore's compiled core: the trainer Publisher, shared memory, planner statistics, digests.";
 
   py::class_<PyPublisher>(m, "Publisher")
-      .def(py::init<std::string, std::string, int32_t, int32_t, std::string, int64_t, int64_t>(), py::arg("directory"),
-           py::arg("model"), py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("transport") = "shm",
-           py::arg("lease_ttl_ms") = 30000, py::arg("keepalive_interval_ms") = 0)
+      .def(py::init<std::string, std::string, int32_t, int32_t, std::string, int64_t, int64_t, bool>(),
+           py::arg("directory"), py::arg("model"), py::arg("rank") = 0, py::arg("world_size") = 1,
+           py::arg("transport") = "shm", py::arg("lease_ttl_ms") = 30000, py::arg("keepalive_interval_ms") = 0,
+           py::arg("delta") = false)
       .def("add_shard", &PyPublisher::AddShard, py::arg("version"), py::arg("name"), py::arg("array"),
            py::arg("offset") = py::none(), py::arg("global_shape") = py::none(), py::arg("dtype") = py::none())
       .def(

@@ -80,6 +80,10 @@ uint64_t DigestBlock(DType dtype, const Shape& tensor_shape, const Box& box, con
   return sum;
 }
 
+uint64_t InstalledSourceBits(DType source, DType installed, const void* element) {
+  return SourceBits(source, installed, static_cast<const std::byte*>(element));
+}
+
 uint64_t CombineTensorDigests(const TensorDigests& digests) {
   Hasher h;
   for (const auto& [name, d] : digests) {

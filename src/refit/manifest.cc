@@ -177,11 +177,17 @@ Json ManifestToJson(const Manifest& m) {
   for (const ShardTable& t : m.tables) {
     Json shards = Json::array();
     for (const ShardInfo& s : t.shards) {
-      shards.push_back({{"rank", s.rank},
-                        {"offset", ShapeJson(s.offset)},
-                        {"shape", ShapeJson(s.shape)},
-                        {"handle", s.handle},
-                        {"digest", Hex64(s.digest)}});
+      Json sj{{"rank", s.rank},
+              {"offset", ShapeJson(s.offset)},
+              {"shape", ShapeJson(s.shape)},
+              {"handle", s.handle},
+              {"digest", Hex64(s.digest)}};
+      if (s.delta) {
+        sj["delta"] = Json{{"base", s.delta->base},       {"base_digest", Hex64(s.delta->base_digest)},
+                           {"handle", s.delta->handle},   {"offset", s.delta->offset},
+                           {"bytes", s.delta->bytes},     {"changed", s.delta->changed}};
+      }
+      shards.push_back(std::move(sj));
     }
     tables.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", ShapeJson(t.shape)}, {"shards", shards}});
   }
@@ -219,7 +225,7 @@ Result<Manifest> ManifestFromJson(const Json& j) {
     for (size_t k = 0; k < sit->size(); ++k) {
       const Json& sj = (*sit)[k];
       const std::string spath = fmt::format("{}.shards[{}]", path, k);
-      RC_RETURN_IF_ERROR(CheckKnownKeys(sj, {"rank", "offset", "shape", "handle", "digest"}, spath));
+      RC_RETURN_IF_ERROR(CheckKnownKeys(sj, {"rank", "offset", "shape", "handle", "digest", "delta"}, spath));
       ShardInfo s;
       RC_ASSIGN_OR_RETURN(int64_t rank, GetNonNegativeInt(sj, "rank", spath));
       if (rank > INT32_MAX) return InvalidArgument(spath + ".rank: too large");
@@ -228,6 +234,21 @@ Result<Manifest> ManifestFromJson(const Json& j) {
       RC_ASSIGN_OR_RETURN(s.shape, ShapeFromJson(sj, "shape", spath));
       RC_ASSIGN_OR_RETURN(s.handle, GetString(sj, "handle", spath, std::string()));
       RC_ASSIGN_OR_RETURN(s.digest, HexFromJson(sj, "digest", spath));
+      if (auto dit = sj.find("delta"); dit != sj.end() && !dit->is_null()) {
+        const std::string dpath = spath + ".delta";
+        RC_RETURN_IF_ERROR(CheckKnownKeys(*dit, {"base", "base_digest", "handle", "offset", "bytes", "changed"}, dpath));
+        ShardDelta sd;
+        RC_ASSIGN_OR_RETURN(sd.base, GetString(*dit, "base", dpath));
+        RC_ASSIGN_OR_RETURN(sd.base_digest, HexFromJson(*dit, "base_digest", dpath));
+        RC_ASSIGN_OR_RETURN(sd.handle, GetString(*dit, "handle", dpath));
+        RC_ASSIGN_OR_RETURN(int64_t off, GetNonNegativeInt(*dit, "offset", dpath));
+        RC_ASSIGN_OR_RETURN(int64_t len, GetNonNegativeInt(*dit, "bytes", dpath));
+        RC_ASSIGN_OR_RETURN(sd.changed, GetNonNegativeInt(*dit, "changed", dpath));
+        if (sd.base.empty() || sd.handle.empty()) return InvalidArgument(dpath + ": base and handle must not be empty");
+        sd.offset = static_cast<uint64_t>(off);
+        sd.bytes = static_cast<uint64_t>(len);
+        s.delta = std::move(sd);
+      }
       t.shards.push_back(std::move(s));
     }
     RC_RETURN_IF_ERROR(ValidateShardTable(t, /*require_complete=*/false));

@@ -142,6 +142,13 @@ void Publisher::AdoptLease(int64_t lease_id, int64_t ttl_ms) {
 
 void Publisher::DeregisterAll(std::vector<StagedShard>& shards) {
   for (StagedShard& s : shards) {
+    if (s.delta_registration_id != 0) {
+      Status st = transport_->Deregister(s.delta_registration_id);
+      if (!st.ok()) RC_LOG_WARN("rank {}: deregistering the delta region failed: {}", rank_, st.ToString());
+      s.delta_registration_id = 0;
+      s.delta_keep_alive.reset();
+      s.delta.reset();
+    }
     if (s.registration_id == 0) continue;
     Status st = transport_->Deregister(s.registration_id);
     if (!st.ok()) {
@@ -338,6 +345,10 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     report.bytes += src.bytes();
     ++report.shards;
   }
+  if (options_.delta) {
+    Status d = AttachDeltas(version, shards, &report);
+    if (!d.ok()) return fail(d);
+  }
 
   directory::PublishRequest request;
   request.model = model_;
@@ -388,6 +399,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   }
   it->second.state = VersionEntry::State::kPublished;
   it->second.shards = std::move(shards);
+  if (options_.delta) RememberPublished(version, it->second.shards);
   return report;
 }
 

@@ -97,6 +97,22 @@ void AdvanceMaster(const SyntheticWeights& w, const refit::TensorSpec& spec, con
                    float* master) {
   const uint64_t key = StreamKey(w.seed, spec.name, step + 1);
   const float lr = w.lr;
+  if (w.change_fraction < 1.0f) {
+    // Sparse steps: a tensor's rate from its name, the elements from a stream of their own.
+    constexpr uint64_t kRateSalt = 0x5241544500000000ULL, kPickSalt = 0x5049434b00000000ULL;
+    const double u_name = static_cast<double>(Mix64(StreamKey(w.seed, spec.name, 0) ^ kRateSalt) >> 11) * 0x1p-53;
+    const double p = std::min(1.0, static_cast<double>(std::max(w.change_fraction, 0.0f)) * (0.25 + 1.5 * u_name));
+    const uint64_t threshold = p >= 1.0 ? UINT64_MAX : static_cast<uint64_t>(p * 0x1p64);
+    const uint64_t pick = key ^ kPickSalt;
+    ForEachRun(spec.shape, box, [&](int64_t g, int64_t l, int64_t n) {
+      for (int64_t j = 0; j < n; ++j) {
+        if (Mix64(pick ^ Mix64(static_cast<uint64_t>(g + j))) >= threshold) continue;
+        const float d = lr * Normalish(key, static_cast<uint64_t>(g + j));
+        master[l + j] = master[l + j] + d;
+      }
+    });
+    return;
+  }
   ForEachRun(spec.shape, box, [&](int64_t g, int64_t l, int64_t n) {
     for (int64_t j = 0; j < n; ++j) {
       const float d = lr * Normalish(key, static_cast<uint64_t>(g + j));
@@ -267,6 +283,9 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
   }
   out->bytes = report->bytes;
   out->shards = report->shards;
+  out->delta_base = report->delta_base;
+  out->delta_bytes = report->delta_bytes;
+  out->delta_changed = report->delta_changed;
   out->ranks_published = report->result.ranks_published;
   out->state = std::string(directory::VersionStateName(report->result.state));
   out->commit_seq = report->result.commit_seq;
@@ -288,6 +307,14 @@ Status SyntheticTrainer::CorruptByte(std::string_view version, int32_t rank, uin
   it->second->data()[byte] = static_cast<std::byte>(static_cast<uint8_t>(it->second->data()[byte]) ^ 0x01);
   RC_LOG_WARN("fault injection: flipped bit 0 of byte {} of rank {}'s buffer of {}", byte, rank, version);
   return OkStatus();
+}
+
+Result<std::string> SyntheticTrainer::CorruptDelta(std::string_view version, int32_t rank, std::string_view kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size() || ranks_[static_cast<size_t>(rank)]->publisher == nullptr) {
+    return InvalidArgument(fmt::format("rank {} is not a live rank of this trainer", rank));
+  }
+  return ranks_[static_cast<size_t>(rank)]->publisher->CorruptDeltaForTesting(version, kind);
 }
 
 Result<VersionStatus> SyntheticTrainer::Step() {
@@ -315,6 +342,9 @@ Result<VersionStatus> SyntheticTrainer::Step() {
     const VersionStatus& p = per_rank[r];
     v.bytes += p.bytes;
     v.shards += p.shards;
+    v.delta_bytes += p.delta_bytes;
+    v.delta_changed += p.delta_changed;
+    if (!p.delta_base.empty()) v.delta_base = p.delta_base;
     v.compute_ms = std::max(v.compute_ms, p.compute_ms);
     v.publish_ms = std::max(v.publish_ms, p.publish_ms);
     v.unresolved = v.unresolved || p.unresolved;
@@ -401,7 +431,10 @@ Json VersionStatusToJson(const VersionStatus& v) {
               {"shards", v.shards},
               {"compute_ms", v.compute_ms},
               {"publish_ms", v.publish_ms},
-              {"unresolved", v.unresolved}};
+              {"unresolved", v.unresolved},
+              {"delta_base", v.delta_base},
+              {"delta_bytes", v.delta_bytes},
+              {"delta_changed", v.delta_changed}};
 }
 
 Json SyntheticTrainer::StatusJson() {

@@ -104,6 +104,20 @@ Status TrainerServer::Start() {
     Reply(res, 200, Json{{"version", *version}, {"rank", *rank}, {"byte", *byte}, {"corrupted", true}});
   });
 
+  http.Post("/fault/corrupt_delta", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = ParseJson(req.body, "corrupt_delta body");
+    if (!body.ok()) return ReplyError(res, body.status());
+    auto version = GetString(*body, "version", "corrupt_delta");
+    if (!version.ok()) return ReplyError(res, version.status());
+    auto rank = GetNonNegativeInt(*body, "rank", "corrupt_delta", 0);
+    if (!rank.ok()) return ReplyError(res, rank.status());
+    auto kind = GetString(*body, "kind", "corrupt_delta");
+    if (!kind.ok()) return ReplyError(res, kind.status());
+    auto tensor = trainer_->CorruptDelta(*version, static_cast<int32_t>(*rank), *kind);
+    if (!tensor.ok()) return ReplyError(res, tensor.status());
+    Reply(res, 200, Json{{"version", *version}, {"rank", *rank}, {"kind", *kind}, {"tensor", *tensor}});
+  });
+
   RC_RETURN_IF_ERROR(http.Start());
   port_ = http.port();
   return OkStatus();

@@ -92,6 +92,8 @@ struct ServerOptions {
   // Test-only fault hooks (`POST /rc/fault`, docs/engine.md "Fault injection (tests only)").
   // Off by default; when off the route does not exist (404).
   bool enable_fault_injection = false;
+  // Delta refit: a full anchor digest after every N-th consecutive delta install (0: never).
+  int full_verify_every = 16;
 };
 
 class EngineServer {

@@ -16,6 +16,13 @@
 // marks itself before its first memcpy): refused_untouched when the install ended before that
 // point, whatever the error; failed_after_mutation when it ended after it; installed when the
 // live digest matched.
+// Delta refit (docs/refit.md "Delta refit"; receiver_delta.cc, delta_apply.h): when the version's
+// shards carry deltas on the version the engine serves and the live digests prove that base, Stage
+// pulls only the delta tiles each rank's copies touch, predicts every tensor's digest from the old
+// and new values (refusing a mismatch before anything live changes) and Install writes only the
+// changed elements, re-checks them from live memory (O(changed)) and, every full_verify_every-th
+// delta install, digests all live weights (anchor check). Otherwise Stage pulls in full. The stage
+// evidence says which (`mode`, `mode_reason`).
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
 //
@@ -70,6 +77,10 @@
 
 namespace rc::engine {
 
+namespace internal {
+struct DeltaStaged;
+}
+
 inline constexpr int64_t kMaxStageTimeoutMs = 3'600'000;
 
 struct StageRequest {
@@ -123,6 +134,15 @@ class RefitReceiver {
   // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
   // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
   void SetFailAfterFirstRankForTesting(bool on) { fail_after_first_rank_ = on; }
+  // Test-only fault: while on, a delta install flips bit 0 of the first value it wrote (the write
+  // "does not land"), which only the post-install check can see.
+  void SetCorruptDeltaInstallForTesting(bool on) { corrupt_delta_install_ = on; }
+  // Test-only fault: flips bit 0 of the first element of rank 0's model.norm.weight in place,
+  // outside any install (memory corrupted between updates: only an anchor check sees it).
+  [[nodiscard]] Status CorruptLiveWeightForTesting();
+  // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
+  // digest of the live weights is compared with the manifest (0: never; full installs always do).
+  void SetFullVerifyEvery(int n);
   // The live weights change only through Install (which bumps the engine's generation), so the
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
@@ -144,6 +164,15 @@ class RefitReceiver {
   Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched);
   Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers);
   std::vector<refit::DestinationBuffers> LiveBuffers();
+  // Delta refit (receiver_delta.cc). TryStageDelta: nullopt (with *why_full set) when the
+  // manifest cannot be applied as a delta here; otherwise the delta stage's evidence or refusal.
+  std::optional<Result<Json>> TryStageDelta(const StageRequest& request, const refit::Manifest& manifest,
+                                            const refit::TensorDigests& published, const Json& stages,
+                                            std::string* why_full);
+  Result<Json> InstallDeltaLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched,
+                                  const Json& stage_evidence, const refit::TensorDigests& published);
+  // The anchor-check evidence of a full install (which digests every live byte anyway).
+  Json FullInstallAnchor();
 
   Engine* engine_;
   refit::ModelConfig config_;
@@ -175,6 +204,13 @@ class RefitReceiver {
   std::string installed_model_;                                     // guarded by mu_
   std::unique_ptr<RelayHolding> relay_;                             // guarded by mu_
   std::string relay_directory_;                                     // guarded by mu_
+  std::atomic<bool> corrupt_delta_install_{false};                  // test-only fault
+  std::unique_ptr<internal::DeltaStaged> delta_staged_;            // guarded by mu_; set with staged_
+  int full_verify_every_ = 16;                                      // guarded by mu_
+  int64_t deltas_since_anchor_ = 0;                                 // guarded by mu_
+  // An install failed after it began writing: until a full install proves the live weights
+  // again (recovery), no delta is applied on them.
+  bool mutated_unproven_ = false;                                   // guarded by mu_
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_

@@ -49,6 +49,11 @@ constexpr uint64_t DigestTerm(uint64_t global_index, uint64_t bits) {
 // `data` as the box's row-major contents in `dtype`. The box must lie inside the tensor.
 uint64_t DigestBlock(DType dtype, const Shape& tensor_shape, const Box& box, const void* data);
 
+// The source-dtype bits DigestInstalled attributes to one installed element of dtype `installed`
+// holding a value of a `source`-dtype tensor (poisoned when it is not an exact widening; see the
+// header comment). Delta refit uses it to update a digest from an element's old and new values.
+uint64_t InstalledSourceBits(DType source, DType installed, const void* element);
+
 // Hash of (name, digest) pairs in name order.
 uint64_t CombineTensorDigests(const TensorDigests& digests);
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,27 @@
 
 namespace rc::refit {
 
+// A shard's sparse delta against an earlier committed version (docs/refit.md "Delta refit"): the
+// elements of the box whose bits differ from the base version's, encoded by EncodeShardDelta
+// (delta.h) in a registered region of their own. The full shard stays published beside it.
+struct ShardDelta {
+  std::string base;          // the base version label
+  uint64_t base_digest = 0;  // the shard box's content digest in the base version
+  std::string handle;        // transport descriptor of the region holding the payload
+  uint64_t offset = 0;       // the payload's first byte inside that region
+  uint64_t bytes = 0;        // the payload's length
+  int64_t changed = 0;       // elements whose bits changed
+
+  bool operator==(const ShardDelta&) const = default;
+};
+
 struct ShardInfo {
   int32_t rank = 0;
   Shape offset;  // global start of the shard's box
   Shape shape;   // local (box) extent; the shard's bytes are this box, row-major
   std::string handle;  // transport descriptor, opaque to refit
   uint64_t digest = 0;  // content digest of the box (DigestBlock)
+  std::optional<ShardDelta> delta = std::nullopt;  // set when the version was published as a delta
 
   Box box() const { return Box{offset, shape}; }
 };

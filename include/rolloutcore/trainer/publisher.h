@@ -100,6 +100,11 @@ struct PublisherOptions {
   int64_t outcome_timeout_ms = 30'000;
   // First pause between those inquiries; doubles up to 1 s.
   int64_t outcome_retry_ms = 50;
+  // Delta publishing (docs/refit.md "Delta refit"): keep a copy of each host shard's bytes as last
+  // published (memory: one copy of every shard), and publish each later version's shards with a
+  // sparse delta against that version when the directory reports it COMMITTED and the shard
+  // existed there with the same dtype and box. The full shards are published as before.
+  bool delta = false;
 };
 
 // What one Publish did.
@@ -111,6 +116,13 @@ struct PublishReport {
   int64_t register_ns = 0;
   int64_t digest_ns = 0;
   int64_t publish_ns = 0;
+  // Delta publishing: the base version ("" when this publish carries no delta), the shards with a
+  // delta, the elements changed in them, and the encoded payload bytes.
+  std::string delta_base;
+  int64_t delta_shards = 0;
+  int64_t delta_changed = 0;
+  uint64_t delta_bytes = 0;
+  int64_t delta_ns = 0;
   std::vector<refit::ShardTable> tables;  // what was published, handles and digests filled in
 };
 
@@ -152,6 +164,13 @@ class Publisher {
   // Publisher holds no such version.
   [[nodiscard]] Status Release(std::string_view version, bool release_in_directory = false);
 
+  // Test-only fault (the delta e2e tests): corrupts the delta payload of the first shard of
+  // `version` with at least two changes, after the publish, in one of three ways — "value" flips
+  // bit 0 of one new value, "index" moves one changed element to a neighbouring unchanged
+  // position, "missing" drops one changed element — rewriting the payload in place so that it
+  // still parses. Returns the tensor it corrupted. NotFound when the version has no such shard.
+  [[nodiscard]] Result<std::string> CorruptDeltaForTesting(std::string_view version, std::string_view kind);
+
   // Versions held (staged or published), in label order.
   std::vector<std::string> versions() const;
   bool IsPublished(std::string_view version) const;
@@ -165,6 +184,17 @@ class Publisher {
     ShardSource source;
     uint64_t registration_id = 0;  // valid when registered
     std::string descriptor;
+    uint64_t digest = 0;
+    std::optional<refit::ShardDelta> delta = std::nullopt;  // this version's delta of the shard, once computed
+    // The first shard of a version with deltas owns the registration of the region holding every
+    // payload of the version (0 otherwise) and keeps that region alive.
+    uint64_t delta_registration_id = 0;
+    std::shared_ptr<const void> delta_keep_alive = nullptr;
+  };
+  // A shard's bytes as last published (delta publishing).
+  struct PreviousShard {
+    refit::DType dtype = refit::DType::kBF16;
+    std::vector<std::byte> bytes;
     uint64_t digest = 0;
   };
   struct VersionEntry {
@@ -186,6 +216,10 @@ class Publisher {
                                                                 const Status& lost);
   // True when `manifest` names exactly `tables`' shards of this rank (boxes, handles, digests).
   bool ManifestHoldsOurShards(const refit::Manifest& manifest, const std::vector<refit::ShardTable>& tables) const;
+  // Delta publishing (publisher_delta.cc): encodes, registers and records each shard's delta
+  // against the previous published version when that one is COMMITTED; then the remembered copy.
+  [[nodiscard]] Status AttachDeltas(std::string_view version, std::vector<StagedShard>& shards, PublishReport* report);
+  void RememberPublished(std::string_view version, const std::vector<StagedShard>& shards);
   // MarkUnavailable for a version whose registrations are about to be dropped; logs failures.
   Status MarkSourcesGone(std::string_view version);
 
@@ -200,6 +234,8 @@ class Publisher {
   std::map<std::string, VersionEntry, std::less<>> versions_;  // guarded by mu_
   int64_t lease_id_ = 0;                                       // guarded by mu_
   std::unique_ptr<directory::LeaseKeeper> keeper_;             // guarded by mu_
+  std::string previous_version_;                               // guarded by mu_ (delta publishing)
+  std::map<std::string, PreviousShard, std::less<>> previous_;  // guarded by mu_; by "name|box"
 };
 
 }  // namespace rc::trainer

@@ -44,6 +44,13 @@ namespace rc::trainer {
 struct SyntheticWeights {
   uint64_t seed = 0;
   float lr = 1e-3f;
+  // Fraction F of elements a step updates (--change-fraction). 1: every element (the formula
+  // above). Below 1 a step updates element i of tensor `name` only when
+  //     u(seed, name, k + 1, i) < p(name),  p(name) = min(1, F * (0.25 + 1.5 * u(seed, name)))
+  // (u: uniform [0, 1) from the same counter-based hash), so some tensors change up to 7x more
+  // than others, as real updates do; the bf16 bits of an updated element change unless its step
+  // is under half a bf16 ulp (norm weights near 1 mostly).
+  float change_fraction = 1.0f;
 };
 
 inline constexpr float kInitStd = 0.02f;
@@ -91,13 +98,18 @@ struct VersionStatus {
   int64_t shards = 0;
   double compute_ms = 0;  // slowest rank
   double publish_ms = 0;  // slowest rank: register + digest + directory
+  // Delta publishing (--delta): the base version ("" when published without deltas), the encoded
+  // delta payload bytes and the changed elements, over all ranks.
+  std::string delta_base;
+  uint64_t delta_bytes = 0;
+  int64_t delta_changed = 0;
   // A rank's publish went unanswered and the directory did not tell the outcome in time: its
   // buffers stay registered (the version may be committed) until the version is released.
   bool unresolved = false;
 };
 
 // {version, step, state, committed, ranks_published, commit_seq, content_digest (hex), bytes,
-// shards, compute_ms, publish_ms, unresolved}.
+// shards, compute_ms, publish_ms, unresolved, delta_base, delta_bytes, delta_changed}.
 Json VersionStatusToJson(const VersionStatus& v);
 
 class SyntheticTrainer {
@@ -129,6 +141,9 @@ class SyntheticTrainer {
   // Fault injection (tests, experiments): flips bit 0 of one byte of a rank's published buffer
   // of `version`, after it was published — readers must detect it by its content digest.
   [[nodiscard]] Status CorruptByte(std::string_view version, int32_t rank, uint64_t byte);
+  // Fault injection: Publisher::CorruptDeltaForTesting on `rank` (kind value | index | missing);
+  // returns the tensor corrupted.
+  [[nodiscard]] Result<std::string> CorruptDelta(std::string_view version, int32_t rank, std::string_view kind);
 
  private:
   struct Rank;

@@ -1,0 +1,342 @@
+#include "rolloutcore/refit/delta.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+namespace rc::refit {
+namespace {
+
+template <typename T>
+void Put(std::vector<std::byte>& out, T v) {
+  const size_t at = out.size();
+  out.resize(at + sizeof v);
+  std::memcpy(out.data() + at, &v, sizeof v);
+}
+
+template <typename T>
+T Get(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+size_t VarintLen(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+void PutVarint(std::vector<std::byte>& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<std::byte>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<std::byte>(v));
+}
+
+// Tile of shard-local flat offset `o` and the element's position inside that tile.
+std::pair<int64_t, int64_t> TileOf(const DeltaTiling& g, int64_t o) {
+  const int64_t r = o / g.cols, c = o % g.cols;
+  const int64_t tr = r / g.tile_rows, tc = c / g.tile_cols;
+  const int64_t t = tr * g.tiles_c + tc;
+  return {t, (r - tr * g.tile_rows) * g.TileCols(t) + (c - tc * g.tile_cols)};
+}
+
+// Encodes a change list already known to be valid.
+EncodedDelta Encode(DType dtype, const Shape& local_shape, std::span<const int64_t> offsets, const std::byte* values) {
+  const DeltaTiling g = TilingFor(local_shape);
+  const size_t es = DTypeSize(dtype);
+  EncodedDelta out;
+  out.changed = static_cast<int64_t>(offsets.size());
+  // Group the changes by tile (stable: offsets increase, and inside one tile row-major tile order
+  // follows shard order).
+  std::vector<std::vector<std::pair<int64_t, size_t>>> per_tile(static_cast<size_t>(g.tiles()));
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    auto [t, k] = TileOf(g, offsets[i]);
+    per_tile[static_cast<size_t>(t)].push_back({k, i});
+  }
+  std::vector<std::byte>& b = out.bytes;
+  Put<uint32_t>(b, kDeltaMagic);
+  Put<uint16_t>(b, kDeltaFormat);
+  Put<uint16_t>(b, static_cast<uint16_t>(es));
+  Put<uint64_t>(b, static_cast<uint64_t>(g.rows * g.cols));
+  Put<uint32_t>(b, static_cast<uint32_t>(g.tile_rows));
+  Put<uint32_t>(b, static_cast<uint32_t>(g.tile_cols));
+  Put<uint64_t>(b, static_cast<uint64_t>(g.tiles()));
+  Put<uint64_t>(b, static_cast<uint64_t>(offsets.size()));
+  const size_t table_at = b.size();
+  b.resize(table_at + static_cast<size_t>(g.tiles()) * kDeltaEntryBytes);
+  for (int64_t t = 0; t < g.tiles(); ++t) {
+    auto& items = per_tile[static_cast<size_t>(t)];
+    // Changes inside a tile come in shard order, which is tile row-major order too.
+    const uint64_t body_at = b.size();
+    const int64_t n = g.TileRows(t) * g.TileCols(t);
+    size_t varint_bytes = 0;
+    int64_t prev = -1;
+    for (auto& [k, i] : items) {
+      varint_bytes += VarintLen(static_cast<uint64_t>(prev < 0 ? k : k - prev));
+      prev = k;
+    }
+    const size_t bitmap_bytes = static_cast<size_t>((n + 7) / 8);
+    const bool bitmap = !items.empty() && bitmap_bytes < varint_bytes;
+    if (bitmap) {
+      const size_t at = b.size();
+      b.resize(at + bitmap_bytes, std::byte{0});
+      for (auto& [k, i] : items) b[at + static_cast<size_t>(k / 8)] |= static_cast<std::byte>(1u << (k % 8));
+    } else {
+      prev = -1;
+      for (auto& [k, i] : items) {
+        PutVarint(b, static_cast<uint64_t>(prev < 0 ? k : k - prev));
+        prev = k;
+      }
+    }
+    for (auto& [k, i] : items) {
+      const size_t at = b.size();
+      b.resize(at + es);
+      std::memcpy(b.data() + at, values + i * es, es);
+    }
+    std::byte* e = b.data() + table_at + static_cast<size_t>(t) * kDeltaEntryBytes;
+    const uint64_t off = body_at;
+    const uint32_t len = static_cast<uint32_t>(b.size() - body_at);
+    const uint32_t cnt = static_cast<uint32_t>(items.size()) | (bitmap ? kDeltaBitmapFlag : 0u);
+    std::memcpy(e, &off, 8);
+    std::memcpy(e + 8, &len, 4);
+    std::memcpy(e + 12, &cnt, 4);
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t DeltaTiling::TileRows(int64_t t) const {
+  const int64_t tr = t / tiles_c;
+  return std::min(tile_rows, rows - tr * tile_rows);
+}
+int64_t DeltaTiling::TileCols(int64_t t) const {
+  const int64_t tc = t % tiles_c;
+  return std::min(tile_cols, cols - tc * tile_cols);
+}
+int64_t DeltaTiling::LocalOffset(int64_t t, int64_t k) const {
+  const int64_t tr = t / tiles_c, tc = t % tiles_c;
+  const int64_t w = TileCols(t);
+  return (tr * tile_rows + k / w) * cols + tc * tile_cols + k % w;
+}
+
+DeltaTiling TilingFor(const Shape& local_shape) {
+  DeltaTiling g;
+  if (!local_shape.empty()) {
+    g.cols = local_shape.back();
+    g.rows = 1;
+    for (size_t d = 0; d + 1 < local_shape.size(); ++d) g.rows *= local_shape[d];
+  }
+  if (g.rows <= 0 || g.cols <= 0) {
+    g.rows = g.cols = 0;
+    g.tiles_r = g.tiles_c = 0;
+    return g;
+  }
+  g.tile_cols = std::min<int64_t>(g.cols, kDeltaMaxTileCols);
+  g.tile_rows = std::clamp<int64_t>(kDeltaTargetTileElements / g.tile_cols, 1, g.rows);
+  g.tiles_r = (g.rows + g.tile_rows - 1) / g.tile_rows;
+  g.tiles_c = (g.cols + g.tile_cols - 1) / g.tile_cols;
+  return g;
+}
+
+EncodedDelta EncodeShardDelta(DType dtype, const Shape& local_shape, const void* old_data, const void* new_data) {
+  const size_t es = DTypeSize(dtype);
+  const int64_t n = NumElements(local_shape);
+  const auto* a = static_cast<const std::byte*>(old_data);
+  const auto* b = static_cast<const std::byte*>(new_data);
+  std::vector<int64_t> offsets;
+  std::vector<std::byte> values;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t at = static_cast<size_t>(i) * es;
+    if (std::memcmp(a + at, b + at, es) != 0) {
+      offsets.push_back(i);
+      values.insert(values.end(), b + at, b + at + es);
+    }
+  }
+  return Encode(dtype, local_shape, offsets, values.data());
+}
+
+Result<EncodedDelta> EncodeShardDeltaFromChanges(DType dtype, const Shape& local_shape,
+                                                 std::span<const int64_t> offsets, std::span<const std::byte> values) {
+  const size_t es = DTypeSize(dtype);
+  const int64_t n = NumElements(local_shape);
+  if (values.size() != offsets.size() * es) {
+    return InvalidArgument(fmt::format("delta of shape {}: {} offsets need {} value bytes of {}, got {}",
+                                       ShapeToString(local_shape), offsets.size(), offsets.size() * es,
+                                       DTypeName(dtype), values.size()));
+  }
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (offsets[i] < 0 || offsets[i] >= n || (i > 0 && offsets[i] <= offsets[i - 1])) {
+      return InvalidArgument(fmt::format("delta of shape {}: offset [{}] = {} is not strictly increasing inside "
+                                         "the shard's {} elements",
+                                         ShapeToString(local_shape), i, offsets[i], n));
+    }
+  }
+  return Encode(dtype, local_shape, offsets, values.data());
+}
+
+Result<std::vector<DeltaTile>> ParseDeltaTable(DType dtype, const Shape& local_shape,
+                                               std::span<const std::byte> prefix, uint64_t payload_bytes) {
+  const DeltaTiling g = TilingFor(local_shape);
+  if (prefix.size() < g.table_bytes()) {
+    return DataLoss(fmt::format("delta table: {} bytes, need {}", prefix.size(), g.table_bytes()));
+  }
+  const std::byte* p = prefix.data();
+  auto bad = [&](std::string_view field, uint64_t got, uint64_t want) {
+    return DataLoss(fmt::format("delta header {}: {} (expected {})", field, got, want));
+  };
+  if (Get<uint32_t>(p) != kDeltaMagic) return bad("magic", Get<uint32_t>(p), kDeltaMagic);
+  if (Get<uint16_t>(p + 4) != kDeltaFormat) return bad("format", Get<uint16_t>(p + 4), kDeltaFormat);
+  if (Get<uint16_t>(p + 6) != DTypeSize(dtype)) return bad("element size", Get<uint16_t>(p + 6), DTypeSize(dtype));
+  if (Get<uint64_t>(p + 8) != static_cast<uint64_t>(g.rows * g.cols)) {
+    return bad("elements", Get<uint64_t>(p + 8), static_cast<uint64_t>(g.rows * g.cols));
+  }
+  if (Get<uint32_t>(p + 16) != g.tile_rows) return bad("tile rows", Get<uint32_t>(p + 16), g.tile_rows);
+  if (Get<uint32_t>(p + 20) != g.tile_cols) return bad("tile cols", Get<uint32_t>(p + 20), g.tile_cols);
+  if (Get<uint64_t>(p + 24) != static_cast<uint64_t>(g.tiles())) return bad("tiles", Get<uint64_t>(p + 24), g.tiles());
+  const uint64_t changed = Get<uint64_t>(p + 32);
+  std::vector<DeltaTile> out(static_cast<size_t>(g.tiles()));
+  uint64_t sum = 0;
+  for (int64_t t = 0; t < g.tiles(); ++t) {
+    const std::byte* e = p + kDeltaHeaderBytes + static_cast<uint64_t>(t) * kDeltaEntryBytes;
+    DeltaTile& d = out[static_cast<size_t>(t)];
+    d.offset = Get<uint64_t>(e);
+    d.bytes = Get<uint32_t>(e + 8);
+    const uint32_t c = Get<uint32_t>(e + 12);
+    d.bitmap = (c & kDeltaBitmapFlag) != 0;
+    d.changed = c & ~kDeltaBitmapFlag;
+    const uint64_t n = static_cast<uint64_t>(g.TileRows(t) * g.TileCols(t));
+    if (d.changed > n || d.offset < g.table_bytes() || d.offset > payload_bytes || d.bytes > payload_bytes - d.offset) {
+      return DataLoss(fmt::format("delta tile {}: {} changes in {} bytes at {} do not fit a {}-element tile inside "
+                                  "the {}-byte payload",
+                                  t, d.changed, d.bytes, d.offset, n, payload_bytes));
+    }
+    sum += d.changed;
+  }
+  if (sum != changed) return bad("changed elements (sum over tiles)", sum, changed);
+  return out;
+}
+
+Status DecodeDeltaTile(const DeltaTiling& g, size_t es, int64_t t, const DeltaTile& entry,
+                       std::span<const std::byte> body,
+                       const std::function<void(int64_t local_offset, const std::byte* value)>& fn) {
+  if (body.size() != entry.bytes) {
+    return DataLoss(fmt::format("delta tile {}: {} bytes, table says {}", t, body.size(), entry.bytes));
+  }
+  const int64_t n = g.TileRows(t) * g.TileCols(t);
+  const uint64_t count = entry.changed;
+  const uint64_t values_bytes = count * es;
+  if (values_bytes > body.size()) return DataLoss(fmt::format("delta tile {}: body too short for {} values", t, count));
+  const size_t index_bytes = body.size() - static_cast<size_t>(values_bytes);
+  const std::byte* values = body.data() + index_bytes;
+  if (entry.bitmap) {
+    if (index_bytes != static_cast<size_t>((n + 7) / 8)) {
+      return DataLoss(fmt::format("delta tile {}: bitmap of {} bytes for {} elements", t, index_bytes, n));
+    }
+    uint64_t i = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      if ((static_cast<uint8_t>(body[static_cast<size_t>(k / 8)]) >> (k % 8)) & 1u) {
+        if (i == count) return DataLoss(fmt::format("delta tile {}: bitmap has more than {} bits set", t, count));
+        fn(g.LocalOffset(t, k), values + i * es);
+        ++i;
+      }
+    }
+    // Bits past the tile's end must be clear.
+    for (int64_t k = n; k < static_cast<int64_t>(index_bytes) * 8; ++k) {
+      if ((static_cast<uint8_t>(body[static_cast<size_t>(k / 8)]) >> (k % 8)) & 1u) {
+        return DataLoss(fmt::format("delta tile {}: bitmap bit {} is past the tile's {} elements", t, k, n));
+      }
+    }
+    if (i != count) return DataLoss(fmt::format("delta tile {}: bitmap has {} bits set, table says {}", t, i, count));
+    return OkStatus();
+  }
+  size_t pos = 0;
+  int64_t prev = -1;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t v = 0;
+    int shift = 0;
+    for (;;) {
+      if (pos >= index_bytes || shift > 56) return DataLoss(fmt::format("delta tile {}: index {} is truncated", t, i));
+      const uint8_t byte = static_cast<uint8_t>(body[pos++]);
+      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      shift += 7;
+      if ((byte & 0x80) == 0) break;
+    }
+    if (i > 0 && v == 0) return DataLoss(fmt::format("delta tile {}: index {} repeats offset {}", t, i, prev));
+    const uint64_t k = prev < 0 ? v : static_cast<uint64_t>(prev) + v;
+    if (k >= static_cast<uint64_t>(n)) {
+      return DataLoss(fmt::format("delta tile {}: index {} is offset {}, past the tile's {} elements", t, i, k, n));
+    }
+    prev = static_cast<int64_t>(k);
+    fn(g.LocalOffset(t, prev), values + i * es);
+  }
+  if (pos != index_bytes) {
+    return DataLoss(fmt::format("delta tile {}: {} index bytes left over after {} indices", t, index_bytes - pos, count));
+  }
+  return OkStatus();
+}
+
+std::vector<int64_t> TilesTouching(const DeltaTiling& g, const Shape& local_shape, const Box& b) {
+  std::vector<int64_t> out;
+  if (g.tiles() == 0 || b.numel() == 0) return out;
+  const size_t nd = local_shape.size();
+  int64_t c0 = 0, c1 = 1;
+  if (nd > 0) {
+    c0 = b.start[nd - 1];
+    c1 = b.start[nd - 1] + b.extent[nd - 1];
+  }
+  const int64_t tc0 = c0 / g.tile_cols, tc1 = (c1 - 1) / g.tile_cols;
+  std::vector<bool> row_tiles(static_cast<size_t>(g.tiles_r), false);
+  if (nd <= 1) {
+    row_tiles[0] = true;
+  } else if (nd == 2) {
+    for (int64_t tr = b.start[0] / g.tile_rows; tr <= (b.start[0] + b.extent[0] - 1) / g.tile_rows; ++tr) {
+      row_tiles[static_cast<size_t>(tr)] = true;
+    }
+  } else {
+    // Flattened rows of the leading dims: walk the box's leading indices.
+    const Shape strides = RowMajorStrides(Shape(local_shape.begin(), local_shape.end() - 1));
+    std::vector<int64_t> idx(nd - 1, 0);
+    for (;;) {
+      int64_t row = 0;
+      for (size_t d = 0; d + 1 < nd; ++d) row += (b.start[d] + idx[d]) * strides[d];
+      row_tiles[static_cast<size_t>(row / g.tile_rows)] = true;
+      size_t d = nd - 1;
+      bool done = true;
+      while (d > 0) {
+        --d;
+        if (++idx[d] < b.extent[d]) {
+          done = false;
+          break;
+        }
+        idx[d] = 0;
+      }
+      if (done) break;
+    }
+  }
+  for (int64_t tr = 0; tr < g.tiles_r; ++tr) {
+    if (!row_tiles[static_cast<size_t>(tr)]) continue;
+    for (int64_t tc = tc0; tc <= tc1; ++tc) out.push_back(tr * g.tiles_c + tc);
+  }
+  return out;
+}
+
+uint64_t PlainDeltaBytes(std::span<const int64_t> sorted_offsets, size_t element_size) {
+  uint64_t total = sorted_offsets.size() * element_size;
+  int64_t prev = -1;
+  for (int64_t o : sorted_offsets) {
+    total += VarintLen(static_cast<uint64_t>(prev < 0 ? o : o - prev));
+    prev = o;
+  }
+  return total;
+}
+
+}  // namespace rc::refit

@@ -1,0 +1,183 @@
+// Delta publishing (PublisherOptions::delta): the published tables carry each shard's delta
+// against the previous committed version, the payload decodes to exactly the changed elements,
+// and a base that is not committed yields no delta.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <algorithm>
+#include <map>
+
+#include "rolloutcore/base/clock.h"
+#include "rolloutcore/directory/memory_store.h"
+#include "rolloutcore/refit/delta.h"
+#include "rolloutcore/refit/digest.h"
+#include "rolloutcore/trainer/publisher.h"
+#include "rolloutcore/trainer/synthetic_trainer.h"
+#include "rolloutcore/transport/local.h"
+
+namespace rc::trainer {
+namespace {
+
+using refit::DType;
+using refit::Shape;
+
+ShardSource Whole(const std::string& name, const Shape& shape, const void* data) {
+  ShardSource s;
+  s.name = name;
+  s.dtype = DType::kBF16;
+  s.global_shape = shape;
+  s.offset = Shape(shape.size(), 0);
+  s.local_shape = shape;
+  s.data = data;
+  return s;
+}
+
+std::vector<std::byte> Read(transport::Transport& t, const std::string& descriptor, uint64_t offset, uint64_t bytes) {
+  auto remote = t.Import(descriptor);
+  EXPECT_TRUE(remote.ok()) << remote.status().ToString();
+  if (!remote.ok()) return {};
+  std::vector<std::byte> out(bytes);
+  transport::ReadOp op{*remote, offset, out.data(), bytes};
+  auto transfer = t.PostReads(std::span<const transport::ReadOp>(&op, 1));
+  EXPECT_TRUE(transfer.ok());
+  if (!transfer.ok()) return {};
+  EXPECT_TRUE((*transfer)->Wait(t.clock().NowNs() + 5'000'000'000).ok());
+  EXPECT_TRUE(t.ReleaseRemote(*remote).ok());
+  return out;
+}
+
+class PublisherDeltaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = directory::NewMemoryStore(&clock_);
+    auto t = transport::CreateLocalTransport();
+    ASSERT_TRUE(t.ok());
+    transport_ = std::move(t).value();
+  }
+  ManualClock clock_;
+  std::unique_ptr<directory::DirectoryStore> store_;
+  std::unique_ptr<transport::Transport> transport_;
+};
+
+TEST_F(PublisherDeltaTest, SecondVersionCarriesADeltaThatDecodesToTheChanges) {
+  PublisherOptions o;
+  o.delta = true;
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1, o);
+  const Shape shape{64, 300};
+  std::vector<uint16_t> v0(64 * 300), v1;
+  for (size_t i = 0; i < v0.size(); ++i) v0[i] = static_cast<uint16_t>(i * 13);
+  v1 = v0;
+  std::map<int64_t, uint16_t> changed;
+  for (size_t i = 5; i < v1.size(); i += 97) {
+    v1[i] = static_cast<uint16_t>(v1[i] + 1);
+    changed[static_cast<int64_t>(i)] = v1[i];
+  }
+  ASSERT_TRUE(p.AddShard("v0", Whole("w", shape, v0.data())).ok());
+  auto r0 = p.Publish("v0");
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  EXPECT_EQ(r0->delta_base, "") << "the first version has nothing to be a delta on";
+  EXPECT_FALSE(r0->tables[0].shards[0].delta.has_value());
+
+  ASSERT_TRUE(p.AddShard("v1", Whole("w", shape, v1.data())).ok());
+  auto r1 = p.Publish("v1");
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(r1->delta_base, "v0");
+  EXPECT_EQ(r1->delta_changed, static_cast<int64_t>(changed.size()));
+  // The committed manifest (through the directory's JSON) names base, base digest and sizes.
+  auto m = store_->Get("m", "v1");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const refit::ShardInfo& s = m->tables[0].shards[0];
+  ASSERT_TRUE(s.delta.has_value());
+  EXPECT_EQ(s.delta->base, "v0");
+  EXPECT_EQ(s.delta->base_digest, r0->tables[0].shards[0].digest);
+  EXPECT_EQ(s.delta->changed, static_cast<int64_t>(changed.size()));
+  EXPECT_LT(s.delta->bytes, 64u * 300u * 2u / 10u) << "about 1 % changed: far below the shard's bytes";
+  // Decoding the payload read through the transport gives exactly the changes, and updating the
+  // base digest with them gives the published digest.
+  std::vector<std::byte> payload = Read(*transport_, s.delta->handle, s.delta->offset, s.delta->bytes);
+  auto table = refit::ParseDeltaTable(DType::kBF16, shape, payload, payload.size());
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  const refit::DeltaTiling g = refit::TilingFor(shape);
+  std::map<int64_t, uint16_t> got;
+  uint64_t digest = s.delta->base_digest;
+  for (int64_t t = 0; t < g.tiles(); ++t) {
+    const refit::DeltaTile& e = (*table)[static_cast<size_t>(t)];
+    ASSERT_TRUE(refit::DecodeDeltaTile(g, 2, t, e, std::span<const std::byte>(payload).subspan(e.offset, e.bytes),
+                                       [&](int64_t off, const std::byte* v) {
+                                         uint16_t b;
+                                         std::memcpy(&b, v, 2);
+                                         got[off] = b;
+                                         digest += refit::DigestTerm(static_cast<uint64_t>(off), b) -
+                                                   refit::DigestTerm(static_cast<uint64_t>(off), v0[static_cast<size_t>(off)]);
+                                       })
+                    .ok());
+  }
+  EXPECT_EQ(got, changed);
+  EXPECT_EQ(digest, s.digest);
+}
+
+TEST_F(PublisherDeltaTest, NoDeltaOnABaseThatIsNotCommitted) {
+  PublisherOptions o;
+  o.delta = true;
+  // Two expected ranks, only rank 0 publishes: v0 stays STAGING.
+  Publisher p(transport_.get(), store_.get(), "m", 0, 2, o);
+  std::vector<uint16_t> a(128, 1), b(128, 1);
+  b[3] = 2;
+  ASSERT_TRUE(p.AddShard("v0", Whole("w", {128}, a.data())).ok());
+  ASSERT_TRUE(p.Publish("v0").ok());
+  ASSERT_TRUE(p.AddShard("v1", Whole("w", {128}, b.data())).ok());
+  auto r1 = p.Publish("v1");
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(r1->delta_base, "") << "a receiver could never prove it holds a base that never committed";
+  EXPECT_FALSE(r1->tables[0].shards[0].delta.has_value());
+}
+
+TEST_F(PublisherDeltaTest, WithoutTheOptionNothingIsKeptOrPublished) {
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1);
+  std::vector<uint16_t> a(128, 1), b(128, 1);
+  b[3] = 2;
+  ASSERT_TRUE(p.AddShard("v0", Whole("w", {128}, a.data())).ok());
+  ASSERT_TRUE(p.Publish("v0").ok());
+  ASSERT_TRUE(p.AddShard("v1", Whole("w", {128}, b.data())).ok());
+  auto r1 = p.Publish("v1");
+  ASSERT_TRUE(r1.ok());
+  EXPECT_FALSE(r1->tables[0].shards[0].delta.has_value());
+}
+
+TEST(SyntheticChangeFractionTest, StepsChangeAboutFOfTheBf16ElementsClusteredByTensor) {
+  SyntheticWeights w{7, 1e-3f, 0.01f};
+  int64_t total = 0, changed = 0;
+  double lo = 1, hi = 0;
+  for (int t = 0; t < 8; ++t) {
+    refit::TensorSpec spec{"model.layers." + std::to_string(t) + ".mlp.up_proj.weight", DType::kBF16, {256, 256}};
+    const refit::Box box{{0, 0}, {256, 256}};
+    auto a = ComputeBf16(w, spec, box, 3), b = ComputeBf16(w, spec, box, 4);
+    int64_t c = 0;
+    for (size_t i = 0; i < a.size(); ++i) c += a[i] != b[i];
+    total += static_cast<int64_t>(a.size());
+    changed += c;
+    const double f = static_cast<double>(c) / static_cast<double>(a.size());
+    lo = std::min(lo, f);
+    hi = std::max(hi, f);
+    // Advancing a master step by step equals computing it from scratch (trainer export relies on it).
+    std::vector<float> m(static_cast<size_t>(box.numel())), scratch(m.size());
+    ComputeMaster(w, spec, box, 3, m.data());
+    AdvanceMaster(w, spec, box, 3, m.data());
+    ComputeMaster(w, spec, box, 4, scratch.data());
+    EXPECT_EQ(m, scratch);
+  }
+  const double f = static_cast<double>(changed) / static_cast<double>(total);
+  EXPECT_GT(f, 0.004);
+  EXPECT_LT(f, 0.02);
+  EXPECT_GT(hi, 2 * lo) << "some tensors change more than others";
+  // F = 1 (the default) is the dense formula: nearly every element changes.
+  SyntheticWeights dense{7, 1e-3f};
+  refit::TensorSpec spec{"w", DType::kBF16, {64, 64}};
+  auto a = ComputeBf16(dense, spec, refit::Box{{0, 0}, {64, 64}}, 0), b = ComputeBf16(dense, spec, refit::Box{{0, 0}, {64, 64}}, 1);
+  int64_t c = 0;
+  for (size_t i = 0; i < a.size(); ++i) c += a[i] != b[i];
+  EXPECT_GT(c, 64 * 64 / 2);
+}
+
+}  // namespace
+}  // namespace rc::trainer

@@ -1,0 +1,266 @@
+// Sparse delta refit end to end (issue 14; docs/refit.md "Delta refit"): real directory, trainer
+// (--change-fraction 0.01 --delta), engine and controller processes. A 2-layer Qwen3 of hidden 256
+// (so that a tp:2 rank's share of a tensor spans whole delta tiles) stands in for a real model.
+//  * Five consecutive delta updates through the controller at tp 1 and tp 2, over shm and UCX:
+//    every stage is a delta stage, the live digest equals the manifest after each, greedy output
+//    equals a fresh engine loaded from the trainer's export of that version, and each rank pulls
+//    at most 1.2x the plain encoding of the changes landing in its own region.
+//  * An engine not on the delta's base pulls in full, commits, and says why.
+//  * A corrupted delta (flipped value bit, wrong index, missing element) is refused at stage with
+//    nothing live changed; a write that does not land (only visible after install) taints, and the
+//    recovery pulls in full.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+
+#include "system/system_fixture.h"
+
+namespace rc::system_test {
+namespace {
+
+class DeltaRefitTest : public SystemTest {
+ protected:
+  // Writes the test model's config.json (Qwen3, hidden 256, 4 q heads / 2 kv heads of 64,
+  // intermediate 512, vocab 512, 2 layers) and makes it the trainer's and the exports' model.
+  void UseSmallModel() {
+    fs::create_directories(dir_ + "/small");
+    Json c = {{"architectures", {"Qwen3ForCausalLM"}},
+              {"attention_bias", false},
+              {"head_dim", 64},
+              {"hidden_act", "silu"},
+              {"hidden_size", 256},
+              {"intermediate_size", 512},
+              {"max_position_embeddings", 256},
+              {"model_type", "qwen3"},
+              {"num_attention_heads", 4},
+              {"num_hidden_layers", 2},
+              {"num_key_value_heads", 2},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"tie_word_embeddings", false},
+              {"vocab_size", 512}};
+    std::ofstream(dir_ + "/small/config.json") << c.dump(1);
+    model_ = dir_ + "/small/config.json";
+  }
+  void ExportVersion(const std::string& version, const std::string& out) {
+    ChildProcess* c = Start("export-" + version, {"trainer", "export", "--model", model_, "--seed", kSeed, "--lr",
+                                                  kLr, "--change-fraction", "0.01", "--version", version, "--out", out});
+    ASSERT_NE(c, nullptr);
+    while (c->Alive()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_EQ(c->Stop(), 0) << c->LogTail();
+  }
+  int StartDeltaTrainer(int dir_port, const std::string& transport) {
+    int port = apps::FreePort().value();
+    ChildProcess* t = Start("trainer", {"trainer", "serve", "--model", model_, "--name", kModelName, "--layout",
+                                        "fsdp:2", "--directory", Url(dir_port), "--transport", transport, "--seed",
+                                        kSeed, "--lr", kLr, "--change-fraction", "0.01", "--delta", "--port",
+                                        std::to_string(port)});
+    EXPECT_TRUE(WaitHealthy(t, port, "/status"));
+    return port;
+  }
+  int StartTpEngine(const std::string& name, const std::string& model_dir, const std::string& label, int tp,
+                    int full_verify_every = 16) {
+    int port = apps::FreePort().value();
+    ChildProcess* e = Start(name, {"engine", "serve", "--model", model_dir, "--tensor-parallel-size",
+                                   std::to_string(tp), "--port", std::to_string(port), "--weight-version", label,
+                                   "--served-model-name", kModelName, "--threads", "1", "--enable-fault-injection",
+                                   "--full-verify-every", std::to_string(full_verify_every)});
+    EXPECT_TRUE(WaitHealthy(e, port, "/health"));
+    return port;
+  }
+  // Directory, delta trainer (v0 committed), engine at `tp` from the exported v0, controller.
+  Stack StartDeltaStack(const std::string& transport, int tp, int full_verify_every = 16) {
+    UseSmallModel();
+    Stack s;
+    s.state_dir = dir_ + "/controller";
+    s.v0_dir = dir_ + "/v0";
+    s.dir = StartDirectory();
+    ExportVersion("v0", s.v0_dir);
+    s.engine = StartTpEngine("engine", s.v0_dir, "v0", tp, full_verify_every);
+    s.trainer = StartDeltaTrainer(s.dir, transport);
+    WaitCommitted(s.dir, "v0");
+    StartController(s);
+    return s;
+  }
+  // The trainer's next step; returns its /step answer (delta_base, delta_bytes, ...).
+  Json DeltaStep(const Stack& s, const std::string& version) {
+    Json r = Call(s.trainer, "POST", "/step");
+    EXPECT_EQ(r.value("version", std::string()), version);
+    WaitCommitted(s.dir, version);
+    return r;
+  }
+  // The engine's stage evidence the controller journaled for the last stage of `version`.
+  Json StagedEvidence(int ctl, const std::string& version) {
+    Json last = Json::object();
+    for (const Json& r : Journal(ctl)) {
+      if (r.value("event", std::string()) != "staged") continue;
+      if (r["detail"].value("label", std::string()) == version) last = r["detail"]["engine"];
+    }
+    EXPECT_FALSE(last.empty()) << "no staged record of " << version << " in the journal";
+    return last;
+  }
+  std::vector<int64_t> Greedy(int engine) { return Tokens(Complete(engine, Prompt(8, 3), 12)); }
+};
+
+// 5 consecutive delta updates through the controller.
+class DeltaChainTest : public DeltaRefitTest,
+                       public ::testing::WithParamInterface<std::tuple<std::string, int>> {};
+
+TEST_P(DeltaChainTest, FiveDeltaUpdatesMatchTheManifestAndAFreshEngine) {
+  const auto [transport, tp] = GetParam();
+  Stack s = StartDeltaStack(transport, tp);
+  for (int k = 1; k <= 5; ++k) {
+    const std::string v = "v" + std::to_string(k);
+    SCOPED_TRACE(v);
+    Json step = DeltaStep(s, v);
+    EXPECT_EQ(step["delta_base"], "v" + std::to_string(k - 1));
+    Json manifest = WaitCommitted(s.dir, v);
+    Json entry = UpdateAndWait(s.ctl, v);
+    EXPECT_EQ(entry.value("phase", std::string()), "READY") << entry.dump();
+    Json staged = StagedEvidence(s.ctl, v);
+    EXPECT_EQ(staged["mode"], "delta") << staged.dump();
+    EXPECT_EQ(staged["delta_base"], "v" + std::to_string(k - 1));
+    EXPECT_EQ(staged["changed_published"], step["delta_changed"]);
+    ASSERT_EQ(staged["ranks"].size(), static_cast<size_t>(tp));
+    for (const Json& r : staged["ranks"]) {
+      const double pulled = r["bytes_pulled"].get<double>(), region = r["region_delta_bytes"].get<double>();
+      EXPECT_GT(region, 0);
+      EXPECT_LE(pulled, 1.2 * region) << "rank " << r["rank"] << " pulled " << pulled << " bytes for " << region
+                                      << " bytes of changes in its region";
+      if (tp == 2) {
+        EXPECT_LT(r["changed_in_region"].get<int64_t>(), step["delta_changed"].get<int64_t>())
+            << "a tp:2 rank receives only the changes landing in its shard";
+      }
+    }
+    const double full = staged["full_bytes_published"].get<double>();
+    EXPECT_LT(staged["bytes_pulled"].get<double>(), 0.05 * full) << "a delta moves a few percent of the model";
+    EXPECT_EQ(LiveDigest(s.engine), manifest["content_digest"]) << "live weights == " << v << " after the delta";
+    // A fresh engine loaded from the trainer's export of v generates exactly what the delta-updated one does.
+    const std::string out = dir_ + "/" + v;
+    ExportVersion(v, out);
+    int fresh = StartTpEngine("fresh-" + v, out, v, tp);
+    EXPECT_EQ(LiveDigest(fresh), manifest["content_digest"]);
+    std::vector<int64_t> got = Greedy(s.engine);
+    EXPECT_FALSE(got.empty());
+    EXPECT_EQ(got, Greedy(fresh));
+    Call(fresh, "POST", "/pause?mode=abort");  // keep the machine quiet: the fresh engine is done
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TpAndTransport, DeltaChainTest,
+                         ::testing::Values(std::make_tuple(std::string("shm"), 1), std::make_tuple(std::string("shm"), 2),
+                                           std::make_tuple(std::string("ucx"), 1), std::make_tuple(std::string("ucx"), 2)),
+                         [](const auto& p) {
+                           return std::get<0>(p.param) + "_tp" + std::to_string(std::get<1>(p.param));
+                         });
+
+TEST_F(DeltaRefitTest, EngineNotOnTheBasePullsInFullAndSaysWhy) {
+  Stack s = StartDeltaStack("shm", 2);
+  // Engine on v0; v2 is published as a delta on v1.
+  DeltaStep(s, "v1");
+  Json step2 = DeltaStep(s, "v2");
+  EXPECT_EQ(step2["delta_base"], "v1");
+  Json m2 = WaitCommitted(s.dir, "v2");
+  EXPECT_EQ(UpdateAndWait(s.ctl, "v2").value("phase", std::string()), "READY");
+  Json staged = StagedEvidence(s.ctl, "v2");
+  EXPECT_EQ(staged["mode"], "full");
+  EXPECT_NE(staged["mode_reason"].get<std::string>().find("serves v0, not the delta's base v1"), std::string::npos)
+      << staged["mode_reason"];
+  EXPECT_EQ(LiveDigest(s.engine), m2["content_digest"]);
+  // Back on the chain: v3 on v2 is a delta.
+  DeltaStep(s, "v3");
+  EXPECT_EQ(UpdateAndWait(s.ctl, "v3").value("phase", std::string()), "READY");
+  EXPECT_EQ(StagedEvidence(s.ctl, "v3")["mode"], "delta");
+  // A chain v3 -> v4 -> v5 applied by an engine that missed v4: full, and it says why.
+  DeltaStep(s, "v4");
+  DeltaStep(s, "v5");
+  Json m5 = WaitCommitted(s.dir, "v5");
+  EXPECT_EQ(UpdateAndWait(s.ctl, "v5").value("phase", std::string()), "READY");
+  staged = StagedEvidence(s.ctl, "v5");
+  EXPECT_EQ(staged["mode"], "full");
+  EXPECT_NE(staged["mode_reason"].get<std::string>().find("serves v3, not the delta's base v4"), std::string::npos)
+      << staged["mode_reason"];
+  EXPECT_EQ(LiveDigest(s.engine), m5["content_digest"]);
+}
+
+// A corrupted delta payload that still parses: refused at stage, nothing live changed.
+class CorruptDeltaTest : public DeltaRefitTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(CorruptDeltaTest, IsRefusedAtStageBeforeAnythingLiveChanges) {
+  const std::string kind = GetParam();
+  Stack s = StartDeltaStack("shm", 2);
+  Json m0 = WaitCommitted(s.dir, "v0");
+  DeltaStep(s, "v1");
+  Json c = Call(s.trainer, "POST", "/fault/corrupt_delta", Json{{"version", "v1"}, {"rank", 1}, {"kind", kind}});
+  EXPECT_EQ(c["kind"], kind);
+  Json entry = UpdateAndWait(s.ctl, "v1");
+  EXPECT_EQ(entry.value("phase", std::string()), "READY") << "refused before mutation: back to READY on v0";
+  EXPECT_NE(entry.value("outcome", std::string()), "committed") << entry.dump();
+  EXPECT_EQ(LiveDigest(s.engine), m0["content_digest"]) << "nothing live changed";
+  EXPECT_EQ(Call(s.engine, "GET", "/weight_info")["weight_version"], "v0");
+  const std::string text = entry.dump();
+  EXPECT_NE(text.find("does not lead to the published digests"), std::string::npos) << text;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CorruptDeltaTest, ::testing::Values("value", "index", "missing"));
+
+TEST_F(DeltaRefitTest, AWriteThatDoesNotLandTaintsAndRecoveryPullsInFull) {
+  Stack s = StartDeltaStack("shm", 2);
+  DeltaStep(s, "v1");
+  Json m1 = WaitCommitted(s.dir, "v1");
+  SetFaults(s.engine, Json{{"corrupt_delta_install", true}});
+  Json entry = UpdateAndWait(s.ctl, "v1");
+  EXPECT_EQ(entry.value("phase", std::string()), "TAINTED") << entry.dump();
+  EXPECT_NE(entry.dump().find("live weights after the delta install of v1 do not match"), std::string::npos)
+      << entry.dump();
+  EXPECT_EQ(StagedEvidence(s.ctl, "v1")["mode"], "delta") << "the stage itself was a sound delta";
+  SetFaults(s.engine, Json{{"corrupt_delta_install", false}});
+  Json rec = UpdateAndWait(s.ctl, "v1", /*recovery=*/true);
+  EXPECT_EQ(rec.value("phase", std::string()), "READY") << rec.dump();
+  EXPECT_EQ(LiveDigest(s.engine), m1["content_digest"]);
+  // The recovery's install evidence (journaled) says it pulled in full, and why.
+  bool full_recovery = false;
+  std::string all;
+  for (const Json& r : Journal(s.ctl)) {
+    all += r.dump() + "\n";
+    const std::string t = r.dump();
+    if (t.find("\"mode\":\"full\"") != std::string::npos &&
+        t.find("the last install failed after it began writing live weights (recovery)") != std::string::npos) {
+      full_recovery = true;
+    }
+  }
+  EXPECT_TRUE(full_recovery) << "no journal record of a full recovery stage:\n" << all;
+  auto recovered = FindLast(Journal(s.ctl), "recovered");
+  ASSERT_TRUE(recovered.has_value());
+  EXPECT_EQ((*recovered)["detail"]["evidence"]["anchor_check"]["ran"], true) << "a full digest at every recovery";
+}
+
+// Anchor checks: a full digest of the live weights every N delta installs catches memory that was
+// corrupted between updates (the O(changed) proof cannot), and the mismatch taints.
+TEST_F(DeltaRefitTest, AnchorCheckEveryNDeltasCatchesMemoryCorruptedBetweenUpdates) {
+  Stack s = StartDeltaStack("shm", 2, /*full_verify_every=*/2);
+  auto anchor_of = [&](const Json& entry) { return entry["evidence"]["install_complete"]["detail"]["anchor_check"]; };
+  DeltaStep(s, "v1");
+  Json e1 = UpdateAndWait(s.ctl, "v1");
+  EXPECT_EQ(anchor_of(e1)["ran"], false) << e1.dump();
+  DeltaStep(s, "v2");
+  Json e2 = UpdateAndWait(s.ctl, "v2");
+  EXPECT_EQ(e2.value("phase", std::string()), "READY");
+  EXPECT_EQ(anchor_of(e2)["ran"], true) << "the 2nd delta install runs the anchor check";
+  EXPECT_EQ(anchor_of(e2)["ok"], true);
+  // Live memory corrupted between updates: the next delta (v3) still proves its own changes...
+  SetFaults(s.engine, Json{{"corrupt_live_weight", true}});
+  DeltaStep(s, "v3");
+  Json e3 = UpdateAndWait(s.ctl, "v3");
+  EXPECT_EQ(e3.value("phase", std::string()), "READY") << "the O(changed) proof does not read unchanged memory";
+  EXPECT_EQ(anchor_of(e3)["ran"], false);
+  // ...and the anchor check after v4 finds the corruption and taints.
+  DeltaStep(s, "v4");
+  Json e4 = UpdateAndWait(s.ctl, "v4");
+  EXPECT_EQ(e4.value("phase", std::string()), "TAINTED") << e4.dump();
+  EXPECT_NE(e4.dump().find("anchor check after the delta install of v4"), std::string::npos) << e4.dump();
+}
+
+}  // namespace
+}  // namespace rc::system_test
