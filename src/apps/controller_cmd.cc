@@ -55,6 +55,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     double lease_timeout_s = 300;
     std::string pause_mode = "wait";
     bool no_prefetch = false;
+    double replay_tolerance = -1;
     std::string vllm_transfer = "rolloutcore";
     int vllm_reset_attempts = 5;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
@@ -110,6 +111,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                    "How the engine pauses once drained: wait (in-flight requests finish; vLLM's /pause?mode=wait) | "
                    "abort | keep (frozen in place; an install is refused while any is frozen)")
       ->check(CLI::IsMember({"wait", "abort", "keep"}))
+      ->capture_default_str();
+  serve
+      ->add_option("--replay-tolerance", o->replay_tolerance,
+                   "Replay validation (docs/lifecycle.md): the largest |engine - trainer| log-probability difference "
+                   "accepted on a version's probes; < 0 (default): the engine's own bound (rolloutcore engines, "
+                   "f32: 1e-4)")
       ->capture_default_str();
   serve->add_flag("--no-prefetch", o->no_prefetch,
                   "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
@@ -215,6 +222,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                            : o->pause_mode == "keep" ? lifecycle::PauseMode::kKeep
                                                      : lifecycle::PauseMode::kWait;
     so.runner.prefetch = !o->no_prefetch;
+    so.runner.replay_tolerance = o->replay_tolerance;
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;
     so.runner.deadlines.pause_ms = o->pause_ms;

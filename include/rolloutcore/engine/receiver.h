@@ -100,6 +100,13 @@ class RefitReceiver {
   // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
   // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
   void SetFailAfterFirstRankForTesting(bool on) { fail_after_first_rank_ = on; }
+  // Test-only fault, the negative control of replay validation (docs/engine.md "Fault
+  // injection"): while on, the captured install mapping of every rank sends the rows of the
+  // first two query heads of layer 0's q_proj (within the rank's slice) to each other's place in
+  // qkv_proj. Plans and digest regions both come from the capture, so the staged and live digests
+  // still match the manifest; only running the model (a replay) shows the difference. Changing
+  // it drops the cached captures and plans (rebuilt on the next stage).
+  void SetSwapQHeadsForTesting(bool on);
   // The live weights change only through Install (which bumps the engine's generation), so the
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
@@ -147,6 +154,7 @@ class RefitReceiver {
   int64_t live_cache_generation_ = -1;                              // guarded by mu_
   bool live_cache_valid_ = false;                                   // guarded by mu_
   std::atomic<bool> fail_after_first_rank_{false};                  // test-only fault
+  bool swap_q_heads_ = false;                                       // guarded by mu_; test-only fault
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_

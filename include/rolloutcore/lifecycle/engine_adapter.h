@@ -48,6 +48,11 @@ class EngineAdapter {
   virtual Pending<ResumeEvidence> Resume() = 0;
   // Unimplemented when the engine has no way to report its identity.
   virtual Pending<IdentityEvidence> ProbeIdentity() = 0;
+  // Replay validation (replay.h): runs one probe on the live weights while the engine is paused,
+  // on a path that admits no user request (the embedded engine's POST /rc/validate/replay; for
+  // vLLM a worker-extension method). Only when Describe().offers_replay; the default answers
+  // Unimplemented.
+  virtual Pending<ReplayEvidence> Replay(const ReplayRequest& request);
 };
 
 }  // namespace rc::lifecycle
