@@ -244,7 +244,7 @@ class EngineServer::Impl {
   void FaultRoutes();
 
   void Routes();
-  // POST /rc/validate/replay (docs/engine.md "Replay validation"): Engine::Replay over HTTP.
+  // POST /rc/validate/replay (docs/engine.md, docs/lifecycle.md "Replay validation"): Engine::Replay.
   void Replay(const httplib::Request& req, httplib::Response& res);
   void Completions(const httplib::Request& req, httplib::Response& res);
   Json ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index, size_t from,

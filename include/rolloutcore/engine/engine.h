@@ -204,13 +204,16 @@ class Engine {
   // update done outside the controller that skips the reset); every real path resets.
   Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
                         bool reset_prefix_cache = true);
-  // Replay validation (docs/engine.md "Replay validation"): the greedy continuation of `steps`
+  // Replay validation (docs/lifecycle.md "Replay validation"; docs/engine.md, POST
+  // /rc/validate/replay): the greedy continuation of `steps`
   // tokens after `prompt` with the top_k raw log-probabilities of every step, computed on the
   // live weights. Only while paused (FailedPrecondition otherwise, nothing run), so it runs in
   // the controller's VALIDATING window and no user request is admitted; it holds step_mu_, borrows
   // KV blocks for prompt + steps positions from the pool (when the pool cannot
-  // spare them: Unavailable) and returns them unhashed: the prefix cache is neither read nor written, and
-  // frozen (pause keep) requests keep their blocks. InvalidArgument naming the field for a bad
+  // spare them: Unavailable) and returns them unhashed: no cached prefix is read and nothing is
+  // registered in the prefix cache (like any allocation it may evict least-recently-used cached
+  // blocks when no free block is left; in VALIDATING the cache was just reset), and frozen (pause
+  // keep) requests keep their blocks. InvalidArgument naming the field for a bad
   // prompt, steps (1..kMaxReplaySteps, within max_model_len) or top_k (0..kMaxReplayTopK).
   // Defined in replay.cc.
   Result<ReplayOutput> Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k);
