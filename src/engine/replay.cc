@@ -19,7 +19,8 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
     }
   }
   if (steps < 1 || steps > kMaxReplaySteps) {
-    return InvalidArgument("steps: must be in 1.." + std::to_string(kMaxReplaySteps) + ", got " + std::to_string(steps));
+    return InvalidArgument("steps: must be in 1.." + std::to_string(kMaxReplaySteps) + ", got " +
+                           std::to_string(steps));
   }
   if (top_k < 0 || top_k > kMaxReplayTopK) {
     return InvalidArgument("top_k: must be in 0.." + std::to_string(kMaxReplayTopK) + ", got " + std::to_string(top_k));
@@ -35,17 +36,18 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!paused_) {
-      return FailedPrecondition("replay runs only while the engine is paused (POST /pause first): it must not "
-                                "interleave with user requests");
+      return FailedPrecondition(
+          "replay runs only while the engine is paused (POST /pause first): it must not "
+          "interleave with user requests");
     }
     KvPlan plan;
     KvDemand d;
     d.seq_id = -1;  // not a sequence; never registered
     d.need_tokens = plen + steps;
     if (!kv_->PlanDemand(d, &plan)) {
-      return Unavailable("replay needs " + std::to_string((plen + steps + options_.block_size - 1) /
-                                                                options_.block_size) +
-                               " KV blocks; " + std::to_string(kv_->NumFreeBlocks()) + " are free");
+      return Unavailable("replay needs " +
+                         std::to_string((plen + steps + options_.block_size - 1) / options_.block_size) +
+                         " KV blocks; " + std::to_string(kv_->NumFreeBlocks()) + " are free");
     }
     kv_->Apply(plan);
     blocks = plan.grants[0].new_blocks;

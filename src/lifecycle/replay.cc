@@ -5,6 +5,8 @@
 #include <limits>
 #include <sstream>
 
+#include "rolloutcore/lifecycle/engine_adapter.h"
+
 namespace rc::lifecycle {
 namespace {
 
@@ -58,7 +60,8 @@ Result<ReplayRequest> ReplayRequestFromJson(const Json& j, int64_t max_steps, in
 
 Json ToJson(const ReplayEvidence& e) {
   Json steps = Json::array();
-  for (const auto& s : e.steps) steps.push_back(Json{{"token", s.token}, {"logprob", s.logprob}, {"top", TopJson(s.top)}});
+  for (const auto& s : e.steps)
+    steps.push_back(Json{{"token", s.token}, {"logprob", s.logprob}, {"top", TopJson(s.top)}});
   return Json{{"steps", steps}, {"engine_ms", e.engine_ms}};
 }
 
@@ -145,7 +148,8 @@ ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& e
       auto it = std::find_if(got.top.begin(), got.top.end(), [&](const auto& e) { return e.first == tok; });
       if (it == got.top.end()) {
         // A tie at the top-k boundary may order differently; anything else is a difference.
-        if (static_cast<int64_t>(got.top.size()) >= probe.top_k && std::fabs(static_cast<double>(lp) - kth) <= tol) continue;
+        if (static_cast<int64_t>(got.top.size()) >= probe.top_k && std::fabs(static_cast<double>(lp) - kth) <= tol)
+          continue;
         fail(step, "trainer top-k token " + std::to_string(tok) + " (logprob " + Num(lp) +
                        ") is not in the engine's top-" + std::to_string(probe.top_k) + " (its k-th logprob " +
                        Num(kth) + ")");
@@ -182,10 +186,9 @@ Json ToJson(const ReplayOutcome& o) {
 
 }  // namespace rc::lifecycle
 
-#include "rolloutcore/lifecycle/engine_adapter.h"
-
 namespace rc::lifecycle {
 
+// The default of engines without a replay path (engine_adapter.h).
 Pending<ReplayEvidence> EngineAdapter::Replay(const ReplayRequest& request) {
   return Pending<ReplayEvidence>::Completed(
       Unimplemented("this engine adapter has no replay path (probe " + request.probe + ")"));

@@ -103,7 +103,9 @@ class ReplayingEngine final : public EngineAdapter {
   }
   Pending<DrainStatus> GetDrainStatus() override { return inner_.GetDrainStatus(); }
   Pending<PauseEvidence> Pause(PauseMode m) override { return inner_.Pause(m); }
-  Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override { return inner_.AbortRequests(ids); }
+  Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
+    return inner_.AbortRequests(ids);
+  }
   Pending<StageEvidence> Stage(const UpdateTarget& t) override { return inner_.Stage(t); }
   Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override { return inner_.Install(t, full); }
   Pending<CacheResetResult> ResetCache(CacheKind k) override { return inner_.ResetCache(k); }

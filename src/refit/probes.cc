@@ -9,8 +9,7 @@ namespace rc::refit {
 namespace {
 
 bool NameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 
 Status CheckLogprob(float lp, const std::string& path) {
@@ -33,7 +32,8 @@ Result<float> LogprobFromJson(const Json& j, const std::string& path) {
 }
 
 Result<int32_t> TokenFromJson(const Json& j, const std::string& path) {
-  if (!j.is_number_integer()) return InvalidArgument(fmt::format("{}: expected an integer, got {}", path, JsonTypeName(j)));
+  if (!j.is_number_integer())
+    return InvalidArgument(fmt::format("{}: expected an integer, got {}", path, JsonTypeName(j)));
   const int64_t t = j.get<int64_t>();
   RC_RETURN_IF_ERROR(CheckToken(t, path));
   return static_cast<int32_t>(t);
@@ -50,16 +50,17 @@ Status ValidateProbes(const std::vector<Probe>& probes) {
     const Probe& p = probes[i];
     const std::string path = fmt::format("probes[{}]", i);
     if (p.name.empty() || p.name.size() > kMaxProbeNameLength) {
-      return InvalidArgument(fmt::format("{}.name: must be 1..{} characters, got {}", path, kMaxProbeNameLength,
-                                         p.name.size()));
+      return InvalidArgument(
+          fmt::format("{}.name: must be 1..{} characters, got {}", path, kMaxProbeNameLength, p.name.size()));
     }
     for (char c : p.name) {
-      if (!NameChar(c)) return InvalidArgument(fmt::format("{}.name: '{}' has a character outside [A-Za-z0-9._-]", path, p.name));
+      if (!NameChar(c))
+        return InvalidArgument(fmt::format("{}.name: '{}' has a character outside [A-Za-z0-9._-]", path, p.name));
     }
     if (!names.insert(p.name).second) return InvalidArgument(fmt::format("{}.name: '{}' appears twice", path, p.name));
     if (p.prompt.empty() || p.prompt.size() > kMaxProbePromptTokens) {
-      return InvalidArgument(fmt::format("{}.prompt: must have 1..{} tokens, got {}", path, kMaxProbePromptTokens,
-                                         p.prompt.size()));
+      return InvalidArgument(
+          fmt::format("{}.prompt: must have 1..{} tokens, got {}", path, kMaxProbePromptTokens, p.prompt.size()));
     }
     for (size_t k = 0; k < p.prompt.size(); ++k) {
       RC_RETURN_IF_ERROR(CheckToken(p.prompt[k], fmt::format("{}.prompt[{}]", path, k)));
@@ -68,8 +69,8 @@ Status ValidateProbes(const std::vector<Probe>& probes) {
       return InvalidArgument(fmt::format("{}.top_k: must be in 0..{}, got {}", path, kMaxProbeTopK, p.top_k));
     }
     if (p.steps.empty() || p.steps.size() > kMaxProbeSteps) {
-      return InvalidArgument(fmt::format("{}.steps: must have 1..{} entries, got {}", path, kMaxProbeSteps,
-                                         p.steps.size()));
+      return InvalidArgument(
+          fmt::format("{}.steps: must have 1..{} entries, got {}", path, kMaxProbeSteps, p.steps.size()));
     }
     for (size_t s = 0; s < p.steps.size(); ++s) {
       const ProbeStep& st = p.steps[s];
@@ -129,10 +130,11 @@ Result<std::vector<Probe>> ProbesFromJson(const Json& j, std::string_view where)
     }
     p.top_k = static_cast<int32_t>(top_k);
     auto prompt = pj.find("prompt");
-    if (prompt == pj.end() || !prompt->is_array()) return InvalidArgument(path + ".prompt: expected an array of token ids");
+    if (prompt == pj.end() || !prompt->is_array())
+      return InvalidArgument(path + ".prompt: expected an array of token ids");
     if (prompt->size() > kMaxProbePromptTokens) {
-      return InvalidArgument(fmt::format("{}.prompt: must have 1..{} tokens, got {}", path, kMaxProbePromptTokens,
-                                         prompt->size()));
+      return InvalidArgument(
+          fmt::format("{}.prompt: must have 1..{} tokens, got {}", path, kMaxProbePromptTokens, prompt->size()));
     }
     for (size_t k = 0; k < prompt->size(); ++k) {
       RC_ASSIGN_OR_RETURN(int32_t t, TokenFromJson((*prompt)[k], fmt::format("{}.prompt[{}]", path, k)));
@@ -141,8 +143,8 @@ Result<std::vector<Probe>> ProbesFromJson(const Json& j, std::string_view where)
     auto steps = pj.find("steps");
     if (steps == pj.end() || !steps->is_array()) return InvalidArgument(path + ".steps: expected an array");
     if (steps->size() > kMaxProbeSteps) {
-      return InvalidArgument(fmt::format("{}.steps: must have 1..{} entries, got {}", path, kMaxProbeSteps,
-                                         steps->size()));
+      return InvalidArgument(
+          fmt::format("{}.steps: must have 1..{} entries, got {}", path, kMaxProbeSteps, steps->size()));
     }
     for (size_t s = 0; s < steps->size(); ++s) {
       const Json& sj = (*steps)[s];
@@ -159,8 +161,8 @@ Result<std::vector<Probe>> ProbesFromJson(const Json& j, std::string_view where)
       auto top = sj.find("top");
       if (top != sj.end()) {
         if (!top->is_array() || top->size() > static_cast<size_t>(kMaxProbeTopK)) {
-          return InvalidArgument(fmt::format("{}.top: expected an array of at most {} [token, logprob] pairs", sp,
-                                             kMaxProbeTopK));
+          return InvalidArgument(
+              fmt::format("{}.top: expected an array of at most {} [token, logprob] pairs", sp, kMaxProbeTopK));
         }
         for (size_t k = 0; k < top->size(); ++k) {
           const Json& e = (*top)[k];

@@ -65,22 +65,20 @@ Status ValidateProbeOptions(const ProbeOptions& o) {
     return InvalidArgument(fmt::format("probe_top_k: must be in 0..{}, got {}", refit::kMaxProbeTopK, o.top_k));
   }
   if (o.prompt_tokens < 1 || static_cast<size_t>(o.prompt_tokens) > refit::kMaxProbePromptTokens) {
-    return InvalidArgument(fmt::format("probe_prompt_tokens: must be in 1..{}, got {}", refit::kMaxProbePromptTokens,
-                                       o.prompt_tokens));
+    return InvalidArgument(
+        fmt::format("probe_prompt_tokens: must be in 1..{}, got {}", refit::kMaxProbePromptTokens, o.prompt_tokens));
   }
   return OkStatus();
 }
 
-std::vector<std::vector<int32_t>> ProbePrompts(const refit::ModelConfig& config, uint64_t seed,
-                                               const ProbeOptions& o) {
+std::vector<std::vector<int32_t>> ProbePrompts(const refit::ModelConfig& config, uint64_t seed, const ProbeOptions& o) {
   const uint64_t range = static_cast<uint64_t>(std::min<int64_t>(config.vocab_size, 256));
   std::vector<std::vector<int32_t>> out;
   for (int32_t i = 0; i < o.count; ++i) {
     std::vector<int32_t> p;
     for (int32_t k = 0; k < o.prompt_tokens; ++k) {
-      p.push_back(static_cast<int32_t>(Mix(Mix(seed ^ 0x70726f6265ULL) + static_cast<uint64_t>(i) * 1000003ULL +
-                                           static_cast<uint64_t>(k)) %
-                                       range));
+      p.push_back(static_cast<int32_t>(
+          Mix(Mix(seed ^ 0x70726f6265ULL) + static_cast<uint64_t>(i) * 1000003ULL + static_cast<uint64_t>(k)) % range));
     }
     out.push_back(std::move(p));
   }

@@ -3,7 +3,6 @@
 #include "rolloutcore/trainer/probes.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -37,7 +36,8 @@ TEST(SyntheticProbesTest, MatchAnEngineLoadedFromTheExportAndChangeWithTheVersio
   ASSERT_TRUE(other.ok());
   EXPECT_NE(refit::ProbesToJson(*a), refit::ProbesToJson(*other)) << "another version, other numbers";
 
-  const std::string dir = (std::filesystem::temp_directory_path() / ("rc_probes_" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("rc_probes_" + std::to_string(::getpid()))).string();
   ASSERT_TRUE(ExportVersion(config, w, 2, dir).ok());
   engine::EngineOptions eo;
   eo.num_threads = 1;

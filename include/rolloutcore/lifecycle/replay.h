@@ -70,9 +70,9 @@ struct ReplayProbe {
 // One probe compared.
 struct ReplayComparison {
   bool match = true;
-  std::string mismatch;            // "probe p0 step 3: engine token 17, trainer token 42 (...)"
+  std::string mismatch;  // "probe p0 step 3: engine token 17, trainer token 42 (...)"
   int64_t mismatch_step = -1;
-  double worst_logprob_diff = 0;   // over every compared log-probability of the probe
+  double worst_logprob_diff = 0;  // over every compared log-probability of the probe
   int64_t worst_step = -1;
 };
 ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& engine, double tolerance);
@@ -82,15 +82,15 @@ struct ReplayOutcome {
   bool skipped = true;
   std::string skip_reason;  // "version has no probes", "engine ... offers no replay path"
   bool match = true;
-  std::string mismatch;     // the first probe that differed, named with its step
+  std::string mismatch;  // the first probe that differed, named with its step
   double tolerance = 0;
   double worst_logprob_diff = 0;
   std::string worst_probe;
   int64_t worst_step = -1;
   int64_t probes = 0;
-  int64_t tokens = 0;       // steps replayed over all probes
-  double engine_ms = 0;     // summed over probes, as the engine reports
-  int64_t wall_ms = 0;      // from the first replay call to the last answer, by the Runner's clock
+  int64_t tokens = 0;    // steps replayed over all probes
+  double engine_ms = 0;  // summed over probes, as the engine reports
+  int64_t wall_ms = 0;   // from the first replay call to the last answer, by the Runner's clock
 };
 Json ToJson(const ReplayOutcome& o);
 

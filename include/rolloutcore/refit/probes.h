@@ -34,8 +34,8 @@ inline constexpr int32_t kMaxProbeTopK = 20;
 inline constexpr size_t kMaxProbeNameLength = 64;
 
 struct ProbeStep {
-  int32_t token = 0;     // the greedy (argmax) token
-  float logprob = 0.f;   // its raw log-softmax value
+  int32_t token = 0;                           // the greedy (argmax) token
+  float logprob = 0.f;                         // its raw log-softmax value
   std::vector<std::pair<int32_t, float>> top;  // top_k alternatives, best first
 };
 
