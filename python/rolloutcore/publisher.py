@@ -193,6 +193,16 @@ class Publisher:
             )
         return self._impl.publish(version)
 
+    def attach_probes(self, version: str, probes: Sequence[Mapping[str, Any]]) -> None:
+        """Attaches replay probes to ``version`` (rank 0 only), published with this rank's tables
+        and stored with the version in the directory; the controller replays them on the engine
+        before it resumes (docs/lifecycle.md, "Replay validation"). ``probes`` is what
+        :func:`rolloutcore.probes.make_probes` returns. Bad bounds raise ``InvalidArgumentError``
+        naming the field (``probes[1].steps[3].top[0].logprob``)."""
+        import json
+
+        self._impl.attach_probes(version, json.dumps(list(probes)))
+
     def publish_empty(self, version: str) -> Dict[str, Any]:
         """Publishes a rank that owns nothing of ``version`` (its publish still counts)."""
         return self._impl.publish_empty(version)

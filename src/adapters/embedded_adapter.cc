@@ -23,6 +23,9 @@ using lifecycle::IdentityEvidence;
 using lifecycle::InstallEvidence;
 using lifecycle::LabelEvidence;
 using lifecycle::PauseEvidence;
+using lifecycle::ReplayEvidence;
+using lifecycle::ReplayRequest;
+using lifecycle::ReplayStep;
 using lifecycle::PauseMode;
 using lifecycle::ResumeEvidence;
 using lifecycle::StageEvidence;
@@ -98,7 +101,19 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
     d.supports_staging = true;
     // The embedded engine has a prefix cache only; encoder and multimodal caches do not exist.
     d.caches = {CacheKind::kPrefix};
+    d.offers_replay = true;
+    d.replay_tolerance = 1e-4;  // f32 compute (docs/lifecycle.md "Replay validation")
     return d;
+  }
+
+  Pending<ReplayEvidence> Replay(const ReplayRequest& request) override {
+    return RunDetached<ReplayEvidence>([s = s_, request]() -> Result<ReplayEvidence> {
+      RC_ASSIGN_OR_RETURN(engine::ReplayOutput out, s->engine->Replay(request.prompt, request.steps, request.top_k));
+      ReplayEvidence e;
+      e.engine_ms = out.elapsed_ms;
+      for (auto& st : out.steps) e.steps.push_back(ReplayStep{st.token, st.logprob, std::move(st.top_logprobs)});
+      return e;
+    });
   }
 
   Pending<DrainStatus> GetDrainStatus() override {

@@ -99,6 +99,45 @@ class EmbeddedAdapterTest : public ::testing::Test {
   std::string state_dir_;
 };
 
+// Replay validation through the in-process adapter (docs/lifecycle.md "Replay validation"): the
+// trainer's probes (its reference forward, tp 1) replayed by the tp-2 engine while paused.
+TEST_F(EmbeddedAdapterTest, ProbesAreReplayedInProcessBeforeTheEngineResumes) {
+  trainer_.reset();
+  trainer::SyntheticTrainerOptions to;
+  to.config = *refit::ModelPreset("tiny");
+  to.layout = *refit::ParseTrainerLayout("fsdp:2");
+  to.model_name = "m";
+  to.transport = "shm";
+  to.weights.seed = 11;
+  to.probes.count = 2;
+  to.probes.tokens = 4;
+  to.probes.top_k = 3;
+  auto t = trainer::SyntheticTrainer::Create(to, store_.get());
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  trainer_ = std::move(t).value();
+  Step();  // v0
+  Step();  // v1
+  auto m = store_->Get("m", "v1");
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->probes.size(), 2u);
+  StartService();
+  auto desc = engine_->MakeAdapter({server_->url(), "m"})->Describe();
+  ASSERT_TRUE(desc.ok());
+  EXPECT_TRUE(desc->offers_replay);
+  auto id = service_->RequestUpdate("m", "v1");
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  auto done = service_->WaitForUpdate(*id, 60000);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  const Json& e = (*done)["engines"][0];
+  ASSERT_EQ(e["outcome"], "committed") << done->dump(2);
+  const Json& replay = e["evidence"]["validated"]["replay"];
+  EXPECT_FALSE(replay["skipped"].get<bool>()) << replay.dump();
+  EXPECT_TRUE(replay["match"].get<bool>()) << replay.dump();
+  EXPECT_EQ(replay["tokens"], 8);
+  EXPECT_LE(replay["worst_logprob_diff"].get<double>(), 1e-4);
+  EXPECT_FALSE(engine_->engine()->IsPaused());
+}
+
 TEST_F(EmbeddedAdapterTest, ControllerUpdatesTheInProcessEngineAndProvesTheDigest) {
   Step();                                    // v0
   trainer::VersionStatus v1 = Step();        // v1

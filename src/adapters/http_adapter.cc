@@ -221,6 +221,8 @@ Result<EngineDescription> HttpEngineAdapter::Describe() {
     d.offers_content_digest = true;
     d.supports_staging = true;
     d.caches = {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal};
+    d.offers_replay = true;
+    d.replay_tolerance = 1e-4;  // f32 compute (docs/lifecycle.md "Replay validation")
     return d;
   }
   // Not rolloutcore: is it an OpenAI-compatible server at all?
@@ -404,6 +406,18 @@ Pending<ResumeEvidence> HttpEngineAdapter::Resume() {
     ResumeEvidence e;
     RC_ASSIGN_OR_RETURN(e.paused_after, s->IsPaused());
     return e;
+  });
+}
+
+Pending<lifecycle::ReplayEvidence> HttpEngineAdapter::Replay(const lifecycle::ReplayRequest& request) {
+  return RunDetached<lifecycle::ReplayEvidence>([s = s_, request]() -> Result<lifecycle::ReplayEvidence> {
+    if (s->IsVllm()) {
+      return Unimplemented("engine at " + s->options.base_url +
+                           " (vLLM): replay validation needs rolloutcore's worker-extension replay method, which "
+                           "this adapter does not drive yet (probe " + request.probe + ")");
+    }
+    RC_ASSIGN_OR_RETURN(Json j, s->DoJson("POST", "/rc/validate/replay", lifecycle::ToJson(request).dump()));
+    return lifecycle::ReplayEvidenceFromJson(j, "replay");
   });
 }
 

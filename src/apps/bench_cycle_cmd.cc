@@ -9,7 +9,9 @@
 // update record: cycle time (request to committed), pause window (QUIESCED..RESUMING), drain,
 // wire and install, and the controller overhead = cycle − (drain + stage + install + digest
 // validation): what the lifecycle itself costs beyond moving and proving the bytes. The issue's
-// "cycle minus drain, wire and install" is printed too.
+// "cycle minus drain, wire and install" is printed too. The trainer attaches --probes replay probes
+// (default 2 x 8 tokens) to every version, and the report gives the replay's cost inside the pause
+// window (engine time, and the Runner's wall time).
 //
 // restart: the same version exported to disk (`trainer export`), then `engine serve --model DIR`
 // started cold until it answers a first completion, --restarts times.
@@ -52,6 +54,8 @@ struct BenchCycleOptions {
   int tp = 1;
   bool json = false;
   std::string engine = "embedded";  // cycle only: embedded | vllm
+  int probes = 2;        // replay probes per version (docs/lifecycle.md "Replay validation")
+  int probe_tokens = 8;
 };
 
 // Replaces this process with the vLLM bench (see the header). Returns only when exec failed.
@@ -120,7 +124,9 @@ Result<Stack> StartStack(const BenchCycleOptions& o, const std::string& what) {
   RC_RETURN_IF_ERROR(BenchWaitHealthy(s.directory.get(), s.dir_port, "/health", 30));
   RC_ASSIGN_OR_RETURN(s.trainer, ChildProcess::Spawn("trainer", {"trainer", "serve", "--model", o.model, "--name", "bench",
                                                                  "--layout", "fsdp:2", "--directory", s.dir_url(),
-                                                                 "--transport", "shm", "--keep", "2", "--port",
+                                                                 "--transport", "shm", "--keep", "2", "--probes",
+                                                                 std::to_string(o.probes), "--probe-tokens",
+                                                                 std::to_string(o.probe_tokens), "--port",
                                                                  std::to_string(s.trainer_port)},
                                                      log("trainer")));
   RC_RETURN_IF_ERROR(BenchWaitHealthy(s.trainer.get(), s.trainer_port, "/status", 600));
@@ -154,7 +160,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
   RC_ASSIGN_OR_RETURN(auto svc, controller::ControllerService::Create(std::move(engines), &versions, so));
 
   Json cycles = Json::array();
-  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms;
+  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms;
   // One update more than reported: the first one allocates the shadow and staging (a cold refit).
   for (int i = 0; i <= o.cycles; ++i) {
     RC_ASSIGN_OR_RETURN(Json step, BenchCall(s.trainer_port, "POST", "/step"));
@@ -178,6 +184,14 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     const double install = Num(installed, {"stages_ms", "install"});
     const double install_digest = Num(installed, {"stages_ms", "post_install"});
     const double validate = Num(ph, {"VALIDATING"});
+    // Replay validation, inside VALIDATING (the pause window): the engine's own time for every
+    // probe, and the Runner's wall time from the first replay call to the last answer (ms clock).
+    const Json replay = ev.contains("validated") ? ev["validated"].value("replay", Json::object()) : Json::object();
+    if (!replay.value("skipped", true) && !replay.value("match", false)) {
+      return Internal("update to " + version + " committed without a matching replay: " + replay.dump());
+    }
+    const double replay_engine = Num(replay, {"engine_ms"});
+    const double replay_wall = Num(replay, {"wall_ms"});
     // The prefetch stage runs inside DRAINING (the engine keeps serving); drain beyond it is time
     // spent waiting for rollouts. Engine-side work: staging, install with its live digest, and
     // the validation reads. The rest of the cycle is the controller's own cost (journal writes,
@@ -196,17 +210,24 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
            {"validate_ms", validate},
            {"controller_overhead_ms", overhead},
            {"cycle_minus_drain_wire_install_ms", total - drain - install},
+           {"replay", replay},
+           {"replay_engine_ms", replay_engine},
+           {"replay_wall_ms", replay_wall},
            {"phases_ms", ph},
            {"cold", i == 0}};
     std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
-                             "install {:.1f} ms, controller overhead {:.1f} ms\n",
-                             version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, install, overhead);
+                             "install {:.1f} ms, replay {:.2f} ms (engine; {:.0f} ms wall), controller overhead "
+                             "{:.1f} ms\n",
+                             version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, install,
+                             replay_engine, replay_wall, overhead);
     cycles.push_back(c);
     if (i == 0) continue;
     cycle_ms.push_back(total);
     pause_ms.push_back(pause);
     overhead_ms.push_back(overhead);
     overhead_issue_ms.push_back(total - drain - install);
+    replay_engine_ms.push_back(replay_engine);
+    replay_wall_ms.push_back(replay_wall);
   }
   // A rollout on the last version proves the engine serves it.
   RC_ASSIGN_OR_RETURN(Json r, svc->Rollout(Json{{"prompt_token_ids", {1, 2, 3, 4}}, {"max_tokens", 4}, {"temperature", 0.0}}));
@@ -215,6 +236,10 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
               {"pause_window_ms_median", Median(pause_ms)},
               {"controller_overhead_ms_median", Median(overhead_ms)},
               {"cycle_minus_drain_wire_install_ms_median", Median(overhead_issue_ms)},
+              {"replay_probes", o.probes},
+              {"replay_probe_tokens", o.probe_tokens},
+              {"replay_engine_ms_median", Median(replay_engine_ms)},
+              {"replay_wall_ms_median", Median(replay_wall_ms)},
               {"served_label_after", r["binding"]["label"]}};
 }
 
@@ -297,12 +322,15 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         "  restart (cold->ready) {:10.1f} ms   (export to disk took {:.1f} ms more, not counted)\n"
         "  ratio restart/cycle   {:10.2f} x\n"
         "  controller overhead   {:10.1f} ms   (cycle - staging - drain wait - install - live digest - validation)\n"
+        "  replay validation     {:10.2f} ms   ({} probes x {} tokens, engine time, in the pause window; Runner wall "
+        "{:.0f} ms)\n"
         "  cycle - drain - install: {:.1f} ms (the issue's 'cycle minus drain, wire and install'; wire runs inside\n"
         "    DRAINING as a prefetch, so it is already in drain; this still holds the pause/reset/validate work)\n",
         o.model, report["engine_model"].get<std::string>(), o.tp, o.cycles, o.restarts,
         c["cycle_ms_median"].get<double>(), c["pause_window_ms_median"].get<double>(),
         report["restart"]["ready_ms_median"].get<double>(), report["restart"]["export_ms"].get<double>(),
         report["restart_over_cycle"].get<double>(), c["controller_overhead_ms_median"].get<double>(),
+        c["replay_engine_ms_median"].get<double>(), o.probes, o.probe_tokens, c["replay_wall_ms_median"].get<double>(),
         c["cycle_minus_drain_wire_install_ms_median"].get<double>());
   } else {
     std::cout << fmt::format("restart {} (engine from disk, tp {}): cold start to first token {:.1f} ms (median of {})\n",
@@ -336,6 +364,12 @@ void RegisterBenchCycleCommands(CLI::App& app, int* exit_code) {
   auto* cycle = bench->add_subcommand(
       "cycle", "Hot update cycle through the controller (embedded engine) vs restarting the engine on the same version.");
   AddCommon(cycle, o.get());
+  cycle->add_option("--probes", o->probes, "Replay probes the trainer attaches to every version (0: none)")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
+  cycle->add_option("--probe-tokens", o->probe_tokens, "Greedy tokens per probe")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cycle->add_option("--cycles", o->cycles, "Warm update cycles to time (after one cold one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -57,6 +57,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     std::string update_mode = "strict";
     int64_t max_staleness = -1;
     bool no_prefetch = false;
+    double replay_tolerance = -1;
     std::string vllm_transfer = "rolloutcore";
     std::string vllm_pause_call = "pause";
     int vllm_reset_attempts = 5;
@@ -128,6 +129,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                    "make it more aborts it (its trajectory says aborted_at_update, reason max_staleness); -1: no "
                    "limit")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40))
+      ->capture_default_str();
+  serve
+      ->add_option("--replay-tolerance", o->replay_tolerance,
+                   "Replay validation (docs/lifecycle.md): the largest |engine - trainer| log-probability difference "
+                   "accepted on a version's probes; < 0 (default): the engine's own bound (rolloutcore engines, "
+                   "f32: 1e-4)")
       ->capture_default_str();
   serve->add_flag("--no-prefetch", o->no_prefetch,
                   "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
@@ -243,6 +250,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     so.runner.prefetch = !o->no_prefetch;
     so.default_mode = *lifecycle::PolicyModeFromName(o->update_mode, "--update-mode");
     so.runner.max_staleness = o->max_staleness;
+    so.runner.replay_tolerance = o->replay_tolerance;
     so.runner.deadlines.drain_ms = o->drain_ms;
     so.runner.deadlines.stage_ms = o->stage_ms;
     so.runner.deadlines.pause_ms = o->pause_ms;

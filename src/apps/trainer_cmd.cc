@@ -46,6 +46,7 @@ struct ServeOptions {
   int64_t publish_outcome_timeout_ms = 30'000;
   std::string first_step = "0";
   bool keep_on_exit = false;
+  int32_t probes = 0, probe_tokens = 8, probe_top_k = 5;
   net::ServerSecurity security;
 };
 
@@ -108,6 +109,9 @@ int Serve(const ServeOptions& o) {
   options.publisher.delta = o.delta;
   options.fail_rank = o.fail_rank;
   options.keep = o.keep;
+  options.probes.count = o.probes;
+  options.probes.tokens = o.probe_tokens;
+  options.probes.top_k = o.probe_top_k;
   options.publisher.lease_ttl_ms = o.lease_ttl_ms;
   options.publisher.outcome_timeout_ms = o.publish_outcome_timeout_ms;
   const bool auto_step = o.first_step == "auto";
@@ -285,6 +289,17 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
                     "Step of the first version (N, or 'auto': one past the highest v<k> in the directory)")
       ->capture_default_str();
   serve->add_flag("--keep-on-exit", so->keep_on_exit, "Do not release this trainer's versions when stopping");
+  serve->add_option("--probes", so->probes,
+                    "Replay probes rank 0 attaches to every version (docs/trainer.md \"Replay probes\"): greedy "
+                    "continuations computed with the reference forward; 0: none")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
+  serve->add_option("--probe-tokens", so->probe_tokens, "Greedy tokens per probe")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  serve->add_option("--probe-top-k", so->probe_top_k, "Top-k log-probabilities recorded per probe step")
+      ->check(CLI::Range(0, 20))
+      ->capture_default_str();
   AddServerSecurityFlags(serve, &so->security);
   serve->callback([so, exit_code] {
     ResolveServerSecurity(&so->security);

@@ -11,6 +11,21 @@ int64_t StepFromLabel(const std::string& label) {
   return std::stoll(label.substr(i));
 }
 
+Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* store, const std::string& model,
+                                                     const std::string& version) {
+  RC_ASSIGN_OR_RETURN(refit::Manifest m, store->Get(model, version));
+  std::vector<lifecycle::ReplayProbe> out;
+  for (const refit::Probe& p : m.probes) {
+    lifecycle::ReplayProbe r;
+    r.name = p.name;
+    r.prompt = p.prompt;
+    r.top_k = p.top_k;
+    for (const refit::ProbeStep& s : p.steps) r.expected.push_back(lifecycle::ReplayStep{s.token, s.logprob, s.top});
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::string& model, const std::string& version) {
   RC_ASSIGN_OR_RETURN(directory::VersionInfo info, store_->GetInfo(model, version));
   if (info.state != directory::VersionState::kCommitted) {
@@ -25,6 +40,7 @@ Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::strin
   t.identity.checkpoint = model + "@" + version;
   t.identity.run = model;
   t.identity.step = StepFromLabel(version);
+  RC_ASSIGN_OR_RETURN(t.probes, ProbesOf(store_, model, version));
   return t;
 }
 

@@ -106,7 +106,7 @@ Result<PublishRequest> ParsePublishBody(std::string_view body, std::string_view 
                                         int32_t rank) {
   RC_ASSIGN_OR_RETURN(Json j, ParseBoundedJson(body, "request body"));
   if (!j.is_object()) return InvalidArgument("request body: expected a JSON object, got " + JsonTypeName(j));
-  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"expected_ranks", "lease_ttl_ms", "lease_id", "tensors"}, ""));
+  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"expected_ranks", "lease_ttl_ms", "lease_id", "tensors", "probes"}, ""));
   PublishRequest r;
   r.model = std::string(model);
   r.version = std::string(version);
@@ -117,6 +117,9 @@ Result<PublishRequest> ParsePublishBody(std::string_view body, std::string_view 
   auto it = j.find("tensors");
   if (it == j.end()) return InvalidArgument("tensors: required field is missing");
   RC_ASSIGN_OR_RETURN(r.tables, TablesFromJson(*it));
+  if (auto p = j.find("probes"); p != j.end()) {
+    RC_ASSIGN_OR_RETURN(r.probes, refit::ProbesFromJson(*p));
+  }
   RC_RETURN_IF_ERROR(ValidatePublishRequest(r));
   return r;
 }
@@ -133,6 +136,7 @@ Result<std::string> ParseMarkUnavailableBody(std::string_view body) {
 
 Json PublishBodyToJson(const PublishRequest& r) {
   Json j{{"expected_ranks", r.expected_ranks}, {"tensors", TablesToJson(r.tables)}};
+  if (!r.probes.empty()) j["probes"] = refit::ProbesToJson(r.probes);
   if (r.lease_id != 0) {
     j["lease_id"] = std::to_string(r.lease_id);
   } else {

@@ -150,6 +150,7 @@ class EtcdStore final : public DirectoryStore {
         // expires (or is replaced) after this read fails the commit and we re-read.
         std::map<int32_t, std::vector<refit::ShardTable>> others;
         std::map<int32_t, int64_t> other_revisions;
+        std::vector<refit::Probe> probes = r.probes;
         if (snap->exists) {
           auto keys = etcd_.RangePrefix(RanksPrefix(r.model, r.version));
           if (!keys.ok()) return fail(keys.status());
@@ -159,9 +160,10 @@ class EtcdStore final : public DirectoryStore {
             if (*rank == r.rank || !meta.rank_leases.count(*rank)) continue;
             auto j = ParseJson(kv.value, "stored tables");
             if (!j.ok()) return fail(DataLoss(j.status().message()));
-            auto tables = internal::TablesFromJson(*j);
-            if (!tables.ok()) return fail(DataLoss(fmt::format("stored tables of rank {}: {}", *rank, tables.status().message())));
-            others[*rank] = std::move(*tables);
+            auto row = internal::RankRowFromJson(*j);
+            if (!row.ok()) return fail(DataLoss(fmt::format("stored tables of rank {}: {}", *rank, row.status().message())));
+            others[*rank] = std::move(row->tables);
+            if (*rank == 0) probes = std::move(row->probes);
             other_revisions[*rank] = kv.mod_revision;
           }
         }
@@ -169,7 +171,7 @@ class EtcdStore final : public DirectoryStore {
         std::map<int32_t, const std::vector<refit::ShardTable>*> by_rank;
         for (const auto& [rank, tables] : others) by_rank[rank] = &tables;
         by_rank[r.rank] = &r.tables;
-        auto manifest = internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank);
+        auto manifest = internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank, probes);
         if (!manifest.ok()) return fail(manifest.status());
         auto seq_kv = etcd_.Get(SeqKey(r.model));
         if (!seq_kv.ok()) return fail(seq_kv.status());
@@ -202,7 +204,7 @@ class EtcdStore final : public DirectoryStore {
       } else {
         meta.rank_leases[r.rank] = lease_id;
         txn.Put(MetaKey(r.model, r.version), MetaToJson(meta))
-            .Put(RankKey(r.model, r.version, r.rank), internal::TablesToJson(r.tables).dump(), lease_id);
+            .Put(RankKey(r.model, r.version, r.rank), internal::RankRowToJson(r).dump(), lease_id);
         out.state = VersionState::kStaging;
         out.ranks_published = static_cast<int32_t>(meta.rank_leases.size());
       }

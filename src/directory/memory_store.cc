@@ -19,6 +19,7 @@ using internal::VersionMeta;
 struct VersionRecord {
   VersionMeta meta;
   std::map<int32_t, std::vector<refit::ShardTable>> tables;  // STAGING: per published rank
+  std::vector<refit::Probe> probes;                          // STAGING: rank 0's
   refit::Manifest manifest;                                  // COMMITTED
 };
 
@@ -49,8 +50,9 @@ class MemoryStore final : public DirectoryStore {
         for (const auto& [rank, tables] : rec->tables) by_rank[rank] = &tables;
       }
       by_rank[r.rank] = &r.tables;
+      const std::vector<refit::Probe>& probes = r.rank == 0 || !rec ? r.probes : rec->probes;
       RC_ASSIGN_OR_RETURN(refit::Manifest manifest,
-                          internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank));
+                          internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank, probes));
       if (lease_id == 0) lease_id = GrantLocked(ttl_ms);
       if (!rec) rec = CreateLocked(r);
       uint64_t& last = last_seq_[r.model];
@@ -73,6 +75,7 @@ class MemoryStore final : public DirectoryStore {
       if (!rec) rec = CreateLocked(r);
       rec->meta.rank_leases[r.rank] = lease_id;
       rec->tables[r.rank] = r.tables;
+      if (r.rank == 0) rec->probes = r.probes;
       out.state = VersionState::kStaging;
       out.ranks_published = static_cast<int32_t>(rec->meta.rank_leases.size());
     }

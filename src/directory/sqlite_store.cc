@@ -143,6 +143,7 @@ class SqliteStore final : public DirectoryStore {
       out.expected_ranks = r.expected_ranks;
       if (completes) {
         std::map<int32_t, std::vector<refit::ShardTable>> others;
+        std::vector<refit::Probe> probes = r.probes;
         Stmt q(db_, "SELECT rank, tables FROM rc_dir_ranks WHERE model = ? AND version = ?");
         q.Bind(1, r.model).Bind(2, r.version);
         while (q.Step()) {
@@ -150,16 +151,17 @@ class SqliteStore final : public DirectoryStore {
           if (rank == r.rank) continue;
           auto j = ParseJson(q.Text(1), "stored tables");
           if (!j.ok()) return DataLoss(j.status().message());
-          auto tables = internal::TablesFromJson(*j);
-          if (!tables.ok()) return DataLoss("stored tables of rank " + std::to_string(rank) + ": " + tables.status().message());
-          others[rank] = std::move(*tables);
+          auto row = internal::RankRowFromJson(*j);
+          if (!row.ok()) return DataLoss("stored tables of rank " + std::to_string(rank) + ": " + row.status().message());
+          others[rank] = std::move(row->tables);
+          if (rank == 0) probes = std::move(row->probes);
         }
         RC_RETURN_IF_ERROR(q.status());
         std::map<int32_t, const std::vector<refit::ShardTable>*> by_rank;
         for (const auto& [rank, tables] : others) by_rank[rank] = &tables;
         by_rank[r.rank] = &r.tables;
         RC_ASSIGN_OR_RETURN(refit::Manifest manifest,
-                            internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank));
+                            internal::MergeRankTables(r.model, r.version, r.expected_ranks, by_rank, probes));
         if (lease_id == 0) {
           RC_ASSIGN_OR_RETURN(lease_id, GrantLease(ttl_ms));
         }
@@ -212,7 +214,7 @@ class SqliteStore final : public DirectoryStore {
                 .Bind(2, r.version)
                 .Bind(3, int64_t{r.rank})
                 .Bind(4, lease_id)
-                .Bind(5, internal::TablesToJson(r.tables).dump())
+                .Bind(5, internal::RankRowToJson(r).dump())
                 .Run());
         out.state = VersionState::kStaging;
         out.ranks_published =

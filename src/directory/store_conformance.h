@@ -622,4 +622,47 @@ TEST_P(StoreConformanceTest, RacingLastPublishersCommitOnce) {
   }
 }
 
+// Replay probes (refit/probes.h) travel with rank 0's publish and come back with the committed
+// manifest, whichever rank's publish completes the version; other ranks may not attach any.
+TEST_P(StoreConformanceTest, RankZeroProbesAreCommittedWithTheVersion) {
+  refit::Probe p;
+  p.name = "p0";
+  p.prompt = {3, 1, 4};
+  p.top_k = 1;
+  p.steps = {refit::ProbeStep{5, -0.25f, {{5, -0.25f}}}, refit::ProbeStep{9, -1.0f, {{9, -1.0f}}}};
+  for (const bool rank0_first : {true, false}) {
+    const std::string version = rank0_first ? "probes-a" : "probes-b";
+    PublishRequest r0 = MakePublish("m", version, 0, 2);
+    r0.probes = {p};
+    PublishRequest r1 = MakePublish("m", version, 1, 2);
+    auto first = store().Publish(rank0_first ? r0 : r1);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    auto second = store().Publish(rank0_first ? r1 : r0);
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    ASSERT_EQ(second->state, VersionState::kCommitted);
+    auto m = store().Get("m", version);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->probes.size(), 1u) << version;
+    EXPECT_EQ(m->probes[0].name, "p0");
+    EXPECT_EQ(m->probes[0].prompt, p.prompt);
+    ASSERT_EQ(m->probes[0].steps.size(), 2u);
+    EXPECT_EQ(m->probes[0].steps[1].token, 9);
+    EXPECT_EQ(m->probes[0].steps[1].top, p.steps[1].top);
+  }
+  auto plain = PublishRank("no-probes", 0, 1);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(store().Get("m", "no-probes")->probes.empty());
+  PublishRequest bad = MakePublish("m", "probes-c", 1, 2);
+  bad.probes = {p};
+  auto refused = store().Publish(bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("probes: only rank 0"), std::string::npos) << refused.status().ToString();
+  PublishRequest nan = MakePublish("m", "probes-d", 0, 1);
+  nan.probes = {p};
+  nan.probes[0].steps[0].logprob = 1.0f;
+  refused = store().Publish(nan);
+  EXPECT_NE(refused.status().message().find("probes[0].steps[0].logprob"), std::string::npos)
+      << refused.status().ToString();
+}
+
 }  // namespace rc::directory::testing

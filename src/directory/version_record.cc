@@ -96,7 +96,11 @@ Status ValidatePublishRequest(const PublishRequest& r) {
     Status s = refit::ValidateShardTable(t, /*require_complete=*/false);
     if (!s.ok()) return s.WithContext(path);
   }
-  return OkStatus();
+  if (!r.probes.empty() && r.rank != 0) {
+    return InvalidArgument(fmt::format("probes: only rank 0 attaches probes to a version, rank {} sent {}", r.rank,
+                                       r.probes.size()));
+  }
+  return refit::ValidateProbes(r.probes);
 }
 
 Result<bool> CheckPublish(const VersionMeta* meta, const PublishRequest& r) {
@@ -128,7 +132,8 @@ Result<bool> CheckPublish(const VersionMeta* meta, const PublishRequest& r) {
 }
 
 Result<refit::Manifest> MergeRankTables(std::string_view model, std::string_view version, int32_t expected_ranks,
-                                        const std::map<int32_t, const std::vector<refit::ShardTable>*>& by_rank) {
+                                        const std::map<int32_t, const std::vector<refit::ShardTable>*>& by_rank,
+                                        const std::vector<refit::Probe>& probes) {
   const std::string context = fmt::format("{} cannot commit", DescribeVersion(model, version));
   for (int32_t r = 0; r < expected_ranks; ++r) {
     if (!by_rank.count(r) || by_rank.at(r) == nullptr) {
@@ -184,6 +189,9 @@ Result<refit::Manifest> MergeRankTables(std::string_view model, std::string_view
   auto digests = refit::TensorDigestsFromShards(m);
   if (!digests.ok()) return digests.status().WithContext(context);
   m.content_digest = refit::CombineTensorDigests(*digests);
+  Status ps = refit::ValidateProbes(probes);
+  if (!ps.ok()) return ps.WithContext(context);
+  m.probes = probes;
   return m;
 }
 
@@ -255,6 +263,28 @@ Json TablesToJson(const std::vector<refit::ShardTable>& tables) {
   refit::Manifest m;
   m.tables = tables;
   return refit::ManifestToJson(m)["tensors"];
+}
+
+Json RankRowToJson(const PublishRequest& r) {
+  if (r.probes.empty()) return TablesToJson(r.tables);
+  return Json{{"tensors", TablesToJson(r.tables)}, {"probes", refit::ProbesToJson(r.probes)}};
+}
+
+Result<RankRow> RankRowFromJson(const Json& j) {
+  RankRow row;
+  if (j.is_array()) {
+    RC_ASSIGN_OR_RETURN(row.tables, TablesFromJson(j));
+    return row;
+  }
+  if (!j.is_object()) return InvalidArgument("rank row: expected an array or an object, got " + JsonTypeName(j));
+  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"tensors", "probes"}, ""));
+  auto t = j.find("tensors");
+  if (t == j.end()) return InvalidArgument("tensors: required field is missing");
+  RC_ASSIGN_OR_RETURN(row.tables, TablesFromJson(*t));
+  if (auto p = j.find("probes"); p != j.end()) {
+    RC_ASSIGN_OR_RETURN(row.probes, refit::ProbesFromJson(*p));
+  }
+  return row;
 }
 
 Result<std::vector<refit::ShardTable>> TablesFromJson(const Json& tensors) {

@@ -55,7 +55,8 @@ Status VersionNotFound(std::string_view model, std::string_view version);
 // refit's message naming the tensor, prefixed "version V of model M cannot commit".
 [[nodiscard]] Result<refit::Manifest> MergeRankTables(
     std::string_view model, std::string_view version, int32_t expected_ranks,
-    const std::map<int32_t, const std::vector<refit::ShardTable>*>& tables_by_rank);
+    const std::map<int32_t, const std::vector<refit::ShardTable>*>& tables_by_rank,
+    const std::vector<refit::Probe>& probes = {});  // rank 0's probes, carried into the manifest
 
 // MarkUnavailable's rule applied to a version's meta (nullptr: unknown): checks the reason
 // (InvalidArgument), refuses unknown or released versions (NotFound), and moves COMMITTED to
@@ -75,6 +76,16 @@ std::string LeaseExpiredReason(int32_t rank, int64_t lease_id);
 VersionInfo MakeVersionInfo(std::string_view model, std::string_view version, const VersionMeta& meta);
 // Committed first in commit order, then the others by label.
 void SortVersionInfos(std::vector<VersionInfo>* infos);
+
+// A rank's stored publish (the stores' per-rank rows): its tables and, for rank 0, the version's
+// probes. Stored as the bare tables array when there are no probes (the form older rows have), as
+// {"tensors": [...], "probes": [...]} otherwise; RankRowFromJson reads both.
+struct RankRow {
+  std::vector<refit::ShardTable> tables;
+  std::vector<refit::Probe> probes;
+};
+Json RankRowToJson(const PublishRequest& request);
+[[nodiscard]] Result<RankRow> RankRowFromJson(const Json& j);
 
 // Shard tables as the JSON array used in publish bodies and storage (the "tensors" entries of
 // refit::ManifestToJson), and back; errors name "tensors[i]....".

@@ -242,12 +242,14 @@ class EngineServer::Impl {
     std::atomic<int64_t> reset_delay_ms{0};
     std::atomic<int64_t> digest_delay_ms{0};
     std::atomic<int64_t> resume_delay_ms{0};
+    std::atomic<bool> swap_q_heads{false};
     Json ToJson() const {
       return Json{{"pause_delay_ms", pause_delay_ms.load()},   {"install_delay_ms", install_delay_ms.load()},
                   {"refuse_install", refuse_install.load()},   {"reset_delay_ms", reset_delay_ms.load()},
                   {"fail_install_after_first_rank", fail_install_after_first_rank.load()},
                   {"corrupt_delta_install", corrupt_delta_install.load()},
-                  {"digest_delay_ms", digest_delay_ms.load()}, {"resume_delay_ms", resume_delay_ms.load()}};
+                  {"digest_delay_ms", digest_delay_ms.load()}, {"resume_delay_ms", resume_delay_ms.load()},
+                  {"swap_q_heads", swap_q_heads.load()}};
     }
   };
   Faults faults_;
@@ -257,6 +259,8 @@ class EngineServer::Impl {
   void FaultRoutes();
 
   void Routes();
+  // POST /rc/validate/replay (docs/engine.md, docs/lifecycle.md "Replay validation"): Engine::Replay.
+  void Replay(const httplib::Request& req, httplib::Response& res);
   void Completions(const httplib::Request& req, httplib::Response& res);
   Json ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index, size_t from,
                   const CompletionRequest& cr, bool final_chunk) const;
@@ -661,6 +665,7 @@ void EngineServer::Impl::Routes() {
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
     SendJson(r, 200, *out);
   }));
+  svr.Post("/rc/validate/replay", Guard([this](const httplib::Request& q, httplib::Response& r) { Replay(q, r); }));
   svr.Get("/rc/engine/state", Guard([this](const httplib::Request&, httplib::Response& r) {
     // The digest first: one computed at the install generation read next is still current.
     const std::optional<std::string> digest = receiver_.CachedLiveDigest();
@@ -674,6 +679,41 @@ void EngineServer::Impl::Routes() {
   if (options_.enable_fault_injection) FaultRoutes();
 }
 
+void EngineServer::Impl::Replay(const httplib::Request& q, httplib::Response& r) {
+  auto j = ParseJson(q.body, "request body");
+  if (!j.ok()) return SendError(r, 400, j.status().message());
+  if (!j->is_object()) return SendError(r, 400, "request body: expected a JSON object, got " + JsonTypeName(*j));
+  Status known = CheckKnownKeys(*j, {"probe", "prompt", "steps", "top_k"}, "");
+  if (!known.ok()) return SendError(r, 400, known.message());
+  auto probe = GetString(*j, "probe", "", std::string());
+  if (!probe.ok()) return SendError(r, 400, probe.status().message());
+  auto pit = j->find("prompt");
+  if (pit == j->end() || !pit->is_array()) return SendError(r, 400, "prompt: expected an array of token ids");
+  std::vector<int32_t> prompt;
+  for (size_t i = 0; i < pit->size(); ++i) {
+    const Json& t = (*pit)[i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+      return SendError(r, 400, "prompt[" + std::to_string(i) + "]: expected a token id, got " + t.dump());
+    }
+    prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  auto steps = GetInt(*j, "steps", "");
+  if (!steps.ok()) return SendError(r, 400, steps.status().message());
+  auto top_k = GetInt(*j, "top_k", "", 0);
+  if (!top_k.ok()) return SendError(r, 400, top_k.status().message());
+  auto out = engine_->Replay(prompt, *steps, *top_k);
+  if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
+  Json steps_json = Json::array();
+  for (const SampleResult& s : out->steps) {
+    Json top = Json::array();
+    for (const auto& [t, lp] : s.top_logprobs) top.push_back(Json::array({t, lp}));
+    steps_json.push_back(Json{{"token", s.token}, {"logprob", s.logprob}, {"top", top}});
+  }
+  SendJson(r, 200, Json{{"probe", *probe}, {"steps", steps_json}, {"engine_ms", out->elapsed_ms},
+                        {"weight_version", engine_->WeightVersion()},
+                        {"install_generation", engine_->State().install_generation}});
+}
+
 void EngineServer::Impl::FaultRoutes() {
   RC_LOG_WARN("engine: fault injection is enabled (POST /rc/fault); for tests only");
   // The body replaces the whole fault set: a field left out is cleared, {} clears everything.
@@ -683,7 +723,7 @@ void EngineServer::Impl::FaultRoutes() {
     if (!j->is_object()) return SendError(r, 400, "body: expected a JSON object, got " + JsonTypeName(*j));
     Status known = CheckKnownKeys(*j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
                                        "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank",
-                                       "corrupt_delta_install", "corrupt_live_weight"},
+                                       "corrupt_delta_install", "corrupt_live_weight", "swap_q_heads"},
                                   "fault");
     if (!known.ok()) return SendError(r, 400, known.message());
     int64_t v[5];
@@ -712,6 +752,8 @@ void EngineServer::Impl::FaultRoutes() {
       if (Status c = receiver_.CorruptLiveWeightForTesting(); !c.ok()) return SendError(r, 404, c.message());
       RC_LOG_WARN("engine: fault injection: flipped bit 0 of rank 0's model.norm.weight[0]");
     }
+    auto swap = GetBool(*j, "swap_q_heads", "swap_q_heads", false);
+    if (!swap.ok()) return SendError(r, 400, swap.status().message());
     faults_.pause_delay_ms = v[0];
     faults_.install_delay_ms = v[1];
     faults_.reset_delay_ms = v[2];
@@ -722,6 +764,8 @@ void EngineServer::Impl::FaultRoutes() {
     receiver_.SetFailAfterFirstRankForTesting(*fail_after);
     faults_.corrupt_delta_install = *corrupt_delta;
     receiver_.SetCorruptDeltaInstallForTesting(*corrupt_delta);
+    faults_.swap_q_heads = *swap;
+    receiver_.SetSwapQHeadsForTesting(*swap);
     RC_LOG_WARN("engine: faults set to {}", faults_.ToJson().dump());
     SendJson(r, 200, faults_.ToJson());
   }));

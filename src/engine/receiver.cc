@@ -220,12 +220,64 @@ std::string RefitReceiver::staged_version() const {
   return staged_ ? staged_->version : "";
 }
 
+namespace {
+
+// The swap-heads fault (SetSwapQHeadsForTesting): splits every copy of layer 0's q_proj weight
+// so that its first two head_dim-row slabs land in each other's destination rows.
+Status SwapFirstTwoQHeads(refit::Capture* capture, int64_t head_dim) {
+  const std::string source = "model.layers.0.self_attn.q_proj.weight";
+  std::vector<refit::CapturedCopy> out;
+  bool swapped = false;
+  for (const refit::CapturedCopy& c : capture->copies) {
+    const bool plain_rows = c.source == source && c.view_to_source == std::vector<int32_t>{0, 1} &&
+                            c.box.extent.size() == 2 && c.box.extent[0] >= 2 * head_dim && c.dest_strides.size() == 2;
+    if (!plain_rows) {
+      out.push_back(c);
+      continue;
+    }
+    auto piece = [&](int64_t first_row, int64_t rows, int64_t dest_row) {
+      refit::CapturedCopy p = c;
+      p.box.start[0] += first_row;
+      p.box.extent[0] = rows;
+      p.dest_shape[0] = rows;
+      p.dest_offset = c.dest_offset + dest_row * c.dest_strides[0];
+      out.push_back(std::move(p));
+    };
+    piece(0, head_dim, head_dim);  // head 0's rows into head 1's place
+    piece(head_dim, head_dim, 0);  // and head 1's into head 0's
+    if (c.box.extent[0] > 2 * head_dim) piece(2 * head_dim, c.box.extent[0] - 2 * head_dim, 2 * head_dim);
+    swapped = true;
+  }
+  if (!swapped) return FailedPrecondition("swap_q_heads fault: no copy of " + source + " with two heads to swap");
+  capture->copies = std::move(out);
+  return OkStatus();
+}
+
+}  // namespace
+
+void RefitReceiver::SetSwapQHeadsForTesting(bool on) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (swap_q_heads_ == on) return;
+  swap_q_heads_ = on;
+  captures_.clear();
+  digest_regions_.clear();
+  plans_.clear();
+  plan_topology_ = 0;
+}
+
 Status RefitReceiver::EnsureCaptures() {
   if (!captures_.empty()) return OkStatus();
   refit::EngineLayout layout;
   layout.tp = engine_->tensor_parallel_size();
   for (int r = 0; r < layout.tp; ++r) {
     RC_ASSIGN_OR_RETURN(refit::Capture c, refit::CaptureEngineRank(config_, layout, r));
+    if (swap_q_heads_) {
+      Status s = SwapFirstTwoQHeads(&c, config_.head_dim);
+      if (!s.ok()) {
+        captures_.clear();
+        return s;
+      }
+    }
     captures_.push_back(std::move(c));
   }
   std::vector<const refit::Capture*> ptrs;

@@ -196,6 +196,8 @@ Result<ModelSpec> ResolveModel(std::string_view preset_or_path) {
 
 refit::ModelConfig RefitConfigFromSpec(const ModelSpec& spec) { return ConfigFromSpec(spec); }
 
+Result<ModelSpec> SpecFromRefitConfig(const refit::ModelConfig& config) { return SpecFromConfig(config); }
+
 Status LoadRank(const ModelSpec& spec, const RankLayout& l, TensorSource* source, ParameterStore* params) {
   const refit::ModelConfig config = ConfigFromSpec(spec);
   refit::EngineLayout layout;

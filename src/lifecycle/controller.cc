@@ -599,7 +599,7 @@ Status Controller::CachesReset(const std::vector<CacheResetResult>& results, con
 }
 
 Status Controller::Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
-                             bool digest_offered) {
+                             bool digest_offered, const ReplayOutcome& replay) {
   std::lock_guard<std::mutex> lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kValidated));
   if (label.label != pending_->label) {
@@ -615,8 +615,17 @@ Status Controller::Validated(const LabelEvidence& label, const std::optional<Dig
                                 " != target digest " + want);
     }
   }
+  if (!replay.skipped && !replay.match) {
+    const bool digest_agreed = digest_offered && !want.empty() && digest;
+    return FailedPrecondition("validation failed: replay: " + replay.mismatch +
+                              (digest_agreed ? " (the live content digest " + digest->content_digest +
+                                                   " matched: the weights are the published bytes, but the engine "
+                                                   "does not compute the trainer's model with them)"
+                                             : std::string()));
+  }
   if (digest) ev["content_digest"] = digest->content_digest;
   ev["digest_checked"] = digest_offered && !want.empty();
+  ev["replay"] = ToJson(replay);
   return TransitionLocked(Event::kValidated, Json{{"evidence", ev}});
 }
 

@@ -70,6 +70,9 @@ void Runner::Finish() {
   reset_calls_.clear();
   label_call_.Clear();
   digest_call_.Clear();
+  replay_call_.Clear();
+  replay_evidence_.clear();
+  replay_started_ms_ = replay_ended_ms_ = -1;
   resume_call_.Clear();
   install_evidence_.reset();
   label_evidence_.reset();
@@ -411,6 +414,8 @@ void Runner::IssueValidation() {
   int64_t deadline = Now() + options_.deadlines.validate_ms;
   label_evidence_.reset();
   digest_evidence_.reset();
+  replay_evidence_.clear();
+  replay_started_ms_ = replay_ended_ms_ = -1;
   label_call_.Start(adapter_->ReadLabel(), deadline);
   if (description_.offers_content_digest) digest_call_.Start(adapter_->ReadContentDigest(), deadline);
 }
@@ -457,11 +462,73 @@ void Runner::StepValidating(bool recovery) {
     }
     phase_ = Phase::kRecoverResuming;
   } else {
-    Status s = controller_->Validated(*label_evidence_, digest_evidence_, description_.offers_content_digest);
+    if (!StepReplay()) return;
+    Status s = controller_->Validated(*label_evidence_, digest_evidence_, description_.offers_content_digest,
+                                      MakeReplayOutcome());
     if (!s.ok()) return TaintWith(s.message());
     phase_ = Phase::kResuming;
   }
   resume_call_.Start(adapter_->Resume(), now + options_.deadlines.resume_ms);
+}
+
+bool Runner::StepReplay() {
+  if (target_.probes.empty() || !description_.offers_replay) return true;
+  const int64_t now = Now();
+  if (replay_call_.active()) {
+    const std::string& name = target_.probes[replay_evidence_.size()].name;
+    if (!replay_call_.pending->Ready()) {
+      if (now > replay_call_.deadline_ms) {
+        replay_call_.Clear();
+        TaintWith("replaying probe " + name + " overran its " + std::to_string(options_.deadlines.validate_ms) +
+                  " ms deadline");
+      }
+      return false;
+    }
+    auto r = replay_call_.pending->Get();
+    replay_call_.Clear();
+    if (!r.ok()) {
+      TaintWith("replaying probe " + name + " failed: " + r.status().ToString());
+      return false;
+    }
+    replay_evidence_.push_back(std::move(*r));
+    replay_ended_ms_ = now;
+  }
+  if (replay_evidence_.size() == target_.probes.size()) return true;
+  if (replay_started_ms_ < 0) replay_started_ms_ = now;
+  replay_call_.Start(adapter_->Replay(target_.probes[replay_evidence_.size()].Request()),
+                     now + options_.deadlines.validate_ms);
+  return false;
+}
+
+ReplayOutcome Runner::MakeReplayOutcome() const {
+  ReplayOutcome o;
+  if (target_.probes.empty()) {
+    o.skip_reason = "version " + target_.label + " has no probes";
+    return o;
+  }
+  if (!description_.offers_replay) {
+    o.skip_reason = "engine '" + description_.name + "' (" + description_.kind + ") offers no replay path";
+    return o;
+  }
+  o.skipped = false;
+  o.tolerance = options_.replay_tolerance >= 0 ? options_.replay_tolerance : description_.replay_tolerance;
+  o.wall_ms = replay_ended_ms_ - replay_started_ms_;
+  for (size_t i = 0; i < target_.probes.size() && i < replay_evidence_.size(); ++i) {
+    const ReplayComparison c = CompareReplay(target_.probes[i], replay_evidence_[i], o.tolerance);
+    ++o.probes;
+    o.tokens += static_cast<int64_t>(replay_evidence_[i].steps.size());
+    o.engine_ms += replay_evidence_[i].engine_ms;
+    if (o.worst_probe.empty() || c.worst_logprob_diff > o.worst_logprob_diff) {
+      o.worst_logprob_diff = c.worst_logprob_diff;
+      o.worst_probe = target_.probes[i].name;
+      o.worst_step = c.worst_step;
+    }
+    if (!c.match && o.match) {
+      o.match = false;
+      o.mismatch = c.mismatch;
+    }
+  }
+  return o;
 }
 
 // ---- Resume ----------------------------------------------------------------------------------

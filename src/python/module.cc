@@ -33,6 +33,7 @@
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/planner.h"
+#include "rolloutcore/refit/probes.h"
 #include "rolloutcore/refit/tensor.h"
 #ifdef ROLLOUTCORE_WITH_CUDA
 #include "rolloutcore/cuda/gpu_refit.h"
@@ -202,6 +203,15 @@ class PyPublisher {
     Check(publisher_->AddShard(version, std::move(s)));
     std::lock_guard<std::mutex> lock(mu_);
     records_[version].push_back(std::move(rec));
+  }
+
+  // probes_json: the refit JSON form of the probes (rolloutcore.probes.make_probes builds it).
+  void AttachProbes(const std::string& version, const std::string& probes_json) {
+    auto j = ParseJson(probes_json, "probes");
+    if (!j.ok()) Raise(j.status());
+    auto probes = refit::ProbesFromJson(*j);
+    if (!probes.ok()) Raise(probes.status());
+    Check(publisher_->AttachProbes(version, std::move(*probes)));
   }
 
   py::dict Publish(const std::string& version, bool empty) {
@@ -504,6 +514,7 @@ PYBIND11_MODULE(_core, m) {
           "publish", [](PyPublisher& p, const std::string& v) { return p.Publish(v, false); }, py::arg("version"))
       .def(
           "publish_empty", [](PyPublisher& p, const std::string& v) { return p.Publish(v, true); }, py::arg("version"))
+      .def("attach_probes", &PyPublisher::AttachProbes, py::arg("version"), py::arg("probes_json"))
       .def("release", &PyPublisher::Release, py::arg("version"), py::arg("in_directory") = true)
       .def("shards", &PyPublisher::Shards, py::arg("version"))
       .def("versions", &PyPublisher::Versions)

@@ -191,15 +191,17 @@ Json ManifestToJson(const Manifest& m) {
     }
     tables.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", ShapeJson(t.shape)}, {"shards", shards}});
   }
-  return Json{{"model", m.model},
-              {"version", m.version},
-              {"expected_ranks", m.expected_ranks},
-              {"content_digest", Hex64(m.content_digest)},
-              {"tensors", tables}};
+  Json out{{"model", m.model},
+           {"version", m.version},
+           {"expected_ranks", m.expected_ranks},
+           {"content_digest", Hex64(m.content_digest)},
+           {"tensors", tables}};
+  if (!m.probes.empty()) out["probes"] = ProbesToJson(m.probes);
+  return out;
 }
 
 Result<Manifest> ManifestFromJson(const Json& j) {
-  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"model", "version", "expected_ranks", "content_digest", "tensors"}, ""));
+  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"model", "version", "expected_ranks", "content_digest", "tensors", "probes"}, ""));
   Manifest m;
   RC_ASSIGN_OR_RETURN(m.model, GetString(j, "model", "", std::string()));
   RC_ASSIGN_OR_RETURN(m.version, GetString(j, "version", "", std::string()));
@@ -207,6 +209,9 @@ Result<Manifest> ManifestFromJson(const Json& j) {
   if (ranks > INT32_MAX) return InvalidArgument("expected_ranks: too large");
   m.expected_ranks = static_cast<int32_t>(ranks);
   RC_ASSIGN_OR_RETURN(m.content_digest, HexFromJson(j, "content_digest", ""));
+  if (auto pit = j.find("probes"); pit != j.end()) {
+    RC_ASSIGN_OR_RETURN(m.probes, ProbesFromJson(*pit));
+  }
   auto it = j.find("tensors");
   if (it == j.end() || !it->is_array()) return InvalidArgument("tensors: expected an array");
   for (size_t i = 0; i < it->size(); ++i) {

@@ -119,6 +119,23 @@ Status Publisher::AddShard(std::string_view version, ShardSource shard) {
   return OkStatus();
 }
 
+Status Publisher::AttachProbes(std::string_view version, std::vector<refit::Probe> probes) {
+  if (rank_ != 0 && !probes.empty()) {
+    return InvalidArgument(fmt::format("probes: only rank 0 attaches probes to a version; this is rank {} of version {}",
+                                       rank_, version));
+  }
+  RC_RETURN_IF_ERROR(refit::ValidateProbes(probes));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = versions_.find(version);
+  if (it != versions_.end() && it->second.state != VersionEntry::State::kStaged) {
+    return FailedPrecondition(fmt::format("rank {} cannot attach probes to version {} of model {}: it is already {}",
+                                          rank_, version, model_, StateWord(it->second.state)));
+  }
+  if (it == versions_.end()) it = versions_.emplace(std::string(version), VersionEntry{}).first;
+  it->second.probes = std::move(probes);
+  return OkStatus();
+}
+
 Result<PublishReport> Publisher::Publish(std::string_view version) { return PublishImpl(version, false); }
 Result<PublishReport> Publisher::PublishEmpty(std::string_view version) { return PublishImpl(version, true); }
 
@@ -269,6 +286,7 @@ Result<directory::PublishResult> Publisher::ResolveOutcome(directory::PublishReq
 
 Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allow_create) {
   std::vector<StagedShard> shards;
+  std::vector<refit::Probe> probes;
   int64_t lease = 0;
   bool resume = false;  // an earlier publish of this version was not answered
   {
@@ -288,6 +306,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     }
     it->second.state = VersionEntry::State::kPublishing;
     shards = std::move(it->second.shards);
+    probes = it->second.probes;
     lease = CurrentLease();
   }
 
@@ -358,6 +377,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   request.lease_id = lease;
   request.lease_ttl_ms = options_.lease_ttl_ms;
   request.tables = report.tables;
+  request.probes = std::move(probes);
   const int64_t t2 = NowNs();
   Result<directory::PublishResult> published =
       resume ? ResolveOutcome(request, Unavailable("an earlier publish of this version was not answered"))

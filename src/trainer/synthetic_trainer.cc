@@ -13,6 +13,7 @@
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/directory/types.h"
 #include "rolloutcore/refit/manifest.h"
+#include "rolloutcore/trainer/probes.h"
 #include "rolloutcore/transport/shm.h"
 
 namespace rc::trainer {
@@ -184,6 +185,7 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::Create(SyntheticTrai
   }
   if (options.first_step < 0) return InvalidArgument(fmt::format("first step must be >= 0, got {}", options.first_step));
   if (options.keep < 0) return InvalidArgument(fmt::format("keep must be >= 0, got {}", options.keep));
+  RC_RETURN_IF_ERROR(ValidateProbeOptions(options.probes));
   const int32_t n = options.layout.ranks;
   if (options.fail_rank >= n) {
     return InvalidArgument(fmt::format("fail rank {} is not a rank of layout {}", options.fail_rank,
@@ -265,6 +267,14 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
         (void)rank.publisher->Release(label);
         return added;
       }
+    }
+  }
+  if (rank.index == 0 && options_.probes.count > 0) {
+    auto probes = ComputeSyntheticProbes(options_.config, options_.weights, step, options_.probes);
+    Status attached = probes.ok() ? rank.publisher->AttachProbes(label, std::move(*probes)) : probes.status();
+    if (!attached.ok()) {
+      (void)rank.publisher->Release(label);
+      return attached.WithContext(fmt::format("trainer rank 0 computing the probes of version {}", label));
     }
   }
   const int64_t t1 = NowNs();

@@ -68,6 +68,7 @@ struct StackOptions {
   std::string model;                       // trainer/export --model: "" = kPreset, or a config.json
   bool engine_faults = true;               // --enable-fault-injection on the engine
   std::vector<std::string> controller_args;  // extra `controller serve` flags (deadlines, ...)
+  std::vector<std::string> trainer_args;     // extra `trainer serve` flags (--probes, ...)
 };
 
 // The processes of one stack. Ports stay fixed for the life of a test; a restarted process
@@ -182,11 +183,14 @@ class SystemTest : public ::testing::Test {
     return port;
   }
 
-  int StartTrainer(int dir_port, const std::string& transport, ChildProcess** out) {
+  int StartTrainer(int dir_port, const std::string& transport, ChildProcess** out,
+                   const std::vector<std::string>& extra = {}) {
     int port = apps::FreePort().value();
-    ChildProcess* t = Start("trainer", {"trainer", "serve", "--model", model_, "--name", kModelName, "--layout",
-                                        "fsdp:2", "--directory", Url(dir_port), "--transport", transport, "--seed",
-                                        kSeed, "--lr", kLr, "--port", std::to_string(port)});
+    std::vector<std::string> args = {"trainer", "serve", "--model", model_, "--name", kModelName, "--layout",
+                                     "fsdp:2", "--directory", Url(dir_port), "--transport", transport, "--seed",
+                                     kSeed, "--lr", kLr, "--port", std::to_string(port)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ChildProcess* t = Start("trainer", args);
     EXPECT_TRUE(WaitHealthy(t, port, "/status"));
     if (out) *out = t;
     return port;
@@ -252,7 +256,7 @@ class SystemTest : public ::testing::Test {
     s.dir = StartDirectory();
     Export("v0", s.v0_dir);
     s.engine = StartEngine("engine", s.v0_dir, "v0", o.engine_faults, &s.engine_proc);
-    s.trainer = StartTrainer(s.dir, o.transport, &s.trainer_proc);
+    s.trainer = StartTrainer(s.dir, o.transport, &s.trainer_proc, o.trainer_args);
     WaitCommitted(s.dir, "v0");
     StartController(s);
     return s;

@@ -69,6 +69,9 @@ struct PublishRequest {
   int64_t lease_id = 0;
   int64_t lease_ttl_ms = 0;
   std::vector<refit::ShardTable> tables;
+  // Replay probes of the version (refit/probes.h). Only rank 0 may attach them; the committed
+  // manifest carries rank 0's. Empty: the version has none.
+  std::vector<refit::Probe> probes;
 };
 
 struct PublishResult {

@@ -172,6 +172,14 @@ struct EngineMetrics {
   int64_t num_waiting = 0;
 };
 
+// A replay (Engine::Replay): one SampleResult per generated token (top_logprobs = the top_k).
+struct ReplayOutput {
+  std::vector<SampleResult> steps;
+  double elapsed_ms = 0;
+};
+inline constexpr int64_t kMaxReplaySteps = 64;
+inline constexpr int64_t kMaxReplayTopK = 20;
+
 // Fills one rank's parameters (all of them) from some source: a model folder, seeded random
 // values, a refit install. Called once per rank.
 using WeightFill = std::function<Status(int rank, const RankLayout& layout, ParameterStore* params)>;
@@ -239,6 +247,20 @@ class Engine {
   // update done outside the controller that skips the reset); every real path resets.
   Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
                         bool reset_prefix_cache = true);
+  // Replay validation (docs/lifecycle.md "Replay validation"; docs/engine.md, POST
+  // /rc/validate/replay): the greedy continuation of `steps`
+  // tokens after `prompt` with the top_k raw log-probabilities of every step, computed on the
+  // live weights. Only while paused (FailedPrecondition otherwise, nothing run), so it runs in
+  // the controller's VALIDATING window and no user request is admitted; it holds step_mu_, borrows
+  // KV blocks for prompt + steps positions from the pool (when the pool cannot
+  // spare them: Unavailable) and returns them unhashed: no cached prefix is read and nothing is
+  // registered in the prefix cache (like any allocation it may evict least-recently-used cached
+  // blocks when no free block is left; in VALIDATING the cache was just reset), and frozen (pause
+  // keep) requests keep their blocks. InvalidArgument naming the field for a bad
+  // prompt, steps (1..kMaxReplaySteps, within max_model_len) or top_k (0..kMaxReplayTopK).
+  // Defined in replay.cc.
+  Result<ReplayOutput> Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k);
+
   // Read access to a rank's live parameters (for digests). Callers must not race InstallWeights.
   const ParameterStore& Parameters(int rank) const;
   int tensor_parallel_size() const { return options_.tensor_parallel_size; }

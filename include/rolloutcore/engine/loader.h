@@ -70,6 +70,9 @@ Status WriteModelFolder(const std::string& dir, const ModelSpec& spec, TensorSou
 // The refit module's view of a spec (what the capture-aware loader and the planner use).
 refit::ModelConfig RefitConfigFromSpec(const ModelSpec& spec);
 
+// The engine's spec of a refit model config (what ResolveModel does for presets; no eos / bos).
+Result<ModelSpec> SpecFromRefitConfig(const refit::ModelConfig& config);
+
 // config.json text for a spec (HF field names).
 std::string ModelConfigJson(const ModelSpec& spec);
 

@@ -143,6 +143,13 @@ class RefitReceiver {
   // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
   // digest of the live weights is compared with the manifest (0: never; full installs always do).
   void SetFullVerifyEvery(int n);
+  // Test-only fault, the negative control of replay validation (docs/engine.md "Fault
+  // injection"): while on, the captured install mapping of every rank sends the rows of the
+  // first two query heads of layer 0's q_proj (within the rank's slice) to each other's place in
+  // qkv_proj. Plans and digest regions both come from the capture, so the staged and live digests
+  // still match the manifest; only running the model (a replay) shows the difference. Changing
+  // it drops the cached captures and plans (rebuilt on the next stage).
+  void SetSwapQHeadsForTesting(bool on);
   // The live weights change only through Install (which bumps the engine's generation), so the
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
@@ -211,6 +218,7 @@ class RefitReceiver {
   // An install failed after it began writing: until a full install proves the live weights
   // again (recovery), no delta is applied on them.
   bool mutated_unproven_ = false;                                   // guarded by mu_
+  bool swap_q_heads_ = false;                                       // guarded by mu_; test-only fault
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable std::mutex metrics_mu_;
   Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_

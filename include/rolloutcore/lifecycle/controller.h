@@ -136,9 +136,10 @@ class Controller {
   Status InstallComplete(const InstallEvidence& install);         // UPDATING → INVALIDATING
   // INVALIDATING → VALIDATING: every cache in `required` reset with success.
   Status CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required);
-  // VALIDATING → RESUMING: label == target; digest == target when the engine offers one.
+  // VALIDATING → RESUMING: label == target; digest == target when the engine offers one; and
+  // the replay of the version's probes matched (or was skipped, which the evidence says).
   Status Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
-                   bool digest_offered);
+                   bool digest_offered, const ReplayOutcome& replay = {});
   Status Resumed(const ResumeEvidence& resume);                   // RESUMING → READY (commit)
   // DRAINING | QUIESCED | UPDATING → READY on the old version. From UPDATING only when the
   // engine refused the install before mutating (install_refused_before_mutation).

@@ -65,6 +65,11 @@ class EngineAdapter {
     return Pending<PauseEvidence>::Completed(
         Unimplemented("this engine cannot pause for mode '" + std::string(PolicyModeName(mode)) + "'"));
   }
+  // Replay validation (replay.h): runs one probe on the live weights while the engine is paused,
+  // on a path that admits no user request (the embedded engine's POST /rc/validate/replay; for
+  // vLLM a worker-extension method). Only when Describe().offers_replay; the default answers
+  // Unimplemented.
+  virtual Pending<ReplayEvidence> Replay(const ReplayRequest& request);
 };
 
 }  // namespace rc::lifecycle

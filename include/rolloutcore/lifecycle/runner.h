@@ -11,8 +11,10 @@
 // drain status until the engine is idle AND no binding is active (drain policy after the drain
 // deadline: wait | abort | cancel) → QUIESCED → Pause (read back) → UPDATING → Install →
 // INVALIDATING → every cache reset confirmed (refusals retried within the reset deadline) →
-// VALIDATING: label == target, content digest == target when offered → RESUMING → Resume (read
-// back) → READY on the new version.
+// VALIDATING: label == target, content digest == target when offered, then every probe of the
+// version replayed on the engine (still paused) and compared with the trainer's numbers
+// (replay.h; skipped, and the evidence says so, without probes or a replay path) → RESUMING →
+// Resume (read back) → READY on the new version. A replay that differs taints the engine.
 // Failure classes: stage/drain/pause failure or an install refused with FailedPrecondition ⇒
 // READY on the old version (plus a best-effort resume); any other failure after the install was
 // issued ⇒ TAINTED.
@@ -51,6 +53,8 @@ struct RunnerOptions {
   // In-flight modes: a rollout may live through at most this many updates; the update that would
   // make it more is ended for it (aborted on the engine before the install). -1: no limit.
   int64_t max_staleness = -1;
+  // Replay validation (replay.h): < 0 uses the engine's own bound (EngineDescription).
+  double replay_tolerance = -1;
 };
 
 class Runner {
@@ -103,6 +107,10 @@ class Runner {
   void StepInstalling(bool recovery);
   void StepResetting(bool recovery);
   void StepValidating(bool recovery);
+  // Runs the target's probes one after another; true once every answer is in (or none is due).
+  // Taints (and returns false) when a replay call fails or overruns.
+  bool StepReplay();
+  ReplayOutcome MakeReplayOutcome() const;
   void StepResuming(bool recovery);
 
   Controller* controller_;
@@ -125,6 +133,9 @@ class Runner {
   std::optional<InstallEvidence> install_evidence_;
   std::optional<LabelEvidence> label_evidence_;
   std::optional<DigestEvidence> digest_evidence_;
+  std::vector<ReplayEvidence> replay_evidence_;  // per probe, in order
+  int64_t replay_started_ms_ = -1;
+  int64_t replay_ended_ms_ = -1;
   std::vector<std::string> notes_;
 
   Call<DrainStatus> drain_call_;
@@ -135,6 +146,7 @@ class Runner {
   std::vector<Call<CacheResetResult>> reset_calls_;
   Call<LabelEvidence> label_call_;
   Call<DigestEvidence> digest_call_;
+  Call<ReplayEvidence> replay_call_;
   Call<ResumeEvidence> resume_call_;
   std::vector<Pending<ResumeEvidence>> background_resumes_;
 };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/lifecycle/replay.h"
 
 namespace rc::lifecycle {
 
@@ -61,6 +62,9 @@ struct UpdateTarget {
   std::string model;    // directory model name (informational for the controller)
   int64_t ordinal = 0;  // 1-based update number, assigned by the Controller
   PolicyMode mode = PolicyMode::kStrict;  // journaled only when not strict
+  // The version's replay probes (replay.h), replayed in VALIDATING. Not journaled (the outcome
+  // is, with the validation evidence) and not part of ToJson.
+  std::vector<ReplayProbe> probes{};
 };
 
 enum class PauseMode { kAbort, kWait, kKeep };
@@ -76,6 +80,8 @@ struct EngineDescription {
   bool offers_content_digest = false;    // can report a content digest of live weights
   bool supports_staging = false;         // Stage() does work; otherwise a no-op
   std::vector<CacheKind> caches;         // caches that exist and must be reset on update
+  bool offers_replay = false;            // EngineAdapter::Replay runs probes while paused
+  double replay_tolerance = 1e-4;        // the engine's log-probability bound (replay.h)
 };
 
 // Engine-side work observed at one moment.

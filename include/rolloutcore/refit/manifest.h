@@ -22,6 +22,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/refit/probes.h"
 #include "rolloutcore/refit/tensor.h"
 
 namespace rc::refit {
@@ -66,6 +67,9 @@ struct Manifest {
   int32_t expected_ranks = 0;
   std::vector<ShardTable> tables;
   uint64_t content_digest = 0;  // CombineTensorDigests over the per-tensor digests
+  // Replay probes the trainer attached (probes.h); not part of the content digest or the source
+  // topology. Serialized as "probes" only when non-empty.
+  std::vector<Probe> probes;
 };
 
 // Checks the shard table as described in the header comment. Errors name the tensor, the ranks

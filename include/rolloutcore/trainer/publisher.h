@@ -144,6 +144,10 @@ class Publisher {
   // different dtype/shape, two shards of one tensor overlapping on this rank).
   // FailedPrecondition when the version is being published or already published.
   [[nodiscard]] Status AddShard(std::string_view version, ShardSource shard);
+  // Attaches replay probes (refit/probes.h) to `version`, published with this rank's tables; only
+  // rank 0 may (InvalidArgument otherwise, and for probes refit::ValidateProbes refuses).
+  // Replaces earlier ones; FailedPrecondition once the version is being published or published.
+  [[nodiscard]] Status AttachProbes(std::string_view version, std::vector<refit::Probe> probes);
 
   // Registers, digests and publishes every staged shard of `version` (see the header comment).
   // A rank that owns nothing of the model may publish with no shards (its empty table set still
@@ -200,6 +204,7 @@ class Publisher {
   struct VersionEntry {
     enum class State { kStaged, kPublishing, kPublished, kUnresolved } state = State::kStaged;
     std::vector<StagedShard> shards;
+    std::vector<refit::Probe> probes;
   };
 
   static std::string_view StateWord(VersionEntry::State state);

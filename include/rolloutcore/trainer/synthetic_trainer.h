@@ -75,6 +75,14 @@ std::string VersionLabel(int64_t step);
 // ROLLOUTCORE_WITH_UCX (NotFound listing the built-in names otherwise).
 [[nodiscard]] Result<std::unique_ptr<transport::Transport>> CreateTrainerTransport(std::string_view name);
 
+// Replay probes per version (probes.h).
+struct ProbeOptions {
+  int32_t count = 0;          // probes per version; 0: none
+  int32_t tokens = 8;         // greedy steps per probe (1..refit::kMaxProbeSteps)
+  int32_t top_k = 5;          // alternatives per step (0..refit::kMaxProbeTopK)
+  int32_t prompt_tokens = 8;  // prompt length
+};
+
 struct SyntheticTrainerOptions {
   refit::ModelConfig config;
   refit::TrainerLayout layout;
@@ -85,6 +93,8 @@ struct SyntheticTrainerOptions {
   int32_t fail_rank = -1;  // fault injection: this rank never publishes
   int32_t keep = 0;        // > 0: after each step release versions older than the newest `keep`
   PublisherOptions publisher;
+  // Replay probes rank 0 attaches to every version (probes.h); probes.count == 0: none.
+  ProbeOptions probes;
 };
 
 struct VersionStatus {
