@@ -90,7 +90,7 @@ def test_change_mask_dtensor_uses_the_local_shard():
 
 
 def test_delta_published_from_python_round_trips_through_a_receiver(cluster, version):
-    base, nxt = version + "0", version + "1"
+    base, nxt = version + "-base", version + "-next"  # never a label the fixture hands out later
     weights = shared_copy(tiny_weights(seed=41))
     pub = rolloutcore.Publisher(cluster.directory_url, MODEL, delta=True)
     with pytest.raises(ValueError):
