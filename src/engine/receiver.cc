@@ -158,6 +158,11 @@ Status RefitReceiver::EnsureCaptures() {
   std::vector<const refit::Capture*> ptrs;
   for (const auto& c : captures_) ptrs.push_back(&c);
   digest_regions_ = refit::AssignDigestOwnership(ptrs);
+  uncovered_.clear();
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    RC_ASSIGN_OR_RETURN(refit::UncoveredBytes u, refit::BytesOutsideRegions(captures_[r], digest_regions_[r]));
+    uncovered_.push_back(std::move(u));
+  }
   return OkStatus();
 }
 
@@ -432,21 +437,30 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
-  auto fill = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) -> Status {
-    const auto& shadow = shadow_[static_cast<size_t>(rank)];
-    std::vector<std::pair<const std::vector<float>*, const Parameter*>> copies;
+  // The live digest rides along with the copy: each rank's install copies its staged bytes into
+  // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
+  // so no second pass reads the 1.5 GB back. LiveDigest(fresh) still reads the live memory.
+  std::vector<refit::TensorDigests> rank_digests(captures_.size());
+  auto fill = [this, &bytes, touched, &rank_digests](int rank, const RankLayout&, ParameterStore* params) -> Status {
+    const size_t r = static_cast<size_t>(rank);
+    if (r >= captures_.size()) return Internal("install: rank " + std::to_string(rank) + " has no capture");
+    const auto& shadow = shadow_[r];
+    refit::DestinationBuffers live;
+    uint64_t rank_bytes = 0;
     for (const auto& [name, data] : shadow) {
       const Parameter* p = params->Find(name);
       if (p == nullptr) return Internal("staged parameter " + name + " is not an engine parameter");
       if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
-      copies.emplace_back(&data, p);
+      live.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p->data()), p->nbytes()));
+      rank_bytes += p->nbytes();
     }
     // The first live byte is written below: from here on a failure is after mutation.
     touched->store(true);
-    ParallelFor(copies.size(), threads_, [&](size_t i) {
-      std::memcpy(copies[i].second->data(), copies[i].first->data(), copies[i].second->nbytes());
-      bytes += copies[i].second->nbytes();
-    });
+    auto d = refit::CopyAndDigestInstalledParallel(captures_[r], shadow_buffers_[r], live, digest_regions_[r],
+                                                   uncovered_[r], threads_);
+    if (!d.ok()) return d.status().WithContext("installing rank " + std::to_string(rank));
+    rank_digests[r] = std::move(d).value();
+    bytes += rank_bytes;
     if (rank == 0 && fail_after_first_rank_.load()) {
       return FailedPrecondition("injected fault: install failed after rank 0 wrote its weights");
     }
@@ -460,11 +474,10 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   stages["install"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
-  auto live = DigestOf(LiveBuffers());
-  if (!live.ok()) {
-    return live.status();
-  }
-  stages["post_install"] = MsSince(t);
+  std::optional<refit::TensorDigests> live(std::in_place);
+  for (const auto& d : rank_digests) refit::AddDigests(*live, d);
+  stages["post_install"] = MsSince(t);  // the digest was computed during the copy
+
   live_cache_ = *live;
   live_cache_generation_ = engine_->State().install_generation;
   live_cache_valid_ = true;

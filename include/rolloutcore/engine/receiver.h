@@ -134,6 +134,8 @@ class RefitReceiver {
   mutable std::mutex mu_;
   std::vector<refit::Capture> captures_;                            // guarded by mu_, per rank
   std::vector<std::vector<refit::DigestRegion>> digest_regions_;    // guarded by mu_
+  // Per rank, the parameter bytes no digest region covers (copied plainly by the fused install).
+  std::vector<refit::UncoveredBytes> uncovered_;                    // guarded by mu_
   uint64_t plan_topology_ = 0;                                      // guarded by mu_
   std::vector<refit::TransferPlan> plans_;                          // guarded by mu_
   std::unique_ptr<Staged> staged_;                                  // guarded by mu_

@@ -1,0 +1,58 @@
+#include "rolloutcore/base/parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace rc {
+namespace {
+
+std::atomic<int> g_threads_seen{0};
+struct CountThread {
+  CountThread() { g_threads_seen.fetch_add(1); }
+};
+thread_local CountThread t_count;
+
+TEST(ParallelFor, CallsEveryIndexExactlyOnce) {
+  for (size_t n : {0, 1, 2, 7, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    ParallelFor(n, 4, [&](size_t i) { hits[i].fetch_add(1); });
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n " << n << " index " << i;
+  }
+}
+
+TEST(ParallelFor, ReusesItsThreadsInsteadOfStartingThemPerCall) {
+  // Warm: the pool exists now and every helper has run an index (each sleeps, so all join).
+  ParallelFor(64, 4, [](size_t) {
+    (void)&t_count;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const int before = g_threads_seen.load();
+  for (int call = 0; call < 50; ++call) {
+    ParallelFor(64, 4, [](size_t) {
+      (void)&t_count;  // first touch on a new thread constructs it
+      std::this_thread::yield();
+    });
+  }
+  // Threads started per call would construct a fresh thread_local in every call (~150 here).
+  EXPECT_LE(g_threads_seen.load() - before, 0) << "threads were started by the calls";
+  EXPECT_GE(internal::SharedParallelism(), 4);
+}
+
+TEST(ParallelFor, NestedAndConcurrentCallsFinish) {
+  std::atomic<int> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      ParallelFor(8, 4, [&](size_t) { ParallelFor(10, 4, [&](size_t) { total.fetch_add(1); }); });
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 3 * 8 * 10);
+}
+
+}  // namespace
+}  // namespace rc
