@@ -234,7 +234,7 @@ Result<TensorDigests> SumRegionRuns(const Capture& capture, const DestinationBuf
 // kCopy the run's bytes are also copied from r.src to r.dst, and the values digested are the ones
 // copied.
 template <bool kCopy>
-uint64_t RunDigest(const RegionRun& r) {
+uint64_t RunDigest(const RegionRun& r, bool* nonfinite_f32 = nullptr) {
   const DType sd = r.copy->source_dtype, dd = r.param->dtype;
   const size_t des = DTypeSize(dd);
   const bool same = sd == dd;
@@ -247,8 +247,13 @@ uint64_t RunDigest(const RegionRun& r) {
       return same ? internal::CopyAndDigestContiguous(static_cast<int>(des), to, from, g0, r.inner)
                   : internal::CopyAndDigestBf16AsF32(to, from, g0, r.inner);
     } else {
-      return same ? internal::DigestContiguous(static_cast<int>(des), from, g0, r.inner)
-                  : internal::DigestBf16AsF32(from, g0, r.inner);
+      const uint64_t d = same ? internal::DigestContiguous(static_cast<int>(des), from, g0, r.inner)
+                              : internal::DigestBf16AsF32(from, g0, r.inner);
+      // The run is still in cache: the finite check costs no memory pass of its own.
+      if (nonfinite_f32 != nullptr && dd == DType::kF32 && internal::AnyNonFiniteF32(from, r.inner)) {
+        *nonfinite_f32 = true;
+      }
+      return d;
     }
   }
   uint64_t sum = 0;
@@ -256,6 +261,9 @@ uint64_t RunDigest(const RegionRun& r) {
     const uint64_t gi = static_cast<uint64_t>(r.g0 + j * r.gstride);
     const size_t off = static_cast<size_t>(r.d0 + j * r.dstride) * des;
     if constexpr (kCopy) std::memcpy(r.dst + off, r.src + off, des);
+    if (nonfinite_f32 != nullptr && dd == DType::kF32 && internal::AnyNonFiniteF32(r.src + off, 1)) {
+      *nonfinite_f32 = true;
+    }
     sum += DigestTerm(gi, SourceBits(sd, dd, r.src + off));
   }
   return sum;
@@ -266,6 +274,12 @@ uint64_t RunDigest(const RegionRun& r) {
 Result<TensorDigests> DigestInstalled(const Capture& capture, const DestinationBuffers& buffers,
                                       std::span<const DigestRegion> regions) {
   return SumRegionRuns(capture, &buffers, nullptr, regions, [](const RegionRun& r) { return RunDigest<false>(r); });
+}
+
+Result<TensorDigests> DigestInstalledCheckingFinite(const Capture& capture, const DestinationBuffers& buffers,
+                                                    std::span<const DigestRegion> regions, bool* any_nonfinite_f32) {
+  return SumRegionRuns(capture, &buffers, nullptr, regions,
+                       [any_nonfinite_f32](const RegionRun& r) { return RunDigest<false>(r, any_nonfinite_f32); });
 }
 
 Result<TensorDigests> CopyAndDigestInstalled(const Capture& capture, const DestinationBuffers& from,
@@ -340,22 +354,35 @@ std::vector<DigestRegion> SplitDigestRegions(std::span<const DigestRegion> regio
 }
 
 Result<TensorDigests> DigestInstalledParallel(const Capture& capture, const DestinationBuffers& buffers,
-                                              std::span<const DigestRegion> regions, int threads) {
-  if (threads <= 1 || regions.empty()) return DigestInstalled(capture, buffers, regions);
+                                              std::span<const DigestRegion> regions, int threads,
+                                              bool* any_nonfinite_f32) {
+  if (threads <= 1 || regions.empty()) {
+    if (any_nonfinite_f32 == nullptr) return DigestInstalled(capture, buffers, regions);
+    return DigestInstalledCheckingFinite(capture, buffers, regions, any_nonfinite_f32);
+  }
   int64_t total = 0;
   for (const DigestRegion& r : regions) total += r.box.numel();
   // About 8 pieces per thread so uneven tensors still balance.
   const std::vector<DigestRegion> pieces =
       SplitDigestRegions(regions, std::max<int64_t>(1 << 16, total / (int64_t{threads} * 8)));
-  // One result per piece, summed in order afterwards.
+  // One result (and one finite flag) per piece, combined in order afterwards.
   std::vector<Result<TensorDigests>> partial(pieces.size(), TensorDigests{});
+  std::vector<char> nonfinite(pieces.size(), 0);
   ParallelFor(pieces.size(), threads, [&](size_t i) {
-    partial[i] = DigestInstalled(capture, buffers, std::span<const DigestRegion>(&pieces[i], 1));
+    const std::span<const DigestRegion> one(&pieces[i], 1);
+    if (any_nonfinite_f32 == nullptr) {
+      partial[i] = DigestInstalled(capture, buffers, one);
+    } else {
+      bool bad = false;
+      partial[i] = DigestInstalledCheckingFinite(capture, buffers, one, &bad);
+      nonfinite[i] = bad ? 1 : 0;
+    }
   });
   TensorDigests out;
-  for (auto& p : partial) {
-    if (!p.ok()) return p.status();
-    AddDigests(out, *p);
+  for (size_t i = 0; i < partial.size(); ++i) {
+    if (!partial[i].ok()) return partial[i].status();
+    AddDigests(out, *partial[i]);
+    if (nonfinite[i] && any_nonfinite_f32 != nullptr) *any_nonfinite_f32 = true;
   }
   return out;
 }

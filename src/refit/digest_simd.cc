@@ -191,6 +191,29 @@ RC_AVX512 uint64_t Avx512Run(unsigned char* dst, const unsigned char* src, uint6
   return lanes + ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
 }
 
+// ---- finite check ----------------------------------------------------------------------------
+
+bool AnyNonFiniteScalar(const unsigned char* p, int64_t n) {
+  uint32_t any = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t u;
+    std::memcpy(&u, p + 4 * j, 4);
+    any |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return any != 0;
+}
+
+RC_AVX2 bool AnyNonFiniteAvx2(const unsigned char* p, int64_t n) {
+  const __m256i exp = _mm256_set1_epi32(0x7f800000);
+  __m256i any = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4 * j));
+    any = _mm256_or_si256(any, _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), exp));
+  }
+  return !_mm256_testz_si256(any, any) || AnyNonFiniteScalar(p + 4 * j, n - j);
+}
+
 // ---- dispatch --------------------------------------------------------------------------------
 
 template <bool kCopy, bool kBf16>
@@ -265,6 +288,13 @@ uint64_t CopyAndDigestContiguous(DigestIsa isa, int elem_size, void* dst, const 
                                  int64_t n) {
   return Run<true, false>(isa, elem_size, dst, src, index, n);
 }
+bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  if (n <= 0) return false;
+  if (isa != DigestIsa::kScalar && DigestIsaSupported(DigestIsa::kAvx2)) return AnyNonFiniteAvx2(b, n);
+  return AnyNonFiniteScalar(b, n);
+}
+
 uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint64_t index, int64_t n) {
   return Run<true, true>(isa, 4, dst, src, index, n);
 }

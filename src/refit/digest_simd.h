@@ -15,6 +15,9 @@
 // registers that are stored are mixed), so an install proves what it wrote without a second pass
 // over memory. src and dst must not overlap.
 //
+// AnyNonFiniteF32 is the staged-weights finite check, run on each digest run while it is still in
+// cache (AVX2 for every vector ISA).
+//
 // Dispatch: BestDigestIsa() is the widest ISA the CPU supports, lowered by the environment
 // variable ROLLOUTCORE_DIGEST_ISA=scalar|avx2 (for comparisons); the kernels called without an
 // ISA use it. Pointers need no alignment.
@@ -38,6 +41,10 @@ uint64_t DigestBf16AsF32(DigestIsa isa, const void* p, uint64_t index, int64_t n
 uint64_t CopyAndDigestContiguous(DigestIsa isa, int elem_size, void* dst, const void* src, uint64_t index,
                                  int64_t n);
 uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint64_t index, int64_t n);
+
+// True when any of the n f32 elements at p is NaN or +-Inf (exponent bits all ones).
+bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n);
+inline bool AnyNonFiniteF32(const void* p, int64_t n) { return AnyNonFiniteF32(BestDigestIsa(), p, n); }
 
 inline uint64_t DigestContiguous(int elem_size, const void* p, uint64_t index, int64_t n) {
   return DigestContiguous(BestDigestIsa(), elem_size, p, index, n);

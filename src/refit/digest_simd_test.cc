@@ -115,6 +115,24 @@ TEST(DigestSimd, CopyAndDigestCopiesExactlyTheRunAndDigestsIt) {
   }
 }
 
+TEST(DigestSimd, NonFiniteF32IsFoundAtEveryPositionInEveryIsa) {
+  std::vector<float> v(77, 1.5f);
+  for (DigestIsa isa : Isas()) {
+    EXPECT_FALSE(AnyNonFiniteF32(isa, v.data(), 77)) << DigestIsaName(isa);
+    for (size_t at : {0, 7, 8, 63, 76}) {
+      for (uint32_t bad : {0x7f800000u, 0xff800000u, 0x7fc00001u}) {  // +Inf, -Inf, NaN
+        std::vector<float> w = v;
+        std::memcpy(&w[at], &bad, 4);
+        EXPECT_TRUE(AnyNonFiniteF32(isa, w.data(), 77)) << DigestIsaName(isa) << " at " << at;
+        EXPECT_FALSE(AnyNonFiniteF32(isa, w.data(), static_cast<int64_t>(at))) << "only the first " << at;
+      }
+    }
+    const float big = 3.0e38f;  // finite, largest exponent below all ones
+    std::vector<float> w(20, big);
+    EXPECT_FALSE(AnyNonFiniteF32(isa, w.data(), 20)) << DigestIsaName(isa);
+  }
+}
+
 TEST(DigestSimd, TheDispatchedKernelIsASupportedOne) {
   EXPECT_TRUE(DigestIsaSupported(BestDigestIsa())) << DigestIsaName(BestDigestIsa());
 }

@@ -119,7 +119,9 @@ class RefitReceiver {
   Result<Json> StageLocked(const StageRequest& request);
   // Sets *touched before the first live byte is written.
   Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched);
-  Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers);
+  // With any_nonfinite_f32, also checks (in the same pass) that the f32 elements read are finite.
+  Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers,
+                                        bool* any_nonfinite_f32 = nullptr);
   std::vector<refit::DestinationBuffers> LiveBuffers();
 
   Engine* engine_;

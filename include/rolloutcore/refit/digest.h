@@ -82,10 +82,13 @@ std::vector<std::vector<DigestRegion>> AssignDigestOwnership(std::span<const Cap
 std::vector<DigestRegion> SplitDigestRegions(std::span<const DigestRegion> regions, int64_t max_elements);
 
 // DigestInstalled spread over `threads` threads of the shared pool (regions split into even
-// pieces first).
+// pieces first). With any_nonfinite_f32 non-null, it is set to true when an f32 element the
+// regions read is NaN or +-Inf (checked on each run while it is in cache; it only says whether,
+// not where: a caller that needs the element looks for it then).
 [[nodiscard]] Result<TensorDigests> DigestInstalledParallel(const Capture& capture,
                                                             const DestinationBuffers& buffers,
-                                                            std::span<const DigestRegion> regions, int threads);
+                                                            std::span<const DigestRegion> regions, int threads,
+                                                            bool* any_nonfinite_f32 = nullptr);
 
 // Installs and digests in one pass: copies the elements of the given regions from `from` (staged
 // buffers) to `to` (live buffers) at the same byte offsets and returns the digest of the values it
