@@ -288,6 +288,35 @@ uint64_t CopyAndDigestContiguous(DigestIsa isa, int elem_size, void* dst, const 
                                  int64_t n) {
   return Run<true, false>(isa, elem_size, dst, src, index, n);
 }
+namespace {
+RC_AVX2 void WidenBf16Avx2(unsigned char* d, const unsigned char* s, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 4 * j), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  for (; j < n; ++j) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * j, 2);
+    const uint32_t u = uint32_t{h} << 16;
+    std::memcpy(d + 4 * j, &u, 4);
+  }
+}
+}  // namespace
+
+void WidenBf16ToF32(DigestIsa isa, void* dst, const void* src, int64_t n) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (n <= 0) return;
+  if (isa != DigestIsa::kScalar && DigestIsaSupported(DigestIsa::kAvx2)) return WidenBf16Avx2(d, s, n);
+  for (int64_t j = 0; j < n; ++j) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * j, 2);
+    const uint32_t u = uint32_t{h} << 16;
+    std::memcpy(d + 4 * j, &u, 4);
+  }
+}
+
 bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
   if (n <= 0) return false;

@@ -46,6 +46,10 @@ uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint6
 bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n);
 inline bool AnyNonFiniteF32(const void* p, int64_t n) { return AnyNonFiniteF32(BestDigestIsa(), p, n); }
 
+// dst[j] = the f32 whose bits are src[j] << 16 (bf16 -> f32 is exact), n contiguous elements.
+void WidenBf16ToF32(DigestIsa isa, void* dst, const void* src, int64_t n);
+inline void WidenBf16ToF32(void* dst, const void* src, int64_t n) { WidenBf16ToF32(BestDigestIsa(), dst, src, n); }
+
 inline uint64_t DigestContiguous(int elem_size, const void* p, uint64_t index, int64_t n) {
   return DigestContiguous(BestDigestIsa(), elem_size, p, index, n);
 }

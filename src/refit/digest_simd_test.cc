@@ -133,6 +133,19 @@ TEST(DigestSimd, NonFiniteF32IsFoundAtEveryPositionInEveryIsa) {
   }
 }
 
+TEST(DigestSimd, WidenBf16IsExactForEveryLengthAndIsa) {
+  std::vector<uint16_t> h(70);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3f80 + 977 * i);
+  for (DigestIsa isa : Isas()) {
+    for (int64_t n : {0, 1, 7, 8, 9, 16, 69}) {
+      std::vector<uint32_t> out(71, 0xdeadbeef);
+      WidenBf16ToF32(isa, out.data(), h.data() + 1, n);
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(out[j], uint32_t{h[j + 1]} << 16) << DigestIsaName(isa) << " " << j;
+      EXPECT_EQ(out[n], 0xdeadbeefu) << "wrote past the run";
+    }
+  }
+}
+
 TEST(DigestSimd, TheDispatchedKernelIsASupportedOne) {
   EXPECT_TRUE(DigestIsaSupported(BestDigestIsa())) << DigestIsaName(BestDigestIsa());
 }
