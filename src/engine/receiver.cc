@@ -311,7 +311,29 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   }
   if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
   RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(manifest));
-  RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
+  const bool transport_cached = transport_ != nullptr && imports_ != nullptr && transport_name == transport_name_ &&
+                                transport_topology_ == topo;
+  if (!transport_cached) {
+    imports_.reset();  // released through the old transport, before it goes
+    transport_.reset();
+    RC_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(transport_name));
+    imports_ = std::make_unique<refit::ImportCache>(*transport_);
+    transport_name_ = transport_name;
+    transport_topology_ = topo;
+    ++transports_built_;
+  }
+  transport::Transport* transport = transport_.get();
+  // A failed pull may have left an import that no longer maps what the trainer serves (a restarted
+  // trainer reusing a segment name): drop the cache so the next stage imports afresh.
+  struct DropOnFailure {
+    RefitReceiver* r;
+    bool armed = true;
+    ~DropOnFailure() {
+      if (!armed) return;
+      r->imports_.reset();
+      r->transport_.reset();
+    }
+  } drop_on_failure{this};
   double registration_ms = MsSince(t);
 
   uint64_t bytes = 0, reads = 0;
@@ -320,6 +342,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     refit::ExecuteOptions eo;
     eo.arena = arena_.get();
     eo.transform_threads = threads_;
+    eo.imports = imports_.get();
     eo.timeout_ms = std::max<int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     auto st = refit::ExecutePlan(plans_[r], *transport, shadow_buffers_[r], eo);
@@ -372,6 +395,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     descriptors += p.stats.descriptors;
     full_pulls += p.stats.full_pulls;
   }
+  drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
@@ -391,6 +415,8 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
                           {"plan_cached", plan_cached},
                           {"plans_built", plans_built_},
                           {"shadow_allocated", shadow_allocated},
+                          {"transport_cached", transport_cached},
+                          {"transports_built", transports_built_},
                           {"threads", threads_},
                           {"coverage", "ok"},
                           {"digest_check", "staged bytes match the manifest, tensor by tensor"},
