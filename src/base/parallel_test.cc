@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -52,6 +55,41 @@ TEST(ParallelFor, NestedAndConcurrentCallsFinish) {
   }
   for (auto& t : callers) t.join();
   EXPECT_EQ(total.load(), 3 * 8 * 10);
+}
+
+}  // namespace
+}  // namespace rc
+
+#include "rolloutcore/base/pending.h"
+
+namespace rc {
+namespace {
+
+TEST(RunDetached, ReusesParkedWorkersAndAHungCallDelaysNoOther) {
+  // Sequential calls: after the first, each one finds a parked worker.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(RunDetached<int>([] { return Result<int>(1); }).WaitFor(std::chrono::seconds(5)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the worker park
+  const int64_t before = internal::DetachedWorkersStarted();
+  for (int i = 0; i < 100; ++i) {
+    auto p = RunDetached<int>([i] { return Result<int>(i); });
+    ASSERT_TRUE(p.WaitFor(std::chrono::seconds(5)));
+    EXPECT_EQ(p.Get().value(), i);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // the worker parks again
+  }
+  EXPECT_LE(internal::DetachedWorkersStarted() - before, 5) << "a thread was started per call";
+  // A call that hangs keeps its worker; the next call still runs at once.
+  auto hold = std::make_shared<std::promise<void>>();
+  std::shared_future<void> release = hold->get_future().share();
+  auto hung = RunDetached<int>([release] {
+    release.wait();
+    return Result<int>(0);
+  });
+  auto quick = RunDetached<int>([] { return Result<int>(7); });
+  ASSERT_TRUE(quick.WaitFor(std::chrono::seconds(5))) << "a hung call delayed another";
+  EXPECT_EQ(quick.Get().value(), 7);
+  EXPECT_FALSE(hung.Ready());
+  hold->set_value();
+  EXPECT_TRUE(hung.WaitFor(std::chrono::seconds(5)));
 }
 
 }  // namespace
