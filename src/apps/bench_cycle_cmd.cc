@@ -13,6 +13,12 @@
 // (default 2 x 8 tokens) to every version, and the report gives the replay's cost inside the pause
 // window (engine time, and the Runner's wall time).
 //
+// Every adapter call is timed (call ->
+// evidence) by a wrapper that leaves the Runner's Pending untouched, so the pause window is split
+// into its parts (pause, install with its live digest, each cache reset, label and digest
+// validation, resume, and the controller's time between those calls) and the controller overhead
+// into per-phase parts (phase time outside the phase's engine calls, plus time outside phases).
+//
 // restart: the same version exported to disk (`trainer export`), then `engine serve --model DIR`
 // started cold until it answers a first completion, --restarts times.
 //
@@ -34,6 +40,8 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "apps/bench_util.h"
@@ -103,6 +111,70 @@ double Num(const Json& j, std::initializer_list<const char*> path) {
   return cur->is_number() ? cur->get<double>() : 0;
 }
 
+// Wall time of every adapter call the controller makes (call -> evidence), by call name. The
+// Runner gets the adapter's own Pending untouched (no added latency); a watcher thread waits on a
+// copy and records when it completed. Used to split the pause window into its parts and to say
+// where the controller's own time goes (phase time not spent inside an engine call).
+class CallTimes {
+ public:
+  void Record(const std::string& name, double ms) {
+    std::lock_guard<std::mutex> l(mu_);
+    ms_[name] += ms;
+  }
+  // Calls that completed since the last Take() (a call still running is recorded when it ends).
+  std::map<std::string, double> Take() {
+    std::lock_guard<std::mutex> l(mu_);
+    std::map<std::string, double> out;
+    out.swap(ms_);
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, double> ms_;  // guarded by mu_
+};
+
+class TimedAdapter final : public lifecycle::EngineAdapter {
+ public:
+  TimedAdapter(std::unique_ptr<lifecycle::EngineAdapter> inner, std::shared_ptr<CallTimes> times)
+      : inner_(std::move(inner)), times_(std::move(times)) {}
+  Result<lifecycle::EngineDescription> Describe() override { return inner_->Describe(); }
+  Pending<lifecycle::DrainStatus> GetDrainStatus() override { return Watch("drain_status", inner_->GetDrainStatus()); }
+  Pending<lifecycle::PauseEvidence> Pause(lifecycle::PauseMode m) override { return Watch("pause", inner_->Pause(m)); }
+  Pending<lifecycle::AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
+    return Watch("abort", inner_->AbortRequests(ids));
+  }
+  Pending<lifecycle::StageEvidence> Stage(const lifecycle::UpdateTarget& t) override {
+    return Watch("stage", inner_->Stage(t));
+  }
+  Pending<lifecycle::InstallEvidence> Install(const lifecycle::UpdateTarget& t, bool full) override {
+    return Watch("install", inner_->Install(t, full));
+  }
+  Pending<lifecycle::CacheResetResult> ResetCache(lifecycle::CacheKind k) override {
+    return Watch("reset_" + std::string(lifecycle::CacheKindName(k)), inner_->ResetCache(k));
+  }
+  Pending<lifecycle::LabelEvidence> ReadLabel() override { return Watch("read_label", inner_->ReadLabel()); }
+  Pending<lifecycle::DigestEvidence> ReadContentDigest() override {
+    return Watch("read_digest", inner_->ReadContentDigest());
+  }
+  Pending<lifecycle::ResumeEvidence> Resume() override { return Watch("resume", inner_->Resume()); }
+  Pending<lifecycle::IdentityEvidence> ProbeIdentity() override {
+    return Watch("probe_identity", inner_->ProbeIdentity());
+  }
+
+ private:
+  template <typename T>
+  Pending<T> Watch(std::string name, Pending<T> p) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread([p, t0, name = std::move(name), times = times_] {
+      if (p.WaitFor(std::chrono::minutes(20))) times->Record(name, Ms(t0));
+    }).detach();
+    return p;
+  }
+  std::unique_ptr<lifecycle::EngineAdapter> inner_;
+  std::shared_ptr<CallTimes> times_;
+};
+
 struct Stack {
   std::string dir;
   int dir_port = 0, trainer_port = 0;
@@ -146,7 +218,8 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
   std::vector<controller::EngineHandle> engines;
   controller::EngineHandle h;
   h.name = "embedded";
-  h.adapter = engine->MakeAdapter({s.dir_url(), "bench"});
+  auto times = std::make_shared<CallTimes>();
+  h.adapter = std::make_unique<TimedAdapter>(engine->MakeAdapter({s.dir_url(), "bench"}), times);
   h.complete = engine->MakeCompleter();
   engines.push_back(std::move(h));
   controller::ServiceOptions so;
@@ -161,15 +234,20 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
 
   Json cycles = Json::array();
   std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms;
+  std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms;
   // One update more than reported: the first one allocates the shadow and staging (a cold refit).
   for (int i = 0; i <= o.cycles; ++i) {
     RC_ASSIGN_OR_RETURN(Json step, BenchCall(s.trainer_port, "POST", "/step"));
     const std::string version = step.value("version", "");
     if (step.value("state", "") != "COMMITTED") return Internal("trainer step did not commit: " + step.dump());
     auto t0 = std::chrono::steady_clock::now();
+    (void)times->Take();  // identity probes between cycles are not this cycle's
     RC_ASSIGN_OR_RETURN(std::string id, svc->RequestUpdate("bench", version));
     RC_ASSIGN_OR_RETURN(Json done, svc->WaitForUpdate(id, 1'200'000));
     const double total = Ms(t0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the last watchers record
+    const std::map<std::string, double> calls = times->Take();
+    auto call = [&](const std::string& n) { return calls.count(n) ? calls.at(n) : 0.0; };
     const Json& e = done["engines"][0];
     if (e.value("outcome", "") != "committed") return Internal("update to " + version + " ended " + e.dump());
     const Json& ph = e["phases_ms"];
@@ -198,6 +276,39 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     // polling, pause/reset/resume round trips).
     const double drain_wait = std::max(0.0, drain - stage);
     const double overhead = total - stage - drain_wait - install - install_digest - validate;
+    // The pause window's parts: each engine call inside it, and what is left (the controller's
+    // journal writes and polling between the calls).
+    Json pause_parts{{"pause_call", call("pause")},
+                     {"install", install},
+                     {"install_live_digest", install_digest},
+                     {"install_call", call("install")},
+                     {"validation_label", call("read_label")},
+                     {"validation_digest", call("read_digest")},
+                     {"resume_call", call("resume")}};
+    double in_calls = call("pause") + call("install") + call("read_label") + call("read_digest") + call("resume");
+    for (const auto& [n, ms] : calls) {
+      if (n.rfind("reset_", 0) == 0) {
+        pause_parts["cache_" + n] = ms;
+        in_calls += ms;
+      }
+    }
+    pause_parts["controller_between_calls"] = pause - in_calls;
+    // Controller overhead by phase: phase time not spent inside the engine call(s) of that phase;
+    // "outside_phases" is the rest of the cycle (request, journal of the operation, post-update
+    // identity check, WaitForUpdate's polling).
+    double phases_sum = 0;
+    for (const auto& [k, v] : ph.items()) phases_sum += v.is_number() ? v.get<double>() : 0.0;
+    double resets = 0;
+    for (const auto& [n, ms] : calls) resets += n.rfind("reset_", 0) == 0 ? ms : 0.0;
+    Json overhead_parts{{"draining_not_staging", drain_wait},
+                        {"quiesced", Num(ph, {"QUIESCED"}) - call("pause")},
+                        {"updating", Num(ph, {"UPDATING"}) - call("install")},
+                        {"invalidating", Num(ph, {"INVALIDATING"}) - resets},
+                        {"validating", Num(ph, {"VALIDATING"}) - call("read_label") - call("read_digest")},
+                        {"resuming", Num(ph, {"RESUMING"}) - call("resume")},
+                        {"outside_phases", total - phases_sum},
+                        {"identity_probe_calls", call("probe_identity")},
+                        {"drain_status_calls", call("drain_status")}};
     Json c{{"version", version},
            {"cycle_ms", total},
            {"pause_window_ms", pause},
@@ -214,12 +325,17 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
            {"replay_engine_ms", replay_engine},
            {"replay_wall_ms", replay_wall},
            {"phases_ms", ph},
+           {"pause_window_parts_ms", pause_parts},
+           {"controller_overhead_parts_ms", overhead_parts},
+           {"calls_ms", calls},
            {"cold", i == 0}};
     std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
                              "install {:.1f} ms, replay {:.2f} ms (engine; {:.0f} ms wall), controller overhead "
                              "{:.1f} ms\n",
                              version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, install,
                              replay_engine, replay_wall, overhead);
+    std::cerr << "  pause window parts (ms): " << pause_parts.dump() << "\n  controller overhead parts (ms): "
+              << overhead_parts.dump() << "\n";
     cycles.push_back(c);
     if (i == 0) continue;
     cycle_ms.push_back(total);
@@ -228,13 +344,20 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     overhead_issue_ms.push_back(total - drain - install);
     replay_engine_ms.push_back(replay_engine);
     replay_wall_ms.push_back(replay_wall);
+    for (const auto& [k, v] : pause_parts.items()) pause_part_ms[k].push_back(v.get<double>());
+    for (const auto& [k, v] : overhead_parts.items()) overhead_part_ms[k].push_back(v.get<double>());
   }
+  Json pause_parts_median = Json::object(), overhead_parts_median = Json::object();
+  for (auto& [k, v] : pause_part_ms) pause_parts_median[k] = Median(v);
+  for (auto& [k, v] : overhead_part_ms) overhead_parts_median[k] = Median(v);
   // A rollout on the last version proves the engine serves it.
   RC_ASSIGN_OR_RETURN(Json r, svc->Rollout(Json{{"prompt_token_ids", {1, 2, 3, 4}}, {"max_tokens", 4}, {"temperature", 0.0}}));
   return Json{{"cycles", cycles},
               {"cycle_ms_median", Median(cycle_ms)},
               {"pause_window_ms_median", Median(pause_ms)},
               {"controller_overhead_ms_median", Median(overhead_ms)},
+              {"pause_window_parts_ms_median", pause_parts_median},
+              {"controller_overhead_parts_ms_median", overhead_parts_median},
               {"cycle_minus_drain_wire_install_ms_median", Median(overhead_issue_ms)},
               {"replay_probes", o.probes},
               {"replay_probe_tokens", o.probe_tokens},
@@ -324,6 +447,8 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         "  controller overhead   {:10.1f} ms   (cycle - staging - drain wait - install - live digest - validation)\n"
         "  replay validation     {:10.2f} ms   ({} probes x {} tokens, engine time, in the pause window; Runner wall "
         "{:.0f} ms)\n"
+        "  pause window parts (medians, ms): {}\n"
+        "  controller overhead parts (medians, ms; phase time outside engine calls): {}\n"
         "  cycle - drain - install: {:.1f} ms (the issue's 'cycle minus drain, wire and install'; wire runs inside\n"
         "    DRAINING as a prefetch, so it is already in drain; this still holds the pause/reset/validate work)\n",
         o.model, report["engine_model"].get<std::string>(), o.tp, o.cycles, o.restarts,
@@ -331,6 +456,7 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         report["restart"]["ready_ms_median"].get<double>(), report["restart"]["export_ms"].get<double>(),
         report["restart_over_cycle"].get<double>(), c["controller_overhead_ms_median"].get<double>(),
         c["replay_engine_ms_median"].get<double>(), o.probes, o.probe_tokens, c["replay_wall_ms_median"].get<double>(),
+        c["pause_window_parts_ms_median"].dump(), c["controller_overhead_parts_ms_median"].dump(),
         c["cycle_minus_drain_wire_install_ms_median"].get<double>());
   } else {
     std::cout << fmt::format("restart {} (engine from disk, tp {}): cold start to first token {:.1f} ms (median of {})\n",

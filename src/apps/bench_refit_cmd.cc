@@ -5,7 +5,10 @@
 // engine (dummy weights of the same geometry) as child processes, has the trainer publish v1,
 // and asks the engine to stage it (plan + pull + digest check) --repeats times; reports the wire
 // GB/s the engine measured, the ratio to memcpy, planned vs needed bytes and the per-stage
-// milliseconds, then installs the last stage while paused and checks the live digest.
+// milliseconds, then installs the last stage while paused and checks the live digest. Beside the
+// wire figure it prints the end-to-end figure: bytes pulled over (last stage's total + install +
+// live digest), and its ratio to a single-thread and an all-thread memcpy of the same bytes, both
+// measured in the same run.
 //
 // With --transport cuda_ipc or nccl (builds with ROLLOUTCORE_WITH_CUDA) it runs the GPU refit bench
 // instead (bench_gpu_refit_cmd.cc): trainer weights on one GPU, engine parameters on another,
@@ -13,6 +16,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -91,6 +95,8 @@ Status RunBench(const BenchRefitOptions& o) {
   }
   uint64_t bytes = last["bytes_pulled"].get<uint64_t>();
   double memcpy_gbps = MemcpyGbps(bytes);
+  const int all_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double memcpy_all_gbps = MemcpyGbpsThreads(bytes, all_threads);
   double best = 0;
   for (const auto& r : runs) best = std::max(best, r["wire_gbps"].get<double>());
   const double first = runs.empty() ? 0.0 : runs[0]["wire_gbps"].get<double>();
@@ -99,6 +105,13 @@ Status RunBench(const BenchRefitOptions& o) {
   RC_ASSIGN_OR_RETURN(Json installed, BenchCall(engine_port, "POST", "/rc/refit/install", Json{{"version", "v0"}}));
   RC_ASSIGN_OR_RETURN(Json resumed, BenchCall(engine_port, "POST", "/resume"));
   (void)resumed;
+  // End to end: the last (warm) stage -- discovery, plan, pull, transform, finite check, staged
+  // digest -- plus the install and its live digest, over the bytes pulled.
+  const double stage_ms = last["stages_ms"].value("total", 0.0);
+  const double install_ms = installed["stages_ms"].value("install", 0.0);
+  const double verify_ms = installed["stages_ms"].value("post_install", 0.0);
+  const double e2e_ms = stage_ms + install_ms + verify_ms;
+  const double e2e_gbps = e2e_ms > 0 ? static_cast<double>(bytes) / (e2e_ms * 1e6) : 0.0;
   Json report{{"transport", o.transport},
               {"model", o.model},
               {"trainer_layout", "fsdp:" + std::to_string(o.ranks)},
@@ -112,6 +125,12 @@ Status RunBench(const BenchRefitOptions& o) {
               {"wire_gbps_first", first},
               {"memcpy_1thread_gbps", memcpy_gbps},
               {"ratio_to_memcpy", memcpy_gbps > 0 ? best / memcpy_gbps : 0.0},
+              {"memcpy_all_threads_gbps", memcpy_all_gbps},
+              {"memcpy_threads", all_threads},
+              {"e2e_ms", e2e_ms},
+              {"e2e_gbps", e2e_gbps},
+              {"e2e_ratio_to_memcpy_1thread", memcpy_gbps > 0 ? e2e_gbps / memcpy_gbps : 0.0},
+              {"e2e_ratio_to_memcpy_all_threads", memcpy_all_gbps > 0 ? e2e_gbps / memcpy_all_gbps : 0.0},
               {"stages_ms", last["stages_ms"]},
               {"install_ms", installed["stages_ms"]["install"]},
               {"post_install_digest_ms", installed["stages_ms"]["post_install"]},
@@ -122,10 +141,14 @@ Status RunBench(const BenchRefitOptions& o) {
     std::cout << fmt::format(
         "refit {} over {}: {} -> {}\n  bytes needed {} planned {} pulled {} (planned == needed: {}), {} descriptors\n"
         "  wire {:.2f} GB/s (best of {}; first, cold: {:.2f}), single-thread memcpy {:.2f} GB/s, ratio {:.2f}\n"
+        "  end to end (stage + install + verify) {:.1f} ms = {:.2f} GB/s: {:.2f} x single-thread memcpy, {:.2f} x "
+        "{}-thread memcpy ({:.2f} GB/s)\n"
         "  stages (ms): {}\n  install {:.1f} ms, live digest {:.1f} ms, digest verified: {}\n",
         o.model, o.transport, report["trainer_layout"].get<std::string>(), report["engine_layout"].get<std::string>(),
         report["bytes_needed"].dump(), report["bytes_planned"].dump(), bytes, report["planned_equals_needed"].dump(),
         report["descriptors"].dump(), best, o.repeats, first, memcpy_gbps, report["ratio_to_memcpy"].get<double>(),
+        e2e_ms, e2e_gbps, report["e2e_ratio_to_memcpy_1thread"].get<double>(),
+        report["e2e_ratio_to_memcpy_all_threads"].get<double>(), all_threads, memcpy_all_gbps,
         last["stages_ms"].dump(), installed["stages_ms"]["install"].get<double>(),
         installed["stages_ms"]["post_install"].get<double>(), report["digest_verified"].dump());
   }

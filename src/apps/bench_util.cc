@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -38,6 +39,26 @@ double MemcpyGbps(uint64_t bytes) {
   for (int i = 0; i < 3; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+double MemcpyGbpsThreads(uint64_t bytes, int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  const uint64_t chunk = (bytes + static_cast<uint64_t>(threads) - 1) / static_cast<uint64_t>(threads);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      const uint64_t begin = std::min(bytes, chunk * static_cast<uint64_t>(t));
+      const uint64_t end = std::min(bytes, begin + chunk);
+      ts.emplace_back([&, begin, end] { std::memcpy(b.data() + begin, a.data() + begin, end - begin); });
+    }
+    for (auto& t : ts) t.join();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, static_cast<double>(bytes) / s / 1e9);
   }

@@ -18,5 +18,8 @@ Result<Json> BenchCall(int port, const std::string& method, const std::string& p
 Status BenchWaitHealthy(ChildProcess* child, int port, const std::string& path, int seconds);
 // Best of three single-thread memcpy runs over `bytes`, in GB/s.
 double MemcpyGbps(uint64_t bytes);
+// Best of three memcpy runs over `bytes` split evenly over `threads` threads (threads <= 0: all
+// hardware threads), in GB/s: what "all-thread memcpy of the same bytes" means in the reports.
+double MemcpyGbpsThreads(uint64_t bytes, int threads);
 
 }  // namespace rc::apps

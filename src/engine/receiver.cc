@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "refit/digest_simd.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/parallel.h"
 #include "rolloutcore/directory/client.h"
@@ -283,6 +284,11 @@ Status RefitReceiver::EnsureCaptures() {
   std::vector<const refit::Capture*> ptrs;
   for (const auto& c : captures_) ptrs.push_back(&c);
   digest_regions_ = refit::AssignDigestOwnership(ptrs);
+  uncovered_.clear();
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    RC_ASSIGN_OR_RETURN(refit::UncoveredBytes u, refit::BytesOutsideRegions(captures_[r], digest_regions_[r]));
+    uncovered_.push_back(std::move(u));
+  }
   return OkStatus();
 }
 
@@ -298,11 +304,13 @@ std::vector<refit::DestinationBuffers> RefitReceiver::LiveBuffers() {
   return out;
 }
 
-Result<refit::TensorDigests> RefitReceiver::DigestOf(const std::vector<refit::DestinationBuffers>& buffers) {
+Result<refit::TensorDigests> RefitReceiver::DigestOf(const std::vector<refit::DestinationBuffers>& buffers,
+                                                     bool* any_nonfinite_f32) {
   refit::TensorDigests total;
   for (size_t r = 0; r < captures_.size(); ++r) {
     RC_ASSIGN_OR_RETURN(refit::TensorDigests d, refit::DigestInstalledParallel(captures_[r], buffers[r],
-                                                                               digest_regions_[r], threads_));
+                                                                               digest_regions_[r], threads_,
+                                                                               any_nonfinite_f32));
     refit::AddDigests(total, d);
   }
   return total;
@@ -463,13 +471,36 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   }
   if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
   RC_ASSIGN_OR_RETURN(transport_name, refit::ManifestTransport(sources.manifest));
-  RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
+  const bool transport_cached = transport_ != nullptr && imports_ != nullptr && transport_name == transport_name_ &&
+                                transport_topology_ == topo;
+  if (!transport_cached) {
+    imports_.reset();  // released through the old transport, before it goes
+    transport_.reset();
+    RC_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(transport_name));
+    imports_ = std::make_unique<refit::ImportCache>(*transport_);
+    transport_name_ = transport_name;
+    transport_topology_ = topo;
+    ++transports_built_;
+  }
+  transport::Transport* transport = transport_.get();
+  // A failed pull may have left an import that no longer maps what the trainer serves (a restarted
+  // trainer reusing a segment name): drop the cache so the next stage imports afresh.
+  struct DropOnFailure {
+    RefitReceiver* r;
+    bool armed = true;
+    ~DropOnFailure() {
+      if (!armed) return;
+      r->imports_.reset();
+      r->transport_.reset();
+    }
+  } drop_on_failure{this};
   registration_ms += MsSince(t);
 
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
     eo.arena = arena_.get();
     eo.transform_threads = threads_;
+    eo.imports = imports_.get();
     eo.timeout_ms = std::max<int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     auto st = refit::ExecutePlan(plans_[r], *transport, shadow_buffers_[r], eo);
@@ -502,15 +533,32 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   stages["wire"] = wire_ms;
   stages["transform"] = static_cast<double>(transform_ns) / 1e6;
 
-  // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
-  // be installed.
+  // The staged digest pass also checks that every f32 weight it reads is finite.
   t = std::chrono::steady_clock::now();
-  RC_RETURN_IF_ERROR(CheckFinite(captures_, shadow_buffers_, threads_).WithContext("staged weights of " + req.version));
-  stages["finite_check"] = MsSince(t);
-
-  t = std::chrono::steady_clock::now();
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_));
+  bool nonfinite = false;
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_, &nonfinite));
   stages["receive_sync"] = MsSince(t);
+
+  // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
+  // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
+  // something is non-finite does the full check run, to name the element.
+  t = std::chrono::steady_clock::now();
+  for (size_t r = 0; r < captures_.size() && !nonfinite; ++r) {
+    for (const auto& [name, ranges] : uncovered_[r]) {
+      auto it = shadow_buffers_[r].find(name);
+      if (it == shadow_buffers_[r].end()) continue;
+      for (const refit::ByteRange& br : ranges) {
+        if (br.end <= it->second.size() &&
+            refit::internal::AnyNonFiniteF32(it->second.data() + br.begin, static_cast<int64_t>((br.end - br.begin) / 4))) {
+          nonfinite = true;
+        }
+      }
+    }
+  }
+  if (nonfinite) {
+    RC_RETURN_IF_ERROR(CheckFinite(captures_, shadow_buffers_, threads_).WithContext("staged weights of " + req.version));
+  }
+  stages["finite_check"] = MsSince(t);
   std::string mismatch = refit::FirstDigestMismatch(got, published);
   if (!mismatch.empty()) {
     return DataLoss("staged bytes of " + req.version + " do not match the published digests: " + mismatch);
@@ -522,6 +570,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     descriptors += p.stats.descriptors;
     full_pulls += p.stats.full_pulls;
   }
+  drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
@@ -543,6 +592,8 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
                           {"plan_cached", plan_cached},
                           {"plans_built", plans_built_},
                           {"shadow_allocated", shadow_allocated},
+                          {"transport_cached", transport_cached},
+                          {"transports_built", transports_built_},
                           {"threads", threads_},
                           {"coverage", "ok"},
                           {"digest_check", "staged bytes match the manifest, tensor by tensor"},
@@ -680,21 +731,30 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
-  auto fill = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) -> Status {
-    const auto& shadow = shadow_[static_cast<size_t>(rank)];
-    std::vector<std::pair<const std::vector<float>*, const Parameter*>> copies;
+  // The live digest rides along with the copy: each rank's install copies its staged bytes into
+  // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
+  // so no second pass reads the 1.5 GB back. LiveDigest(fresh) still reads the live memory.
+  std::vector<refit::TensorDigests> rank_digests(captures_.size());
+  auto fill = [this, &bytes, touched, &rank_digests](int rank, const RankLayout&, ParameterStore* params) -> Status {
+    const size_t r = static_cast<size_t>(rank);
+    if (r >= captures_.size()) return Internal("install: rank " + std::to_string(rank) + " has no capture");
+    const auto& shadow = shadow_[r];
+    refit::DestinationBuffers live;
+    uint64_t rank_bytes = 0;
     for (const auto& [name, data] : shadow) {
       const Parameter* p = params->Find(name);
       if (p == nullptr) return Internal("staged parameter " + name + " is not an engine parameter");
       if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
-      copies.emplace_back(&data, p);
+      live.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p->data()), p->nbytes()));
+      rank_bytes += p->nbytes();
     }
     // The first live byte is written below: from here on a failure is after mutation.
     touched->store(true);
-    ParallelFor(copies.size(), threads_, [&](size_t i) {
-      std::memcpy(copies[i].second->data(), copies[i].first->data(), copies[i].second->nbytes());
-      bytes += copies[i].second->nbytes();
-    });
+    auto d = refit::CopyAndDigestInstalledParallel(captures_[r], shadow_buffers_[r], live, digest_regions_[r],
+                                                   uncovered_[r], threads_);
+    if (!d.ok()) return d.status().WithContext("installing rank " + std::to_string(rank));
+    rank_digests[r] = std::move(d).value();
+    bytes += rank_bytes;
     if (rank == 0 && fail_after_first_rank_.load()) {
       return FailedPrecondition("injected fault: install failed after rank 0 wrote its weights");
     }
@@ -708,11 +768,10 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   stages["install"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
-  auto live = DigestOf(LiveBuffers());
-  if (!live.ok()) {
-    return live.status();
-  }
-  stages["post_install"] = MsSince(t);
+  std::optional<refit::TensorDigests> live(std::in_place);
+  for (const auto& d : rank_digests) refit::AddDigests(*live, d);
+  stages["post_install"] = MsSince(t);  // the digest was computed during the copy
+
   live_cache_ = *live;
   live_cache_generation_ = engine_->State().install_generation;
   live_cache_valid_ = true;

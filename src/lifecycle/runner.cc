@@ -153,6 +153,9 @@ void Runner::StepDraining() {
       Status recorded = controller_->RecordStageEvidence(*r);
       if (!recorded.ok()) return RejectAndResume("recording the staging evidence failed: " + recorded.ToString(), false);
       stage_done_ = true;
+      // The stage was what the drain waited for: ask for the drain status now, not at the next
+      // poll interval (issue 15: up to drain_poll_interval_ms of every cycle went here).
+      next_drain_poll_ms_ = now;
     } else if (now > stage_call_.deadline_ms) {
       stage_call_.Clear();
       return RejectAndResume("staging " + target_.label + " overran its " + std::to_string(options_.deadlines.stage_ms) +

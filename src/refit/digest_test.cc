@@ -7,6 +7,8 @@
 #include <random>
 
 #include "refit/geometry.h"
+#include "rolloutcore/refit/layouts.h"
+#include "rolloutcore/refit/model_config.h"
 
 namespace rc::refit {
 namespace {
@@ -181,6 +183,95 @@ TEST(DigestTest, ManifestDigestCountsReplicasOnceAndCatchesDisagreement) {
   auto bad = TensorDigestsFromShards(m);
   EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(bad.status().message(), HasSubstr("tensor w: replicas on ranks 0 and 1"));
+}
+
+}  // namespace
+}  // namespace rc::refit
+
+namespace rc::refit {
+namespace {
+
+// The fused install: over a tp 2 capture with replicated kv heads and tied embeddings (so rank 1
+// owns fewer elements than it installs), every staged byte lands in the live buffers and the
+// digest equals what DigestInstalled reads back from them.
+TEST(DigestTest, FusedInstallCopiesEveryByteAndDigestsWhatItWrote) {
+  ModelConfig c = *ModelPreset("tiny");
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 1;  // replicated on both tp ranks
+  c.head_dim = 4;
+  c.intermediate_size = 24;
+  c.vocab_size = 40;
+  c.num_hidden_layers = 2;
+  c.tie_word_embeddings = true;
+  c.dtype = DType::kBF16;
+  EngineLayout layout;
+  layout.tp = 2;
+  std::vector<Capture> caps;
+  for (int r = 0; r < 2; ++r) {
+    auto cap = CaptureEngineRank(c, layout, r);
+    ASSERT_TRUE(cap.ok()) << cap.status().ToString();
+    caps.push_back(std::move(cap).value());
+  }
+  const Capture* ptrs[] = {&caps[0], &caps[1]};
+  const auto regions = AssignDigestOwnership(ptrs);
+  std::mt19937 rng(17);
+  bool some_uncovered = false;
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, std::vector<std::byte>> staged_mem, live_mem;
+    DestinationBuffers staged, live;
+    for (const TensorSpec& p : caps[r].params) {
+      auto& s = staged_mem[p.name];
+      s.resize(static_cast<size_t>(p.bytes()));
+      for (size_t i = 0; i < s.size(); ++i) {
+        // bf16-exact f32 values mostly, a few with dirty low bits (poisoned digest terms).
+        s[i] = (i % 4 < 2 && rng() % 64 != 0) ? std::byte{0} : static_cast<std::byte>(rng());
+      }
+      live_mem[p.name].assign(s.size(), std::byte{0x5A});
+      staged.emplace(p.name, std::span<std::byte>(s));
+      live.emplace(p.name, std::span<std::byte>(live_mem[p.name]));
+    }
+    auto uncovered = BytesOutsideRegions(caps[r], regions[r]);
+    ASSERT_TRUE(uncovered.ok()) << uncovered.status().ToString();
+    some_uncovered = some_uncovered || !uncovered->empty();
+    auto fused = CopyAndDigestInstalledParallel(caps[r], staged, live, regions[r], *uncovered, 3);
+    ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+    for (const auto& [name, bytes] : staged_mem) {
+      EXPECT_TRUE(live_mem[name] == bytes) << "rank " << r << " parameter " << name << " not copied exactly";
+    }
+    auto read_back = DigestInstalled(caps[r], live, regions[r]);
+    ASSERT_TRUE(read_back.ok());
+    EXPECT_EQ(*fused, *read_back) << "rank " << r;
+    EXPECT_FALSE(fused->empty());
+  }
+  EXPECT_TRUE(some_uncovered) << "the case should exercise the plain copy of bytes no region owns";
+}
+
+TEST(DigestTest, FusedInstallOfATransposedViewDigestsElementByElement) {
+  uint16_t src[6];
+  for (int i = 0; i < 6; ++i) src[i] = F32ToBf16Bits(0.25f * static_cast<float>(i) - 0.5f);
+  const uint64_t want = DigestBlock(DType::kBF16, {2, 3}, FullBox({2, 3}), src);
+  CaptureContext ctx({{"w", DType::kBF16, {2, 3}}}, {{"p", DType::kF32, {3, 2}}});
+  auto v = ctx.Source("w");
+  ASSERT_TRUE(v.ok());
+  ASSERT_TRUE(ctx.CopyInto(v->Transpose(0, 1), DestRegion::Whole("p", {3, 2}, true)).ok());
+  float staged[6], live[6] = {0, 0, 0, 0, 0, 0};
+  for (int a = 0; a < 3; ++a) {
+    for (int b = 0; b < 2; ++b) staged[a * 2 + b] = Bf16BitsToF32(src[b * 3 + a]);
+  }
+  DestinationBuffers from{{"p", std::as_writable_bytes(std::span(staged))}};
+  DestinationBuffers to{{"p", std::as_writable_bytes(std::span(live))}};
+  const std::vector<DigestRegion> all{{0, Box{{0, 0}, {2, 3}}}};
+  auto got = CopyAndDigestInstalled(ctx.capture(), from, to, all);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->at("w"), want);
+  EXPECT_EQ(std::memcmp(staged, live, sizeof staged), 0);
+  // A staged buffer of the wrong size is refused, naming the parameter.
+  float small[4];
+  DestinationBuffers bad{{"p", std::as_writable_bytes(std::span(small))}};
+  auto refused = CopyAndDigestInstalled(ctx.capture(), bad, to, all);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("source p"));
 }
 
 }  // namespace

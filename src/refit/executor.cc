@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -14,26 +15,6 @@
 
 namespace rc::refit {
 namespace {
-
-// Imports each distinct descriptor once and releases them all on destruction.
-class Imports {
- public:
-  explicit Imports(transport::Transport& t) : t_(t) {}
-  ~Imports() {
-    for (auto& [handle, remote] : by_handle_) (void)t_.ReleaseRemote(remote);
-  }
-  Result<transport::RemoteMemory> Get(const std::string& handle) {
-    auto it = by_handle_.find(handle);
-    if (it != by_handle_.end()) return it->second;
-    RC_ASSIGN_OR_RETURN(transport::RemoteMemory r, t_.Import(handle));
-    by_handle_.emplace(handle, r);
-    return r;
-  }
-
- private:
-  transport::Transport& t_;
-  std::unordered_map<std::string, transport::RemoteMemory> by_handle_;
-};
 
 void CancelAll(std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>>& transfers,
                int64_t deadline_ns) {
@@ -44,6 +25,19 @@ void CancelAll(std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfe
 }
 
 }  // namespace
+
+Result<transport::RemoteMemory> ImportCache::Get(const std::string& handle) {
+  auto it = by_handle_.find(handle);
+  if (it != by_handle_.end()) return it->second;
+  RC_ASSIGN_OR_RETURN(transport::RemoteMemory r, t_.Import(handle));
+  by_handle_.emplace(handle, r);
+  return r;
+}
+
+void ImportCache::Release() {
+  for (auto& [handle, remote] : by_handle_) (void)t_.ReleaseRemote(remote);
+  by_handle_.clear();
+}
 
 std::byte* StagingArena::Reserve(uint64_t bytes) {
   if (bytes > capacity_) {
@@ -63,7 +57,9 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
   const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
 
   const int64_t import_start = clock.NowNs();
-  Imports imports(transport);
+  std::optional<ImportCache> own_imports;
+  if (options.imports == nullptr) own_imports.emplace(transport);
+  ImportCache& imports = options.imports != nullptr ? *options.imports : *own_imports;
   std::vector<transport::RemoteMemory> remote(plan.sources.size());
   for (size_t i = 0; i < plan.sources.size(); ++i) {
     const PlanSource& s = plan.sources[i];

@@ -1,5 +1,7 @@
 #include "rolloutcore/refit/tensor.h"
 
+#include "refit/digest_simd.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -244,6 +246,10 @@ void ConvertElements(DType from, const void* src, int64_t src_stride, DType to, 
     return;
   }
   if (from == DType::kBF16 && to == DType::kF32) {
+    if (src_stride == 1 && dst_stride == 1) {
+      internal::WidenBf16ToF32(d, s, n);  // vectorized (refit/digest_simd.h)
+      return;
+    }
     Loop(s, src_stride, d, dst_stride, n, ss, ds, [](const std::byte* a, std::byte* b) {
       StoreAs<float>(b, Bf16BitsToF32(LoadAs<uint16_t>(a)));
     });

@@ -241,3 +241,45 @@ TEST_F(ReceiverFaultTest, AStuckStageEndsAtItsDeadlineAndDoesNotHoldOthers) {
 
 }  // namespace
 }  // namespace rc::engine
+
+namespace rc::engine {
+namespace {
+
+// Issue 15: nothing rebuilt per refit. The transport and the imported descriptors are reused
+// while the source topology is unchanged, rebuilt when it changes (new handles), and dropped when
+// a stage fails; every reuse still installs bytes that match the published digests.
+TEST_F(ReceiverFaultTest, TransportAndImportsAreReusedWhileTheSourceTopologyIsUnchanged) {
+  Publish("v1", 1);
+  auto first = receiver_->Stage(Stage("v1"));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ((*first)["transport_cached"], false);
+  auto again = receiver_->Stage(Stage("v1"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)["transport_cached"], true);
+  EXPECT_EQ((*again)["transports_built"], 1);
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  auto installed = receiver_->Install("v1");
+  engine_->Resume();
+  ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
+  EXPECT_EQ(installed.evidence["live_content_digest"], (*again)["content_digest"]);
+  EXPECT_EQ(LiveDigest(), (*again)["content_digest"]);
+
+  Publish("v2", 2);  // new shm segments: new handles, a new topology
+  auto v2 = receiver_->Stage(Stage("v2"));
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ((*v2)["transport_cached"], false);
+  EXPECT_EQ((*v2)["transports_built"], 2);
+
+  Publish("v3", 3, "model.norm.weight", 5, 0x7fc0);  // a NaN: the stage fails after the pull
+  ASSERT_FALSE(receiver_->Stage(Stage("v3")).ok());
+  auto retry = receiver_->Stage(Stage("v3"));
+  ASSERT_FALSE(retry.ok());
+  auto v2_again = receiver_->Stage(Stage("v2"));
+  ASSERT_TRUE(v2_again.ok()) << v2_again.status().ToString();
+  EXPECT_EQ((*v2_again)["transport_cached"], false) << "a failed stage must drop the cached imports";
+  StageAndInstall("v2");
+  EXPECT_EQ(LiveDigest(), (*v2)["content_digest"]);
+}
+
+}  // namespace
+}  // namespace rc::engine

@@ -73,9 +73,10 @@ class Pending {
   std::shared_ptr<State> state_;
 };
 
-// Runs fn on a detached thread and returns its Pending. If the caller abandons the Pending
-// (deadline), the thread still runs to completion and its result is dropped; fn must own
-// everything it touches (capture shared_ptrs, not references).
+// RunDetached: runs fn on a detached worker (internal::RunOnDetachedWorker) and returns its
+// Pending. If the caller abandons the Pending (deadline), the worker still runs fn to completion
+// and its result is dropped; fn must own everything it touches (capture shared_ptrs, not
+// references).
 // Blocks for the result up to timeout_ms; DeadlineExceeded naming `what` when it did not come.
 template <typename T>
 Result<T> AwaitPending(Pending<T> p, int64_t timeout_ms, const std::string& what) {
@@ -85,10 +86,19 @@ Result<T> AwaitPending(Pending<T> p, int64_t timeout_ms, const std::string& what
   return p.Get();
 }
 
+namespace internal {
+// Runs `task` on a worker of a process-wide elastic pool: an idle worker takes it at once; when
+// none is idle a new worker is started, so a task that hangs never delays another (it only keeps
+// its own worker). Workers are kept parked for reuse (issue 15: no thread start per adapter call).
+void RunOnDetachedWorker(std::function<void()> task);
+// Workers started so far (for tests).
+int64_t DetachedWorkersStarted();
+}  // namespace internal
+
 template <typename T>
 Pending<T> RunDetached(std::function<Result<T>()> fn) {
   Pending<T> p;
-  std::thread([p, fn = std::move(fn)]() mutable { p.Fulfill(fn()); }).detach();
+  internal::RunOnDetachedWorker([p, fn = std::move(fn)]() mutable { p.Fulfill(fn()); });
   return p;
 }
 

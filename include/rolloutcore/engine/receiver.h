@@ -11,7 +11,8 @@
 // Install(version): only while the engine is paused (refused otherwise, and when nothing or
 // another version is staged — in both cases nothing live was touched): copies the staged
 // parameters into the live ones through Engine::InstallWeights, which sets the label in the
-// same critical section, then digests the live weights and compares them with the manifest.
+// same critical section, digesting the values it copies as it copies them (no second pass over
+// the live weights), and compares that digest with the manifest.
 // Its InstallOutcome is established where the first live byte is written (the install copy
 // marks itself before its first memcpy): refused_untouched when the install ended before that
 // point, whatever the error; failed_after_mutation when it ended after it; installed when the
@@ -30,13 +31,17 @@
 // source_preparation (capture), planning, registration (shadow allocation on first use, transport
 // creation, descriptor import and mapping), wire (reads posted until all completed), transform
 // (view replay and dtype conversion from the read staging into the shadow parameters),
-// receive_sync (digest of the staged bytes), install, post_install (live digest), ready. The
+// receive_sync (digest of the staged bytes, with the finite check on the same pass), finite_check
+// (replica bytes no digest region reads), install (copy + live digest), post_install (summing the
+// per-rank digests), ready. The
 // figures of the last stage and install, and counters, are exported as rolloutcore_refit_*
 // series (MetricsText, served on the engine's /metrics).
 //
 // Memory: the shadow parameters (one copy of the model in the engine's dtype) and the read
 // staging arena are allocated on the first stage and kept for the next refits, so a steady-state
-// refit neither allocates nor faults pages in. A new Stage replaces whatever was staged; if it
+// refit neither allocates nor faults pages in. The transport object and the imported (mapped)
+// source descriptors are kept too while the source topology is unchanged ("transport_cached" in
+// the stage evidence). A new Stage replaces whatever was staged; if it
 // fails, nothing is staged.
 //
 // Work is spread over `threads` threads (default: the hardware threads): dtype conversion,
@@ -169,7 +174,9 @@ class RefitReceiver {
   Result<Json> StageLocked(const StageRequest& request);
   // Sets *touched before the first live byte is written.
   Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched);
-  Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers);
+  // With any_nonfinite_f32, also checks (in the same pass) that the f32 elements read are finite.
+  Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers,
+                                        bool* any_nonfinite_f32 = nullptr);
   std::vector<refit::DestinationBuffers> LiveBuffers();
   // Delta refit (receiver_delta.cc). TryStageDelta: nullopt (with *why_full set) when the
   // manifest cannot be applied as a delta here; otherwise the delta stage's evidence or refusal.
@@ -193,6 +200,8 @@ class RefitReceiver {
   mutable std::mutex mu_;
   std::vector<refit::Capture> captures_;                            // guarded by mu_, per rank
   std::vector<std::vector<refit::DigestRegion>> digest_regions_;    // guarded by mu_
+  // Per rank, the parameter bytes no digest region covers (copied plainly by the fused install).
+  std::vector<refit::UncoveredBytes> uncovered_;                    // guarded by mu_
   uint64_t plan_topology_ = 0;                                      // guarded by mu_
   std::vector<refit::TransferPlan> plans_;                          // guarded by mu_
   std::unique_ptr<Staged> staged_;                                  // guarded by mu_
@@ -202,6 +211,14 @@ class RefitReceiver {
   std::vector<std::map<std::string, std::vector<float>>> shadow_;   // guarded by mu_
   std::vector<refit::DestinationBuffers> shadow_buffers_;           // guarded by mu_
   std::unique_ptr<refit::StagingArena> arena_;                      // guarded by mu_
+  // The transport and the imported source descriptors, kept across stages while the source
+  // topology (which includes every handle) and the transport name are unchanged; dropped when
+  // either changes or a stage fails (imports_ is declared after transport_: released first).
+  std::unique_ptr<transport::Transport> transport_;                 // guarded by mu_
+  std::string transport_name_;                                      // guarded by mu_
+  uint64_t transport_topology_ = 0;                                 // guarded by mu_
+  std::unique_ptr<refit::ImportCache> imports_;                     // guarded by mu_
+  int64_t transports_built_ = 0;                                    // guarded by mu_
   refit::TensorDigests live_cache_;                                 // guarded by mu_
   int64_t live_cache_generation_ = -1;                              // guarded by mu_
   bool live_cache_valid_ = false;                                   // guarded by mu_

@@ -30,6 +30,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -84,9 +86,42 @@ std::vector<std::vector<DigestRegion>> AssignDigestOwnership(std::span<const Cap
 // pieces cover exactly the same elements, so the digests they sum to are unchanged.
 std::vector<DigestRegion> SplitDigestRegions(std::span<const DigestRegion> regions, int64_t max_elements);
 
-// DigestInstalled spread over `threads` threads (regions split into even pieces first).
+// DigestInstalled spread over `threads` threads of the shared pool (regions split into even
+// pieces first). With any_nonfinite_f32 non-null, it is set to true when an f32 element the
+// regions read is NaN or +-Inf (checked on each run while it is in cache; it only says whether,
+// not where: a caller that needs the element looks for it then).
 [[nodiscard]] Result<TensorDigests> DigestInstalledParallel(const Capture& capture,
                                                             const DestinationBuffers& buffers,
-                                                            std::span<const DigestRegion> regions, int threads);
+                                                            std::span<const DigestRegion> regions, int threads,
+                                                            bool* any_nonfinite_f32 = nullptr);
+
+// Installs and digests in one pass: copies the elements of the given regions from `from` (staged
+// buffers) to `to` (live buffers) at the same byte offsets and returns the digest of the values it
+// copied -- the same registers that are stored are mixed, so the result is the digest of what was
+// written, without a second pass over memory. Same checks and errors as DigestInstalled (a staged
+// buffer missing or of the wrong size is FailedPrecondition too).
+[[nodiscard]] Result<TensorDigests> CopyAndDigestInstalled(const Capture& capture, const DestinationBuffers& from,
+                                                           const DestinationBuffers& to,
+                                                           std::span<const DigestRegion> regions);
+
+// Per parameter, the byte ranges (sorted, disjoint) that no run of `regions` covers: bytes other
+// copies own (replicated parameters, tied or overlapping views). A fused install copies these
+// plainly. Parameters fully covered are absent. Depends only on the capture: compute it once.
+struct ByteRange {
+  uint64_t begin = 0, end = 0;
+};
+using UncoveredBytes = std::map<std::string, std::vector<ByteRange>, std::less<>>;
+[[nodiscard]] Result<UncoveredBytes> BytesOutsideRegions(const Capture& capture,
+                                                         std::span<const DigestRegion> regions);
+
+// CopyAndDigestInstalled over `threads` threads of the shared pool (rolloutcore/base/parallel.h),
+// plus a plain copy of `uncovered` (from BytesOutsideRegions of the same regions): afterwards every
+// byte of every parameter in `uncovered` or in a region is copied, and the digest covers exactly
+// what DigestInstalled over `regions` would read from `to`.
+[[nodiscard]] Result<TensorDigests> CopyAndDigestInstalledParallel(const Capture& capture,
+                                                                   const DestinationBuffers& from,
+                                                                   const DestinationBuffers& to,
+                                                                   std::span<const DigestRegion> regions,
+                                                                   const UncoveredBytes& uncovered, int threads);
 
 }  // namespace rc::refit

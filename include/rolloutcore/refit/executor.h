@@ -21,7 +21,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/refit/capture.h"
@@ -43,11 +45,33 @@ class StagingArena {
   uint64_t capacity_ = 0;
 };
 
+// Imported source descriptors kept across ExecutePlan calls (a receiver that refits repeatedly
+// from the same sources imports and maps them once). Release() (and the destructor) hands every
+// import back to the transport, which must outlive the cache. Not thread-safe: one caller.
+class ImportCache {
+ public:
+  explicit ImportCache(transport::Transport& t) : t_(t) {}
+  ~ImportCache() { Release(); }
+  ImportCache(const ImportCache&) = delete;
+  ImportCache& operator=(const ImportCache&) = delete;
+  Result<transport::RemoteMemory> Get(const std::string& handle);
+  void Release();
+  size_t size() const { return by_handle_.size(); }
+  transport::Transport& transport() { return t_; }
+
+ private:
+  transport::Transport& t_;
+  std::map<std::string, transport::RemoteMemory> by_handle_;
+};
+
 struct ExecuteOptions {
   int64_t timeout_ms = 60'000;
   uint64_t max_staging_bytes = uint64_t{1} << 30;  // per wave; one larger step runs alone
   StagingArena* arena = nullptr;                   // null: staging allocated per wave and freed
   int transform_threads = 1;                       // threads for a wave's install steps
+  // Imports to reuse (and keep) across calls; must belong to the transport given to ExecutePlan.
+  // Null: descriptors are imported for this call and released when it returns.
+  ImportCache* imports = nullptr;
 };
 
 struct ExecuteStats {

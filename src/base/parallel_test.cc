@@ -1,0 +1,96 @@
+#include "rolloutcore/base/parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace rc {
+namespace {
+
+std::atomic<int> g_threads_seen{0};
+struct CountThread {
+  CountThread() { g_threads_seen.fetch_add(1); }
+};
+thread_local CountThread t_count;
+
+TEST(ParallelFor, CallsEveryIndexExactlyOnce) {
+  for (size_t n : {0, 1, 2, 7, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    ParallelFor(n, 4, [&](size_t i) { hits[i].fetch_add(1); });
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n " << n << " index " << i;
+  }
+}
+
+TEST(ParallelFor, ReusesItsThreadsInsteadOfStartingThemPerCall) {
+  // Warm: the pool exists now and every helper has run an index (each sleeps, so all join).
+  ParallelFor(64, 4, [](size_t) {
+    (void)&t_count;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const int before = g_threads_seen.load();
+  for (int call = 0; call < 50; ++call) {
+    ParallelFor(64, 4, [](size_t) {
+      (void)&t_count;  // first touch on a new thread constructs it
+      std::this_thread::yield();
+    });
+  }
+  // Threads started per call would construct a fresh thread_local in every call (~150 here).
+  EXPECT_LE(g_threads_seen.load() - before, 0) << "threads were started by the calls";
+  EXPECT_GE(internal::SharedParallelism(), 4);
+}
+
+TEST(ParallelFor, NestedAndConcurrentCallsFinish) {
+  std::atomic<int> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      ParallelFor(8, 4, [&](size_t) { ParallelFor(10, 4, [&](size_t) { total.fetch_add(1); }); });
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 3 * 8 * 10);
+}
+
+}  // namespace
+}  // namespace rc
+
+#include "rolloutcore/base/pending.h"
+
+namespace rc {
+namespace {
+
+TEST(RunDetached, ReusesParkedWorkersAndAHungCallDelaysNoOther) {
+  // Sequential calls: after the first, each one finds a parked worker.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(RunDetached<int>([] { return Result<int>(1); }).WaitFor(std::chrono::seconds(5)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the worker park
+  const int64_t before = internal::DetachedWorkersStarted();
+  for (int i = 0; i < 100; ++i) {
+    auto p = RunDetached<int>([i] { return Result<int>(i); });
+    ASSERT_TRUE(p.WaitFor(std::chrono::seconds(5)));
+    EXPECT_EQ(p.Get().value(), i);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // the worker parks again
+  }
+  EXPECT_LE(internal::DetachedWorkersStarted() - before, 5) << "a thread was started per call";
+  // A call that hangs keeps its worker; the next call still runs at once.
+  auto hold = std::make_shared<std::promise<void>>();
+  std::shared_future<void> release = hold->get_future().share();
+  auto hung = RunDetached<int>([release] {
+    release.wait();
+    return Result<int>(0);
+  });
+  auto quick = RunDetached<int>([] { return Result<int>(7); });
+  ASSERT_TRUE(quick.WaitFor(std::chrono::seconds(5))) << "a hung call delayed another";
+  EXPECT_EQ(quick.Get().value(), 7);
+  EXPECT_FALSE(hung.Ready());
+  hold->set_value();
+  EXPECT_TRUE(hung.WaitFor(std::chrono::seconds(5)));
+}
+
+}  // namespace
+}  // namespace rc

@@ -1,0 +1,331 @@
+#include "refit/digest_simd.h"
+
+// GCC 12 reports its own _mm512_undefined_* placeholders inside avx512fintrin.h as
+// "(may be) used uninitialized" once the intrinsics are inlined; the values are never read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "rolloutcore/refit/digest.h"
+
+namespace rc::refit::internal {
+namespace {
+
+constexpr uint64_t kPoison = uint64_t{1} << 40;
+constexpr uint64_t kMixAdd = 0x9E3779B97F4A7C15ULL;
+constexpr uint64_t kMixMul1 = 0xBF58476D1CE4E5B9ULL;
+constexpr uint64_t kMixMul2 = 0x94D049BB133111EBULL;
+
+// ---- scalar reference ------------------------------------------------------------------------
+
+inline uint64_t LoadBits(int es, const unsigned char* p) {
+  switch (es) {
+    case 1: return p[0];
+    case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    default: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+  }
+}
+
+inline uint64_t Bf16AsF32Bits(uint32_t u) { return (u & 0xffffu) == 0 ? (u >> 16) : (kPoison | u); }
+
+template <int ES, bool kCopy, bool kBf16>
+uint64_t ScalarRun(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n) {
+  uint64_t sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const unsigned char* e = src + j * ES;
+    uint64_t bits = LoadBits(ES, e);
+    if (kCopy) std::memcpy(dst + j * ES, e, ES);
+    if (kBf16) bits = Bf16AsF32Bits(static_cast<uint32_t>(bits));
+    sum += DigestTerm(index + static_cast<uint64_t>(j), bits);
+  }
+  return sum;
+}
+
+// ---- AVX2: 4 lanes; 64-bit multiply by a constant from three 32x32->64 products ------------
+
+#define RC_AVX2 __attribute__((target("avx2")))
+
+RC_AVX2 inline __m256i MulConst64(__m256i x, __m256i c_lo, __m256i c_hi) {
+  const __m256i lo = _mm256_mul_epu32(x, c_lo);
+  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), c_lo), _mm256_mul_epu32(x, c_hi));
+  return _mm256_add_epi64(lo, _mm256_slli_epi64(cross, 32));
+}
+
+struct Avx2Consts {
+  __m256i add, m1lo, m1hi, m2lo, m2hi;
+};
+
+RC_AVX2 inline Avx2Consts MakeAvx2Consts() {
+  return {_mm256_set1_epi64x(static_cast<long long>(kMixAdd)),
+          _mm256_set1_epi64x(static_cast<long long>(kMixMul1 & 0xffffffffu)),
+          _mm256_set1_epi64x(static_cast<long long>(kMixMul1 >> 32)),
+          _mm256_set1_epi64x(static_cast<long long>(kMixMul2 & 0xffffffffu)),
+          _mm256_set1_epi64x(static_cast<long long>(kMixMul2 >> 32))};
+}
+
+RC_AVX2 inline __m256i Mix4(__m256i x, const Avx2Consts& k) {
+  x = _mm256_add_epi64(x, k.add);
+  x = MulConst64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 30)), k.m1lo, k.m1hi);
+  x = MulConst64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 27)), k.m2lo, k.m2hi);
+  return _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
+}
+
+// Loads 4 elements, stores them to dst when copying, returns them zero-extended to 64 bits.
+template <int ES, bool kCopy>
+RC_AVX2 inline __m256i Load4(unsigned char* dst, const unsigned char* src) {
+  if constexpr (ES == 1) {
+    uint32_t v;
+    std::memcpy(&v, src, 4);
+    if (kCopy) std::memcpy(dst, &v, 4);
+    return _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(static_cast<int>(v)));
+  } else if constexpr (ES == 2) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+    if (kCopy) _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), v);
+    return _mm256_cvtepu16_epi64(v);
+  } else if constexpr (ES == 4) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    if (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), v);
+    return _mm256_cvtepu32_epi64(v);
+  } else {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    if (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+    return v;
+  }
+}
+
+template <int ES, bool kCopy, bool kBf16>
+RC_AVX2 uint64_t Avx2Run(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n) {
+  const Avx2Consts k = MakeAvx2Consts();
+  const __m256i four = _mm256_set1_epi64x(4);
+  const __m256i low16 = _mm256_set1_epi64x(0xffff);
+  const __m256i poison = _mm256_set1_epi64x(static_cast<long long>(kPoison));
+  __m256i idx = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(index)), _mm256_set_epi64x(3, 2, 1, 0));
+  __m256i acc = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    __m256i bits = Load4<ES, kCopy>(dst + j * ES, src + j * ES);
+    if constexpr (kBf16) {
+      const __m256i zero_low = _mm256_cmpeq_epi64(_mm256_and_si256(bits, low16), _mm256_setzero_si256());
+      bits = _mm256_blendv_epi8(_mm256_or_si256(bits, poison), _mm256_srli_epi64(bits, 16), zero_low);
+    }
+    acc = _mm256_add_epi64(acc, Mix4(_mm256_xor_si256(Mix4(idx, k), bits), k));
+    idx = _mm256_add_epi64(idx, four);
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  const uint64_t tail = ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + tail;
+}
+
+// ---- AVX-512 (F + DQ): 8 lanes with a native 64-bit multiply ----------------------------------
+
+#define RC_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+
+RC_AVX512 inline __m512i Mix8(__m512i x, __m512i add, __m512i m1, __m512i m2) {
+  x = _mm512_add_epi64(x, add);
+  x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), m1);
+  x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
+  return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+}
+
+template <int ES, bool kCopy>
+RC_AVX512 inline __m512i Load8(unsigned char* dst, const unsigned char* src) {
+  if constexpr (ES == 1) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+    if (kCopy) _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), v);
+    return _mm512_cvtepu8_epi64(v);
+  } else if constexpr (ES == 2) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    if (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), v);
+    return _mm512_cvtepu16_epi64(v);
+  } else if constexpr (ES == 4) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    if (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+    return _mm512_cvtepu32_epi64(v);
+  } else {
+    const __m512i v = _mm512_loadu_si512(src);
+    if (kCopy) _mm512_storeu_si512(dst, v);
+    return v;
+  }
+}
+
+template <bool kBf16>
+RC_AVX512 inline __m512i Term8(__m512i bits, __m512i at, __m512i add, __m512i m1, __m512i m2, __m512i low16,
+                               __m512i poison) {
+  if constexpr (kBf16) {
+    const __mmask8 zero_low = _mm512_cmpeq_epi64_mask(_mm512_and_si512(bits, low16), _mm512_setzero_si512());
+    bits = _mm512_mask_blend_epi64(zero_low, _mm512_or_si512(bits, poison), _mm512_srli_epi64(bits, 16));
+  }
+  return Mix8(_mm512_xor_si512(Mix8(at, add, m1, m2), bits), add, m1, m2);
+}
+
+template <int ES, bool kCopy, bool kBf16>
+RC_AVX512 uint64_t Avx512Run(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n) {
+  const __m512i add = _mm512_set1_epi64(static_cast<long long>(kMixAdd));
+  const __m512i m1 = _mm512_set1_epi64(static_cast<long long>(kMixMul1));
+  const __m512i m2 = _mm512_set1_epi64(static_cast<long long>(kMixMul2));
+  const __m512i eight = _mm512_set1_epi64(8);
+  const __m512i low16 = _mm512_set1_epi64(0xffff);
+  const __m512i poison = _mm512_set1_epi64(static_cast<long long>(kPoison));
+  __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(index)), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+  // Two independent chains per iteration keep both multiply pipes busy.
+  __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i b0 = Load8<ES, kCopy>(dst + j * ES, src + j * ES);
+    const __m512i b1 = Load8<ES, kCopy>(dst + (j + 8) * ES, src + (j + 8) * ES);
+    acc0 = _mm512_add_epi64(acc0, Term8<kBf16>(b0, idx, add, m1, m2, low16, poison));
+    acc1 = _mm512_add_epi64(acc1, Term8<kBf16>(b1, _mm512_add_epi64(idx, eight), add, m1, m2, low16, poison));
+    idx = _mm512_add_epi64(idx, _mm512_add_epi64(eight, eight));
+  }
+  for (; j + 8 <= n; j += 8) {
+    acc0 = _mm512_add_epi64(acc0, Term8<kBf16>(Load8<ES, kCopy>(dst + j * ES, src + j * ES), idx, add, m1, m2, low16, poison));
+    idx = _mm512_add_epi64(idx, eight);
+  }
+  const uint64_t lanes = static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1)));
+  return lanes + ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
+}
+
+// ---- finite check ----------------------------------------------------------------------------
+
+bool AnyNonFiniteScalar(const unsigned char* p, int64_t n) {
+  uint32_t any = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t u;
+    std::memcpy(&u, p + 4 * j, 4);
+    any |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return any != 0;
+}
+
+RC_AVX2 bool AnyNonFiniteAvx2(const unsigned char* p, int64_t n) {
+  const __m256i exp = _mm256_set1_epi32(0x7f800000);
+  __m256i any = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4 * j));
+    any = _mm256_or_si256(any, _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), exp));
+  }
+  return !_mm256_testz_si256(any, any) || AnyNonFiniteScalar(p + 4 * j, n - j);
+}
+
+// ---- dispatch --------------------------------------------------------------------------------
+
+template <bool kCopy, bool kBf16>
+uint64_t Run(DigestIsa isa, int es, void* dst, const void* src, uint64_t index, int64_t n) {
+  const auto* s = static_cast<const unsigned char*>(src);
+  // Without a copy nothing is written; dst is only offset in step with src (never null).
+  auto* d = kCopy ? static_cast<unsigned char*>(dst) : const_cast<unsigned char*>(s);
+  if (n <= 0) return 0;
+  if (!DigestIsaSupported(isa)) isa = DigestIsa::kScalar;
+#define RC_DIGEST_CASES(FN)                                        \
+  switch (es) {                                                    \
+    case 1: return FN<1, kCopy, kBf16>(d, s, index, n);            \
+    case 2: return FN<2, kCopy, kBf16>(d, s, index, n);            \
+    case 4: return FN<4, kCopy, kBf16>(d, s, index, n);            \
+    default: return FN<8, kCopy, kBf16>(d, s, index, n);           \
+  }
+  switch (isa) {
+    case DigestIsa::kAvx512: RC_DIGEST_CASES(Avx512Run)
+    case DigestIsa::kAvx2: RC_DIGEST_CASES(Avx2Run)
+    case DigestIsa::kScalar: break;
+  }
+  RC_DIGEST_CASES(ScalarRun)
+#undef RC_DIGEST_CASES
+}
+
+DigestIsa DetectBest() {
+  DigestIsa best = DigestIsa::kScalar;
+  if (DigestIsaSupported(DigestIsa::kAvx2)) best = DigestIsa::kAvx2;
+  if (DigestIsaSupported(DigestIsa::kAvx512)) best = DigestIsa::kAvx512;
+  if (const char* env = std::getenv("ROLLOUTCORE_DIGEST_ISA")) {
+    const std::string v = env;
+    if (v == "scalar") best = DigestIsa::kScalar;
+    if (v == "avx2" && best == DigestIsa::kAvx512) best = DigestIsa::kAvx2;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string_view DigestIsaName(DigestIsa isa) {
+  switch (isa) {
+    case DigestIsa::kScalar: return "scalar";
+    case DigestIsa::kAvx2: return "avx2";
+    case DigestIsa::kAvx512: return "avx512";
+  }
+  return "scalar";
+}
+
+bool DigestIsaSupported(DigestIsa isa) {
+  switch (isa) {
+    case DigestIsa::kScalar: return true;
+    case DigestIsa::kAvx2: return __builtin_cpu_supports("avx2");
+    case DigestIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+}
+
+DigestIsa BestDigestIsa() {
+  static const DigestIsa best = DetectBest();
+  return best;
+}
+
+uint64_t DigestContiguous(DigestIsa isa, int elem_size, const void* p, uint64_t index, int64_t n) {
+  return Run<false, false>(isa, elem_size, nullptr, p, index, n);
+}
+uint64_t DigestBf16AsF32(DigestIsa isa, const void* p, uint64_t index, int64_t n) {
+  return Run<false, true>(isa, 4, nullptr, p, index, n);
+}
+uint64_t CopyAndDigestContiguous(DigestIsa isa, int elem_size, void* dst, const void* src, uint64_t index,
+                                 int64_t n) {
+  return Run<true, false>(isa, elem_size, dst, src, index, n);
+}
+namespace {
+RC_AVX2 void WidenBf16Avx2(unsigned char* d, const unsigned char* s, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 4 * j), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  for (; j < n; ++j) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * j, 2);
+    const uint32_t u = uint32_t{h} << 16;
+    std::memcpy(d + 4 * j, &u, 4);
+  }
+}
+}  // namespace
+
+void WidenBf16ToF32(DigestIsa isa, void* dst, const void* src, int64_t n) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (n <= 0) return;
+  if (isa != DigestIsa::kScalar && DigestIsaSupported(DigestIsa::kAvx2)) return WidenBf16Avx2(d, s, n);
+  for (int64_t j = 0; j < n; ++j) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * j, 2);
+    const uint32_t u = uint32_t{h} << 16;
+    std::memcpy(d + 4 * j, &u, 4);
+  }
+}
+
+bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  if (n <= 0) return false;
+  if (isa != DigestIsa::kScalar && DigestIsaSupported(DigestIsa::kAvx2)) return AnyNonFiniteAvx2(b, n);
+  return AnyNonFiniteScalar(b, n);
+}
+
+uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint64_t index, int64_t n) {
+  return Run<true, true>(isa, 4, dst, src, index, n);
+}
+
+}  // namespace rc::refit::internal

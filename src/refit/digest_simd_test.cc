@@ -1,0 +1,154 @@
+#include "refit/digest_simd.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "rolloutcore/refit/digest.h"
+
+namespace rc::refit::internal {
+namespace {
+
+// The definition, written out independently of the kernels.
+uint64_t Reference(int es, const unsigned char* p, uint64_t index, int64_t n, bool bf16_as_f32) {
+  uint64_t sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, p + j * es, static_cast<size_t>(es));  // little-endian zero extension
+    if (bf16_as_f32) bits = (bits & 0xffff) == 0 ? bits >> 16 : (uint64_t{1} << 40) | bits;
+    sum += Mix64(Mix64(index + static_cast<uint64_t>(j)) ^ bits);
+  }
+  return sum;
+}
+
+std::vector<DigestIsa> Isas() {
+  std::vector<DigestIsa> out;
+  for (DigestIsa isa : {DigestIsa::kScalar, DigestIsa::kAvx2, DigestIsa::kAvx512}) {
+    if (DigestIsaSupported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+std::vector<unsigned char> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+TEST(DigestSimd, EveryIsaEqualsTheReferenceForEveryElementSizeLengthOffsetAndTail) {
+  const std::vector<unsigned char> data = RandomBytes(8 * 1100 + 64, 7);
+  const uint64_t bases[] = {0, 12345, ~uint64_t{0} - 20};  // the last wraps around 2^64 mid-run
+  for (DigestIsa isa : Isas()) {
+    for (int es : {1, 2, 4, 8}) {
+      for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 1000, 1031}) {
+        for (size_t off : {0, 1, 3, 5, 8}) {
+          for (uint64_t base : bases) {
+            const unsigned char* p = data.data() + off;
+            EXPECT_EQ(DigestContiguous(isa, es, p, base, n), Reference(es, p, base, n, false))
+                << DigestIsaName(isa) << " es " << es << " n " << n << " offset " << off << " base " << base;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DigestSimd, Bf16InF32EqualsTheReferenceWithCleanAndPoisonedElements) {
+  std::mt19937 rng(3);
+  std::vector<uint32_t> v(1100);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t hi = rng() & 0xffff;
+    v[i] = (hi << 16) | ((i % 7 == 3) ? (rng() & 0xffff) | 1 : 0);  // every 7th has dirty low bits
+  }
+  for (DigestIsa isa : Isas()) {
+    for (int64_t n : {0, 1, 4, 7, 8, 15, 16, 17, 100, 1099}) {
+      for (size_t off : {0, 1}) {
+        const auto* p = reinterpret_cast<const unsigned char*>(v.data() + off);
+        EXPECT_EQ(DigestBf16AsF32(isa, p, 99, n), Reference(4, p, 99, n, true))
+            << DigestIsaName(isa) << " n " << n << " offset " << off;
+      }
+    }
+  }
+}
+
+TEST(DigestSimd, AWrongByteChangesTheSumInEveryIsa) {
+  std::vector<unsigned char> data = RandomBytes(4096, 11);
+  for (DigestIsa isa : Isas()) {
+    const uint64_t before = DigestContiguous(isa, 2, data.data(), 0, 2048);
+    data[2047] ^= 0x10;  // inside the vector body for every width
+    EXPECT_NE(DigestContiguous(isa, 2, data.data(), 0, 2048), before) << DigestIsaName(isa);
+    data[2047] ^= 0x10;
+    data[4095] ^= 0x01;  // the last element (a tail for no ISA: 2048 is a multiple of 16)
+    EXPECT_NE(DigestContiguous(isa, 2, data.data(), 0, 2048), before) << DigestIsaName(isa);
+    data[4095] ^= 0x01;
+  }
+}
+
+TEST(DigestSimd, CopyAndDigestCopiesExactlyTheRunAndDigestsIt) {
+  const std::vector<unsigned char> src = RandomBytes(8 * 300 + 16, 5);
+  for (DigestIsa isa : Isas()) {
+    for (int es : {1, 2, 4, 8}) {
+      for (int64_t n : {0, 1, 5, 16, 17, 255}) {
+        for (size_t off : {0, 3}) {
+          std::vector<unsigned char> dst(8 * 300 + 32, 0xAB);
+          const uint64_t got = CopyAndDigestContiguous(isa, es, dst.data() + 8, src.data() + off, 77, n);
+          EXPECT_EQ(got, Reference(es, src.data() + off, 77, n, false)) << DigestIsaName(isa) << " es " << es;
+          const size_t bytes = static_cast<size_t>(n * es);
+          EXPECT_EQ(std::memcmp(dst.data() + 8, src.data() + off, bytes), 0) << DigestIsaName(isa);
+          for (size_t i = 0; i < dst.size(); ++i) {
+            if (i >= 8 && i < 8 + bytes) continue;
+            ASSERT_EQ(dst[i], 0xAB) << DigestIsaName(isa) << " es " << es << " n " << n << ": byte " << i
+                                    << " outside the run was written";
+          }
+        }
+      }
+    }
+    std::vector<uint32_t> f(37);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<uint32_t>(i * 0x10000u + (i % 5 == 0 ? 3 : 0));
+    std::vector<uint32_t> out(37, 0);
+    EXPECT_EQ(CopyAndDigestBf16AsF32(isa, out.data(), f.data(), 5, 37),
+              Reference(4, reinterpret_cast<const unsigned char*>(f.data()), 5, 37, true));
+    EXPECT_EQ(out, f);
+  }
+}
+
+TEST(DigestSimd, NonFiniteF32IsFoundAtEveryPositionInEveryIsa) {
+  std::vector<float> v(77, 1.5f);
+  for (DigestIsa isa : Isas()) {
+    EXPECT_FALSE(AnyNonFiniteF32(isa, v.data(), 77)) << DigestIsaName(isa);
+    for (size_t at : {0, 7, 8, 63, 76}) {
+      for (uint32_t bad : {0x7f800000u, 0xff800000u, 0x7fc00001u}) {  // +Inf, -Inf, NaN
+        std::vector<float> w = v;
+        std::memcpy(&w[at], &bad, 4);
+        EXPECT_TRUE(AnyNonFiniteF32(isa, w.data(), 77)) << DigestIsaName(isa) << " at " << at;
+        EXPECT_FALSE(AnyNonFiniteF32(isa, w.data(), static_cast<int64_t>(at))) << "only the first " << at;
+      }
+    }
+    const float big = 3.0e38f;  // finite, largest exponent below all ones
+    std::vector<float> w(20, big);
+    EXPECT_FALSE(AnyNonFiniteF32(isa, w.data(), 20)) << DigestIsaName(isa);
+  }
+}
+
+TEST(DigestSimd, WidenBf16IsExactForEveryLengthAndIsa) {
+  std::vector<uint16_t> h(70);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3f80 + 977 * i);
+  for (DigestIsa isa : Isas()) {
+    for (int64_t n : {0, 1, 7, 8, 9, 16, 69}) {
+      std::vector<uint32_t> out(71, 0xdeadbeef);
+      WidenBf16ToF32(isa, out.data(), h.data() + 1, n);
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(out[j], uint32_t{h[j + 1]} << 16) << DigestIsaName(isa) << " " << j;
+      EXPECT_EQ(out[n], 0xdeadbeefu) << "wrote past the run";
+    }
+  }
+}
+
+TEST(DigestSimd, TheDispatchedKernelIsASupportedOne) {
+  EXPECT_TRUE(DigestIsaSupported(BestDigestIsa())) << DigestIsaName(BestDigestIsa());
+}
+
+}  // namespace
+}  // namespace rc::refit::internal
