@@ -796,6 +796,7 @@ class Extension:
                 "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params.values())),
                 "captured": st.capture is not None,
                 "data_ptrs_stable": stable,
+                "offers_replay": True,  # rc_replay (docs/lifecycle.md "Replay validation")
                 "parameters": [
                     {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", "")}
                     for n, p in params.items()
@@ -992,6 +993,99 @@ class Extension:
         d = st.live_digest
         return {"ok": True, "label": st.label, "generation": st.generation, "boot_id": _BOOT_ID,
                 "content_digest": None if d is None else d["content_digest"]}
+
+    # ---- replay validation (issue 18) -------------------------------------------------------
+    def _rc_run_once(self, so: Any) -> Any:
+        out = self.execute_model(so)
+        if out is None:
+            out = self.sample_tokens(None)
+        if hasattr(out, "get_output"):
+            out = out.get_output()
+        return out
+
+    def rc_replay(self, prompt: List[int], steps: int, top_k: int = 5, probe: str = "") -> Dict[str, Any]:
+        """Replays one probe on the live weights through vLLM's own model runner, while the engine
+        is paused and drained: a greedy continuation of `steps` tokens after `prompt`, each step
+        one prefill of the sequence so far with temperature 0 and top_k logprobs, so every step is
+        computed by the kernels that serve users. The request never passes the scheduler: nothing
+        a user sent can run, and nothing of it stays in the runner.
+
+        Refused unless the model runner holds no request (pause mode wait or abort, after the
+        drain): the probe's KV is written into blocks 1..n, which is harmless only when no request
+        owns a block and the prefix cache was reset (the controller replays in VALIDATING, after
+        INVALIDATING)."""
+        t0 = time.monotonic()
+        try:
+            from vllm.sampling_params import SamplingParams
+            from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+            runner = self.model_runner
+            live = getattr(runner, "requests", None)
+            if live:
+                raise _Failure("FailedPrecondition",
+                               f"rc_replay: {len(live)} request(s) live in the model runner; "
+                               "replay needs a drained engine (pause mode wait or abort)")
+            seq = [int(t) for t in prompt]
+            steps = int(steps)
+            top_k = int(top_k)
+            if not seq:
+                raise _Failure("InvalidArgument", f"rc_replay {probe}: empty prompt")
+            if not 1 <= steps <= 64:
+                raise _Failure("InvalidArgument", f"rc_replay {probe}: steps {steps} outside 1..64")
+            if not 0 <= top_k <= 20:
+                raise _Failure("InvalidArgument", f"rc_replay {probe}: top_k {top_k} outside 0..20")
+            kv_cfg = runner.kv_cache_config
+            groups = kv_cfg.kv_cache_groups
+            max_tokens = int(getattr(runner, "max_num_tokens", 0) or 0)
+            if max_tokens and len(seq) + steps > max_tokens:
+                raise _Failure("InvalidArgument", f"rc_replay {probe}: {len(seq) + steps} tokens, over "
+                               f"max_num_batched_tokens {max_tokens}")
+            out_steps: List[Dict[str, Any]] = []
+            for s in range(steps):
+                n = len(seq)
+                block_ids = []
+                for g in groups:
+                    bs = int(g.kv_cache_spec.block_size)
+                    nb = -(-n // bs)
+                    if nb + 1 > int(kv_cfg.num_blocks):
+                        raise _Failure("InvalidArgument",
+                                       f"rc_replay {probe}: {nb} KV blocks needed, {kv_cfg.num_blocks} exist")
+                    block_ids.append(list(range(1, 1 + nb)))
+                rid = f"rc-replay-{os.getpid()}-{time.monotonic_ns()}"
+                sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=max(top_k, 1))
+                new = NewRequestData(req_id=rid, prompt_token_ids=list(seq), mm_features=[], sampling_params=sp,
+                                     pooling_params=None, block_ids=tuple(block_ids), num_computed_tokens=0,
+                                     lora_request=None)
+                so = SchedulerOutput.make_empty()
+                so.scheduled_new_reqs = [new]
+                so.num_scheduled_tokens = {rid: n}
+                so.total_num_scheduled_tokens = n
+                so.num_common_prefix_blocks = [0] * len(groups)
+                try:
+                    out = self._rc_run_once(so)
+                finally:
+                    fin = SchedulerOutput.make_empty()
+                    fin.finished_req_ids = {rid}
+                    fin.num_common_prefix_blocks = [0] * len(groups)
+                    self._rc_run_once(fin)
+                idx = out.req_id_to_index[rid]
+                token = int(out.sampled_token_ids[idx][0])
+                lp = out.logprobs
+                if lp is None:
+                    raise _Failure("Internal", f"rc_replay {probe}: the model runner returned no logprobs")
+                row_ids = [int(x) for x in lp.logprob_token_ids[idx]]
+                row_lps = [float(x) for x in lp.logprobs[idx]]
+                if row_ids[0] != token:
+                    raise _Failure("Internal", f"rc_replay {probe}: step {s}: logprob row is for token "
+                                   f"{row_ids[0]}, sampled {token}")
+                top = [[row_ids[j], row_lps[j]] for j in range(1, top_k + 1)]
+                out_steps.append({"token": token, "logprob": row_lps[0], "top": top})
+                seq.append(token)
+            return {"ok": True, "steps": out_steps, "engine_ms": (time.monotonic() - t0) * 1000.0,
+                    "tp_rank": self._rc_tp()[0]}
+        except _Failure as f:
+            return _fail(f.code, str(f))
+        except Exception as e:  # noqa: BLE001 - every failure is reported, typed
+            return _fail(_code_of(e), f"rc_replay {probe}: {type(e).__name__}: {e}")
 
 
 def _code_of(e: BaseException) -> str:

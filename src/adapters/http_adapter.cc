@@ -411,11 +411,7 @@ Pending<ResumeEvidence> HttpEngineAdapter::Resume() {
 
 Pending<lifecycle::ReplayEvidence> HttpEngineAdapter::Replay(const lifecycle::ReplayRequest& request) {
   return RunDetached<lifecycle::ReplayEvidence>([s = s_, request]() -> Result<lifecycle::ReplayEvidence> {
-    if (s->IsVllm()) {
-      return Unimplemented("engine at " + s->options.base_url +
-                           " (vLLM): replay validation needs rolloutcore's worker-extension replay method, which "
-                           "this adapter does not drive yet (probe " + request.probe + ")");
-    }
+    if (s->IsVllm()) return s->vllm->Replay(request);
     RC_ASSIGN_OR_RETURN(Json j, s->DoJson("POST", "/rc/validate/replay", lifecycle::ToJson(request).dump()));
     return lifecycle::ReplayEvidenceFromJson(j, "replay");
   });

@@ -318,7 +318,37 @@ Result<EngineDescription> VllmFlavor::Describe() {
   d.offers_content_digest = true;
   d.supports_staging = true;
   d.caches = {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal};
+  // An extension with rc_replay says so in rc_describe (older ones do not: the replay is skipped
+  // and the evidence says why).
+  d.offers_replay = !workers.empty();
+  for (const Json& w : workers) d.offers_replay = d.offers_replay && w.value("offers_replay", false);
+  d.replay_tolerance = options_.replay_tolerance;
+  d.replay_accepts_ties = true;
   return d;
+}
+
+Result<lifecycle::ReplayEvidence> VllmFlavor::Replay(const lifecycle::ReplayRequest& request) {
+  Json kwargs{{"prompt", request.prompt}, {"steps", request.steps}, {"top_k", request.top_k},
+              {"probe", request.probe}};
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_replay", kwargs, 60000));
+  lifecycle::ReplayEvidence first;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_replay", options_.base_url));
+    RC_ASSIGN_OR_RETURN(lifecycle::ReplayEvidence e,
+                        lifecycle::ReplayEvidenceFromJson(workers[i], "rc_replay rank " + std::to_string(i)));
+    if (i == 0) {
+      first = std::move(e);
+      continue;
+    }
+    bool same = e.steps.size() == first.steps.size();
+    for (size_t k = 0; same && k < e.steps.size(); ++k) same = e.steps[k].token == first.steps[k].token;
+    if (!same) {
+      return DataLoss("vLLM at " + options_.base_url + ": rc_replay of probe " + request.probe + ": rank " +
+                      std::to_string(i) + " sampled other tokens than rank 0");
+    }
+  }
+  if (workers.empty()) return Internal("vLLM at " + options_.base_url + ": rc_replay: no worker answered");
+  return first;
 }
 
 // The Runner polls this only while no controller rollout is active. vLLM's gauges refresh only on

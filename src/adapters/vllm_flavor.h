@@ -56,6 +56,10 @@ struct VllmOptions {
   int64_t reset_backoff_ms = 10;        // delay before the first retry; doubles per retry
   int64_t gauge_probe_after_ms = 1000;  // a non-zero gauge reading unchanged this long is probed
   bool pause_via_sleep = false;  // /sleep?level=0&mode=M + /wake_up?tags=scheduling instead of /pause + /resume
+  // Replay validation (docs/lifecycle.md): the log-probability bound proposed for vLLM's bf16
+  // kernels against the trainer's torch reference (docs/vllm.md "Replay validation" has the
+  // measurements); `controller serve --replay-tolerance` overrides it.
+  double replay_tolerance = 0.1;
 };
 
 class VllmFlavor {
@@ -83,6 +87,10 @@ class VllmFlavor {
   Result<lifecycle::LabelEvidence> ReadLabel();
   Result<lifecycle::DigestEvidence> ReadContentDigest();
   Result<lifecycle::ResumeEvidence> Resume();
+  // rc_replay on every worker (while paused and drained): a greedy continuation through vLLM's
+  // own model runner, never through the scheduler. Rank 0's numbers; every rank must have
+  // sampled the same tokens (DataLoss otherwise).
+  Result<lifecycle::ReplayEvidence> Replay(const lifecycle::ReplayRequest& request);
   // Sends the canary twice; the evidence says whether the post-resume check can fail. `where`
   // ("stage", "pause") is recorded.
   Result<Json> WarmCanary(const std::string& where);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "rolloutcore/lifecycle/engine_adapter.h"
@@ -105,7 +106,7 @@ ReplayRequest ReplayProbe::Request() const {
   return r;
 }
 
-ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& engine, double tol) {
+ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& engine, double tol, bool accept_ties) {
   ReplayComparison c;
   const std::string who = "probe " + probe.name;
   auto note = [&](double d, int64_t step) {
@@ -134,6 +135,26 @@ ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& e
     const ReplayStep& want = probe.expected[s];
     const ReplayStep& got = engine.steps[s];
     if (got.token != want.token) {
+      // A tie for first place may break either way under different rounding (bf16 kernels against
+      // an f32 reference): accepted only when each side gives the other's token a logprob within
+      // the tolerance of its own choice, and both chosen logprobs agree within it. The probe ends
+      // there either way: later steps continue another prefix.
+      auto lp_of = [](const ReplayStep& st, int32_t tok) -> std::optional<float> {
+        for (const auto& [t, lp] : st.top) {
+          if (t == tok) return lp;
+        }
+        return std::nullopt;
+      };
+      const auto engine_lp_of_trainer_token = lp_of(got, want.token);
+      const auto trainer_lp_of_engine_token = lp_of(want, got.token);
+      const bool tie = accept_ties && engine_lp_of_trainer_token && trainer_lp_of_engine_token &&
+                       std::fabs(static_cast<double>(got.logprob) - *engine_lp_of_trainer_token) <= tol &&
+                       std::fabs(static_cast<double>(want.logprob) - *trainer_lp_of_engine_token) <= tol &&
+                       note(std::fabs(static_cast<double>(got.logprob) - want.logprob), step) <= tol;
+      if (tie) {
+        c.diverged_on_tie_step = step;
+        break;
+      }
       fail(step, "engine token " + std::to_string(got.token) + " (logprob " + Num(got.logprob) + "), trainer token " +
                      std::to_string(want.token) + " (logprob " + Num(want.logprob) + ")");
       break;  // later steps continue another prefix
@@ -179,6 +200,7 @@ Json ToJson(const ReplayOutcome& o) {
   j["worst_step"] = o.worst_step;
   j["probes"] = o.probes;
   j["tokens"] = o.tokens;
+  j["ties"] = o.ties;
   j["engine_ms"] = o.engine_ms;
   j["wall_ms"] = o.wall_ms;
   return j;

@@ -61,6 +61,33 @@ TEST(CompareReplayTest, AnotherTokenIsAMismatchAtThatStep) {
   EXPECT_NE(c.mismatch.find("trainer token 7"), std::string::npos) << c.mismatch;
 }
 
+// vLLM's bf16 kernels against an f32 reference: a tie for first place may break the other way.
+// Accepted only when the engine asks for it, and only when it is a tie on both sides.
+TEST(CompareReplayTest, ATieForFirstPlaceEndsTheProbeOnlyWhenTheEngineAcceptsTies) {
+  ReplayProbe p = Probe();
+  p.expected[0] = ReplayStep{7, -0.70f, {{7, -0.70f}, {9, -0.71f}}};
+  ReplayEvidence e = Same();
+  e.steps[0] = ReplayStep{9, -0.705f, {{9, -0.705f}, {7, -0.707f}}};
+  e.steps[1] = ReplayStep{3, -0.1f, {{3, -0.1f}, {5, -3.0f}}};  // another prefix: never compared
+  ReplayComparison strict = CompareReplay(p, e, 0.02);
+  EXPECT_FALSE(strict.match) << "exact engines accept no tie";
+  EXPECT_EQ(strict.mismatch_step, 0);
+  ReplayComparison tie = CompareReplay(p, e, 0.02, /*accept_ties=*/true);
+  EXPECT_TRUE(tie.match) << tie.mismatch;
+  EXPECT_EQ(tie.diverged_on_tie_step, 0);
+  // Not a tie: the engine gives the trainer's token far less than its own choice.
+  ReplayEvidence clear = e;
+  clear.steps[0].top[1].second = -0.9f;
+  ReplayComparison no = CompareReplay(p, clear, 0.02, true);
+  EXPECT_FALSE(no.match);
+  EXPECT_EQ(no.diverged_on_tie_step, -1);
+  EXPECT_NE(no.mismatch.find("engine token 9"), std::string::npos) << no.mismatch;
+  // Not a tie either: the trainer's own top-k does not hold the engine's token within tolerance.
+  ReplayProbe far = p;
+  far.expected[0].top[1] = {9, -0.9f};
+  EXPECT_FALSE(CompareReplay(far, e, 0.02, true).match);
+}
+
 TEST(CompareReplayTest, MissingStepsAndTopKTokensAreMismatches) {
   ReplayEvidence shorter = Same();
   shorter.steps.pop_back();

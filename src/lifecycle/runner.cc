@@ -517,10 +517,12 @@ ReplayOutcome Runner::MakeReplayOutcome() const {
   o.tolerance = options_.replay_tolerance >= 0 ? options_.replay_tolerance : description_.replay_tolerance;
   o.wall_ms = replay_ended_ms_ - replay_started_ms_;
   for (size_t i = 0; i < target_.probes.size() && i < replay_evidence_.size(); ++i) {
-    const ReplayComparison c = CompareReplay(target_.probes[i], replay_evidence_[i], o.tolerance);
+    const ReplayComparison c = CompareReplay(target_.probes[i], replay_evidence_[i], o.tolerance,
+                                               description_.replay_accepts_ties);
     ++o.probes;
     o.tokens += static_cast<int64_t>(replay_evidence_[i].steps.size());
     o.engine_ms += replay_evidence_[i].engine_ms;
+    if (c.diverged_on_tie_step >= 0) ++o.ties;
     if (o.worst_probe.empty() || c.worst_logprob_diff > o.worst_logprob_diff) {
       o.worst_logprob_diff = c.worst_logprob_diff;
       o.worst_probe = target_.probes[i].name;

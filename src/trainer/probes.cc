@@ -107,7 +107,7 @@ Result<std::vector<refit::Probe>> ComputeSyntheticProbes(const refit::ModelConfi
   for (size_t i = 0; i < prompts.size(); ++i) {
     RC_ASSIGN_OR_RETURN(engine::ReplayOutput r, e->Replay(prompts[i], o.tokens, o.top_k));
     refit::Probe p;
-    p.name = "p" + std::to_string(i);
+    p.name = fmt::format("p{}", i);  // not "p" + to_string: GCC 12 -O3 reports a false -Wrestrict on it
     p.prompt = prompts[i];
     p.top_k = o.top_k;
     for (auto& s : r.steps) p.steps.push_back(refit::ProbeStep{s.token, s.logprob, std::move(s.top_logprobs)});

@@ -346,6 +346,42 @@ def test_controller_update_commits_with_the_digest_proven(env, ctl):
     figure("controller_update_v3_evidence", eng.get("evidence"))
 
 
+def test_probes_from_the_torch_trainer_replay_in_vllm_within_the_bound(env, ctl):
+    """Replay validation on vLLM (docs/lifecycle.md): the trainer computes probes with a
+    Transformers model in f32 on exactly the weights it publishes; in VALIDATING, still paused,
+    the extension's rc_replay runs them through vLLM's own model runner (bf16 kernels); the update
+    commits with the worst difference as evidence."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from rolloutcore.probes import make_probes
+
+    trainer = env["trainer"]
+    w = trainer.make("v-probe", seed=11)
+    ref = Qwen3ForCausalLM.from_pretrained(env["tiny"], dtype=torch.float32).to("cuda").eval()
+    missing, unexpected = ref.load_state_dict({k: v.float() for k, v in w.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    probes = make_probes(ref, [PROMPTS[0][:24], PROMPTS[1][:16]], steps=8, top_k=5)
+    del ref
+    torch.cuda.empty_cache()
+    trainer.pubs[0].attach_probes("v-probe", probes)
+    trainer.publish("v-probe")
+    eng = update(ctl.url, "v-probe")
+    assert eng["outcome"] == "committed", eng
+    replay = eng["evidence"]["validated"]["replay"]
+    figure("vllm_replay_evidence", replay)
+    assert replay["skipped"] is False, replay
+    assert replay["match"] is True, replay
+    assert replay["probes"] == 2 and replay["tokens"] == 16, replay
+    assert replay["worst_logprob_diff"] <= replay["tolerance"], replay
+    figure("vllm_replay_worst_logprob_diff", replay["worst_logprob_diff"])
+    figure("vllm_replay_ties", replay.get("ties"))
+    figure("vllm_replay_engine_ms", replay["engine_ms"])
+    # The replay ran while paused and left nothing behind: the engine serves v-probe afterwards.
+    st, body = rollout(ctl.url, PROMPTS[2], 4, "after-replay")
+    assert st == 200 and body["binding"]["label"] == "v-probe", body
+
+
 def test_live_256_token_rollout_drains_before_the_install(env, ctl):
     """Experiment 1: a rollout admitted under v3 is mid-generation when v4 is requested."""
     v, trainer = env["vllm"], env["trainer"]

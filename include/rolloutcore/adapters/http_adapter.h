@@ -69,8 +69,8 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
   Pending<lifecycle::LabelEvidence> ReadLabel() override;
   Pending<lifecycle::DigestEvidence> ReadContentDigest() override;
   Pending<lifecycle::ResumeEvidence> Resume() override;
-  // rolloutcore engines: POST /rc/validate/replay. vLLM: Unimplemented until rolloutcore's worker
-  // extension offers the replay method (Describe() says offers_replay = false there).
+  // rolloutcore engines: POST /rc/validate/replay. vLLM: the worker extension's rc_replay over
+  // /collective_rpc (VllmFlavor::Replay; Describe() offers it when every rank's rc_describe does).
   Pending<lifecycle::ReplayEvidence> Replay(const lifecycle::ReplayRequest& request) override;
   // rolloutcore: GET /rc/engine/state (boot_id, weight_version, install_generation, cached
   // content_digest). vLLM: POST /collective_rpc {"method": "rc_label"} answered by rolloutcore's

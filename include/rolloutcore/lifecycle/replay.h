@@ -7,7 +7,11 @@
 //
 // Comparison rules (CompareReplay), per probe, step by step:
 //  * the engine must produce as many steps as the trainer, and the same greedy token at every
-//    step (a different token ends the comparison of that probe: later steps see another prefix);
+//    step (a different token ends the comparison of that probe: later steps see another prefix),
+//    except, when the engine asks for it (EngineDescription::replay_accepts_ties: vLLM's bf16
+//    kernels round differently from the trainer's reference), a tie for first place: each side's
+//    logprob of the other's token within the tolerance of its own choice and the two chosen
+//    logprobs within it; the probe then ends there as matched, and the outcome counts it (`ties`);
 //  * |engine logprob - trainer logprob| <= tolerance for the chosen token;
 //  * every token in the trainer's top-k must be in the engine's top-k with its log-probability
 //    within tolerance — except a token whose trainer log-probability is within tolerance of the
@@ -74,8 +78,12 @@ struct ReplayComparison {
   int64_t mismatch_step = -1;
   double worst_logprob_diff = 0;  // over every compared log-probability of the probe
   int64_t worst_step = -1;
+  // The greedy paths parted at this step on a tie for first place (accept_ties only); the steps
+  // before it were compared, none after. -1: no tie.
+  int64_t diverged_on_tie_step = -1;
 };
-ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& engine, double tolerance);
+ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& engine, double tolerance,
+                               bool accept_ties = false);
 
 // What the validation step established about the replay, journaled with the validation evidence.
 struct ReplayOutcome {
@@ -89,6 +97,7 @@ struct ReplayOutcome {
   int64_t worst_step = -1;
   int64_t probes = 0;
   int64_t tokens = 0;    // steps replayed over all probes
+  int64_t ties = 0;  // probes whose greedy paths parted on a tie for first place (accept_ties)
   double engine_ms = 0;  // summed over probes, as the engine reports
   int64_t wall_ms = 0;   // from the first replay call to the last answer, by the Runner's clock
 };

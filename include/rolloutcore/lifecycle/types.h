@@ -82,6 +82,9 @@ struct EngineDescription {
   std::vector<CacheKind> caches;         // caches that exist and must be reset on update
   bool offers_replay = false;            // EngineAdapter::Replay runs probes while paused
   double replay_tolerance = 1e-4;        // the engine's log-probability bound (replay.h)
+  // Accept a tie for first place (replay.h): for engines whose kernels round differently from
+  // the trainer's reference (vLLM bf16); exact-arithmetic engines (f32) leave it off.
+  bool replay_accepts_ties = false;
 };
 
 // Engine-side work observed at one moment.
