@@ -796,9 +796,10 @@ class Extension:
                 "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params.values())),
                 "captured": st.capture is not None,
                 "data_ptrs_stable": stable,
-                # rc_replay exists but fails inside vLLM 0.26's model runner (an AssertionError in
-                # execute_model, seen on the H200, not yet diagnosed): not offered, so the controller
-                # skips the replay and says why instead of tainting every update that has probes.
+                # rc_replay failed inside vLLM 0.26's model runner on the H200 (an empty AssertionError:
+                # most likely the V2 runner's check of NewRequestData.prefill_token_ids, now set, but
+                # not re-run on a GPU): not offered until proven, so the controller skips the replay
+                # and says why instead of tainting every update that has probes.
                 "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY") == "1",
                 "parameters": [
                     {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", "")}
@@ -1022,7 +1023,10 @@ class Extension:
             from vllm.sampling_params import SamplingParams
             from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
             runner = self.model_runner
+            # V1 runner: .requests; V2 runner (vLLM 0.26's default for dense models): .req_states.
             live = getattr(runner, "requests", None)
+            if live is None:
+                live = getattr(getattr(runner, "req_states", None), "req_id_to_index", None)
             if live:
                 raise _Failure("FailedPrecondition",
                                f"rc_replay: {len(live)} request(s) live in the model runner; "
@@ -1055,9 +1059,11 @@ class Extension:
                     block_ids.append(list(range(1, 1 + nb)))
                 rid = f"rc-replay-{os.getpid()}-{time.monotonic_ns()}"
                 sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=max(top_k, 1))
+                # prefill_token_ids: the V2 model runner (vLLM 0.26's default for dense models)
+                # asserts it is set (the empty AssertionError seen on the H200).
                 new = NewRequestData(req_id=rid, prompt_token_ids=list(seq), mm_features=[], sampling_params=sp,
                                      pooling_params=None, block_ids=tuple(block_ids), num_computed_tokens=0,
-                                     lora_request=None)
+                                     lora_request=None, prefill_token_ids=list(seq))
                 so = SchedulerOutput.make_empty()
                 so.scheduled_new_reqs = [new]
                 so.num_scheduled_tokens = {rid: n}
