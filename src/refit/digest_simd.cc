@@ -187,7 +187,12 @@ RC_AVX512 uint64_t Avx512Run(unsigned char* dst, const unsigned char* src, uint6
     acc0 = _mm512_add_epi64(acc0, Term8<kBf16>(Load8<ES, kCopy>(dst + j * ES, src + j * ES), idx, add, m1, m2, low16, poison));
     idx = _mm512_add_epi64(idx, eight);
   }
-  const uint64_t lanes = static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1)));
+  // Summed as unsigned (wrapping) lanes: GCC's _mm512_reduce_add_epi64 adds them as signed
+  // long long, which UBSan reports as overflow.
+  alignas(64) uint64_t lane[8];
+  _mm512_store_si512(lane, _mm512_add_epi64(acc0, acc1));
+  uint64_t lanes = 0;
+  for (uint64_t l : lane) lanes += l;
   return lanes + ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
 }
 
