@@ -796,11 +796,8 @@ class Extension:
                 "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params.values())),
                 "captured": st.capture is not None,
                 "data_ptrs_stable": stable,
-                # rc_replay failed inside vLLM 0.26's model runner on the H200 (an empty AssertionError:
-                # most likely the V2 runner's check of NewRequestData.prefill_token_ids, now set, but
-                # not re-run on a GPU): not offered until proven, so the controller skips the replay
-                # and says why instead of tainting every update that has probes.
-                "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY") == "1",
+                # rc_replay: on by default; ROLLOUTCORE_VLLM_REPLAY=0 in vllm serve's environment opts out.
+                "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY", "1") != "0",
                 "parameters": [
                     {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", "")}
                     for n, p in params.items()
