@@ -840,7 +840,8 @@ class Extension:
                 self._rc_ensure_capture(st, specs)
                 capture_ms = (time.perf_counter() - t1) * 1e3
                 remaining = max(1, int(timeout_ms) - int((time.perf_counter() - t0) * 1e3))
-                ev = st.stager.stage(directory, model, version, remaining, self._rc_staging_buffers(st))
+                ev = st.stager.stage(directory, model, version, remaining, self._rc_staging_buffers(st),
+                                     pull_delay_ms=int(st.faults.get("stage_pull_delay_ms", 0)))
                 ev["stage_ms"]["capture"] = capture_ms
                 ev["stage_ms"]["total"] = (time.perf_counter() - t0) * 1e3
                 st.published = dict(ev.pop("published"))
@@ -978,10 +979,13 @@ class Extension:
     def rc_fault(self, **faults: Any) -> Dict[str, Any]:
         """Tests only (``ROLLOUTCORE_VLLM_FAULT_INJECTION=1`` in vLLM's environment, else refused):
         replaces the fault set. ``install_sleep_ms``: rc_install sleeps that long after its first
-        live copy (mutation has begun), so a test can kill vLLM mid-install."""
+        live copy (mutation has begun), so a test can kill vLLM mid-install.
+        ``stage_pull_delay_ms``: rc_stage holds its pull that long (within its timeout) after the
+        trainer's memory was imported and before the reads are posted, so a test can kill the
+        trainer mid-pull. ``rc_fault()`` with no argument clears them."""
         if os.environ.get("ROLLOUTCORE_VLLM_FAULT_INJECTION") != "1":
             return _fail("FailedPrecondition", "fault injection is off (ROLLOUTCORE_VLLM_FAULT_INJECTION=1 enables it)")
-        known = {"install_sleep_ms"}
+        known = {"install_sleep_ms", "stage_pull_delay_ms"}
         bad = sorted(set(faults) - known)
         if bad:
             return _fail("InvalidArgument", f"unknown faults {bad}; known: {sorted(known)}")

@@ -596,6 +596,46 @@ def test_trainer_dead_before_the_pull_leaves_the_engine_on_the_old_version(env, 
     assert after["content_digest"] == before["content_digest"] and after["label"] == before["label"]
 
 
+def test_trainer_killed_mid_pull_leaves_the_engine_ready_on_the_old_version(env, ctl):
+    """Experiment 4b, mid-pull: the controller's stage has imported the trainer's CUDA memory and is
+    held (fault stage_pull_delay_ms) before its reads when the trainer is SIGKILLed. The pull fails
+    (cuda_ipc sees the owner gone), nothing live is touched: READY on the old version, the live
+    digest unchanged, within the stage deadline (--stage-deadline-ms 20000)."""
+    v = env["vllm"]
+    before = v.rpc1("rc_digest", fresh=True)
+    st0 = status(ctl.url)
+    child = subprocess.Popen([sys.executable, "-c", TRAINER_CHILD, env["tiny"], env["directory"], MODEL, "v11", "11"],
+                             stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, HARNESS_DIR=os.path.dirname(__file__)))
+    try:
+        assert child.stdout.readline().strip() == "published"
+        f = v.rpc1("rc_fault", stage_pull_delay_ms=5000)
+        assert f["ok"], f
+        t0 = time.time()
+        bg = Background(update, ctl.url, "v11")
+        time.sleep(2.0)  # the stage's manifest, plan and imports take milliseconds; it now waits in the delay
+        assert bg.thread.is_alive(), "the update finished before the kill"
+        t_kill = time.time()
+        child.kill()
+        child.wait()
+        eng = bg.join(60)
+        t_end = time.time()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        v.rpc1("rc_fault")
+    figure("trainer_killed_mid_pull", {"update_s": round(t_end - t0, 3), "after_kill_s": round(t_end - t_kill, 3),
+                                       "outcome": eng["outcome"], "reason": str(eng.get("reason"))[:400]})
+    assert eng["outcome"] != "committed", eng
+    # The reads were posted after the kill: the transfer (not the import) saw the owner gone.
+    assert "cuda_ipc transfer" in json.dumps(eng) and "is gone" in json.dumps(eng), eng.get("reason")
+    assert t_end - t0 < 20.0, "beyond the stage deadline"
+    s = status(ctl.url)
+    assert s["state"] == "READY" and s["label"] == before["label"] == st0["label"], s
+    after = v.rpc1("rc_digest", fresh=True)
+    assert after["content_digest"] == before["content_digest"] and after["label"] == before["label"]
+
+
 def test_vllm_killed_mid_install_taints_in_bounded_time_and_recovery_proves_the_digest(env, ctl):
     """Experiment 4a and recovery."""
     v, trainer = env["vllm"], env["trainer"]
