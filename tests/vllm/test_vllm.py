@@ -492,6 +492,7 @@ def test_live_256_token_rollout_drains_before_the_install(env, ctl):
     # drain), so its tokens must equal the v3-only run exactly.
     ctl.stop()
     ctl.start("--no-prefetch")
+    served = status(ctl.url)["label"]  # v3, or v-probe when the replay test ran before
     prompt = list(range(40, 72))
     st, ref = rollout(ctl.url, prompt, 256, "ref-v3", ignore_eos=True)
     assert st == 200, ref
@@ -510,7 +511,7 @@ def test_live_256_token_rollout_drains_before_the_install(env, ctl):
     figure("live_rollout_tokens_at_update_request", mid)
     assert st == 200, long
     assert eng["outcome"] == "committed", eng
-    assert long["binding"]["label"] == "v3"
+    assert long["binding"]["label"] == served
     assert long["choices"][0]["text"] == ref["choices"][0]["text"], "tokens equal the v3-only run"
     j = journal(ctl.url)
     fin, inst = find(j, "finish", "long-1"), find(j, "begin_install")
@@ -602,6 +603,8 @@ def test_trainer_killed_mid_pull_leaves_the_engine_ready_on_the_old_version(env,
     (cuda_ipc sees the owner gone), nothing live is touched: READY on the old version, the live
     digest unchanged, within the stage deadline (--stage-deadline-ms 20000)."""
     v = env["vllm"]
+    ctl.stop()
+    ctl.start()  # prefetch on (the default): the stage runs while vLLM serves, under the stage deadline
     before = v.rpc1("rc_digest", fresh=True)
     st0 = status(ctl.url)
     child = subprocess.Popen([sys.executable, "-c", TRAINER_CHILD, env["tiny"], env["directory"], MODEL, "v11", "11"],
