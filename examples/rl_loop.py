@@ -199,7 +199,8 @@ def publish_and_update(cluster: rolloutcore.LocalCluster, pub: rolloutcore.Publi
     staged = ((rec["engines"][0].get("evidence") or {}).get("staged") or {})
     return {"publish_ms": (t1 - t0) * 1e3, "update_ms": (t2 - t1) * 1e3, "content_digest": report["content_digest"],
             "live_digest_ok": live["content_digest"] == report["content_digest"], "update_phases_ms": phases,
-            "bytes": report["bytes"], "stage_mode": staged.get("mode"), **delta}
+            "bytes": report["bytes"], "stage_mode": staged.get("mode") or (staged.get("engine") or {}).get("mode"),
+            **delta}
 
 
 def bf16_snapshot(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
