@@ -15,9 +15,12 @@ Each step:
      Qwen3ForCausalLM (transformers), one Adam step; the engine's sampling logprobs are compared
      with the trainer's for the same tokens (the gap is small only if the engine really serves
      the trainer's weights);
-  4. publish the new weights through rolloutcore.Publisher (bf16, shared memory), ask the
-     controller to update, wait for it, and check the engine's live content digest equals the
-     published manifest's.
+  4. publish the new weights through rolloutcore.Publisher (bf16, shared memory) as a delta refit
+     on the previous version (only the elements whose bf16 bits changed move; --no-delta: full),
+     ask the controller to update, wait for it, and check the engine's live content digest equals
+     the published manifest's. The fraction of bf16 elements the Adam step changed is measured on
+     the trainer's device (rolloutcore.refit.changed_elements on the bf16 casts before and after
+     the step) and reported per step beside the delta's size.
 Rewards, timings and checks per step go to OUT/rl_loop.json and a plot to OUT/rewards.png.
 
 Runs on a GPU machine (--device cuda, the default when available) or slowly on CPU
@@ -47,7 +50,7 @@ import torch.nn.functional as F
 import rolloutcore
 from rolloutcore import torch_utils
 from rolloutcore.cluster import run_binary
-from rolloutcore.refit import core
+from rolloutcore.refit import changed_elements, core
 
 EQUALS = ord("=")
 DIGITS = [ord(str(d)) for d in range(10)]
@@ -72,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--transport", default="shm", help="shm (default) or ucx")
     p.add_argument("--concurrency", type=int, default=32, help="rollouts in flight")
     p.add_argument("--keep", type=int, default=2, help="versions kept published (older ones are released)")
+    p.add_argument("--no-delta", action="store_true",
+                   help="publish every version in full (default: delta refit, docs/refit.md \"Delta refit\")")
     return p.parse_args()
 
 
@@ -180,6 +185,7 @@ def publish_and_update(cluster: rolloutcore.LocalCluster, pub: rolloutcore.Publi
     with torch.no_grad():
         report = torch_utils.publish_module(pub, version, model, dtype="bf16")
     t1 = time.perf_counter()
+    delta = {k: report.get(k) for k in ("delta_base", "delta_changed", "delta_bytes", "delta_shards") if k in report}
     checks.check(report["state"] == "COMMITTED", f"{version}: publish state {report['state']}")
     rec = cluster.controller.update_to(model_name, version, timeout_s=300)
     t2 = time.perf_counter()
@@ -190,9 +196,28 @@ def publish_and_update(cluster: rolloutcore.LocalCluster, pub: rolloutcore.Publi
     manifest_digest = cluster.directory.info(model_name, version)["content_digest"]
     checks.check(manifest_digest == report["content_digest"], f"{version}: directory digest {manifest_digest}")
     phases = rec["engines"][0].get("phases_ms", {})
+    staged = ((rec["engines"][0].get("evidence") or {}).get("staged") or {})
     return {"publish_ms": (t1 - t0) * 1e3, "update_ms": (t2 - t1) * 1e3, "content_digest": report["content_digest"],
             "live_digest_ok": live["content_digest"] == report["content_digest"], "update_phases_ms": phases,
-            "bytes": report["bytes"]}
+            "bytes": report["bytes"], "stage_mode": staged.get("mode") or (staged.get("engine") or {}).get("mode"),
+            **delta}
+
+
+def bf16_snapshot(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The bf16 cast of every parameter, where it lives (what the next publish will send)."""
+    with torch.no_grad():
+        return {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+
+
+def changed_fraction(before: Dict[str, torch.Tensor], model: torch.nn.Module) -> Tuple[int, int]:
+    """(changed, total) bf16 elements between `before` and the model now, computed on its device."""
+    changed = total = 0
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            offsets, _ = changed_elements(before[n], p.detach().to(torch.bfloat16))
+            changed += int(offsets.numel())
+            total += p.numel()
+    return changed, total
 
 
 def generate(cluster: rolloutcore.LocalCluster, pool: ThreadPoolExecutor, prompts: List[List[int]], group: int,
@@ -235,7 +260,8 @@ def main() -> int:
     with rolloutcore.LocalCluster(model=model_name, engine_model=str(model_dir), workdir=str(work_dir),
                                   engine_version="init", engine_tp=args.engine_tp) as cluster, \
             ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-        pub = rolloutcore.Publisher(cluster.directory_url, model_name, transport=args.transport)
+        pub = rolloutcore.Publisher(cluster.directory_url, model_name, transport=args.transport,
+                                    delta=not args.no_delta)
         # v0: the trainer's initial weights; proves names, layout and digests line up before training.
         v0 = publish_and_update(cluster, pub, model, model_name, "v0", checks)
         print(f"v0 published and installed: digest {v0['content_digest']}, {v0['bytes']} bytes, "
@@ -266,7 +292,10 @@ def main() -> int:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            before = bf16_snapshot(model)
             opt.step()
+            n_changed, n_total = changed_fraction(before, model)
+            del before
             # The engine sampled with the weights the trainer had before this step (in bf16).
             gaps = []
             trainer_lp, lengths = logp.detach().cpu().tolist(), mask.sum(dim=1).long().cpu().tolist()
@@ -289,12 +318,19 @@ def main() -> int:
                                         / len(rollouts)),
                    "loss": loss.item(), "entropy": mean_entropy.item(), "grad_norm": grad_norm, "engine_trainer_logprob_gap": gap,
                    "rollouts": len(rollouts), "rollout_ms": (t1 - t0) * 1e3, "train_ms": (t2 - t1) * 1e3,
-                   "step_ms": (t3 - t0) * 1e3, **upd}
+                   "step_ms": (t3 - t0) * 1e3, "bf16_changed": n_changed, "bf16_elements": n_total,
+                   "bf16_changed_fraction": n_changed / n_total, **upd}
             steps.append(row)
             print(f"step {step:4d}  reward {row['reward_mean']:.3f}  exact {row['exact_match']:.2f}  "
                   f"entropy {row['entropy']:.2f}  "
                   f"gap {gap:.4f}  rollouts {row['rollout_ms']:.0f} ms  publish {upd['publish_ms']:.0f} ms  "
-                  f"update {upd['update_ms']:.0f} ms  -> {version} digest ok={upd['live_digest_ok']}", flush=True)
+                  f"update {upd['update_ms']:.0f} ms  changed {row['bf16_changed_fraction']:.4f} "
+                  f"({upd.get('stage_mode')}, delta {upd.get('delta_bytes')} of {upd['bytes']} B)  "
+                  f"-> {version} digest ok={upd['live_digest_ok']}", flush=True)
+            if not args.no_delta:
+                checks.check(upd.get("delta_changed") == n_changed,
+                             f"{version}: the delta carries {upd.get('delta_changed')} changed elements, the trainer "
+                             f"measured {n_changed} on its device")
 
         # Every recorded trajectory carries the version that produced it.
         rows = cluster.controller.trajectories()
@@ -309,6 +345,12 @@ def main() -> int:
               "checks_failed": checks.failed, "trajectories_checked": len(bindings)}
     (out_dir / "rl_loop.json").write_text(json.dumps(result, indent=2))
     plot(steps, out_dir / "rewards.png")
+    if steps:
+        fr = sorted(s["bf16_changed_fraction"] for s in steps)
+        result["bf16_changed_fraction"] = {"min": fr[0], "median": fr[len(fr) // 2], "max": fr[-1], "lr": args.lr}
+        (out_dir / "rl_loop.json").write_text(json.dumps(result, indent=2))
+        print(f"bf16 elements changed per step at lr {args.lr}: min {fr[0]:.4f}, median {fr[len(fr) // 2]:.4f}, "
+              f"max {fr[-1]:.4f}")
     first = steps[0]["reward_mean"] if steps else math.nan
     last = sum(s["reward_mean"] for s in steps[-10:]) / max(1, len(steps[-10:]))
     print(f"reward: first step {first:.3f}, mean of the last 10 steps {last:.3f}")

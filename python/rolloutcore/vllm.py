@@ -796,11 +796,8 @@ class Extension:
                 "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params.values())),
                 "captured": st.capture is not None,
                 "data_ptrs_stable": stable,
-                # rc_replay failed inside vLLM 0.26's model runner on the H200 (an empty AssertionError:
-                # most likely the V2 runner's check of NewRequestData.prefill_token_ids, now set, but
-                # not re-run on a GPU): not offered until proven, so the controller skips the replay
-                # and says why instead of tainting every update that has probes.
-                "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY") == "1",
+                # rc_replay: on by default; ROLLOUTCORE_VLLM_REPLAY=0 in vllm serve's environment opts out.
+                "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY", "1") != "0",
                 "parameters": [
                     {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", "")}
                     for n, p in params.items()
@@ -843,7 +840,8 @@ class Extension:
                 self._rc_ensure_capture(st, specs)
                 capture_ms = (time.perf_counter() - t1) * 1e3
                 remaining = max(1, int(timeout_ms) - int((time.perf_counter() - t0) * 1e3))
-                ev = st.stager.stage(directory, model, version, remaining, self._rc_staging_buffers(st))
+                ev = st.stager.stage(directory, model, version, remaining, self._rc_staging_buffers(st),
+                                     pull_delay_ms=int(st.faults.get("stage_pull_delay_ms", 0)))
                 ev["stage_ms"]["capture"] = capture_ms
                 ev["stage_ms"]["total"] = (time.perf_counter() - t0) * 1e3
                 st.published = dict(ev.pop("published"))
@@ -981,10 +979,13 @@ class Extension:
     def rc_fault(self, **faults: Any) -> Dict[str, Any]:
         """Tests only (``ROLLOUTCORE_VLLM_FAULT_INJECTION=1`` in vLLM's environment, else refused):
         replaces the fault set. ``install_sleep_ms``: rc_install sleeps that long after its first
-        live copy (mutation has begun), so a test can kill vLLM mid-install."""
+        live copy (mutation has begun), so a test can kill vLLM mid-install.
+        ``stage_pull_delay_ms``: rc_stage holds its pull that long (within its timeout) after the
+        trainer's memory was imported and before the reads are posted, so a test can kill the
+        trainer mid-pull. ``rc_fault()`` with no argument clears them."""
         if os.environ.get("ROLLOUTCORE_VLLM_FAULT_INJECTION") != "1":
             return _fail("FailedPrecondition", "fault injection is off (ROLLOUTCORE_VLLM_FAULT_INJECTION=1 enables it)")
-        known = {"install_sleep_ms"}
+        known = {"install_sleep_ms", "stage_pull_delay_ms"}
         bad = sorted(set(faults) - known)
         if bad:
             return _fail("InvalidArgument", f"unknown faults {bad}; known: {sorted(known)}")

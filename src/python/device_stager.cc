@@ -26,6 +26,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rolloutcore/base/hash.h"
@@ -155,8 +156,11 @@ class PyDeviceStager {
     install_key_ = live_digest_key_ = 0;
   }
 
+  // pull_delay_ms > 0 (fault injection for tests, rc_fault stage_pull_delay_ms; 0 in production):
+  // holds the pull that long (within the deadline) after the source memory was imported and
+  // before the reads are posted, so a test can kill the trainer mid-pull.
   py::dict Stage(const std::string& directory, const std::string& model, const std::string& version,
-                 int64_t timeout_ms, const py::dict& staging_buffers) {
+                 int64_t timeout_ms, const py::dict& staging_buffers, int64_t pull_delay_ms) {
     if (staging_.copies.empty()) Raise(FailedPrecondition("DeviceStager: set_captures was not called"));
     if (timeout_ms <= 0) Raise(InvalidArgument(fmt::format("timeout_ms must be positive, got {}", timeout_ms)));
     refit::DestinationBuffers buffers = BuffersFrom(staging_buffers);
@@ -164,7 +168,7 @@ class PyDeviceStager {
     py::dict out;
     {
       py::gil_scoped_release nogil;
-      Status st = StageLocked(directory, model, version, timeout_ms, buffers);
+      Status st = StageLocked(directory, model, version, timeout_ms, buffers, pull_delay_ms);
       if (!st.ok()) {
         py::gil_scoped_acquire gil;
         Raise(st);
@@ -303,7 +307,7 @@ class PyDeviceStager {
 
  private:
   Status StageLocked(const std::string& directory, const std::string& model, const std::string& version,
-                     int64_t timeout_ms, const refit::DestinationBuffers& buffers) {
+                     int64_t timeout_ms, const refit::DestinationBuffers& buffers, int64_t pull_delay_ms) {
     last_stages_.clear();
     const auto t_total = std::chrono::steady_clock::now();
     auto t = t_total;
@@ -333,6 +337,13 @@ class PyDeviceStager {
       RC_ASSIGN_OR_RETURN(imports_, cuda::PlanImports::Import(*plan_, *transport_));
     }
     last_stages_["import"] = MsSince(t);
+
+    if (pull_delay_ms > 0) {
+      t = std::chrono::steady_clock::now();
+      const int64_t left = timeout_ms - static_cast<int64_t>(MsSince(t_total));
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(0, std::min(pull_delay_ms, left))));
+      last_stages_["fault_pull_delay"] = MsSince(t);
+    }
 
     t = std::chrono::steady_clock::now();
     cuda::DeviceExecuteOptions eo;
@@ -401,7 +412,7 @@ void RegisterDeviceStager(py::module_& m) {
       .def("set_captures", &PyDeviceStager::SetCaptures, py::arg("staging_params"), py::arg("staging_copies"),
            py::arg("live_params"), py::arg("live_copies"))
       .def("stage", &PyDeviceStager::Stage, py::arg("directory"), py::arg("model"), py::arg("version"),
-           py::arg("timeout_ms"), py::arg("staging_buffers"))
+           py::arg("timeout_ms"), py::arg("staging_buffers"), py::arg("pull_delay_ms") = 0)
       .def("live_digest", &PyDeviceStager::LiveDigest, py::arg("live_buffers"))
       .def("prepare_install", &PyDeviceStager::PrepareInstall, py::arg("staging_buffers"), py::arg("live_buffers"))
       .def("install", &PyDeviceStager::Install, py::arg("staging_buffers"), py::arg("live_buffers"));

@@ -67,6 +67,18 @@ TEST(HttpAdapterVllmTest, DescribesVllmThroughTheExtensionAndReadsDrainFromMetri
   EXPECT_EQ(label->label, "v7") << "the label comes from rc_label, set by rc_install";
 }
 
+TEST(HttpAdapterVllmTest, ProposesTheMeasuredBf16ReplayBoundAndAcceptsTies) {
+  // The bound measured on the H200 (docs/vllm.md "Replay validation": worst 0.060 over 3 versions x
+  // 4 probes x 16 steps) times a 2.5 margin; an extension that does not say offers_replay is skipped.
+  FakeVllm vllm;
+  HttpEngineAdapter a(Options(vllm.url()));
+  auto d = a.Describe();
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_DOUBLE_EQ(d->replay_tolerance, 0.15);
+  EXPECT_TRUE(d->replay_accepts_ties);
+  EXPECT_FALSE(d->offers_replay) << "the fake's rc_describe has no offers_replay";
+}
+
 TEST(HttpAdapterVllmTest, GaugesLeftStaleAreRefreshedByOneProbeButNeverWhilePaused) {
   FakeVllm vllm;
   HttpEngineAdapter a(Options(vllm.url()));

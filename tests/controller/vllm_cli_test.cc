@@ -105,6 +105,18 @@ TEST_F(VllmCliTest, NativeNcclTransferAndBadUrlsAreRefusedUpFront) {
   EXPECT_NE(ctl_->LogTail().find("vllm+ftp://127.0.0.1:1"), std::string::npos) << ctl_->LogTail();
 }
 
+TEST_F(VllmCliTest, PauseCallDefaultsToSleepLevelZero) {
+  // --vllm-pause-call sleep is the default (docs/vllm.md: 29.7 vs 53.6 ms pause window for 16 GB on
+  // the H200); /pause stays selectable.
+  ctl_ = ChildProcess::Spawn("help", {"controller", "serve", "--help"}, dir_ + "/help.log", ROLLOUTCORE_BIN).value();
+  EXPECT_EQ(WaitExit(ctl_.get()), 0) << ctl_->LogTail();
+  const std::string out = ctl_->LogTail(400);
+  const size_t at = out.find("--vllm-pause-call");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_NE(line.find("{pause,sleep}=sleep"), std::string::npos) << "the default is sleep: " << line;
+}
+
 TEST_F(VllmCliTest, BenchCycleEngineVllmRunsThePackagesBenchWithTheArguments) {
   // The real Python bench, importable from the source tree; --dry-run prints its configuration
   // (no GPU needed). --cycles is the subcommand's own flag, forwarded; the rest passes through.

@@ -257,6 +257,104 @@ def test_stage_of_an_unknown_version_is_not_found(env):
     assert not r["ok"] and r["code"] == "NotFound", r
 
 
+# ---- replay validation (issue 18): the bf16 bound, measured ----------------------------------------
+
+
+def f32_probes(env, weights, prompts, steps: int, top_k: int):
+    """The torch trainer's probes: a Transformers Qwen3 in f32 on exactly these (bf16) weights."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from rolloutcore.probes import make_probes
+
+    ref = Qwen3ForCausalLM.from_pretrained(env["tiny"], dtype=torch.float32).to("cuda").eval()
+    missing, unexpected = ref.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    probes = make_probes(ref, prompts, steps=steps, top_k=top_k)
+    del ref
+    torch.cuda.empty_cache()
+    return probes
+
+
+def replay_paused(v, probes):
+    """rc_replay of every probe with the engine paused (wait) and drained, as VALIDATING does."""
+    st, body = v.post("/pause?mode=wait&clear_cache=false")
+    assert st == 200, body
+    try:
+        out = []
+        for p in probes:
+            r = v.rpc1("rc_replay", prompt=p["prompt"], steps=len(p["steps"]), top_k=p["top_k"], probe=p["name"])
+            assert r["ok"], r
+            out.append(r)
+        return out
+    finally:
+        v.post("/resume")
+
+
+def compare(probes, replays):
+    """Per probe and step, as CompareReplay does: the first step where the greedy tokens differ
+    ends that probe; before it, |logprob diff| of the chosen token and of every trainer top-k token
+    the engine also lists."""
+    diffs, first_diverged = [], []
+    for p, r in zip(probes, replays):
+        for s, (t, e) in enumerate(zip(p["steps"], r["steps"])):
+            if t["token"] != e["token"]:
+                etop = dict((int(i), float(x)) for i, x in e["top"])
+                first_diverged.append({"probe": p["name"], "step": s, "trainer": [t["token"], t["logprob"]],
+                                       "engine": [e["token"], e["logprob"]],
+                                       "engine_lp_of_trainer_token": etop.get(t["token"])})
+                break
+            diffs.append(abs(t["logprob"] - e["logprob"]))
+            etop = dict((int(i), float(x)) for i, x in e["top"])
+            diffs.extend(abs(x - etop[int(i)]) for i, x in t["top"] if int(i) in etop)
+    return diffs, first_diverged
+
+
+def test_replay_bf16_bound_measured_and_wrong_weights_caught(env):
+    """The vLLM flavour's default replay tolerance comes from this measurement: for 3 versions ×
+    4 prompts × 16 greedy steps (top-5), the torch trainer's f32 logprobs on the published bf16
+    weights against vLLM's bf16 kernels replaying them through rc_replay (paused). Negative
+    control: the probes of one version replayed on another version's weights (a wrong install the
+    digest would not see if the mapping were wrong) differ far beyond the bound."""
+    import random
+
+    v, trainer = env["vllm"], env["trainer"]
+    rng = random.Random(5)
+    prompts = [[rng.randrange(16, 2000) for _ in range(n)] for n in (8, 24, 40, 64)]
+    worst, all_diffs, diverged, engine_ms, probes_of = [], [], [], [], {}
+    for i, seed in enumerate((21, 22, 23)):
+        ver = f"v-bound{i}"
+        w = trainer.make(ver, seed=seed)
+        trainer.publish(ver)
+        stage_install(env, ver)
+        probes = f32_probes(env, w, prompts, steps=16, top_k=5)
+        probes_of[ver] = probes
+        reps = replay_paused(v, probes)
+        engine_ms.extend(r["engine_ms"] for r in reps)
+        d, div = compare(probes, reps)
+        all_diffs.extend(d)
+        diverged.extend(div)
+        worst.append(max(d))
+    all_diffs.sort()
+    figure("vllm_replay_bound", {
+        "worst_per_version": [round(x, 6) for x in worst], "worst": round(max(worst), 6),
+        "p99": round(all_diffs[int(0.99 * (len(all_diffs) - 1))], 6), "median": round(all_diffs[len(all_diffs) // 2], 6),
+        "compared_logprobs": len(all_diffs), "greedy_divergences": diverged,
+        "engine_ms_per_probe_16_steps": [round(x, 2) for x in engine_ms]})
+    # Negative control: v-bound0's probes on v-bound2's weights (live now).
+    reps = replay_paused(v, probes_of["v-bound0"])
+    d, div = compare(probes_of["v-bound0"], reps)
+    wrong = max(d) if d else float("inf")
+    figure("vllm_replay_wrong_weights", {"worst_diff_before_divergence": round(wrong, 4),
+                                         "divergences": len(div), "first_steps": [x["step"] for x in div]})
+    # Probes from other weights must fail: a token differs at step 0 in some probe, or the diffs
+    # are far beyond the bound the right weights give.
+    assert div and min(x["step"] for x in div) == 0 or wrong > 10 * max(worst), (wrong, div, worst)
+    assert max(worst) < 1.0, worst
+    for ver in probes_of:
+        trainer.release(ver)
+
+
 # ---- through the controller: `rolloutcore controller serve --engine vllm+http://...` -------------
 
 
@@ -346,9 +444,8 @@ def test_controller_update_commits_with_the_digest_proven(env, ctl):
     figure("controller_update_v3_evidence", eng.get("evidence"))
 
 
-@pytest.mark.skipif(os.environ.get("ROLLOUTCORE_VLLM_REPLAY") != "1",
-                    reason="rc_replay fails inside vLLM 0.26's model runner (AssertionError in execute_model on the "
-                           "H200, session 4); set ROLLOUTCORE_VLLM_REPLAY=1 (for vllm serve too) to run it")
+@pytest.mark.skipif(os.environ.get("ROLLOUTCORE_VLLM_REPLAY") == "0",
+                    reason="ROLLOUTCORE_VLLM_REPLAY=0: the extension does not offer rc_replay")
 def test_probes_from_the_torch_trainer_replay_in_vllm_within_the_bound(env, ctl):
     """Replay validation on vLLM (docs/lifecycle.md): the trainer computes probes with a
     Transformers model in f32 on exactly the weights it publishes; in VALIDATING, still paused,
@@ -395,6 +492,7 @@ def test_live_256_token_rollout_drains_before_the_install(env, ctl):
     # drain), so its tokens must equal the v3-only run exactly.
     ctl.stop()
     ctl.start("--no-prefetch")
+    served = status(ctl.url)["label"]  # v3, or v-probe when the replay test ran before
     prompt = list(range(40, 72))
     st, ref = rollout(ctl.url, prompt, 256, "ref-v3", ignore_eos=True)
     assert st == 200, ref
@@ -413,7 +511,7 @@ def test_live_256_token_rollout_drains_before_the_install(env, ctl):
     figure("live_rollout_tokens_at_update_request", mid)
     assert st == 200, long
     assert eng["outcome"] == "committed", eng
-    assert long["binding"]["label"] == "v3"
+    assert long["binding"]["label"] == served
     assert long["choices"][0]["text"] == ref["choices"][0]["text"], "tokens equal the v3-only run"
     j = journal(ctl.url)
     fin, inst = find(j, "finish", "long-1"), find(j, "begin_install")
@@ -499,6 +597,48 @@ def test_trainer_dead_before_the_pull_leaves_the_engine_on_the_old_version(env, 
     assert after["content_digest"] == before["content_digest"] and after["label"] == before["label"]
 
 
+def test_trainer_killed_mid_pull_leaves_the_engine_ready_on_the_old_version(env, ctl):
+    """Experiment 4b, mid-pull: the controller's stage has imported the trainer's CUDA memory and is
+    held (fault stage_pull_delay_ms) before its reads when the trainer is SIGKILLed. The pull fails
+    (cuda_ipc sees the owner gone), nothing live is touched: READY on the old version, the live
+    digest unchanged, within the stage deadline (--stage-deadline-ms 20000)."""
+    v = env["vllm"]
+    ctl.stop()
+    ctl.start()  # prefetch on (the default): the stage runs while vLLM serves, under the stage deadline
+    before = v.rpc1("rc_digest", fresh=True)
+    st0 = status(ctl.url)
+    child = subprocess.Popen([sys.executable, "-c", TRAINER_CHILD, env["tiny"], env["directory"], MODEL, "v11", "11"],
+                             stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, HARNESS_DIR=os.path.dirname(__file__)))
+    try:
+        assert child.stdout.readline().strip() == "published"
+        f = v.rpc1("rc_fault", stage_pull_delay_ms=5000)
+        assert f["ok"], f
+        t0 = time.time()
+        bg = Background(update, ctl.url, "v11")
+        time.sleep(2.0)  # the stage's manifest, plan and imports take milliseconds; it now waits in the delay
+        assert bg.thread.is_alive(), "the update finished before the kill"
+        t_kill = time.time()
+        child.kill()
+        child.wait()
+        eng = bg.join(60)
+        t_end = time.time()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        v.rpc1("rc_fault")
+    figure("trainer_killed_mid_pull", {"update_s": round(t_end - t0, 3), "after_kill_s": round(t_end - t_kill, 3),
+                                       "outcome": eng["outcome"], "reason": str(eng.get("reason"))[:400]})
+    assert eng["outcome"] != "committed", eng
+    # The reads were posted after the kill: the transfer (not the import) saw the owner gone.
+    assert "cuda_ipc transfer" in json.dumps(eng) and "is gone" in json.dumps(eng), eng.get("reason")
+    assert t_end - t0 < 20.0, "beyond the stage deadline"
+    s = status(ctl.url)
+    assert s["state"] == "READY" and s["label"] == before["label"] == st0["label"], s
+    after = v.rpc1("rc_digest", fresh=True)
+    assert after["content_digest"] == before["content_digest"] and after["label"] == before["label"]
+
+
 def test_vllm_killed_mid_install_taints_in_bounded_time_and_recovery_proves_the_digest(env, ctl):
     """Experiment 4a and recovery."""
     v, trainer = env["vllm"], env["trainer"]
@@ -537,19 +677,22 @@ def test_vllm_killed_mid_install_taints_in_bounded_time_and_recovery_proves_the_
 
 
 def test_controller_with_pause_via_sleep_commits(env, ctl):
-    """`controller serve --vllm-pause-call sleep` against the real vLLM: the update commits, the
-    journal shows the /sleep?level=0 pause, the engine is unpaused afterwards."""
+    """`controller serve` against the real vLLM pauses through /sleep?level=0 by default (and with
+    `--vllm-pause-call sleep`); `--vllm-pause-call pause` stays selectable: both updates commit, the
+    journal shows each pause call, the engine is unpaused afterwards."""
     trainer = env["trainer"]
-    trainer.make("v9", seed=9)
-    trainer.publish("v9")
-    want, per = manifest_digests(env["directory"], MODEL, "v9")
-    ctl.stop()
-    ctl.start("--vllm-pause-call", "sleep")
-    eng = update(ctl.url, "v9")
-    assert eng["outcome"] == "committed", eng
-    figure("controller_sleep_pause_phases_ms", eng.get("phases_ms"))
-    ins = [r for r in journal(ctl.url) if r.get("event") == "begin_install"]
-    assert ins and "/sleep?level=0&mode=wait" in json.dumps(ins[-1]), ins[-1:]
-    assert http("GET", env["vllm"].base + "/is_paused")[1] == {"is_paused": False}
-    d = env["vllm"].rpc1("rc_digest", per_tensor=True, fresh=True)
-    assert d["label"] == "v9" and {n: h for n, h in per.items() if n not in d["not_loaded"]} == d["tensors"]
+    for ver, seed, flags, call in (("v9", 9, (), "/sleep?level=0&mode=wait"),
+                                   ("v10", 10, ("--vllm-pause-call", "pause"), "/pause?mode=wait&clear_cache=false")):
+        trainer.make(ver, seed=seed)
+        trainer.publish(ver)
+        want, per = manifest_digests(env["directory"], MODEL, ver)
+        ctl.stop()
+        ctl.start(*flags)
+        eng = update(ctl.url, ver)
+        assert eng["outcome"] == "committed", eng
+        figure(f"controller_{'default_sleep' if not flags else 'pause'}_phases_ms", eng.get("phases_ms"))
+        ins = [r for r in journal(ctl.url) if r.get("event") == "begin_install"]
+        assert ins and call in json.dumps(ins[-1]), (call, ins[-1:])
+        assert http("GET", env["vllm"].base + "/is_paused")[1] == {"is_paused": False}
+        d = env["vllm"].rpc1("rc_digest", per_tensor=True, fresh=True)
+        assert d["label"] == ver and {n: h for n, h in per.items() if n not in d["not_loaded"]} == d["tensors"]
