@@ -41,13 +41,6 @@ std::string_view FinishReasonName(FinishReason r) {
   return "";
 }
 
-Result<PauseMode> PauseModeFromName(std::string_view name) {
-  if (name == "abort") return PauseMode::kAbort;
-  if (name == "wait") return PauseMode::kWait;
-  if (name == "keep") return PauseMode::kKeep;
-  return InvalidArgument("mode: expected one of abort, wait, keep; got '" + std::string(name) + "'");
-}
-
 RequestStream::Snapshot RequestStream::WaitFrom(size_t seen, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(mu_);
   cv_.wait_for(l, timeout, [&] { return data_.finished || (seen != SIZE_MAX && data_.tokens.size() > seen); });
@@ -145,6 +138,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
   }
   RC_RETURN_IF_ERROR(e->model_->Bind());
   e->kv_ = std::make_unique<KvCacheManager>(o.num_kv_blocks, o.block_size, o.enable_prefix_caching);
+  e->scheduler_ = Scheduler(SchedulerConfig{o.max_num_seqs, o.max_num_batched_tokens, o.block_size});
   e->weight_version_ = o.weight_version;
   e->seed_rng_ = SamplerRng(o.seed);
   e->boot_id_ = NewBootId();
@@ -249,12 +243,16 @@ void Engine::FinishLocked(Sequence* seq, FinishReason reason) {
 }
 
 void Engine::PreemptLocked(Sequence* seq) {
+  kv_->Release(seq->blocks);
+  ResetForRecomputeLocked(seq);
+}
+
+void Engine::ResetForRecomputeLocked(Sequence* seq) {
   if (seq->kv_stale) {
     // It re-prefills under the live weights: from here on its KV is recomputed, not stale.
     seq->kv_stale = false;
     OpenSpanLocked(seq, SpanKv::kRecomputed);
   }
-  kv_->Release(seq->blocks);
   seq->blocks.clear();
   seq->block_hashes.clear();
   seq->num_computed = 0;
@@ -289,16 +287,11 @@ int64_t Engine::Abort(const std::vector<std::string>& ids) {
   return n;
 }
 
-bool Engine::HasRunnableWork() const {
-  std::lock_guard<std::mutex> l(mu_);
-  if (paused_) return false;
-  return !running_.empty() || (!draining_ && !waiting_.empty());
-}
-
 void Engine::WaitForWork(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(mu_);
   work_cv_.wait_for(l, timeout, [&] {
-    return notified_ || (!paused_ && (!running_.empty() || (!draining_ && !waiting_.empty())));
+    return notified_ || HasRunnableWork(pause_, static_cast<int64_t>(running_.size()),
+                                        static_cast<int64_t>(waiting_.size()));
   });
   notified_ = false;
 }
@@ -316,82 +309,16 @@ bool Engine::Step() {
   std::vector<Sequence*> batch;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (paused_) return false;
-    int64_t budget = options_.max_num_batched_tokens;
-    // 1. Running sequences, oldest first; preempt the newest when blocks run out.
-    for (;;) {
-      KvPlan plan;
-      bool ok = true;
-      int64_t b = budget;
-      for (auto& s : running_) {
-        const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->num_computed;
-        s->step_tokens = std::max<int64_t>(0, std::min(remaining, b));
-        b -= s->step_tokens;
-        KvDemand d;
-        d.seq_id = s->seq_id;
-        d.held_blocks = static_cast<int64_t>(s->blocks.size());
-        d.need_tokens = s->num_computed + s->step_tokens;
-        if (!kv_->PlanDemand(d, &plan)) {
-          ok = false;
-          break;
-        }
-      }
-      if (ok) {
-        kv_->Apply(plan);
-        for (const KvGrant& g : plan.grants) {
-          for (auto& s : running_) {
-            if (s->seq_id == g.seq_id) s->blocks.insert(s->blocks.end(), g.new_blocks.begin(), g.new_blocks.end());
-          }
-        }
-        budget = b;
-        break;
-      }
-      // Preempt the most recently admitted running sequence and retry.
-      std::unique_ptr<Sequence> victim = std::move(running_.back());
-      running_.pop_back();
-      PreemptLocked(victim.get());
-      waiting_.push_front(std::move(victim));
-      if (running_.empty()) break;
-    }
-    // 2. Admissions, FIFO.
-    while (!draining_ && !waiting_.empty() && budget > 0 &&
-           static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
-      Sequence* s = waiting_.front().get();
-      KvPlan plan;
-      KvDemand d;
-      d.seq_id = s->seq_id;
-      d.match_prefix = true;
-      d.prefix_tokens = std::span<const int32_t>(s->tokens.data(), s->tokens.size() - 1);
-      d.cache_salt = s->cache_salt;
-      d.need_tokens = static_cast<int64_t>(s->tokens.size());
-      if (!kv_->PlanDemand(d, &plan)) break;  // wait for blocks to free up
-      kv_->Apply(plan);
-      const KvGrant& g = plan.grants[0];
-      s->blocks = g.hit_blocks;
-      s->blocks.insert(s->blocks.end(), g.new_blocks.begin(), g.new_blocks.end());
-      s->block_hashes = g.hit_hashes;
-      s->num_computed = static_cast<int64_t>(g.hit_blocks.size()) * options_.block_size;
-      if (!s->counted_prefix) {
-        s->counted_prefix = true;
-        s->cached_tokens = s->num_computed;
-        metrics_.prefix_cache_queries += static_cast<int64_t>(s->prompt_len);
-        metrics_.prefix_cache_hits += std::min<int64_t>(s->num_computed, static_cast<int64_t>(s->prompt_len));
-        metrics_.prompt_tokens += static_cast<int64_t>(s->prompt_len);
-      }
-      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->num_computed;
-      s->step_tokens = std::min(remaining, budget);
-      budget -= s->step_tokens;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
-    for (auto& s : running_)
-      if (s->step_tokens > 0) batch.push_back(s.get());
+    if (pause_ == PauseState::kPaused) return false;
+    // 1. Plan (pure), 2. apply the plan: the only mutation of queues and blocks before the forward.
+    batch = ApplyPlanLocked(ScheduleLocked());
     if (batch.empty()) return false;
     metrics_.steps++;
   }
 
   // 3. Forward outside mu_ (step_mu_ keeps parameters and KV memory stable).
   std::vector<ForwardSeq> fwd;
+  fwd.reserve(batch.size());
   for (Sequence* s : batch) {
     ForwardSeq f;
     f.tokens = s->tokens.data() + s->num_computed;
@@ -404,24 +331,88 @@ bool Engine::Step() {
   std::vector<float> logits;
   Status st = model_->Forward(fwd, &logits);
 
-  // 4. Apply results.
+  // 4. Apply the outputs.
   std::lock_guard<std::mutex> l(mu_);
-  if (!st.ok()) {
-    RC_LOG_ERROR("engine step failed: {}", st.ToString());
-    for (Sequence* s : batch) s->step_tokens = -1;  // marker: abort below
+  if (!st.ok()) RC_LOG_ERROR("engine step failed: {}", st.ToString());
+  ApplyOutputsLocked(batch, logits, st.ok());
+  return true;
+}
+
+StepPlan Engine::ScheduleLocked() const {
+  std::vector<SchedRequest> running;
+  running.reserve(running_.size());
+  auto view = [](const Sequence& s) {
+    SchedRequest r;
+    r.seq_id = s.seq_id;
+    r.tokens = s.tokens;
+    r.cache_salt = s.cache_salt;
+    r.num_computed = s.num_computed;
+    r.blocks = s.blocks;
+    return r;
+  };
+  for (const auto& s : running_) running.push_back(view(*s));
+  // No step admits more than max_num_seqs requests: the head of the queue is all it can see.
+  const size_t head = std::min(waiting_.size(), static_cast<size_t>(options_.max_num_seqs));
+  std::vector<SchedRequest> waiting;
+  waiting.reserve(head);
+  for (size_t i = 0; i < head; ++i) waiting.push_back(view(*waiting_[i]));
+  return scheduler_.Schedule(pause_, running, waiting, *kv_);
+}
+
+std::vector<Engine::Sequence*> Engine::ApplyPlanLocked(const StepPlan& plan) {
+  kv_->Apply(plan.kv);  // the preempted requests' releases, then every grant
+  // Preempted, newest first, each to the front of the queue: they end up in running order.
+  for (int64_t i = 0; i < plan.num_preempted; ++i) {
+    std::unique_ptr<Sequence> victim = std::move(running_.back());
+    running_.pop_back();
+    ResetForRecomputeLocked(victim.get());
+    waiting_.push_front(std::move(victim));
   }
+  size_t g = 0;
+  for (size_t i = 0; i < plan.running_tokens.size(); ++i, ++g) {
+    Sequence* s = running_[i].get();
+    const KvGrant& grant = plan.kv.grants[g];
+    s->step_tokens = plan.running_tokens[i];
+    s->blocks.insert(s->blocks.end(), grant.new_blocks.begin(), grant.new_blocks.end());
+  }
+  for (int64_t a = 0; a < plan.num_admitted; ++a, ++g) {
+    Sequence* s = waiting_.front().get();
+    const KvGrant& grant = plan.kv.grants[g];
+    s->blocks = grant.hit_blocks;
+    s->blocks.insert(s->blocks.end(), grant.new_blocks.begin(), grant.new_blocks.end());
+    s->block_hashes = grant.hit_hashes;
+    s->num_computed = static_cast<int64_t>(grant.hit_blocks.size()) * options_.block_size;
+    if (!s->counted_prefix) {
+      s->counted_prefix = true;
+      s->cached_tokens = s->num_computed;
+      metrics_.prefix_cache_queries += static_cast<int64_t>(s->prompt_len);
+      metrics_.prefix_cache_hits += std::min<int64_t>(s->num_computed, static_cast<int64_t>(s->prompt_len));
+      metrics_.prompt_tokens += static_cast<int64_t>(s->prompt_len);
+    }
+    s->step_tokens = plan.admitted_tokens[static_cast<size_t>(a)];
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  std::vector<Sequence*> batch;
+  for (auto& s : running_)
+    if (s->step_tokens > 0) batch.push_back(s.get());
+  return batch;
+}
+
+void Engine::ApplyOutputsLocked(const std::vector<Sequence*>& batch, const std::vector<float>& logits,
+                                bool forward_ok) {
   const int64_t V = model_->spec().vocab_size;
   const auto& eos = model_->spec().eos_token_ids;
   size_t row = 0;
   std::vector<Sequence*> finished;
   std::vector<FinishReason> reasons;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Sequence* s = batch[i];
-    if (s->step_tokens < 0) {
+  for (Sequence* s : batch) {
+    if (!forward_ok) {
       finished.push_back(s);
       reasons.push_back(FinishReason::kAbort);
       continue;
     }
+    const bool want_logits = s->num_computed + s->step_tokens == static_cast<int64_t>(s->tokens.size());
     s->num_computed += s->step_tokens;
     s->step_tokens = 0;
     if (kv_->prefix_caching() && !s->kv_stale) {
@@ -435,7 +426,7 @@ bool Engine::Step() {
       }
       kv_->RegisterFullBlocks(s->blocks, s->block_hashes, first);
     }
-    if (!fwd[i].want_logits) continue;
+    if (!want_logits) continue;
     std::span<const float> row_logits(logits.data() + row * V, static_cast<size_t>(V));
     ++row;
     SampleResult r = Sample(row_logits, s->params, &s->rng);
@@ -473,31 +464,24 @@ bool Engine::Step() {
     }
   }
   if (!finished.empty()) drain_cv_.notify_all();
-  return true;
 }
 
 Status Engine::Pause(PauseMode mode) { return Pause(mode, InFlightKv::kRecompute); }
 
 Status Engine::Pause(PauseMode mode, InFlightKv kv) {
   {
-    std::lock_guard<std::mutex> l(mu_);
-    pause_kv_ = kv;
-  }
-  if (mode == PauseMode::kWait) {
     std::unique_lock<std::mutex> l(mu_);
-    if (!paused_) {
-      draining_ = true;
-      drain_cv_.wait(l, [&] { return running_.empty() || paused_; });
-      draining_ = false;
-      paused_ = true;
+    pause_kv_ = kv;
+    pause_ = PauseStateOnRequest(pause_, mode);
+    if (PauseWaitsForDrain(pause_)) {
+      // Draining: running requests finish, none is admitted (or another pause pauses at once).
+      drain_cv_.wait(l, [&] { return running_.empty() || pause_ == PauseState::kPaused; });
+      pause_ = PauseStateOnDrained(pause_);
     }
-  } else {
-    std::lock_guard<std::mutex> l(mu_);
-    paused_ = true;
   }
   // Wait for an in-flight step; from here on no step runs until Resume.
   std::lock_guard<std::mutex> sl(step_mu_);
-  if (mode == PauseMode::kAbort) {
+  if (PauseAbortsRequests(mode)) {
     std::lock_guard<std::mutex> l(mu_);
     auto by_pause = [](Sequence* s) {
       std::lock_guard<std::mutex> sl2(s->stream->mu_);
@@ -521,8 +505,7 @@ Status Engine::Pause(PauseMode mode, InFlightKv kv) {
 void Engine::Resume() {
   {
     std::lock_guard<std::mutex> l(mu_);
-    paused_ = false;
-    draining_ = false;
+    pause_ = PauseState::kUnpaused;
     pause_kv_ = InFlightKv::kRecompute;
     notified_ = true;
   }
@@ -531,13 +514,13 @@ void Engine::Resume() {
 
 bool Engine::IsPaused() const {
   std::lock_guard<std::mutex> l(mu_);
-  return paused_;
+  return pause_ == PauseState::kPaused;
 }
 
 KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
   std::lock_guard<std::mutex> sl(step_mu_);
   std::lock_guard<std::mutex> l(mu_);
-  if (reset_running_requests && paused_ && pause_kv_ == InFlightKv::kKeep) {
+  if (reset_running_requests && pause_ == PauseState::kPaused && pause_kv_ == InFlightKv::kKeep) {
     // Paused to keep in-flight KV across an install: the frozen requests keep their blocks, and
     // no hash survives, so nothing that exists now can be hit by a lookup.
     KvResetEvidence ev = kv_->ForgetAllHashes();
@@ -565,7 +548,7 @@ KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
 EngineState Engine::State() const {
   std::lock_guard<std::mutex> l(mu_);
   EngineState s;
-  s.paused = paused_;
+  s.paused = pause_ == PauseState::kPaused;
   s.num_running = static_cast<int64_t>(running_.size());
   s.num_waiting = static_cast<int64_t>(waiting_.size());
   s.blocks_in_use = kv_->BlocksInUse();
@@ -600,7 +583,7 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
   std::lock_guard<std::mutex> sl(step_mu_);
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!paused_) return FailedPrecondition("weights can be installed only while the engine is paused");
+    if (pause_ != PauseState::kPaused) return FailedPrecondition("weights can be installed only while the engine is paused");
     // The live weights may differ from here on, whether or not the install completes.
     generation_ = std::max(generation, generation_ + 1);
     generation = generation_;

@@ -45,7 +45,8 @@ bool KvCacheManager::PlanDemand(const KvDemand& d, KvPlan* plan) const {
       auto it = by_hash_.find(h);
       if (it == by_hash_.end() || Contains(plan->evicted, it->second)) break;
       const int32_t id = it->second;
-      if (blocks_[static_cast<size_t>(id)].ref == 0 && !Contains(plan->revived, id) && !Contains(newly_revived, id)) {
+      const bool unreferenced = blocks_[static_cast<size_t>(id)].ref == 0 || Contains(plan->released_evictable, id);
+      if (unreferenced && !Contains(plan->revived, id) && !Contains(newly_revived, id)) {
         newly_revived.push_back(id);
       }
       g.hit_blocks.push_back(id);
@@ -56,20 +57,30 @@ bool KvCacheManager::PlanDemand(const KvDemand& d, KvPlan* plan) const {
   const int64_t total_blocks = (d.need_tokens + block_size_ - 1) / block_size_;
   int64_t need_new = total_blocks - d.held_blocks - static_cast<int64_t>(g.hit_blocks.size());
   if (need_new < 0) need_new = 0;
-  // Candidates: free list first (from the back), then evictable blocks oldest first.
-  int64_t free_left = static_cast<int64_t>(free_.size()) - plan->free_taken;
+  // Candidates: free list first (from the back; blocks the plan releases are pushed onto its back
+  // first), then evictable blocks oldest first (those the plan releases after the others).
+  const auto rel_free = static_cast<int64_t>(plan->released_free.size());
+  int64_t free_left = static_cast<int64_t>(free_.size()) + rel_free - plan->free_taken;
   int64_t from_free = std::min(free_left, need_new);
   std::vector<int32_t> evict;
   if (need_new > from_free) {
-    for (int32_t id : evictable_) {
-      if (static_cast<int64_t>(evict.size()) == need_new - from_free) break;
-      if (Contains(plan->revived, id) || Contains(newly_revived, id) || Contains(plan->evicted, id)) continue;
+    auto consider = [&](int32_t id) {
+      if (static_cast<int64_t>(evict.size()) == need_new - from_free) return false;
+      if (Contains(plan->revived, id) || Contains(newly_revived, id) || Contains(plan->evicted, id)) return true;
       evict.push_back(id);
+      return true;
+    };
+    bool more = true;
+    for (auto it = evictable_.begin(); more && it != evictable_.end(); ++it) more = consider(*it);
+    for (auto it = plan->released_evictable.begin(); more && it != plan->released_evictable.end(); ++it) {
+      more = consider(*it);
     }
     if (static_cast<int64_t>(evict.size()) < need_new - from_free) return false;
   }
   for (int64_t i = 0; i < from_free; ++i) {
-    g.new_blocks.push_back(free_[free_.size() - 1 - static_cast<size_t>(plan->free_taken + i)]);
+    const int64_t v = plan->free_taken + i;  // position from the back of the free list after the releases
+    g.new_blocks.push_back(v < rel_free ? plan->released_free[static_cast<size_t>(rel_free - 1 - v)]
+                                        : free_[free_.size() - 1 - static_cast<size_t>(v - rel_free)]);
   }
   plan->free_taken += from_free;
   for (int32_t id : evict) {
@@ -81,7 +92,19 @@ bool KvCacheManager::PlanDemand(const KvDemand& d, KvPlan* plan) const {
   return true;
 }
 
+void KvCacheManager::PlanRelease(std::span<const int32_t> blocks, KvPlan* plan) const {
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    const Block& b = blocks_[static_cast<size_t>(*it)];
+    int32_t& dropped = plan->released_refs[*it];
+    if (b.ref - dropped <= 0) continue;  // as Release: never underflow
+    ++dropped;
+    plan->released.push_back(*it);
+    if (b.ref - dropped == 0) (b.hashed ? plan->released_evictable : plan->released_free).push_back(*it);
+  }
+}
+
 void KvCacheManager::Apply(const KvPlan& plan) {
+  for (int32_t id : plan.released) ReleaseOne(id);
   for (const KvGrant& g : plan.grants) {
     for (int32_t id : g.hit_blocks) {
       Block& b = blocks_[static_cast<size_t>(id)];
@@ -109,16 +132,18 @@ void KvCacheManager::Apply(const KvPlan& plan) {
 }
 
 void KvCacheManager::Release(std::span<const int32_t> blocks) {
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    Block& b = blocks_[static_cast<size_t>(*it)];
-    if (b.ref <= 0) continue;  // defensive: never underflow
-    if (--b.ref == 0) {
-      --in_use_;
-      if (b.hashed) {
-        b.lru_it = evictable_.insert(evictable_.end(), *it);
-      } else {
-        free_.push_back(*it);
-      }
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) ReleaseOne(*it);
+}
+
+void KvCacheManager::ReleaseOne(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  if (b.ref <= 0) return;  // defensive: never underflow
+  if (--b.ref == 0) {
+    --in_use_;
+    if (b.hashed) {
+      b.lru_it = evictable_.insert(evictable_.end(), id);
+    } else {
+      free_.push_back(id);
     }
   }
 }

@@ -119,5 +119,70 @@ TEST(KvCacheTest, EvictsLeastRecentlyReleasedCachedBlocks) {
   EXPECT_EQ(plan2.evicted.size(), 1u);
 }
 
+
+// PlanRelease: a plan that releases blocks and then takes some gives exactly the blocks (and the
+// hits, and the evictions) that releasing first and planning afterwards gives, and Apply leaves
+// the same pool; nothing changes before Apply.
+TEST(KvCacheTest, PlannedReleaseMatchesReleaseThenPlan) {
+  auto build = [](KvCacheManager& kv, std::vector<int32_t>* a_blocks, std::vector<int32_t>* b_blocks,
+                  const std::vector<int32_t>& shared) {
+    // a: a cached prefix (2 hashed blocks) plus a tail; b shares a's first block; one more
+    // hashed, evictable block from a finished request.
+    KvGrant a = Admit(kv, 1, shared);
+    kv.RegisterFullBlocks(a.new_blocks, Hashes(shared, 4), 0);
+    *a_blocks = a.new_blocks;
+    KvGrant b = Admit(kv, 2, std::vector<int32_t>(shared.begin(), shared.begin() + 6));
+    *b_blocks = b.hit_blocks;
+    b_blocks->insert(b_blocks->end(), b.new_blocks.begin(), b.new_blocks.end());
+    std::vector<int32_t> other = {90, 91, 92, 93, 94};
+    KvGrant c = Admit(kv, 3, other);
+    kv.RegisterFullBlocks(c.new_blocks, Hashes(other, 4), 0);
+    kv.Release(c.new_blocks);
+  };
+  const std::vector<int32_t> shared = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  KvDemand again;  // re-admission of a's sequence: hits what the release leaves cached
+  again.seq_id = 1;
+  again.match_prefix = true;
+  again.prefix_tokens = std::span<const int32_t>(shared.data(), shared.size() - 1);
+  again.need_tokens = static_cast<int64_t>(shared.size());
+  KvDemand big;  // then more than the free list holds: evicts
+  big.seq_id = 4;
+  big.need_tokens = 20;
+
+  KvCacheManager x(8, 4, true);
+  std::vector<int32_t> xa, xb;
+  build(x, &xa, &xb, shared);
+  KvPlan px;
+  x.PlanRelease(xa, &px);
+  x.PlanRelease(xb, &px);
+  const int64_t in_use = x.BlocksInUse();
+  ASSERT_TRUE(x.PlanDemand(again, &px));
+  ASSERT_TRUE(x.PlanDemand(big, &px));
+  EXPECT_EQ(x.BlocksInUse(), in_use) << "planning must not mutate";
+  EXPECT_EQ(px.released.size(), xa.size() + xb.size());
+  x.Apply(px);
+
+  KvCacheManager y(8, 4, true);
+  std::vector<int32_t> ya, yb;
+  build(y, &ya, &yb, shared);
+  y.Release(ya);
+  y.Release(yb);
+  KvPlan py;
+  ASSERT_TRUE(y.PlanDemand(again, &py));
+  ASSERT_TRUE(y.PlanDemand(big, &py));
+  y.Apply(py);
+
+  ASSERT_EQ(px.grants.size(), py.grants.size());
+  for (size_t i = 0; i < px.grants.size(); ++i) {
+    EXPECT_EQ(px.grants[i].hit_blocks, py.grants[i].hit_blocks) << i;
+    EXPECT_EQ(px.grants[i].new_blocks, py.grants[i].new_blocks) << i;
+  }
+  EXPECT_EQ(px.grants[0].hit_blocks.size(), 2u) << "a's two hashed blocks are revived";
+  EXPECT_FALSE(px.evicted.empty()) << "the big demand evicts a released or older cached block";
+  EXPECT_EQ(px.evicted, py.evicted);
+  EXPECT_EQ(x.BlocksInUse(), y.BlocksInUse());
+  EXPECT_EQ(x.NumCachedBlocks(), y.NumCachedBlocks());
+}
+
 }  // namespace
 }  // namespace rc::engine

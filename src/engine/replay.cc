@@ -35,7 +35,7 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
   std::vector<int32_t> blocks;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!paused_) {
+    if (pause_ != PauseState::kPaused) {
       return FailedPrecondition(
           "replay runs only while the engine is paused (POST /pause first): it must not "
           "interleave with user requests");

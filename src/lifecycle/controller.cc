@@ -71,6 +71,45 @@ Json ResetResultsJson(const std::vector<CacheResetResult>& results) {
 
 }  // namespace
 
+namespace {
+
+struct RecordName {
+  RecordKind kind;
+  std::string_view name;
+};
+constexpr RecordName kRecordNames[] = {{RecordKind::kRestart, "restart"},
+                                       {RecordKind::kAdmit, "admit"},
+                                       {RecordKind::kFinish, "finish"},
+                                       {RecordKind::kAbortedByDrain, "aborted_by_drain"},
+                                       {RecordKind::kInterrupted, "interrupted"},
+                                       {RecordKind::kStaged, "staged"}};
+
+RecordEvent Kind(RecordKind k) { return RecordEvent{k, Event::kInitialize}; }
+RecordEvent Transition(Event e) { return RecordEvent{RecordKind::kTransition, e}; }
+
+}  // namespace
+
+Result<RecordEvent> ParseRecordEvent(std::string_view name) {
+  for (const RecordName& n : kRecordNames) {
+    if (n.name == name) return Kind(n.kind);
+  }
+  if (auto e = EventFromName(name)) return Transition(*e);
+  std::string known;
+  for (const RecordName& n : kRecordNames) known += std::string(n.name) + ", ";
+  for (int i = 0; i < kNumEvents; ++i) {
+    known += std::string(EventName(static_cast<Event>(i))) + (i + 1 < kNumEvents ? ", " : "");
+  }
+  return InvalidArgument("event: unknown journal event '" + std::string(name) + "' (known: " + known + ")");
+}
+
+std::string_view RecordEventName(RecordEvent e) {
+  if (e.kind == RecordKind::kTransition) return EventName(e.event);
+  for (const RecordName& n : kRecordNames) {
+    if (n.kind == e.kind) return n.name;
+  }
+  return "unknown";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Opening and restoring
 
@@ -89,7 +128,12 @@ Status Controller::Restore(RestoreSummary* summary) {
   *summary = RestoreSummary();
   if (records.empty()) return OkStatus();
   summary->restored = true;
-  for (const auto& r : records) ApplyRecordLocked(r);
+  for (const auto& r : records) {
+    // Parsed once here; a name this controller does not know is a journal it cannot justify.
+    auto type = ParseRecordEvent(r.event);
+    if (!type.ok()) return DataLoss("journal record " + std::to_string(r.seq) + ": " + type.status().message());
+    ApplyRecordLocked(r, *type);
+  }
   summary->state_at_crash = state_;
 
   // Normalize: the controller must come back in a state it can justify from the journal.
@@ -106,14 +150,14 @@ Status Controller::Restore(RestoreSummary* summary) {
   }
   JournalRecord rr;
   rr.t_ms = clock_->NowMs();
-  rr.event = "restart";
+  rr.event = std::string(RecordEventName(Kind(RecordKind::kRestart)));
   rr.from = std::string(StateName(state_));
   rr.to = std::string(StateName(to));
   rr.update = pending_ ? pending_->ordinal : 0;
   rr.detail = Json{{"reason", reason.empty() ? "restarted in a settled state" : reason},
                    {"active_at_crash", static_cast<int64_t>(active_.size())}};
   RC_RETURN_IF_ERROR(AppendLocked(rr));
-  ApplyRecordLocked(rr);
+  ApplyRecordLocked(rr, Kind(RecordKind::kRestart));
 
   // Bindings alive at the crash: their rollouts may have finished or not; we cannot know, so
   // they are recorded interrupted (never silently dropped).
@@ -122,13 +166,13 @@ Status Controller::Restore(RestoreSummary* summary) {
   for (const auto& id : ids) {
     JournalRecord ir;
     ir.t_ms = clock_->NowMs();
-    ir.event = "interrupted";
+    ir.event = std::string(RecordEventName(Kind(RecordKind::kInterrupted)));
     ir.rollout = id;
     ir.detail = Json{{"reason", "active when the controller restarted"},
                      {"label", active_[id].version.label},
                      {"generation", active_[id].version.generation}};
     RC_RETURN_IF_ERROR(AppendLocked(ir));
-    ApplyRecordLocked(ir);
+    ApplyRecordLocked(ir, Kind(RecordKind::kInterrupted));
     summary->interrupted.push_back(id);
   }
   summary->state_now = state_;
@@ -139,58 +183,62 @@ Status Controller::Restore(RestoreSummary* summary) {
 // Applies one journal record to the in-memory state. Live operations append a record and then
 // call this, and Restore replays the same function: what a restart rebuilds is exactly what the
 // live controller had.
-void Controller::ApplyRecordLocked(const JournalRecord& r) {
-  const std::string& ev = r.event;
-  if (ev == "admit") {
-    RolloutBinding b;
-    b.rollout_id = r.rollout;
-    b.version.label = r.detail.value("label", "");
-    b.version.generation = r.detail.value("generation", int64_t{0});
-    if (r.detail.contains("identity")) {
-      auto id = WeightIdentityFromJson(r.detail["identity"], "identity");
-      if (id.ok()) b.identity = *id;
-    }
-    b.admitted_at_ms = r.t_ms;
-    active_[r.rollout] = b;
-    ++counters_.admissions;
-    // Keep generated ids unique across restarts.
-    if (r.rollout.rfind("r-", 0) == 0) {
-      try {
-        next_rollout_ = std::max<int64_t>(next_rollout_, std::stoll(r.rollout.substr(2)) + 1);
-      } catch (...) {
+void Controller::ApplyRecordLocked(const JournalRecord& r, RecordEvent type) {
+  switch (type.kind) {
+    case RecordKind::kAdmit: {
+      RolloutBinding b;
+      b.rollout_id = r.rollout;
+      b.version.label = r.detail.value("label", "");
+      b.version.generation = r.detail.value("generation", int64_t{0});
+      if (r.detail.contains("identity")) {
+        auto id = WeightIdentityFromJson(r.detail["identity"], "identity");
+        if (id.ok()) b.identity = *id;
       }
+      b.admitted_at_ms = r.t_ms;
+      active_[r.rollout] = b;
+      ++counters_.admissions;
+      // Keep generated ids unique across restarts.
+      if (r.rollout.rfind("r-", 0) == 0) {
+        try {
+          next_rollout_ = std::max<int64_t>(next_rollout_, std::stoll(r.rollout.substr(2)) + 1);
+        } catch (...) {
+        }
+      }
+      return;
     }
-    return;
+    case RecordKind::kFinish:
+      active_.erase(r.rollout);
+      inflight_.erase(r.rollout);
+      ++counters_.finishes;
+      return;
+    case RecordKind::kAbortedByDrain:
+      active_.erase(r.rollout);
+      inflight_.erase(r.rollout);
+      aborted_.insert(r.rollout);
+      ++counters_.aborted_by_drain;
+      return;
+    case RecordKind::kInterrupted:
+      active_.erase(r.rollout);
+      inflight_.erase(r.rollout);
+      interrupted_.insert(r.rollout);
+      ++counters_.interrupted;
+      return;
+    case RecordKind::kStaged:
+      if (pending_) {
+        auto it = updates_.find(pending_->ordinal);
+        if (it != updates_.end()) it->second.evidence["staged"] = r.detail;
+      }
+      return;
+    case RecordKind::kTransition:
+    case RecordKind::kRestart:
+      ApplyTransitionLocked(r, type);
+      return;
   }
-  if (ev == "finish") {
-    active_.erase(r.rollout);
-    inflight_.erase(r.rollout);
-    ++counters_.finishes;
-    return;
-  }
-  if (ev == "aborted_by_drain") {
-    active_.erase(r.rollout);
-    inflight_.erase(r.rollout);
-    aborted_.insert(r.rollout);
-    ++counters_.aborted_by_drain;
-    return;
-  }
-  if (ev == "staged") {
-    if (pending_) {
-      auto it = updates_.find(pending_->ordinal);
-      if (it != updates_.end()) it->second.evidence["staged"] = r.detail;
-    }
-    return;
-  }
-  if (ev == "interrupted") {
-    active_.erase(r.rollout);
-    inflight_.erase(r.rollout);
-    interrupted_.insert(r.rollout);
-    ++counters_.interrupted;
-    return;
-  }
+}
 
-  // A transition (or a restart). Account the time spent in the state we leave.
+// A transition (or a restart): accounts the time spent in the state it leaves, moves, and updates
+// the pending update's record by what the event means.
+void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type) {
   auto prev = state_;
   auto next = StateFromName(r.to).value_or(state_);
   int64_t spent = std::max<int64_t>(0, r.t_ms - state_entered_ms_);
@@ -210,9 +258,10 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
   };
   if (UpdateRecord* u = current()) {
     u->phase = std::string(StateName(next));
-    if (!r.detail.is_null() && r.detail.contains("evidence")) u->evidence[ev] = r.detail["evidence"];
+    if (!r.detail.is_null() && r.detail.contains("evidence")) {
+      u->evidence[std::string(RecordEventName(type))] = r.detail["evidence"];
+    }
   }
-
   auto close = [&](UpdateOutcome outcome, const std::string& reason) {
     if (UpdateRecord* u = current()) {
       u->outcome = outcome;
@@ -227,7 +276,6 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
     }
     pending_.reset();
   };
-
   auto read_version = [&]() {
     if (r.detail.contains("version")) {
       version_.label = r.detail["version"].value("label", version_.label);
@@ -239,54 +287,73 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
     }
   };
 
-  if (ev == "drain_complete" && r.detail.contains("in_flight") && pending_) {
-    // An in-flight quiesce (QuiesceInFlight): the rollouts that live through this update, and
-    // those it ends.
-    for (const auto& id : r.detail["in_flight"]) {
-      if (!id.is_string() || !active_.count(id.get<std::string>())) continue;
-      inflight_[id.get<std::string>()].spanned.push_back(pending_->ordinal);
-      ++counters_.inflight_spans;
-    }
-    for (const auto& a : r.detail.value("abort", Json::array())) {
-      const std::string id = a.value("rollout", "");
-      if (!active_.count(id)) continue;
-      Json why = a;
-      why.erase("rollout");
-      inflight_[id].aborted_at_update = why;
-      ++counters_.aborted_at_update;
-    }
-  }
-  if (ev == "initialize") {
-    read_version();
-  } else if (ev == "request_update" || ev == "begin_recovery") {
-    auto t = UpdateTargetFromJson(r.detail.value("target", Json::object()), "target");
-    if (t.ok()) {
-      pending_ = *t;
-      last_ordinal_ = std::max(last_ordinal_, t->ordinal);
-      UpdateRecord u;
-      u.ordinal = t->ordinal;
-      u.recovery = ev == "begin_recovery";
-      u.target = *t;
-      u.from_version = version_;
-      u.requested_ms = r.t_ms;
-      u.phase = std::string(StateName(next));
-      updates_[t->ordinal] = u;
-    }
-  } else if (ev == "resumed" || ev == "recovered") {
-    if (ev == "resumed" && pending_) ++counters_.updates_by_mode[std::string(PolicyModeName(pending_->mode))];
-    read_version();
-    if (ev == "recovered") ++counters_.recoveries;
-    close(UpdateOutcome::kCommitted, "");
-  } else if (ev == "reject_before_mutation") {
-    close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
-  } else if (ev == "taint") {
-    close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
-  } else if (ev == "restart") {
+  if (type.kind == RecordKind::kRestart) {
     if (next == State::kTainted && prev != State::kTainted) {
       close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
     } else if (next == State::kReady && prev != State::kReady) {
       close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
     }
+    return;
+  }
+  switch (type.event) {
+    case Event::kInitialize:
+      read_version();
+      return;
+    case Event::kRequestUpdate:
+    case Event::kBeginRecovery: {
+      auto t = UpdateTargetFromJson(r.detail.value("target", Json::object()), "target");
+      if (!t.ok()) return;
+      pending_ = *t;
+      last_ordinal_ = std::max(last_ordinal_, t->ordinal);
+      UpdateRecord u;
+      u.ordinal = t->ordinal;
+      u.recovery = type.event == Event::kBeginRecovery;
+      u.target = *t;
+      u.from_version = version_;
+      u.requested_ms = r.t_ms;
+      u.phase = std::string(StateName(next));
+      updates_[t->ordinal] = u;
+      return;
+    }
+    case Event::kDrainComplete:
+      if (r.detail.contains("in_flight") && pending_) {
+        // An in-flight quiesce (QuiesceInFlight): the rollouts that live through this update,
+        // and those it ends.
+        for (const auto& id : r.detail["in_flight"]) {
+          if (!id.is_string() || !active_.count(id.get<std::string>())) continue;
+          inflight_[id.get<std::string>()].spanned.push_back(pending_->ordinal);
+          ++counters_.inflight_spans;
+        }
+        for (const auto& a : r.detail.value("abort", Json::array())) {
+          const std::string id = a.value("rollout", "");
+          if (!active_.count(id)) continue;
+          Json why = a;
+          why.erase("rollout");
+          inflight_[id].aborted_at_update = why;
+          ++counters_.aborted_at_update;
+        }
+      }
+      return;
+    case Event::kResumed:
+    case Event::kRecovered:
+      if (type.event == Event::kResumed && pending_) {
+        ++counters_.updates_by_mode[std::string(PolicyModeName(pending_->mode))];
+      }
+      read_version();
+      if (type.event == Event::kRecovered) ++counters_.recoveries;
+      close(UpdateOutcome::kCommitted, "");
+      return;
+    case Event::kRejectBeforeMutation:
+      close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
+      return;
+    case Event::kTaint:
+      close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
+      return;
+    case Event::kBeginInstall:
+    case Event::kInstallComplete:
+    case Event::kCachesReset:
+    case Event::kValidated:
+      return;  // the move and the evidence above are all they do
   }
 }
 
@@ -372,7 +439,7 @@ Status Controller::TransitionLocked(Event event, Json detail) {
   }
   rec.detail = std::move(detail);
   RC_RETURN_IF_ERROR(AppendLocked(rec));
-  ApplyRecordLocked(rec);
+  ApplyRecordLocked(rec, Transition(event));
   return OkStatus();
 }
 
@@ -403,11 +470,11 @@ Result<RolloutBinding> Controller::Admit(const std::string& rollout_id) {
   if (active_.count(id)) return AlreadyExists("rollout " + id + " is already active");
   JournalRecord rec;
   rec.t_ms = clock_->NowMs();
-  rec.event = "admit";
+  rec.event = std::string(RecordEventName(Kind(RecordKind::kAdmit)));
   rec.rollout = id;
   rec.detail = Json{{"label", version_.label}, {"generation", version_.generation}, {"identity", ToJson(identity_)}};
   RC_RETURN_IF_ERROR(AppendLocked(rec));
-  ApplyRecordLocked(rec);
+  ApplyRecordLocked(rec, Kind(RecordKind::kAdmit));
   return active_.at(id);
 }
 
@@ -424,13 +491,13 @@ Status Controller::Finish(const std::string& rollout_id, const Json& detail) {
   }
   JournalRecord rec;
   rec.t_ms = clock_->NowMs();
-  rec.event = "finish";
+  rec.event = std::string(RecordEventName(Kind(RecordKind::kFinish)));
   rec.rollout = rollout_id;
   rec.detail = detail.is_object() ? detail : Json::object();
   rec.detail["label"] = active_[rollout_id].version.label;
   rec.detail["generation"] = active_[rollout_id].version.generation;
   RC_RETURN_IF_ERROR(AppendLocked(rec));
-  ApplyRecordLocked(rec);
+  ApplyRecordLocked(rec, Kind(RecordKind::kFinish));
   return OkStatus();
 }
 
@@ -443,12 +510,12 @@ Status Controller::AbortForDrain(const std::vector<std::string>& rollout_ids, co
     if (!active_.count(id)) continue;
     JournalRecord rec;
     rec.t_ms = clock_->NowMs();
-    rec.event = "aborted_by_drain";
+    rec.event = std::string(RecordEventName(Kind(RecordKind::kAbortedByDrain)));
     rec.rollout = id;
     rec.update = pending_ ? pending_->ordinal : 0;
     rec.detail = Json{{"engine_aborted", evidence.aborted}, {"label", active_[id].version.label}};
     RC_RETURN_IF_ERROR(AppendLocked(rec));
-    ApplyRecordLocked(rec);
+    ApplyRecordLocked(rec, Kind(RecordKind::kAbortedByDrain));
   }
   return OkStatus();
 }
@@ -658,11 +725,11 @@ Status Controller::RecordStageEvidence(const StageEvidence& stage) {
   }
   JournalRecord rec;
   rec.t_ms = clock_->NowMs();
-  rec.event = "staged";
+  rec.event = std::string(RecordEventName(Kind(RecordKind::kStaged)));
   rec.update = pending_ ? pending_->ordinal : 0;
   rec.detail = Json{{"label", stage.label}, {"bytes", stage.bytes}, {"engine", stage.detail}};
   RC_RETURN_IF_ERROR(AppendLocked(rec));
-  ApplyRecordLocked(rec);
+  ApplyRecordLocked(rec, Kind(RecordKind::kStaged));
   return OkStatus();
 }
 

@@ -248,6 +248,51 @@ TEST_F(ControllerTest, RestoreWhileDrainingIsReadyOnOldVersion) {
   EXPECT_EQ(g->rollout_id, "r-1");
 }
 
+// Journal records are parsed to their kind once: every name the controller writes round-trips,
+// and a name it does not know is a journal it cannot justify: Open fails with DataLoss naming the
+// record and the name (before, an unknown name was applied as if it were a transition).
+TEST(ControllerRecordTest, RecordEventNamesRoundTripAndUnknownOnesAreRefused) {
+  for (int i = 0; i < kNumEvents; ++i) {
+    const Event e = static_cast<Event>(i);
+    auto t = ParseRecordEvent(EventName(e));
+    ASSERT_TRUE(t.ok()) << EventName(e);
+    EXPECT_EQ(t->kind, RecordKind::kTransition);
+    EXPECT_EQ(t->event, e);
+    EXPECT_EQ(RecordEventName(*t), EventName(e));
+  }
+  for (RecordKind k : {RecordKind::kRestart, RecordKind::kAdmit, RecordKind::kFinish, RecordKind::kAbortedByDrain,
+                       RecordKind::kInterrupted, RecordKind::kStaged}) {
+    const std::string_view name = RecordEventName(RecordEvent{k, Event::kInitialize});
+    auto t = ParseRecordEvent(name);
+    ASSERT_TRUE(t.ok()) << name;
+    EXPECT_EQ(t->kind, k) << name;
+  }
+  EXPECT_EQ(RecordEventName(RecordEvent{RecordKind::kAdmit, Event::kInitialize}), "admit");
+  auto bad = ParseRecordEvent("begin_instal");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'begin_instal'"), std::string::npos) << bad.status().message();
+
+  ManualClock clock;
+  MemoryJournal journal;
+  {
+    auto c = std::move(Controller::Open(&clock, &journal)).value();
+    ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "ckpt-0", "run-a", 0}).ok());
+    ASSERT_TRUE(c->Admit("r1").ok());
+  }
+  JournalRecord odd;
+  odd.event = "teleport";
+  odd.from = "READY";
+  odd.to = "RESUMING";
+  ASSERT_TRUE(journal.Append(odd).ok());
+  RestoreSummary summary;
+  auto reopened = Controller::Open(&clock, &journal, &summary);
+  ASSERT_FALSE(reopened.ok()) << "an unknown record must not be applied as a transition to RESUMING";
+  EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(reopened.status().message().find("journal record 3"), std::string::npos) << reopened.status().message();
+  EXPECT_NE(reopened.status().message().find("'teleport'"), std::string::npos) << reopened.status().message();
+}
+
 TEST(SqliteJournalTest, SurvivesReopenAndRestoresController) {
   auto path = (std::filesystem::temp_directory_path() / ("rc_journal_test_" + std::to_string(::getpid()) + ".db")).string();
   std::filesystem::remove(path);

@@ -64,6 +64,13 @@ std::optional<State> StateFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<Event> EventFromName(std::string_view name) {
+  for (size_t i = 0; i < kEventNames.size(); ++i) {
+    if (kEventNames[i] == name) return static_cast<Event>(i);
+  }
+  return std::nullopt;
+}
+
 std::optional<State> NextState(State from, Event event) {
   for (const Edge& e : kEdges) {
     if (e.from == from && e.event == event) return e.to;

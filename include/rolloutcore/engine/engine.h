@@ -2,11 +2,12 @@
 // parameters and KV storage), the KV block pool with prefix cache, the request queues and the
 // sampler; Step() runs one continuous-batching iteration.
 //
-// Scheduling: each step first serves running sequences (one decode token each, or the next
-// chunk of an unfinished prefill), then admits waiting requests FIFO while the batch has room
-// (max_num_seqs, max_num_batched_tokens) and the pool has blocks (an admission takes blocks for
-// its whole prompt; cache hits revive blocks instead). When a running sequence cannot get a
-// block the most recently admitted one is preempted (its blocks released, recomputed later).
+// Scheduling (scheduler.h states the contract): each step asks the pure Scheduler for a plan
+// over the queues and the block pool — running sequences first (one decode token each, or the
+// next chunk of an unfinished prefill), then FIFO admissions while the batch has room
+// (max_num_seqs, max_num_batched_tokens) and the pool has blocks, preempting the most recently
+// admitted running sequence when blocks run out — then applies it (the only place a step
+// mutates queues and blocks), runs the forward pass and applies its outputs.
 //
 // Pause (see docs/engine.md and ENGINE_API.md): kAbort finishes running and waiting requests
 // with finish_reason "abort"; kWait stops admitting, lets running ones finish, and returns when
@@ -46,6 +47,7 @@
 #include "rolloutcore/engine/model_spec.h"
 #include "rolloutcore/engine/parameters.h"
 #include "rolloutcore/engine/sampler.h"
+#include "rolloutcore/engine/scheduler.h"
 
 namespace rc::engine {
 
@@ -68,9 +70,6 @@ struct EngineOptions {
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
 std::string_view FinishReasonName(FinishReason r);
-
-enum class PauseMode { kAbort, kWait, kKeep };
-Result<PauseMode> PauseModeFromName(std::string_view name);
 
 // What an install does with the KV of requests that live across it (frozen by a keep pause, or
 // preempted and waiting): kRecompute (the default, and what every install did before policy
@@ -207,7 +206,6 @@ class Engine {
 
   // One continuous-batching iteration; false when there was nothing to run.
   bool Step();
-  bool HasRunnableWork() const;
   // Blocks until there may be runnable work or the timeout passes.
   void WaitForWork(std::chrono::milliseconds timeout);
   // Wakes WaitForWork callers (used to stop a loop).
@@ -271,6 +269,13 @@ class Engine {
   Engine() = default;
   void FinishLocked(Sequence* seq, FinishReason reason);
   void PreemptLocked(Sequence* seq);
+  // The part of a preemption that is not releasing its blocks (Step's plan releases them).
+  void ResetForRecomputeLocked(Sequence* seq);
+  // Step: the scheduler's view of the queues, the plan applied (preemptions, grants,
+  // admissions; returns the sequences that compute this step), and the forward pass's outputs.
+  StepPlan ScheduleLocked() const;
+  std::vector<Sequence*> ApplyPlanLocked(const StepPlan& plan);
+  void ApplyOutputsLocked(const std::vector<Sequence*>& batch, const std::vector<float>& logits, bool forward_ok);
   void PublishLocked(Sequence* seq);
   // Starts a new version span for `seq` at its current output length (engine_spans.cc).
   void OpenSpanLocked(Sequence* seq, SpanKv kv);
@@ -285,6 +290,7 @@ class Engine {
   int64_t max_model_len_ = 0;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Model> model_;  // touched only under step_mu_
+  Scheduler scheduler_{SchedulerConfig{}};  // immutable after Create
 
   mutable std::mutex step_mu_;
   mutable std::mutex mu_;
@@ -294,8 +300,7 @@ class Engine {
   std::unique_ptr<KvCacheManager> kv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
-  bool paused_ = false;
-  bool draining_ = false;
+  PauseState pause_ = PauseState::kUnpaused;
   InFlightKv pause_kv_ = InFlightKv::kRecompute;
   std::string weight_version_;
   int64_t generation_ = 0;

@@ -54,6 +54,13 @@ struct KvPlan {
   int64_t free_taken = 0;          // blocks taken from the back of the free list
   std::vector<int32_t> revived;    // evictable blocks reused as cache hits
   std::vector<int32_t> evicted;    // evictable blocks taken as new blocks
+  // Releases planned before the grants (PlanRelease), in the order Apply performs them, and the
+  // blocks they leave unreferenced: unhashed ones join the back of the free list, hashed ones the
+  // tail of the LRU list (as Release would put them). References dropped per block.
+  std::vector<int32_t> released;
+  std::vector<int32_t> released_free;
+  std::vector<int32_t> released_evictable;
+  std::unordered_map<int32_t, int32_t> released_refs;
 };
 
 struct KvResetEvidence {
@@ -76,7 +83,12 @@ class KvCacheManager {
   // Adds a grant for `d` to the plan, or returns false (plan unchanged) when the pool cannot
   // satisfy it on top of what the plan already took.
   bool PlanDemand(const KvDemand& d, KvPlan* plan) const;
-  // Commits a plan made against the current state (no mutation in between).
+  // Adds the release of `blocks` (as Release(blocks) would do it: tail first) to the plan;
+  // demands planned afterwards can take the blocks it leaves unreferenced. Releases must be
+  // planned before any demand of the same plan (Apply releases first).
+  void PlanRelease(std::span<const int32_t> blocks, KvPlan* plan) const;
+  // Commits a plan made against the current state (no mutation in between): its releases, then
+  // its grants.
   void Apply(const KvPlan& plan);
 
   // Drops one reference to each block (tail first, so a prefix outlives its tail in the LRU).
@@ -98,6 +110,8 @@ class KvCacheManager {
     uint64_t hash = 0;
     std::list<int32_t>::iterator lru_it;
   };
+
+  void ReleaseOne(int32_t id);
 
   int64_t num_blocks_;
   int64_t block_size_;

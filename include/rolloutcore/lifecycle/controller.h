@@ -74,6 +74,20 @@ struct Counters {
 };
 Json ToJson(const Counters& c);
 
+// What a journal record of the controller says happened (JournalRecord::event, parsed once): a
+// lifecycle transition (kTransition, with its Event), a restart normalization (kRestart: a state
+// change that is not an Event), or a record about a rollout or an update's evidence that moves no
+// state.
+enum class RecordKind { kTransition, kRestart, kAdmit, kFinish, kAbortedByDrain, kInterrupted, kStaged };
+struct RecordEvent {
+  RecordKind kind = RecordKind::kTransition;
+  Event event = Event::kInitialize;  // meaningful for kTransition only
+};
+// "admit", "finish", "aborted_by_drain", "interrupted", "staged", "restart", or an EventName
+// ("request_update", ...); InvalidArgument naming the unknown name otherwise.
+Result<RecordEvent> ParseRecordEvent(std::string_view name);
+std::string_view RecordEventName(RecordEvent e);
+
 // What Open() found in the journal.
 struct RestoreSummary {
   bool restored = false;               // the journal had records
@@ -166,7 +180,9 @@ class Controller {
   Status TransitionLocked(Event event, Json detail);
   Status CheckLegalLocked(Event event) const;
   Status AppendLocked(JournalRecord& rec);
-  void ApplyRecordLocked(const JournalRecord& rec);
+  // Applies a record of a known kind (live operations know it; Restore parses each record once).
+  void ApplyRecordLocked(const JournalRecord& rec, RecordEvent type);
+  void ApplyTransitionLocked(const JournalRecord& rec, RecordEvent type);
 
   const Clock* clock_;
   Journal* journal_;

@@ -51,6 +51,7 @@ inline constexpr int kNumEvents = 12;
 std::string_view StateName(State s);    // "READY", "DRAINING", ...
 std::string_view EventName(Event e);    // "request_update", ...
 std::optional<State> StateFromName(std::string_view name);
+std::optional<Event> EventFromName(std::string_view name);
 
 // The legal-transition table: the next state, or nullopt when the event is illegal in `from`.
 std::optional<State> NextState(State from, Event event);

@@ -1,0 +1,235 @@
+// The vLLM-compatible routes of the embedded engine (ENGINE_API.md; docs/engine.md "Endpoints"):
+// completions, models, health, version, metrics, pause / resume, aborts, cache resets and the
+// weight version label.
+#include <sstream>
+
+#include "engine/http_requests.h"
+#include "engine/http_server_impl.h"
+#include "rolloutcore/base/version.h"
+
+namespace rc::engine {
+
+using http::Dump;
+using http::HttpStatus;
+using http::SendError;
+using http::SendJson;
+
+Json EngineServer::Impl::ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index,
+                                    size_t from, const CompletionRequest& cr, bool final_chunk) const {
+  return CompletionChoiceJson(tokenizer_, stream, snap, index, from, cr, final_chunk);
+}
+
+void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
+  auto parsed = ParseCompletionRequest(req.body, tokenizer_);
+  if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
+  auto cr = std::make_shared<CompletionRequest>(std::move(parsed).value());
+  // vLLM answers 404 for a model it does not serve; an empty or missing model means the served one.
+  if (!cr->model.empty() && cr->model != options_.model_name) {
+    return SendError(res, 404, "model: '" + cr->model + "' is not served here (this engine serves '" +
+                                   options_.model_name + "')");
+  }
+  const std::string id = cr->request_id.empty() ? "cmpl-" + std::to_string(next_id_++) : cr->request_id;
+  if (!Claim(id)) {
+    return SendError(res, 409, "request_id: '" + id + "' is already in use by a live completion");
+  }
+  if (!cr->stream) {
+    auto out = RunCompletion(engine_, tokenizer_, *cr, id, options_.model_name,
+                             [this, &id](const std::vector<std::string>& ids) { Track(id, ids); });
+    Untrack(id);
+    if (!out.ok()) return SendError(res, HttpStatus(out.status()), out.status().message());
+    return SendJson(res, 200, *out);
+  }
+  std::vector<GenerateRequest> requests;
+  std::vector<std::string> ids;
+  for (size_t p = 0; p < cr->prompts.size(); ++p) {
+    for (int64_t k = 0; k < cr->n; ++k) {
+      requests.push_back(CompletionGenerateRequest(*cr, id, p, k));
+      ids.push_back(requests.back().request_id);
+    }
+  }
+  Track(id, ids);  // before admission, so an abort by completion id always finds them
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto& g : requests) {
+    auto s = engine_->AddRequest(std::move(g));
+    if (!s.ok()) {
+      engine_->Abort(ids);
+      Untrack(id);
+      return SendError(res, HttpStatus(s.status()), s.status().message());
+    }
+    streams.push_back(*s);
+  }
+  const std::string model = options_.model_name;
+  auto usage_json = [](const std::vector<std::shared_ptr<RequestStream>>& ss) { return CompletionUsageJson(ss); };
+  // Server-sent events: one chunk per new output of any choice, then [DONE].
+  auto seen = std::make_shared<std::vector<size_t>>(streams.size(), 0);
+  auto done = std::make_shared<std::vector<bool>>(streams.size(), false);
+  Engine* engine = engine_;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, cr, streams, seen, done, id, model, usage_json](size_t, httplib::DataSink& sink) -> bool {
+        for (;;) {
+          bool all_done = true;
+          bool wrote = false;
+          for (size_t i = 0; i < streams.size(); ++i) {
+            if ((*done)[i]) continue;
+            auto snap = streams[i]->WaitFrom((*seen)[i], std::chrono::milliseconds(wrote ? 0 : 20));
+            if (snap.tokens.size() > (*seen)[i] || snap.finished) {
+              Json chunk = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
+                            {"model", model},
+                            {"choices", Json::array({ChoiceJson(*streams[i], snap, i, (*seen)[i], *cr, true)})},
+                            {"rolloutcore", CompletionIdentityJson(*engine_)}};
+              (*seen)[i] = snap.tokens.size();
+              if (snap.finished) (*done)[i] = true;
+              const std::string line = "data: " + Dump(chunk) + "\n\n";
+              if (!sink.write(line.data(), line.size())) return false;
+              wrote = true;
+            }
+            if (!(*done)[i]) all_done = false;
+          }
+          if (all_done) {
+            if (cr->include_usage) {
+              Json u = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
+                        {"model", model}, {"choices", Json::array()}, {"usage", usage_json(streams)}};
+              const std::string line = "data: " + Dump(u) + "\n\n";
+              if (!sink.write(line.data(), line.size())) return false;
+            }
+            const std::string end = "data: [DONE]\n\n";
+            sink.write(end.data(), end.size());
+            sink.done();
+            return true;
+          }
+          if (wrote) return true;
+          if (sink.is_writable && !sink.is_writable()) return false;
+        }
+      },
+      [this, engine, id, ids](bool success) {
+        Untrack(id);
+        // Client went away: abort what is still running.
+        if (!success) engine->Abort(ids);
+      });
+}
+
+std::string EngineServer::Impl::Metrics() const {
+  const EngineMetrics m = engine_->Metrics();
+  const EngineState s = engine_->State();
+  const std::string label = "{model_name=\"" + options_.model_name + "\"}";
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value, const std::string& labels) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+      << name << labels << " " << value << "\n";
+  };
+  metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in prompt tokens.",
+         m.prefix_cache_queries, label);
+  metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in prompt tokens.", m.prefix_cache_hits,
+         label);
+  metric("vllm:kv_cache_usage_perc", "gauge", "KV cache usage (1 = 100%).", m.kv_cache_usage, label);
+  metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", m.num_running, label);
+  metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", m.num_waiting, label);
+  metric("vllm:prompt_tokens_total", "counter", "Prefill tokens admitted.", m.prompt_tokens, label);
+  metric("vllm:generation_tokens_total", "counter", "Generated tokens.", m.generation_tokens, label);
+  metric("vllm:num_preemptions_total", "counter", "Preempted requests.", m.num_preemptions, label);
+  o << "# HELP vllm:request_success_total Finished requests by finish reason.\n"
+       "# TYPE vllm:request_success_total counter\n";
+  for (const char* reason : {"stop", "length", "abort"}) {
+    auto it = m.finished_by_reason.find(reason);
+    o << "vllm:request_success_total{model_name=\"" << options_.model_name << "\",finished_reason=\"" << reason
+      << "\"} " << (it == m.finished_by_reason.end() ? 0 : it->second) << "\n";
+  }
+  metric("rolloutcore_cache_resets_total", "counter", "Prefix cache resets that succeeded.", m.cache_resets, label);
+  metric("rolloutcore_cache_resets_refused_total", "counter", "Prefix cache resets refused (blocks in use).",
+         m.cache_resets_refused, label);
+  metric("rolloutcore_engine_steps_total", "counter", "Engine steps run.", m.steps, label);
+  o << "# HELP rolloutcore_generation_tokens_by_kv_total Generated tokens by the KV state they attended to.\n"
+       "# TYPE rolloutcore_generation_tokens_by_kv_total counter\n";
+  for (const char* kv : {"fresh", "stale", "recomputed"}) {
+    auto it = m.generation_tokens_by_kv.find(kv);
+    o << "rolloutcore_generation_tokens_by_kv_total{model_name=\"" << options_.model_name << "\",kv=\"" << kv
+      << "\"} " << (it == m.generation_tokens_by_kv.end() ? 0 : it->second) << "\n";
+  }
+  metric("rolloutcore_inflight_kept_total", "counter",
+         "Running requests kept on their (stale) KV across a weight install.", m.inflight_kept, label);
+  metric("rolloutcore_inflight_recomputed_total", "counter",
+         "Running requests preempted at a weight install to re-prefill under the new weights.",
+         m.inflight_recomputed, label);
+  metric("rolloutcore_kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", s.blocks_in_use, label);
+  metric("rolloutcore_weight_installs_total", "counter",
+         "Installs into the live weights begun since the engine started (its install generation).",
+         s.install_generation, label);
+  metric("rolloutcore_engine_paused", "gauge", "1 while the engine is paused.", s.paused ? 1 : 0, label);
+  o << receiver_.MetricsText("model_name=\"" + options_.model_name + "\"");
+  return o.str();
+}
+
+void EngineServer::Impl::VllmRoutes() {
+  auto& svr = server_;
+  svr.Post("/v1/completions", Guard([this](const httplib::Request& q, httplib::Response& r) { Completions(q, r); }));
+  svr.Get("/v1/models", Guard([this](const httplib::Request&, httplib::Response& r) {
+    Json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "rolloutcore"},
+              {"root", options_.model_name}, {"max_model_len", engine_->max_model_len()}};
+    SendJson(r, 200, {{"object", "list"}, {"data", Json::array({m})}});
+  }));
+  svr.Get("/health", Guard([](const httplib::Request&, httplib::Response& r) {
+    r.status = 200;
+    r.set_content("", "text/plain");
+  }));
+  svr.Get("/version", Guard([](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, {{"version", kVersion}, {"engine", "rolloutcore"}});
+  }));
+  svr.Get("/metrics", Guard([this](const httplib::Request&, httplib::Response& r) {
+    r.status = 200;
+    r.set_content(Metrics(), "text/plain; version=0.0.4");
+  }));
+  svr.Post("/pause", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto p = ParsePauseQuery(q.params);
+    if (!p.ok()) return SendError(r, 400, p.status().message());
+    Status st = engine_->Pause(p->mode, p->inflight_kv);
+    if (!st.ok()) return SendError(r, HttpStatus(st), st.message());
+    Delay(faults_.pause_delay_ms);
+    Json out = {{"status", "paused"}, {"mode", p->mode_name}, {"inflight_kv", InFlightKvName(p->inflight_kv)}};
+    if (p->clear_cache) {
+      KvResetEvidence ev = engine_->ResetPrefixCache(false);
+      out["cache_reset"] = {{"success", ev.success}, {"freed_blocks", ev.freed_blocks},
+                            {"blocks_in_use", ev.blocks_in_use}};
+    }
+    SendJson(r, 200, out);
+  }));
+  svr.Post("/resume", Guard([this](const httplib::Request&, httplib::Response& r) {
+    engine_->Resume();
+    Delay(faults_.resume_delay_ms);
+    SendJson(r, 200, {{"status", "resumed"}});
+  }));
+  svr.Get("/is_paused", Guard([this](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, {{"is_paused", engine_->IsPaused()}});
+  }));
+  svr.Post("/abort_requests", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto body = ParseAbortRequestsBody(q.body);
+    if (!body.ok()) return SendError(r, 400, body.status().message());
+    const std::vector<std::string>& ids = body->request_ids;
+    // A completion id stands for all the engine requests it runs as.
+    const int64_t n = engine_->Abort(ids.empty() ? ids : Expand(ids));
+    SendJson(r, 200, {{"status", "aborted"}, {"aborted", n}});
+  }));
+  svr.Post("/reset_prefix_cache", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto running = ParseResetPrefixCacheQuery(q.params);
+    if (!running.ok()) return SendError(r, 400, running.status().message());
+    KvResetEvidence ev = engine_->ResetPrefixCache(*running);
+    Delay(faults_.reset_delay_ms);
+    SendJson(r, 200, {{"success", ev.success}, {"freed_blocks", ev.freed_blocks}, {"blocks_in_use", ev.blocks_in_use}});
+  }));
+  for (const char* path : {"/reset_mm_cache", "/reset_encoder_cache"}) {
+    svr.Post(path, Guard([](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, {{"success", true}}); }));
+  }
+  svr.Get("/weight_info", Guard([this](const httplib::Request&, httplib::Response& r) {
+    const EngineState s = engine_->State();
+    SendJson(r, 200, {{"weight_version", s.weight_version}, {"boot_id", engine_->boot_id()},
+                      {"install_generation", s.install_generation}});
+  }));
+  svr.Post("/update_weight_version", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto body = ParseUpdateWeightVersionBody(q.body);
+    if (!body.ok()) return SendError(r, 400, body.status().message());
+    engine_->SetWeightVersion(body->new_version);
+    SendJson(r, 200, {{"success", true}, {"new_version", body->new_version}});
+  }));
+}
+
+}  // namespace rc::engine
