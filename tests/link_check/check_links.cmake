@@ -2,6 +2,7 @@
 # libucs), NCCL (libnccl) or the CUDA runtime (libcudart, static or shared).
 # Inputs: LIBRARY, CLOSURE (written at configure time by rc_write_link_closure), BINARY (a program
 # linked against the library alone, with --no-as-needed), READELF.
+cmake_minimum_required(VERSION 3.25)  # policies of a script run with -P (IN_LIST)
 set(forbidden "(lib(ucp|ucs|nccl|cudart)[._]|-l(ucp|ucs|nccl|cudart)( |$)|PkgConfig::UCX|rc::nccl|CUDA::cudart|rc_transport_(ucx|nccl|cuda_ipc) )")
 
 if(NOT EXISTS "${CLOSURE}")
