@@ -5,5 +5,5 @@
 #endif
 
 namespace rc {
-const char kVersion[] = ROLLOUTCORE_VERSION;
+const char* const kVersion = ROLLOUTCORE_VERSION;
 }  // namespace rc

@@ -8,5 +8,5 @@
 #pragma once
 
 namespace rc {
-extern const char kVersion[];  // "MAJOR.MINOR.PATCH"
+extern const char* const kVersion;  // "MAJOR.MINOR.PATCH"
 }  // namespace rc
