@@ -41,6 +41,7 @@
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/planner.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::apps {
 namespace {

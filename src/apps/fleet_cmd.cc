@@ -96,6 +96,7 @@ int Run(const FleetFlags& f) {
   spec.engine = engines->second;
   spec.descriptor_budget = f.budget;
   spec.plan_every_receiver = f.every;
+  spec.clock = SystemClock::Default();  // capture_ms / plan_ms in the report
   if (!f.links.empty()) {
     std::ifstream in(f.links);
     if (!in) return Fail(NotFound(fmt::format("--links: cannot open '{}'", f.links)));

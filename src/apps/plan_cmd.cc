@@ -209,9 +209,11 @@ int RunModel(const PlanFlags& f, const Selector& selector) {
     o.descriptor_budget = f.budget;
     o.selector = selector;
     o.dest_rank = r;
+    const auto t1 = std::chrono::steady_clock::now();
     auto plan = BuildPlan(*capture, *manifest, o);
     if (!plan.ok()) return Fail(plan.status());
     line.stats = plan->stats;
+    line.stats.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
     lines.push_back(line);
   }
   Json out{{"model", config->name},
@@ -256,9 +258,11 @@ int RunSpec(const PlanFlags& f, const Selector& selector) {
   PlanOptions o;
   o.descriptor_budget = f.budget;
   o.selector = selector;
+  const auto t1 = std::chrono::steady_clock::now();
   auto plan = BuildPlan(*capture, SpecManifest(*spec), o);
   if (!plan.ok()) return Fail(plan.status());
   line.stats = plan->stats;
+  line.stats.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
   Json out{{"spec", f.spec}, {"coverage", "ok"}, {"ranks", Json::array({StatsJson(line)})}};
   if (!f.json) {
     std::cout << fmt::format("plan {}: {} source tensors -> {} targets\n", f.spec, spec->tensors.size(),

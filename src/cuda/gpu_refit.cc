@@ -14,6 +14,7 @@
 #include "cuda/digest_table.h"
 #include "cuda/kernels.h"
 #include "rolloutcore/cuda/seeded.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::cuda {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/refit/delta.h"
-#include "rolloutcore/transport/transport.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::engine::internal {
 namespace {

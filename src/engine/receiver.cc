@@ -18,7 +18,7 @@
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/layouts.h"
-#include "rolloutcore/transport/transport.h"
+#include "rolloutcore/transport/registry.h"
 #include "engine/relay.h"
 
 namespace rc::engine {

@@ -8,6 +8,7 @@
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/refit/digest.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::engine {
 

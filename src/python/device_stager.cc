@@ -36,7 +36,7 @@
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/refit/planner.h"
-#include "rolloutcore/transport/transport.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::python {
 namespace py = pybind11;

@@ -39,7 +39,7 @@
 #include "rolloutcore/cuda/gpu_refit.h"
 #endif
 #include "rolloutcore/trainer/publisher.h"
-#include "rolloutcore/transport/transport.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::python {
 
@@ -394,7 +394,9 @@ py::dict Plan(const std::string& model, const std::string& source, const std::st
         o.descriptor_budget = budget;
         o.selector = selector;
         o.dest_rank = r;
+        const auto t1 = std::chrono::steady_clock::now();
         RC_ASSIGN_OR_RETURN(refit::TransferPlan plan, refit::BuildPlan(capture, manifest, o));
+        plan.stats.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
         lines.push_back(Line{r, plan.stats, capture_ms});
       }
       return OkStatus();

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <numeric>
 #include <sstream>
 
@@ -130,6 +129,7 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
         fmt::format("fleet: {} replicas of {} ranks exceed 2^31 receivers", spec.replicas, spec.engine.world_size()));
   }
   RC_ASSIGN_OR_RETURN(Manifest manifest, MakeTrainerManifest(spec.model, spec.trainer, "fleet"));
+  auto now_ns = [&]() -> int64_t { return spec.clock != nullptr ? spec.clock->NowNs() : 0; };
   FleetReport rep;
   rep.trainer_ranks = spec.trainer.ranks;
   rep.engine_world = spec.engine.world_size();
@@ -164,9 +164,9 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
   rep.rotation_period = fold ? period : rep.receivers;
 
   for (int32_t r = 0; r < rep.engine_world; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t t0 = now_ns();
     RC_ASSIGN_OR_RETURN(Capture capture, CaptureEngineRank(spec.model, spec.engine, r));
-    const double capture_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double capture_ms = static_cast<double>(now_ns() - t0) / 1e6;
     rep.capture_ms_total += capture_ms;
     // Receivers of this engine rank, grouped by class key (g mod L, or g itself).
     std::map<int64_t, std::vector<int64_t>> groups;
@@ -178,7 +178,9 @@ Result<FleetReport> PlanFleet(const FleetSpec& spec) {
       PlanOptions o;
       o.descriptor_budget = spec.descriptor_budget;
       o.dest_rank = static_cast<int32_t>(members.front());
+      const int64_t t1 = now_ns();
       auto plan = BuildPlan(capture, manifest, o);
+      if (plan.ok()) plan->stats.plan_ms = static_cast<double>(now_ns() - t1) / 1e6;
       if (!plan.ok()) {
         return plan.status().WithContext(
             fmt::format("fleet: plan of engine rank {} (receiver {})", r, members.front()));

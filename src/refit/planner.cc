@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <unordered_map>
 
 #include "refit/geometry.h"
@@ -355,7 +354,6 @@ Status Planner::PlanCopy(uint32_t ci) {
 }
 
 Result<TransferPlan> Planner::Run() {
-  const auto t0 = std::chrono::steady_clock::now();
   // Gate, part 1: nothing selected may be unsupported; destinations are written exactly once.
   for (const UnsupportedSource& u : cap_.unsupported) {
     if (opt_.selector.Matches(u.source)) {
@@ -394,7 +392,6 @@ Result<TransferPlan> Planner::Run() {
   plan_.stats.descriptors = plan_.runs.size();
   for (const ReadRun& r : plan_.runs) plan_.stats.bytes_planned += r.length;
   plan_.stats.source_shards = plan_.sources.size();
-  plan_.stats.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return std::move(plan_);
 }
 

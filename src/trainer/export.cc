@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "rolloutcore/base/hash.h"
-#include "rolloutcore/engine/safetensors.h"
+#include "rolloutcore/formats/safetensors.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 
@@ -82,7 +82,7 @@ Result<ExportResult> ExportVersion(const refit::ModelConfig& config, const Synth
 
   std::vector<std::vector<uint16_t>> data;
   data.reserve(specs.size());
-  std::vector<engine::TensorToWrite> tensors;
+  std::vector<formats::TensorToWrite> tensors;
   for (const refit::TensorSpec& s : specs) {
     const refit::TensorSpec bf16{s.name, refit::DType::kBF16, s.shape};
     const refit::Box full = refit::FullBox(s.shape);
@@ -91,7 +91,7 @@ Result<ExportResult> ExportVersion(const refit::ModelConfig& config, const Synth
     result.digests[s.name] = refit::DigestBlock(refit::DType::kBF16, s.shape, full, d.data());
     const auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(d.data()), d.size() * sizeof(uint16_t));
     result.bytes += bytes.size();
-    tensors.push_back(engine::TensorToWrite{s.name, engine::DType::kBF16, s.shape, bytes});
+    tensors.push_back(formats::TensorToWrite{s.name, formats::DType::kBF16, s.shape, bytes});
   }
   result.content_digest = refit::CombineTensorDigests(result.digests);
 
@@ -102,7 +102,7 @@ Result<ExportResult> ExportVersion(const refit::ModelConfig& config, const Synth
       {"rolloutcore.lr", fmt::format("{}", weights.lr)},
       {"rolloutcore.content_digest", Hex64(result.content_digest)},
   };
-  RC_RETURN_IF_ERROR(engine::WriteSafetensors(result.weights_path, tensors, metadata));
+  RC_RETURN_IF_ERROR(formats::WriteSafetensors(result.weights_path, tensors, metadata));
 
   std::ofstream f(result.config_path, std::ios::trunc);
   f << ModelConfigToJson(config).dump(2) << "\n";

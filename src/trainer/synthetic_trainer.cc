@@ -14,6 +14,7 @@
 #include "rolloutcore/directory/types.h"
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/trainer/probes.h"
+#include "rolloutcore/transport/registry.h"
 #include "rolloutcore/transport/shm.h"
 
 namespace rc::trainer {

@@ -11,7 +11,7 @@
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/directory/memory_store.h"
-#include "rolloutcore/engine/safetensors.h"
+#include "rolloutcore/formats/safetensors.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/trainer/export.h"
@@ -137,13 +137,13 @@ TEST_F(SyntheticTrainerTest, PublishedVersionsMatchTheReferenceAndTheExport) {
   std::filesystem::remove_all(dir);
   auto ex = ExportVersion(config, {11, 5e-3f}, 2, dir);
   ASSERT_TRUE(ex.ok()) << ex.status().ToString();
-  auto file = engine::SafetensorsFile::Open(ex->weights_path);
+  auto file = formats::SafetensorsFile::Open(ex->weights_path);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   ASSERT_EQ((*file)->header().tensors.size(), specs.size());
   for (const TensorSpec& s : specs) {
-    const engine::TensorEntry* e = (*file)->header().Find(s.name);
+    const formats::TensorEntry* e = (*file)->header().Find(s.name);
     ASSERT_NE(e, nullptr) << s.name;
-    EXPECT_EQ(e->dtype, engine::DType::kBF16);
+    EXPECT_EQ(e->dtype, formats::DType::kBF16);
     EXPECT_EQ(e->shape, s.shape);
     auto bytes = (*file)->Bytes(*e);
     const auto& want = published.at(s.name);

@@ -1,4 +1,5 @@
 #include "rolloutcore/transport/local.h"
+#include "rolloutcore/transport/registry.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "rolloutcore/transport/transport.h"
+#include "rolloutcore/transport/registry.h"
 
 #include <fmt/format.h>
 
@@ -41,15 +41,6 @@ constexpr BackendEntry kBackends[] = {
 };
 
 }  // namespace
-
-std::string_view TransferStateName(TransferState state) {
-  switch (state) {
-    case TransferState::kPending: return "pending";
-    case TransferState::kDone: return "done";
-    case TransferState::kFailed: return "failed";
-  }
-  return "unknown";
-}
 
 std::span<const BackendEntry> RegisteredBackends() { return kBackends; }
 

@@ -13,6 +13,7 @@
 #include "rolloutcore/cuda/gpu_refit.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace {
 

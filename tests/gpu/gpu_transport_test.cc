@@ -17,6 +17,7 @@
 #include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/planner.h"
+#include "rolloutcore/transport/registry.h"
 
 namespace rc::cuda {
 namespace {

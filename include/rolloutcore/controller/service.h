@@ -159,7 +159,6 @@ class ControllerService {
   Result<Json> Journal(int64_t since, int engine) const;
   TrajectoryStore* trajectories() { return trajectories_.get(); }
   std::string Metrics() const;
-  size_t num_engines() const { return engines_.size(); }
   lifecycle::Controller* controller(size_t engine) { return engines_[engine]->controller.get(); }
 
  private:

@@ -19,7 +19,8 @@
 // every GPU driving its link at line rate for the whole transfer, no relay through other GPUs, and
 // ignores latency, the descriptor rate and install time (docs/scale.md lists the assumptions).
 //
-// Thread safety: pure functions (PlanFleet builds plans one after another; no threads, no I/O).
+// Thread safety: pure functions (PlanFleet builds plans one after another; no threads, no I/O; time
+// only through the caller's FleetSpec::clock).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -70,6 +72,8 @@ struct FleetSpec {
   FleetLinks links;
   int64_t descriptor_budget = 64;
   bool plan_every_receiver = false;
+  // Times capture_ms / plan_ms (refit_core reads no clock itself). Null: every time is 0.
+  const Clock* clock = nullptr;
 };
 
 // One distinct plan and the receivers that share it.

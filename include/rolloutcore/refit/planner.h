@@ -113,6 +113,8 @@ struct PlanStats {
   uint64_t dest_bytes = 0;           // all parameter bytes of the rank
   uint64_t dest_bytes_selected = 0;  // parameter bytes the plan writes
   uint64_t source_shards = 0;        // distinct shards read
+  // Wall time of BuildPlan, filled by the caller that timed it: BuildPlan reads no clock
+  // (refit_core is pure) and leaves it 0.
   double plan_ms = 0;
 };
 

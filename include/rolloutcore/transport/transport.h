@@ -12,8 +12,10 @@
 // transfer ends failed (Aborted) unless it had already completed. Callers must therefore treat
 // every destination of a cancelled transfer as possibly written.
 //
-// Backends (`local`, `shm`, `ucx`, `cuda_ipc`, `nccl`) are listed in one explicit
-// registry (RegisteredBackends); optional ones appear there only when built.
+// This header is the interface only (CMake target rolloutcore::transport_api, which links no
+// backend). Backends (`local`, `shm`, `ucx`, `cuda_ipc`, `nccl`) are listed in one explicit
+// registry, rolloutcore/transport/registry.h (target rolloutcore::transport, which links every
+// backend built); optional ones appear there only when built.
 //
 // Thread safety: a Transport's methods may be called from any thread concurrently. A Transfer is
 // owned by one caller; Poll/Wait/Cancel on one Transfer are not called concurrently.
@@ -112,17 +114,5 @@ struct TransportOptions {
   // run them; -1 takes the creating thread's current device. Host-only backends ignore it.
   int32_t device = -1;
 };
-
-struct BackendEntry {
-  std::string_view name;
-  std::string_view description;
-  Result<std::unique_ptr<Transport>> (*create)(const TransportOptions& options);
-};
-
-// The backends built into this binary, in preference order.
-std::span<const BackendEntry> RegisteredBackends();
-// NotFound listing the registered names when `name` is not one.
-[[nodiscard]] Result<std::unique_ptr<Transport>> CreateTransport(std::string_view name,
-                                                                 const TransportOptions& options = {});
 
 }  // namespace rc::transport

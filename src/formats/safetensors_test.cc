@@ -1,11 +1,11 @@
-#include "rolloutcore/engine/safetensors.h"
+#include "rolloutcore/formats/safetensors.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 
-namespace rc::engine {
+namespace rc::formats {
 namespace {
 
 std::vector<uint8_t> File(const std::string& header, size_t data_bytes) {
@@ -97,4 +97,4 @@ TEST(SafetensorsTest, HalfConversions) {
 }
 
 }  // namespace
-}  // namespace rc::engine
+}  // namespace rc::formats

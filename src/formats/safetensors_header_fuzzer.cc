@@ -4,16 +4,16 @@
 #include <cstdlib>
 #include <span>
 
-#include "rolloutcore/engine/safetensors.h"
+#include "rolloutcore/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto h = rc::engine::ParseSafetensorsHeader(std::span<const uint8_t>(data, size), size);
+  auto h = rc::formats::ParseSafetensorsHeader(std::span<const uint8_t>(data, size), size);
   if (!h.ok()) return 0;
   for (const auto& t : h->tensors) {
     if (t.begin > t.end || h->data_offset + t.end > size) std::abort();
     uint64_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    if (n * rc::engine::DTypeSize(t.dtype) != t.end - t.begin) std::abort();
+    if (n * rc::formats::DTypeSize(t.dtype) != t.end - t.begin) std::abort();
   }
   return 0;
 }

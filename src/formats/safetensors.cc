@@ -1,4 +1,4 @@
-#include "rolloutcore/engine/safetensors.h"
+#include "rolloutcore/formats/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,7 +13,7 @@
 
 #include "rolloutcore/base/json.h"
 
-namespace rc::engine {
+namespace rc::formats {
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
@@ -431,4 +431,4 @@ Status ConvertToF32(DType dtype, const uint8_t* src, size_t n, float* dst) {
   }
 }
 
-}  // namespace rc::engine
+}  // namespace rc::formats
