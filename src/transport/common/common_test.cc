@@ -122,14 +122,14 @@ TEST(TransferBaseTest, WaitHonoursTheTransportClockAndRecordsTheOutcomeOnce) {
 
 TEST(TransferBaseTest, CheckReadOpRefusesOutOfRangeAndNullDestination) {
   std::byte dst[8];
-  EXPECT_TRUE(CheckReadOp(0, ReadOp{{1, 16}, 8, dst, 8}, 16, "region r").ok());
-  EXPECT_TRUE(CheckReadOp(0, ReadOp{{1, 16}, 16, nullptr, 0}, 16, "region r").ok());
-  Status s = CheckReadOp(3, ReadOp{{1, 16}, 9, dst, 8}, 16, "region r");
+  EXPECT_TRUE(CheckReadOp(0, ReadOp{{1, 16}, 8, dst, 8}, 16, [] { return "region r"; }).ok());
+  EXPECT_TRUE(CheckReadOp(0, ReadOp{{1, 16}, 16, nullptr, 0}, 16, [] { return "region r"; }).ok());
+  Status s = CheckReadOp(3, ReadOp{{1, 16}, 9, dst, 8}, 16, [] { return "region r"; });
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "read 3 of batch: bytes 9..17 outside region r of 16 bytes");
-  s = CheckReadOp(1, ReadOp{{1, 16}, UINT64_MAX, dst, 2}, 16, "region r");
+  s = CheckReadOp(1, ReadOp{{1, 16}, UINT64_MAX, dst, 2}, 16, [] { return "region r"; });
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  s = CheckReadOp(2, ReadOp{{1, 16}, 0, nullptr, 4}, 16, "region r");
+  s = CheckReadOp(2, ReadOp{{1, 16}, 0, nullptr, 4}, 16, [] { return "region r"; });
   EXPECT_EQ(s.message(), "read 2 of batch: null destination for 4 bytes");
 }
 

@@ -49,7 +49,7 @@ uint64_t BatchBytes(std::span<const ReadOp> ops) {
   return bytes;
 }
 
-Status CheckReadOp(size_t index, const ReadOp& op, uint64_t region_length, std::string_view region) {
+Status ReadOpError(size_t index, const ReadOp& op, uint64_t region_length, std::string_view region) {
   if (op.source_offset > region_length || op.length > region_length - op.source_offset) {
     return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside {} of {} bytes", index,
                                        op.source_offset, op.source_offset + op.length, region, region_length));
@@ -57,7 +57,7 @@ Status CheckReadOp(size_t index, const ReadOp& op, uint64_t region_length, std::
   if (op.length > 0 && op.dest == nullptr) {
     return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", index, op.length));
   }
-  return OkStatus();
+  return Internal(fmt::format("read {} of batch: ReadOpError called for a valid read", index));
 }
 
 }  // namespace rc::transport::internal

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/transport/transport.h"
@@ -66,7 +67,16 @@ uint64_t BatchBytes(std::span<const ReadOp> ops);
 
 // The checks every backend makes on read `index` of a batch before anything moves, with the same
 // wording: the region must hold bytes [source_offset, source_offset + length) and a non-empty
-// read needs a destination. `region` names the source region in the message.
-[[nodiscard]] Status CheckReadOp(size_t index, const ReadOp& op, uint64_t region_length, std::string_view region);
+// read needs a destination. `region()` names the source region in the message (called only on
+// failure, so the check costs nothing on the hot path).
+[[nodiscard]] Status ReadOpError(size_t index, const ReadOp& op, uint64_t region_length, std::string_view region);
+template <typename RegionName>
+[[nodiscard]] Status CheckReadOp(size_t index, const ReadOp& op, uint64_t region_length, RegionName&& region) {
+  if (op.source_offset > region_length || op.length > region_length - op.source_offset ||
+      (op.length > 0 && op.dest == nullptr)) {
+    return ReadOpError(index, op, region_length, region());
+  }
+  return OkStatus();
+}
 
 }  // namespace rc::transport::internal
