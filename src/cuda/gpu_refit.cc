@@ -14,6 +14,7 @@
 #include "cuda/digest_table.h"
 #include "cuda/kernels.h"
 #include "rolloutcore/cuda/seeded.h"
+#include "transport/gpu_common.h"
 
 namespace rc::cuda {
 namespace {
@@ -26,27 +27,7 @@ std::string CudaText(cudaError_t e) {
   return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (device >= 0 && device != previous_) status_ = cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  Status status(int device) const {
-    if (status_ == cudaSuccess) return OkStatus();
-    return Unavailable(fmt::format("CUDA device {}: {}", device, CudaText(status_)));
-  }
-
- private:
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
+using rc::gpu_internal::DeviceGuard;
 
 Status Check(cudaError_t e, std::string_view what) {
   if (e == cudaSuccess) return OkStatus();
