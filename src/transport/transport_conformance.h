@@ -330,10 +330,12 @@ TEST_P(TransportConformanceTest, CancelEndsAbortedOrDone) {
   if (end.ok()) {
     EXPECT_TRUE(dest->Contents() == s.contents);
   }
-  // A completed transfer stays completed.
+  // A completed transfer stays completed. (Imported afresh: a cancel may have made `r` unusable,
+  // as nccl.h documents: it aborts the owner's communicator.)
+  const RemoteMemory r2 = MustImport(s.registration.descriptor);
   auto dest2 = Alloc(4096);
   ASSERT_TRUE(dest2);
-  const ReadOp small{r, 0, dest2->data(), 4096};
+  const ReadOp small{r2, 0, dest2->data(), 4096};
   auto t2 = reader().PostReads({&small, 1});
   ASSERT_TRUE(t2.ok());
   ASSERT_TRUE((*t2)->Wait(kFar).ok());
