@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <string_view>
 
 #include "rolloutcore/base/status.h"
 
@@ -46,9 +47,29 @@ class DeviceGuard {
   cudaError_t error_ = cudaSuccess;
 };
 
+// The device a GPU transport created with `requested` (TransportOptions::device) works on: the
+// caller's current device when -1. Unavailable when there is no CUDA device, InvalidArgument
+// naming the device when it does not exist.
+inline Result<int> ResolveDevice(std::string_view backend, int requested) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return Unavailable(fmt::format("{} transport: no CUDA device ({})", backend,
+                                   e != cudaSuccess ? CudaErrorText(e) : std::string("0 devices")));
+  }
+  int device = requested;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  if (device >= count) {
+    return InvalidArgument(fmt::format("{} transport: device {} does not exist ({} devices)", backend, device, count));
+  }
+  return device;
+}
+
 }  // namespace rc::gpu_internal
 
 namespace rc::transport::gpu_internal {
 using rc::gpu_internal::CudaErrorText;
 using rc::gpu_internal::DeviceGuard;
+using rc::gpu_internal::ResolveDevice;
 }  // namespace rc::transport::gpu_internal

@@ -78,8 +78,10 @@ class TransportEnv {
   virtual ~TransportEnv() = default;
   virtual Transport& owner() = 0;
   virtual Transport& reader() = 0;
-  // Zero-filled memory of `bytes` that owner() can register and reader() can read into.
+  // Zero-filled memory of `bytes` that reader() can read into (a destination).
   virtual Result<std::unique_ptr<TestBuffer>> Allocate(uint64_t bytes) = 0;
+  // Zero-filled memory of `bytes` that owner() can register (a source); by default Allocate's.
+  virtual Result<std::unique_ptr<TestBuffer>> AllocateSource(uint64_t bytes) { return Allocate(bytes); }
   // The descriptor of a region (at least 4096 bytes) whose owner process has exited and been
   // reaped; Unimplemented where the env cannot make one (the case then skips).
   virtual Result<std::string> DeadOwnerDescriptor() { return Unimplemented("no dead-owner support in this env"); }
@@ -125,6 +127,12 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportParam>
     return b.ok() ? std::move(b).value() : nullptr;
   }
 
+  std::unique_ptr<TestBuffer> AllocSource(uint64_t bytes) {
+    auto b = env_->AllocateSource(bytes);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return b.ok() ? std::move(b).value() : nullptr;
+  }
+
   // A registered source of `bytes` filled with PatternBytes(bytes, seed).
   struct Source {
     std::unique_ptr<TestBuffer> buffer;
@@ -133,7 +141,7 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportParam>
   };
   Source MakeSource(uint64_t bytes, uint64_t seed) {
     Source s;
-    s.buffer = Alloc(bytes);
+    s.buffer = AllocSource(bytes);
     if (!s.buffer) return s;
     s.contents = PatternBytes(bytes, seed);
     EXPECT_TRUE(s.buffer->Write(0, s.contents.data(), bytes).ok());
@@ -141,6 +149,23 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportParam>
     EXPECT_TRUE(reg.ok()) << reg.status().ToString();
     if (reg.ok()) s.registration = *reg;
     return s;
+  }
+
+  // A 32 MiB source, imported, and a destination for all of it: a transfer long enough to be
+  // pending for a while on asynchronous backends.
+  struct BigRead {
+    Source source;
+    RemoteMemory remote;
+    std::unique_ptr<TestBuffer> dest;
+    ReadOp op() const { return ReadOp{remote, 0, dest->data(), remote.length}; }
+  };
+  BigRead MakeBigRead(uint64_t seed) {
+    BigRead b;
+    b.source = MakeSource(32 << 20, seed);
+    if (!b.source.buffer) return b;
+    b.remote = MustImport(b.source.registration.descriptor);
+    b.dest = Alloc(32 << 20);
+    return b;
   }
 
   RemoteMemory MustImport(const std::string& descriptor) {
@@ -234,7 +259,7 @@ TEST_P(TransportConformanceTest, ScatteredReadsAreByteIdentical) {
 }
 
 TEST_P(TransportConformanceTest, SubRangeRegistrationReadsFromItsStart) {
-  auto buf = Alloc(1 << 16);
+  auto buf = AllocSource(1 << 16);
   ASSERT_TRUE(buf);
   const std::vector<std::byte> bytes = PatternBytes(buf->size(), 3);
   ASSERT_TRUE(buf->Write(0, bytes.data(), bytes.size()).ok());
@@ -295,12 +320,9 @@ TEST_P(TransportConformanceTest, ReadOfUnknownRemoteFails) {
 }
 
 TEST_P(TransportConformanceTest, WaitNeverBlocksPastTheDeadline) {
-  Source s = MakeSource(32 << 20, 6);
-  ASSERT_TRUE(s.buffer);
-  const RemoteMemory r = MustImport(s.registration.descriptor);
-  auto dest = Alloc(32 << 20);
-  ASSERT_TRUE(dest);
-  const ReadOp op{r, 0, dest->data(), r.length};
+  BigRead b = MakeBigRead(6);
+  ASSERT_TRUE(b.source.buffer && b.dest);
+  const ReadOp op = b.op();
   auto t = reader().PostReads({&op, 1});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   const auto start = std::chrono::steady_clock::now();
@@ -310,16 +332,13 @@ TEST_P(TransportConformanceTest, WaitNeverBlocksPastTheDeadline) {
     EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded) << early.ToString();
   }
   ASSERT_TRUE((*t)->Wait(kFar).ok()) << (*t)->status().ToString();
-  EXPECT_TRUE(dest->Contents() == s.contents);
+  EXPECT_TRUE(b.dest->Contents() == b.source.contents);
 }
 
 TEST_P(TransportConformanceTest, CancelEndsAbortedOrDone) {
-  Source s = MakeSource(32 << 20, 7);
-  ASSERT_TRUE(s.buffer);
-  const RemoteMemory r = MustImport(s.registration.descriptor);
-  auto dest = Alloc(32 << 20);
-  ASSERT_TRUE(dest);
-  const ReadOp op{r, 0, dest->data(), r.length};
+  BigRead b = MakeBigRead(7);
+  ASSERT_TRUE(b.source.buffer && b.dest);
+  const ReadOp op = b.op();
   auto t = reader().PostReads({&op, 1});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   (*t)->Cancel();
@@ -328,11 +347,11 @@ TEST_P(TransportConformanceTest, CancelEndsAbortedOrDone) {
   EXPECT_EQ((*t)->Poll(), end.ok() ? TransferState::kDone : TransferState::kFailed);
   EXPECT_EQ((*t)->status().code(), end.code());
   if (end.ok()) {
-    EXPECT_TRUE(dest->Contents() == s.contents);
+    EXPECT_TRUE(b.dest->Contents() == b.source.contents);
   }
   // A completed transfer stays completed. (Imported afresh: a cancel may have made `r` unusable,
   // as nccl.h documents: it aborts the owner's communicator.)
-  const RemoteMemory r2 = MustImport(s.registration.descriptor);
+  const RemoteMemory r2 = MustImport(b.source.registration.descriptor);
   auto dest2 = Alloc(4096);
   ASSERT_TRUE(dest2);
   const ReadOp small{r2, 0, dest2->data(), 4096};
@@ -345,21 +364,18 @@ TEST_P(TransportConformanceTest, CancelEndsAbortedOrDone) {
 }
 
 TEST_P(TransportConformanceTest, DestroyedTransferWritesNothingAfterwards) {
-  Source s = MakeSource(32 << 20, 8);
-  ASSERT_TRUE(s.buffer);
-  const RemoteMemory r = MustImport(s.registration.descriptor);
-  auto dest = Alloc(32 << 20);
-  ASSERT_TRUE(dest);
+  BigRead b = MakeBigRead(8);
+  ASSERT_TRUE(b.source.buffer && b.dest);
   {
-    const ReadOp op{r, 0, dest->data(), r.length};
+    const ReadOp op = b.op();
     auto t = reader().PostReads({&op, 1});
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     (*t)->Cancel();
   }  // destroyed while (possibly) pending
-  const std::vector<std::byte> sentinel(dest->size(), std::byte{0xee});
-  ASSERT_TRUE(dest->Write(0, sentinel.data(), sentinel.size()).ok());
+  const std::vector<std::byte> sentinel(b.dest->size(), std::byte{0xee});
+  ASSERT_TRUE(b.dest->Write(0, sentinel.data(), sentinel.size()).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_TRUE(dest->Contents() == sentinel) << "a destroyed transfer still wrote its destination";
+  EXPECT_TRUE(b.dest->Contents() == sentinel) << "a destroyed transfer still wrote its destination";
 }
 
 TEST_P(TransportConformanceTest, ReimportAndReleaseKeepOtherImports) {

@@ -469,18 +469,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options,
                                                           const CudaIpcTransportOptions& cuda_options) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return Unavailable(fmt::format("cuda_ipc transport: no CUDA device ({})",
-                                   e != cudaSuccess ? CudaErrorText(e) : std::string("0 devices")));
-  }
-  int device = options.device;
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-  if (device >= count) {
-    return InvalidArgument(fmt::format("cuda_ipc transport: device {} does not exist ({} devices)", device, count));
-  }
+  RC_ASSIGN_OR_RETURN(const int device, gpu_internal::ResolveDevice("cuda_ipc", options.device));
   Clock* clock = options.clock ? options.clock : SystemClock::Default();
   auto core = std::make_shared<Core>(clock, device, cuda_options);
   RC_RETURN_IF_ERROR(core->Init());

@@ -871,18 +871,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE"); nvls == nullptr || std::strcmp(nvls, "0") != 0) {
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   }
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return Unavailable(fmt::format("nccl transport: no CUDA device ({})",
-                                   e != cudaSuccess ? CudaErrorText(e) : std::string("0 devices")));
-  }
-  int device = options.device;
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-  if (device >= count) {
-    return InvalidArgument(fmt::format("nccl transport: device {} does not exist ({} devices)", device, count));
-  }
+  RC_ASSIGN_OR_RETURN(const int device, gpu_internal::ResolveDevice("nccl", options.device));
   if (nccl_options.watchdog_period_ns <= 0 || nccl_options.connect_timeout_ns <= 0) {
     return InvalidArgument("nccl transport: watchdog_period_ns and connect_timeout_ns must be positive");
   }
