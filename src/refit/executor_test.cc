@@ -88,7 +88,8 @@ class RecordingMemory final : public PlanMemory {
     return host_.Install(plan, begin, end, ptr);
   }
   Status CopyToHost(void* dst, const std::byte* src, uint64_t n) override { return host_.CopyToHost(dst, src, n); }
-  Result<TensorDigests> Digest(const Capture& c, const DestinationBuffers& b, std::span<const DigestRegion> r) override {
+  Result<TensorDigests> Digest(const Capture& c, const DestinationBuffers& b,
+                               std::span<const DigestRegion> r) override {
     return host_.Digest(c, b, r);
   }
   std::vector<uint64_t> staging_requests;
@@ -120,7 +121,9 @@ TEST(ExecutorTest, OneWaveLoopServesAnyMemoryAndHonoursTheStagingBudget) {
   std::vector<std::byte> one(3 * 64 * 32 * 4);
   auto views = [](std::vector<std::byte>& all) {
     DestinationBuffers b;
-    for (size_t i = 0; i < 3; ++i) b.emplace("out" + std::to_string(i), std::span<std::byte>(all).subspan(i * 8192, 8192));
+    for (size_t i = 0; i < 3; ++i) {
+      b.emplace("out" + std::to_string(i), std::span<std::byte>(all).subspan(i * 8192, 8192));
+    }
     return b;
   };
   DestinationBuffers one_bufs = views(one);

@@ -38,8 +38,8 @@ class DeviceGuard {
   // The same as a Status: Unavailable naming the device.
   Status status(int device) const {
     if (error_ == cudaSuccess) return OkStatus();
-    return Unavailable(fmt::format("CUDA device {}: {} ({})", device, cudaGetErrorString(error_),
-                                   cudaGetErrorName(error_)));
+    return Unavailable(
+        fmt::format("CUDA device {}: {} ({})", device, cudaGetErrorString(error_), cudaGetErrorName(error_)));
   }
 
  private:

@@ -227,10 +227,10 @@ TEST_P(TransportConformanceTest, ScatteredReadsAreByteIdentical) {
     cursor += (len + 63) / 64 * 64 + 64;
     total += len;
   };
-  add(ra, a.contents, 0, 0);                                  // zero-length
-  add(ra, a.contents, a.contents.size() - 1, 1);              // the last byte
-  add(rb, b.contents, 0, b.contents.size());                  // a whole region
-  add(ra, a.contents, 4096, 8192);                            // overlapping sources are fine
+  add(ra, a.contents, 0, 0);                      // zero-length
+  add(ra, a.contents, a.contents.size() - 1, 1);  // the last byte
+  add(rb, b.contents, 0, b.contents.size());      // a whole region
+  add(ra, a.contents, 4096, 8192);                // overlapping sources are fine
   add(ra, a.contents, 8000, 4096);
   for (int i = 0; i < 48; ++i) {
     const bool from_a = i % 3 != 0;
@@ -427,8 +427,8 @@ TEST_P(TransportConformanceTest, MalformedDescriptorIsInvalidArgument) {
   ASSERT_TRUE(s.buffer);
   const std::string& d = s.registration.descriptor;
   const std::string other = GetParam().name == "shm" ? "ucx:v1:host=h:pid=1" : "shm:v1:pid=1:fd=3";
-  for (const std::string& text : {std::string("garbage"), std::string(""), other, d.substr(0, d.size() / 2) + "::",
-                                  d + ":" + "zz=1"}) {
+  for (const std::string& text :
+       {std::string("garbage"), std::string(""), other, d.substr(0, d.size() / 2) + "::", d + ":" + "zz=1"}) {
     auto r = reader().Import(text);
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << text << ": " << r.status().ToString();

@@ -1,10 +1,11 @@
 // The transport conformance suite (src/transport/transport_conformance.h) over the host backends of
 // the normal build: local, shm and ucx (when built). Owner and reader live in this process; the
 // dead-owner case uses an rc_transport_peer child that has exited and been reaped.
-#include <sys/wait.h>
-#include <unistd.h>
+#include "transport/transport_conformance.h"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -12,7 +13,6 @@
 #include "rolloutcore/transport/local.h"
 #include "rolloutcore/transport/shm.h"
 #include "transport/peer_process.h"
-#include "transport/transport_conformance.h"
 #ifdef RC_HAVE_UCX
 #include "rolloutcore/transport/ucx.h"
 #endif

@@ -23,8 +23,8 @@
 namespace rc::transport::internal {
 namespace {
 
-using ::testing::HasSubstr;
 using codec::DescriptorFields;
+using ::testing::HasSubstr;
 
 constexpr std::array<std::string_view, 3> kNames = {"a", "b", "h"};
 

@@ -56,7 +56,7 @@ class RegionTable {
 
  private:
   mutable std::mutex mu_;
-  uint64_t next_id_ = 1;                          // guarded by mu_
+  uint64_t next_id_ = 1;                         // guarded by mu_
   std::unordered_map<uint64_t, Entry> entries_;  // guarded by mu_
 };
 
@@ -73,9 +73,7 @@ class CoreTransport : public Transport {
   Status Deregister(uint64_t id) final { return core_->Deregister(id); }
   Result<RemoteMemory> Import(std::string_view descriptor) final { return core_->Import(descriptor); }
   Status ReleaseRemote(const RemoteMemory& remote) final { return core_->Release(remote); }
-  Result<std::unique_ptr<Transfer>> PostReads(std::span<const ReadOp> ops) final {
-    return Core::PostReads(core_, ops);
-  }
+  Result<std::unique_ptr<Transfer>> PostReads(std::span<const ReadOp> ops) final { return Core::PostReads(core_, ops); }
 
  protected:
   Core& core() const { return *core_; }

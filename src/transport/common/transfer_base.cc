@@ -51,8 +51,8 @@ uint64_t BatchBytes(std::span<const ReadOp> ops) {
 
 Status ReadOpError(size_t index, const ReadOp& op, uint64_t region_length, std::string_view region) {
   if (op.source_offset > region_length || op.length > region_length - op.source_offset) {
-    return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside {} of {} bytes", index,
-                                       op.source_offset, op.source_offset + op.length, region, region_length));
+    return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside {} of {} bytes", index, op.source_offset,
+                                       op.source_offset + op.length, region, region_length));
   }
   if (op.length > 0 && op.dest == nullptr) {
     return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", index, op.length));
