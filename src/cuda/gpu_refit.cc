@@ -15,6 +15,7 @@
 #include "cuda/kernels.h"
 #include "rolloutcore/cuda/seeded.h"
 #include "rolloutcore/transport/registry.h"
+#include "transport/gpu_common.h"
 
 namespace rc::cuda {
 namespace {
@@ -27,27 +28,7 @@ std::string CudaText(cudaError_t e) {
   return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (device >= 0 && device != previous_) status_ = cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  Status status(int device) const {
-    if (status_ == cudaSuccess) return OkStatus();
-    return Unavailable(fmt::format("CUDA device {}: {}", device, CudaText(status_)));
-  }
-
- private:
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
+using rc::gpu_internal::DeviceGuard;
 
 Status Check(cudaError_t e, std::string_view what) {
   if (e == cudaSuccess) return OkStatus();
@@ -731,13 +712,6 @@ Result<double> TimedReadSweep(const void* src, uint64_t bytes, int device) {
 
 namespace {
 
-void CancelAll(std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>>& transfers, int64_t deadline_ns) {
-  for (auto& [rank, t] : transfers) {
-    if (t->Poll() == transport::TransferState::kPending) t->Cancel();
-  }
-  for (auto& [rank, t] : transfers) (void)t->Wait(deadline_ns);
-}
-
 // The view replay of an install step as kernel arguments (refit/geometry.cc CopyViewFromBlock).
 Result<internal::ViewCopyArgs> ViewCopyFor(const refit::InstallStep& in, const std::byte* staging, std::byte* param) {
   internal::ViewCopyArgs a;
@@ -771,38 +745,51 @@ Result<internal::ViewCopyArgs> ViewCopyFor(const refit::InstallStep& in, const s
   return a;
 }
 
+// Device memory of one GPU for the shared wave loop (refit::ExecuteWaves): staging is one
+// cudaMalloc per wave, install steps are view-copy kernels (one launch per step, then one sync).
+class DevicePlanMemory final : public refit::PlanMemory {
+ public:
+  explicit DevicePlanMemory(int device) : device_(device) {}
+  std::string_view buffer_noun() const override { return "device buffer"; }
+  uint64_t staging_alignment() const override { return 256; }
+  Result<std::byte*> AllocateStaging(uint64_t bytes) override {
+    staging_ = DeviceBuffer();  // the previous wave's staging first: its steps have run
+    RC_ASSIGN_OR_RETURN(staging_, DeviceBuffer::Allocate(device_, bytes));
+    return staging_.data();
+  }
+  Status Install(const refit::TransferPlan& plan, size_t begin, size_t end, std::span<std::byte* const> ptr) override {
+    for (size_t s = begin; s < end; ++s) {
+      const refit::InstallStep& in = plan.installs[s];
+      RC_ASSIGN_OR_RETURN(internal::ViewCopyArgs a, ViewCopyFor(in, ptr[in.staging], ptr[in.param]));
+      RC_RETURN_IF_ERROR(Check(internal::LaunchViewCopy(a, nullptr), fmt::format("install of {}", in.source)));
+    }
+    return Check(cudaDeviceSynchronize(), "install kernels");
+  }
+  Status CopyToHost(void* dst, const std::byte* src, uint64_t n) override {
+    return cuda::CopyToHost(dst, src, n, device_);
+  }
+  Result<refit::TensorDigests> Digest(const refit::Capture& capture, const refit::DestinationBuffers& buffers,
+                                      std::span<const refit::DigestRegion> regions) override {
+    RC_ASSIGN_OR_RETURN(DeviceDigest d, DeviceDigest::ForInstalled(capture, buffers, regions, device_));
+    return d.Run();
+  }
+
+ private:
+  const int device_;
+  DeviceBuffer staging_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<PlanImports>> PlanImports::Import(const refit::TransferPlan& plan,
                                                          transport::Transport& transport) {
   auto imports = std::unique_ptr<PlanImports>(new PlanImports(transport));
-  std::unordered_map<std::string, transport::RemoteMemory> by_handle;
-  imports->remotes_.resize(plan.sources.size());
-  for (size_t i = 0; i < plan.sources.size(); ++i) {
-    const refit::PlanSource& s = plan.sources[i];
-    const std::string& tensor = s.tensor < plan.tensors.size() ? plan.tensors[s.tensor] : std::string();
-    if (s.handle.empty()) {
-      return FailedPrecondition(fmt::format("tensor {}: shard {} of rank {} has no memory handle", tensor, s.shard, s.rank));
-    }
-    auto it = by_handle.find(s.handle);
-    if (it == by_handle.end()) {
-      auto r = transport.Import(s.handle);
-      if (!r.ok()) return r.status().WithContext(fmt::format("tensor {}: shard of rank {}", tensor, s.rank));
-      imports->distinct_.push_back(*r);
-      it = by_handle.emplace(s.handle, *r).first;
-    }
-    if (it->second.length < s.bytes) {
-      return FailedPrecondition(fmt::format("tensor {}: shard of rank {} registered {} bytes but holds {}", tensor,
-                                            s.rank, it->second.length, s.bytes));
-    }
-    imports->remotes_[i] = it->second;
-  }
+  imports->cache_ = std::make_unique<refit::ImportCache>(transport);
+  RC_ASSIGN_OR_RETURN(imports->remotes_, refit::ImportPlanSources(plan, *imports->cache_));
   return imports;
 }
 
-PlanImports::~PlanImports() {
-  for (const transport::RemoteMemory& r : distinct_) (void)transport_.ReleaseRemote(r);
-}
+PlanImports::~PlanImports() = default;  // the cache releases every import
 
 bool EnablePeerAccess(int from, int to) {
   if (from == to) return true;
@@ -838,92 +825,9 @@ Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan,
   }
   DeviceGuard guard(options.device);
   RC_RETURN_IF_ERROR(guard.status(options.device));
-  refit::ExecuteStats stats;
-  Clock& clock = transport.clock();
-  const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
-  const std::vector<transport::RemoteMemory>& remote = imports.remotes();
-
-  std::vector<std::byte*> ptr(plan.buffers.size(), nullptr);
-  auto need_param = [&](uint32_t b) -> Status {
-    if (ptr[b] != nullptr) return OkStatus();
-    const refit::PlanBuffer& pb = plan.buffers[b];
-    auto it = params.find(pb.name);
-    if (it == params.end() || it->second.size() != pb.bytes) {
-      return FailedPrecondition(fmt::format("destination {}: no device buffer of {} bytes given", pb.name, pb.bytes));
-    }
-    ptr[b] = it->second.data();
-    return OkStatus();
-  };
-  for (uint64_t i = 0; i < plan.direct_runs; ++i) RC_RETURN_IF_ERROR(need_param(plan.runs[i].buffer));
-  for (const refit::InstallStep& s : plan.installs) RC_RETURN_IF_ERROR(need_param(s.param));
-
-  size_t step = 0;
-  bool first = true;
-  while (first || step < plan.installs.size()) {
-    const size_t wave_begin = step;
-    uint64_t wave_bytes = 0;
-    std::vector<uint64_t> offsets;
-    while (step < plan.installs.size()) {
-      const uint64_t b = plan.buffers[plan.installs[step].staging].bytes;
-      if (step > wave_begin && wave_bytes + b > options.max_staging_bytes) break;
-      offsets.push_back(wave_bytes);
-      wave_bytes += (b + 255) & ~uint64_t{255};
-      ++step;
-    }
-    DeviceBuffer staging;
-    if (wave_bytes > 0) {
-      RC_ASSIGN_OR_RETURN(staging, DeviceBuffer::Allocate(options.device, wave_bytes));
-      for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = staging.data() + offsets[s - wave_begin];
-    }
-    std::map<int32_t, std::vector<transport::ReadOp>> batches;
-    auto add_runs = [&](uint64_t begin, uint64_t end) -> Status {
-      for (uint64_t i = begin; i < end; ++i) {
-        const refit::ReadRun& r = plan.runs[i];
-        if (r.dest_offset > plan.buffers[r.buffer].bytes || r.length > plan.buffers[r.buffer].bytes - r.dest_offset) {
-          return Internal(fmt::format("plan run {} writes bytes {}..{} of {} ({} bytes)", i, r.dest_offset,
-                                      r.dest_offset + r.length, plan.buffers[r.buffer].name,
-                                      plan.buffers[r.buffer].bytes));
-        }
-        batches[plan.sources[r.source].rank].push_back(
-            transport::ReadOp{remote[r.source], r.source_offset, ptr[r.buffer] + r.dest_offset, r.length});
-        stats.bytes_read += r.length;
-        stats.reads++;
-      }
-      return OkStatus();
-    };
-    if (first) RC_RETURN_IF_ERROR(add_runs(0, plan.direct_runs));
-    for (size_t s = wave_begin; s < step; ++s) {
-      RC_RETURN_IF_ERROR(add_runs(plan.installs[s].run_begin, plan.installs[s].run_end));
-    }
-    std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>> transfers;
-    for (auto& [rank, ops] : batches) {
-      auto t = transport.PostReads(ops);
-      if (!t.ok()) {
-        CancelAll(transfers, deadline);
-        return t.status().WithContext(fmt::format("posting reads from rank {}", rank));
-      }
-      transfers.emplace_back(rank, std::move(t).value());
-      stats.batches++;
-    }
-    for (size_t i = 0; i < transfers.size(); ++i) {
-      Status s = transfers[i].second->Wait(deadline);
-      if (!s.ok()) {
-        CancelAll(transfers, deadline);
-        return s.WithContext(fmt::format("reads from rank {}", transfers[i].first));
-      }
-    }
-    for (size_t s = wave_begin; s < step; ++s) {
-      const refit::InstallStep& in = plan.installs[s];
-      RC_ASSIGN_OR_RETURN(internal::ViewCopyArgs a, ViewCopyFor(in, ptr[in.staging], ptr[in.param]));
-      RC_RETURN_IF_ERROR(Check(internal::LaunchViewCopy(a, nullptr), fmt::format("install of {}", in.source)));
-      ptr[in.staging] = nullptr;
-      stats.installs++;
-    }
-    RC_RETURN_IF_ERROR(Check(cudaDeviceSynchronize(), "install kernels"));
-    stats.waves++;
-    first = false;
-  }
-  return stats;
+  const int64_t deadline = transport.clock().NowNs() + options.timeout_ms * 1'000'000;
+  DevicePlanMemory memory(options.device);
+  return refit::ExecuteWaves(plan, transport, imports.remotes(), params, memory, deadline, options.max_staging_bytes);
 }
 
 // ---- GpuOwner -------------------------------------------------------------------------------------

@@ -50,16 +50,34 @@ std::byte* StagingArena::Reserve(uint64_t bytes) {
   return data_.get();
 }
 
-Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport& transport,
-                                 const DestinationBuffers& params, const ExecuteOptions& options) {
-  ExecuteStats stats;
-  Clock& clock = transport.clock();
-  const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
+Result<std::byte*> HostPlanMemory::AllocateStaging(uint64_t bytes) {
+  if (arena_ != nullptr) return arena_->Reserve(bytes);
+  wave_.reset();
+  wave_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  return wave_.get();
+}
 
-  const int64_t import_start = clock.NowNs();
-  std::optional<ImportCache> own_imports;
-  if (options.imports == nullptr) own_imports.emplace(transport);
-  ImportCache& imports = options.imports != nullptr ? *options.imports : *own_imports;
+Status HostPlanMemory::Install(const TransferPlan& plan, size_t begin, size_t end, std::span<std::byte* const> ptr) {
+  // Install steps write disjoint destination bytes, so they may run side by side.
+  ParallelFor(end - begin, transform_threads_, [&](size_t k) {
+    const InstallStep& in = plan.installs[begin + k];
+    internal::CopyViewFromBlock(in.source_dtype, ptr[in.staging], in.block, in.box, in.view_to_source,
+                                in.param_dtype, ptr[in.param], in.dest_offset, in.dest_strides);
+  });
+  return OkStatus();
+}
+
+Status HostPlanMemory::CopyToHost(void* dst, const std::byte* src, uint64_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+  return OkStatus();
+}
+
+Result<TensorDigests> HostPlanMemory::Digest(const Capture& capture, const DestinationBuffers& buffers,
+                                             std::span<const DigestRegion> regions) {
+  return DigestInstalled(capture, buffers, regions);
+}
+
+Result<std::vector<transport::RemoteMemory>> ImportPlanSources(const TransferPlan& plan, ImportCache& imports) {
   std::vector<transport::RemoteMemory> remote(plan.sources.size());
   for (size_t i = 0; i < plan.sources.size(); ++i) {
     const PlanSource& s = plan.sources[i];
@@ -76,7 +94,19 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
     }
     remote[i] = *r;
   }
-  stats.import_ns = clock.NowNs() - import_start;
+  return remote;
+}
+
+Result<ExecuteStats> ExecuteWaves(const TransferPlan& plan, transport::Transport& transport,
+                                  std::span<const transport::RemoteMemory> remote, const DestinationBuffers& params,
+                                  PlanMemory& memory, int64_t deadline, uint64_t max_staging_bytes) {
+  if (remote.size() != plan.sources.size()) {
+    return InvalidArgument(
+        fmt::format("imports hold {} sources but the plan has {}", remote.size(), plan.sources.size()));
+  }
+  ExecuteStats stats;
+  Clock& clock = transport.clock();
+  const uint64_t align = memory.staging_alignment();
 
   // Destination pointers: parameters now, staging per wave.
   std::vector<std::byte*> ptr(plan.buffers.size(), nullptr);
@@ -85,7 +115,8 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
     const PlanBuffer& pb = plan.buffers[b];
     auto it = params.find(pb.name);
     if (it == params.end() || it->second.size() != pb.bytes) {
-      return FailedPrecondition(fmt::format("destination {}: no buffer of {} bytes given", pb.name, pb.bytes));
+      return FailedPrecondition(
+          fmt::format("destination {}: no {} of {} bytes given", pb.name, memory.buffer_noun(), pb.bytes));
     }
     ptr[b] = it->second.data();
     return OkStatus();
@@ -95,34 +126,24 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
 
   size_t step = 0;
   bool first = true;
+  std::vector<uint64_t> offsets;
   while (first || step < plan.installs.size()) {
+    // The wave: install steps while their staging fits the budget (at least one).
     const size_t wave_begin = step;
     uint64_t wave_bytes = 0;
+    offsets.clear();
     while (step < plan.installs.size()) {
       const uint64_t b = plan.buffers[plan.installs[step].staging].bytes;
-      if (step > wave_begin && wave_bytes + b > options.max_staging_bytes) break;
-      wave_bytes += b;
+      if (step > wave_begin && wave_bytes + b > max_staging_bytes) break;
+      offsets.push_back(wave_bytes);
+      wave_bytes += (b + align - 1) & ~(align - 1);
       ++step;
     }
-    std::vector<std::unique_ptr<std::byte[]>> staging;
-    if (options.arena != nullptr && step > wave_begin) {
-      // Carve the wave's staging buffers out of the arena, 64-byte aligned.
-      std::vector<uint64_t> offsets;
-      uint64_t total = 0;
-      for (size_t s = wave_begin; s < step; ++s) {
-        offsets.push_back(total);
-        total += (plan.buffers[plan.installs[s].staging].bytes + 63) & ~uint64_t{63};
-      }
+    if (step > wave_begin) {
       const int64_t reserve_start = clock.NowNs();
-      std::byte* base = options.arena->Reserve(total);
+      RC_ASSIGN_OR_RETURN(std::byte * base, memory.AllocateStaging(wave_bytes));
       stats.staging_ns += clock.NowNs() - reserve_start;
       for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = base + offsets[s - wave_begin];
-    } else {
-      for (size_t s = wave_begin; s < step; ++s) {
-        const uint32_t b = plan.installs[s].staging;
-        staging.push_back(std::make_unique_for_overwrite<std::byte[]>(plan.buffers[b].bytes));
-        ptr[b] = staging.back().get();
-      }
     }
     const int64_t wire_start = clock.NowNs();
     // Reads of this wave, one batch per source rank.
@@ -146,6 +167,7 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
     for (size_t s = wave_begin; s < step; ++s) {
       RC_RETURN_IF_ERROR(add_runs(plan.installs[s].run_begin, plan.installs[s].run_end));
     }
+    // Every rank posted before any wait.
     std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>> transfers;
     for (auto& [rank, ops] : batches) {
       auto t = transport.PostReads(ops);
@@ -165,20 +187,30 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
     }
     const int64_t transform_start = clock.NowNs();
     stats.wire_ns += transform_start - wire_start;
-    // Install steps write disjoint destination bytes, so they may run side by side.
-    auto run_step = [&](size_t s) {
-      const InstallStep& in = plan.installs[s];
-      internal::CopyViewFromBlock(in.source_dtype, ptr[in.staging], in.block, in.box, in.view_to_source,
-                                  in.param_dtype, ptr[in.param], in.dest_offset, in.dest_strides);
-    };
-    const size_t wave_steps = step - wave_begin;
-    ParallelFor(wave_steps, options.transform_threads, [&](size_t k) { run_step(wave_begin + k); });
+    RC_RETURN_IF_ERROR(memory.Install(plan, wave_begin, step, ptr));
     for (size_t s = wave_begin; s < step; ++s) ptr[plan.installs[s].staging] = nullptr;
-    stats.installs += wave_steps;
+    stats.installs += step - wave_begin;
     stats.transform_ns += clock.NowNs() - transform_start;
     stats.waves++;
     first = false;
   }
+  return stats;
+}
+
+Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport& transport,
+                                 const DestinationBuffers& params, const ExecuteOptions& options) {
+  Clock& clock = transport.clock();
+  const int64_t deadline = clock.NowNs() + options.timeout_ms * 1'000'000;
+  const int64_t import_start = clock.NowNs();
+  std::optional<ImportCache> own_imports;
+  if (options.imports == nullptr) own_imports.emplace(transport);
+  ImportCache& imports = options.imports != nullptr ? *options.imports : *own_imports;
+  RC_ASSIGN_OR_RETURN(const std::vector<transport::RemoteMemory> remote, ImportPlanSources(plan, imports));
+  const int64_t import_ns = clock.NowNs() - import_start;
+  HostPlanMemory memory(options.arena, options.transform_threads);
+  RC_ASSIGN_OR_RETURN(ExecuteStats stats,
+                      ExecuteWaves(plan, transport, remote, params, memory, deadline, options.max_staging_bytes));
+  stats.import_ns = import_ns;
   return stats;
 }
 

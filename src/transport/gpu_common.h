@@ -1,28 +1,20 @@
-// Helpers shared by the GPU transport backends (cuda_ipc, nccl): CUDA error text, a scoped
-// current-device switch, owner-process liveness and strict key=value descriptor parsing.
-// Header-only and included only by those backends (it includes the CUDA runtime header).
+// What the GPU code shares (the cuda_ipc and nccl transports, and the cuda module's kernels host
+// side): CUDA error text and the one scoped current-device switch. Header-only; included only by
+// code built with ROLLOUTCORE_WITH_CUDA (it includes the CUDA runtime header). Everything that needs
+// no CUDA (descriptors, liveness, sockets) is in transport/common/.
 //
-// Thread safety: DeviceGuard changes the calling thread's current device until it is destroyed;
-// the other helpers are pure or read /proc.
+// Thread safety: DeviceGuard changes the calling thread's current device until it is destroyed.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include <array>
-#include <cerrno>
-#include <charconv>
-#include <cstdint>
-#include <cstdio>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "rolloutcore/base/status.h"
 
-namespace rc::transport::gpu_internal {
+namespace rc::gpu_internal {
 
 inline std::string CudaErrorText(cudaError_t e) {
   return fmt::format("{} ({}: {})", cudaGetErrorString(e), cudaGetErrorName(e), static_cast<int>(e));
@@ -33,7 +25,7 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (device >= 0 && device != previous_) status_ = cudaSetDevice(device);
+    if (device >= 0 && device != previous_) error_ = cudaSetDevice(device);
   }
   ~DeviceGuard() {
     int now = -1;
@@ -41,114 +33,43 @@ class DeviceGuard {
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
-  cudaError_t status() const { return status_; }
+  // The error of switching to the device (cudaSuccess when it worked).
+  cudaError_t status() const { return error_; }
+  // The same as a Status: Unavailable naming the device.
+  Status status(int device) const {
+    if (error_ == cudaSuccess) return OkStatus();
+    return Unavailable(
+        fmt::format("CUDA device {}: {} ({})", device, cudaGetErrorString(error_), cudaGetErrorName(error_)));
+  }
 
  private:
   int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
+  cudaError_t error_ = cudaSuccess;
 };
 
-// True when process `pid` is gone or a zombie (killed and not yet reaped by its parent: such a
-// process still answers kill(pid, 0) but runs no code any more).
-inline bool ProcessGone(pid_t pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return errno == ENOENT;
-  char buf[512] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  const std::string_view stat(buf, n);
-  const size_t paren = stat.rfind(')');  // the command name may contain spaces and parens
-  if (paren == std::string_view::npos || paren + 2 >= stat.size()) return false;
-  const char state = stat[paren + 2];
-  return state == 'Z' || state == 'X';
+// The device a GPU transport created with `requested` (TransportOptions::device) works on: the
+// caller's current device when -1. Unavailable when there is no CUDA device, InvalidArgument
+// naming the device when it does not exist.
+inline Result<int> ResolveDevice(std::string_view backend, int requested) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return Unavailable(fmt::format("{} transport: no CUDA device ({})", backend,
+                                   e != cudaSuccess ? CudaErrorText(e) : std::string("0 devices")));
+  }
+  int device = requested;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  if (device >= count) {
+    return InvalidArgument(fmt::format("{} transport: device {} does not exist ({} devices)", backend, device, count));
+  }
+  return device;
 }
 
-inline std::string HexEncode(const void* data, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::string out;
-  out.reserve(n * 2);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kDigits[p[i] >> 4]);
-    out.push_back(kDigits[p[i] & 15]);
-  }
-  return out;
-}
+}  // namespace rc::gpu_internal
 
-// False unless `hex` is exactly 2*n hex digits.
-inline bool HexDecode(std::string_view hex, void* out, size_t n) {
-  if (hex.size() != 2 * n) return false;
-  auto value = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  auto* p = static_cast<unsigned char*>(out);
-  for (size_t i = 0; i < n; ++i) {
-    const int hi = value(hex[2 * i]), lo = value(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    p[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
-  return true;
-}
-
-inline std::string Abbrev(std::string_view s) {
-  return s.size() <= 64 ? std::string(s) : fmt::format("{}...({} chars)", s.substr(0, 48), s.size());
-}
-
-// Splits "<prefix>k1=v1:k2=v2..." into the values of `names` (each exactly once, no unknown key).
-// Errors are InvalidArgument "<backend> descriptor '<text>': <why>" naming the field.
-template <size_t N>
-Status ParseFields(std::string_view backend, std::string_view prefix, std::string_view text,
-                   const std::array<std::string_view, N>& names, std::array<std::string_view, N>* values) {
-  auto error = [&](const std::string& why) {
-    return InvalidArgument(fmt::format("{} descriptor '{}': {}", backend, Abbrev(text), why));
-  };
-  if (text.substr(0, prefix.size()) != prefix) {
-    return error(fmt::format("does not start with '{}' (not a {} descriptor, or another version)", prefix, backend));
-  }
-  std::array<bool, N> seen{};
-  std::string_view rest = text.substr(prefix.size());
-  while (!rest.empty()) {
-    const size_t colon = rest.find(':');
-    const std::string_view item = rest.substr(0, colon);
-    rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
-    const size_t eq = item.find('=');
-    if (eq == std::string_view::npos) return error(fmt::format("item '{}' is not key=value", Abbrev(item)));
-    const std::string_view key = item.substr(0, eq);
-    size_t field = N;
-    for (size_t i = 0; i < N; ++i) {
-      if (names[i] == key) field = i;
-    }
-    if (field == N) return error(fmt::format("unknown field '{}'", Abbrev(key)));
-    if (seen[field]) return error(fmt::format("field '{}' appears twice", key));
-    seen[field] = true;
-    (*values)[field] = item.substr(eq + 1);
-  }
-  for (size_t i = 0; i < N; ++i) {
-    if (!seen[i]) return error(fmt::format("missing field '{}'", names[i]));
-  }
-  return OkStatus();
-}
-
-// A decimal field in [min, max]; InvalidArgument naming the field otherwise.
-inline Status ParseDecimalField(std::string_view backend, std::string_view text, std::string_view field,
-                                std::string_view value, uint64_t min, uint64_t max, uint64_t* out) {
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), *out);
-  if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
-    return InvalidArgument(fmt::format("{} descriptor '{}': field '{}': '{}' is not a decimal number", backend,
-                                       Abbrev(text), field, Abbrev(value)));
-  }
-  if (*out < min || *out > max) {
-    return InvalidArgument(fmt::format("{} descriptor '{}': field '{}': {} is out of range [{}, {}]", backend,
-                                       Abbrev(text), field, *out, min, max));
-  }
-  return OkStatus();
-}
-
+namespace rc::transport::gpu_internal {
+using rc::gpu_internal::CudaErrorText;
+using rc::gpu_internal::DeviceGuard;
+using rc::gpu_internal::ResolveDevice;
 }  // namespace rc::transport::gpu_internal

@@ -9,6 +9,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/common/core_transport.h"
+#include "transport/common/transfer_base.h"
+
 namespace rc::transport {
 namespace {
 
@@ -18,79 +21,47 @@ struct Region {
 };
 
 // Process-wide table of registered regions.
-class RegionTable {
- public:
-  static RegionTable& Get() {
-    static RegionTable* table = new RegionTable();  // never destroyed: used until exit
-    return *table;
-  }
+internal::RegionTable<Region>& Regions() {
+  static auto* table = new internal::RegionTable<Region>();  // never destroyed: used until exit
+  return *table;
+}
 
-  uint64_t Add(const Region& r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t id = next_id_++;
-    regions_.emplace(id, r);
-    return id;
-  }
-
-  bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return regions_.erase(id) > 0;
-  }
-
-  bool Find(uint64_t id, Region* out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) return false;
-    *out = it->second;
-    return true;
-  }
-
-  // Checks every op, then copies them all, under one lock so a concurrent Deregister cannot free
-  // a region between the check and the copy.
-  Status ReadBatch(std::span<const ReadOp> ops) {
-    std::lock_guard<std::mutex> lock(mu_);
+// Checks every op, then copies them all, under the table's lock so a concurrent Deregister cannot
+// free a region between the check and the copy.
+Status ReadBatch(std::span<const ReadOp> ops) {
+  return Regions().Locked([&](const std::unordered_map<uint64_t, Region>& regions) -> Status {
     std::vector<const std::byte*> src(ops.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       const ReadOp& op = ops[i];
-      auto it = regions_.find(op.source.id);
-      if (it == regions_.end()) {
+      auto it = regions.find(op.source.id);
+      if (it == regions.end()) {
         return Unavailable(fmt::format("read {} of batch: local region {} is not registered (deregistered?)", i,
                                        op.source.id));
       }
       const Region& r = it->second;
-      if (op.source_offset > r.length || op.length > r.length - op.source_offset) {
-        return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside local region {} of {} bytes", i,
-                                           op.source_offset, op.source_offset + op.length, op.source.id, r.length));
-      }
-      if (op.length > 0 && op.dest == nullptr) {
-        return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", i, op.length));
-      }
+      RC_RETURN_IF_ERROR(
+          internal::CheckReadOp(i, op, r.length, [&] { return fmt::format("local region {}", op.source.id); }));
       src[i] = r.addr + op.source_offset;
     }
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].length > 0) std::memmove(ops[i].dest, src[i], ops[i].length);
     }
     return OkStatus();
-  }
+  });
+}
 
- private:
-  std::mutex mu_;
-  uint64_t next_id_ = 1;                          // guarded by mu_
-  std::unordered_map<uint64_t, Region> regions_;  // guarded by mu_
-};
-
-class LocalTransfer final : public Transfer {
+// Complete when made: the copies ran inside PostReads.
+class LocalTransfer final : public internal::RecordedTransfer {
  public:
-  LocalTransfer(Status status, uint64_t bytes) : status_(std::move(status)), bytes_(bytes) {}
-  TransferState Poll() override { return status_.ok() ? TransferState::kDone : TransferState::kFailed; }
-  Status Wait(int64_t /*deadline_ns*/) override { return status_; }
+  LocalTransfer(Clock& clock, Status status, uint64_t bytes) : RecordedTransfer(clock, bytes) {
+    const bool ok = status.ok();
+    Finish(ok ? TransferState::kDone : TransferState::kFailed, std::move(status));
+  }
   void Cancel() override {}  // already complete: nothing left to stop
-  Status status() const override { return status_; }
-  uint64_t bytes() const override { return bytes_; }
 
  private:
-  Status status_;
-  uint64_t bytes_;
+  TransferState PollPending() override { return state(); }
+  std::string PendingAtDeadline() const override { return "local transfer pending"; }
 };
 
 class LocalTransport final : public Transport {
@@ -112,12 +83,12 @@ class LocalTransport final : public Transport {
     if (region.addr == nullptr && region.length > 0) {
       return InvalidArgument(fmt::format("local transport: null address for {} bytes", region.length));
     }
-    const uint64_t id = RegionTable::Get().Add({static_cast<const std::byte*>(region.addr), region.length});
+    const uint64_t id = Regions().Add({static_cast<const std::byte*>(region.addr), region.length});
     return Registration{id, fmt::format("local:v1:{}:{}:{}", ::getpid(), id, region.length)};
   }
 
   Status Deregister(uint64_t id) override {
-    if (!RegionTable::Get().Remove(id)) return NotFound(fmt::format("local region {} is not registered", id));
+    if (!Regions().Remove(id)) return NotFound(fmt::format("local region {} is not registered", id));
     return OkStatus();
   }
 
@@ -144,7 +115,7 @@ class LocalTransport final : public Transport {
                                      descriptor, fields[0]));
     }
     Region r;
-    if (!RegionTable::Get().Find(fields[1], &r)) {
+    if (!Regions().Find(fields[1], &r)) {
       return NotFound(fmt::format("descriptor {}: region is not registered", descriptor));
     }
     if (r.length != fields[2]) {
@@ -156,10 +127,8 @@ class LocalTransport final : public Transport {
   Status ReleaseRemote(const RemoteMemory& /*remote*/) override { return OkStatus(); }
 
   Result<std::unique_ptr<Transfer>> PostReads(std::span<const ReadOp> ops) override {
-    uint64_t bytes = 0;
-    for (const ReadOp& op : ops) bytes += op.length;
-    Status s = RegionTable::Get().ReadBatch(ops);
-    return std::unique_ptr<Transfer>(std::make_unique<LocalTransfer>(std::move(s), bytes));
+    Status s = ReadBatch(ops);
+    return std::unique_ptr<Transfer>(std::make_unique<LocalTransfer>(*clock_, std::move(s), internal::BatchBytes(ops)));
   }
 
  private:

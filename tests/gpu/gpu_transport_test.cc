@@ -5,7 +5,12 @@
 //   * the GPU digest of what was installed equals the CPU digest and the owner's shard digests;
 //   * an owner killed in the middle of a transfer is detected (Unavailable) well within the
 //     deadline, over cuda_ipc and over nccl.
+#include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -18,6 +23,9 @@
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/planner.h"
 #include "rolloutcore/transport/registry.h"
+#ifdef ROLLOUTCORE_HAVE_NCCL
+#include "rolloutcore/transport/nccl.h"
+#endif
 
 namespace rc::cuda {
 namespace {
@@ -245,6 +253,55 @@ TEST(GpuTransportTest, NcclKilledOwnerIsDetectedWithinDeadline) {
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   KillOwnerMidTransfer("nccl", 0, 1);
 }
+
+// Import under its deadline (nccl.h, connect_timeout_ns): an owner address that never completes the
+// TCP handshake (a listener with a full accept queue: its kernel drops our SYNs) and one that
+// accepts but never answers the hello. Both end with DeadlineExceeded naming the owner, within the
+// deadline plus a small constant. Needs a device only to create the nccl transport; no NCCL peer.
+#ifdef ROLLOUTCORE_HAVE_NCCL
+TEST(GpuTransportTest, NcclImportOfAnUnresponsiveOwnerEndsAtItsDeadline) {
+  RC_SKIP_WITHOUT_GPUS(1);
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  transport::NcclTransportOptions o;
+  o.connect_timeout_ns = 500'000'000;
+  auto t = transport::CreateNcclTransport({}, o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  for (const bool accept_queue_full : {true, false}) {
+    SCOPED_TRACE(accept_queue_full ? "SYNs dropped" : "hello never answered");
+    const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    ASSERT_EQ(::listen(l, accept_queue_full ? 0 : 8), 0);
+    socklen_t len = sizeof sa;
+    ::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len);
+    const uint16_t port = ntohs(sa.sin_port);
+    std::vector<int> fillers;
+    for (int i = 0; accept_queue_full && i < 8; ++i) {
+      const int f = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      (void)::connect(f, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+      fillers.push_back(f);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // This process stands in for the owner: alive, so only the deadline can end the wait.
+    const std::string desc = fmt::format("nccl:v1:host=127.0.0.1:port={}:pid={}:tok=0123456789abcdef:id=1:dev=0:len=4096",
+                                         port, ::getpid());
+    const auto start = std::chrono::steady_clock::now();
+    auto r = (*t)->Import(desc);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    for (int f : fillers) ::close(f);
+    ::close(l);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(fmt::format("owner pid {} at 127.0.0.1:{}", ::getpid(), port)),
+              std::string::npos)
+        << r.status().message();
+    EXPECT_GE(ms, 400.0);
+    EXPECT_LT(ms, 3000.0);
+  }
+}
+#endif  // ROLLOUTCORE_HAVE_NCCL
 
 }  // namespace
 }  // namespace rc::cuda

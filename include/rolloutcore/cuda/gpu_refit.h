@@ -13,9 +13,10 @@
 // tensor's slot (integer addition mod 2^64 is associative, so the result is exact and does not
 // depend on scheduling).
 //
-// ExecutePlanOnDevice is ExecutePlan (executor.h) for device destinations: parameters are device
-// buffers of `device`, staging is device memory allocated per wave, install steps replay the view
-// with a CUDA kernel (converting dtypes), direct runs land in the parameters. The transport must
+// ExecutePlanOnDevice is ExecutePlan (executor.h) for device destinations: the same wave loop
+// (refit::ExecuteWaves) over device memory: parameters are device buffers of `device`, staging is
+// device memory allocated per wave, install steps replay the view with a CUDA kernel (converting
+// dtypes), direct runs land in the parameters. The transport must
 // report device_memory in its capabilities (cuda_ipc, nccl).
 //
 // Thread safety: DeviceBuffer and DeviceDigest objects belong to one thread at a time; the free
@@ -198,8 +199,8 @@ class PlanImports {
  private:
   explicit PlanImports(transport::Transport& t) : transport_(t) {}
   transport::Transport& transport_;
+  std::unique_ptr<refit::ImportCache> cache_;  // each distinct descriptor once; released with it
   std::vector<transport::RemoteMemory> remotes_;
-  std::vector<transport::RemoteMemory> distinct_;
 };
 
 // `device_params` maps every parameter the plan writes to a device buffer of exactly

@@ -26,6 +26,11 @@
 // matching ncclRecv into each destination in the same order (NCCL matches point-to-point
 // operations between two ranks in order) on its stream for that owner, and records an event.
 //
+// Import runs under one deadline, `connect_timeout_ns` from its start: a non-blocking TCP connect
+// polled against it, then HELLO/READY and the communicator init. An owner that never completes the
+// handshake or never answers ends Import with DeadlineExceeded naming the owner ("owner pid P at
+// host:port: ..."); a refused connection or a gone owner pid is Unavailable.
+//
 // Failure and deadlines. Communicators are non-blocking, so no NCCL call can hang a thread: every
 // wait for NCCL (init, enqueue) polls ncclCommGetAsyncError with a deadline. A watchdog thread of the
 // reader checks, every `watchdog_period_ns`, each owner with transfers in flight: control connection

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "transport/gpu_common.h"
+#include "transport/common/descriptor_codec.h"
 
 namespace rc::transport::cuda_ipc_internal {
 namespace {
@@ -18,31 +18,21 @@ constexpr std::array<std::string_view, kFieldCount> kNames = {"pid", "id", "dev"
 
 std::string FormatCudaIpcDescriptor(const CudaIpcDescriptor& d) {
   return fmt::format("{}pid={}:id={}:dev={}:off={}:len={}:handle={}", kPrefix, d.pid, d.id, d.device, d.offset,
-                     d.length, gpu_internal::HexEncode(d.handle.data(), d.handle.size()));
+                     d.length, codec::HexEncode(d.handle.data(), d.handle.size()));
 }
 
 Result<CudaIpcDescriptor> ParseCudaIpcDescriptor(std::string_view text) {
-  std::array<std::string_view, kFieldCount> v{};
-  RC_RETURN_IF_ERROR(gpu_internal::ParseFields(kBackend, kPrefix, text, kNames, &v));
+  RC_ASSIGN_OR_RETURN(codec::DescriptorFields f, codec::DescriptorFields::Parse(kBackend, kPrefix, text, kNames));
   CudaIpcDescriptor d;
-  uint64_t n = 0;
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "pid", v[kPid], 1,
-                                                     std::numeric_limits<int32_t>::max(), &n));
-  d.pid = static_cast<int64_t>(n);
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "id", v[kId], 1, UINT64_MAX, &d.id));
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "dev", v[kDev], 0, 1023, &n));
-  d.device = static_cast<int32_t>(n);
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "off", v[kOff], 0, UINT64_MAX, &d.offset));
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "len", v[kLen], 0, UINT64_MAX, &d.length));
-  if (d.offset + d.length < d.offset) {
-    return InvalidArgument(fmt::format("cuda_ipc descriptor '{}': fields 'off'+'len' overflow",
-                                       gpu_internal::Abbrev(text)));
-  }
-  if (!gpu_internal::HexDecode(v[kHandle], d.handle.data(), d.handle.size())) {
-    return InvalidArgument(fmt::format("cuda_ipc descriptor '{}': field 'handle': '{}' is not {} hex digits",
-                                       gpu_internal::Abbrev(text), gpu_internal::Abbrev(v[kHandle]),
-                                       2 * kIpcHandleBytes));
-  }
+  RC_ASSIGN_OR_RETURN(const uint64_t pid, f.Number(kPid, 10, 1, std::numeric_limits<int32_t>::max()));
+  d.pid = static_cast<int64_t>(pid);
+  RC_ASSIGN_OR_RETURN(d.id, f.Number(kId, 10, 1, UINT64_MAX));
+  RC_ASSIGN_OR_RETURN(const uint64_t dev, f.Number(kDev, 10, 0, 1023));
+  d.device = static_cast<int32_t>(dev);
+  RC_ASSIGN_OR_RETURN(d.offset, f.Number(kOff, 10, 0, UINT64_MAX));
+  RC_ASSIGN_OR_RETURN(d.length, f.Number(kLen, 10, 0, UINT64_MAX));
+  if (d.offset + d.length < d.offset) return f.Error("fields 'off'+'len' overflow");
+  RC_RETURN_IF_ERROR(f.FixedHex(kHandle, d.handle.data(), d.handle.size()));
   return d;
 }
 

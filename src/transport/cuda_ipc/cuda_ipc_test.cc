@@ -6,6 +6,7 @@
 
 #include "rolloutcore/transport/cuda_ipc.h"
 #include "transport/cuda_ipc/cuda_ipc_descriptor.h"
+#include "transport/descriptor_test_util.h"
 
 namespace rc::transport {
 namespace {
@@ -40,10 +41,7 @@ TEST(CudaIpcDescriptorTest, RoundTrips) {
 }
 
 void ExpectError(const std::string& text, const std::string& needle) {
-  auto r = ParseCudaIpcDescriptor(text);
-  ASSERT_FALSE(r.ok()) << text;
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  testing::ExpectParseErrors([](const std::string& t) { return ParseCudaIpcDescriptor(t); }, {{text, needle}});
 }
 
 TEST(CudaIpcDescriptorTest, ErrorsNameTheField) {

@@ -15,6 +15,11 @@
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/transport/cuda_ipc.h"
 #include "transport/cuda_ipc/cuda_ipc_descriptor.h"
+#include "transport/common/core_transport.h"
+#include "transport/common/descriptor_codec.h"
+#include "transport/common/process.h"
+#include "transport/common/socket_io.h"
+#include "transport/common/transfer_base.h"
 #include "transport/gpu_common.h"
 
 namespace rc::transport {
@@ -24,10 +29,7 @@ using cuda_ipc_internal::CudaIpcDescriptor;
 using gpu_internal::CudaErrorText;
 using gpu_internal::DeviceGuard;
 
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using internal::SteadyNs;
 
 // cuMemGetAddressRange through the runtime's driver entry point, so binaries need no link-time
 // dependency on libcuda (the runtime loads the driver when a GPU is present).
@@ -75,42 +77,18 @@ struct OwnedRegion {
   int32_t device = 0;
 };
 
-class OwnerTable {
- public:
-  static OwnerTable& Get() {
-    static OwnerTable* table = new OwnerTable();  // never destroyed: used until exit
-    return *table;
-  }
-  uint64_t Add(const OwnedRegion& r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t id = next_id_++;
-    regions_.emplace(id, r);
-    return id;
-  }
-  bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return regions_.erase(id) > 0;
-  }
-  bool Find(uint64_t id, OwnedRegion* out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) return false;
-    *out = it->second;
-    return true;
-  }
-
- private:
-  std::mutex mu_;
-  uint64_t next_id_ = 1;                               // guarded by mu_
-  std::unordered_map<uint64_t, OwnedRegion> regions_;  // guarded by mu_
-};
+// Never destroyed: used until exit.
+internal::RegionTable<OwnedRegion>& Owned() {
+  static auto* table = new internal::RegionTable<OwnedRegion>();
+  return *table;
+}
 
 // An imported region, as the reader sees it.
 struct RemoteEntry {
   const std::byte* src = nullptr;  // address of the region's first byte in this process
   uint64_t length = 0;
   pid_t owner = 0;            // 0: this process
-  uint64_t local_id = 0;      // this process: the OwnerTable id (checked at every post)
+  uint64_t local_id = 0;      // this process: the Owned() id (checked at every post)
   std::string mapping_key;    // other process: key into Core::mappings_
   std::string descriptor;
 };
@@ -204,12 +182,12 @@ class Core {
     d.device = device;
     d.offset = addr - base;
     d.length = region.length;
-    d.id = OwnerTable::Get().Add({static_cast<const std::byte*>(region.addr), region.length, device});
+    d.id = Owned().Add({static_cast<const std::byte*>(region.addr), region.length, device});
     return Registration{d.id, cuda_ipc_internal::FormatCudaIpcDescriptor(d)};
   }
 
   Status Deregister(uint64_t id) {
-    if (!OwnerTable::Get().Remove(id)) return NotFound(fmt::format("cuda_ipc registration {} is not registered", id));
+    if (!Owned().Remove(id)) return NotFound(fmt::format("cuda_ipc registration {} is not registered", id));
     return OkStatus();
   }
 
@@ -225,24 +203,24 @@ class Core {
     std::lock_guard<std::mutex> lock(mu_);
     if (d.pid == ::getpid()) {
       OwnedRegion r;
-      if (!OwnerTable::Get().Find(d.id, &r)) {
+      if (!Owned().Find(d.id, &r)) {
         return NotFound(fmt::format("cuda_ipc descriptor {}: registration {} of this process is not registered",
-                                    gpu_internal::Abbrev(descriptor), d.id));
+                                    codec::Abbrev(descriptor), d.id));
       }
       if (r.length != d.length) {
         return NotFound(fmt::format("cuda_ipc descriptor {}: registration {} has {} bytes now",
-                                    gpu_internal::Abbrev(descriptor), d.id, r.length));
+                                    codec::Abbrev(descriptor), d.id, r.length));
       }
       if (r.device != device_) EnablePeerLocked(r.device);
       entry.src = r.ptr;
       entry.local_id = d.id;
     } else {
-      if (gpu_internal::ProcessGone(static_cast<pid_t>(d.pid))) {
+      if (internal::ProcessGone(static_cast<pid_t>(d.pid))) {
         return Unavailable(fmt::format("cuda_ipc descriptor {}: owner process {} is gone",
-                                       gpu_internal::Abbrev(descriptor), d.pid));
+                                       codec::Abbrev(descriptor), d.pid));
       }
       entry.owner = static_cast<pid_t>(d.pid);
-      entry.mapping_key = fmt::format("{}/{}", d.pid, gpu_internal::HexEncode(d.handle.data(), d.handle.size()));
+      entry.mapping_key = fmt::format("{}/{}", d.pid, codec::HexEncode(d.handle.data(), d.handle.size()));
       Mapping& m = mappings_[entry.mapping_key];
       if (m.base == nullptr) {
         cudaIpcMemHandle_t handle{};
@@ -252,7 +230,7 @@ class Core {
           mappings_.erase(entry.mapping_key);
           (void)cudaGetLastError();
           return Unavailable(fmt::format("cuda_ipc descriptor {}: cudaIpcOpenMemHandle on device {}: {}",
-                                         gpu_internal::Abbrev(descriptor), device_, CudaErrorText(e)));
+                                         codec::Abbrev(descriptor), device_, CudaErrorText(e)));
         }
         uintptr_t base = 0;
         Status s = AllocationOf(m.base, &base, &m.size);
@@ -264,7 +242,7 @@ class Core {
           mappings_.erase(entry.mapping_key);
         }
         return InvalidArgument(fmt::format("cuda_ipc descriptor {}: bytes {}..{} lie outside the {}-byte allocation",
-                                           gpu_internal::Abbrev(descriptor), d.offset, d.offset + d.length,
+                                           codec::Abbrev(descriptor), d.offset, d.offset + d.length,
                                            m.size));
       }
       ++m.refs;
@@ -291,6 +269,8 @@ class Core {
     return OkStatus();
   }
 
+  static Result<std::unique_ptr<Transfer>> PostReads(const std::shared_ptr<Core>& core, std::span<const ReadOp> ops);
+
   struct Posted {
     std::vector<cudaEvent_t> events;
     std::vector<pid_t> owners;
@@ -310,13 +290,8 @@ class Core {
         return InvalidArgument(fmt::format("read {} of batch: cuda_ipc remote {} is not imported", i, op.source.id));
       }
       const RemoteEntry& r = it->second;
-      if (op.source_offset > r.length || op.length > r.length - op.source_offset) {
-        return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside cuda_ipc region {} of {} bytes", i,
-                                           op.source_offset, op.source_offset + op.length, r.descriptor, r.length));
-      }
-      if (op.length > 0 && op.dest == nullptr) {
-        return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", i, op.length));
-      }
+      RC_RETURN_IF_ERROR(internal::CheckReadOp(i, op, r.length,
+                                               [&] { return fmt::format("cuda_ipc region {}", r.descriptor); }));
       src[i] = r.src + op.source_offset;
       if (r.owner != 0) {
         if (std::find(posted.owners.begin(), posted.owners.end(), r.owner) == posted.owners.end()) {
@@ -324,14 +299,14 @@ class Core {
         }
       } else {
         OwnedRegion o;
-        if (!OwnerTable::Get().Find(r.local_id, &o) && posted.failure.ok()) {
+        if (!Owned().Find(r.local_id, &o) && posted.failure.ok()) {
           posted.failure = Unavailable(fmt::format("read {} of batch: cuda_ipc region {} was deregistered", i,
                                                    r.descriptor));
         }
       }
     }
     for (pid_t p : posted.owners) {
-      if (gpu_internal::ProcessGone(p) && posted.failure.ok()) {
+      if (internal::ProcessGone(p) && posted.failure.ok()) {
         posted.failure = Unavailable(fmt::format("cuda_ipc transfer: owner process {} is gone", p));
       }
     }
@@ -398,10 +373,13 @@ class Core {
   std::unordered_map<std::string, Mapping> mappings_;     // guarded by mu_
 };
 
-class CudaIpcTransfer final : public Transfer {
+class CudaIpcTransfer final : public internal::RecordedTransfer {
  public:
   CudaIpcTransfer(std::shared_ptr<Core> core, Core::Posted posted, uint64_t bytes)
-      : core_(std::move(core)), events_(std::move(posted.events)), owners_(std::move(posted.owners)), bytes_(bytes) {
+      : RecordedTransfer(core->clock(), bytes),
+        core_(std::move(core)),
+        events_(std::move(posted.events)),
+        owners_(std::move(posted.owners)) {
     if (!posted.failure.ok()) Finish(TransferState::kFailed, std::move(posted.failure));
   }
 
@@ -415,15 +393,22 @@ class CudaIpcTransfer final : public Transfer {
       if (cudaEventQuery(ev) == cudaErrorNotReady) {
         RC_LOG_WARN("cuda_ipc transfer of {} bytes: copies still running after {} ms; destinations may still be "
                     "written",
-                    bytes_, core_->options().drain_grace_ns / 1'000'000);
+                    bytes(), core_->options().drain_grace_ns / 1'000'000);
       }
       (void)cudaEventDestroy(ev);
     }
     (void)cudaGetLastError();
   }
 
-  TransferState Poll() override {
-    if (state_ != TransferState::kPending) return state_;
+  void Cancel() override { cancelled_ = true; }
+
+ private:
+  std::string PendingAtDeadline() const override {
+    return fmt::format("cuda_ipc transfer of {} bytes still pending at the deadline", bytes());
+  }
+
+  TransferState PollPending() override {
+    const uint64_t bytes_ = bytes();
     DeviceGuard guard(core_->device());
     bool all_done = true;
     for (cudaEvent_t ev : events_) {
@@ -443,7 +428,7 @@ class CudaIpcTransfer final : public Transfer {
     if (all_done || now - last_liveness_ns_ >= core_->options().liveness_period_ns) {
       last_liveness_ns_ = now;
       for (pid_t p : owners_) {
-        if (gpu_internal::ProcessGone(p)) {
+        if (internal::ProcessGone(p)) {
           return Finish(TransferState::kFailed,
                         Unavailable(fmt::format("cuda_ipc transfer of {} bytes: owner process {} died while it was "
                                                 "{}; the bytes read cannot be trusted",
@@ -451,73 +436,30 @@ class CudaIpcTransfer final : public Transfer {
         }
       }
     }
-    if (!all_done) return state_;
+    if (!all_done) return TransferState::kPending;
     if (cancelled_) return Finish(TransferState::kFailed, Aborted(fmt::format("cuda_ipc transfer of {} bytes cancelled", bytes_)));
     return Finish(TransferState::kDone, OkStatus());
-  }
-
-  Status Wait(int64_t deadline_ns) override {
-    Clock& clock = core_->clock();
-    while (Poll() == TransferState::kPending) {
-      if (clock.NowNs() >= deadline_ns) {
-        return DeadlineExceeded(fmt::format("cuda_ipc transfer of {} bytes still pending at the deadline", bytes_));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    return status_;
-  }
-
-  void Cancel() override { cancelled_ = true; }
-
-  Status status() const override {
-    if (state_ == TransferState::kPending) return Unavailable("pending");
-    return status_;
-  }
-  uint64_t bytes() const override { return bytes_; }
-
- private:
-  TransferState Finish(TransferState state, Status status) {
-    state_ = state;
-    status_ = std::move(status);
-    return state_;
   }
 
   std::shared_ptr<Core> core_;
   std::vector<cudaEvent_t> events_;
   std::vector<pid_t> owners_;
-  const uint64_t bytes_;
-  TransferState state_ = TransferState::kPending;
-  Status status_;
   bool cancelled_ = false;
   int64_t last_liveness_ns_ = 0;
 };
 
-class CudaIpcTransport final : public Transport {
- public:
-  explicit CudaIpcTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  std::string_view name() const override { return "cuda_ipc"; }
-  Capabilities capabilities() const override {
-    Capabilities c;
-    c.device_memory = true;
-    c.cross_process = true;
-    c.asynchronous = true;
-    return c;
-  }
-  Clock& clock() const override { return core_->clock(); }
-  Result<Registration> RegisterMemory(const MemoryRegion& region) override { return core_->Register(region); }
-  Status Deregister(uint64_t id) override { return core_->Deregister(id); }
-  Result<RemoteMemory> Import(std::string_view descriptor) override { return core_->Import(descriptor); }
-  Status ReleaseRemote(const RemoteMemory& remote) override { return core_->Release(remote); }
-  Result<std::unique_ptr<Transfer>> PostReads(std::span<const ReadOp> ops) override {
-    uint64_t bytes = 0;
-    for (const ReadOp& op : ops) bytes += op.length;
-    RC_ASSIGN_OR_RETURN(Core::Posted posted, core_->Post(ops));
-    return std::unique_ptr<Transfer>(std::make_unique<CudaIpcTransfer>(core_, std::move(posted), bytes));
-  }
+Result<std::unique_ptr<Transfer>> Core::PostReads(const std::shared_ptr<Core>& core, std::span<const ReadOp> ops) {
+  RC_ASSIGN_OR_RETURN(Core::Posted posted, core->Post(ops));
+  return std::unique_ptr<Transfer>(std::make_unique<CudaIpcTransfer>(core, std::move(posted), internal::BatchBytes(ops)));
+}
 
- private:
-  std::shared_ptr<Core> core_;
-};
+Capabilities CudaIpcCapabilities() {
+  Capabilities c;
+  c.device_memory = true;
+  c.cross_process = true;
+  c.asynchronous = true;
+  return c;
+}
 
 }  // namespace
 
@@ -527,22 +469,12 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options,
                                                           const CudaIpcTransportOptions& cuda_options) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return Unavailable(fmt::format("cuda_ipc transport: no CUDA device ({})",
-                                   e != cudaSuccess ? CudaErrorText(e) : std::string("0 devices")));
-  }
-  int device = options.device;
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-  if (device >= count) {
-    return InvalidArgument(fmt::format("cuda_ipc transport: device {} does not exist ({} devices)", device, count));
-  }
+  RC_ASSIGN_OR_RETURN(const int device, gpu_internal::ResolveDevice("cuda_ipc", options.device));
   Clock* clock = options.clock ? options.clock : SystemClock::Default();
   auto core = std::make_shared<Core>(clock, device, cuda_options);
   RC_RETURN_IF_ERROR(core->Init());
-  return std::unique_ptr<Transport>(std::make_unique<CudaIpcTransport>(std::move(core)));
+  return std::unique_ptr<Transport>(
+      std::make_unique<internal::CoreTransport<Core>>("cuda_ipc", CudaIpcCapabilities(), std::move(core)));
 }
 
 }  // namespace rc::transport

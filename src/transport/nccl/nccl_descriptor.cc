@@ -3,10 +3,9 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <charconv>
 #include <limits>
 
-#include "transport/gpu_common.h"
+#include "transport/common/descriptor_codec.h"
 
 namespace rc::transport::nccl_internal {
 namespace {
@@ -24,29 +23,19 @@ std::string FormatNcclDescriptor(const NcclDescriptor& d) {
 }
 
 Result<NcclDescriptor> ParseNcclDescriptor(std::string_view text) {
-  std::array<std::string_view, kFieldCount> v{};
-  RC_RETURN_IF_ERROR(gpu_internal::ParseFields(kBackend, kPrefix, text, kNames, &v));
+  RC_ASSIGN_OR_RETURN(codec::DescriptorFields f, codec::DescriptorFields::Parse(kBackend, kPrefix, text, kNames));
   NcclDescriptor d;
-  d.host = std::string(v[kHost]);
-  if (d.host.empty()) {
-    return InvalidArgument(fmt::format("nccl descriptor '{}': field 'host': empty", gpu_internal::Abbrev(text)));
-  }
-  uint64_t n = 0;
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "port", v[kPort], 1, 65535, &n));
-  d.port = static_cast<uint16_t>(n);
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "pid", v[kPid], 1,
-                                                     std::numeric_limits<int32_t>::max(), &n));
-  d.pid = static_cast<int64_t>(n);
-  const std::string_view tok = v[kTok];
-  auto [end, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), d.token, 16);
-  if (tok.size() != 16 || ec != std::errc() || end != tok.data() + tok.size()) {
-    return InvalidArgument(fmt::format("nccl descriptor '{}': field 'tok': '{}' is not 16 hex digits",
-                                       gpu_internal::Abbrev(text), gpu_internal::Abbrev(tok)));
-  }
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "id", v[kId], 1, UINT64_MAX, &d.id));
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "dev", v[kDev], 0, 1023, &n));
-  d.device = static_cast<int32_t>(n);
-  RC_RETURN_IF_ERROR(gpu_internal::ParseDecimalField(kBackend, text, "len", v[kLen], 0, UINT64_MAX, &d.length));
+  RC_ASSIGN_OR_RETURN(const std::string_view host, f.NonEmpty(kHost));
+  d.host = std::string(host);
+  RC_ASSIGN_OR_RETURN(const uint64_t port, f.Number(kPort, 10, 1, 65535));
+  d.port = static_cast<uint16_t>(port);
+  RC_ASSIGN_OR_RETURN(const uint64_t pid, f.Number(kPid, 10, 1, std::numeric_limits<int32_t>::max()));
+  d.pid = static_cast<int64_t>(pid);
+  RC_ASSIGN_OR_RETURN(d.token, f.Number(kTok, 16, 0, UINT64_MAX, 16));
+  RC_ASSIGN_OR_RETURN(d.id, f.Number(kId, 10, 1, UINT64_MAX));
+  RC_ASSIGN_OR_RETURN(const uint64_t dev, f.Number(kDev, 10, 0, 1023));
+  d.device = static_cast<int32_t>(dev);
+  RC_ASSIGN_OR_RETURN(d.length, f.Number(kLen, 10, 0, UINT64_MAX));
   return d;
 }
 

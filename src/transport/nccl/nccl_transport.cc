@@ -25,6 +25,11 @@
 
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/transport/nccl.h"
+#include "transport/common/core_transport.h"
+#include "transport/common/descriptor_codec.h"
+#include "transport/common/process.h"
+#include "transport/common/socket_io.h"
+#include "transport/common/transfer_base.h"
 #include "transport/gpu_common.h"
 #include "transport/nccl/nccl_descriptor.h"
 
@@ -36,10 +41,10 @@ using gpu_internal::DeviceGuard;
 using nccl_internal::FrameType;
 using nccl_internal::NcclDescriptor;
 
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using internal::ConnectionClosed;
+using internal::RecvAll;
+using internal::SendAll;
+using internal::SteadyNs;
 
 std::string NcclText(ncclResult_t r) { return fmt::format("{} ({})", ncclGetErrorString(r), static_cast<int>(r)); }
 
@@ -50,50 +55,11 @@ std::string NcclCommText(ncclResult_t r, ncclComm_t comm) {
 
 // ---- control connection --------------------------------------------------------------------------
 
-Status SendAll(int fd, const void* data, size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Unavailable(fmt::format("control connection: send: {}", std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
 Status SendFrame(int fd, FrameType type, std::string_view payload) {
   uint32_t header[2] = {static_cast<uint32_t>(type), static_cast<uint32_t>(payload.size())};
   std::string buf(reinterpret_cast<const char*>(header), sizeof header);
   buf.append(payload);
   return SendAll(fd, buf.data(), buf.size());
-}
-
-// Reads exactly n bytes; polls in 20 ms slices, calling `check` between them (a non-OK status from
-// it ends the wait), until `deadline_ns` (steady clock).
-Status RecvAll(int fd, void* data, size_t n, int64_t deadline_ns, const std::function<Status()>& check) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    const int pr = ::poll(&pfd, 1, 20);
-    if (pr < 0 && errno != EINTR) return Unavailable(fmt::format("control connection: poll: {}", std::strerror(errno)));
-    if (pr > 0) {
-      const ssize_t r = ::recv(fd, p, n, 0);
-      if (r == 0) return Unavailable("control connection closed by the peer");
-      if (r < 0) {
-        if (errno == EINTR || errno == EAGAIN) continue;
-        return Unavailable(fmt::format("control connection: recv: {}", std::strerror(errno)));
-      }
-      p += r;
-      n -= static_cast<size_t>(r);
-      continue;
-    }
-    if (check) RC_RETURN_IF_ERROR(check());
-    if (SteadyNs() >= deadline_ns) return DeadlineExceeded("no answer on the control connection before the deadline");
-  }
-  return OkStatus();
 }
 
 Status RecvFrame(int fd, int64_t deadline_ns, const std::function<Status()>& check, FrameType* type,
@@ -106,15 +72,6 @@ Status RecvFrame(int fd, int64_t deadline_ns, const std::function<Status()>& che
   *type = static_cast<FrameType>(header[0]);
   payload->resize(header[1]);
   return RecvAll(fd, payload->data(), payload->size(), deadline_ns, check);
-}
-
-// True when the peer closed the connection (the peer never sends unsolicited frames, so readable
-// data is an answer some thread is waiting for, not a close).
-bool ConnectionClosed(int fd) {
-  char c;
-  const ssize_t r = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (r == 0) return true;
-  return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 template <typename T>
@@ -211,16 +168,8 @@ class OwnerServer {
   const std::string& address() const { return address_; }
   uint16_t port() const { return port_; }
 
-  uint64_t Add(const OwnedRegion& r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t id = next_id_++;
-    regions_.emplace(id, r);
-    return id;
-  }
-  bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return regions_.erase(id) > 0;
-  }
+  uint64_t Add(const OwnedRegion& r) { return regions_.Add(r); }
+  bool Remove(uint64_t id) { return regions_.Remove(id); }
 
  private:
   void AcceptLoop() {
@@ -322,14 +271,7 @@ class OwnerServer {
         uint64_t id = 0;
         if (!Get(&in, &id)) return InvalidArgument("malformed query");
         OwnedRegion reg;
-        bool found;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          auto it = regions_.find(id);
-          found = it != regions_.end();
-          if (found) reg = it->second;
-        }
-        if (!found) {
+        if (!regions_.Find(id, &reg)) {
           RC_RETURN_IF_ERROR(SendFrame(fd, FrameType::kError, fmt::format("registration {} is not registered", id)));
           continue;
         }
@@ -343,21 +285,20 @@ class OwnerServer {
         std::vector<ReadRequestOp> ops(n);
         std::memcpy(ops.data(), in.data(), in.size());
         std::vector<const std::byte*> src(n);
-        std::string error;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          for (size_t i = 0; i < n && error.empty(); ++i) {
-            auto it = regions_.find(ops[i].id);
-            if (it == regions_.end()) {
-              error = fmt::format("read {}: registration {} is not registered (deregistered?)", i, ops[i].id);
-            } else if (ops[i].offset > it->second.length || ops[i].length > it->second.length - ops[i].offset) {
-              error = fmt::format("read {}: bytes {}..{} outside registration {} of {} bytes", i, ops[i].offset,
-                                  ops[i].offset + ops[i].length, ops[i].id, it->second.length);
-            } else {
-              src[i] = it->second.ptr + ops[i].offset;
+        const std::string error = regions_.Locked([&](const std::unordered_map<uint64_t, OwnedRegion>& regions) {
+          for (size_t i = 0; i < n; ++i) {
+            auto it = regions.find(ops[i].id);
+            if (it == regions.end()) {
+              return fmt::format("read {}: registration {} is not registered (deregistered?)", i, ops[i].id);
             }
+            if (ops[i].offset > it->second.length || ops[i].length > it->second.length - ops[i].offset) {
+              return fmt::format("read {}: bytes {}..{} outside registration {} of {} bytes", i, ops[i].offset,
+                                 ops[i].offset + ops[i].length, ops[i].id, it->second.length);
+            }
+            src[i] = it->second.ptr + ops[i].offset;
           }
-        }
+          return std::string();
+        });
         if (!error.empty()) {
           RC_RETURN_IF_ERROR(SendFrame(fd, FrameType::kError, error));
           continue;
@@ -396,8 +337,7 @@ class OwnerServer {
   bool stopped_ = false;                                 // guarded by mu_
   std::vector<int> connections_;                         // guarded by mu_
   std::vector<std::thread> threads_;                     // guarded by mu_
-  uint64_t next_id_ = 1;                                 // guarded by mu_
-  std::unordered_map<uint64_t, OwnedRegion> regions_;    // guarded by mu_
+  internal::RegionTable<OwnedRegion> regions_;          // its own lock
 };
 
 // ---- reader side ---------------------------------------------------------------------------------
@@ -565,7 +505,7 @@ class Core : public std::enable_shared_from_this<Core> {
     uint64_t length = 0;
     {
       std::lock_guard<std::mutex> lock(peer->mu);
-      if (peer->aborted.load()) return Unavailable(fmt::format("nccl descriptor {}: {}", gpu_internal::Abbrev(descriptor), peer->failure.ToString()));
+      if (peer->aborted.load()) return Unavailable(fmt::format("nccl descriptor {}: {}", codec::Abbrev(descriptor), peer->failure.ToString()));
       std::string q;
       Put(&q, d.id);
       FrameType type;
@@ -574,20 +514,20 @@ class Core : public std::enable_shared_from_this<Core> {
       if (s.ok()) s = RecvFrame(peer->fd, SteadyNs() + options_.connect_timeout_ns, LivenessCheck(*peer), &type, &payload);
       if (!s.ok()) {
         peer->AbortLocked(s);
-        return Unavailable(fmt::format("nccl descriptor {}: {}: {}", gpu_internal::Abbrev(descriptor), peer->label, s.ToString()));
+        return Unavailable(fmt::format("nccl descriptor {}: {}: {}", codec::Abbrev(descriptor), peer->label, s.ToString()));
       }
       if (type == FrameType::kError) {
-        return NotFound(fmt::format("nccl descriptor {}: {}", gpu_internal::Abbrev(descriptor), payload));
+        return NotFound(fmt::format("nccl descriptor {}: {}", codec::Abbrev(descriptor), payload));
       }
       std::string_view in = payload;
       int32_t dev = 0;
       if (type != FrameType::kQueryOk || !Get(&in, &length) || !Get(&in, &dev)) {
         peer->AbortLocked(Unavailable("malformed answer"));
-        return Unavailable(fmt::format("nccl descriptor {}: malformed answer from {}", gpu_internal::Abbrev(descriptor), peer->label));
+        return Unavailable(fmt::format("nccl descriptor {}: malformed answer from {}", codec::Abbrev(descriptor), peer->label));
       }
     }
     if (length != d.length) {
-      return NotFound(fmt::format("nccl descriptor {}: registration {} has {} bytes now", gpu_internal::Abbrev(descriptor), d.id, length));
+      return NotFound(fmt::format("nccl descriptor {}: registration {} has {} bytes now", codec::Abbrev(descriptor), d.id, length));
     }
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t id = next_remote_++;
@@ -607,6 +547,8 @@ class Core : public std::enable_shared_from_this<Core> {
     return OkStatus();
   }
 
+  static Result<std::unique_ptr<Transfer>> PostReads(const std::shared_ptr<Core>& core, std::span<const ReadOp> ops);
+
   struct Posted {
     std::vector<Part> parts;
     Status failure;
@@ -625,13 +567,8 @@ class Core : public std::enable_shared_from_this<Core> {
           return InvalidArgument(fmt::format("read {} of batch: nccl remote {} is not imported", i, op.source.id));
         }
         const RemoteEntry& r = it->second;
-        if (op.source_offset > r.length || op.length > r.length - op.source_offset) {
-          return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside nccl region {} of {} bytes", i,
-                                             op.source_offset, op.source_offset + op.length, r.descriptor, r.length));
-        }
-        if (op.length > 0 && op.dest == nullptr) {
-          return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", i, op.length));
-        }
+        RC_RETURN_IF_ERROR(internal::CheckReadOp(i, op, r.length,
+                                                 [&] { return fmt::format("nccl region {}", r.descriptor); }));
         reg[i] = r.id;
         auto& slot = by_peer[r.peer.get()];
         slot.first = r.peer;
@@ -653,7 +590,7 @@ class Core : public std::enable_shared_from_this<Core> {
  private:
   std::function<Status()> LivenessCheck(Peer& peer) {
     return [&peer] {
-      if (peer.same_host && gpu_internal::ProcessGone(peer.pid)) {
+      if (peer.same_host && internal::ProcessGone(peer.pid)) {
         return Unavailable(fmt::format("{}: owner process is gone", peer.label));
       }
       return OkStatus();
@@ -667,25 +604,13 @@ class Core : public std::enable_shared_from_this<Core> {
     peer->pid = static_cast<pid_t>(d.pid);
     peer->same_host = d.host == "127.0.0.1" || d.host == "localhost" || d.host == hostname_;
     peer->device = device_;
-    if (peer->same_host && gpu_internal::ProcessGone(peer->pid)) {
+    if (peer->same_host && internal::ProcessGone(peer->pid)) {
       return Unavailable(fmt::format("{}: owner process is gone", peer->label));
     }
+    // One deadline for the whole connect: TCP handshake, hello, both sides' communicator init.
     const int64_t deadline = SteadyNs() + options_.connect_timeout_ns;
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Unavailable(fmt::format("{}: socket: {}", peer->label, std::strerror(errno)));
+    RC_ASSIGN_OR_RETURN(const int fd, internal::ConnectTcp(d.host, d.port, deadline, peer->label, LivenessCheck(*peer)));
     peer->fd = fd;
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(d.port);
-    if (::inet_pton(AF_INET, d.host.c_str(), &sa.sin_addr) != 1) {
-      return InvalidArgument(fmt::format("{}: host '{}' is not an IPv4 address", peer->label, d.host));
-    }
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-      return Unavailable(fmt::format("{}: connect: {} (owner gone or its transport closed?)", peer->label,
-                                     std::strerror(errno)));
-    }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     ncclUniqueId uid;
     ncclResult_t r = ncclGetUniqueId(&uid);
     if (r != ncclSuccess) return Unavailable(fmt::format("{}: ncclGetUniqueId: {}", peer->label, NcclText(r)));
@@ -795,7 +720,7 @@ class Core : public std::enable_shared_from_this<Core> {
       const int64_t now = SteadyNs();
       for (auto& p : peers) {
         if (p->aborted.load()) continue;
-        if (p->same_host && gpu_internal::ProcessGone(p->pid)) {
+        if (p->same_host && internal::ProcessGone(p->pid)) {
           p->Abort(Unavailable(fmt::format("{}: owner process died", p->label)));
           continue;
         }
@@ -838,19 +763,19 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;   // guarded by mu_
 };
 
-class NcclTransfer final : public Transfer {
+class NcclTransfer final : public internal::RecordedTransfer {
  public:
   NcclTransfer(std::shared_ptr<Core> core, Core::Posted posted, uint64_t bytes)
-      : core_(std::move(core)), parts_(std::move(posted.parts)), bytes_(bytes) {
+      : RecordedTransfer(core->clock(), bytes), core_(std::move(core)), parts_(std::move(posted.parts)) {
     if (!posted.failure.ok()) {
       // Parts posted before the failure are cancelled: their peers are aborted.
       for (Part& p : parts_) p.peer->Abort(Aborted("a later part of the same transfer failed to post"));
-      Finish(TransferState::kFailed, std::move(posted.failure));
+      Done(TransferState::kFailed, std::move(posted.failure));
     }
   }
 
   ~NcclTransfer() override {
-    if (state_ == TransferState::kPending) Cancel();
+    if (state() == TransferState::kPending) Cancel();
     DeviceGuard guard(core_->device());
     const int64_t give_up = SteadyNs() + core_->options().drain_grace_ns;
     for (Part& p : parts_) {
@@ -863,8 +788,20 @@ class NcclTransfer final : public Transfer {
     (void)cudaGetLastError();
   }
 
-  TransferState Poll() override {
-    if (state_ != TransferState::kPending) return state_;
+  void Cancel() override {
+    if (Poll() != TransferState::kPending) return;
+    cancelled_ = true;
+    for (Part& p : parts_) p.peer->Abort(Aborted(fmt::format("a transfer of {} bytes was cancelled", bytes())));
+    Poll();
+  }
+
+ private:
+  std::string PendingAtDeadline() const override {
+    return fmt::format("nccl transfer of {} bytes still pending at the deadline", bytes());
+  }
+
+  TransferState PollPending() override {
+    const uint64_t bytes_ = bytes();
     DeviceGuard guard(core_->device());
     bool all_done = true;
     for (Part& p : parts_) {
@@ -872,9 +809,9 @@ class NcclTransfer final : public Transfer {
       // aborted proves the data arrived; one completing after the abort proves nothing.
       const cudaError_t e = cudaEventQuery(p.event);
       if (p.peer->aborted.load()) {
-        if (cancelled_) return Finish(TransferState::kFailed, Aborted(fmt::format("nccl transfer of {} bytes cancelled", bytes_)));
+        if (cancelled_) return Done(TransferState::kFailed, Aborted(fmt::format("nccl transfer of {} bytes cancelled", bytes_)));
         const Status why = p.peer->Failure();
-        return Finish(TransferState::kFailed,
+        return Done(TransferState::kFailed,
                       why.code() == StatusCode::kAborted ? why : Unavailable(fmt::format("nccl transfer of {} bytes failed: {}", bytes_, why.message())));
       }
       if (e == cudaErrorNotReady) {
@@ -883,86 +820,43 @@ class NcclTransfer final : public Transfer {
       }
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return Finish(TransferState::kFailed, Unavailable(fmt::format("nccl transfer of {} bytes from {}: {}", bytes_,
+        return Done(TransferState::kFailed, Unavailable(fmt::format("nccl transfer of {} bytes from {}: {}", bytes_,
                                                                       p.peer->label, CudaErrorText(e))));
       }
     }
-    if (!all_done) return state_;
+    if (!all_done) return TransferState::kPending;
     for (Part& p : parts_) p.peer->last_progress_ns.store(SteadyNs());
-    return Finish(TransferState::kDone, OkStatus());
+    return Done(TransferState::kDone, OkStatus());
   }
 
-  Status Wait(int64_t deadline_ns) override {
-    Clock& clock = core_->clock();
-    while (Poll() == TransferState::kPending) {
-      if (clock.NowNs() >= deadline_ns) {
-        return DeadlineExceeded(fmt::format("nccl transfer of {} bytes still pending at the deadline", bytes_));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    return status_;
-  }
-
-  void Cancel() override {
-    if (Poll() != TransferState::kPending) return;
-    cancelled_ = true;
-    for (Part& p : parts_) p.peer->Abort(Aborted(fmt::format("a transfer of {} bytes was cancelled", bytes_)));
-    Poll();
-  }
-
-  Status status() const override {
-    if (state_ == TransferState::kPending) return Unavailable("pending");
-    return status_;
-  }
-  uint64_t bytes() const override { return bytes_; }
-
- private:
-  TransferState Finish(TransferState state, Status status) {
-    state_ = state;
-    status_ = std::move(status);
+  // Finish, and the transfer no longer counts as in flight on its peers.
+  TransferState Done(TransferState state, Status status) {
     if (!counted_done_) {
       for (Part& p : parts_) p.peer->pending.fetch_sub(1);
       counted_done_ = true;
     }
-    return state_;
+    return Finish(state, std::move(status));
   }
 
   std::shared_ptr<Core> core_;
   std::vector<Part> parts_;
-  const uint64_t bytes_;
-  TransferState state_ = TransferState::kPending;
-  Status status_;
   bool cancelled_ = false;
   bool counted_done_ = false;
 };
 
-class NcclTransport final : public Transport {
- public:
-  explicit NcclTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  std::string_view name() const override { return "nccl"; }
-  Capabilities capabilities() const override {
-    Capabilities c;
-    c.device_memory = true;
-    c.cross_process = true;
-    c.cross_host = true;
-    c.asynchronous = true;
-    return c;
-  }
-  Clock& clock() const override { return core_->clock(); }
-  Result<Registration> RegisterMemory(const MemoryRegion& region) override { return core_->Register(region); }
-  Status Deregister(uint64_t id) override { return core_->Deregister(id); }
-  Result<RemoteMemory> Import(std::string_view descriptor) override { return core_->Import(descriptor); }
-  Status ReleaseRemote(const RemoteMemory& remote) override { return core_->Release(remote); }
-  Result<std::unique_ptr<Transfer>> PostReads(std::span<const ReadOp> ops) override {
-    uint64_t bytes = 0;
-    for (const ReadOp& op : ops) bytes += op.length;
-    RC_ASSIGN_OR_RETURN(Core::Posted posted, core_->Post(ops));
-    return std::unique_ptr<Transfer>(std::make_unique<NcclTransfer>(core_, std::move(posted), bytes));
-  }
+Result<std::unique_ptr<Transfer>> Core::PostReads(const std::shared_ptr<Core>& core, std::span<const ReadOp> ops) {
+  RC_ASSIGN_OR_RETURN(Core::Posted posted, core->Post(ops));
+  return std::unique_ptr<Transfer>(std::make_unique<NcclTransfer>(core, std::move(posted), internal::BatchBytes(ops)));
+}
 
- private:
-  std::shared_ptr<Core> core_;
-};
+Capabilities NcclCapabilities() {
+  Capabilities c;
+  c.device_memory = true;
+  c.cross_process = true;
+  c.cross_host = true;
+  c.asynchronous = true;
+  return c;
+}
 
 }  // namespace
 
@@ -977,25 +871,15 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE"); nvls == nullptr || std::strcmp(nvls, "0") != 0) {
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   }
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return Unavailable(fmt::format("nccl transport: no CUDA device ({})",
-                                   e != cudaSuccess ? CudaErrorText(e) : std::string("0 devices")));
-  }
-  int device = options.device;
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-  if (device >= count) {
-    return InvalidArgument(fmt::format("nccl transport: device {} does not exist ({} devices)", device, count));
-  }
+  RC_ASSIGN_OR_RETURN(const int device, gpu_internal::ResolveDevice("nccl", options.device));
   if (nccl_options.watchdog_period_ns <= 0 || nccl_options.connect_timeout_ns <= 0) {
     return InvalidArgument("nccl transport: watchdog_period_ns and connect_timeout_ns must be positive");
   }
   Clock* clock = options.clock ? options.clock : SystemClock::Default();
   auto core = std::make_shared<Core>(clock, device, nccl_options);
   core->StartWatchdog();
-  return std::unique_ptr<Transport>(std::make_unique<NcclTransport>(std::move(core)));
+  return std::unique_ptr<Transport>(
+      std::make_unique<internal::CoreTransport<Core>>("nccl", NcclCapabilities(), std::move(core)));
 }
 
 }  // namespace rc::transport

@@ -16,6 +16,7 @@
 
 #include "rolloutcore/transport/shm.h"
 #include "transport/shm/shm_descriptor.h"
+#include "transport/descriptor_test_util.h"
 
 namespace rc::transport {
 namespace {
@@ -67,11 +68,7 @@ TEST(ShmDescriptorTest, RoundTrips) {
 TEST(ShmDescriptorTest, MalformedNamesTheField) {
   const std::string good = "shm:v1:pid=1:fd=3:tok=ab:off=0:len=8:ctl=4:ctok=cd:slot=0:gen=1";
   ASSERT_TRUE(ParseShmDescriptor(good).ok());
-  struct Case {
-    std::string text;
-    std::string needle;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<testing::ParseErrorCase> cases = {
       {"local:v1:1:2:3", "does not start with 'shm:v1:'"},
       {"shm:v2:pid=1", "does not start with"},
       {"shm:v1:pid=1:fd=3:tok=ab:off=0:ctl=4:ctok=cd:slot=0:gen=1", "missing field 'len'"},
@@ -85,12 +82,7 @@ TEST(ShmDescriptorTest, MalformedNamesTheField) {
       {"shm:v1:pid=1:fd=3:tok=ab:off=0:len=8:ctl=4:ctok=cd:slot=0:gen", "item 'gen' is not key=value"},
       {"shm:v1:pid=1:fd=3:tok=ab:off=18446744073709551615:len=8:ctl=4:ctok=cd:slot=0:gen=1", "overflow"},
   };
-  for (const Case& c : cases) {
-    auto p = ParseShmDescriptor(c.text);
-    ASSERT_FALSE(p.ok()) << c.text;
-    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << c.text;
-    EXPECT_NE(p.status().message().find(c.needle), std::string::npos) << p.status().message();
-  }
+  testing::ExpectParseErrors([](const std::string& text) { return ParseShmDescriptor(text); }, cases);
   // The transport refuses them the same way.
   auto t = MakeShm();
   auto imported = t->Import("shm:v1:pid=1:fd=3:tok=ab:off=0:len=8:ctl=4:ctok=cd:slot=0");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "rolloutcore/transport/shm.h"
+#include "transport/common/transfer_base.h"
 #include "transport/shm/shm_descriptor.h"
 #include "transport/shm/shm_owner.h"
 
@@ -166,9 +167,10 @@ class CopyPool {
   bool stopping_ = false;             // guarded by mu_
 };
 
-class ShmTransfer final : public Transfer {
+class ShmTransfer final : public internal::PollingTransfer {
  public:
-  ShmTransfer(std::shared_ptr<TransferShared> shared, Clock* clock) : shared_(std::move(shared)), clock_(clock) {}
+  ShmTransfer(std::shared_ptr<TransferShared> shared, Clock* clock)
+      : PollingTransfer(*clock), shared_(std::move(shared)) {}
   ~ShmTransfer() override {
     // Nothing may write the caller's destinations once the Transfer is gone.
     Cancel();
@@ -178,21 +180,8 @@ class ShmTransfer final : public Transfer {
 
   TransferState Poll() override {
     std::lock_guard<std::mutex> lock(shared_->mu);
-    return StateLocked();
-  }
-
-  Status Wait(int64_t deadline_ns) override {
-    std::unique_lock<std::mutex> lock(shared_->mu);
-    while (!shared_->finished) {
-      const int64_t now = clock_->NowNs();
-      if (now >= deadline_ns) {
-        return DeadlineExceeded(fmt::format("shm transfer of {} bytes still pending at its deadline", shared_->bytes));
-      }
-      // Sliced so that a ManualClock deadline is noticed too; completion wakes us at once.
-      const int64_t slice = std::min<int64_t>(deadline_ns - now, 5'000'000);
-      shared_->cv.wait_for(lock, std::chrono::nanoseconds(slice));
-    }
-    return shared_->failure;
+    if (!shared_->finished) return TransferState::kPending;
+    return shared_->failure.ok() ? TransferState::kDone : TransferState::kFailed;
   }
 
   void Cancel() override { shared_->cancelled.store(true); }
@@ -206,13 +195,16 @@ class ShmTransfer final : public Transfer {
   uint64_t bytes() const override { return shared_->bytes; }
 
  private:
-  TransferState StateLocked() const {
-    if (!shared_->finished) return TransferState::kPending;
-    return shared_->failure.ok() ? TransferState::kDone : TransferState::kFailed;
+  std::string PendingAtDeadline() const override {
+    return fmt::format("shm transfer of {} bytes still pending at its deadline", shared_->bytes);
+  }
+  // Completion wakes the wait at once.
+  void AwaitProgress(int64_t max_ns) override {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    if (!shared_->finished) shared_->cv.wait_for(lock, std::chrono::nanoseconds(max_ns));
   }
 
   std::shared_ptr<TransferShared> shared_;
-  Clock* clock_;
 };
 
 std::string Errno(int err) { return std::strerror(err); }
@@ -315,14 +307,8 @@ class ShmTransport final : public Transport {
               fmt::format("read {} of batch: shm remote {} is not imported (or was released)", i, op.source.id));
         }
         const Remote& r = *it->second;
-        if (op.source_offset > r.descriptor.length || op.length > r.descriptor.length - op.source_offset) {
-          return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside shm remote {} of {} bytes", i,
-                                             op.source_offset, op.source_offset + op.length, op.source.id,
-                                             r.descriptor.length));
-        }
-        if (op.length > 0 && op.dest == nullptr) {
-          return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", i, op.length));
-        }
+        RC_RETURN_IF_ERROR(internal::CheckReadOp(i, op, r.descriptor.length,
+                                                 [&] { return fmt::format("shm remote {}", op.source.id); }));
         auto [slot, inserted] = index.emplace(op.source.id, static_cast<uint32_t>(remotes.size()));
         if (inserted) remotes.push_back(it->second);
         op_remote[i] = slot->second;

@@ -11,6 +11,7 @@
 
 #include "rolloutcore/transport/ucx.h"
 #include "transport/ucx/ucx_descriptor.h"
+#include "transport/descriptor_test_util.h"
 
 namespace rc::transport {
 namespace {
@@ -51,11 +52,7 @@ TEST(UcxDescriptorTest, RoundTripsAndHex) {
 TEST(UcxDescriptorTest, MalformedNamesTheField) {
   const std::string good = "ucx:v1:host=h:pid=1:id=2:addr=ff:len=8:worker=00ab:rkey=0102";
   ASSERT_TRUE(ParseUcxDescriptor(good).ok());
-  struct Case {
-    std::string text;
-    std::string needle;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<testing::ParseErrorCase> cases = {
       {"shm:v1:pid=1", "does not start with 'ucx:v1:'"},
       {"ucx:v1:host=h:pid=1:id=2:addr=ff:len=8:worker=00ab", "missing field 'rkey'"},
       {"ucx:v1:host=h:pid=1:id=2:addr=fg:len=8:worker=00ab:rkey=0102", "field 'addr': 'fg' is not a hex"},
@@ -69,12 +66,7 @@ TEST(UcxDescriptorTest, MalformedNamesTheField) {
       {"ucx:v1:host=h:pid=1:id=2:addr=ff:len=8:worker=00ab:rkey=0102:extra=1", "unknown field 'extra'"},
       {"ucx:v1:host=h:pid=1:id=2:id=2:addr=ff:len=8:worker=00ab:rkey=0102", "field 'id' appears twice"},
   };
-  for (const Case& c : cases) {
-    auto p = ParseUcxDescriptor(c.text);
-    ASSERT_FALSE(p.ok()) << c.text;
-    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << c.text;
-    EXPECT_NE(p.status().message().find(c.needle), std::string::npos) << p.status().message();
-  }
+  testing::ExpectParseErrors([](const std::string& text) { return ParseUcxDescriptor(text); }, cases);
 }
 
 TEST(UcxTransportTest, CapabilitiesAndRegistrationErrors) {

@@ -20,6 +20,9 @@
 
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/transport/ucx.h"
+#include "transport/common/core_transport.h"
+#include "transport/common/process.h"
+#include "transport/common/transfer_base.h"
 #include "transport/ucx/ucx_descriptor.h"
 
 namespace rc::transport {
@@ -292,11 +295,13 @@ class Core {
     return RemoteMemory{remote->id, remote->descriptor.length};
   }
 
-  Status ReleaseRemote(const RemoteMemory& remote) {
+  Status Release(const RemoteMemory& remote) {
     std::lock_guard<std::mutex> lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("ucx remote {} is not imported", remote.id));
     return OkStatus();
   }
+
+  static Result<std::unique_ptr<Transfer>> PostReads(const std::shared_ptr<Core>& core, std::span<const ReadOp> ops);
 
   // Checks the batch, then posts every get. Returns the shared state (in_flight counts posted gets).
   Result<std::shared_ptr<TransferShared>> Post(std::span<const ReadOp> ops) {
@@ -313,14 +318,8 @@ class Core {
             fmt::format("read {} of batch: ucx remote {} is not imported (or was released)", i, op.source.id));
       }
       const Remote& r = *it->second;
-      if (op.source_offset > r.descriptor.length || op.length > r.descriptor.length - op.source_offset) {
-        return InvalidArgument(fmt::format("read {} of batch: bytes {}..{} outside ucx remote {} of {} bytes", i,
-                                           op.source_offset, op.source_offset + op.length, op.source.id,
-                                           r.descriptor.length));
-      }
-      if (op.length > 0 && op.dest == nullptr) {
-        return InvalidArgument(fmt::format("read {} of batch: null destination for {} bytes", i, op.length));
-      }
+      RC_RETURN_IF_ERROR(internal::CheckReadOp(i, op, r.descriptor.length,
+                                               [&] { return fmt::format("ucx remote {}", op.source.id); }));
       by_op[i] = it->second.get();
       used.emplace(op.source.id, it->second);
       total += op.length;
@@ -449,22 +448,6 @@ class Core {
     }
   }
 
-  static bool ProcessGone(pid_t pid) {
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-    // A killed child its parent has not reaped yet still answers kill(); it is a zombie.
-    char path[64];
-    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-    FILE* f = std::fopen(path, "r");
-    if (f == nullptr) return true;
-    char buf[512] = {};
-    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-    std::fclose(f);
-    const char* close_paren = std::strrchr(buf, ')');
-    if (n == 0 || close_paren == nullptr || close_paren[1] == '\0') return false;
-    const char state = close_paren[2];
-    return state == 'Z' || state == 'X';
-  }
-
   // The pid watchdog: a same-host owner that is gone fails its endpoint even where UCX has no
   // peer failure detection (and sooner than a keepalive would where it has).
   void WatchPeersLocked() {
@@ -476,7 +459,7 @@ class Core {
       for (const auto& r : t->remotes) busy.insert(r->peer.get());
     }
     for (Peer* peer : busy) {
-      if (peer->ep != nullptr && peer->same_host && ProcessGone(peer->pid)) {
+      if (peer->ep != nullptr && peer->same_host && internal::ProcessGone(peer->pid)) {
         OnPeerFailedLocked(peer, UCS_ERR_CONNECTION_RESET);
       }
     }
@@ -561,10 +544,10 @@ void PeerFailed(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   peer->core->OnPeerFailedLocked(peer, status);
 }
 
-class UcxTransfer final : public Transfer {
+class UcxTransfer final : public internal::PollingTransfer {
  public:
   UcxTransfer(std::shared_ptr<Core> core, std::shared_ptr<TransferShared> shared)
-      : core_(std::move(core)), shared_(std::move(shared)) {}
+      : PollingTransfer(core->clock()), core_(std::move(core)), shared_(std::move(shared)) {}
 
   ~UcxTransfer() override {
     Cancel();
@@ -590,21 +573,6 @@ class UcxTransfer final : public Transfer {
     return shared_->FinalLocked().ok() ? TransferState::kDone : TransferState::kFailed;
   }
 
-  Status Wait(int64_t deadline_ns) override {
-    Clock& clock = core_->clock();
-    std::unique_lock<std::mutex> lock(shared_->mu);
-    while (!shared_->FinishedLocked()) {
-      const int64_t now = clock.NowNs();
-      if (now >= deadline_ns) {
-        return DeadlineExceeded(fmt::format("ucx transfer of {} bytes from {}: {} gets still in flight at the deadline",
-                                            shared_->bytes, shared_->peers_label, shared_->in_flight));
-      }
-      const int64_t slice = std::min<int64_t>(deadline_ns - now, 5'000'000);
-      shared_->cv.wait_for(lock, std::chrono::nanoseconds(slice));
-    }
-    return shared_->FinalLocked();
-  }
-
   void Cancel() override {
     std::lock_guard<std::mutex> lock(shared_->mu);
     if (!shared_->FinishedLocked()) shared_->cancelled = true;
@@ -619,36 +587,39 @@ class UcxTransfer final : public Transfer {
   uint64_t bytes() const override { return shared_->bytes; }
 
  private:
+  std::string PendingAtDeadline() const override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    return fmt::format("ucx transfer of {} bytes from {}: {} gets still in flight at the deadline", shared_->bytes,
+                       shared_->peers_label, shared_->in_flight);
+  }
+  // The last get's callback wakes the wait at once.
+  void AwaitProgress(int64_t max_ns) override {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    if (!shared_->FinishedLocked()) shared_->cv.wait_for(lock, std::chrono::nanoseconds(max_ns));
+  }
+
   std::shared_ptr<Core> core_;
   std::shared_ptr<TransferShared> shared_;
 };
 
-class UcxTransport final : public Transport {
+Result<std::unique_ptr<Transfer>> Core::PostReads(const std::shared_ptr<Core>& core, std::span<const ReadOp> ops) {
+  RC_ASSIGN_OR_RETURN(std::shared_ptr<TransferShared> shared, core->Post(ops));
+  return std::unique_ptr<Transfer>(std::make_unique<UcxTransfer>(core, std::move(shared)));
+}
+
+Capabilities UcxCapabilities() {
+  Capabilities c;
+  c.host_memory = true;
+  c.cross_process = true;
+  c.cross_host = true;
+  c.asynchronous = true;
+  return c;
+}
+
+class UcxTransport final : public internal::CoreTransport<Core> {
  public:
-  explicit UcxTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  ~UcxTransport() override { core_->Shutdown(); }
-
-  std::string_view name() const override { return "ucx"; }
-  Capabilities capabilities() const override {
-    Capabilities c;
-    c.host_memory = true;
-    c.cross_process = true;
-    c.cross_host = true;
-    c.asynchronous = true;
-    return c;
-  }
-  Clock& clock() const override { return core_->clock(); }
-  Result<Registration> RegisterMemory(const MemoryRegion& region) override { return core_->Register(region); }
-  Status Deregister(uint64_t id) override { return core_->Deregister(id); }
-  Result<RemoteMemory> Import(std::string_view descriptor) override { return core_->Import(descriptor); }
-  Status ReleaseRemote(const RemoteMemory& remote) override { return core_->ReleaseRemote(remote); }
-  Result<std::unique_ptr<Transfer>> PostReads(std::span<const ReadOp> ops) override {
-    RC_ASSIGN_OR_RETURN(std::shared_ptr<TransferShared> shared, core_->Post(ops));
-    return std::unique_ptr<Transfer>(std::make_unique<UcxTransfer>(core_, std::move(shared)));
-  }
-
- private:
-  std::shared_ptr<Core> core_;
+  explicit UcxTransport(std::shared_ptr<Core> core) : CoreTransport("ucx", UcxCapabilities(), std::move(core)) {}
+  ~UcxTransport() override { core().Shutdown(); }
 };
 
 }  // namespace
