@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "rolloutcore/net/http.h"
+#include "rolloutcore/net/http_status.h"
 
 namespace rc::net {
 namespace {
@@ -284,6 +285,28 @@ TEST(HttpServerTest, TlsWithASelfSignedCertificate) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("do not load"), std::string::npos) << st.message();
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace rc::net
+
+namespace rc::net {
+namespace {
+
+TEST(HttpStatusTest, EveryServerMapsStatusCodesTheSameWay) {
+  EXPECT_EQ(HttpStatusFor(OkStatus()), 200);
+  EXPECT_EQ(HttpStatusFor(InvalidArgument("x")), 400);
+  EXPECT_EQ(HttpStatusFor(Unauthenticated("x")), 401);
+  EXPECT_EQ(HttpStatusFor(PermissionDenied("x")), 403);
+  EXPECT_EQ(HttpStatusFor(NotFound("x")), 404);
+  EXPECT_EQ(HttpStatusFor(FailedPrecondition("x")), 409);
+  EXPECT_EQ(HttpStatusFor(AlreadyExists("x")), 409);
+  EXPECT_EQ(HttpStatusFor(Aborted("x")), 409);
+  EXPECT_EQ(HttpStatusFor(Unimplemented("x")), 501);
+  EXPECT_EQ(HttpStatusFor(Unavailable("x")), 503);
+  EXPECT_EQ(HttpStatusFor(DeadlineExceeded("x")), 504);
+  EXPECT_EQ(HttpStatusFor(Internal("x")), 500);
+  EXPECT_EQ(HttpStatusFor(DataLoss("x")), 500);
 }
 
 }  // namespace
