@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sqlite3.h>
 
+#include <filesystem>
 #include <utility>
 
 namespace rc::sqlite {
@@ -36,6 +37,23 @@ Result<Database> Database::Open(const std::string& path, std::string_view what, 
   d.db_ = db;
   d.path_ = path;
   return d;
+}
+
+Result<Database> Database::OpenStateFile(const std::string& path, std::string_view what, bool must_exist) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  if (must_exist) {
+    if (!existed) return DataLoss(fmt::format("{} '{}' is missing, but the state dir says it existed", what, path));
+    if (std::filesystem::file_size(path, ec) == 0 || ec) {
+      return DataLoss(fmt::format("{} '{}' is empty (0 bytes), but the state dir says it existed", what, path));
+    }
+  }
+  RC_ASSIGN_OR_RETURN(Database db, Open(path, what, {.create = !must_exist}));
+  if (existed) {
+    Status check = db.IntegrityCheck();
+    if (!check.ok()) return DataLoss(fmt::format("{} '{}' {}", what, path, check.message()));
+  }
+  return db;
 }
 
 Database::~Database() {

@@ -110,6 +110,33 @@ TEST_F(SqliteTest, IntegrityCheckReportsAFileThatIsNotADatabase) {
   EXPECT_TRUE(good->IntegrityCheck().ok());
 }
 
+TEST_F(SqliteTest, OpenStateFileRefusesAMissingEmptyOrDamagedFileTheStateDirVouchesFor) {
+  const std::string path = Path("state.db");
+  auto missing = Database::OpenStateFile(path, "journal", /*must_exist=*/true);
+  EXPECT_EQ(missing.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(missing.status().message(), "journal '" + path + "' is missing, but the state dir says it existed");
+  EXPECT_FALSE(std::filesystem::exists(path)) << "nothing is created";
+
+  std::ofstream(path).close();
+  auto empty = Database::OpenStateFile(path, "journal", true);
+  EXPECT_EQ(empty.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(empty.status().message(), "journal '" + path + "' is empty (0 bytes), but the state dir says it existed");
+
+  std::ofstream(path) << std::string(4096, 'x');
+  auto damaged = Database::OpenStateFile(path, "journal", true);
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(damaged.status().message().find("journal '" + path + "' fails SQLite's integrity check"), std::string::npos)
+      << damaged.status().message();
+
+  std::filesystem::remove(path);
+  auto fresh = Database::OpenStateFile(path, "journal", false);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_TRUE(fresh->Exec("CREATE TABLE t(x)").ok());
+  *fresh = Database();  // closed
+  auto reopened = Database::OpenStateFile(path, "journal", true);
+  EXPECT_TRUE(reopened.ok()) << reopened.status().ToString();
+}
+
 TEST_F(SqliteTest, MovedFromDatabaseIsClosedOnce) {
   auto db = Database::Open(Path("d.db"), "store");
   ASSERT_TRUE(db.ok());

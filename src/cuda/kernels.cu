@@ -64,25 +64,30 @@ __device__ uint64_t ChunkSum(const DigestChunk& c) {
   return sum;
 }
 
-__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
-  const DigestChunk c = chunks[blockIdx.x];
-  uint64_t sum = 0;
-  switch (c.elem_size * 16 + c.mode) {
-    case 1 * 16 + kBitsRaw: sum = ChunkSum<1, kBitsRaw>(c); break;
-    case 2 * 16 + kBitsRaw: sum = ChunkSum<2, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsRaw: sum = ChunkSum<4, kBitsRaw>(c); break;
-    case 8 * 16 + kBitsRaw: sum = ChunkSum<8, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsF32FromBf16: sum = ChunkSum<4, kBitsF32FromBf16>(c); break;
-    case 4 * 16 + kBitsF32FromF16: sum = ChunkSum<4, kBitsF32FromF16>(c); break;
-    case 2 * 16 + kBitsBf16FromF32: sum = ChunkSum<2, kBitsBf16FromF32>(c); break;
-    case 2 * 16 + kBitsF16FromF32: sum = ChunkSum<2, kBitsF16FromF32>(c); break;
-    case 1 * 16 + kBitsMismatch: sum = ChunkSum<1, kBitsMismatch>(c); break;
-    case 2 * 16 + kBitsMismatch: sum = ChunkSum<2, kBitsMismatch>(c); break;
-    case 4 * 16 + kBitsMismatch: sum = ChunkSum<4, kBitsMismatch>(c); break;
-    case 8 * 16 + kBitsMismatch: sum = ChunkSum<8, kBitsMismatch>(c); break;
-    default: sum = 0; break;  // the host never builds other chunks
+// Runs op.Run<ES, MODE>() for a chunk's element size and bits mode: the (size, mode) pairs the host
+// builds chunks for, each instantiated once for the digest and once for the fused install kernel.
+template <typename Op>
+__device__ __forceinline__ uint64_t DispatchElemAndMode(int elem_size, int mode, const Op& op) {
+  switch (elem_size * 16 + mode) {
+    case 1 * 16 + kBitsRaw: return op.template Run<1, kBitsRaw>();
+    case 2 * 16 + kBitsRaw: return op.template Run<2, kBitsRaw>();
+    case 4 * 16 + kBitsRaw: return op.template Run<4, kBitsRaw>();
+    case 8 * 16 + kBitsRaw: return op.template Run<8, kBitsRaw>();
+    case 4 * 16 + kBitsF32FromBf16: return op.template Run<4, kBitsF32FromBf16>();
+    case 4 * 16 + kBitsF32FromF16: return op.template Run<4, kBitsF32FromF16>();
+    case 2 * 16 + kBitsBf16FromF32: return op.template Run<2, kBitsBf16FromF32>();
+    case 2 * 16 + kBitsF16FromF32: return op.template Run<2, kBitsF16FromF32>();
+    case 1 * 16 + kBitsMismatch: return op.template Run<1, kBitsMismatch>();
+    case 2 * 16 + kBitsMismatch: return op.template Run<2, kBitsMismatch>();
+    case 4 * 16 + kBitsMismatch: return op.template Run<4, kBitsMismatch>();
+    case 8 * 16 + kBitsMismatch: return op.template Run<8, kBitsMismatch>();
+    default: return 0;  // the host never builds other chunks
   }
-  // Block reduction: warps, then the first warp.
+}
+
+// Block reduction of every thread's `sum` (warps, then the first warp), added to *slot_sum by one
+// atomic (none when the block's sum is 0). Every thread of the block must call it.
+__device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum) {
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
   __shared__ uint64_t warp_sums[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -91,8 +96,21 @@ __global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chun
   if (warp == 0) {
     sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-    if (lane == 0) atomicAdd(reinterpret_cast<unsigned long long*>(sums + c.slot), static_cast<unsigned long long>(sum));
+    if (lane == 0 && sum != 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_sum), static_cast<unsigned long long>(sum));
   }
+}
+
+struct DigestOp {
+  const DigestChunk& c;
+  template <int ES, int MODE>
+  __device__ uint64_t Run() const {
+    return ChunkSum<ES, MODE>(c);
+  }
+};
+
+__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
+  const DigestChunk c = chunks[blockIdx.x];
+  BlockAddToSlot(DispatchElemAndMode(c.elem_size, c.mode, DigestOp{c}), sums + c.slot);
 }
 
 template <int ES>
@@ -149,37 +167,17 @@ __device__ uint64_t FusedRun(const FusedChunk& c) {
   return sum;
 }
 
-__device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum) {
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-  __shared__ uint64_t warp_sums[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = sum;
-  __syncthreads();
-  if (warp == 0) {
-    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-    if (lane == 0 && sum != 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_sum), static_cast<unsigned long long>(sum));
+struct FusedOp {
+  const FusedChunk& c;
+  template <int ES, int MODE>
+  __device__ uint64_t Run() const {
+    return FusedRun<ES, MODE>(c);
   }
-}
+};
 
 __global__ void __launch_bounds__(kThreads) FusedInstallKernel(const FusedChunk* chunks, uint64_t* sums) {
   const FusedChunk c = chunks[blockIdx.x];
-  uint64_t sum = 0;
-  switch (c.elem_size * 16 + c.mode) {
-    case 1 * 16 + kBitsRaw: sum = FusedRun<1, kBitsRaw>(c); break;
-    case 2 * 16 + kBitsRaw: sum = FusedRun<2, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsRaw: sum = FusedRun<4, kBitsRaw>(c); break;
-    case 8 * 16 + kBitsRaw: sum = FusedRun<8, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsF32FromBf16: sum = FusedRun<4, kBitsF32FromBf16>(c); break;
-    case 4 * 16 + kBitsF32FromF16: sum = FusedRun<4, kBitsF32FromF16>(c); break;
-    case 2 * 16 + kBitsBf16FromF32: sum = FusedRun<2, kBitsBf16FromF32>(c); break;
-    case 2 * 16 + kBitsF16FromF32: sum = FusedRun<2, kBitsF16FromF32>(c); break;
-    case 1 * 16 + kBitsMismatch: sum = FusedRun<1, kBitsMismatch>(c); break;
-    case 2 * 16 + kBitsMismatch: sum = FusedRun<2, kBitsMismatch>(c); break;
-    case 4 * 16 + kBitsMismatch: sum = FusedRun<4, kBitsMismatch>(c); break;
-    case 8 * 16 + kBitsMismatch: sum = FusedRun<8, kBitsMismatch>(c); break;
-    default: sum = 0; break;  // the host never builds other chunks
-  }
+  const uint64_t sum = DispatchElemAndMode(c.elem_size, c.mode, FusedOp{c});
   if (c.digest) BlockAddToSlot(sum, sums + c.slot);
 }
 

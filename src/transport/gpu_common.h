@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/status.h"
 
 namespace rc::transport::gpu_internal {
@@ -67,35 +68,10 @@ inline bool ProcessGone(pid_t pid) {
   return state == 'Z' || state == 'X';
 }
 
-inline std::string HexEncode(const void* data, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::string out;
-  out.reserve(n * 2);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kDigits[p[i] >> 4]);
-    out.push_back(kDigits[p[i] & 15]);
-  }
-  return out;
-}
+inline std::string HexEncode(const void* data, size_t n) { return rc::HexEncode(data, n); }
 
 // False unless `hex` is exactly 2*n hex digits.
-inline bool HexDecode(std::string_view hex, void* out, size_t n) {
-  if (hex.size() != 2 * n) return false;
-  auto value = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  auto* p = static_cast<unsigned char*>(out);
-  for (size_t i = 0; i < n; ++i) {
-    const int hi = value(hex[2 * i]), lo = value(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    p[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
-  return true;
-}
+inline bool HexDecode(std::string_view hex, void* out, size_t n) { return rc::HexDecodeInto(hex, out, n); }
 
 inline std::string Abbrev(std::string_view s) {
   return s.size() <= 64 ? std::string(s) : fmt::format("{}...({} chars)", s.substr(0, 48), s.size());

@@ -34,6 +34,12 @@ class Database {
   // Opens (and with create, creates) the database file at `path`; Unavailable naming `what`
   // ("journal", "trajectory store") and the path when it cannot be opened.
   [[nodiscard]] static Result<Database> Open(const std::string& path, std::string_view what, OpenOptions options = {});
+  // Opens a state file (a journal, a trajectory store) that the caller's state dir says was
+  // written before (must_exist) or not. With must_exist a missing or empty (0 bytes) file is
+  // DataLoss and nothing is created; a file that existed must pass SQLite's integrity check
+  // (DataLoss otherwise). Messages name `what` and the path: "journal '/s/j.db' is empty (0
+  // bytes), but the state dir says it existed".
+  [[nodiscard]] static Result<Database> OpenStateFile(const std::string& path, std::string_view what, bool must_exist);
 
   Database() = default;
   ~Database();

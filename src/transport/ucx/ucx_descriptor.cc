@@ -6,6 +6,8 @@
 #include <charconv>
 #include <limits>
 
+#include "rolloutcore/base/encoding.h"
+
 namespace rc::transport::ucx_internal {
 namespace {
 
@@ -18,37 +20,14 @@ std::string Abbrev(std::string_view s) {
   return s.size() <= 64 ? std::string(s) : fmt::format("{}...({} chars)", s.substr(0, 48), s.size());
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 }  // namespace
 
-std::string HexEncode(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (char c : bytes) {
-    const auto b = static_cast<unsigned char>(c);
-    out.push_back(kDigits[b >> 4]);
-    out.push_back(kDigits[b & 15]);
-  }
-  return out;
-}
+std::string HexEncode(std::string_view bytes) { return rc::HexEncode(bytes); }
 
 bool HexDecode(std::string_view hex, std::string* out) {
-  if (hex.size() % 2 != 0) return false;
-  out->clear();
-  out->reserve(hex.size() / 2);
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = HexValue(hex[i]);
-    const int lo = HexValue(hex[i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out->push_back(static_cast<char>(hi * 16 + lo));
-  }
+  auto bytes = rc::HexDecode(hex);
+  if (!bytes.ok()) return false;
+  *out = std::move(bytes).value();
   return true;
 }
 
