@@ -1191,9 +1191,9 @@ std::string ControllerService::Metrics() const {
   w.Family("rolloutcore_updates_total", kCounter, "Updates by outcome.");
   for (const auto& slot : engines_) {
     auto c = slot->controller->counters();
-    for (const auto& [outcome, n] : {std::pair<const char*, int64_t>{"committed", c.updates_committed},
-                                     {"rejected", c.updates_rejected},
-                                     {"tainted", c.updates_tainted}}) {
+    const std::pair<const char*, int64_t> outcomes[] = {
+        {"committed", c.updates_committed}, {"rejected", c.updates_rejected}, {"tainted", c.updates_tainted}};
+    for (const auto& [outcome, n] : outcomes) {
       w.Sample("rolloutcore_updates_total", WithLabel(engine_labels(*slot), "outcome", outcome), n);
     }
   }

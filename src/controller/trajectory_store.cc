@@ -61,20 +61,20 @@ Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string
       return DataLoss("trajectory store '" + path + "' has no trajectories table, but the state dir says it existed");
     }
   }
-  auto internal = [&](const Status& e) { return Internal("trajectory store '" + path + "': " + e.message()); };
+  auto fail = [&](const Status& e) { return Internal("trajectory store '" + path + "': " + e.message()); };
   Status ddl = d.Exec(
       "PRAGMA journal_mode=WAL;"
       "CREATE TABLE IF NOT EXISTS trajectories ("
       " id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, label TEXT NOT NULL, generation INTEGER NOT NULL,"
       " body TEXT NOT NULL, checksum TEXT);"
       "CREATE INDEX IF NOT EXISTS trajectories_label ON trajectories(label);");
-  if (!ddl.ok()) return internal(ddl);
+  if (!ddl.ok()) return fail(ddl);
   // Stores written before rows were checksummed: add the column (their rows stay unchecked).
   auto has_checksum = d.HasColumn("trajectories", "checksum");
-  if (!has_checksum.ok()) return internal(has_checksum.status());
+  if (!has_checksum.ok()) return fail(has_checksum.status());
   if (!*has_checksum) {
     Status alter = d.Exec("ALTER TABLE trajectories ADD COLUMN checksum TEXT");
-    if (!alter.ok()) return internal(alter);
+    if (!alter.ok()) return fail(alter);
   }
   return s;
 }

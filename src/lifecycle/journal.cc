@@ -1,6 +1,7 @@
 #include "rolloutcore/lifecycle/journal.h"
 
 #include "rolloutcore/base/clock.h"
+#include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/sqlite.h"
 
