@@ -4,6 +4,8 @@
 // code through --expt-relaxed-constexpr, so GPU and CPU cannot drift apart.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda/dtype_bits.h"
 #include "cuda/kernels.h"
 #include "rolloutcore/base/hash.h"
@@ -64,25 +66,32 @@ __device__ uint64_t ChunkSum(const DigestChunk& c) {
   return sum;
 }
 
+// One (element size, bits mode) pair of a chunk.
+template <int ES, int MODE>
+struct ChunkKind {
+  static constexpr int kElemSize = ES;
+  static constexpr int kMode = MODE;
+};
+
+// Runs op.Run<ES, MODE>() for the one of Kinds that is (elem_size, mode); 0 when none is.
+template <typename... Kinds, typename Op>
+__device__ __forceinline__ uint64_t DispatchKind(int elem_size, int mode, const Op& op) {
+  uint64_t sum = 0;
+  (void)((elem_size == Kinds::kElemSize && mode == Kinds::kMode &&
+          (sum = op.template Run<Kinds::kElemSize, Kinds::kMode>(), true)) ||
+         ...);
+  return sum;
+}
+
 // Runs op.Run<ES, MODE>() for a chunk's element size and bits mode: the (size, mode) pairs the host
-// builds chunks for, each instantiated once for the digest and once for the fused install kernel.
+// builds chunks for (0 for any other), each instantiated once for the digest and once for the fused
+// install kernel.
 template <typename Op>
 __device__ __forceinline__ uint64_t DispatchElemAndMode(int elem_size, int mode, const Op& op) {
-  switch (elem_size * 16 + mode) {
-    case 1 * 16 + kBitsRaw: return op.template Run<1, kBitsRaw>();
-    case 2 * 16 + kBitsRaw: return op.template Run<2, kBitsRaw>();
-    case 4 * 16 + kBitsRaw: return op.template Run<4, kBitsRaw>();
-    case 8 * 16 + kBitsRaw: return op.template Run<8, kBitsRaw>();
-    case 4 * 16 + kBitsF32FromBf16: return op.template Run<4, kBitsF32FromBf16>();
-    case 4 * 16 + kBitsF32FromF16: return op.template Run<4, kBitsF32FromF16>();
-    case 2 * 16 + kBitsBf16FromF32: return op.template Run<2, kBitsBf16FromF32>();
-    case 2 * 16 + kBitsF16FromF32: return op.template Run<2, kBitsF16FromF32>();
-    case 1 * 16 + kBitsMismatch: return op.template Run<1, kBitsMismatch>();
-    case 2 * 16 + kBitsMismatch: return op.template Run<2, kBitsMismatch>();
-    case 4 * 16 + kBitsMismatch: return op.template Run<4, kBitsMismatch>();
-    case 8 * 16 + kBitsMismatch: return op.template Run<8, kBitsMismatch>();
-    default: return 0;  // the host never builds other chunks
-  }
+  return DispatchKind<ChunkKind<1, kBitsRaw>, ChunkKind<2, kBitsRaw>, ChunkKind<4, kBitsRaw>, ChunkKind<8, kBitsRaw>,
+                      ChunkKind<4, kBitsF32FromBf16>, ChunkKind<4, kBitsF32FromF16>, ChunkKind<2, kBitsBf16FromF32>,
+                      ChunkKind<2, kBitsF16FromF32>, ChunkKind<1, kBitsMismatch>, ChunkKind<2, kBitsMismatch>,
+                      ChunkKind<4, kBitsMismatch>, ChunkKind<8, kBitsMismatch>>(elem_size, mode, op);
 }
 
 // Block reduction of every thread's `sum` (warps, then the first warp), added to *slot_sum by one
@@ -98,19 +107,6 @@ __device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum)
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
     if (lane == 0 && sum != 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_sum), static_cast<unsigned long long>(sum));
   }
-}
-
-struct DigestOp {
-  const DigestChunk& c;
-  template <int ES, int MODE>
-  __device__ uint64_t Run() const {
-    return ChunkSum<ES, MODE>(c);
-  }
-};
-
-__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
-  const DigestChunk c = chunks[blockIdx.x];
-  BlockAddToSlot(DispatchElemAndMode(c.elem_size, c.mode, DigestOp{c}), sums + c.slot);
 }
 
 template <int ES>
@@ -167,17 +163,29 @@ __device__ uint64_t FusedRun(const FusedChunk& c) {
   return sum;
 }
 
-struct FusedOp {
-  const FusedChunk& c;
+// The per-chunk work of both kernels: ChunkSum (digest only) or FusedRun (copy, and digest what
+// is written), for the chunk's element size and bits mode.
+template <typename Chunk>
+struct ChunkWork {
+  const Chunk& c;
   template <int ES, int MODE>
   __device__ uint64_t Run() const {
-    return FusedRun<ES, MODE>(c);
+    if constexpr (std::is_same_v<Chunk, FusedChunk>) {
+      return FusedRun<ES, MODE>(c);
+    } else {
+      return ChunkSum<ES, MODE>(c);
+    }
   }
 };
 
+__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
+  const DigestChunk c = chunks[blockIdx.x];
+  BlockAddToSlot(DispatchElemAndMode(c.elem_size, c.mode, ChunkWork<DigestChunk>{c}), sums + c.slot);
+}
+
 __global__ void __launch_bounds__(kThreads) FusedInstallKernel(const FusedChunk* chunks, uint64_t* sums) {
   const FusedChunk c = chunks[blockIdx.x];
-  const uint64_t sum = DispatchElemAndMode(c.elem_size, c.mode, FusedOp{c});
+  const uint64_t sum = DispatchElemAndMode(c.elem_size, c.mode, ChunkWork<FusedChunk>{c});
   if (c.digest) BlockAddToSlot(sum, sums + c.slot);
 }
 

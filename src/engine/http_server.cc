@@ -17,6 +17,7 @@
 #include "rolloutcore/base/version.h"
 #include "rolloutcore/engine/engine_loop.h"
 #include "rolloutcore/net/http.h"
+#include "rolloutcore/net/http_status.h"
 
 namespace rc::engine {
 namespace {
@@ -85,20 +86,7 @@ Status CheckStageDirectory(const std::string& configured, const std::string& req
                           "--directory stages only from a loopback directory (start it with --directory URL)");
 }
 
-int HttpStatus(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kPermissionDenied: return 403;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kFailedPrecondition: return 409;
-    case StatusCode::kAlreadyExists: return 409;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kDeadlineExceeded: return 504;
-    case StatusCode::kUnimplemented: return 501;
-    default: return 500;
-  }
-}
+int HttpStatus(const Status& s) { return net::HttpStatusFor(s); }
 
 // Optional boolean query parameter; InvalidArgument naming it when it is not true/false.
 Result<std::optional<bool>> BoolParam(const httplib::Request& req, const std::string& name) {

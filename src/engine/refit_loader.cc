@@ -42,23 +42,25 @@ constexpr std::pair<Architecture, refit::Architecture> kArchitectures[] = {
     {Architecture::kQwen2, refit::Architecture::kQwen2},
     {Architecture::kQwen3, refit::Architecture::kQwen3}};
 
+// copy(a, b) for each consecutive pair of arguments.
+template <typename Copy>
+void Pairwise(Copy&) {}
+template <typename Copy, typename A, typename B, typename... Rest>
+void Pairwise(Copy& copy, A& a, B& b, Rest&... rest) {
+  copy(a, b);
+  Pairwise(copy, rest...);
+}
+
 // The geometry fields ModelSpec and refit::ModelConfig share, each pair once: copy(spec field,
 // config field) for every one. SpecFromConfig and ConfigFromSpec both go through it, so the two
 // directions cannot disagree on which fields correspond.
 template <typename Spec, typename Config, typename Copy>
 void ForEachSharedField(Spec& s, Config& c, Copy copy) {
-  copy(s.vocab_size, c.vocab_size);
-  copy(s.hidden_size, c.hidden_size);
-  copy(s.intermediate_size, c.intermediate_size);
-  copy(s.num_layers, c.num_hidden_layers);
-  copy(s.num_heads, c.num_attention_heads);
-  copy(s.num_kv_heads, c.num_key_value_heads);
-  copy(s.head_dim, c.head_dim);
-  copy(s.rms_norm_eps, c.rms_norm_eps);
-  copy(s.rope_theta, c.rope_theta);
-  copy(s.max_position_embeddings, c.max_position_embeddings);
-  copy(s.tie_word_embeddings, c.tie_word_embeddings);
-  copy(s.qkv_bias, c.attention_bias);
+  Pairwise(copy, s.vocab_size, c.vocab_size, s.hidden_size, c.hidden_size, s.intermediate_size, c.intermediate_size,
+           s.num_layers, c.num_hidden_layers, s.num_heads, c.num_attention_heads, s.num_kv_heads,
+           c.num_key_value_heads, s.head_dim, c.head_dim, s.rms_norm_eps, c.rms_norm_eps, s.rope_theta, c.rope_theta,
+           s.max_position_embeddings, c.max_position_embeddings, s.tie_word_embeddings, c.tie_word_embeddings,
+           s.qkv_bias, c.attention_bias);
 }
 
 template <typename To, typename From>

@@ -287,26 +287,14 @@ TEST(HttpServerTest, TlsWithASelfSignedCertificate) {
   fs::remove_all(dir);
 }
 
-}  // namespace
-}  // namespace rc::net
-
-namespace rc::net {
-namespace {
-
 TEST(HttpStatusTest, EveryServerMapsStatusCodesTheSameWay) {
-  EXPECT_EQ(HttpStatusFor(OkStatus()), 200);
-  EXPECT_EQ(HttpStatusFor(InvalidArgument("x")), 400);
-  EXPECT_EQ(HttpStatusFor(Unauthenticated("x")), 401);
-  EXPECT_EQ(HttpStatusFor(PermissionDenied("x")), 403);
-  EXPECT_EQ(HttpStatusFor(NotFound("x")), 404);
-  EXPECT_EQ(HttpStatusFor(FailedPrecondition("x")), 409);
-  EXPECT_EQ(HttpStatusFor(AlreadyExists("x")), 409);
-  EXPECT_EQ(HttpStatusFor(Aborted("x")), 409);
-  EXPECT_EQ(HttpStatusFor(Unimplemented("x")), 501);
-  EXPECT_EQ(HttpStatusFor(Unavailable("x")), 503);
-  EXPECT_EQ(HttpStatusFor(DeadlineExceeded("x")), 504);
-  EXPECT_EQ(HttpStatusFor(Internal("x")), 500);
-  EXPECT_EQ(HttpStatusFor(DataLoss("x")), 500);
+  const std::pair<Status, int> cases[] = {
+      {OkStatus(), 200},           {InvalidArgument("x"), 400},    {Unauthenticated("x"), 401},
+      {PermissionDenied("x"), 403}, {NotFound("x"), 404},          {FailedPrecondition("x"), 409},
+      {AlreadyExists("x"), 409},   {Aborted("x"), 409},            {Unimplemented("x"), 501},
+      {Unavailable("x"), 503},     {DeadlineExceeded("x"), 504},   {Internal("x"), 500},
+      {DataLoss("x"), 500}};
+  for (const auto& [status, http] : cases) EXPECT_EQ(HttpStatusFor(status), http) << status.ToString();
 }
 
 }  // namespace

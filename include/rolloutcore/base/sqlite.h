@@ -41,12 +41,11 @@ class Database {
   // bytes), but the state dir says it existed".
   [[nodiscard]] static Result<Database> OpenStateFile(const std::string& path, std::string_view what, bool must_exist);
 
+  // Move-only: the declared moves delete the copies, so one Database closes each connection.
   Database() = default;
   ~Database();
   Database(Database&& other) noexcept;
   Database& operator=(Database&& other) noexcept;
-  Database(const Database&) = delete;
-  Database& operator=(const Database&) = delete;
 
   // Runs one or more statements that return no rows.
   [[nodiscard]] Status Exec(std::string_view sql) const;

@@ -46,12 +46,13 @@ struct SubprocessOptions {
 
 class Subprocess {
  public:
+  // Starts the child; the options' argv[0] must be executable.
   [[nodiscard]] static Result<std::unique_ptr<Subprocess>> Spawn(const SubprocessOptions& options);
-  ~Subprocess();
+  // One owner per child (its pid, its pipes): neither copied nor moved.
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
+  ~Subprocess();
 
-  pid_t pid() const { return pid_; }
   // False once the child has exited (it is then reaped; never blocks).
   bool Alive();
   // Waits for the exit: the exit code or -signal. timeout < 0 waits for ever; DeadlineExceeded
@@ -71,9 +72,6 @@ class Subprocess {
   // child exited instead. The stop report stays waitable (WNOWAIT). Thaw sends SIGCONT.
   [[nodiscard]] Status Freeze(std::chrono::milliseconds timeout);
   void Thaw();
-  // The raw waitpid status once reaped (0 before).
-  int wait_status() const { return wait_status_; }
-  bool reaped() const { return reaped_; }
 
   // One line of the child's stdout (kPipe), without its newline. DeadlineExceeded when none
   // arrived in time, Unavailable when the child closed its stdout first.
@@ -83,7 +81,11 @@ class Subprocess {
   // Closes the child's stdin (a child that reads it sees end of file).
   void CloseStdin();
 
-  // exit code or -signal of a raw waitpid status.
+  pid_t pid() const { return pid_; }
+  bool reaped() const { return reaped_; }
+  // The raw waitpid status once reaped (0 before).
+  int wait_status() const { return wait_status_; }
+  // The exit code or -signal of a raw waitpid status.
   static int ExitCodeOf(int wait_status);
 
  private:
