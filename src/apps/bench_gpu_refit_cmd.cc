@@ -32,9 +32,9 @@
 #include <thread>
 
 #include "apps/bench_gpu_refit.h"
-#include "apps/stop_signals.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/cuda/gpu_refit.h"
 #include "rolloutcore/refit/digest.h"

@@ -1,8 +1,8 @@
 #include "apps/child_process.h"
 
 #include <arpa/inet.h>
-#include <signal.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

@@ -3,8 +3,8 @@
 //
 // Each child runs `/proc/self/exe ARGS...` (an rc::Subprocess, rolloutcore/base/subprocess.h) in
 // its own process group with stdout and stderr appended to a log file, and is told to die with
-// its parent (PR_SET_PDEATHSIG), so even a SIGKILLed parent leaves nothing behind. Stop() sends SIGTERM to the group, waits, then
-// SIGKILL. StopAllChildren() stops every live child; the demo calls it on every exit path and
+// its parent (PR_SET_PDEATHSIG), so even a SIGKILLed parent leaves nothing behind. Stop() sends
+// SIGTERM to the group, waits, then SIGKILL. StopAllChildren() stops every live child; the demo calls it on every exit path and
 // from its SIGINT/SIGTERM handler.
 //
 // Thread safety: Spawn/Stop from one thread; StopAllChildren is async-signal-tolerant only in

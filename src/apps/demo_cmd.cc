@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "apps/child_process.h"
-#include "apps/stop_signals.h"
 #include "apps/commands.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"

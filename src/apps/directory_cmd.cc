@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "apps/commands.h"
-#include "apps/stop_signals.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "directory/codec.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/server.h"

@@ -5,8 +5,8 @@
 #include <iostream>
 
 #include "apps/commands.h"
-#include "apps/stop_signals.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/net/http.h"

@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "apps/commands.h"
-#include "apps/stop_signals.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/net/http.h"

@@ -125,8 +125,8 @@ Status SqliteJournal::Append(JournalRecord& rec) {
   std::lock_guard<std::mutex> lock(mu_);
   if (rec.wall_ms == 0) rec.wall_ms = WallTimeMs();
   sqlite::Statement st(db_,
-                        "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
-                        " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                       "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
+                       " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   std::string detail = rec.detail.is_null() ? "{}" : rec.detail.dump();
   JournalRecord r = rec;
   r.seq = last_seq_ + 1;
@@ -169,7 +169,7 @@ Result<std::vector<JournalRecord>> SqliteJournal::ReadSince(int64_t since) const
     const std::string where = "journal " + path_ + " record " + std::to_string(r.seq);
     if (r.seq != expected_seq) {
       return DataLoss(where + ": expected record " + std::to_string(expected_seq) +
-                           " here (records were deleted or renumbered)");
+                      " here (records were deleted or renumbered)");
     }
     ++expected_seq;
     if (r.seq == since) {  // the seed, not returned
@@ -187,7 +187,7 @@ Result<std::vector<JournalRecord>> SqliteJournal::ReadSince(int64_t since) const
       const uint64_t want = ChainOf(prev, r, detail_text);
       if (*stored != want) {
         return DataLoss(where + ": checksum mismatch (stored " + text(9) + ", computed " + Hex64(want) +
-                             "): the record, or one before it, was changed after it was written");
+                        "): the record, or one before it, was changed after it was written");
       }
       prev = want;
       chained = true;

@@ -33,9 +33,9 @@ namespace rc {
 enum class ChildIo { kInherit, kNull, kPipe, kFile };
 
 struct SubprocessOptions {
-  std::vector<std::string> argv = {};  // argv[0] is the executable's path (no PATH search)
-  std::vector<std::string> env = {};   // "NAME=value": added to this process's environment, replacing NAME
-  ChildIo stdin_io = ChildIo::kInherit;   // kFile is not supported for stdin
+  std::vector<std::string> argv = {};    // argv[0] is the executable's path (no PATH search)
+  std::vector<std::string> env = {};     // "NAME=value": added to this process's environment, replacing NAME
+  ChildIo stdin_io = ChildIo::kInherit;  // kFile is not supported for stdin
   ChildIo stdout_io = ChildIo::kInherit;
   ChildIo stderr_io = ChildIo::kInherit;
   std::string stdout_path = {};  // kFile: appended to, created 0644
