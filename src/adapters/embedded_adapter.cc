@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "adapters/lifecycle_types.h"
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/engine/engine_loop.h"
 #include "rolloutcore/engine/http_server.h"
@@ -12,24 +13,6 @@
 #include "rolloutcore/engine/tokenizer.h"
 
 namespace rc::adapters {
-
-using lifecycle::AbortEvidence;
-using lifecycle::CacheKind;
-using lifecycle::CacheResetResult;
-using lifecycle::DigestEvidence;
-using lifecycle::DrainStatus;
-using lifecycle::EngineDescription;
-using lifecycle::IdentityEvidence;
-using lifecycle::InstallEvidence;
-using lifecycle::LabelEvidence;
-using lifecycle::PauseEvidence;
-using lifecycle::ReplayEvidence;
-using lifecycle::ReplayRequest;
-using lifecycle::ReplayStep;
-using lifecycle::PauseMode;
-using lifecycle::ResumeEvidence;
-using lifecycle::StageEvidence;
-using lifecycle::UpdateTarget;
 
 // Members are destroyed in reverse order: the loop stops before the receiver and the engine go.
 struct EmbeddedEngine::State {

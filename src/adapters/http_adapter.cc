@@ -6,26 +6,12 @@
 #include <mutex>
 #include <sstream>
 
+#include "adapters/lifecycle_types.h"
 #include "adapters/vllm_flavor.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/net/http.h"
 
 namespace rc::adapters {
-
-using lifecycle::AbortEvidence;
-using lifecycle::CacheKind;
-using lifecycle::CacheResetResult;
-using lifecycle::DigestEvidence;
-using lifecycle::DrainStatus;
-using lifecycle::EngineDescription;
-using lifecycle::IdentityEvidence;
-using lifecycle::InstallEvidence;
-using lifecycle::LabelEvidence;
-using lifecycle::PauseEvidence;
-using lifecycle::PauseMode;
-using lifecycle::ResumeEvidence;
-using lifecycle::StageEvidence;
-using lifecycle::UpdateTarget;
 
 struct HttpEngineAdapter::Shared {
   HttpAdapterOptions options;

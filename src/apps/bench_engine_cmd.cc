@@ -4,9 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,10 +13,9 @@
 
 #include "apps/commands.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/subprocess.h"
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/net/http.h"
-
-extern char** environ;
 
 namespace rc::apps {
 namespace {
@@ -111,19 +108,9 @@ Result<double> ColdStart(const std::string& self, const std::string& preset, int
   std::vector<std::string> args = {self, "engine", "serve", "--model", preset, "--load-format", "dummy",
                                    "--port", std::to_string(port), "--max-model-len", "256",
                                    "--threads", std::to_string(threads)};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   const auto t0 = Clock::now();
-  if (posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ) != 0) {
-    posix_spawn_file_actions_destroy(&fa);
-    return Internal("cannot spawn " + self);
-  }
-  posix_spawn_file_actions_destroy(&fa);
+  auto proc = Subprocess::Spawn({.argv = args, .stdout_io = ChildIo::kNull});
+  if (!proc.ok()) return Internal("cannot spawn " + self + ": " + proc.status().message());
   httplib::Client cli("127.0.0.1", port);
   net::ApplyClientPolicy(cli);
   cli.set_connection_timeout(0, 200000);
@@ -136,13 +123,11 @@ Result<double> ColdStart(const std::string& self, const std::string& preset, int
       result = Seconds(t0, Clock::now());
       break;
     }
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) return Internal("engine serve exited before serving");
+    if (!(*proc)->Alive()) return Internal("engine serve exited before serving");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  (*proc)->Signal(SIGTERM);
+  (void)(*proc)->Wait(std::chrono::milliseconds(-1));
   if (result < 0) return DeadlineExceeded("engine serve did not answer");
   return result;
 }

@@ -34,6 +34,7 @@
 #include "apps/bench_gpu_refit.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/cuda/gpu_refit.h"
 #include "rolloutcore/refit/digest.h"
@@ -118,11 +119,7 @@ Result<Json> CpuCheckShards(const cuda::GpuOwner& owner, int device, uint64_t bu
 
 Status RunOwner(const OwnerOptions& o) {
   // SIGTERM / SIGINT end the owner; block them before any thread starts so sigwait gets them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  const StopSignals stop_signals;
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   if (o.manifest_out.empty()) return InvalidArgument("--manifest-out is required");
   RC_ASSIGN_OR_RETURN(refit::ModelConfig config, refit::ResolveModelSpec(o.model));
@@ -153,8 +150,7 @@ Status RunOwner(const OwnerOptions& o) {
                            "{:.2f} ms); manifest {}\n",
                            m.tables.size(), static_cast<double>(owner->bytes()) / 1e9, start_ms, owner->fill_ms(),
                            owner->digest_ms(), o.manifest_out);
-  int sig = 0;
-  sigwait(&set, &sig);
+  const int sig = stop_signals.Wait();
   std::cerr << "gpu-owner: signal " << sig << ", exiting\n";
   return OkStatus();
 }

@@ -1,10 +1,10 @@
 // ChildProcess: a rolloutcore subcommand run as a child process (the demo and the benchmarks
 // start a directory, a trainer, an engine and a controller this way).
 //
-// Each child runs `/proc/self/exe ARGS...` in its own process group with stdout and stderr
-// appended to a log file, and is told to die with its parent (PR_SET_PDEATHSIG), so even a
-// SIGKILLed parent leaves nothing behind. Stop() sends SIGTERM to the group, waits, then
-// SIGKILL. StopAllChildren() stops every live child; the demo calls it on every exit path and
+// Each child runs `/proc/self/exe ARGS...` (an rc::Subprocess, rolloutcore/base/subprocess.h) in
+// its own process group with stdout and stderr appended to a log file, and is told to die with
+// its parent (PR_SET_PDEATHSIG), so even a SIGKILLed parent leaves nothing behind. Stop() sends
+// SIGTERM to the group, waits, then SIGKILL. StopAllChildren() stops every live child; the demo calls it on every exit path and
 // from its SIGINT/SIGTERM handler.
 //
 // Thread safety: Spawn/Stop from one thread; StopAllChildren is async-signal-tolerant only in
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/subprocess.h"
 
 namespace rc::apps {
 
@@ -44,7 +45,7 @@ class ChildProcess {
   // otherwise. Freeze leaves the stop report waitable (WNOWAIT); Thaw sends SIGCONT.
   [[nodiscard]] Status Freeze(int timeout_ms = 10000);
   void Thaw();
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return proc_ ? proc_->pid() : -1; }
   const std::string& name() const { return name_; }
   const std::string& log_path() const { return log_path_; }
   // The last lines of the log, for error messages.
@@ -53,9 +54,7 @@ class ChildProcess {
  private:
   std::string name_;
   std::string log_path_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int status_ = 0;
+  std::unique_ptr<Subprocess> proc_;
 };
 
 void StopAllChildren();

@@ -21,6 +21,7 @@
 
 #include "apps/child_process.h"
 #include "apps/commands.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
@@ -468,14 +469,9 @@ void RegisterDemoCommand(CLI::App& app, int* exit_code) {
       o->workdir = d;
     }
     // Ctrl-C / SIGTERM: stop the children, then exit.
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    std::thread watcher([set] {
-      int sig = 0;
-      sigwait(&set, &sig);
+    const StopSignals stop_signals;
+    std::thread watcher([stop_signals] {
+      stop_signals.Wait();
       if (g_interrupted.exchange(true)) return;
       std::cerr << "\ndemo: interrupted; stopping the child processes\n";
       StopAllChildren();

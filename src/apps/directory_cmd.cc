@@ -9,6 +9,7 @@
 
 #include "apps/commands.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "directory/codec.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/server.h"
@@ -26,13 +27,7 @@ struct ServeOptions {
 };
 
 int Serve(const ServeOptions& o) {
-  // Block the stop signals before any thread starts, so every thread inherits the mask and the
-  // main thread alone receives them through sigwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const StopSignals stop_signals;  // before any thread starts
 
   auto store = directory::OpenDirectoryStore(o.store);
   if (!store.ok()) {
@@ -53,8 +48,7 @@ int Serve(const ServeOptions& o) {
   }
   fmt::print("directory listening on {} (store {})\n", server.url(), o.store);
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  const int sig = stop_signals.Wait();
   fmt::print(stderr, "directory: signal {}, stopping\n", sig);
   server.Stop();
   return 0;

@@ -6,6 +6,7 @@
 
 #include "apps/commands.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/net/http.h"
@@ -39,11 +40,7 @@ struct ServeFlags {
 int Serve(const ServeFlags& f) {
   // SIGINT / SIGTERM are taken by sigwait on this thread; block them before any thread starts so
   // no other thread runs a handler (stopping the server from a handler is not safe).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const StopSignals stop_signals;
   engine::EngineOptions o;
   o.tensor_parallel_size = f.tp;
   o.block_size = f.block_size;
@@ -80,8 +77,7 @@ int Serve(const ServeFlags& f) {
             << (f.security.tls_cert_file.empty() ? "http" : "https") << "://" << f.host << ":" << server.port()
             << " (tp=" << f.tp << ", max_model_len=" << (*engine)->max_model_len()
             << ", kv blocks=" << (*engine)->options().num_kv_blocks << "x" << f.block_size << ")" << std::endl;
-  int sig = 0;
-  sigwait(&signals, &sig);
+  stop_signals.Wait();
   server.Stop();
   return 0;
 }

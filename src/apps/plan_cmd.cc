@@ -18,6 +18,7 @@
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/refit/plan_stats_json.h"
 #include "rolloutcore/refit/planner.h"
 #include "rolloutcore/refit/spec.h"
 #include "rolloutcore/refit/verify.h"
@@ -86,22 +87,10 @@ Status ParseSelector(const PlanFlags& f, Selector* s) {
 }
 
 Json StatsJson(const RankLine& r) {
-  const PlanStats& s = r.stats;
-  return Json{{"rank", r.rank},
-              {"copies", s.copies},
-              {"selected_copies", s.selected_copies},
-              {"bytes_needed", s.bytes_needed},
-              {"bytes_planned", s.bytes_planned},
-              {"descriptors", s.descriptors},
-              {"full_pulls", s.full_pulls},
-              {"full_pull_bytes", s.full_pull_bytes},
-              {"converted_copies", s.converted_copies},
-              {"staging_bytes", s.staging_bytes},
-              {"source_shards", s.source_shards},
-              {"dest_bytes", s.dest_bytes},
-              {"dest_bytes_selected", s.dest_bytes_selected},
-              {"plan_ms", s.plan_ms},
-              {"capture_ms", r.capture_ms}};
+  Json j = refit::PlanStatsToJson(r.stats);
+  j["rank"] = r.rank;
+  j["capture_ms"] = r.capture_ms;
+  return j;
 }
 
 void PrintRank(const RankLine& r) {

@@ -14,6 +14,7 @@
 
 #include "apps/commands.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/net/http.h"
@@ -75,13 +76,7 @@ Result<int64_t> NextFreeStep(directory::DirectoryStore& store, const std::string
 }
 
 int Serve(const ServeOptions& o) {
-  // Block the stop signals before any thread starts: every thread inherits the mask and the main
-  // thread alone receives them through sigwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const StopSignals stop_signals;  // before any thread starts
 
   auto config = refit::ResolveModelSpec(o.model);
   if (!config.ok()) {
@@ -176,8 +171,7 @@ int Serve(const ServeOptions& o) {
     });
   }
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  const int sig = stop_signals.Wait();
   fmt::print(stderr, "trainer: signal {}, stopping\n", sig);
   {
     std::lock_guard<std::mutex> lock(mu);

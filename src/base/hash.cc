@@ -2,17 +2,9 @@
 
 #include <xxhash.h>
 
-#include <cstdio>
-
 namespace rc {
 
 uint64_t Hash64(const void* data, size_t len, uint64_t seed) { return XXH3_64bits_withSeed(data, len, seed); }
-
-std::string Hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 Hasher::Hasher(uint64_t seed) : state_(XXH3_createState()) {
   XXH3_64bits_reset_withSeed(static_cast<XXH3_state_t*>(state_), seed);

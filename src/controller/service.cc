@@ -14,6 +14,7 @@
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/metrics_writer.h"
 
 namespace rc::controller {
 
@@ -1165,85 +1166,80 @@ Result<Json> ControllerService::Journal(int64_t since, int engine) const {
 }
 
 std::string ControllerService::Metrics() const {
-  std::ostringstream m;
-  m << "# HELP rolloutcore_controller_state Lifecycle state of each engine (1 for the current state).\n"
-    << "# TYPE rolloutcore_controller_state gauge\n";
+  constexpr MetricType kCounter = MetricType::kCounter;
+  MetricsWriter w;
+  auto engine_labels = [](const EngineSlot& slot) { return MetricLabels{{"engine", slot.handle.name}}; };
+  w.Family("rolloutcore_controller_state", MetricType::kGauge,
+           "Lifecycle state of each engine (1 for the current state).");
   for (const auto& slot : engines_) {
     for (int s = 0; s < lifecycle::kNumStates; ++s) {
       auto st = static_cast<State>(s);
-      m << "rolloutcore_controller_state{engine=\"" << slot->handle.name << "\",state=\"" << lifecycle::StateName(st)
-        << "\"} " << (slot->controller->state() == st ? 1 : 0) << "\n";
+      w.Sample("rolloutcore_controller_state",
+               WithLabel(engine_labels(*slot), "state", std::string(lifecycle::StateName(st))),
+               slot->controller->state() == st ? 1 : 0);
     }
   }
   auto counter = [&](const char* name, const char* help, auto get) {
-    m << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n";
-    for (const auto& slot : engines_) {
-      m << name << "{engine=\"" << slot->handle.name << "\"} " << get(slot->controller->counters()) << "\n";
-    }
+    w.Family(name, kCounter, help);
+    for (const auto& slot : engines_) w.Sample(name, engine_labels(*slot), get(slot->controller->counters()));
   };
   counter("rolloutcore_admissions_total", "Rollouts admitted.", [](const lifecycle::Counters& c) { return c.admissions; });
   counter("rolloutcore_refusals_total", "Admissions refused (not READY).",
           [](const lifecycle::Counters& c) { return c.refusals; });
   counter("rolloutcore_interrupted_total", "Rollouts recorded interrupted by a controller restart.",
           [](const lifecycle::Counters& c) { return c.interrupted; });
-  m << "# HELP rolloutcore_updates_total Updates by outcome.\n# TYPE rolloutcore_updates_total counter\n";
+  w.Family("rolloutcore_updates_total", kCounter, "Updates by outcome.");
   for (const auto& slot : engines_) {
     auto c = slot->controller->counters();
-    m << "rolloutcore_updates_total{engine=\"" << slot->handle.name << "\",outcome=\"committed\"} "
-      << c.updates_committed << "\n";
-    m << "rolloutcore_updates_total{engine=\"" << slot->handle.name << "\",outcome=\"rejected\"} "
-      << c.updates_rejected << "\n";
-    m << "rolloutcore_updates_total{engine=\"" << slot->handle.name << "\",outcome=\"tainted\"} " << c.updates_tainted
-      << "\n";
+    const std::pair<const char*, int64_t> outcomes[] = {
+        {"committed", c.updates_committed}, {"rejected", c.updates_rejected}, {"tainted", c.updates_tainted}};
+    for (const auto& [outcome, n] : outcomes) {
+      w.Sample("rolloutcore_updates_total", WithLabel(engine_labels(*slot), "outcome", outcome), n);
+    }
   }
-  m << "# HELP rolloutcore_updates_by_mode_total Committed updates by policy mode.\n"
-    << "# TYPE rolloutcore_updates_by_mode_total counter\n";
+  w.Family("rolloutcore_updates_by_mode_total", kCounter, "Committed updates by policy mode.");
   for (const auto& slot : engines_) {
     auto c = slot->controller->counters();
     for (lifecycle::PolicyMode mode : lifecycle::kAllPolicyModes) {
       const std::string name(lifecycle::PolicyModeName(mode));
       auto it = c.updates_by_mode.find(name);
-      m << "rolloutcore_updates_by_mode_total{engine=\"" << slot->handle.name << "\",mode=\"" << name << "\"} "
-        << (it == c.updates_by_mode.end() ? 0 : it->second) << "\n";
+      w.Sample("rolloutcore_updates_by_mode_total", WithLabel(engine_labels(*slot), "mode", name),
+               it == c.updates_by_mode.end() ? 0 : it->second);
     }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    m << "# HELP rolloutcore_rollout_tokens_by_kv_total Output tokens of proxied rollouts by the KV state of their "
-         "version span (fresh | stale | recomputed).\n# TYPE rolloutcore_rollout_tokens_by_kv_total counter\n";
+    w.Family("rolloutcore_rollout_tokens_by_kv_total", kCounter,
+             "Output tokens of proxied rollouts by the KV state of their version span (fresh | stale | recomputed).");
     for (const char* kv : {"fresh", "stale", "recomputed"}) {
       auto it = tokens_by_kv_.find(kv);
-      m << "rolloutcore_rollout_tokens_by_kv_total{kv=\"" << kv << "\"} "
-        << (it == tokens_by_kv_.end() ? 0 : it->second) << "\n";
+      w.Sample("rolloutcore_rollout_tokens_by_kv_total", {{"kv", kv}}, it == tokens_by_kv_.end() ? 0 : it->second);
     }
   }
-  m << "# HELP rolloutcore_rollouts_aborted_at_update_total Proxied rollouts an in-flight update ended (abort "
-       "mode, max staleness).\n# TYPE rolloutcore_rollouts_aborted_at_update_total counter\n"
-    << "rolloutcore_rollouts_aborted_at_update_total " << rollouts_aborted_at_update_.load() << "\n";
-  m << "# HELP rolloutcore_phase_ms_total Milliseconds spent in each lifecycle phase during updates.\n"
-    << "# TYPE rolloutcore_phase_ms_total counter\n";
+  w.Metric("rolloutcore_rollouts_aborted_at_update_total", kCounter,
+           "Proxied rollouts an in-flight update ended (abort mode, max staleness).", {},
+           rollouts_aborted_at_update_.load());
+  w.Family("rolloutcore_phase_ms_total", kCounter, "Milliseconds spent in each lifecycle phase during updates.");
   for (const auto& slot : engines_) {
     auto c = slot->controller->counters();
     for (const auto& [phase, ms] : c.phase_ms_total) {
-      m << "rolloutcore_phase_ms_total{engine=\"" << slot->handle.name << "\",phase=\"" << phase << "\"} " << ms
-        << "\n";
+      w.Sample("rolloutcore_phase_ms_total", WithLabel(engine_labels(*slot), "phase", phase), ms);
     }
   }
-  m << "# HELP rolloutcore_rollouts_total Proxied rollouts by result.\n# TYPE rolloutcore_rollouts_total counter\n"
-    << "rolloutcore_rollouts_total{result=\"ok\"} " << rollouts_ok_.load() << "\n"
-    << "rolloutcore_rollouts_total{result=\"refused\"} " << rollouts_refused_.load() << "\n"
-    << "rolloutcore_rollouts_total{result=\"failed\"} " << rollouts_failed_.load() << "\n"
-    << "# HELP rolloutcore_rollouts_identity_mismatch_total Proxied rollouts whose completion did not match "
-       "the binding (also counted failed).\n# TYPE rolloutcore_rollouts_identity_mismatch_total counter\n"
-    << "rolloutcore_rollouts_identity_mismatch_total " << rollouts_mismatched_.load() << "\n";
-  m << "# HELP rolloutcore_identity_mismatches_total Identity checks and completions that did not match the "
-       "verified engine.\n# TYPE rolloutcore_identity_mismatches_total counter\n";
+  w.Family("rolloutcore_rollouts_total", kCounter, "Proxied rollouts by result.");
+  w.Sample("rolloutcore_rollouts_total", {{"result", "ok"}}, rollouts_ok_.load());
+  w.Sample("rolloutcore_rollouts_total", {{"result", "refused"}}, rollouts_refused_.load());
+  w.Sample("rolloutcore_rollouts_total", {{"result", "failed"}}, rollouts_failed_.load());
+  w.Metric("rolloutcore_rollouts_identity_mismatch_total", kCounter,
+           "Proxied rollouts whose completion did not match the binding (also counted failed).", {},
+           rollouts_mismatched_.load());
+  w.Family("rolloutcore_identity_mismatches_total", kCounter,
+           "Identity checks and completions that did not match the verified engine.");
   for (const auto& slot : engines_) {
     std::lock_guard<std::mutex> lock(slot->id_mu);
-    m << "rolloutcore_identity_mismatches_total{engine=\"" << slot->handle.name << "\"} " << slot->id.mismatches
-      << "\n";
+    w.Sample("rolloutcore_identity_mismatches_total", engine_labels(*slot), slot->id.mismatches);
   }
-  return m.str();
+  return w.Text();
 }
 
 }  // namespace rc::controller

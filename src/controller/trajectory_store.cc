@@ -1,15 +1,10 @@
 #include "rolloutcore/controller/trajectory_store.h"
 
-#include <sqlite3.h>
-
-#include <filesystem>
-
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/sqlite.h"
 
 namespace rc::controller {
 namespace {
-
-sqlite3* Db(void* p) { return static_cast<sqlite3*>(p); }
 
 template <typename T>
 Json Arr(const std::vector<T>& v) {
@@ -57,134 +52,66 @@ Json ToJson(const Trajectory& t) {
 }
 
 Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string& path, bool must_exist) {
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
+  RC_ASSIGN_OR_RETURN(sqlite::Database db, sqlite::Database::OpenStateFile(path, "trajectory store", must_exist));
+  std::unique_ptr<TrajectoryStore> s(new TrajectoryStore(std::move(db), path));
+  const sqlite::Database& d = s->db_;
   if (must_exist) {
-    if (!existed) return DataLoss("trajectory store '" + path + "' is missing, but the state dir says it existed");
-    if (std::filesystem::file_size(path, ec) == 0 || ec) {
-      return DataLoss("trajectory store '" + path + "' is empty (0 bytes), but the state dir says it existed");
-    }
-  }
-  sqlite3* db = nullptr;
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX | (must_exist ? 0 : SQLITE_OPEN_CREATE);
-  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
-    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
-    sqlite3_close(db);
-    return Unavailable("cannot open trajectory store '" + path + "': " + msg);
-  }
-  std::unique_ptr<TrajectoryStore> s(new TrajectoryStore(db, path));
-  if (existed) {
-    sqlite3_stmt* st = nullptr;
-    std::string problems;
-    int rc = sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &st, nullptr);
-    if (rc == SQLITE_OK) {
-      while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        const unsigned char* t = sqlite3_column_text(st, 0);
-        std::string line = t ? reinterpret_cast<const char*>(t) : "";
-        if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
-      }
-      sqlite3_finalize(st);
-    }
-    if (rc != SQLITE_DONE) problems = sqlite3_errmsg(db);
-    if (!problems.empty()) {
-      return DataLoss("trajectory store '" + path + "' fails SQLite's integrity check: " + problems.substr(0, 500));
-    }
-  }
-  if (must_exist) {
-    sqlite3_stmt* st = nullptr;
-    bool has_table = false;
-    if (sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type='table' AND name='trajectories'", -1, &st,
-                           nullptr) == SQLITE_OK) {
-      has_table = sqlite3_step(st) == SQLITE_ROW;
-      sqlite3_finalize(st);
-    }
-    if (!has_table) {
+    auto has_table = d.HasTable("trajectories");
+    if (!has_table.ok() || !*has_table) {
       return DataLoss("trajectory store '" + path + "' has no trajectories table, but the state dir says it existed");
     }
   }
-  const char* ddl =
+  auto fail = [&](const Status& e) { return Internal("trajectory store '" + path + "': " + e.message()); };
+  Status ddl = d.Exec(
       "PRAGMA journal_mode=WAL;"
       "CREATE TABLE IF NOT EXISTS trajectories ("
       " id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, label TEXT NOT NULL, generation INTEGER NOT NULL,"
       " body TEXT NOT NULL, checksum TEXT);"
-      "CREATE INDEX IF NOT EXISTS trajectories_label ON trajectories(label);";
-  char* err = nullptr;
-  if (sqlite3_exec(db, ddl, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "?";
-    sqlite3_free(err);
-    return Internal("trajectory store '" + path + "': " + msg);
-  }
+      "CREATE INDEX IF NOT EXISTS trajectories_label ON trajectories(label);");
+  if (!ddl.ok()) return fail(ddl);
   // Stores written before rows were checksummed: add the column (their rows stay unchecked).
-  bool has_checksum = false;
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, "PRAGMA table_info(trajectories)", -1, &st, nullptr) == SQLITE_OK) {
-    while (sqlite3_step(st) == SQLITE_ROW) {
-      const unsigned char* name = sqlite3_column_text(st, 1);
-      if (name && std::string(reinterpret_cast<const char*>(name)) == "checksum") has_checksum = true;
-    }
-    sqlite3_finalize(st);
-  }
-  if (!has_checksum && sqlite3_exec(db, "ALTER TABLE trajectories ADD COLUMN checksum TEXT", nullptr, nullptr, &err) !=
-                           SQLITE_OK) {
-    std::string msg = err ? err : "?";
-    sqlite3_free(err);
-    return Internal("trajectory store '" + path + "': " + msg);
+  auto has_checksum = d.HasColumn("trajectories", "checksum");
+  if (!has_checksum.ok()) return fail(has_checksum.status());
+  if (!*has_checksum) {
+    Status alter = d.Exec("ALTER TABLE trajectories ADD COLUMN checksum TEXT");
+    if (!alter.ok()) return fail(alter);
   }
   return s;
 }
 
-TrajectoryStore::~TrajectoryStore() { sqlite3_close(Db(db_)); }
+TrajectoryStore::~TrajectoryStore() = default;
 
 Status TrajectoryStore::Insert(const Trajectory& t) {
   std::lock_guard<std::mutex> lock(mu_);
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(Db(db_),
-                         "INSERT INTO trajectories (rollout_id, label, generation, body, checksum) VALUES (?,?,?,?,?)",
-                         -1, &st, nullptr) != SQLITE_OK) {
-    return Internal("trajectory store: " + std::string(sqlite3_errmsg(Db(db_))));
-  }
-  std::string body = ToJson(t).dump();
-  sqlite3_bind_text(st, 1, t.binding.rollout_id.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st, 2, t.binding.version.label.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_int64(st, 3, t.binding.version.generation);
-  sqlite3_bind_text(st, 4, body.c_str(), -1, SQLITE_TRANSIENT);
-  const std::string checksum = RowChecksum(t.binding.rollout_id, t.binding.version.label, body);
-  sqlite3_bind_text(st, 5, checksum.c_str(), -1, SQLITE_TRANSIENT);
-  int rc = sqlite3_step(st);
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return Unavailable("trajectory store insert failed: " + std::string(sqlite3_errmsg(Db(db_))));
+  sqlite::Statement st(db_,
+                       "INSERT INTO trajectories (rollout_id, label, generation, body, checksum) VALUES (?,?,?,?,?)");
+  const std::string body = ToJson(t).dump();
+  st.Bind(1, t.binding.rollout_id).Bind(2, t.binding.version.label).Bind(3, t.binding.version.generation);
+  st.Bind(4, body).Bind(5, RowChecksum(t.binding.rollout_id, t.binding.version.label, body));
+  if (Status s = st.Run(); !s.ok()) return Unavailable("trajectory store insert failed: " + s.message());
   return OkStatus();
 }
 
 Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, int64_t limit) const {
   std::lock_guard<std::mutex> lock(mu_);
-  sqlite3_stmt* st = nullptr;
   std::string sql = "SELECT id, rollout_id, label, body, checksum FROM trajectories";
   if (!label.empty()) sql += " WHERE label = ?";
   sql += " ORDER BY id";
   if (limit >= 0) sql += " LIMIT " + std::to_string(limit);
-  if (sqlite3_prepare_v2(Db(db_), sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
-    return Internal("trajectory store: " + std::string(sqlite3_errmsg(Db(db_))));
-  }
-  if (!label.empty()) sqlite3_bind_text(st, 1, label.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite::Statement st(db_, sql);
+  if (!label.empty()) st.Bind(1, label);
   std::vector<Trajectory> out;
-  auto text = [&](int col) {
-    const unsigned char* t = sqlite3_column_text(st, col);
-    return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
-  };
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  auto text = [&](int col) { return st.Text(col); };
+  while (st.Step()) {
     // A row that does not read back as written is an error for the whole read: never a
     // shorter answer that looks complete.
-    const std::string where = "trajectory store '" + path_ + "' row " + std::to_string(sqlite3_column_int64(st, 0));
+    const std::string where = "trajectory store '" + path_ + "' row " + std::to_string(st.Int(0));
     const std::string body = text(3);
-    if (sqlite3_column_type(st, 4) != SQLITE_NULL && text(4) != RowChecksum(text(1), text(2), body)) {
-      sqlite3_finalize(st);
+    if (!st.IsNull(4) && text(4) != RowChecksum(text(1), text(2), body)) {
       return DataLoss(where + ": checksum mismatch (the row was changed after it was written)");
     }
     auto j = ParseJson(body, "trajectory row");
     if (!j.ok() || !j->is_object() || !(*j).contains("binding") || !(*j)["binding"].is_object()) {
-      sqlite3_finalize(st);
       return DataLoss(where + ": unreadable body" + (j.ok() ? std::string() : ": " + j.status().message()));
     }
     Trajectory t;
@@ -210,13 +137,10 @@ Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, 
     t.aborted_at_update = j->contains("aborted_at_update") ? (*j)["aborted_at_update"] : Json();
     out.push_back(std::move(t));
   }
-  if (rc != SQLITE_DONE) {
-    std::string msg = sqlite3_errmsg(Db(db_));
-    sqlite3_finalize(st);
+  if (Status s = st.status(); !s.ok()) {
     return DataLoss("trajectory store '" + path_ + "': read failed after " + std::to_string(out.size()) +
-                    " rows: " + msg);
+                    " rows: " + s.message());
   }
-  sqlite3_finalize(st);
   return out;
 }
 

@@ -4,6 +4,8 @@
 // code through --expt-relaxed-constexpr, so GPU and CPU cannot drift apart.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda/dtype_bits.h"
 #include "cuda/kernels.h"
 #include "rolloutcore/base/hash.h"
@@ -64,25 +66,37 @@ __device__ uint64_t ChunkSum(const DigestChunk& c) {
   return sum;
 }
 
-__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
-  const DigestChunk c = chunks[blockIdx.x];
+// One (element size, bits mode) pair of a chunk.
+template <int ES, int MODE>
+struct ChunkKind {
+  static constexpr int kElemSize = ES;
+  static constexpr int kMode = MODE;
+};
+
+// Runs op.Run<ES, MODE>() for the one of Kinds that is (elem_size, mode); 0 when none is.
+template <typename... Kinds, typename Op>
+__device__ __forceinline__ uint64_t DispatchKind(int elem_size, int mode, const Op& op) {
   uint64_t sum = 0;
-  switch (c.elem_size * 16 + c.mode) {
-    case 1 * 16 + kBitsRaw: sum = ChunkSum<1, kBitsRaw>(c); break;
-    case 2 * 16 + kBitsRaw: sum = ChunkSum<2, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsRaw: sum = ChunkSum<4, kBitsRaw>(c); break;
-    case 8 * 16 + kBitsRaw: sum = ChunkSum<8, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsF32FromBf16: sum = ChunkSum<4, kBitsF32FromBf16>(c); break;
-    case 4 * 16 + kBitsF32FromF16: sum = ChunkSum<4, kBitsF32FromF16>(c); break;
-    case 2 * 16 + kBitsBf16FromF32: sum = ChunkSum<2, kBitsBf16FromF32>(c); break;
-    case 2 * 16 + kBitsF16FromF32: sum = ChunkSum<2, kBitsF16FromF32>(c); break;
-    case 1 * 16 + kBitsMismatch: sum = ChunkSum<1, kBitsMismatch>(c); break;
-    case 2 * 16 + kBitsMismatch: sum = ChunkSum<2, kBitsMismatch>(c); break;
-    case 4 * 16 + kBitsMismatch: sum = ChunkSum<4, kBitsMismatch>(c); break;
-    case 8 * 16 + kBitsMismatch: sum = ChunkSum<8, kBitsMismatch>(c); break;
-    default: sum = 0; break;  // the host never builds other chunks
-  }
-  // Block reduction: warps, then the first warp.
+  (void)((elem_size == Kinds::kElemSize && mode == Kinds::kMode &&
+          (sum = op.template Run<Kinds::kElemSize, Kinds::kMode>(), true)) ||
+         ...);
+  return sum;
+}
+
+// Runs op.Run<ES, MODE>() for a chunk's element size and bits mode: the (size, mode) pairs the host
+// builds chunks for (0 for any other), each instantiated once for the digest and once for the fused
+// install kernel.
+template <typename Op>
+__device__ __forceinline__ uint64_t DispatchElemAndMode(int elem_size, int mode, const Op& op) {
+  return DispatchKind<ChunkKind<1, kBitsRaw>, ChunkKind<2, kBitsRaw>, ChunkKind<4, kBitsRaw>, ChunkKind<8, kBitsRaw>,
+                      ChunkKind<4, kBitsF32FromBf16>, ChunkKind<4, kBitsF32FromF16>, ChunkKind<2, kBitsBf16FromF32>,
+                      ChunkKind<2, kBitsF16FromF32>, ChunkKind<1, kBitsMismatch>, ChunkKind<2, kBitsMismatch>,
+                      ChunkKind<4, kBitsMismatch>, ChunkKind<8, kBitsMismatch>>(elem_size, mode, op);
+}
+
+// Block reduction of every thread's `sum` (warps, then the first warp), added to *slot_sum by one
+// atomic (none when the block's sum is 0). Every thread of the block must call it.
+__device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum) {
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
   __shared__ uint64_t warp_sums[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -91,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chun
   if (warp == 0) {
     sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-    if (lane == 0) atomicAdd(reinterpret_cast<unsigned long long*>(sums + c.slot), static_cast<unsigned long long>(sum));
+    if (lane == 0 && sum != 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_sum), static_cast<unsigned long long>(sum));
   }
 }
 
@@ -149,37 +163,29 @@ __device__ uint64_t FusedRun(const FusedChunk& c) {
   return sum;
 }
 
-__device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum) {
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-  __shared__ uint64_t warp_sums[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = sum;
-  __syncthreads();
-  if (warp == 0) {
-    sum = lane < kThreads / 32 ? warp_sums[lane] : 0;
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-    if (lane == 0 && sum != 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_sum), static_cast<unsigned long long>(sum));
+// The per-chunk work of both kernels: ChunkSum (digest only) or FusedRun (copy, and digest what
+// is written), for the chunk's element size and bits mode.
+template <typename Chunk>
+struct ChunkWork {
+  const Chunk& c;
+  template <int ES, int MODE>
+  __device__ uint64_t Run() const {
+    if constexpr (std::is_same_v<Chunk, FusedChunk>) {
+      return FusedRun<ES, MODE>(c);
+    } else {
+      return ChunkSum<ES, MODE>(c);
+    }
   }
+};
+
+__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
+  const DigestChunk c = chunks[blockIdx.x];
+  BlockAddToSlot(DispatchElemAndMode(c.elem_size, c.mode, ChunkWork<DigestChunk>{c}), sums + c.slot);
 }
 
 __global__ void __launch_bounds__(kThreads) FusedInstallKernel(const FusedChunk* chunks, uint64_t* sums) {
   const FusedChunk c = chunks[blockIdx.x];
-  uint64_t sum = 0;
-  switch (c.elem_size * 16 + c.mode) {
-    case 1 * 16 + kBitsRaw: sum = FusedRun<1, kBitsRaw>(c); break;
-    case 2 * 16 + kBitsRaw: sum = FusedRun<2, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsRaw: sum = FusedRun<4, kBitsRaw>(c); break;
-    case 8 * 16 + kBitsRaw: sum = FusedRun<8, kBitsRaw>(c); break;
-    case 4 * 16 + kBitsF32FromBf16: sum = FusedRun<4, kBitsF32FromBf16>(c); break;
-    case 4 * 16 + kBitsF32FromF16: sum = FusedRun<4, kBitsF32FromF16>(c); break;
-    case 2 * 16 + kBitsBf16FromF32: sum = FusedRun<2, kBitsBf16FromF32>(c); break;
-    case 2 * 16 + kBitsF16FromF32: sum = FusedRun<2, kBitsF16FromF32>(c); break;
-    case 1 * 16 + kBitsMismatch: sum = FusedRun<1, kBitsMismatch>(c); break;
-    case 2 * 16 + kBitsMismatch: sum = FusedRun<2, kBitsMismatch>(c); break;
-    case 4 * 16 + kBitsMismatch: sum = FusedRun<4, kBitsMismatch>(c); break;
-    case 8 * 16 + kBitsMismatch: sum = FusedRun<8, kBitsMismatch>(c); break;
-    default: sum = 0; break;  // the host never builds other chunks
-  }
+  const uint64_t sum = DispatchElemAndMode(c.elem_size, c.mode, ChunkWork<FusedChunk>{c});
   if (c.digest) BlockAddToSlot(sum, sums + c.slot);
 }
 

@@ -248,21 +248,4 @@ Status StatusFromErrorJson(const Json& j, int http_status) {
   return Internal(fmt::format("directory answered HTTP {} without a well-formed error body", http_status));
 }
 
-int HttpStatusFor(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kOk: return 200;
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kPermissionDenied: return 403;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kFailedPrecondition:
-    case StatusCode::kAlreadyExists:
-    case StatusCode::kAborted: return 409;
-    case StatusCode::kDeadlineExceeded: return 504;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kUnimplemented: return 501;
-    default: return 500;
-  }
-}
-
 }  // namespace rc::directory::internal

@@ -16,6 +16,7 @@
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/directory/types.h"
+#include "rolloutcore/net/http_status.h"
 
 namespace rc::directory::internal {
 
@@ -48,9 +49,8 @@ Json CommitEventToJson(const CommitEvent& event);
 // {"error": {"code": "NotFound", "message": "..."}}, and the Status it carries.
 Json ErrorToJson(const Status& status);
 Status StatusFromErrorJson(const Json& j, int http_status);
-// InvalidArgument/400, NotFound/404, FailedPrecondition|AlreadyExists|Aborted/409,
-// DeadlineExceeded/504, Unavailable/503, Unimplemented/501, others 500.
-int HttpStatusFor(const Status& status);
+// The HTTP status of a Status, as every rolloutcore server maps it (rolloutcore/net/http_status.h).
+using net::HttpStatusFor;
 
 // Decimal int64 from a string or an integer field; `dflt` when missing.
 [[nodiscard]] Result<int64_t> GetInt64Flexible(const Json& obj, std::string_view key, std::string_view path,

@@ -12,17 +12,6 @@
 namespace rc::directory::internal {
 namespace {
 
-constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-int B64Value(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+' || c == '-') return 62;
-  if (c == '/' || c == '_') return 63;
-  return -1;
-}
-
 int64_t IntField(const Json& j, std::string_view key) {
   auto it = j.find(key);
   if (it == j.end()) return 0;
@@ -48,14 +37,21 @@ StatusCode FromGrpcCode(int64_t code) {
   }
 }
 
+// A kv field etcd sent: base64 that does not decode is etcd's fault (Internal), not the caller's.
+Result<std::string> DecodeField(const Json& field, const char* name) {
+  auto bytes = Base64Decode(field.get_ref<const std::string&>());
+  if (!bytes.ok()) return Internal(fmt::format("etcd: kv {}: {}", name, bytes.status().message()));
+  return bytes;
+}
+
 Result<EtcdKv> KvFromJson(const Json& j) {
   EtcdKv kv;
   auto key = j.find("key");
   if (key == j.end() || !key->is_string()) return Internal("etcd: a kv without a key");
-  RC_ASSIGN_OR_RETURN(kv.key, Base64Decode(key->get_ref<const std::string&>()));
+  RC_ASSIGN_OR_RETURN(kv.key, DecodeField(*key, "key"));
   auto value = j.find("value");
   if (value != j.end() && value->is_string()) {
-    RC_ASSIGN_OR_RETURN(kv.value, Base64Decode(value->get_ref<const std::string&>()));
+    RC_ASSIGN_OR_RETURN(kv.value, DecodeField(*value, "value"));
   }
   kv.create_revision = IntField(j, "create_revision");
   kv.mod_revision = IntField(j, "mod_revision");
@@ -64,52 +60,6 @@ Result<EtcdKv> KvFromJson(const Json& j) {
 }
 
 }  // namespace
-
-std::string Base64Encode(std::string_view in) {
-  std::string out;
-  out.reserve((in.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (uint32_t{static_cast<uint8_t>(in[i])} << 16) | (uint32_t{static_cast<uint8_t>(in[i + 1])} << 8) |
-                       uint32_t{static_cast<uint8_t>(in[i + 2])};
-    out += kB64[(v >> 18) & 63];
-    out += kB64[(v >> 12) & 63];
-    out += kB64[(v >> 6) & 63];
-    out += kB64[v & 63];
-  }
-  if (i + 1 == in.size()) {
-    const uint32_t v = uint32_t{static_cast<uint8_t>(in[i])} << 16;
-    out += kB64[(v >> 18) & 63];
-    out += kB64[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == in.size()) {
-    const uint32_t v = (uint32_t{static_cast<uint8_t>(in[i])} << 16) | (uint32_t{static_cast<uint8_t>(in[i + 1])} << 8);
-    out += kB64[(v >> 18) & 63];
-    out += kB64[(v >> 12) & 63];
-    out += kB64[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
-Result<std::string> Base64Decode(std::string_view in) {
-  std::string out;
-  out.reserve(in.size() / 4 * 3);
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    if (c == '=') break;
-    const int v = B64Value(c);
-    if (v < 0) return Internal(fmt::format("etcd: invalid base64 character 0x{:02x}", static_cast<unsigned char>(c)));
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((acc >> bits) & 0xFF);
-    }
-  }
-  return out;
-}
 
 std::string PrefixRangeEnd(std::string_view prefix) {
   std::string end(prefix);

@@ -27,13 +27,15 @@
 #include <string_view>
 #include <vector>
 
+#include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
 
 namespace rc::directory::internal {
 
-std::string Base64Encode(std::string_view bytes);
-[[nodiscard]] Result<std::string> Base64Decode(std::string_view text);
+// Keys and values travel base64-encoded in etcd's JSON gateway (rolloutcore/base/encoding.h).
+using ::rc::Base64Decode;
+using ::rc::Base64Encode;
 // The smallest key greater than every key that starts with `prefix` (etcd's range_end).
 std::string PrefixRangeEnd(std::string_view prefix);
 

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "directory/version_record.h"
+#include "rolloutcore/base/sqlite.h"
 
 namespace rc::directory {
 namespace {
@@ -47,63 +48,7 @@ CREATE TABLE IF NOT EXISTS rc_dir_leases(
 CREATE INDEX IF NOT EXISTS rc_dir_leases_expiry ON rc_dir_leases(expires_ms);
 )sql";
 
-// One prepared statement; finalized on destruction.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
-  }
-  ~Stmt() { sqlite3_finalize(stmt_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-
-  Stmt& Bind(int i, std::string_view text) {
-    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_text(stmt_, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& Bind(int i, int64_t v) {
-    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_int64(stmt_, i, v);
-    return *this;
-  }
-  // Steps once: true with a row, false when done; errors land in status().
-  bool Step() {
-    if (rc_ != SQLITE_OK && rc_ != SQLITE_ROW && rc_ != SQLITE_DONE) return false;
-    rc_ = sqlite3_step(stmt_);
-    return rc_ == SQLITE_ROW;
-  }
-  Status Run() {
-    while (Step()) {
-    }
-    return status();
-  }
-  Status status() const {
-    if (rc_ == SQLITE_OK || rc_ == SQLITE_ROW || rc_ == SQLITE_DONE) return OkStatus();
-    const std::string msg = fmt::format("sqlite: {}", sqlite3_errmsg(db_));
-    if (rc_ == SQLITE_BUSY || rc_ == SQLITE_LOCKED) return Unavailable(msg);
-    return Internal(msg);
-  }
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  std::string Text(int col) const {
-    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
-    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(stmt_, col))) : std::string();
-  }
-  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_ = SQLITE_OK;
-};
-
-Status Exec(sqlite3* db, const char* sql) {
-  char* err = nullptr;
-  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
-  if (rc == SQLITE_OK) return OkStatus();
-  std::string msg = fmt::format("sqlite: {}", err ? err : sqlite3_errstr(rc));
-  sqlite3_free(err);
-  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) return Unavailable(msg);
-  return Internal(msg);
-}
+using Stmt = sqlite::Statement;
 
 struct LoadedVersion {
   VersionMeta meta;
@@ -112,13 +57,12 @@ struct LoadedVersion {
 
 class SqliteStore final : public DirectoryStore {
  public:
-  SqliteStore(sqlite3* db, Clock* clock, SqliteStoreOptions options)
-      : db_(db), clock_(clock), options_(options), rng_(std::random_device{}()) {}
-  ~SqliteStore() override { sqlite3_close(db_); }
+  SqliteStore(sqlite::Database db, Clock* clock, SqliteStoreOptions options)
+      : db_(std::move(db)), clock_(clock), options_(options), rng_(std::random_device{}()) {}
 
   Status Init() {
-    RC_RETURN_IF_ERROR(Exec(db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;"));
-    return InTxn([&]() -> Status { return Exec(db_, kSchema); });
+    RC_RETURN_IF_ERROR(db_.Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;"));
+    return InTxn([&]() -> Status { return db_.Exec(kSchema); });
   }
 
   Result<PublishResult> Publish(const PublishRequest& r) override {
@@ -373,13 +317,13 @@ class SqliteStore final : public DirectoryStore {
   template <typename Fn>
   Status InTxn(Fn&& fn) {
     std::lock_guard<std::mutex> lock(mu_);
-    RC_RETURN_IF_ERROR(Exec(db_, "BEGIN IMMEDIATE"));
+    RC_RETURN_IF_ERROR(db_.Exec("BEGIN IMMEDIATE"));
     Status s = fn();
     if (s.ok()) {
-      s = Exec(db_, "COMMIT");
+      s = db_.Exec("COMMIT");
       if (s.ok()) return s;
     }
-    Status rb = Exec(db_, "ROLLBACK");
+    Status rb = db_.Exec("ROLLBACK");
     (void)rb;  // the original failure is what the caller needs
     return s;
   }
@@ -422,7 +366,7 @@ class SqliteStore final : public DirectoryStore {
       Stmt ins(db_, "INSERT OR IGNORE INTO rc_dir_leases(id, ttl_ms, expires_ms) VALUES(?, ?, ?)");
       ins.Bind(1, id).Bind(2, ttl_ms).Bind(3, clock_->NowMs() + ttl_ms);
       RC_RETURN_IF_ERROR(ins.Run());
-      if (sqlite3_changes(db_) == 1) return id;
+      if (sqlite3_changes(db_.handle()) == 1) return id;
     }
     return Internal("could not draw an unused lease id");
   }
@@ -471,7 +415,7 @@ class SqliteStore final : public DirectoryStore {
     return out;
   }
 
-  sqlite3* const db_;  // guarded by mu_
+  const sqlite::Database db_;  // guarded by mu_
   Clock* const clock_;
   const SqliteStoreOptions options_;
   std::mutex mu_;  // serializes use of db_
@@ -485,17 +429,11 @@ class SqliteStore final : public DirectoryStore {
 
 Result<std::unique_ptr<DirectoryStore>> OpenSqliteStore(const std::string& path, Clock* clock,
                                                         const SqliteStoreOptions& options) {
-  sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
-  if (rc != SQLITE_OK) {
-    std::string msg = fmt::format("cannot open directory database '{}': {}", path,
-                                  db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-    sqlite3_close(db);
-    return Unavailable(msg);
-  }
-  sqlite3_busy_timeout(db, static_cast<int>(options.busy_timeout_ms));
-  auto store = std::make_unique<SqliteStore>(db, clock, options);
+  RC_ASSIGN_OR_RETURN(sqlite::Database db,
+                      sqlite::Database::Open(path, "directory database",
+                                             {.create = true, .serialized = false,
+                                              .busy_timeout_ms = static_cast<int64_t>(options.busy_timeout_ms)}));
+  auto store = std::make_unique<SqliteStore>(std::move(db), clock, options);
   Status s = store->Init();
   if (!s.ok()) return s.WithContext(fmt::format("directory database '{}'", path));
   return std::unique_ptr<DirectoryStore>(std::move(store));

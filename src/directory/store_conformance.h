@@ -65,6 +65,14 @@ class StoreConformanceTest : public ::testing::TestWithParam<StoreParam> {
   void CommitVersion(const std::string& version, int32_t ranks = 2, const std::string& model = "m") {
     for (int32_t r = 0; r < ranks; ++r) ASSERT_TRUE(PublishRank(version, r, ranks, 60'000, model).ok());
   }
+  // Asserts that `got` (a List or a commit feed) answered exactly one entry, of `version`. Call
+  // under ASSERT_NO_FATAL_FAILURE so that a failed ASSERT ends the test as it would inline.
+  template <typename Entry>
+  static void ExpectOneVersion(const Result<std::vector<Entry>>& got, const std::string& version) {
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->size(), 1u);
+    EXPECT_EQ((*got)[0].version, version);
+  }
   // Waits (real time, up to 15 s) until the version reaches `state`; with a ManualClock the first
   // look already sees it.
   VersionState WaitForState(const std::string& version, VersionState state) {
@@ -304,10 +312,7 @@ TEST_P(StoreConformanceTest, LeaseExpiryBeforeCommitAbandonsTheVersionForever) {
   auto again = PublishRank("v1", 0, 2);
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(store().Get("m", "v1").status().code(), StatusCode::kFailedPrecondition);
-  auto abandoned = store().List("m", StateFilter::kAbandoned);
-  ASSERT_TRUE(abandoned.ok());
-  ASSERT_EQ(abandoned->size(), 1u);
-  EXPECT_EQ((*abandoned)[0].version, "v1");
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().List("m", StateFilter::kAbandoned), "v1"));
   EXPECT_EQ(store().KeepAlive(r0->lease_id).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(WaitForVersion(store(), "m", "v1", 100).status().code(), StatusCode::kFailedPrecondition);
 }
@@ -375,10 +380,7 @@ TEST_P(StoreConformanceTest, CommitSequenceIsPerModelAndFeedsWatchers) {
   ASSERT_TRUE(other.ok());
   ASSERT_EQ(other->size(), 1u);
   EXPECT_EQ((*other)[0].seq, 1u);
-  auto tail = store().WaitForCommits("m", 2, 0);
-  ASSERT_TRUE(tail.ok());
-  ASSERT_EQ(tail->size(), 1u);
-  EXPECT_EQ((*tail)[0].version, "c");
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().WaitForCommits("m", 2, 0), "c"));
 
   const auto start = std::chrono::steady_clock::now();
   auto none = store().WaitForCommits("m", 3, 150);
@@ -433,14 +435,8 @@ TEST_P(StoreConformanceTest, ReleasedVersionsDisappearAndTheirLabelIsNotReused) 
   EXPECT_EQ(store().GetInfo("m", "s").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(store().Release("m", "a").code(), StatusCode::kNotFound);
   EXPECT_EQ(store().Release("m", "never").code(), StatusCode::kNotFound);
-  auto listed = store().List("m", StateFilter::kAll);
-  ASSERT_TRUE(listed.ok());
-  ASSERT_EQ(listed->size(), 1u);
-  EXPECT_EQ((*listed)[0].version, "b");
-  auto feed = store().WaitForCommits("m", 0, 0);
-  ASSERT_TRUE(feed.ok());
-  ASSERT_EQ(feed->size(), 1u);
-  EXPECT_EQ((*feed)[0].version, "b");
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().List("m", StateFilter::kAll), "b"));
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().WaitForCommits("m", 0, 0), "b"));
   auto reuse = PublishRank("a", 0, 2);
   EXPECT_EQ(reuse.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(reuse.status().message(), "released")) << reuse.status().message();
@@ -472,18 +468,9 @@ TEST_P(StoreConformanceTest, MarkUnavailableTakesACommittedVersionOutOfServiceFo
   EXPECT_TRUE(Contains(get.status().message(), "released its buffers")) << get.status().message();
   EXPECT_EQ(WaitForVersion(store(), "m", "a", 0).status().code(), StatusCode::kFailedPrecondition);
 
-  auto committed = store().List("m");
-  ASSERT_TRUE(committed.ok());
-  ASSERT_EQ(committed->size(), 1u);
-  EXPECT_EQ((*committed)[0].version, "b");
-  auto unavailable = store().List("m", StateFilter::kUnavailable);
-  ASSERT_TRUE(unavailable.ok());
-  ASSERT_EQ(unavailable->size(), 1u);
-  EXPECT_EQ((*unavailable)[0].version, "a");
-  auto feed = store().WaitForCommits("m", 0, 0);
-  ASSERT_TRUE(feed.ok());
-  ASSERT_EQ(feed->size(), 1u);
-  EXPECT_EQ((*feed)[0].version, "b");
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().List("m"), "b"));
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().List("m", StateFilter::kUnavailable), "a"));
+  ASSERT_NO_FATAL_FAILURE(ExpectOneVersion(store().WaitForCommits("m", 0, 0), "b"));
 
   auto republish = PublishRank("a", 0, 2);
   EXPECT_EQ(republish.status().code(), StatusCode::kFailedPrecondition);

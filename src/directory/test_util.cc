@@ -5,13 +5,11 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -119,74 +117,46 @@ std::string FindOnPath(const std::string& name) {
 }
 
 ChildProcess::~ChildProcess() {
-  if (pid_ > 0) Kill(SIGKILL);
-  if (stdout_fd_ >= 0) ::close(stdout_fd_);
+  if (proc_) Kill(SIGKILL);
 }
 
 Status ChildProcess::Start(const std::vector<std::string>& argv, const std::string& stderr_path) {
-  if (pid_ > 0) return FailedPrecondition("child already running");
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Internal("pipe2 failed");
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return Internal("fork failed");
+  if (proc_) return FailedPrecondition("child already running");
+  SubprocessOptions o;
+  o.argv = argv;
+  o.stdout_io = ChildIo::kPipe;
+  if (!stderr_path.empty()) {
+    o.stderr_io = ChildIo::kFile;
+    o.stderr_path = stderr_path;
   }
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    ::dup2(fds[1], STDOUT_FILENO);
-    if (!stderr_path.empty()) {
-      const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (err >= 0) ::dup2(err, STDERR_FILENO);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  stdout_fd_ = fds[0];
-  pid_ = pid;
-  buffer_.clear();
+  o.parent_death_signal = SIGKILL;
+  RC_ASSIGN_OR_RETURN(proc_, Subprocess::Spawn(o));
   return OkStatus();
 }
 
 Result<std::string> ChildProcess::ReadLineContaining(const std::string& needle, std::chrono::milliseconds timeout) {
+  if (!proc_) return FailedPrecondition("child not running");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    size_t nl;
-    while ((nl = buffer_.find('\n')) != std::string::npos) {
-      std::string line = buffer_.substr(0, nl);
-      buffer_.erase(0, nl + 1);
-      if (line.find(needle) != std::string::npos) return line;
-    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || stdout_fd_ < 0) {
-      return DeadlineExceeded(fmt::format("child {} printed no line containing '{}'", pid_, needle));
+    auto line = proc_->ReadLine(std::max(left, std::chrono::milliseconds(0)));
+    if (line.ok()) {
+      if (line->find(needle) != std::string::npos) return line;
+      continue;
     }
-    pollfd p{stdout_fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::read(stdout_fd_, buf, sizeof buf);
-    if (n <= 0) return Unavailable(fmt::format("child {} closed stdout before printing '{}'", pid_, needle));
-    buffer_.append(buf, static_cast<size_t>(n));
+    if (line.status().code() == StatusCode::kDeadlineExceeded) {
+      return DeadlineExceeded(fmt::format("child {} printed no line containing '{}'", proc_->pid(), needle));
+    }
+    return Unavailable(fmt::format("child {} closed stdout before printing '{}'", proc_->pid(), needle));
   }
 }
 
 int ChildProcess::Kill(int sig) {
-  if (pid_ <= 0) return -1;
-  ::kill(pid_, sig);
-  int status = 0;
-  ::waitpid(pid_, &status, 0);
-  pid_ = -1;
-  if (stdout_fd_ >= 0) {
-    ::close(stdout_fd_);
-    stdout_fd_ = -1;
-  }
+  if (!proc_) return -1;
+  proc_->Signal(sig);
+  (void)proc_->Wait(std::chrono::milliseconds(-1));
+  const int status = proc_->wait_status();
+  proc_.reset();
   return status;
 }
 

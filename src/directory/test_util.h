@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/subprocess.h"
 #include "rolloutcore/directory/types.h"
 #include "rolloutcore/refit/manifest.h"
 
@@ -35,7 +36,8 @@ void RemoveTree(const std::string& path);
 // Absolute path of `name` on $PATH, or "" when it is not installed.
 std::string FindOnPath(const std::string& name);
 
-// A child process that dies with the test (PR_SET_PDEATHSIG) and is killed on destruction.
+// A child process (an rc::Subprocess) that dies with the test (PR_SET_PDEATHSIG) and is killed on
+// destruction.
 class ChildProcess {
  public:
   ChildProcess() = default;
@@ -50,13 +52,11 @@ class ChildProcess {
   [[nodiscard]] Result<std::string> ReadLineContaining(const std::string& needle, std::chrono::milliseconds timeout);
   // Sends `sig` and reaps the child. Returns its wait status.
   int Kill(int sig);
-  bool running() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
+  bool running() const { return proc_ != nullptr; }
+  pid_t pid() const { return proc_ ? proc_->pid() : -1; }
 
  private:
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  std::string buffer_;
+  std::unique_ptr<Subprocess> proc_;
 };
 
 // A real single-member etcd on loopback: random free ports, a temp data dir, fast heartbeats so

@@ -11,6 +11,7 @@
 
 #include "engine/model.h"
 #include "engine/thread_pool.h"
+#include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/log.h"
 
 namespace rc::engine {
@@ -24,9 +25,7 @@ std::string NewBootId() {
   int local = 0;
   x ^= static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
   x ^= reinterpret_cast<uintptr_t>(&local);
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(x));
-  return buf;
+  return Hex64(x);
 }
 
 }  // namespace

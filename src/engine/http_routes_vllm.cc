@@ -5,6 +5,7 @@
 
 #include "engine/http_requests.h"
 #include "engine/http_server_impl.h"
+#include "rolloutcore/base/metrics_writer.h"
 #include "rolloutcore/base/version.h"
 
 namespace rc::engine {
@@ -112,52 +113,49 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
 std::string EngineServer::Impl::Metrics() const {
   const EngineMetrics m = engine_->Metrics();
   const EngineState s = engine_->State();
-  const std::string label = "{model_name=\"" + options_.model_name + "\"}";
-  std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help, auto value, const std::string& labels) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
-      << name << labels << " " << value << "\n";
+  const MetricLabels labels = {{"model_name", options_.model_name}};
+  constexpr MetricType kCounter = MetricType::kCounter;
+  constexpr MetricType kGauge = MetricType::kGauge;
+  MetricsWriter w;
+  auto metric = [&](const char* name, MetricType type, const char* help, auto value) {
+    w.Metric(name, type, help, labels, value);
   };
-  metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in prompt tokens.",
-         m.prefix_cache_queries, label);
-  metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in prompt tokens.", m.prefix_cache_hits,
-         label);
-  metric("vllm:kv_cache_usage_perc", "gauge", "KV cache usage (1 = 100%).", m.kv_cache_usage, label);
-  metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", m.num_running, label);
-  metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", m.num_waiting, label);
-  metric("vllm:prompt_tokens_total", "counter", "Prefill tokens admitted.", m.prompt_tokens, label);
-  metric("vllm:generation_tokens_total", "counter", "Generated tokens.", m.generation_tokens, label);
-  metric("vllm:num_preemptions_total", "counter", "Preempted requests.", m.num_preemptions, label);
-  o << "# HELP vllm:request_success_total Finished requests by finish reason.\n"
-       "# TYPE vllm:request_success_total counter\n";
-  for (const char* reason : {"stop", "length", "abort"}) {
-    auto it = m.finished_by_reason.find(reason);
-    o << "vllm:request_success_total{model_name=\"" << options_.model_name << "\",finished_reason=\"" << reason
-      << "\"} " << (it == m.finished_by_reason.end() ? 0 : it->second) << "\n";
-  }
-  metric("rolloutcore_cache_resets_total", "counter", "Prefix cache resets that succeeded.", m.cache_resets, label);
-  metric("rolloutcore_cache_resets_refused_total", "counter", "Prefix cache resets refused (blocks in use).",
-         m.cache_resets_refused, label);
-  metric("rolloutcore_engine_steps_total", "counter", "Engine steps run.", m.steps, label);
-  o << "# HELP rolloutcore_generation_tokens_by_kv_total Generated tokens by the KV state they attended to.\n"
-       "# TYPE rolloutcore_generation_tokens_by_kv_total counter\n";
-  for (const char* kv : {"fresh", "stale", "recomputed"}) {
-    auto it = m.generation_tokens_by_kv.find(kv);
-    o << "rolloutcore_generation_tokens_by_kv_total{model_name=\"" << options_.model_name << "\",kv=\"" << kv
-      << "\"} " << (it == m.generation_tokens_by_kv.end() ? 0 : it->second) << "\n";
-  }
-  metric("rolloutcore_inflight_kept_total", "counter",
-         "Running requests kept on their (stale) KV across a weight install.", m.inflight_kept, label);
-  metric("rolloutcore_inflight_recomputed_total", "counter",
-         "Running requests preempted at a weight install to re-prefill under the new weights.",
-         m.inflight_recomputed, label);
-  metric("rolloutcore_kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", s.blocks_in_use, label);
-  metric("rolloutcore_weight_installs_total", "counter",
+  // A family with one sample per key of `by`, labelled `label`=key (0 for a key not counted yet).
+  auto by_label = [&](const char* name, const char* help, const char* label, const auto& keys, const auto& by) {
+    w.Family(name, kCounter, help);
+    for (const char* key : keys) {
+      auto it = by.find(key);
+      w.Sample(name, WithLabel(labels, label, key), it == by.end() ? 0 : it->second);
+    }
+  };
+  metric("vllm:prefix_cache_queries_total", kCounter, "Prefix cache queries, in prompt tokens.",
+         m.prefix_cache_queries);
+  metric("vllm:prefix_cache_hits_total", kCounter, "Prefix cache hits, in prompt tokens.", m.prefix_cache_hits);
+  metric("vllm:kv_cache_usage_perc", kGauge, "KV cache usage (1 = 100%).", m.kv_cache_usage);
+  metric("vllm:num_requests_running", kGauge, "Requests in the running batch.", m.num_running);
+  metric("vllm:num_requests_waiting", kGauge, "Requests waiting to be scheduled.", m.num_waiting);
+  metric("vllm:prompt_tokens_total", kCounter, "Prefill tokens admitted.", m.prompt_tokens);
+  metric("vllm:generation_tokens_total", kCounter, "Generated tokens.", m.generation_tokens);
+  metric("vllm:num_preemptions_total", kCounter, "Preempted requests.", m.num_preemptions);
+  by_label("vllm:request_success_total", "Finished requests by finish reason.", "finished_reason",
+           std::initializer_list<const char*>{"stop", "length", "abort"}, m.finished_by_reason);
+  metric("rolloutcore_cache_resets_total", kCounter, "Prefix cache resets that succeeded.", m.cache_resets);
+  metric("rolloutcore_cache_resets_refused_total", kCounter, "Prefix cache resets refused (blocks in use).",
+         m.cache_resets_refused);
+  metric("rolloutcore_engine_steps_total", kCounter, "Engine steps run.", m.steps);
+  by_label("rolloutcore_generation_tokens_by_kv_total", "Generated tokens by the KV state they attended to.", "kv",
+           std::initializer_list<const char*>{"fresh", "stale", "recomputed"}, m.generation_tokens_by_kv);
+  metric("rolloutcore_inflight_kept_total", kCounter,
+         "Running requests kept on their (stale) KV across a weight install.", m.inflight_kept);
+  metric("rolloutcore_inflight_recomputed_total", kCounter,
+         "Running requests preempted at a weight install to re-prefill under the new weights.", m.inflight_recomputed);
+  metric("rolloutcore_kv_blocks_in_use", kGauge, "KV blocks referenced by requests.", s.blocks_in_use);
+  metric("rolloutcore_weight_installs_total", kCounter,
          "Installs into the live weights begun since the engine started (its install generation).",
-         s.install_generation, label);
-  metric("rolloutcore_engine_paused", "gauge", "1 while the engine is paused.", s.paused ? 1 : 0, label);
-  o << receiver_.MetricsText("model_name=\"" + options_.model_name + "\"");
-  return o.str();
+         s.install_generation);
+  metric("rolloutcore_engine_paused", kGauge, "1 while the engine is paused.", s.paused ? 1 : 0);
+  receiver_.WriteMetrics(&w, labels);
+  return w.Text();
 }
 
 void EngineServer::Impl::VllmRoutes() {

@@ -4,6 +4,7 @@
 #include "rolloutcore/engine/http_server.h"
 
 #include "engine/http_server_impl.h"
+#include "rolloutcore/net/http_status.h"
 
 namespace rc::engine {
 namespace http {
@@ -42,20 +43,7 @@ net::HttpServerOptions EngineHttpOptions(const ServerOptions& o) {
   return h;
 }
 
-int HttpStatus(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kPermissionDenied: return 403;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kFailedPrecondition: return 409;
-    case StatusCode::kAlreadyExists: return 409;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kDeadlineExceeded: return 504;
-    case StatusCode::kUnimplemented: return 501;
-    default: return 500;
-  }
-}
+int HttpStatus(const Status& s) { return net::HttpStatusFor(s); }
 
 
 }  // namespace http

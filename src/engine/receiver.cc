@@ -793,37 +793,35 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   return out;
 }
 
-std::string RefitReceiver::MetricsText(const std::string& labels) const {
+void RefitReceiver::WriteMetrics(MetricsWriter* out, const MetricLabels& labels) const {
   std::lock_guard<std::mutex> lock(metrics_mu_);
-  std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
-      << name << "{" << labels << "} " << value << "\n";
+  auto metric = [&](const char* name, MetricType type, const char* help, auto value) {
+    out->Metric(name, type, help, labels, value);
   };
-  metric("rolloutcore_refit_stages_total", "counter", "Refit stages that completed (bytes staged and verified).",
+  constexpr MetricType kCounter = MetricType::kCounter;
+  metric("rolloutcore_refit_stages_total", kCounter, "Refit stages that completed (bytes staged and verified).",
          stages_ok_);
-  metric("rolloutcore_refit_stages_failed_total", "counter", "Refit stages that failed.", stages_failed_);
-  metric("rolloutcore_refit_installs_total", "counter", "Installs that completed with the digest verified.",
+  metric("rolloutcore_refit_stages_failed_total", kCounter, "Refit stages that failed.", stages_failed_);
+  metric("rolloutcore_refit_installs_total", kCounter, "Installs that completed with the digest verified.",
          installs_ok_);
-  metric("rolloutcore_refit_installs_refused_total", "counter",
+  metric("rolloutcore_refit_installs_refused_total", kCounter,
          "Installs refused before touching live weights (not paused, nothing or another version staged).",
          installs_refused_);
-  metric("rolloutcore_refit_installs_failed_total", "counter", "Installs that failed after they began.",
+  metric("rolloutcore_refit_installs_failed_total", kCounter, "Installs that failed after they began.",
          installs_failed_);
-  metric("rolloutcore_refit_bytes_pulled_total", "counter", "Bytes read by refit stages.", bytes_pulled_total_);
-  metric("rolloutcore_refit_bytes_installed_total", "counter", "Bytes copied into live parameters.",
+  metric("rolloutcore_refit_bytes_pulled_total", kCounter, "Bytes read by refit stages.", bytes_pulled_total_);
+  metric("rolloutcore_refit_bytes_installed_total", kCounter, "Bytes copied into live parameters.",
          bytes_installed_total_);
-  metric("rolloutcore_refit_wire_gbps", "gauge", "Wire bandwidth of the last stage, GB/s.", last_wire_gbps_);
-  o << "# HELP rolloutcore_refit_stage_ms Milliseconds per stage of the last refit (stage, then install).\n"
-       "# TYPE rolloutcore_refit_stage_ms gauge\n";
+  metric("rolloutcore_refit_wire_gbps", MetricType::kGauge, "Wire bandwidth of the last stage, GB/s.",
+         last_wire_gbps_);
+  out->Family("rolloutcore_refit_stage_ms", MetricType::kGauge,
+              "Milliseconds per stage of the last refit (stage, then install).");
   Json merged = last_stage_ms_;
   for (const auto& [k, v] : last_install_ms_.items()) merged[k] = v;
   for (const auto& [k, v] : merged.items()) {
     if (!v.is_number()) continue;
-    o << "rolloutcore_refit_stage_ms{" << labels << (labels.empty() ? "" : ",") << "stage=\"" << k << "\"} "
-      << v.get<double>() << "\n";
+    out->Sample("rolloutcore_refit_stage_ms", WithLabel(labels, "stage", k), v.get<double>());
   }
-  return o.str();
 }
 
 Result<Json> RefitReceiver::LiveDigest(bool fresh) {

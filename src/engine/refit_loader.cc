@@ -7,8 +7,11 @@
 // Engine-side additions (not in rc::refit::ModelConfig): eos / bos token ids, read from the
 // folder's config.json (and generation_config.json when present); the preset aliases
 // "qwen3-0.6b-like" (= qwen3-0.6b) and "tiny-tied" (tiny with tied embeddings).
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <utility>
 
 #include "engine/model.h"
 #include "rolloutcore/base/json.h"
@@ -33,29 +36,48 @@ Result<refit::DType> ToRefit(DType d) {
   }
 }
 
+// The architectures both sides know, each pair once.
+constexpr std::pair<Architecture, refit::Architecture> kArchitectures[] = {
+    {Architecture::kLlama, refit::Architecture::kLlama},
+    {Architecture::kQwen2, refit::Architecture::kQwen2},
+    {Architecture::kQwen3, refit::Architecture::kQwen3}};
+
+// copy(a, b) for each consecutive pair of arguments.
+template <typename Copy>
+void Pairwise(Copy&) {}
+template <typename Copy, typename A, typename B, typename... Rest>
+void Pairwise(Copy& copy, A& a, B& b, Rest&... rest) {
+  copy(a, b);
+  Pairwise(copy, rest...);
+}
+
+// The geometry fields ModelSpec and refit::ModelConfig share, each pair once: copy(spec field,
+// config field) for every one. SpecFromConfig and ConfigFromSpec both go through it, so the two
+// directions cannot disagree on which fields correspond.
+template <typename Spec, typename Config, typename Copy>
+void ForEachSharedField(Spec& s, Config& c, Copy copy) {
+  Pairwise(copy, s.vocab_size, c.vocab_size, s.hidden_size, c.hidden_size, s.intermediate_size, c.intermediate_size,
+           s.num_layers, c.num_hidden_layers, s.num_heads, c.num_attention_heads, s.num_kv_heads,
+           c.num_key_value_heads, s.head_dim, c.head_dim, s.rms_norm_eps, c.rms_norm_eps, s.rope_theta, c.rope_theta,
+           s.max_position_embeddings, c.max_position_embeddings, s.tie_word_embeddings, c.tie_word_embeddings,
+           s.qkv_bias, c.attention_bias);
+}
+
+template <typename To, typename From>
+void Assign(To& to, const From& from) {
+  to = static_cast<To>(from);
+}
+
 Result<ModelSpec> SpecFromConfig(const refit::ModelConfig& c) {
   if (c.is_moe()) {
     return InvalidArgument("model '" + c.name + "': Qwen3-MoE is not supported by the embedded engine");
   }
   ModelSpec s;
-  switch (c.architecture) {
-    case refit::Architecture::kLlama: s.arch = Architecture::kLlama; break;
-    case refit::Architecture::kQwen2: s.arch = Architecture::kQwen2; break;
-    case refit::Architecture::kQwen3: s.arch = Architecture::kQwen3; break;
-    default: return InvalidArgument("model '" + c.name + "': unsupported architecture");
-  }
-  s.vocab_size = c.vocab_size;
-  s.hidden_size = c.hidden_size;
-  s.intermediate_size = c.intermediate_size;
-  s.num_layers = c.num_hidden_layers;
-  s.num_heads = c.num_attention_heads;
-  s.num_kv_heads = c.num_key_value_heads;
-  s.head_dim = c.head_dim;
-  s.rms_norm_eps = c.rms_norm_eps;
-  s.rope_theta = c.rope_theta;
-  s.max_position_embeddings = c.max_position_embeddings;
-  s.tie_word_embeddings = c.tie_word_embeddings;
-  s.qkv_bias = c.attention_bias;
+  const auto* arch = std::find_if(std::begin(kArchitectures), std::end(kArchitectures),
+                                  [&](const auto& a) { return a.second == c.architecture; });
+  if (arch == std::end(kArchitectures)) return InvalidArgument("model '" + c.name + "': unsupported architecture");
+  s.arch = arch->first;
+  ForEachSharedField(s, c, [](auto& spec, const auto& config) { Assign(spec, config); });
   s.qk_norm = c.has_qk_norm();
   s.rope_type = c.rope_scaling.type;
   s.rope_factor = c.rope_scaling.factor;
@@ -73,21 +95,10 @@ Result<ModelSpec> SpecFromConfig(const refit::ModelConfig& c) {
 refit::ModelConfig ConfigFromSpec(const ModelSpec& s) {
   refit::ModelConfig c;
   c.name = "engine";
-  c.architecture = s.arch == Architecture::kLlama   ? refit::Architecture::kLlama
-                   : s.arch == Architecture::kQwen2 ? refit::Architecture::kQwen2
-                                                    : refit::Architecture::kQwen3;
-  c.hidden_size = s.hidden_size;
-  c.intermediate_size = s.intermediate_size;
-  c.num_hidden_layers = s.num_layers;
-  c.num_attention_heads = s.num_heads;
-  c.num_key_value_heads = s.num_kv_heads;
-  c.head_dim = s.head_dim;
-  c.vocab_size = s.vocab_size;
-  c.rms_norm_eps = s.rms_norm_eps;
-  c.rope_theta = s.rope_theta;
-  c.tie_word_embeddings = s.tie_word_embeddings;
-  c.max_position_embeddings = s.max_position_embeddings;
-  c.attention_bias = s.qkv_bias;
+  for (const auto& [engine_arch, refit_arch] : kArchitectures) {
+    if (engine_arch == s.arch) c.architecture = refit_arch;
+  }
+  ForEachSharedField(s, c, [](const auto& spec, auto& config) { Assign(config, spec); });
   return c;
 }
 

@@ -1,11 +1,9 @@
 #include "rolloutcore/lifecycle/journal.h"
 
-#include <sqlite3.h>
-
-#include <filesystem>
-
 #include "rolloutcore/base/clock.h"
+#include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/sqlite.h"
 
 namespace rc::lifecycle {
 
@@ -59,15 +57,10 @@ size_t MemoryJournal::size() const {
 
 namespace {
 
-sqlite3* Db(void* p) { return static_cast<sqlite3*>(p); }
-
-Status Exec(sqlite3* db, const char* sql, const std::string& path) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return Internal("journal " + path + ": " + msg + " (in: " + sql + ")");
-  }
+// Runs `sql`; Internal naming the journal and the statement.
+Status Exec(const sqlite::Database& db, const char* sql, const std::string& path) {
+  Status s = db.Exec(sql);
+  if (!s.ok()) return Internal("journal " + path + ": " + s.message());
   return OkStatus();
 }
 
@@ -94,58 +87,20 @@ uint64_t ChainOf(uint64_t prev, const JournalRecord& r, const std::string& detai
 }
 
 Result<uint64_t> ParseChain(const std::string& hex, const std::string& where) {
-  if (hex.size() != 16) return DataLoss(where + ": checksum '" + hex + "' is not 16 hex digits");
-  uint64_t v = 0;
-  for (char c : hex) {
-    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
-    if (d < 0) return DataLoss(where + ": checksum '" + hex + "' is not 16 hex digits");
-    v = (v << 4) | static_cast<uint64_t>(d);
-  }
-  return v;
-}
-
-Status IntegrityCheck(sqlite3* db, const std::string& what) {
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &st, nullptr) != SQLITE_OK) {
-    return DataLoss(what + " cannot be checked: " + sqlite3_errmsg(db));
-  }
-  std::string problems;
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    const unsigned char* t = sqlite3_column_text(st, 0);
-    std::string line = t ? reinterpret_cast<const char*>(t) : "";
-    if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
-  }
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return DataLoss(what + " fails SQLite's integrity check: " + sqlite3_errmsg(db));
-  if (!problems.empty()) return DataLoss(what + " fails SQLite's integrity check: " + problems.substr(0, 500));
-  return OkStatus();
+  auto v = ParseHex64(hex);
+  if (!v.ok()) return DataLoss(where + ": checksum '" + hex + "' is not 16 hex digits");
+  return *v;
 }
 
 }  // namespace
 
 Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& path, bool must_exist) {
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
-  if (must_exist) {
-    if (!existed) return DataLoss("journal '" + path + "' is missing, but the state dir says it existed");
-    if (std::filesystem::file_size(path, ec) == 0 || ec) {
-      return DataLoss("journal '" + path + "' is empty (0 bytes), but the state dir says it held records");
-    }
-  }
-  sqlite3* db = nullptr;
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX | (must_exist ? 0 : SQLITE_OPEN_CREATE);
-  int rc = sqlite3_open_v2(path.c_str(), &db, flags, nullptr);
-  if (rc != SQLITE_OK) {
-    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
-    sqlite3_close(db);
-    return Unavailable("cannot open journal '" + path + "': " + msg);
-  }
-  std::unique_ptr<SqliteJournal> j(new SqliteJournal(db, path));
-  if (existed) RC_RETURN_IF_ERROR(IntegrityCheck(db, "journal '" + path + "'"));
-  RC_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL", path));
-  RC_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous=FULL", path));
-  RC_RETURN_IF_ERROR(Exec(db,
+  RC_ASSIGN_OR_RETURN(sqlite::Database db, sqlite::Database::OpenStateFile(path, "journal", must_exist));
+  std::unique_ptr<SqliteJournal> j(new SqliteJournal(std::move(db), path));
+  const sqlite::Database& d = j->db_;
+  RC_RETURN_IF_ERROR(Exec(d, "PRAGMA journal_mode=WAL", path));
+  RC_RETURN_IF_ERROR(Exec(d, "PRAGMA synchronous=FULL", path));
+  RC_RETURN_IF_ERROR(Exec(d,
                           "CREATE TABLE IF NOT EXISTS journal ("
                           " seq INTEGER PRIMARY KEY, t_ms INTEGER NOT NULL, wall_ms INTEGER NOT NULL,"
                           " event TEXT NOT NULL, from_state TEXT, to_state TEXT, update_ordinal INTEGER,"
@@ -153,19 +108,9 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
                           path));
   // Journals written before records were chained have no chain column: add it (their records
   // stay unchained, and are accepted only before the first chained one).
-  bool has_chain = false;
-  {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, "PRAGMA table_info(journal)", -1, &st, nullptr) != SQLITE_OK) {
-      return Internal("journal " + path + ": " + sqlite3_errmsg(db));
-    }
-    while (sqlite3_step(st) == SQLITE_ROW) {
-      const unsigned char* name = sqlite3_column_text(st, 1);
-      if (name && std::string(reinterpret_cast<const char*>(name)) == "chain") has_chain = true;
-    }
-    sqlite3_finalize(st);
-  }
-  if (!has_chain) RC_RETURN_IF_ERROR(Exec(db, "ALTER TABLE journal ADD COLUMN chain TEXT", path));
+  auto has_chain = d.HasColumn("journal", "chain");
+  if (!has_chain.ok()) return Internal("journal " + path + ": " + has_chain.status().message());
+  if (!*has_chain) RC_RETURN_IF_ERROR(Exec(d, "ALTER TABLE journal ADD COLUMN chain TEXT", path));
   // Verifies every record's chain and learns the head for the next append.
   RC_ASSIGN_OR_RETURN(auto all, j->ReadSince(0));
   if (must_exist && all.empty()) {
@@ -174,38 +119,21 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
   return j;
 }
 
-SqliteJournal::~SqliteJournal() { sqlite3_close(Db(db_)); }
+SqliteJournal::~SqliteJournal() = default;
 
 Status SqliteJournal::Append(JournalRecord& rec) {
   std::lock_guard<std::mutex> lock(mu_);
   if (rec.wall_ms == 0) rec.wall_ms = WallTimeMs();
-  sqlite3_stmt* st = nullptr;
-  const char* sql =
-      "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout, detail, chain)"
-      " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-  if (sqlite3_prepare_v2(Db(db_), sql, -1, &st, nullptr) != SQLITE_OK) {
-    return Internal("journal " + path_ + ": prepare failed: " + sqlite3_errmsg(Db(db_)));
-  }
+  sqlite::Statement st(db_,
+                       "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
+                       " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
   std::string detail = rec.detail.is_null() ? "{}" : rec.detail.dump();
   JournalRecord r = rec;
   r.seq = last_seq_ + 1;
   const uint64_t chain = ChainOf(head_, r, detail);
-  const std::string chain_hex = Hex64(chain);
-  sqlite3_bind_int64(st, 1, r.seq);
-  sqlite3_bind_int64(st, 2, rec.t_ms);
-  sqlite3_bind_int64(st, 3, rec.wall_ms);
-  sqlite3_bind_text(st, 4, rec.event.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st, 5, rec.from.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st, 6, rec.to.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_int64(st, 7, rec.update);
-  sqlite3_bind_text(st, 8, rec.rollout.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st, 9, detail.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st, 10, chain_hex.c_str(), -1, SQLITE_TRANSIENT);
-  int rc = sqlite3_step(st);
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) {
-    return Unavailable("journal " + path_ + ": append failed: " + sqlite3_errmsg(Db(db_)));
-  }
+  st.Bind(1, r.seq).Bind(2, rec.t_ms).Bind(3, rec.wall_ms).Bind(4, rec.event).Bind(5, rec.from).Bind(6, rec.to);
+  st.Bind(7, rec.update).Bind(8, rec.rollout).Bind(9, detail).Bind(10, Hex64(chain));
+  if (Status s = st.Run(); !s.ok()) return Unavailable("journal " + path_ + ": append failed: " + s.message());
   rec.seq = r.seq;
   last_seq_ = r.seq;
   head_ = chain;
@@ -214,52 +142,40 @@ Status SqliteJournal::Append(JournalRecord& rec) {
 
 Result<std::vector<JournalRecord>> SqliteJournal::ReadSince(int64_t since) const {
   std::lock_guard<std::mutex> lock(mu_);
-  sqlite3_stmt* st = nullptr;
   // From record `since` itself (verified when it was read or appended before): its chain value
   // seeds the check of every record returned. since = 0 checks the whole journal.
-  const char* sql =
-      "SELECT seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout, detail, chain"
-      " FROM journal WHERE seq >= ? ORDER BY seq";
-  if (sqlite3_prepare_v2(Db(db_), sql, -1, &st, nullptr) != SQLITE_OK) {
-    return Internal("journal " + path_ + ": prepare failed: " + sqlite3_errmsg(Db(db_)));
-  }
+  sqlite::Statement st(db_,
+                       "SELECT seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout, detail, chain"
+                       " FROM journal WHERE seq >= ? ORDER BY seq");
   const int64_t first = since > 0 ? since : 1;
-  sqlite3_bind_int64(st, 1, first);
+  st.Bind(1, first);
   std::vector<JournalRecord> out;
-  auto text = [&](int col) {
-    const unsigned char* t = sqlite3_column_text(st, col);
-    return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
-  };
+  auto text = [&](int col) { return st.Text(col); };
   uint64_t prev = 0;
   int64_t expected_seq = first;
   bool chained = false;
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  while (st.Step()) {
     JournalRecord r;
-    r.seq = sqlite3_column_int64(st, 0);
-    r.t_ms = sqlite3_column_int64(st, 1);
-    r.wall_ms = sqlite3_column_int64(st, 2);
+    r.seq = st.Int(0);
+    r.t_ms = st.Int(1);
+    r.wall_ms = st.Int(2);
     r.event = text(3);
     r.from = text(4);
     r.to = text(5);
-    r.update = sqlite3_column_int64(st, 6);
+    r.update = st.Int(6);
     r.rollout = text(7);
     const std::string detail_text = text(8);
-    const bool has_chain = sqlite3_column_type(st, 9) != SQLITE_NULL;
+    const bool has_chain = !st.IsNull(9);
     const std::string where = "journal " + path_ + " record " + std::to_string(r.seq);
-    auto fail = [&](Status s) {
-      sqlite3_finalize(st);
-      return s;
-    };
     if (r.seq != expected_seq) {
-      return fail(DataLoss(where + ": expected record " + std::to_string(expected_seq) +
-                           " here (records were deleted or renumbered)"));
+      return DataLoss(where + ": expected record " + std::to_string(expected_seq) +
+                      " here (records were deleted or renumbered)");
     }
     ++expected_seq;
     if (r.seq == since) {  // the seed, not returned
       if (has_chain) {
         auto stored = ParseChain(text(9), where);
-        if (!stored.ok()) return fail(stored.status());
+        if (!stored.ok()) return stored.status();
         prev = *stored;
         chained = true;
       }
@@ -267,24 +183,23 @@ Result<std::vector<JournalRecord>> SqliteJournal::ReadSince(int64_t since) const
     }
     if (has_chain) {
       auto stored = ParseChain(text(9), where);
-      if (!stored.ok()) return fail(stored.status());
+      if (!stored.ok()) return stored.status();
       const uint64_t want = ChainOf(prev, r, detail_text);
       if (*stored != want) {
-        return fail(DataLoss(where + ": checksum mismatch (stored " + text(9) + ", computed " + Hex64(want) +
-                             "): the record, or one before it, was changed after it was written"));
+        return DataLoss(where + ": checksum mismatch (stored " + text(9) + ", computed " + Hex64(want) +
+                        "): the record, or one before it, was changed after it was written");
       }
       prev = want;
       chained = true;
     } else if (chained) {
-      return fail(DataLoss(where + ": has no checksum but follows checksummed records (it was changed)"));
+      return DataLoss(where + ": has no checksum but follows checksummed records (it was changed)");
     }
     auto detail = ParseJson(detail_text, "journal detail");
-    if (!detail.ok()) return fail(DataLoss(where + ": " + detail.status().message()));
+    if (!detail.ok()) return DataLoss(where + ": " + detail.status().message());
     r.detail = std::move(detail).value();
     out.push_back(std::move(r));
   }
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return DataLoss("journal " + path_ + ": read failed: " + sqlite3_errmsg(Db(db_)));
+  if (Status s = st.status(); !s.ok()) return DataLoss("journal " + path_ + ": read failed: " + s.message());
   if (since == 0) {
     head_ = prev;
     last_seq_ = expected_seq - 1;

@@ -1,56 +1,56 @@
 #include "rolloutcore/lifecycle/types.h"
 
+#include <iterator>
+#include <optional>
+
 namespace rc::lifecycle {
 
-std::string_view PauseModeName(PauseMode m) {
-  switch (m) {
-    case PauseMode::kAbort: return "abort";
-    case PauseMode::kWait: return "wait";
-    case PauseMode::kKeep: return "keep";
+namespace {
+
+// One table per enum gives both directions of its wire names (name of a value, value of a name).
+template <typename E>
+struct NamedValue {
+  E value;
+  std::string_view name;
+};
+
+template <typename E, size_t N>
+std::string_view NameIn(const NamedValue<E> (&table)[N], E value) {
+  for (const NamedValue<E>& e : table) {
+    if (e.value == value) return e.name;
   }
   return "unknown";
 }
 
-std::string_view CacheKindName(CacheKind k) {
-  switch (k) {
-    case CacheKind::kPrefix: return "prefix";
-    case CacheKind::kEncoder: return "encoder";
-    case CacheKind::kMultimodal: return "multimodal";
+template <typename E, size_t N>
+std::optional<E> ValueIn(const NamedValue<E> (&table)[N], std::string_view name) {
+  for (const NamedValue<E>& e : table) {
+    if (e.name == name) return e.value;
   }
-  return "unknown";
-}
-
-std::string_view DrainPolicyName(DrainPolicy p) {
-  switch (p) {
-    case DrainPolicy::kWait: return "wait";
-    case DrainPolicy::kAbort: return "abort";
-    case DrainPolicy::kCancel: return "cancel";
-  }
-  return "unknown";
-}
-
-std::optional<DrainPolicy> DrainPolicyFromName(std::string_view name) {
-  if (name == "wait") return DrainPolicy::kWait;
-  if (name == "abort") return DrainPolicy::kAbort;
-  if (name == "cancel") return DrainPolicy::kCancel;
   return std::nullopt;
 }
 
-std::string_view InstallOutcomeName(InstallOutcome o) {
-  switch (o) {
-    case InstallOutcome::kInstalled: return "installed";
-    case InstallOutcome::kRefusedUntouched: return "refused_untouched";
-    case InstallOutcome::kFailedAfterMutation: return "failed_after_mutation";
-  }
-  return "unknown";
-}
+constexpr NamedValue<PauseMode> kPauseModes[] = {{PauseMode::kAbort, "abort"}, {PauseMode::kWait, "wait"},
+                                                 {PauseMode::kKeep, "keep"}};
+constexpr NamedValue<CacheKind> kCacheKinds[] = {
+    {CacheKind::kPrefix, "prefix"}, {CacheKind::kEncoder, "encoder"}, {CacheKind::kMultimodal, "multimodal"}};
+constexpr NamedValue<DrainPolicy> kDrainPolicies[] = {{DrainPolicy::kWait, "wait"}, {DrainPolicy::kAbort, "abort"},
+                                                      {DrainPolicy::kCancel, "cancel"}};
+constexpr NamedValue<InstallOutcome> kInstallOutcomes[] = {{InstallOutcome::kInstalled, "installed"},
+                                                           {InstallOutcome::kRefusedUntouched, "refused_untouched"},
+                                                           {InstallOutcome::kFailedAfterMutation, "failed_after_mutation"}};
+constexpr NamedValue<PolicyMode> kPolicyModes[] = {{PolicyMode::kStrict, "strict"}, {PolicyMode::kKeep, "keep"},
+                                                   {PolicyMode::kRecompute, "recompute"}, {PolicyMode::kAbort, "abort"}};
+static_assert(std::size(kPolicyModes) == std::size(kAllPolicyModes), "a policy mode without a name");
 
-std::optional<InstallOutcome> InstallOutcomeFromName(std::string_view name) {
-  if (name == "installed") return InstallOutcome::kInstalled;
-  if (name == "refused_untouched") return InstallOutcome::kRefusedUntouched;
-  if (name == "failed_after_mutation") return InstallOutcome::kFailedAfterMutation;
-  return std::nullopt;
-}
+}  // namespace
+
+std::string_view PauseModeName(PauseMode m) { return NameIn(kPauseModes, m); }
+std::string_view CacheKindName(CacheKind k) { return NameIn(kCacheKinds, k); }
+std::string_view DrainPolicyName(DrainPolicy p) { return NameIn(kDrainPolicies, p); }
+std::optional<DrainPolicy> DrainPolicyFromName(std::string_view name) { return ValueIn(kDrainPolicies, name); }
+std::string_view InstallOutcomeName(InstallOutcome o) { return NameIn(kInstallOutcomes, o); }
+std::optional<InstallOutcome> InstallOutcomeFromName(std::string_view name) { return ValueIn(kInstallOutcomes, name); }
 
 Json ToJson(const WeightVersion& v) { return Json{{"label", v.label}, {"generation", v.generation}}; }
 
@@ -75,20 +75,10 @@ Json ToJson(const UpdateTarget& t) {
   return j;
 }
 
-std::string_view PolicyModeName(PolicyMode m) {
-  switch (m) {
-    case PolicyMode::kStrict: return "strict";
-    case PolicyMode::kKeep: return "keep";
-    case PolicyMode::kRecompute: return "recompute";
-    case PolicyMode::kAbort: return "abort";
-  }
-  return "unknown";
-}
+std::string_view PolicyModeName(PolicyMode m) { return NameIn(kPolicyModes, m); }
 
 Result<PolicyMode> PolicyModeFromName(std::string_view name, std::string_view field) {
-  for (PolicyMode m : kAllPolicyModes) {
-    if (PolicyModeName(m) == name) return m;
-  }
+  if (auto m = ValueIn(kPolicyModes, name)) return *m;
   return InvalidArgument(std::string(field) + ": '" + std::string(name) +
                          "' is not a policy mode (expected one of strict, keep, recompute, abort)");
 }

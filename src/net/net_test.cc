@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "rolloutcore/net/http.h"
+#include "rolloutcore/net/http_status.h"
 
 namespace rc::net {
 namespace {
@@ -284,6 +285,16 @@ TEST(HttpServerTest, TlsWithASelfSignedCertificate) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("do not load"), std::string::npos) << st.message();
   fs::remove_all(dir);
+}
+
+TEST(HttpStatusTest, EveryServerMapsStatusCodesTheSameWay) {
+  const std::pair<Status, int> cases[] = {
+      {OkStatus(), 200},           {InvalidArgument("x"), 400},    {Unauthenticated("x"), 401},
+      {PermissionDenied("x"), 403}, {NotFound("x"), 404},          {FailedPrecondition("x"), 409},
+      {AlreadyExists("x"), 409},   {Aborted("x"), 409},            {Unimplemented("x"), 501},
+      {Unavailable("x"), 503},     {DeadlineExceeded("x"), 504},   {Internal("x"), 500},
+      {DataLoss("x"), 500}};
+  for (const auto& [status, http] : cases) EXPECT_EQ(HttpStatusFor(status), http) << status.ToString();
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/refit/plan_stats_json.h"
 #include "rolloutcore/refit/planner.h"
 #include "rolloutcore/refit/probes.h"
 #include "rolloutcore/refit/tensor.h"
@@ -322,23 +323,10 @@ class PyPublisher {
 // ---- Planner ------------------------------------------------------------------------------------
 
 py::dict StatsDict(int32_t rank, const refit::PlanStats& s, double capture_ms) {
-  py::dict d;
-  d["rank"] = rank;
-  d["copies"] = s.copies;
-  d["selected_copies"] = s.selected_copies;
-  d["bytes_needed"] = s.bytes_needed;
-  d["bytes_planned"] = s.bytes_planned;
-  d["descriptors"] = s.descriptors;
-  d["full_pulls"] = s.full_pulls;
-  d["full_pull_bytes"] = s.full_pull_bytes;
-  d["converted_copies"] = s.converted_copies;
-  d["staging_bytes"] = s.staging_bytes;
-  d["source_shards"] = s.source_shards;
-  d["dest_bytes"] = s.dest_bytes;
-  d["dest_bytes_selected"] = s.dest_bytes_selected;
-  d["plan_ms"] = s.plan_ms;
-  d["capture_ms"] = capture_ms;
-  return d;
+  Json j = refit::PlanStatsToJson(s);
+  j["rank"] = rank;
+  j["capture_ms"] = capture_ms;
+  return py::dict(py::module_::import("json").attr("loads")(j.dump()));
 }
 
 py::dict Plan(const std::string& model, const std::string& source, const std::string& target,

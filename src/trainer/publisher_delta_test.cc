@@ -14,6 +14,7 @@
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
 #include "rolloutcore/transport/local.h"
+#include "trainer/publisher_test_util.h"
 
 namespace rc::trainer {
 namespace {
@@ -33,31 +34,10 @@ ShardSource Whole(const std::string& name, const Shape& shape, const void* data)
 }
 
 std::vector<std::byte> Read(transport::Transport& t, const std::string& descriptor, uint64_t offset, uint64_t bytes) {
-  auto remote = t.Import(descriptor);
-  EXPECT_TRUE(remote.ok()) << remote.status().ToString();
-  if (!remote.ok()) return {};
-  std::vector<std::byte> out(bytes);
-  transport::ReadOp op{*remote, offset, out.data(), bytes};
-  auto transfer = t.PostReads(std::span<const transport::ReadOp>(&op, 1));
-  EXPECT_TRUE(transfer.ok());
-  if (!transfer.ok()) return {};
-  EXPECT_TRUE((*transfer)->Wait(t.clock().NowNs() + 5'000'000'000).ok());
-  EXPECT_TRUE(t.ReleaseRemote(*remote).ok());
-  return out;
+  return testing::ReadRemote(t, descriptor, offset, bytes);
 }
 
-class PublisherDeltaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    store_ = directory::NewMemoryStore(&clock_);
-    auto t = transport::CreateLocalTransport();
-    ASSERT_TRUE(t.ok());
-    transport_ = std::move(t).value();
-  }
-  ManualClock clock_;
-  std::unique_ptr<directory::DirectoryStore> store_;
-  std::unique_ptr<transport::Transport> transport_;
-};
+class PublisherDeltaTest : public testing::PublisherFixture {};
 
 TEST_F(PublisherDeltaTest, SecondVersionCarriesADeltaThatDecodesToTheChanges) {
   PublisherOptions o;

@@ -13,6 +13,7 @@
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/transport/local.h"
 #include "rolloutcore/transport/shm.h"
+#include "trainer/publisher_test_util.h"
 
 namespace rc::trainer {
 namespace {
@@ -41,18 +42,7 @@ ShardSource Rows(const std::string& name, const Shape& global, int64_t row0, int
 }
 
 std::vector<uint8_t> ReadAll(transport::Transport& t, const std::string& descriptor, uint64_t bytes) {
-  auto remote = t.Import(descriptor);
-  EXPECT_TRUE(remote.ok()) << remote.status().ToString();
-  if (!remote.ok()) return {};
-  std::vector<uint8_t> out(bytes);
-  transport::ReadOp op{*remote, 0, out.data(), bytes};
-  auto transfer = t.PostReads(std::span<const transport::ReadOp>(&op, 1));
-  EXPECT_TRUE(transfer.ok()) << transfer.status().ToString();
-  if (!transfer.ok()) return {};
-  Status s = (*transfer)->Wait(t.clock().NowNs() + 5'000'000'000);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_TRUE(t.ReleaseRemote(*remote).ok());
-  return out;
+  return testing::ReadRemote<uint8_t>(t, descriptor, 0, bytes);
 }
 
 // A directory whose answers can be lost: a fault-injecting wrapper around a real store.
@@ -120,18 +110,7 @@ class LossyDirectory final : public directory::DirectoryStore {
   directory::DirectoryStore* const inner_;
 };
 
-class PublisherTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    store_ = directory::NewMemoryStore(&clock_);
-    auto t = transport::CreateLocalTransport();
-    ASSERT_TRUE(t.ok());
-    transport_ = std::move(t).value();
-  }
-  ManualClock clock_;
-  std::unique_ptr<directory::DirectoryStore> store_;
-  std::unique_ptr<transport::Transport> transport_;
-};
+class PublisherTest : public testing::PublisherFixture {};
 
 TEST_F(PublisherTest, TwoRanksCommitAndShardsReadBackWithTheirDigests) {
   const Shape shape = {8, 4};

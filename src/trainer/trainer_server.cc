@@ -21,21 +21,6 @@ void ReplyError(httplib::Response& res, const Status& s) {
 
 }  // namespace
 
-int HttpStatusFor(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kOk: return 200;
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kPermissionDenied: return 403;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kFailedPrecondition:
-    case StatusCode::kAlreadyExists: return 409;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
-  }
-}
-
 struct TrainerServer::Impl {
   explicit Impl(const TrainerServerOptions& o) : http([&o] {
     net::HttpServerOptions h;

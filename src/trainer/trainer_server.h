@@ -5,7 +5,8 @@
 //   POST /release           body {"version": "v3"}; 200 {"version": "v3", "released": true}
 // Errors answer {"error": {"code": "NotFound", "message": "..."}} with 400 (InvalidArgument),
 // 401 (Unauthenticated: no or wrong API key), 404 (NotFound), 405 (wrong method), 409
-// (FailedPrecondition / AlreadyExists), 503 (Unavailable) or 500.
+// (FailedPrecondition / AlreadyExists / Aborted), 501 (Unimplemented), 503 (Unavailable), 504
+// (DeadlineExceeded) or 500: the mapping of every rolloutcore server (rolloutcore/net/http_status.h).
 //
 // Binds 127.0.0.1 unless told otherwise. Server policy (API key on every POST, 405 + Allow, UTF-8
 // checks, TLS, timeouts, worker pool) is rc::net's (rolloutcore/net/http.h). Thread safety: Start
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/net/http_status.h"
 #include "rolloutcore/net/security.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
 
@@ -56,7 +58,7 @@ class TrainerServer {
   int port_ = 0;
 };
 
-// HTTP status for a Status code, as documented above.
-int HttpStatusFor(const Status& status);
+// HTTP status for a Status code, as documented above (rolloutcore/net/http_status.h).
+using net::HttpStatusFor;
 
 }  // namespace rc::trainer

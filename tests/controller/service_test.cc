@@ -61,6 +61,23 @@ TEST(ControllerServiceTest, RolloutsAreBoundAndUpdatesCommit) {
   fs::remove_all(dir);
 }
 
+// An engine name is the operator's text: a quote, a backslash or a newline in it stays inside the
+// label value of its samples (escaped), so it cannot end the line and forge a sample.
+TEST(ControllerServiceTest, MetricsEscapeEngineNamesInLabelValues) {
+  auto dir = TempDir("metrics_escape");
+  StaticVersions versions;
+  Engines e;
+  auto handles = e.Make(1);
+  handles[0].name = "gpu\"0\\x\nrolloutcore_forged_total 1";
+  auto svc = std::move(ControllerService::Create(std::move(handles), &versions, Options(dir))).value();
+  const std::string metrics = svc->Metrics();
+  EXPECT_NE(metrics.find("rolloutcore_admissions_total{engine=\"gpu\\\"0\\\\x\\nrolloutcore_forged_total 1\"} 0\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find("\nrolloutcore_forged_total"), std::string::npos) << metrics;
+  fs::remove_all(dir);
+}
+
 // Issue 13 #14: inputs the engine would read differently are refused before admission, naming
 // the field, and nothing is recorded for them.
 TEST(ControllerServiceTest, RolloutInputsTheEngineWouldMisreadAreRefused) {

@@ -4,16 +4,11 @@
 // Thread safety: test-only, single-threaded.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -22,6 +17,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/subprocess.h"
 #include "rolloutcore/cuda/gpu_refit.h"
 #include "rolloutcore/cuda/seeded.h"
 #include "rolloutcore/refit/digest.h"
@@ -83,7 +79,7 @@ class HostReference {
 };
 
 // rc_gpu_owner as a child process (see gpu_owner_main.cc): stdout lines are read until READY;
-// closing its stdin makes it exit; Kill() SIGKILLs and reaps it.
+// closing its stdin makes it exit; Kill() SIGKILLs and reaps it (an rc::Subprocess).
 class OwnerProcess {
  public:
   // The helper binary: $RC_GPU_OWNER_BIN, else rc_gpu_owner next to this test binary (a carried
@@ -107,44 +103,29 @@ class OwnerProcess {
   }
 
   static std::unique_ptr<OwnerProcess> Spawn(const std::vector<std::string>& args, std::string* error) {
-    std::vector<std::string> argv_s = {OwnerBinary()};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int to_child[2], from_child[2];
-    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
-      *error = "pipe failed";
+    SubprocessOptions o;
+    o.argv = {OwnerBinary()};
+    o.argv.insert(o.argv.end(), args.begin(), args.end());
+    o.stdin_io = o.stdout_io = ChildIo::kPipe;
+    auto proc = Subprocess::Spawn(o);
+    if (!proc.ok()) {
+      *error = proc.status().ToString();
       return nullptr;
     }
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(to_child[0], 0);
-      ::dup2(from_child[1], 1);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    auto p = std::unique_ptr<OwnerProcess>(new OwnerProcess(pid, to_child[1], from_child[0]));
-    std::string line;
-    while (p->ReadLine(&line, 300)) {
-      if (line == "READY") return p;
-      p->lines_.push_back(line);
+    auto p = std::unique_ptr<OwnerProcess>(new OwnerProcess(std::move(proc).value()));
+    for (;;) {
+      auto line = p->proc_->ReadLine(std::chrono::seconds(300));
+      if (!line.ok()) break;
+      if (*line == "READY") return p;
+      p->lines_.push_back(*line);
     }
     *error = "rc_gpu_owner exited or hung before READY (see its stderr above)";
     return nullptr;
   }
   ~OwnerProcess() {
-    if (in_ >= 0) ::close(in_);
-    if (!reaped_) {
-      for (int i = 0; i < 200 && !Reap(false); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      if (!reaped_) {
-        ::kill(pid_, SIGKILL);
-        Reap(true);
-      }
-    }
-    if (out_ >= 0) ::close(out_);
+    proc_->CloseStdin();
+    // The Subprocess destructor SIGKILLs and reaps it when it did not exit in 5 s.
+    (void)proc_->Wait(std::chrono::seconds(5));
   }
   // Lines printed before READY ("KEY value").
   std::string Value(const std::string& key) const {
@@ -153,36 +134,12 @@ class OwnerProcess {
     }
     return "";
   }
-  pid_t pid() const { return pid_; }
-  void Kill() {
-    ::kill(pid_, SIGKILL);
-    Reap(true);
-  }
+  pid_t pid() const { return proc_->pid(); }
+  void Kill() { proc_->Kill(); }
 
  private:
-  OwnerProcess(pid_t pid, int in, int out) : pid_(pid), in_(in), out_(out) {}
-  bool Reap(bool block) {
-    if (reaped_) return true;
-    int st = 0;
-    if (::waitpid(pid_, &st, block ? 0 : WNOHANG) == pid_) reaped_ = true;
-    return reaped_;
-  }
-  bool ReadLine(std::string* line, int timeout_s) {
-    line->clear();
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    while (std::chrono::steady_clock::now() < end) {
-      pollfd pfd{out_, POLLIN, 0};
-      if (::poll(&pfd, 1, 100) <= 0) continue;
-      char c;
-      if (::read(out_, &c, 1) != 1) return false;
-      if (c == '\n') return true;
-      line->push_back(c);
-    }
-    return false;
-  }
-  pid_t pid_;
-  int in_, out_;
-  bool reaped_ = false;
+  explicit OwnerProcess(std::unique_ptr<Subprocess> proc) : proc_(std::move(proc)) {}
+  std::unique_ptr<Subprocess> proc_;
   std::vector<std::string> lines_;
 };
 

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "apps/child_process.h"
+#include "refit_e2e/e2e_fixture.h"
 #include "rolloutcore/base/json.h"
 
 namespace rc {
@@ -26,49 +27,9 @@ namespace {
 namespace fs = std::filesystem;
 using apps::ChildProcess;
 
-class FanoutE2eTest : public ::testing::Test {
+class FanoutE2eTest : public testing::E2eProcessFixture {
  protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("rc_fanout_e2e_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    children_.clear();
-    apps::StopAllChildren();
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  ChildProcess* Start(const std::string& name, const std::vector<std::string>& args) {
-    auto c = ChildProcess::Spawn(name, args, dir_ + "/" + name + ".log", ROLLOUTCORE_BIN);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (!c.ok()) return nullptr;
-    children_.push_back(std::move(c).value());
-    return children_.back().get();
-  }
-  void WaitHealthy(ChildProcess* c, int port, const std::string& path) {
-    httplib::Client cli("127.0.0.1", port);
-    for (int i = 0; i < 600; ++i) {
-      ASSERT_TRUE(c->Alive()) << c->name() << " died:\n" << c->LogTail();
-      auto r = cli.Get(path.c_str());
-      if (r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << c->name() << " not healthy:\n" << c->LogTail();
-  }
-  Json Call(int port, const std::string& method, const std::string& path, const Json& body = Json::object(),
-            int expect = 200) {
-    httplib::Client cli("127.0.0.1", port);
-    cli.set_read_timeout(60, 0);
-    auto r = method == "GET" ? cli.Get(path.c_str()) : cli.Post(path.c_str(), body.dump(), "application/json");
-    EXPECT_TRUE(r) << method << " " << path;
-    if (!r) return Json();
-    EXPECT_EQ(r->status, expect) << method << " " << path << ": " << r->body;
-    auto j = ParseJson(r->body);
-    return j.ok() ? *j : Json(r->body);
-  }
-  static std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
+  FanoutE2eTest() : E2eProcessFixture("rc_fanout_e2e_") {}
 
   // Directory, exported v0, trainer publishing v0 and then v1.
   void StartWorld(const std::string& transport = "shm") {
@@ -167,9 +128,7 @@ class FanoutE2eTest : public ::testing::Test {
     return origin;
   }
 
-  std::string dir_;
   int dir_port_ = 0, trainer_port_ = 0;
-  std::vector<std::unique_ptr<ChildProcess>> children_;
 };
 
 TEST_F(FanoutE2eTest, TrainerBytesAreTheSameForTwoAndSixReceivers) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "apps/child_process.h"
+#include "refit_e2e/e2e_fixture.h"
 #include "rolloutcore/base/json.h"
 
 namespace rc {
@@ -23,48 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using apps::ChildProcess;
 
-class RefitE2eTest : public ::testing::Test {
+class RefitE2eTest : public testing::E2eProcessFixture {
  protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("rc_refit_e2e_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    children_.clear();
-    apps::StopAllChildren();
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  ChildProcess* Start(const std::string& name, const std::vector<std::string>& args, const std::string& exe = ROLLOUTCORE_BIN) {
-    auto c = ChildProcess::Spawn(name, args, dir_ + "/" + name + ".log", exe);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (!c.ok()) return nullptr;
-    children_.push_back(std::move(c).value());
-    return children_.back().get();
-  }
-  void WaitHealthy(ChildProcess* c, int port, const std::string& path) {
-    httplib::Client cli("127.0.0.1", port);
-    for (int i = 0; i < 600; ++i) {
-      ASSERT_TRUE(c->Alive()) << c->name() << " died:\n" << c->LogTail();
-      auto r = cli.Get(path.c_str());
-      if (r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << c->name() << " not healthy:\n" << c->LogTail();
-  }
-  Json Call(int port, const std::string& method, const std::string& path, const Json& body = Json::object(),
-            int expect = 200) {
-    httplib::Client cli("127.0.0.1", port);
-    cli.set_read_timeout(60, 0);
-    auto r = method == "GET" ? cli.Get(path.c_str()) : cli.Post(path.c_str(), body.dump(), "application/json");
-    EXPECT_TRUE(r) << method << " " << path;
-    if (!r) return Json();
-    EXPECT_EQ(r->status, expect) << method << " " << path << ": " << r->body;
-    auto j = ParseJson(r->body);
-    return j.ok() ? *j : Json(r->body);
-  }
+  RefitE2eTest() : E2eProcessFixture("rc_refit_e2e_") {}
   void Export(const std::string& version, const std::string& out) {
     ChildProcess* c = Start("export-" + version, {"trainer", "export", "--model", "tiny", "--seed", "7", "--version",
                                                   version, "--out", out});
@@ -109,7 +71,6 @@ class RefitE2eTest : public ::testing::Test {
     WaitHealthy(e, port, "/health");
     return port;
   }
-  static std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
   Json WaitCommitted(int dir_port, const std::string& model, const std::string& version) {
     httplib::Client cli("127.0.0.1", dir_port);
     for (int i = 0; i < 200; ++i) {
@@ -137,8 +98,6 @@ class RefitE2eTest : public ::testing::Test {
     Call(engine_port, "POST", "/resume");
     return Call(engine_port, "GET", "/rc/weights/digest?fresh=true");
   }
-  std::string dir_;
-  std::vector<std::unique_ptr<ChildProcess>> children_;
 };
 
 TEST_F(RefitE2eTest, StageInstallVerifyAndMatchAFreshEngine) {

@@ -130,19 +130,7 @@ class NetnsTest : public SystemTest {
   }
   static Reply At(const std::string& host, int port, const std::string& method, const std::string& path,
                   const Json& body = Json(), int timeout_s = 60) {
-    httplib::Client cli(host, port);
-    net::ApplyClientPolicy(cli);
-    cli.set_connection_timeout(2, 0);
-    cli.set_read_timeout(timeout_s, 0);
-    auto r = method == "GET" ? cli.Get(path.c_str())
-                             : cli.Post(path.c_str(), body.is_null() ? std::string() : body.dump(), "application/json");
-    Reply out;
-    if (!r) return out;
-    out.status = r->status;
-    out.text = r->body;
-    auto j = ParseJson(r->body);
-    if (j.ok()) out.json = *j;
-    return out;
+    return HttpAt(host, port, method, path, body, timeout_s);
   }
   ::testing::AssertionResult Healthy(ChildProcess* c, const std::string& host, int port, const std::string& path) {
     const int64_t end = NowMs() + 90000;

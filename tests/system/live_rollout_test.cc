@@ -30,21 +30,7 @@ double Metric(int engine, const std::string& name) {
 using LiveRolloutTest = SystemTest;
 
 // The tiny preset generates 256 tokens in well under 100 ms, too little to request an update
-// mid-generation reliably on a loaded machine. This test runs the same architecture, wider and
-// deeper (about 16M parameters: a few ms per token at tp 2 on one thread), so the rollout runs for
-// about a second and "mid-generation" is a wide window rather than a race.
-std::string WideConfig(const std::string& dir) {
-  Json c{{"architectures", {"Qwen3ForCausalLM"}}, {"attention_bias", false}, {"head_dim", 64},
-         {"hidden_act", "silu"}, {"hidden_size", 512}, {"intermediate_size", 2048},
-         {"max_position_embeddings", 512}, {"model_type", "qwen3"}, {"num_attention_heads", 8},
-         {"num_hidden_layers", 4}, {"num_key_value_heads", 4}, {"rms_norm_eps", 1e-6},
-         {"rope_scaling", nullptr}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false},
-         {"torch_dtype", "bfloat16"}, {"vocab_size", 256}};
-  fs::create_directories(dir);
-  std::ofstream(dir + "/config.json") << c.dump(2);
-  return dir + "/config.json";
-}
-
+// mid-generation reliably on a loaded machine: this test runs WideConfig (system_fixture.h).
 TEST_F(LiveRolloutTest, RolloutMidGenerationFinishesOnV0BeforeTheInstall) {
   StackOptions o;
   o.model = WideConfig(dir_ + "/wide");

@@ -34,19 +34,6 @@ double Metric(int port, const std::string& name) {
   return -1;
 }
 
-// The wide fixture of live_rollout_test.cc (about 16M parameters): 256 tokens take about a second.
-std::string WideConfig(const std::string& dir) {
-  Json c{{"architectures", {"Qwen3ForCausalLM"}}, {"attention_bias", false}, {"head_dim", 64},
-         {"hidden_act", "silu"}, {"hidden_size", 512}, {"intermediate_size", 2048},
-         {"max_position_embeddings", 512}, {"model_type", "qwen3"}, {"num_attention_heads", 8},
-         {"num_hidden_layers", 4}, {"num_key_value_heads", 4}, {"rms_norm_eps", 1e-6},
-         {"rope_scaling", nullptr}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false},
-         {"torch_dtype", "bfloat16"}, {"vocab_size", 256}};
-  fs::create_directories(dir);
-  std::ofstream(dir + "/config.json") << c.dump(2);
-  return dir + "/config.json";
-}
-
 // Waits until the engine generated at least `at_least` tokens since `base`, then freezes it
 // (pause keep). Returns the rollout's output length at the freeze, or -1 if it finished first.
 int64_t HoldMidGeneration(int engine, double base, int64_t at_least) {

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -54,6 +55,21 @@ inline std::vector<int64_t> Prompt(int n, int salt) {
   std::vector<int64_t> p;
   for (int i = 0; i < n; ++i) p.push_back((salt * 53 + i * 29 + (i * i) % 17) % 250 + 3);
   return p;
+}
+
+// Writes <dir>/config.json of a model with the tiny preset's architecture, wider and deeper (about
+// 16M parameters: a few ms per token at tp 2 on one thread), so 256 tokens take about a second and
+// "mid-generation" is a wide window rather than a race. Returns the file's path.
+inline std::string WideConfig(const std::string& dir) {
+  Json c{{"architectures", {"Qwen3ForCausalLM"}}, {"attention_bias", false}, {"head_dim", 64},
+         {"hidden_act", "silu"}, {"hidden_size", 512}, {"intermediate_size", 2048},
+         {"max_position_embeddings", 512}, {"model_type", "qwen3"}, {"num_attention_heads", 8},
+         {"num_hidden_layers", 4}, {"num_key_value_heads", 4}, {"rms_norm_eps", 1e-6},
+         {"rope_scaling", nullptr}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false},
+         {"torch_dtype", "bfloat16"}, {"vocab_size", 256}};
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << c.dump(2);
+  return dir + "/config.json";
 }
 
 struct Reply {
@@ -142,7 +158,12 @@ class SystemTest : public ::testing::Test {
 
   static Reply Http(int port, const std::string& method, const std::string& path, const Json& body = Json(),
                     int timeout_s = 60) {
-    httplib::Client cli("127.0.0.1", port);
+    return HttpAt("127.0.0.1", port, method, path, body, timeout_s);
+  }
+  // Http to `host` (another network namespace's address, say) rather than loopback.
+  static Reply HttpAt(const std::string& host, int port, const std::string& method, const std::string& path,
+                      const Json& body = Json(), int timeout_s = 60) {
+    httplib::Client cli(host, port);
     net::ApplyClientPolicy(cli);
     cli.set_connection_timeout(2, 0);
     cli.set_read_timeout(timeout_s, 0);

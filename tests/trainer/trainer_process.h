@@ -1,25 +1,21 @@
 // TrainerProcess: runs `trainer serve` (the rc_trainer_serve_for_test binary) as a child process,
-// reads its stdout for the control URL, and signals / reaps it. Shared by the trainer's e2e and
+// reads its stdout for the control URL, and signals / reaps it (an rc::Subprocess). Shared by the trainer's e2e and
 // fault tests.
 //
 // Thread safety: one owner thread. The destructor SIGKILLs and reaps a child still running, so no
 // test leaves a trainer behind.
 #pragma once
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <signal.h>    // the signals callers send
+#include <sys/wait.h>  // WIFEXITED & co. for the statuses returned
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/subprocess.h"
 
 #ifndef RC_TRAINER_SERVE_BIN
 #error "RC_TRAINER_SERVE_BIN must name the rc_trainer_serve_for_test binary"
@@ -58,15 +54,8 @@ class TrainerProcess {
 
   TrainerProcess(const TrainerProcess&) = delete;
   TrainerProcess& operator=(const TrainerProcess&) = delete;
-  ~TrainerProcess() {
-    if (!reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(stdout_fd_);
-  }
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return proc_->pid(); }
   const std::string& url() const { return url_; }
 
   // Waits up to `timeout` for a stdout line containing `text`; true when one arrived.
@@ -76,13 +65,11 @@ class TrainerProcess {
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
-      std::string line;
-      if (!ReadLine(&line, std::chrono::duration_cast<std::chrono::milliseconds>(
-                               deadline - std::chrono::steady_clock::now()))) {
-        return false;
-      }
-      lines_.push_back(line);
-      if (line.find(text) != std::string::npos) return true;
+      auto line = proc_->ReadLine(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+      if (!line.ok()) return false;
+      lines_.push_back(*line);
+      if (line->find(text) != std::string::npos) return true;
     }
     return false;
   }
@@ -90,67 +77,32 @@ class TrainerProcess {
   // Sends `sig` and waits up to `timeout` for the exit; the exit status (as waitpid reports it),
   // or -1 when it did not exit in time.
   int SignalAndWait(int sig, std::chrono::milliseconds timeout) {
-    ::kill(pid_, sig);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return status;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    if (sig != 0) proc_->Signal(sig);
+    if (!proc_->Wait(timeout).ok()) return -1;
+    return proc_->wait_status();
   }
 
  private:
   static Result<std::unique_ptr<TrainerProcess>> Start(const std::vector<std::string>& serve_args) {
-    std::vector<std::string> args = {RC_TRAINER_SERVE_BIN, "trainer", "serve", "--port", "0"};
-    args.insert(args.end(), serve_args.begin(), serve_args.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + std::strerror(errno));
-    const pid_t pid = ::fork();
-    if (pid < 0) return Internal(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      ::dup2(out[1], 1);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    return std::unique_ptr<TrainerProcess>(new TrainerProcess(pid, out[0]));
+    SubprocessOptions o;
+    o.argv = {RC_TRAINER_SERVE_BIN, "trainer", "serve", "--port", "0"};
+    o.argv.insert(o.argv.end(), serve_args.begin(), serve_args.end());
+    o.stdout_io = ChildIo::kPipe;
+    RC_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> proc, Subprocess::Spawn(o));
+    return std::unique_ptr<TrainerProcess>(new TrainerProcess(std::move(proc)));
   }
 
-  TrainerProcess(pid_t pid, int stdout_fd) : pid_(pid), stdout_fd_(stdout_fd) {}
+  explicit TrainerProcess(std::unique_ptr<Subprocess> proc) : proc_(std::move(proc)) {}
 
   bool ReadLine(std::string* line, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const size_t nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        *line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return true;
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd pfd{stdout_fd_, POLLIN, 0};
-      if (::poll(&pfd, 1, static_cast<int>(left.count())) <= 0) continue;
-      char chunk[4096];
-      const ssize_t n = ::read(stdout_fd_, chunk, sizeof chunk);
-      if (n <= 0) return false;
-      buffer_.append(chunk, static_cast<size_t>(n));
-    }
+    auto l = proc_->ReadLine(timeout);
+    if (!l.ok()) return false;
+    *line = std::move(l).value();
+    return true;
   }
 
-  pid_t pid_;
-  int stdout_fd_;
-  bool reaped_ = false;
+  std::unique_ptr<Subprocess> proc_;  // SIGKILLed and reaped on destruction when still running
   std::string url_;
-  std::string buffer_;
   std::vector<std::string> lines_;
 };
 

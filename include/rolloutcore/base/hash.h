@@ -23,7 +23,7 @@ constexpr uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// 16 lowercase hex digits.
+// 16 lowercase hex digits (defined with the other encodings: rolloutcore/base/encoding.h).
 std::string Hex64(uint64_t v);
 
 // Incremental xxHash3-64 over several pieces.

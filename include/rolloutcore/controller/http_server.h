@@ -22,6 +22,7 @@
 #include <string>
 
 #include "rolloutcore/controller/service.h"
+#include "rolloutcore/net/http_status.h"
 #include "rolloutcore/net/security.h"
 
 namespace rc::controller {
@@ -50,6 +51,6 @@ class ControllerHttpServer {
 };
 
 // HTTP status for a Status code (the mapping every rolloutcore server uses).
-int HttpStatusFor(const Status& s);
+using net::HttpStatusFor;
 
 }  // namespace rc::controller

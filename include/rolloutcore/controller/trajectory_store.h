@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/sqlite.h"
 #include "rolloutcore/lifecycle/types.h"
 
 namespace rc::controller {
@@ -57,9 +58,9 @@ class TrajectoryStore {
   const std::string& path() const { return path_; }
 
  private:
-  TrajectoryStore(void* db, std::string path) : db_(db), path_(std::move(path)) {}
+  TrajectoryStore(sqlite::Database db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
   mutable std::mutex mu_;
-  void* db_;  // sqlite3*, guarded by mu_
+  sqlite::Database db_;  // guarded by mu_
   std::string path_;
 };
 

@@ -72,6 +72,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/metrics_writer.h"
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/digest.h"
@@ -165,8 +166,8 @@ class RefitReceiver {
   std::optional<std::string> CachedLiveDigest() const;
   // The version staged and not yet installed ("" when none).
   std::string staged_version() const;
-  // Prometheus text of the rolloutcore_refit_* series.
-  std::string MetricsText(const std::string& labels) const;
+  // Writes the rolloutcore_refit_* series, each sample with `labels` first.
+  void WriteMetrics(MetricsWriter* out, const MetricLabels& labels) const;
 
  private:
   struct Staged;

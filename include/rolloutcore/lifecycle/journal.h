@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/sqlite.h"
 #include "rolloutcore/base/status.h"
 
 namespace rc::lifecycle {
@@ -83,9 +84,9 @@ class SqliteJournal final : public Journal {
   const std::string& path() const { return path_; }
 
  private:
-  SqliteJournal(void* db, std::string path) : db_(db), path_(std::move(path)) {}
+  SqliteJournal(sqlite::Database db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
   mutable std::mutex mu_;
-  void* db_;  // sqlite3*, guarded by mu_
+  sqlite::Database db_;  // guarded by mu_
   std::string path_;
   // The last record's seq and chain value, learned by the verifying read in Open.
   mutable int64_t last_seq_ = 0;  // guarded by mu_

@@ -3,50 +3,26 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <utility>
+
+#include "rolloutcore/base/encoding.h"
 
 namespace rc::transport::codec {
-namespace {
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-}  // namespace
 
 std::string Abbrev(std::string_view s) {
   return s.size() <= 64 ? std::string(s) : fmt::format("{}...({} chars)", s.substr(0, 48), s.size());
 }
 
-std::string HexEncode(const void* data, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::string out;
-  out.reserve(n * 2);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kDigits[p[i] >> 4]);
-    out.push_back(kDigits[p[i] & 15]);
-  }
-  return out;
-}
+// The hex of descriptors is base's (rolloutcore/base/encoding.h): one encoder in the tree.
+std::string HexEncode(const void* data, size_t n) { return rc::HexEncode(data, n); }
 
-bool HexDecode(std::string_view hex, void* out, size_t n) {
-  if (hex.size() != 2 * n) return false;
-  auto* p = static_cast<unsigned char*>(out);
-  for (size_t i = 0; i < n; ++i) {
-    const int hi = HexValue(hex[2 * i]), lo = HexValue(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    p[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
-  return true;
-}
+bool HexDecode(std::string_view hex, void* out, size_t n) { return rc::HexDecodeInto(hex, out, n); }
 
 bool HexDecode(std::string_view hex, std::string* out) {
-  if (hex.size() % 2 != 0) return false;
-  out->assign(hex.size() / 2, '\0');
-  return HexDecode(hex, out->data(), out->size());
+  auto bytes = rc::HexDecode(hex);
+  if (!bytes.ok()) return false;
+  *out = std::move(bytes).value();
+  return true;
 }
 
 Result<DescriptorFields> DescriptorFields::Parse(std::string_view backend, std::string_view prefix,
