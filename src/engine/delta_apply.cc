@@ -20,15 +20,6 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-size_t VarintBytes(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
 bool NonFinite(refit::DType dtype, uint64_t bits) {
   switch (dtype) {
     case refit::DType::kBF16: return (bits & 0x7f80u) == 0x7f80u;
@@ -85,82 +76,165 @@ inline uint64_t ToDest(refit::DType source, refit::DType dest, uint64_t bits) {
   return out;
 }
 
-// Scratch of one job: the tile's decoded in-tile offsets and one row's owned column intervals.
+inline uint64_t InstalledBitsInline(refit::DType source, refit::DType installed, const std::byte* element) {
+  if (source == refit::DType::kBF16 && installed == refit::DType::kF32) {
+    uint32_t u;
+    std::memcpy(&u, element, 4);
+    return (u & 0xffffu) == 0 ? (u >> 16) : refit::InstalledSourceBits(source, installed, element);
+  }
+  if (source == installed) return LoadBits(element, refit::DTypeSize(installed));
+  return refit::InstalledSourceBits(source, installed, element);
+}
+
+// Per-thread scratch of a job: one tile's decoded in-tile offsets, the tile's row table, and a
+// batch of mapped elements (several tiles' worth) that the memory pass walks.
 struct JobScratch {
-  uint16_t offsets[refit::kDeltaTargetTileElements];
-  std::vector<std::pair<int64_t, int64_t>> own;
+  static constexpr size_t kTileMax = static_cast<size_t>(refit::kDeltaTargetTileElements);
+  static constexpr size_t kBatch = 4096;            // the memory pass runs when a batch holds this many
+  static constexpr size_t kCap = kBatch + kTileMax;  // a batch plus one more tile
+  uint16_t offsets[kTileMax];
+  uint16_t ks[kTileMax];  // in-tile offsets of the tile's elements inside the copy box
+  int64_t row_dest[kTileMax];
+  int64_t row_global[kTileMax];
+  uint8_t row_in[kTileMax];
+  // The batch.
+  size_t n = 0;
+  int64_t dest[kCap];
+  uint64_t global[kCap];
+  uint64_t bits[kCap];  // new value, source-dtype bits
+  uint8_t owned[kCap];
 };
 
-// Calls v.Element(dest, global, value, owned, k) for every changed element of the job's tiles
-// that lies in the piece's copy box, after v.Tile(t, count, values, offsets) for each tile
-// (which may refuse it). Decoding is DecodeDeltaTileOffsets; the row cursor computes a row's
-// mapping once per tile row that holds a change.
+JobScratch& ThreadScratch() {
+  thread_local std::unique_ptr<JobScratch> s = std::make_unique<JobScratch>();
+  s->n = 0;
+  return *s;
+}
+
+// Leading coords (shard-local) of shard row R.
+inline void LeadCoords(const DeltaPiece& p, int64_t R, int64_t* out) {
+  for (size_t d = p.lead_shape.size(); d-- > 0;) {
+    out[d] = R % p.lead_shape[d];
+    R /= p.lead_shape[d];
+  }
+}
+
+// Shard row R's mapping: inside the copy's leading range, destination and global index of column 0.
+inline void RowOf(const DeltaPiece& p, int64_t R, bool* in, int64_t* dest, int64_t* global) {
+  const size_t lead = p.lead_shape.size();
+  if (lead == 1) {  // 2-d shards: the row is the leading coord
+    *in = R >= p.in.lead_lo[0] && R < p.in.lead_hi[0];
+    *dest = p.dest0 + R * p.lead_dest[0];
+    *global = p.global0 + R * p.lead_global[0];
+    return;
+  }
+  int64_t l[16];
+  LeadCoords(p, R, l);
+  bool inside = true;
+  int64_t d0 = p.dest0, g0 = p.global0;
+  for (size_t d = 0; d < lead; ++d) {
+    inside = inside && l[d] >= p.in.lead_lo[d] && l[d] < p.in.lead_hi[d];
+    d0 += l[d] * p.lead_dest[d];
+    g0 += l[d] * p.lead_global[d];
+  }
+  *in = inside;
+  *dest = d0;
+  *global = g0;
+}
+
+// Whether element (row R, column j) of a partially owned piece lies in one of its owned regions.
+bool OwnedSlow(const DeltaPiece& p, int64_t R, int64_t j) {
+  int64_t l[16];
+  LeadCoords(p, R, l);
+  for (const DeltaLocalBox& b : p.owned) {
+    bool inside = j >= b.col_lo && j < b.col_hi;
+    for (size_t d = 0; inside && d < p.lead_shape.size(); ++d) inside = l[d] >= b.lead_lo[d] && l[d] < b.lead_hi[d];
+    if (inside) return true;
+  }
+  return false;
+}
+
+// Walks a job's tiles: decodes each (DecodeDeltaTileOffsets), calls v.Tile(t, count, values,
+// offsets) (which may refuse it), maps its changed elements through the piece (a row table per
+// tile, or per element for tiles with far more rows than changes; no branch on the element's
+// position: elements outside the copy box are dropped by a branch-free compaction) into the
+// batch, calls v.TileMapped(ks, count) with the in-tile offsets of the elements kept, and hands
+// full batches to v.Batch(scratch) — the pass that touches parameter memory, with nothing
+// unpredictable between its loads so that many misses are in flight at once.
 template <typename Visitor>
 Status VisitJob(const DeltaStaged& st, const DeltaJob& job, JobScratch& sc, Visitor& v) {
   const DeltaPiece& p = st.pieces[job.piece];
   const DeltaShard& sh = st.shards[p.shard];
   const refit::DeltaTiling& g = sh.tiling;
   const size_t es = refit::DTypeSize(sh.dtype);
-  const size_t lead = p.lead_shape.size();
-  int64_t lead_coords[16];
-  if (lead > 16) return InvalidArgument("delta refit: tensors of more than 17 dims are not supported");
+  if (p.lead_shape.size() > 16) return InvalidArgument("delta refit: tensors of more than 17 dims are not supported");
+  const bool partial_own = !p.own_all && !p.owned.empty();
+  const uint8_t own_all = p.own_all ? 1 : 0;
   for (uint32_t ti = job.tile_begin; ti < job.tile_end; ++ti) {
     const auto [t, at] = p.tiles[ti];
     const refit::DeltaTile& e = sh.entries[static_cast<size_t>(t)];
-    auto values = refit::DecodeDeltaTileOffsets(g, es, t, e, std::span<const std::byte>(sh.bodies).subspan(at, e.bytes),
-                                                sc.offsets);
-    if (!values.ok()) return values.status();
-    RC_RETURN_IF_ERROR(v.Tile(t, e.changed, *values, sc.offsets));
+    auto decoded = refit::DecodeDeltaTileOffsets(g, es, t, e, std::span<const std::byte>(sh.bodies).subspan(at, e.bytes),
+                                                 sc.offsets);
+    if (!decoded.ok()) return decoded.status();
+    const std::byte* values = *decoded;
+    const uint32_t count = e.changed;
+    if (count == 0) continue;
+    RC_RETURN_IF_ERROR(v.Tile(t, count, values, sc.offsets));
     const int64_t w = g.TileCols(t);
+    const int64_t rows = g.TileRows(t);
     const int64_t row0 = (t / g.tiles_c) * g.tile_rows, col0 = (t % g.tiles_c) * g.tile_cols;
-    int64_t k0 = 0, k1 = 0;  // [k0, k1): the in-tile offsets of the current row
-    bool row_in = false;
-    int64_t row_dest = 0, row_global = 0;
-    bool row_own_all = false;
-    for (uint32_t i = 0; i < e.changed; ++i) {
-      const int64_t k = sc.offsets[i];
-      if (k >= k1) {
-        const int64_t rr = static_cast<int64_t>(static_cast<uint32_t>(k) / static_cast<uint32_t>(w));
-        k0 = rr * w;
-        k1 = k0 + w;
-        // The row's leading coords (shard-local), its mapping and its owned column intervals.
-        int64_t rest = row0 + rr;
-        for (size_t d = lead; d-- > 0;) {
-          const int64_t ext = p.lead_shape[d];
-          lead_coords[d] = rest % ext;
-          rest /= ext;
-        }
-        row_in = true;
-        row_dest = p.dest0;
-        row_global = p.global0;
-        for (size_t d = 0; d < lead; ++d) {
-          const int64_t l = lead_coords[d];
-          row_in = row_in && l >= p.in.lead_lo[d] && l < p.in.lead_hi[d];
-          row_dest += l * p.lead_dest[d];
-          row_global += l * p.lead_global[d];
-        }
-        row_own_all = p.own_all;
-        sc.own.clear();
-        if (row_in && !p.own_all) {
-          for (const DeltaLocalBox& b : p.owned) {
-            bool inside = true;
-            for (size_t d = 0; d < lead; ++d) {
-              inside = inside && lead_coords[d] >= b.lead_lo[d] && lead_coords[d] < b.lead_hi[d];
-            }
-            if (inside) sc.own.emplace_back(b.col_lo, b.col_hi);
-          }
-        }
+    const int64_t col_lo = p.in.col_lo - col0, col_hi = p.in.col_hi - col0;  // in-tile column range
+    const bool table = rows <= 2 * static_cast<int64_t>(count) + 64;
+    if (table) {
+      for (int64_t rr = 0; rr < rows; ++rr) {
+        bool in = false;
+        RowOf(p, row0 + rr, &in, &sc.row_dest[rr], &sc.row_global[rr]);
+        sc.row_in[rr] = in ? 1 : 0;
       }
-      if (!row_in) continue;
-      const int64_t j = col0 + (k - k0);
-      if (j < p.in.col_lo || j >= p.in.col_hi) continue;
-      bool owned = row_own_all;
-      for (const auto& [lo, hi] : sc.own) owned = owned || (j >= lo && j < hi);
-      v.Element(row_dest + j * p.col_dest, static_cast<uint64_t>(row_global + j), *values + i * es, owned,
-                static_cast<int64_t>(k));
+    }
+    const bool pow2 = (w & (w - 1)) == 0;
+    const int shift = std::countr_zero(static_cast<uint64_t>(w));
+    size_t n = sc.n;
+    size_t kept = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+      const int64_t k = sc.offsets[i];
+      const int64_t rr = pow2 ? (k >> shift) : static_cast<int64_t>(static_cast<uint32_t>(k) / static_cast<uint32_t>(w));
+      const int64_t c = k - rr * w;
+      bool row_in;
+      int64_t rd, rg;
+      if (table) {
+        row_in = sc.row_in[rr] != 0;
+        rd = sc.row_dest[rr];
+        rg = sc.row_global[rr];
+      } else {
+        RowOf(p, row0 + rr, &row_in, &rd, &rg);
+      }
+      const bool in = row_in & (c >= col_lo) & (c < col_hi);
+      const int64_t j = col0 + c;
+      sc.dest[n] = rd + j * p.col_dest;
+      sc.global[n] = static_cast<uint64_t>(rg + j);
+      sc.bits[n] = LoadBits(values + i * es, es);
+      sc.owned[n] = partial_own ? (OwnedSlow(p, row0 + rr, j) ? 1 : 0) : own_all;
+      sc.ks[kept] = static_cast<uint16_t>(k);
+      n += in ? 1 : 0;
+      kept += in ? 1 : 0;
+    }
+    sc.n = n;
+    v.TileMapped(sc.ks, kept);
+    if (sc.n >= JobScratch::kBatch) {
+      v.Batch(sc);
+      sc.n = 0;
     }
   }
+  if (sc.n > 0) v.Batch(sc);
+  sc.n = 0;
   return OkStatus();
+}
+
+// Whether the new source bits are also the installed element's source bits (InstalledSourceBits
+// of the converted value): true for the same dtype and for bf16 widened to f32.
+inline bool ExactInstall(refit::DType source, refit::DType dest) {
+  return source == dest || (source == refit::DType::kBF16 && dest == refit::DType::kF32);
 }
 
 // What one stage job found.
@@ -172,6 +246,8 @@ struct StageResult {
   std::optional<DeltaWrite> first;
 };
 
+constexpr size_t kPrefetch = 16;  // elements ahead in the memory passes
+
 // The stage pass: non-finite check, the yardstick, and the digest terms of old and new values.
 struct StageVisitor {
   const DeltaStaged& st;
@@ -182,10 +258,8 @@ struct StageVisitor {
   size_t pes, ses;
   refit::DType sdtype;
   StageResult& r;
-  int64_t prev_k = -1;
 
   Status Tile(int64_t t, uint32_t count, const std::byte* values, const uint16_t* offsets) {
-    prev_k = -1;
     bool bad = false;
     if (sdtype == refit::DType::kBF16) {
       for (uint32_t i = 0; i < count; ++i) {
@@ -208,33 +282,67 @@ struct StageVisitor {
     return OkStatus();
   }
 
-  void Element(int64_t dest, uint64_t global, const std::byte* value, bool owned, int64_t k) {
-    const uint64_t bits = LoadBits(value, ses);
-    const uint64_t dst = ToDest(p.source, p.dest, bits);
-    // The yardstick: the tile bodies an encoding of only this region's changes would take.
-    r.region_bytes += ses + VarintBytes(static_cast<uint64_t>(prev_k < 0 ? k : k - prev_k));
-    prev_k = k;
-    ++r.region_changed;
-    if (r.writes++ == 0) r.first = DeltaWrite{p.param, static_cast<uint32_t>(dst), dest};
-    if (!owned) return;
-    // Digest regions are disjoint over copies and ranks: an element is counted once overall.
-    ++r.owned;
-    const uint64_t m = Mix64(global);
-    const uint64_t old_bits = InstalledBitsFast(p.source, p.dest, live + static_cast<size_t>(dest) * pes);
-    uint64_t dst_copy = dst;
-    const uint64_t new_bits = InstalledBitsFast(p.source, p.dest, reinterpret_cast<const std::byte*>(&dst_copy));
-    r.old_terms += Mix64(m ^ old_bits);
-    r.new_terms += Mix64(m ^ new_bits);
+  // The yardstick: the tile bodies an encoding of only this region's changes would take (gaps
+  // inside a tile are below 2^14: one or two varint bytes).
+  void TileMapped(const uint16_t* ks, size_t kept) {
+    int64_t prev = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < kept; ++i) {
+      const int64_t gap = ks[i] - prev;
+      bytes += ses + 1 + (gap >= 128 ? 1 : 0);
+      prev = ks[i];
+    }
+    r.region_bytes += bytes;
+    r.region_changed += static_cast<int64_t>(kept);
+  }
+
+  void Batch(const JobScratch& sc) {
+    if (sc.n == 0) return;
+    if (r.writes == 0) {
+      r.first = DeltaWrite{p.param, static_cast<uint32_t>(ToDest(p.source, p.dest, sc.bits[0])), sc.dest[0]};
+    }
+    r.writes += static_cast<int64_t>(sc.n);
+    const bool exact = ExactInstall(p.source, p.dest);
+    uint64_t old_sum = 0, new_sum = 0, owned = 0;
+    for (size_t i = 0; i < sc.n; ++i) {
+      if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * pes);
+      const uint64_t mask = uint64_t{0} - sc.owned[i];
+      owned += sc.owned[i];
+      const uint64_t m = Mix64(sc.global[i]);
+      const uint64_t old_bits = InstalledBitsInline(p.source, p.dest, live + static_cast<size_t>(sc.dest[i]) * pes);
+      uint64_t new_bits = sc.bits[i];
+      if (!exact) {
+        uint64_t dst = ToDest(p.source, p.dest, new_bits);
+        new_bits = refit::InstalledSourceBits(p.source, p.dest, &dst);
+      }
+      // Digest regions are disjoint over copies and ranks: an element is counted once overall.
+      old_sum += Mix64(m ^ old_bits) & mask;
+      new_sum += Mix64(m ^ new_bits) & mask;
+    }
+    r.old_terms += old_sum;
+    r.new_terms += new_sum;
+    r.owned += static_cast<int64_t>(owned);
   }
 };
 
 struct InstallVisitor {
   const DeltaPiece& p;
   std::byte* live;
-  size_t pes, ses;
+  size_t pes;
   Status Tile(int64_t, uint32_t, const std::byte*, const uint16_t*) { return OkStatus(); }
-  void Element(int64_t dest, uint64_t, const std::byte* value, bool, int64_t) {
-    StoreBits(live + static_cast<size_t>(dest) * pes, pes, ToDest(p.source, p.dest, LoadBits(value, ses)));
+  void TileMapped(const uint16_t*, size_t) {}
+  void Batch(const JobScratch& sc) {
+    if (p.source == refit::DType::kBF16 && p.dest == refit::DType::kF32) {
+      for (size_t i = 0; i < sc.n; ++i) {
+        if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * 4, 1);
+        const auto u = static_cast<uint32_t>(sc.bits[i] << 16);
+        std::memcpy(live + static_cast<size_t>(sc.dest[i]) * 4, &u, 4);
+      }
+      return;
+    }
+    for (size_t i = 0; i < sc.n; ++i) {
+      StoreBits(live + static_cast<size_t>(sc.dest[i]) * pes, pes, ToDest(p.source, p.dest, sc.bits[i]));
+    }
   }
 };
 
@@ -244,9 +352,17 @@ struct VerifyVisitor {
   size_t pes;
   uint64_t sum = 0;
   Status Tile(int64_t, uint32_t, const std::byte*, const uint16_t*) { return OkStatus(); }
-  void Element(int64_t dest, uint64_t global, const std::byte*, bool owned, int64_t) {
-    if (!owned) return;
-    sum += refit::DigestTerm(global, InstalledBitsFast(p.source, p.dest, live + static_cast<size_t>(dest) * pes));
+  void TileMapped(const uint16_t*, size_t) {}
+  void Batch(const JobScratch& sc) {
+    uint64_t s = 0;
+    for (size_t i = 0; i < sc.n; ++i) {
+      if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * pes);
+      const uint64_t mask = uint64_t{0} - sc.owned[i];
+      s += refit::DigestTerm(sc.global[i],
+                             InstalledBitsInline(p.source, p.dest, live + static_cast<size_t>(sc.dest[i]) * pes)) &
+           mask;
+    }
+    sum += s;
   }
 };
 
@@ -284,13 +400,7 @@ constexpr uint32_t kJobTiles = 512;
 }  // namespace
 
 uint64_t InstalledBitsFast(refit::DType source, refit::DType installed, const std::byte* element) {
-  if (source == refit::DType::kBF16 && installed == refit::DType::kF32) {
-    uint32_t u;
-    std::memcpy(&u, element, 4);
-    return (u & 0xffffu) == 0 ? (u >> 16) : refit::InstalledSourceBits(source, installed, element);
-  }
-  if (source == installed) return LoadBits(element, refit::DTypeSize(installed));
-  return refit::InstalledSourceBits(source, installed, element);
+  return InstalledBitsInline(source, installed, element);
 }
 
 bool CarriesDelta(const refit::Manifest& manifest) {
@@ -454,7 +564,7 @@ Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>&
     const refit::ShardInfo& s = t.shards[sh.shard];
     const refit::TensorSpec& param = captures[p.rank].params[p.param];
     const std::byte* base = live.at(p.rank).find(param.name)->second.data();
-    JobScratch sc;
+    JobScratch& sc = ThreadScratch();
     StageVisitor v{*out, p, t.name, s.rank, base, refit::DTypeSize(p.dest), refit::DTypeSize(sh.dtype), sh.dtype,
                    results[j]};
     Status st = VisitJob(*out, job, sc, v);
@@ -656,7 +766,6 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   out.stages_ms["planning"] = plan_ms;
   out.stages_ms["transform"] = map_ms;
   out.stages_ms["receive_sync"] = MsSince(t0);
-  out.stages_ms["jobs"] = out.jobs.size();
   if (!mismatch.empty()) {
     return DataLoss(fmt::format("delta of {} on {} does not lead to the published digests (the live digests updated by "
                                 "{} changed elements): {}; refused at stage, nothing live was touched",
@@ -673,7 +782,7 @@ template <typename Make>
 Status RunJobs(const DeltaStaged& staged, size_t begin, size_t end, int threads, Make&& make) {
   std::vector<Status> status(end - begin);
   ParallelFor(end - begin, threads, [&](size_t i) {
-    JobScratch sc;
+    JobScratch& sc = ThreadScratch();
     status[i] = make(staged.jobs[begin + i], sc);
   });
   for (Status& s : status) {
@@ -685,15 +794,16 @@ Status RunJobs(const DeltaStaged& staged, size_t begin, size_t end, int threads,
 }  // namespace
 
 Status ForEachDeltaElement(const DeltaStaged& staged, size_t job,
-                           const std::function<void(int64_t dest, uint64_t global, const std::byte* value, bool owned)>& fn) {
+                           const std::function<void(int64_t dest, uint64_t global, uint64_t bits, bool owned)>& fn) {
   struct Visitor {
-    const std::function<void(int64_t, uint64_t, const std::byte*, bool)>& fn;
+    const std::function<void(int64_t, uint64_t, uint64_t, bool)>& fn;
     Status Tile(int64_t, uint32_t, const std::byte*, const uint16_t*) { return OkStatus(); }
-    void Element(int64_t dest, uint64_t global, const std::byte* value, bool owned, int64_t) {
-      fn(dest, global, value, owned);
+    void TileMapped(const uint16_t*, size_t) {}
+    void Batch(const JobScratch& sc) {
+      for (size_t i = 0; i < sc.n; ++i) fn(sc.dest[i], sc.global[i], sc.bits[i], sc.owned[i] != 0);
     }
   } v{fn};
-  JobScratch sc;
+  JobScratch& sc = ThreadScratch();
   return VisitJob(staged, staged.jobs.at(job), sc, v);
 }
 
@@ -708,7 +818,7 @@ Status ApplyDelta(const DeltaStaged& staged, size_t rank, const refit::Capture& 
   const auto [begin, end] = staged.rank_jobs.at(rank);
   return RunJobs(staged, begin, end, threads, [&](const DeltaJob& job, JobScratch& sc) {
     const DeltaPiece& p = staged.pieces[job.piece];
-    InstallVisitor v{p, base[p.param], refit::DTypeSize(p.dest), refit::DTypeSize(staged.shards[p.shard].dtype)};
+    InstallVisitor v{p, base[p.param], refit::DTypeSize(p.dest)};
     return VisitJob(staged, job, sc, v);
   });
 }
@@ -728,7 +838,7 @@ Result<refit::TensorDigests> DigestAfterDelta(const DeltaStaged& staged, const s
   std::vector<Status> status(staged.jobs.size());
   ParallelFor(staged.jobs.size(), threads, [&](size_t j) {
     const DeltaPiece& p = staged.pieces[staged.jobs[j].piece];
-    JobScratch sc;
+    JobScratch& sc = ThreadScratch();
     VerifyVisitor v{p, base[p.rank][p.param], refit::DTypeSize(p.dest)};
     status[j] = VisitJob(staged, staged.jobs[j], sc, v);
     sums[j] = v.sum;

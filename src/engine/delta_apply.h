@@ -145,10 +145,11 @@ struct DeltaStageInput {
 [[nodiscard]] Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>& captures,
                                   const std::vector<refit::DestinationBuffers>& live, int threads, DeltaStaged* out);
 // Calls fn for every changed element job `job` maps (in the copy's box): its destination element
-// offset in the piece's parameter, global source index, new value bytes and digest ownership.
+// offset in the piece's parameter, global source index, new value (source-dtype bits) and digest
+// ownership.
 [[nodiscard]] Status ForEachDeltaElement(
     const DeltaStaged& staged, size_t job,
-    const std::function<void(int64_t dest, uint64_t global, const std::byte* value, bool owned)>& fn);
+    const std::function<void(int64_t dest, uint64_t global, uint64_t bits, bool owned)>& fn);
 
 // Writes rank `rank`'s changes (staged.jobs of that rank) into its live parameters (`capture`
 // names them), over up to `threads` threads.

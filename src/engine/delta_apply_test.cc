@@ -252,10 +252,8 @@ TEST_F(DeltaApplyTest, TileBulkMappingEqualsTheScalarReference) {
   }
   for (size_t j = 0; j < staged_.jobs.size(); ++j) {
     const DeltaPiece& p = staged_.pieces[staged_.jobs[j].piece];
-    ASSERT_TRUE(ForEachDeltaElement(staged_, j, [&](int64_t dest, uint64_t global, const std::byte* v, bool owned) {
-                  uint16_t b;
-                  std::memcpy(&b, v, 2);
-                  got.emplace_back(p.rank, p.param, dest, global, b, owned);
+    ASSERT_TRUE(ForEachDeltaElement(staged_, j, [&](int64_t dest, uint64_t global, uint64_t bits, bool owned) {
+                  got.emplace_back(p.rank, p.param, dest, global, bits, owned);
                 }).ok());
   }
   std::sort(want.begin(), want.end());
