@@ -247,6 +247,7 @@ struct StageResult {
 };
 
 constexpr size_t kPrefetch = 16;  // elements ahead in the memory passes
+constexpr size_t kFar = 64;     // and again, into L2 (not an L1 fill buffer), further ahead
 
 // The stage pass: non-finite check, the yardstick, and the digest terms of old and new values.
 struct StageVisitor {
@@ -306,6 +307,7 @@ struct StageVisitor {
     uint64_t old_sum = 0, new_sum = 0, owned = 0;
     for (size_t i = 0; i < sc.n; ++i) {
       if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * pes);
+      if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * pes, 0, 1);
       const uint64_t mask = uint64_t{0} - sc.owned[i];
       owned += sc.owned[i];
       const uint64_t m = Mix64(sc.global[i]);
@@ -335,6 +337,7 @@ struct InstallVisitor {
     if (p.source == refit::DType::kBF16 && p.dest == refit::DType::kF32) {
       for (size_t i = 0; i < sc.n; ++i) {
         if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * 4, 1);
+        if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * 4, 1, 1);
         const auto u = static_cast<uint32_t>(sc.bits[i] << 16);
         std::memcpy(live + static_cast<size_t>(sc.dest[i]) * 4, &u, 4);
       }
@@ -357,6 +360,7 @@ struct VerifyVisitor {
     uint64_t s = 0;
     for (size_t i = 0; i < sc.n; ++i) {
       if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * pes);
+      if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * pes, 0, 1);
       const uint64_t mask = uint64_t{0} - sc.owned[i];
       s += refit::DigestTerm(sc.global[i],
                              InstalledBitsInline(p.source, p.dest, live + static_cast<size_t>(sc.dest[i]) * pes)) &
