@@ -326,7 +326,41 @@ Result<const std::byte*> DecodeDeltaTileOffsets(const DeltaTiling& g, size_t es,
   }
   size_t pos = 0;
   uint64_t prev = 0;
-  for (uint64_t i = 0; i < count; ++i) {
+  uint64_t i = 0;
+  // Fast path while two bytes remain: gaps inside a tile (< 2^13 elements) take one or two
+  // varint bytes, decoded without a branch on the length; anything longer (or the last byte)
+  // goes through the general loop below, which reports malformed varints.
+  if (count > 0 && index_bytes >= 2) {
+    {
+      const uint64_t b0 = p[0], b1 = p[1];
+      const uint64_t two = b0 >> 7;
+      if (two == 0 || (b1 & 0x80) == 0) {
+        const uint64_t v = (b0 & 0x7f) | ((b1 << 7) & (uint64_t{0} - two));
+        if (v >= static_cast<uint64_t>(n)) {
+          return DataLoss(fmt::format("delta tile {}: index {} is offset {}, past the tile's {} elements", t, 0, v, n));
+        }
+        offsets[0] = static_cast<uint16_t>(v);
+        prev = v;
+        pos = 1 + two;
+        i = 1;
+      }
+    }
+    while (i > 0 && i < count && pos + 2 <= index_bytes) {
+      const uint64_t b0 = p[pos], b1 = p[pos + 1];
+      const uint64_t two = b0 >> 7;
+      if (two != 0 && (b1 & 0x80) != 0) break;
+      const uint64_t v = (b0 & 0x7f) | ((b1 << 7) & (uint64_t{0} - two));
+      if (v == 0) return DataLoss(fmt::format("delta tile {}: index {} repeats offset {}", t, i, prev));
+      const uint64_t k = prev + v;
+      if (k >= static_cast<uint64_t>(n)) {
+        return DataLoss(fmt::format("delta tile {}: index {} is offset {}, past the tile's {} elements", t, i, k, n));
+      }
+      offsets[i++] = static_cast<uint16_t>(k);
+      prev = k;
+      pos += 1 + two;
+    }
+  }
+  for (; i < count; ++i) {
     if (pos >= index_bytes) return DataLoss(fmt::format("delta tile {}: index {} is truncated", t, i));
     uint64_t v = p[pos++];
     if (v >= 0x80) {  // multi-byte varint (gaps of 128 or more)
