@@ -7,9 +7,10 @@
 // captured copy x one pulled shard it overlaps, with the affine map from the shard's tiles to the
 // parameter's elements and to the source tensor's global indices) and jobs (runs of a piece's
 // tiles), and runs the jobs over the shared ParallelFor pool. Each job decodes its tiles in bulk
-// (DecodeDeltaTileOffsets), walks the changed elements with a row cursor (a division per tile
-// row that holds a change, no search per element), refuses non-finite new values, and sums, per
-// tensor, the digest terms of the new values and of the live (old) ones, so that
+// (DecodeDeltaTileOffsets), refuses non-finite new values, maps the changed elements through the
+// piece (a row table per tile, no search and no branch per element) into a batch, and then, in a
+// memory pass over the batch with software prefetch, sums per tensor the digest terms of the new
+// values and of the live (old) ones, so that
 //     D_new(T) = D_live(T) + sum over changed owned elements (DigestTerm(i, new) - DigestTerm(i, old))
 // is predicted in the same pass. A prediction that differs from the manifest's per-tensor digest
 // refuses the stage (nothing live is touched). Reads live parameters, never writes them.
