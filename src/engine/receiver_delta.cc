@@ -79,6 +79,7 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
   in.live_digests = &live_cache_;
   in.generation = generation;
   in.timeout_ms = req.timeout_ms;
+  in.threads = threads_;
   auto t = std::chrono::steady_clock::now();
   auto staged = internal::StageDelta(in);
   if (!staged.ok()) {
@@ -138,10 +139,10 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
     const auto r = static_cast<size_t>(rank);
     // The first live byte is written below: from here on a failure is after mutation.
     touched->store(true);
-    RC_RETURN_IF_ERROR(internal::ApplyDeltaWrites(d.writes[r], captures_[r], *params));
-    for (const internal::DeltaWrite& w : d.writes[r]) bytes += refit::DTypeSize(captures_[r].params[w.param].dtype);
-    if (rank == 0 && corrupt_delta_install_.load() && !d.writes[0].empty()) {
-      const internal::DeltaWrite& w = d.writes[0].front();
+    RC_RETURN_IF_ERROR(internal::ApplyDelta(d, r, captures_[r], *params, threads_));
+    bytes += d.bytes_written[r];
+    if (rank == 0 && corrupt_delta_install_.load() && d.first_write[0]) {
+      const internal::DeltaWrite& w = *d.first_write[0];
       const Parameter* p = params->Find(captures_[0].params[w.param].name);
       auto* e = reinterpret_cast<std::byte*>(p->data()) +
                 static_cast<size_t>(w.offset) * refit::DTypeSize(captures_[0].params[w.param].dtype);
@@ -160,7 +161,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
   // Post-install proof in O(changed): every changed element's term recomputed from live memory.
   t = std::chrono::steady_clock::now();
   const auto buffers = LiveBuffers();
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests after, internal::DigestAfterDelta(d, captures_, buffers));
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests after, internal::DigestAfterDelta(d, captures_, buffers, threads_));
   stages["post_install"] = MsSince(t);
   std::string mismatch = refit::FirstDigestMismatch(after, published);
   if (!mismatch.empty()) {

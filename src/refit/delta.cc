@@ -284,6 +284,110 @@ Status DecodeDeltaTile(const DeltaTiling& g, size_t es, int64_t t, const DeltaTi
   return OkStatus();
 }
 
+Result<const std::byte*> DecodeDeltaTileOffsets(const DeltaTiling& g, size_t es, int64_t t, const DeltaTile& entry,
+                                                std::span<const std::byte> body, uint16_t* offsets) {
+  if (body.size() != entry.bytes) {
+    return DataLoss(fmt::format("delta tile {}: {} bytes, table says {}", t, body.size(), entry.bytes));
+  }
+  const int64_t n = g.TileRows(t) * g.TileCols(t);
+  const uint64_t count = entry.changed;
+  const uint64_t values_bytes = count * es;
+  if (values_bytes > body.size()) return DataLoss(fmt::format("delta tile {}: body too short for {} values", t, count));
+  const size_t index_bytes = body.size() - static_cast<size_t>(values_bytes);
+  const auto* p = reinterpret_cast<const uint8_t*>(body.data());
+  const std::byte* values = body.data() + index_bytes;
+  if (entry.bitmap) {
+    if (index_bytes != static_cast<size_t>((n + 7) / 8)) {
+      return DataLoss(fmt::format("delta tile {}: bitmap of {} bytes for {} elements", t, index_bytes, n));
+    }
+    uint64_t i = 0;
+    // Bits at or past n (in the last byte) must be clear: checked on the last word below.
+    for (size_t at = 0; at < index_bytes; at += 8) {
+      const size_t len = std::min<size_t>(8, index_bytes - at);
+      uint64_t w = 0;
+      std::memcpy(&w, p + at, len);
+      const int64_t base = static_cast<int64_t>(at) * 8;
+      if (base + 64 > n) {
+        const uint64_t past = n - base >= 64 ? 0 : ~uint64_t{0} << (n - base);
+        if ((w & past) != 0) {
+          return DataLoss(fmt::format("delta tile {}: bitmap bit {} is past the tile's {} elements", t,
+                                      base + std::countr_zero(w & past), n));
+        }
+      }
+      const auto bits = static_cast<uint64_t>(std::popcount(w));
+      if (i + bits > count) return DataLoss(fmt::format("delta tile {}: bitmap has more than {} bits set", t, count));
+      while (w != 0) {
+        offsets[i++] = static_cast<uint16_t>(base + std::countr_zero(w));
+        w &= w - 1;
+      }
+    }
+    if (i != count) return DataLoss(fmt::format("delta tile {}: bitmap has {} bits set, table says {}", t, i, count));
+    return values;
+  }
+  size_t pos = 0;
+  uint64_t prev = 0;
+  uint64_t i = 0;
+  // Fast path while two bytes remain: gaps inside a tile (< 2^13 elements) take one or two
+  // varint bytes, decoded without a branch on the length; anything longer (or the last byte)
+  // goes through the general loop below, which reports malformed varints.
+  if (count > 0 && index_bytes >= 2) {
+    {
+      const uint64_t b0 = p[0], b1 = p[1];
+      const uint64_t two = b0 >> 7;
+      if (two == 0 || (b1 & 0x80) == 0) {
+        const uint64_t v = (b0 & 0x7f) | ((b1 << 7) & (uint64_t{0} - two));
+        if (v >= static_cast<uint64_t>(n)) {
+          return DataLoss(fmt::format("delta tile {}: index {} is offset {}, past the tile's {} elements", t, 0, v, n));
+        }
+        offsets[0] = static_cast<uint16_t>(v);
+        prev = v;
+        pos = 1 + two;
+        i = 1;
+      }
+    }
+    while (i > 0 && i < count && pos + 2 <= index_bytes) {
+      const uint64_t b0 = p[pos], b1 = p[pos + 1];
+      const uint64_t two = b0 >> 7;
+      if (two != 0 && (b1 & 0x80) != 0) break;
+      const uint64_t v = (b0 & 0x7f) | ((b1 << 7) & (uint64_t{0} - two));
+      if (v == 0) return DataLoss(fmt::format("delta tile {}: index {} repeats offset {}", t, i, prev));
+      const uint64_t k = prev + v;
+      if (k >= static_cast<uint64_t>(n)) {
+        return DataLoss(fmt::format("delta tile {}: index {} is offset {}, past the tile's {} elements", t, i, k, n));
+      }
+      offsets[i++] = static_cast<uint16_t>(k);
+      prev = k;
+      pos += 1 + two;
+    }
+  }
+  for (; i < count; ++i) {
+    if (pos >= index_bytes) return DataLoss(fmt::format("delta tile {}: index {} is truncated", t, i));
+    uint64_t v = p[pos++];
+    if (v >= 0x80) {  // multi-byte varint (gaps of 128 or more)
+      v &= 0x7f;
+      int shift = 7;
+      for (;;) {
+        if (pos >= index_bytes || shift > 56) return DataLoss(fmt::format("delta tile {}: index {} is truncated", t, i));
+        const uint8_t byte = p[pos++];
+        v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+        shift += 7;
+        if ((byte & 0x80) == 0) break;
+      }
+    }
+    if (i > 0 && v == 0) return DataLoss(fmt::format("delta tile {}: index {} repeats offset {}", t, i, prev));
+    const uint64_t k = i == 0 ? v : prev + v;
+    if (k >= static_cast<uint64_t>(n) || k < prev) {
+      return DataLoss(fmt::format("delta tile {}: index {} is offset {}, past the tile's {} elements", t, i, k, n));
+    }
+    offsets[i] = static_cast<uint16_t>(k);
+    prev = k;
+  }
+  if (pos != index_bytes) {
+    return DataLoss(fmt::format("delta tile {}: {} index bytes left over after {} indices", t, index_bytes - pos, count));
+  }
+  return values;
+}
+
 std::vector<int64_t> TilesTouching(const DeltaTiling& g, const Shape& local_shape, const Box& b) {
   std::vector<int64_t> out;
   if (g.tiles() == 0 || b.numel() == 0) return out;

@@ -177,5 +177,130 @@ TEST(DeltaTest, DigestUpdateFromOldAndNewValuesEqualsTheFullDigest) {
   EXPECT_EQ(d, DigestBlock(DType::kBF16, shape, box, b.data()));
 }
 
+
+// The bulk decoder against the scalar reference (DecodeDeltaTile): over shapes with partial last
+// tiles in both directions, 0-d and 1-d shards, every density from empty through varint tiles
+// with multi-byte gaps to bitmap tiles, every tile gives the same offsets and values.
+std::vector<std::pair<int64_t, uint64_t>> BulkDecodeTile(const DeltaTiling& g, DType dtype, int64_t t,
+                                                         const DeltaTile& e, std::span<const std::byte> body,
+                                                         Status* status) {
+  std::vector<uint16_t> k(e.changed + 1);
+  std::vector<std::pair<int64_t, uint64_t>> out;
+  auto values = DecodeDeltaTileOffsets(g, DTypeSize(dtype), t, e, body, k.data());
+  *status = values.status();
+  if (!values.ok()) return out;
+  for (uint32_t i = 0; i < e.changed; ++i) {
+    out.emplace_back(g.LocalOffset(t, k[i]), ElementBits(dtype, *values + i * DTypeSize(dtype)));
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, uint64_t>> ReferenceDecodeTile(const DeltaTiling& g, DType dtype, int64_t t,
+                                                              const DeltaTile& e, std::span<const std::byte> body,
+                                                              Status* status) {
+  std::vector<std::pair<int64_t, uint64_t>> out;
+  *status = DecodeDeltaTile(g, DTypeSize(dtype), t, e, body,
+                            [&](int64_t o, const std::byte* v) { out.emplace_back(o, ElementBits(dtype, v)); });
+  if (!status->ok()) out.clear();
+  return out;
+}
+
+TEST(DeltaTest, BulkTileDecodeEqualsTheScalarReference) {
+  std::mt19937 rng(21);
+  const std::vector<Shape> shapes{{300, 700}, {130, 129}, {65, 64}, {3, 5, 260}, {1000}, {70001}, {}, {1, 1},
+                                  {8193, 1}, {77, 3}};
+  int bitmaps = 0, varints = 0, multibyte = 0;
+  for (const Shape& shape : shapes) {
+    for (double f : {0.0, 0.0005, 0.004, 0.03, 0.11, 0.2, 0.5, 1.0}) {
+      const int64_t n = NumElements(shape);
+      std::vector<uint16_t> a(static_cast<size_t>(n)), b;
+      for (auto& v : a) v = static_cast<uint16_t>(rng());
+      b = a;
+      std::bernoulli_distribution pick(f);
+      for (auto& v : b) {
+        if (pick(rng)) v = static_cast<uint16_t>(v ^ (1u + rng() % 0xfffe));
+      }
+      if (n > 1) b[static_cast<size_t>(n - 1)] ^= 1;  // the last element of the last (partial) tile
+      EncodedDelta d = EncodeShardDelta(DType::kBF16, shape, a.data(), b.data());
+      auto table = ParseDeltaTable(DType::kBF16, shape, d.bytes, d.bytes.size());
+      ASSERT_TRUE(table.ok()) << table.status().ToString();
+      const DeltaTiling g = TilingFor(shape);
+      for (int64_t t = 0; t < g.tiles(); ++t) {
+        const DeltaTile& e = (*table)[static_cast<size_t>(t)];
+        const auto body = std::span<const std::byte>(d.bytes).subspan(e.offset, e.bytes);
+        Status sb, sr;
+        const auto bulk = BulkDecodeTile(g, DType::kBF16, t, e, body, &sb);
+        const auto ref = ReferenceDecodeTile(g, DType::kBF16, t, e, body, &sr);
+        ASSERT_TRUE(sb.ok()) << sb.ToString();
+        ASSERT_TRUE(sr.ok()) << sr.ToString();
+        ASSERT_EQ(bulk, ref) << ShapeToString(shape) << " f " << f << " tile " << t;
+        if (e.bitmap) ++bitmaps;
+        if (!e.bitmap && e.changed > 0) ++varints;
+        if (!e.bitmap && e.bytes > e.changed * 3) ++multibyte;  // some gaps took 2+ bytes
+      }
+    }
+  }
+  EXPECT_GT(bitmaps, 0);
+  EXPECT_GT(varints, 0);
+  EXPECT_GT(multibyte, 0);
+}
+
+// Corrupted bodies: the bulk decoder refuses exactly the bodies the reference refuses (DataLoss),
+// and where both accept, they agree.
+TEST(DeltaTest, BulkTileDecodeRefusesWhatTheReferenceRefuses) {
+  std::mt19937 rng(22);
+  int refused = 0, accepted = 0;
+  for (const Shape& shape : std::vector<Shape>{{200, 300}, {64, 100}, {5000}}) {
+    for (double f : {0.002, 0.02, 0.3}) {
+      const int64_t n = NumElements(shape);
+      std::vector<uint16_t> a(static_cast<size_t>(n), 0x3f80), b = a;
+      std::bernoulli_distribution pick(f);
+      for (auto& v : b) {
+        if (pick(rng)) v = 0x4000;
+      }
+      EncodedDelta d = EncodeShardDelta(DType::kBF16, shape, a.data(), b.data());
+      auto table = ParseDeltaTable(DType::kBF16, shape, d.bytes, d.bytes.size());
+      ASSERT_TRUE(table.ok());
+      const DeltaTiling g = TilingFor(shape);
+      for (int trial = 0; trial < 300; ++trial) {
+        const int64_t t = static_cast<int64_t>(rng() % static_cast<uint32_t>(g.tiles()));
+        DeltaTile e = (*table)[static_cast<size_t>(t)];
+        if (e.bytes == 0) continue;
+        std::vector<std::byte> body(d.bytes.begin() + static_cast<std::ptrdiff_t>(e.offset),
+                                    d.bytes.begin() + static_cast<std::ptrdiff_t>(e.offset + e.bytes));
+        const size_t index_bytes = body.size() - e.changed * 2;
+        switch (trial % 4) {
+          case 0:  // a flipped bit in the index part
+            if (index_bytes > 0) body[rng() % index_bytes] ^= static_cast<std::byte>(1u << (rng() % 8));
+            break;
+          case 1:  // a wrong count
+            e.changed = static_cast<uint32_t>(std::max<int64_t>(0, int64_t{e.changed} + (trial % 8 < 4 ? 1 : -1)));
+            break;
+          case 2:  // a random index byte
+            if (index_bytes > 0) body[rng() % index_bytes] = static_cast<std::byte>(rng());
+            break;
+          default:  // a truncated body
+            body.pop_back();
+            e.bytes -= 1;
+            break;
+        }
+        Status sb, sr;
+        const auto bulk = BulkDecodeTile(g, DType::kBF16, t, e, body, &sb);
+        const auto ref = ReferenceDecodeTile(g, DType::kBF16, t, e, body, &sr);
+        ASSERT_EQ(sb.ok(), sr.ok()) << "bulk: " << sb.ToString() << " reference: " << sr.ToString();
+        if (!sb.ok()) {
+          EXPECT_EQ(sb.code(), StatusCode::kDataLoss);
+          ++refused;
+        } else {
+          EXPECT_EQ(bulk, ref);
+          ++accepted;
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(accepted, 10);
+}
+
 }  // namespace
 }  // namespace rc::refit

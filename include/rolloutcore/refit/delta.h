@@ -96,6 +96,18 @@ EncodedDelta EncodeShardDelta(DType dtype, const Shape& local_shape, const void*
                                      std::span<const std::byte> body,
                                      const std::function<void(int64_t local_offset, const std::byte* value)>& fn);
 
+// Bulk decode of tile `t`'s body, with the same checks and DataLoss messages as DecodeDeltaTile
+// but no per-element callback: writes the entry.changed changed in-tile offsets (row-major inside
+// the tile, strictly increasing, each < TileRows(t) * TileCols(t) <= kDeltaTargetTileElements)
+// to `offsets` (room for entry.changed values) and returns the tile's new values (entry.changed
+// elements of element_size bytes, in the same order, inside `body`). Bitmaps are read a 64-bit
+// word at a time, varints with a one-byte fast path. In-tile offset k is the shard-local flat
+// offset LocalOffset(t, k).
+[[nodiscard]] Result<const std::byte*> DecodeDeltaTileOffsets(const DeltaTiling& tiling, size_t element_size,
+                                                              int64_t t, const DeltaTile& entry,
+                                                              std::span<const std::byte> body, uint16_t* offsets);
+static_assert(kDeltaTargetTileElements <= 65536, "in-tile offsets must fit uint16_t");
+
 // The tiles (indices, increasing) holding elements of `local_box` (shard-local coordinates).
 std::vector<int64_t> TilesTouching(const DeltaTiling& tiling, const Shape& local_shape, const Box& local_box);
 

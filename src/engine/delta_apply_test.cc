@@ -1,0 +1,360 @@
+// The receiver's delta decode/map/apply/verify (delta_apply.h) against a scalar reference: every
+// changed element of every source shard, mapped element by element through the captured copies
+// (global coordinates, CapturedCopy arithmetic, digest ownership by box tests), must give exactly
+// the (rank, parameter, destination, global index, value, owned) tuples the tile-bulk path
+// produces; the prediction must equal the digest of the new version; the install must leave the
+// parameters equal to the reference's; the post-install digest must see a write that did not land.
+#include "engine/delta_apply.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <tuple>
+
+#include "rolloutcore/refit/delta.h"
+#include "rolloutcore/refit/digest.h"
+
+namespace rc::engine::internal {
+namespace {
+
+using refit::Box;
+using refit::CapturedCopy;
+using refit::DType;
+using refit::Shape;
+
+// (rank, param, dest, global, new bf16 bits, owned)
+using Elem = std::tuple<uint32_t, uint32_t, int64_t, uint64_t, uint64_t, bool>;
+
+struct Tensor {
+  std::string name;
+  Shape shape;
+  std::vector<Box> shards;  // source (trainer) shards
+  std::vector<uint16_t> old_bits, new_bits;
+};
+
+CapturedCopy Copy(const Tensor& t, Box box, uint32_t param, std::vector<int32_t> view_to_source, Shape dest_shape,
+                  Shape dest_strides, int64_t dest_offset) {
+  CapturedCopy c;
+  c.source = t.name;
+  c.source_dtype = DType::kBF16;
+  c.source_shape = t.shape;
+  c.box = std::move(box);
+  c.view_to_source = std::move(view_to_source);
+  c.param = param;
+  c.dest_offset = dest_offset;
+  c.dest_shape = std::move(dest_shape);
+  c.dest_strides = std::move(dest_strides);
+  c.convert = true;
+  return c;
+}
+
+bool Inside(const Box& b, const std::vector<int64_t>& coords) {
+  for (size_t d = 0; d < b.ndim(); ++d) {
+    if (coords[d] < b.start[d] || coords[d] >= b.start[d] + b.extent[d]) return false;
+  }
+  return true;
+}
+
+class DeltaApplyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937 rng(7);
+    // w [150, 300], trainer shards on rows 0..80 and 80..150 (tiles 64 x 128: partial last tiles).
+    tensors_.push_back({"w", {150, 300}, {Box{{0, 0}, {80, 300}}, Box{{80, 0}, {70, 300}}}, {}, {}});
+    // t [40, 70], installed transposed.
+    tensors_.push_back({"t", {40, 70}, {Box{{0, 0}, {40, 70}}}, {}, {}});
+    // n [1000], replicated on both engine ranks, two trainer shards.
+    tensors_.push_back({"n", {1000}, {Box{{0}, {600}}, Box{{600}, {400}}}, {}, {}});
+    // e [3, 10, 70], trainer shards on dim 1; a partial box of it installed.
+    tensors_.push_back({"e", {3, 10, 70}, {Box{{0, 0, 0}, {3, 4, 70}}, Box{{0, 4, 0}, {3, 6, 70}}}, {}, {}});
+    // s: a scalar.
+    tensors_.push_back({"s", {}, {Box{{}, {}}}, {}, {}});
+    for (Tensor& t : tensors_) {
+      const int64_t n = refit::NumElements(t.shape);
+      t.old_bits.resize(static_cast<size_t>(n));
+      for (auto& b : t.old_bits) b = static_cast<uint16_t>(0x3c00 + rng() % 0x0400);  // finite bf16
+      t.new_bits = t.old_bits;
+      std::bernoulli_distribution pick(t.name == "n" ? 0.3 : 0.05);  // "n": bitmap tiles
+      for (auto& b : t.new_bits) {
+        if (pick(rng)) b = static_cast<uint16_t>(b ^ (1u + rng() % 0x3ff));
+      }
+      if (t.name == "s") t.new_bits[0] ^= 1;
+    }
+    const Tensor &w = tensors_[0], &tt = tensors_[1], &nn = tensors_[2], &e3 = tensors_[3], &s = tensors_[4];
+    // Rank 0: w[:, 0:150] -> w0, t transposed -> tT, n -> n, e[:, 2:9, 10:60] -> e0, s -> s.
+    caps_.resize(2);
+    caps_[0].params = {{"w0", DType::kF32, {150, 150}}, {"tT", DType::kF32, {70, 40}}, {"n", DType::kF32, {1000}},
+                       {"e0", DType::kF32, {3, 7, 50}}, {"s", DType::kF32, {1}}};
+    caps_[0].copies = {Copy(w, Box{{0, 0}, {150, 150}}, 0, {0, 1}, {150, 150}, {150, 1}, 0),
+                       Copy(tt, Box{{0, 0}, {40, 70}}, 1, {1, 0}, {70, 40}, {40, 1}, 0),
+                       Copy(nn, Box{{0}, {1000}}, 2, {0}, {1000}, {1}, 0),
+                       Copy(e3, Box{{0, 2, 10}, {3, 7, 50}}, 3, {0, 1, 2}, {3, 7, 50}, {350, 50, 1}, 0),
+                       Copy(s, Box{{}, {}}, 4, {}, {}, {}, 0)};
+    // Rank 1: w[100:150, :] -> wtail (first: it owns w[100:150, 150:300]), w[:, 150:300] -> w1
+    // (owns only rows 0..100 of it: partial ownership), n again (owns nothing: replicated).
+    caps_[1].params = {{"wtail", DType::kF32, {50, 300}}, {"w1", DType::kF32, {150, 150}}, {"n", DType::kF32, {1000}}};
+    caps_[1].copies = {Copy(w, Box{{100, 0}, {50, 300}}, 0, {0, 1}, {50, 300}, {300, 1}, 0),
+                       Copy(w, Box{{0, 150}, {150, 150}}, 1, {0, 1}, {150, 150}, {150, 1}, 0),
+                       Copy(nn, Box{{0}, {1000}}, 2, {0}, {1000}, {1}, 0)};
+    std::vector<const refit::Capture*> ptrs{&caps_[0], &caps_[1]};
+    regions_ = refit::AssignDigestOwnership(ptrs);
+
+    // Manifest, payloads, and every shard pulled whole for every rank.
+    for (const Tensor& t : tensors_) {
+      refit::ShardTable table;
+      table.name = t.name;
+      table.dtype = DType::kBF16;
+      table.shape = t.shape;
+      for (const Box& b : t.shards) {
+        refit::ShardInfo si;
+        si.rank = static_cast<int32_t>(table.shards.size());
+        si.offset = b.start;
+        si.shape = b.extent;
+        table.shards.push_back(si);
+      }
+      manifest_.tables.push_back(table);
+    }
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      std::vector<std::vector<uint64_t>> tile_at;
+      const size_t first = staged_.shards.size();
+      for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+        for (size_t si = 0; si < tensors_[ti].shards.size(); ++si) {
+          auto [old_box, new_box] = ShardContents(tensors_[ti], tensors_[ti].shards[si]);
+          const Shape& local = tensors_[ti].shards[si].extent;
+          refit::EncodedDelta enc = refit::EncodeShardDelta(DType::kBF16, local, old_box.data(), new_box.data());
+          DeltaShard& sh = staged_.shards.emplace_back();
+          sh.rank = static_cast<uint32_t>(r);
+          sh.table = static_cast<uint32_t>(ti);
+          sh.shard = static_cast<uint32_t>(si);
+          sh.dtype = DType::kBF16;
+          sh.tiling = refit::TilingFor(local);
+          auto table = refit::ParseDeltaTable(DType::kBF16, local, enc.bytes, enc.bytes.size());
+          ASSERT_TRUE(table.ok()) << table.status().ToString();
+          sh.entries = *table;
+          sh.bodies = enc.bytes;
+          std::vector<uint64_t> at;
+          for (const refit::DeltaTile& entry : sh.entries) at.push_back(entry.offset);
+          tile_at.push_back(at);
+        }
+      }
+      // Live parameters hold the old values (exact bf16 -> f32 widening).
+      live_.emplace_back();
+      params_.emplace_back();
+      for (const refit::TensorSpec& p : caps_[r].params) {
+        ASSERT_TRUE(params_[r].Add(p.name, p.shape).ok());
+        const Parameter* param = params_[r].Find(p.name);
+        live_[r].emplace(p.name, std::span<std::byte>(reinterpret_cast<std::byte*>(param->data()), param->nbytes()));
+      }
+      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, /*use_new=*/false, true);
+      ASSERT_TRUE(PlanDeltaRank(manifest_, r, caps_[r], regions_[r], live_, first, tile_at, &staged_).ok());
+    }
+    for (const Tensor& t : tensors_) staged_.base_digests[t.name] = CoveredDigest(t, false);
+  }
+
+  // The digest of the part of t the engine installs (all of it, but for e), old or new values.
+  uint64_t CoveredDigest(const Tensor& t, bool use_new) {
+    const Box covered = t.name == "e" ? Box{{0, 2, 10}, {3, 7, 50}} : refit::FullBox(t.shape);
+    auto [o, n] = ShardContents(t, covered);
+    return refit::DigestBlock(DType::kBF16, t.shape, covered, use_new ? n.data() : o.data());
+  }
+
+  // The shard box's old and new contents (row-major).
+  std::pair<std::vector<uint16_t>, std::vector<uint16_t>> ShardContents(const Tensor& t, const Box& b) {
+    std::vector<uint16_t> o, n;
+    ForEachInBox(t, b, [&](const std::vector<int64_t>&, int64_t gi) {
+      o.push_back(t.old_bits[static_cast<size_t>(gi)]);
+      n.push_back(t.new_bits[static_cast<size_t>(gi)]);
+    });
+    return {o, n};
+  }
+
+  template <typename F>
+  static void ForEachInBox(const Tensor& t, const Box& b, F&& f) {
+    const size_t nd = t.shape.size();
+    const Shape g = refit::RowMajorStrides(t.shape);
+    std::vector<int64_t> idx(nd, 0);
+    if (b.numel() == 0) return;
+    for (;;) {
+      std::vector<int64_t> coords(nd);
+      int64_t gi = 0;
+      for (size_t d = 0; d < nd; ++d) {
+        coords[d] = b.start[d] + idx[d];
+        gi += coords[d] * g[d];
+      }
+      f(coords, gi);
+      size_t d = nd;
+      bool done = true;
+      while (d > 0) {
+        --d;
+        if (++idx[d] < b.extent[d]) {
+          done = false;
+          break;
+        }
+        idx[d] = 0;
+      }
+      if (done) return;
+    }
+  }
+
+  static int64_t DestOf(const CapturedCopy& c, const std::vector<int64_t>& coords) {
+    int64_t d = c.dest_offset;
+    for (size_t k = 0; k < c.view_to_source.size(); ++k) {
+      const int32_t s = c.view_to_source[k];
+      if (s >= 0) d += (coords[static_cast<size_t>(s)] - c.box.start[static_cast<size_t>(s)]) * c.dest_strides[k];
+    }
+    return d;
+  }
+
+  const Tensor& TensorOf(const std::string& name) const {
+    return *std::find_if(tensors_.begin(), tensors_.end(), [&](const Tensor& t) { return t.name == name; });
+  }
+
+  // Writes copy c's old or new values into rank r's live parameter (write) and/or returns the
+  // scalar reference's tuples of the changed elements it installs.
+  std::vector<Elem> ForEachCopied(size_t r, const CapturedCopy& c, bool use_new, bool write) {
+    std::vector<Elem> out;
+    const Tensor& t = TensorOf(c.source);
+    const Parameter* p = params_[r].Find(caps_[r].params[c.param].name);
+    ForEachInBox(t, c.box, [&](const std::vector<int64_t>& coords, int64_t gi) {
+      const uint16_t nb = t.new_bits[static_cast<size_t>(gi)];
+      const int64_t dest = DestOf(c, coords);
+      if (write) {
+        const uint32_t f = static_cast<uint32_t>(use_new ? nb : t.old_bits[static_cast<size_t>(gi)]) << 16;
+        std::memcpy(p->data() + dest, &f, 4);
+      }
+      if (nb == t.old_bits[static_cast<size_t>(gi)]) return;
+      const uint32_t ci = static_cast<uint32_t>(&c - caps_[r].copies.data());
+      bool owned = false;
+      for (const refit::DigestRegion& reg : regions_[r]) owned = owned || (reg.copy == ci && Inside(reg.box, coords));
+      out.emplace_back(static_cast<uint32_t>(r), c.param, dest, static_cast<uint64_t>(gi), nb, owned);
+    });
+    return out;
+  }
+
+  std::vector<Tensor> tensors_;
+  std::vector<refit::Capture> caps_;
+  std::vector<std::vector<refit::DigestRegion>> regions_;
+  refit::Manifest manifest_;
+  std::vector<ParameterStore> params_;
+  std::vector<refit::DestinationBuffers> live_;
+  DeltaStaged staged_;
+};
+
+TEST_F(DeltaApplyTest, TileBulkMappingEqualsTheScalarReference) {
+  std::vector<Elem> want, got;
+  for (size_t r = 0; r < caps_.size(); ++r) {
+    for (const CapturedCopy& c : caps_[r].copies) {
+      auto e = ForEachCopied(r, c, false, false);
+      want.insert(want.end(), e.begin(), e.end());
+    }
+  }
+  for (size_t j = 0; j < staged_.jobs.size(); ++j) {
+    const DeltaPiece& p = staged_.pieces[staged_.jobs[j].piece];
+    ASSERT_TRUE(ForEachDeltaElement(staged_, j, [&](int64_t dest, uint64_t global, uint64_t bits, bool owned) {
+                  got.emplace_back(p.rank, p.param, dest, global, bits, owned);
+                }).ok());
+  }
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  ASSERT_GT(want.size(), 1000u);
+  EXPECT_EQ(got, want);
+  // Partial ownership was exercised: some changed elements of w1 are owned, some not.
+  int owned_w1 = 0, unowned_w1 = 0;
+  for (const Elem& e : want) {
+    if (std::get<0>(e) == 1 && std::get<1>(e) == 1) (std::get<5>(e) ? owned_w1 : unowned_w1)++;
+  }
+  EXPECT_GT(owned_w1, 0);
+  EXPECT_GT(unowned_w1, 0);
+}
+
+TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(threads);
+    // Reset the live parameters to the old version.
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, false, true);
+    }
+    ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_).ok());
+    for (const Tensor& t : tensors_) {
+      EXPECT_EQ(staged_.predicted[t.name], CoveredDigest(t, true)) << t.name;
+      EXPECT_NE(staged_.predicted[t.name], CoveredDigest(t, false)) << t.name;
+    }
+    // The reference install on copies of the parameters, the bulk one on the live ones.
+    std::vector<std::map<std::string, std::vector<float>>> before(caps_.size());
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const auto& [name, p] : params_[r].all()) before[r][name].assign(p.data(), p.data() + p.numel);
+    }
+    for (size_t r = 0; r < caps_.size(); ++r) ASSERT_TRUE(ApplyDelta(staged_, r, caps_[r], params_[r], threads).ok());
+    int64_t changed_floats = 0;
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const CapturedCopy& c : caps_[r].copies) {
+        for (const Elem& e : ForEachCopied(r, c, true, false)) {
+          const Parameter* p = params_[r].Find(caps_[r].params[std::get<1>(e)].name);
+          uint32_t u;
+          std::memcpy(&u, p->data() + std::get<2>(e), 4);
+          EXPECT_EQ(u, static_cast<uint32_t>(std::get<4>(e)) << 16);
+          before[r][p->name][static_cast<size_t>(std::get<2>(e))] = std::bit_cast<float>(u);
+          ++changed_floats;
+        }
+      }
+      // Nothing else moved.
+      for (const auto& [name, p] : params_[r].all()) {
+        EXPECT_EQ(0, std::memcmp(before[r][name].data(), p.data(), p.nbytes())) << "rank " << r << " " << name;
+      }
+    }
+    EXPECT_GT(changed_floats, 1000);
+    auto after = DigestAfterDelta(staged_, caps_, live_, threads);
+    ASSERT_TRUE(after.ok()) << after.status().ToString();
+    EXPECT_EQ(*after, staged_.predicted);
+    // A write that did not land (the first write of rank 0 flipped back) is seen.
+    ASSERT_TRUE(staged_.first_write[0].has_value());
+    const DeltaWrite& w = *staged_.first_write[0];
+    auto* e = reinterpret_cast<std::byte*>(params_[0].Find(caps_[0].params[w.param].name)->data()) + w.offset * 4;
+    *e ^= std::byte{0x01};
+    auto bad = DigestAfterDelta(staged_, caps_, live_, threads);
+    ASSERT_TRUE(bad.ok());
+    EXPECT_NE(*bad, staged_.predicted);
+    *e ^= std::byte{0x01};
+  }
+}
+
+TEST_F(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
+  Tensor& w = tensors_[0];
+  (void)w;
+  // Poison one new value inside a pulled body of rank 0's first shard of w: bf16 +Inf.
+  DeltaShard& sh = staged_.shards[0];
+  ASSERT_EQ(sh.table, 0u);
+  const refit::DeltaTile* tile = nullptr;
+  for (const refit::DeltaTile& e : sh.entries) {
+    if (e.changed > 0) {
+      tile = &e;
+      break;
+    }
+  }
+  ASSERT_NE(tile, nullptr);
+  const uint16_t inf = 0x7f80;
+  std::memcpy(sh.bodies.data() + tile->offset + tile->bytes - 2, &inf, 2);  // its last value
+  Status s = PredictDelta(manifest_, caps_, live_, 2, &staged_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("tensor w"), std::string::npos) << s.ToString();
+}
+
+TEST(DeltaApplyBitsTest, InstalledBitsFastEqualsInstalledSourceBits) {
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = static_cast<uint32_t>(rng());
+    if (i % 2 == 0) u &= 0xffff0000u;  // exact widenings half the time
+    std::byte e[4];
+    std::memcpy(e, &u, 4);
+    for (auto [src, dst] : {std::pair{DType::kBF16, DType::kF32}, std::pair{DType::kF32, DType::kF32},
+                            std::pair{DType::kF16, DType::kF32}, std::pair{DType::kBF16, DType::kBF16}}) {
+      ASSERT_EQ(InstalledBitsFast(src, dst, e), refit::InstalledSourceBits(src, dst, e)) << u;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rc::engine::internal
