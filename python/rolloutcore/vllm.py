@@ -34,8 +34,9 @@ How it works, per worker (one tensor-parallel rank):
   ``refused_untouched`` / ``installed`` / ``failed_after_mutation``.
 * **Digest**: the content digest of the live parameters in source (HF) coordinates, on the GPU,
   through the captured mapping: the same definition as the directory's manifest digest.
-* **Label**: the label and generation are written only by ``rc_install`` (nothing else writes them),
-  plus a boot id per worker process, so a restarted vLLM is recognised.
+* **Label**: the label and generation are written only by ``rc_install``, and by ``rc_adopt`` after
+  vLLM's own transfer only when a fresh live digest equals the manifest's (nothing else writes
+  them), plus a boot id per worker process, so a restarted vLLM is recognised.
 
 Methods never raise to vLLM: failures return ``{"ok": False, "code": ..., "error": ...}`` with a
 rolloutcore status code name.

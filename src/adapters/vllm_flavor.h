@@ -18,6 +18,10 @@
 //  * the label and digest read right after an install come from rc_install's own reply (the
 //    extension sets the label in rc_install and returns what rc_label and rc_digest(fresh=false)
 //    would), when every rank's reply carries them; otherwise rc_label / rc_digest are called.
+//  * with native_transfer (--vllm-transfer native-nccl) Stage is a preflight of the trainer's
+//    sender and Install runs vLLM's own start/update/finish_weight_update session, the sender's
+//    broadcast concurrent with /update_weights, then rc_adopt, which sets the label only when a
+//    fresh live digest equals the manifest's (VllmFlavor::NativeInstall; docs/vllm.md).
 // A cycle starts at Describe() (the Runner calls it at the start of every update and recovery).
 //
 // Thread safety: all methods may be called from any thread, concurrently (the Runner may abandon
