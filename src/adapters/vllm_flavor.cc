@@ -857,10 +857,18 @@ Result<Json> VllmFlavor::NativeInitGroup(const Json& trainer_state, int64_t work
                         {"ok", vllm.ok()},
                         {"ms", MsSince(t0)},
                         {"error", vllm.ok() ? Json() : Json(vllm.status().ToString())}});
-  auto joined = JoinBackground(*sender, t0 + std::chrono::milliseconds(options_.native_timeout_ms));
+  // vLLM refused its half: the sender's rendezvous waits for a peer that will not come (vLLM's
+  // store timeout is 300 s), so it gets a short grace only.
+  auto init_deadline = t0 + std::chrono::milliseconds(options_.native_timeout_ms);
+  if (!vllm.ok()) init_deadline = std::min(init_deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  auto joined = JoinBackground(*sender, init_deadline);
   const std::string what = "POST native sender at " + options_.native_trainer_url + "/rc/native/init";
   if (!joined) {
     calls->push_back(Json{{"call", "sender init"}, {"ok", false}, {"error", "deadline"}});
+    if (!vllm.ok()) {
+      return vllm.status().WithContext("forming vLLM's weight-transfer group (start vLLM with "
+                                       "--weight-transfer-config '{\"backend\":\"nccl\"}')");
+    }
     return DeadlineExceeded(what + " did not finish within " + std::to_string(options_.native_timeout_ms) + " ms");
   }
   auto s = SenderJson(*joined, what);

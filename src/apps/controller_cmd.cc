@@ -1,4 +1,5 @@
 // `rolloutcore controller serve`: the controller service over HTTP engines and a directory.
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <sstream>
@@ -249,7 +250,9 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       ao.vllm_native_transfer = o->vllm_transfer == "native-nccl";
       ao.vllm_native_trainer_url = o->vllm_native_trainer;
       ao.vllm_native_init = o->vllm_native_init == "controller";
-      ao.vllm_native_timeout_ms = o->install_ms;
+      // Each join (group init, send/update) gets half the install deadline, so a refusal before
+      // the start still lands inside it (the Runner taints an install that overruns).
+      ao.vllm_native_timeout_ms = std::max<int64_t>(1, o->install_ms / 2);
       controller::EngineHandle h;
       h.name = url;
       h.adapter = std::make_unique<adapters::HttpEngineAdapter>(ao);

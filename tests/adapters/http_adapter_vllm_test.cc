@@ -723,9 +723,18 @@ class FakeSender {
                         .dump(),
                     "application/json");
     });
+    // Like the rendezvous, the sender's init waits (up to 5 s) for vLLM's side to join.
     svr_.Post("/rc/native/init", [this](const httplib::Request& q, httplib::Response& r) {
-      std::lock_guard<std::mutex> lock(mu_);
-      init_bodies_.push_back(Json::parse(q.body));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        init_bodies_.push_back(Json::parse(q.body));
+      }
+      for (int i = 0; i < 5000 && !vllm_->wt_group_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (!vllm_->wt_group_) {
+        r.status = 500;
+        r.set_content(R"({"ok":false,"code":"Unavailable","error":"rendezvous: vLLM never joined"})", "application/json");
+        return;
+      }
       joined_ = true;
       r.set_content(R"({"ok":true,"init_ms":1})", "application/json");
     });
@@ -923,11 +932,17 @@ TEST(HttpAdapterVllmNativeTest, FailuresBeforeStartAreRefusalsWithNothingTouched
     cfg.weight_transfer = false;
     FakeVllm vllm(cfg);
     FakeSender sender(&vllm);
-    HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
+    HttpAdapterOptions o = NativeOptions(vllm.url(), sender.url());
+    o.vllm_native_timeout_ms = 10000;
+    HttpEngineAdapter a(o);
     ASSERT_TRUE(a.Describe().ok());
+    const auto t0 = std::chrono::steady_clock::now();
     auto inst = Await(a.Install(NativeTarget(), false));
     ASSERT_TRUE(inst.ok()) << inst.status().ToString();
     EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched) << inst->error;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4000))
+        << "vLLM refused its half: the sender's rendezvous (waiting 5 s here) gets a short grace, not the join "
+           "deadline, so the refusal lands inside the install deadline";
     EXPECT_NE(inst->error.find("--weight-transfer-config"), std::string::npos) << inst->error;
     EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init"}));
   }
