@@ -984,5 +984,67 @@ TEST(HttpAdapterVllmNativeTest, ASenderThatFailsMidSendTaintsAndTheNextUpdateFor
   EXPECT_EQ(sender.init_bodies_.size(), 2u) << "the sender left the group: it is formed again";
 }
 
+
+// Through the real Controller and Runner: the native session commits only by rc_adopt's proof.
+class VllmNativeRunnerTest : public ::testing::Test {
+ protected:
+  Result<lifecycle::UpdateRecord> RunNative(FakeVllm& vllm, const std::string& sender_url) {
+    adapter_ = std::make_unique<HttpEngineAdapter>(NativeOptions(vllm.url(), sender_url));
+    c_ = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal_)).value();
+    RC_RETURN_IF_ERROR(c_->Initialize({"v7", 3}, {"", "", "", 0}));
+    lifecycle::RunnerOptions ro;
+    ro.deadlines.reset_ms = 2000;
+    runner_ = std::make_unique<lifecycle::Runner>(c_.get(), adapter_.get(), SystemClock::Default(), ro);
+    RC_RETURN_IF_ERROR(runner_->StartUpdate(NativeTarget()).status());
+    return runner_->RunToCompletion();
+  }
+  lifecycle::MemoryJournal journal_;
+  std::unique_ptr<HttpEngineAdapter> adapter_;
+  std::unique_ptr<lifecycle::Controller> c_;
+  std::unique_ptr<lifecycle::Runner> runner_;
+};
+
+TEST_F(VllmNativeRunnerTest, AnUpdateCommitsWithTheLabelRcAdoptProved) {
+  FakeVllm vllm;
+  FakeSender sender(&vllm);
+  auto u = RunNative(vllm, sender.url());
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_EQ(c_->version().label, "v8");
+  const Json& inst = u->evidence["install_complete"]["detail"];
+  EXPECT_EQ(inst["transfer"], "vllm_native_nccl") << inst.dump();
+  EXPECT_EQ(inst["adopt"][0]["outcome"], "installed");
+  EXPECT_EQ(u->evidence["staged"]["engine"]["transfer"], "vllm_native_nccl");
+  EXPECT_EQ(u->evidence["validated"]["digest_checked"], true);
+  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_adopt"}));
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.prefix_resets_, 1) << "the cache boundary as on the rolloutcore path";
+}
+
+TEST_F(VllmNativeRunnerTest, AnUnprovenTransferTaints) {
+  {
+    FakeVllm vllm;
+    FakeSender sender(&vllm);
+    vllm.Script([&] { vllm.live_digest_ = "00000000deadbeef"; });
+    auto u = RunNative(vllm, sender.url());
+    ASSERT_TRUE(u.ok()) << u.status().ToString();
+    EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kTainted) << u->evidence.dump();
+    EXPECT_EQ(c_->state(), lifecycle::State::kTainted);
+    EXPECT_NE(u->reason.find("rc_adopt"), std::string::npos) << u->reason;
+  }
+}
+
+TEST_F(VllmNativeRunnerTest, AnUnreachableSenderIsRejectedWithNothingTouched) {
+  {
+    FakeVllm vllm;
+    auto u = RunNative(vllm, "http://127.0.0.1:1");
+    ASSERT_TRUE(u.ok()) << u.status().ToString();
+    EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected) << u->evidence.dump();
+    EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+    EXPECT_EQ(c_->version().label, "v7");
+    EXPECT_TRUE(WtCalls(vllm).empty());
+  }
+}
+
 }  // namespace
 }  // namespace rc::adapters
