@@ -199,8 +199,8 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
   if (!vo.native_trainer_url.empty()) {
     // Runs on detached threads too (the concurrent halves of the native session), so it owns
     // copies of what it needs and never refers to the adapter.
-    trainer_call = [url = vo.native_trainer_url, timeout_ms = std::max(s_->options.http_timeout_ms,
-                                                                       vo.native_timeout_ms + 5000)](
+    trainer_call = [url = vo.native_trainer_url,
+                    timeout_ms = std::max(s_->options.http_timeout_ms, vo.native_timeout_ms + 5000)](
                        const std::string& method, const std::string& path,
                        const std::string& body) -> Result<internal::HttpReply> {
       auto c = net::MakeClient(url);
@@ -213,14 +213,14 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
     };
   }
   Shared* raw = s_.get();  // owns the flavour, so outlives it
-  s_->vllm =
-      std::make_unique<internal::VllmFlavor>(std::move(vo),
-                                             [raw](const std::string& method, const std::string& path,
-                                                   const std::string& body) -> Result<internal::HttpReply> {
-                                               RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
-                                               return internal::HttpReply{r.status, r.body};
-                                             },
-                                             std::move(trainer_call));
+  s_->vllm = std::make_unique<internal::VllmFlavor>(
+      std::move(vo),
+      [raw](const std::string& method, const std::string& path,
+            const std::string& body) -> Result<internal::HttpReply> {
+        RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
+        return internal::HttpReply{r.status, r.body};
+      },
+      std::move(trainer_call));
 }
 
 HttpEngineAdapter::~HttpEngineAdapter() = default;

@@ -76,8 +76,8 @@ std::shared_ptr<BackgroundCall> StartBackground(HttpCall call, std::string metho
                body = std::move(body)]() {
     Result<HttpReply> r = call ? call(method, path, body) : Result<HttpReply>(Internal("no trainer call configured"));
     std::lock_guard<std::mutex> lock(b->mu);
-    b->ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - b->started)
-                .count();
+    b->ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - b->started).count();
     b->result.emplace(std::move(r));
     b->cv.notify_all();
   }).detach();
@@ -815,7 +815,6 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
   return e;
 }
 
-
 // ---- vLLM's own transfer (--vllm-transfer native-nccl) ---------------------------------------
 
 Result<Json> VllmFlavor::NativePreflight(const UpdateTarget& target) {
@@ -866,8 +865,9 @@ Result<Json> VllmFlavor::NativeInitGroup(const Json& trainer_state, int64_t work
   if (!joined) {
     calls->push_back(Json{{"call", "sender init"}, {"ok", false}, {"error", "deadline"}});
     if (!vllm.ok()) {
-      return vllm.status().WithContext("forming vLLM's weight-transfer group (start vLLM with "
-                                       "--weight-transfer-config '{\"backend\":\"nccl\"}')");
+      return vllm.status().WithContext(
+          "forming vLLM's weight-transfer group (start vLLM with "
+          "--weight-transfer-config '{\"backend\":\"nccl\"}')");
     }
     return DeadlineExceeded(what + " did not finish within " + std::to_string(options_.native_timeout_ms) + " ms");
   }
@@ -876,8 +876,10 @@ Result<Json> VllmFlavor::NativeInitGroup(const Json& trainer_state, int64_t work
                         {"ok", s.ok()},
                         {"ms", sender->ms},
                         {"error", s.ok() ? Json() : Json(s.status().ToString())}});
-  if (!vllm.ok()) return vllm.status().WithContext("forming vLLM's weight-transfer group (start vLLM with "
-                                                   "--weight-transfer-config '{\"backend\":\"nccl\"}')");
+  if (!vllm.ok())
+    return vllm.status().WithContext(
+        "forming vLLM's weight-transfer group (start vLLM with "
+        "--weight-transfer-config '{\"backend\":\"nccl\"}')");
   RC_RETURN_IF_ERROR(s.status());
   return Json{{"init_info", init_info}, {"sender", *s}, {"ms", MsSince(t0)}};
 }
@@ -940,7 +942,8 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   }
   if (!pre) {
     auto p = NativePreflight(target);
-    calls.push_back(Json{{"call", "sender update_info"}, {"ok", p.ok()}, {"error", p.ok() ? Json() : Json(p.status().ToString())}});
+    calls.push_back(
+        Json{{"call", "sender update_info"}, {"ok", p.ok()}, {"error", p.ok() ? Json() : Json(p.status().ToString())}});
     if (!p.ok()) return refuse(p.status().ToString());
     pre = *p;
   }
@@ -973,7 +976,9 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   }
   // 3. start: from here the model is inside vLLM's layerwise reload.
   auto start = PostJson("/start_weight_update", "");
-  calls.push_back(Json{{"call", "POST /start_weight_update"}, {"ok", start.ok()}, {"ms", MsSince(t0)},
+  calls.push_back(Json{{"call", "POST /start_weight_update"},
+                       {"ok", start.ok()},
+                       {"ms", MsSince(t0)},
                        {"error", start.ok() ? Json() : Json(start.status().ToString())}});
   if (!start.ok() && start.status().message().find("Weight transfer not configured") != std::string::npos) {
     // vLLM checks the configuration before anything else (Worker._check_weight_transfer_engine).
@@ -1015,7 +1020,9 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   // 4. the concurrent pair.
   auto send = StartBackground(trainer_call_, "POST", "/rc/native/send", Json{{"version", target.label}}.dump());
   auto update = PostJson("/update_weights", Json{{"update_info", update_info}}.dump());
-  calls.push_back(Json{{"call", "POST /update_weights"}, {"ok", update.ok()}, {"ms", MsSince(t0)},
+  calls.push_back(Json{{"call", "POST /update_weights"},
+                       {"ok", update.ok()},
+                       {"ms", MsSince(t0)},
                        {"error", update.ok() ? Json() : Json(update.status().ToString())}});
   // A refused /update_weights never entered the broadcasts: the sender's half may wait for a
   // peer forever, so it gets a short grace only.
@@ -1030,7 +1037,9 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
                       (update.ok() ? "" : "; /update_weights: " + update.status().ToString()));
   }
   auto sent_json = SenderJson(*sent, what);
-  calls.push_back(Json{{"call", "sender send"}, {"ok", sent_json.ok()}, {"ms", send->ms},
+  calls.push_back(Json{{"call", "sender send"},
+                       {"ok", sent_json.ok()},
+                       {"ms", send->ms},
                        {"error", sent_json.ok() ? Json() : Json(sent_json.status().ToString())},
                        {"reply", sent_json.ok() ? *sent_json : Json()}});
   if (!update.ok()) {
@@ -1042,7 +1051,9 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   if (!sent_json.ok()) return fail_after(sent_json.status().ToString());
   // 5. finish.
   auto fin = PostJson("/finish_weight_update", "");
-  calls.push_back(Json{{"call", "POST /finish_weight_update"}, {"ok", fin.ok()}, {"ms", MsSince(t0)},
+  calls.push_back(Json{{"call", "POST /finish_weight_update"},
+                       {"ok", fin.ok()},
+                       {"ms", MsSince(t0)},
                        {"error", fin.ok() ? Json() : Json(fin.status().ToString())}});
   if (!fin.ok()) return fail_after("/finish_weight_update: " + fin.status().ToString());
   // 6. proof, then the label.
@@ -1053,7 +1064,9 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   auto adopt = CollectiveRpc(
       "rc_adopt", Json{{"version", target.label}, {"content_digest", target.identity.content_digest}, {"specs", specs}},
       0);
-  calls.push_back(Json{{"call", "collective_rpc rc_adopt"}, {"ok", adopt.ok()}, {"ms", MsSince(t0)},
+  calls.push_back(Json{{"call", "collective_rpc rc_adopt"},
+                       {"ok", adopt.ok()},
+                       {"ms", MsSince(t0)},
                        {"error", adopt.ok() ? Json() : Json(adopt.status().ToString())}});
   if (!adopt.ok()) return fail_after("rc_adopt: " + adopt.status().ToString());
   detail["adopt"] = *adopt;

@@ -145,8 +145,8 @@ class VllmFlavor {
   // generation and digest fields rc_label / rc_digest(fresh=false) would answer: ReadLabel and
   // ReadContentDigest use it once instead of two more round trips inside the pause. Guarded by mu_.
   std::optional<std::vector<Json>> install_replies_;
-  std::string boot_id_;                 // rank 0's boot_id at the last Describe; guarded by mu_
-  std::string native_group_boot_;       // the vLLM boot the adapter formed the group with; guarded by mu_
+  std::string boot_id_;                   // rank 0's boot_id at the last Describe; guarded by mu_
+  std::string native_group_boot_;         // the vLLM boot the adapter formed the group with; guarded by mu_
   std::optional<Json> native_preflight_;  // this cycle's NativePreflight (for staged_version_); guarded by mu_
   lifecycle::DrainStatus last_gauges_;  // guarded by mu_
   std::chrono::steady_clock::time_point gauges_since_{};      // last_gauges_ first seen; guarded by mu_

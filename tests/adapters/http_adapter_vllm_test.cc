@@ -695,7 +695,6 @@ TEST(HttpAdapterVllmTest, PolicyModesMapAbortAndRefuseKeepAndRecompute) {
   EXPECT_EQ(vllm.pause_queries_[0], "mode=abort&clear_cache=false");
 }
 
-
 // ---- vLLM's own transfer (--vllm-transfer native-nccl) --------------------------------------
 
 // The trainer's NativeSender (python/rolloutcore/vllm_native.py) as its HTTP protocol: state,
@@ -706,8 +705,11 @@ class FakeSender {
  public:
   explicit FakeSender(FakeVllm* vllm) : vllm_(vllm) {
     svr_.Get("/rc/native/state", [this](const httplib::Request&, httplib::Response& r) {
-      r.set_content(Json{{"ok", true}, {"joined", joined_.load()}, {"master_address", "127.0.0.1"},
-                         {"master_port", 29555}, {"versions", {"v8"}}}
+      r.set_content(Json{{"ok", true},
+                         {"joined", joined_.load()},
+                         {"master_address", "127.0.0.1"},
+                         {"master_port", 29555},
+                         {"versions", {"v8"}}}
                         .dump(),
                     "application/json");
     });
@@ -717,9 +719,14 @@ class FakeSender {
         r.set_content(R"({"ok":false,"code":"NotFound","error":"version not offered"})", "application/json");
         return;
       }
-      r.set_content(Json{{"ok", true}, {"version", "v8"}, {"bytes", 96},
-                         {"update_info", {{"names", {"a.weight", "b.weight"}}, {"dtype_names", {"bfloat16", "bfloat16"}},
-                                          {"shapes", {{4, 8}, {16}}}, {"packed", false}}}}
+      r.set_content(Json{{"ok", true},
+                         {"version", "v8"},
+                         {"bytes", 96},
+                         {"update_info",
+                          {{"names", {"a.weight", "b.weight"}},
+                           {"dtype_names", {"bfloat16", "bfloat16"}},
+                           {"shapes", {{4, 8}, {16}}},
+                           {"packed", false}}}}
                         .dump(),
                     "application/json");
     });
@@ -732,7 +739,8 @@ class FakeSender {
       for (int i = 0; i < 5000 && !vllm_->wt_group_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (!vllm_->wt_group_) {
         r.status = 500;
-        r.set_content(R"({"ok":false,"code":"Unavailable","error":"rendezvous: vLLM never joined"})", "application/json");
+        r.set_content(R"({"ok":false,"code":"Unavailable","error":"rendezvous: vLLM never joined"})",
+                      "application/json");
         return;
       }
       joined_ = true;
@@ -749,7 +757,8 @@ class FakeSender {
       if (!vllm_->update_arrived_ || fail_send_) {
         joined_ = false;
         r.status = 500;
-        r.set_content(R"({"ok":false,"code":"Unavailable","error":"broadcast: peer never joined"})", "application/json");
+        r.set_content(R"({"ok":false,"code":"Unavailable","error":"broadcast: peer never joined"})",
+                      "application/json");
         return;
       }
       vllm_->sender_sent_ = true;
@@ -847,8 +856,8 @@ TEST(HttpAdapterVllmNativeTest, RunsInitStartConcurrentSendAndUpdateFinishThenAd
   ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
   inst = Await(a.Install(NativeTarget(), false));
   ASSERT_TRUE(inst.ok() && inst->outcome == lifecycle::InstallOutcome::kInstalled) << inst->error;
-  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_adopt", "start",
-                                                     "update", "finish", "rc_adopt"}));
+  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_adopt", "start", "update",
+                                                     "finish", "rc_adopt"}));
 }
 
 TEST(HttpAdapterVllmNativeTest, AFailureAfterStartIsFailedAfterMutationAndLeavesNoSession) {
@@ -983,7 +992,6 @@ TEST(HttpAdapterVllmNativeTest, ASenderThatFailsMidSendTaintsAndTheNextUpdateFor
   std::lock_guard<std::mutex> lock(sender.mu_);
   EXPECT_EQ(sender.init_bodies_.size(), 2u) << "the sender left the group: it is formed again";
 }
-
 
 // Through the real Controller and Runner: the native session commits only by rc_adopt's proof.
 class VllmNativeRunnerTest : public ::testing::Test {

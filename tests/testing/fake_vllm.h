@@ -146,8 +146,9 @@ class FakeVllm {
     });
     auto wt_error = [](httplib::Response& r, const std::string& msg) {
       r.status = 500;
-      r.set_content(Json{{"error", {{"message", "Call to collective_rpc method failed: " + msg}, {"code", 500}}}}.dump(),
-                    "application/json");
+      r.set_content(
+          Json{{"error", {{"message", "Call to collective_rpc method failed: " + msg}, {"code", 500}}}}.dump(),
+          "application/json");
     };
     svr_.Post("/init_weight_transfer_engine", [this, wt_error](const httplib::Request& q, httplib::Response& r) {
       if (!Dev(r)) return;
@@ -165,7 +166,8 @@ class FakeVllm {
       if (!Dev(r)) return;
       std::lock_guard<std::mutex> lock(mu_);
       wt_calls_.push_back("start");
-      if (!cfg_.weight_transfer) return wt_error(r, "Weight transfer not configured. Please set weight_transfer_config");
+      if (!cfg_.weight_transfer)
+        return wt_error(r, "Weight transfer not configured. Please set weight_transfer_config");
       if (wt_session_) return wt_error(r, "start_weight_update called while a weight update is already active.");
       wt_session_ = true;
       r.set_content(R"({"message":"Weight update started"})", "application/json");
@@ -229,11 +231,11 @@ class FakeVllm {
   std::vector<Json> digest_results_;           // per worker rc_digest result
   std::vector<std::string> labels_;
   std::vector<int64_t> generations_;
-  std::string update_failure_;                 // non-empty: /update_weights raises this (session reset)
+  std::string update_failure_;                    // non-empty: /update_weights raises this (session reset)
   std::string live_digest_ = "0123456789abcdef";  // what rc_adopt's fresh digest reads
-  std::atomic<bool> wt_group_{false};          // the weight-transfer group is formed
-  std::atomic<bool> sender_sent_{false};       // the trainer's /send arrived (the test's fake sender sets it)
-  std::atomic<bool> update_arrived_{false};    // /update_weights arrived (the fake sender waits for it)
+  std::atomic<bool> wt_group_{false};             // the weight-transfer group is formed
+  std::atomic<bool> sender_sent_{false};          // the trainer's /send arrived (the test's fake sender sets it)
+  std::atomic<bool> update_arrived_{false};       // /update_weights arrived (the fake sender waits for it)
 
   // Observations.
   std::mutex mu_;
@@ -311,18 +313,28 @@ class FakeVllm {
     if (method == "rc_adopt") {
       if (rank == 0) wt_calls_.push_back("rc_adopt");
       if (kwargs.value("content_digest", std::string()) != live_digest_) {
-        return Json{{"ok", false}, {"code", "DataLoss"}, {"outcome", "failed_after_mutation"},
-                    {"error", "live digest " + live_digest_ + " != the manifest's " + kwargs.value("content_digest", std::string())},
-                    {"label", labels_[rank]}, {"generation", generations_[rank]}};
+        return Json{{"ok", false},
+                    {"code", "DataLoss"},
+                    {"outcome", "failed_after_mutation"},
+                    {"error", "live digest " + live_digest_ + " != the manifest's " +
+                                  kwargs.value("content_digest", std::string())},
+                    {"label", labels_[rank]},
+                    {"generation", generations_[rank]}};
       }
       labels_[rank] = kwargs["version"];
       generations_[rank] += 1;
-      return Json{{"ok", true}, {"outcome", "installed"}, {"label", labels_[rank]}, {"generation", generations_[rank]},
-                  {"bytes_installed", 500}, {"install_ms", 1}, {"content_digest", live_digest_},
+      return Json{{"ok", true},
+                  {"outcome", "installed"},
+                  {"label", labels_[rank]},
+                  {"generation", generations_[rank]},
+                  {"bytes_installed", 500},
+                  {"install_ms", 1},
+                  {"content_digest", live_digest_},
                   {"digest_source", "reread"}};
     }
     if (method == "rc_native_state") {
-      if (rank == 0) wt_calls_.push_back(kwargs.value("restore", false) ? "rc_native_state(restore)" : "rc_native_state");
+      if (rank == 0)
+        wt_calls_.push_back(kwargs.value("restore", false) ? "rc_native_state(restore)" : "rc_native_state");
       Json st{{"session_active", wt_session_}, {"layers_in_reload", 0}, {"meta_parameters", 0}};
       return Json{{"ok", true}, {"before", st}, {"restored", false}, {"after", st}};
     }

@@ -54,8 +54,8 @@ struct HttpAdapterOptions {
   // proves them and sets the label.
   bool vllm_native_transfer = false;
   std::string vllm_native_trainer_url;
-  bool vllm_native_init = true;            // false: the group was formed outside the controller
-  int64_t vllm_native_timeout_ms = 60000;  // joins of the concurrent init and send/update halves
+  bool vllm_native_init = true;                           // false: the group was formed outside the controller
+  int64_t vllm_native_timeout_ms = 60000;                 // joins of the concurrent init and send/update halves
   EngineFlavor expected_flavor = EngineFlavor::kUnknown;  // kUnknown: detect; else Describe() checks it
 };
 
