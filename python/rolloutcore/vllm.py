@@ -34,8 +34,9 @@ How it works, per worker (one tensor-parallel rank):
   ``refused_untouched`` / ``installed`` / ``failed_after_mutation``.
 * **Digest**: the content digest of the live parameters in source (HF) coordinates, on the GPU,
   through the captured mapping: the same definition as the directory's manifest digest.
-* **Label**: the label and generation are written only by ``rc_install`` (nothing else writes them),
-  plus a boot id per worker process, so a restarted vLLM is recognised.
+* **Label**: the label and generation are written only by ``rc_install``, and by ``rc_adopt`` after
+  vLLM's own transfer only when a fresh live digest equals the manifest's (nothing else writes
+  them), plus a boot id per worker process, so a restarted vLLM is recognised.
 
 Methods never raise to vLLM: failures return ``{"ok": False, "code": ..., "error": ...}`` with a
 rolloutcore status code name.
@@ -975,6 +976,129 @@ class Extension:
                 return _fail(f.code, str(f))
             except Exception as e:
                 return _fail(_code_of(e), f"rc_digest: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+
+    # ---- vLLM's own transfer (controller serve --vllm-transfer native-nccl; docs/vllm.md) ----------
+
+    def _rc_reload_state(self, model: Any) -> Dict[str, Any]:
+        """How much of the model is inside vLLM's layerwise reload (between a start_weight_update
+        and its finalize): such layers hold meta tensors, their kernel tensors set aside."""
+        in_reload = 0
+        try:
+            from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+            for m in model.modules():
+                info = LAYERWISE_INFO.get(m)
+                if info is not None and info.can_load():
+                    in_reload += 1
+        except ImportError:  # pragma: no cover - another vLLM
+            in_reload = -1
+        meta = sum(1 for p in model.parameters() if p.is_meta)
+        return {"session_active": bool(getattr(self, "_weight_update_active", False)),
+                "layers_in_reload": in_reload, "meta_parameters": meta}
+
+    def rc_native_state(self, restore: bool = False) -> Dict[str, Any]:
+        """The state vLLM's weight-transfer session left the model in. vLLM 0.26 resets its session
+        when ``update_weights`` raises, but does not finalize the layerwise reload that
+        ``start_weight_update`` began: the model's layers stay on meta tensors (their kernel tensors,
+        still holding the old values where nothing was loaded, set aside), and ``finish`` is then
+        refused ("without a matching start"). ``restore=True`` (only with no session active) runs
+        vLLM's own ``finalize_layerwise_reload``, which puts the kernel tensors back (layers that
+        received nothing keep their old values; a layer that received part of its weights is
+        processed with what it got). Nothing here sets the label: rc_adopt does, by proof."""
+        try:
+            model = self._rc_model()
+            before = self._rc_reload_state(model)
+            out: Dict[str, Any] = {"ok": True, "before": before, "restored": False}
+            if restore and before["layers_in_reload"] > 0:
+                if before["session_active"]:
+                    raise _Failure("FailedPrecondition",
+                                   "rc_native_state: a weight-transfer session is active: finish it "
+                                   "(/finish_weight_update) instead of restoring under it")
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+                finalize_layerwise_reload(model, self.vllm_config.model_config)
+                out["restored"] = True
+            out["after"] = self._rc_reload_state(model)
+            return out
+        except _Failure as f:
+            return _fail(f.code, str(f))
+        except Exception as e:
+            return _fail(_code_of(e), f"rc_native_state: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+
+    def rc_adopt(self, version: str, content_digest: str, specs: Optional[List[Any]] = None) -> Dict[str, Any]:
+        """After vLLM's own transfer (start/update/finish) installed ``version``: computes a fresh
+        digest of the live weights (re-read, through the captured mapping; ``specs`` =
+        [[HF name, torch dtype name, shape], ...] of the sent tensors, i.e. the update_info, select
+        the capture) and sets the label to ``version`` only if it equals ``content_digest`` (the
+        manifest's). The label is thus produced by proof, never written to match. Refused (the
+        reply's outcome ``failed_after_mutation``: vLLM's transfer already wrote the weights) when
+        the digest differs, the model is still inside a layerwise reload, or a captured parameter
+        is no longer the module's. On a mismatch the label stays only if the live digest still
+        equals the one the label was proven with; otherwise it says the weights are unknown.
+        TP=1 only (several ranks hold partial sums: the two-GPU issue)."""
+        torch = _torch()
+        st = self._rc_state()
+        with st.lock:
+            t0 = time.perf_counter()
+            try:
+                if not version or not isinstance(content_digest, str) or len(content_digest) != 16:
+                    raise _Failure("InvalidArgument",
+                                   f"rc_adopt needs a version and a 16-hex-digit content_digest, got {content_digest!r}")
+                rank, size = self._rc_tp()
+                if size > 1:
+                    raise _Failure("FailedPrecondition", f"rc_adopt: TP={size}: only TP=1 can compare the "
+                                   "whole digest in one rank (the partial sums need the adapter)")
+                model = self._rc_model()
+                rs = self._rc_reload_state(model)
+                if rs["layers_in_reload"] or rs["meta_parameters"] or rs["session_active"]:
+                    raise _Failure("FailedPrecondition",
+                                   f"rc_adopt {version}: the model is not out of vLLM's weight update: {rs}")
+                if specs:
+                    torch_to_refit = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+                    conv = []
+                    for name, dt, shape in specs:
+                        if dt not in torch_to_refit:
+                            raise _Failure("InvalidArgument", f"rc_adopt: tensor {name} has dtype {dt}")
+                        conv.append((str(name), torch_to_refit[dt], [int(x) for x in shape]))
+                    self._rc_ensure_capture(st, sorted(conv))
+                elif st.capture is None:
+                    folder = self.vllm_config.model_config.model
+                    self._rc_ensure_capture(st, _safetensors_specs(folder))
+                live = dict(model.named_parameters())
+                moved = [n for n, p in st.capture.params.items()
+                         if n in {c["param_name"] for c in st.capture.copies} and live.get(n) is not p]
+                if moved:
+                    raise _Failure("FailedPrecondition", f"rc_adopt {version}: {len(moved)} captured parameter(s) are "
+                                   f"no longer the module's (e.g. {moved[0]}): the capture does not describe the model")
+                proven = st.live_digest["content_digest"] if st.live_digest else None
+                d = self._rc_digest_live(st)
+                ms = (time.perf_counter() - t0) * 1e3
+                if d["content_digest"] != content_digest:
+                    if proven != d["content_digest"]:
+                        st.label = f"<unknown after vLLM's transfer of {version}>"
+                    return _fail("DataLoss", f"rc_adopt {version}: live digest {d['content_digest']} != the "
+                                 f"manifest's {content_digest}: label not set", outcome="failed_after_mutation",
+                                 label=st.label, generation=st.generation, boot_id=_BOOT_ID,
+                                 live_digest=d["content_digest"], expected_digest=content_digest,
+                                 label_kept=proven == d["content_digest"], adopt_ms=ms)
+                st.label = version
+                st.generation += 1
+                st.staged_version = None
+                nbytes = 0
+                for p in {c["param_name"]: st.capture.params[c["param_name"]] for c in st.capture.copies}.values():
+                    nbytes += p.numel() * p.element_size()
+                out = {"ok": True, "outcome": "installed", "label": st.label, "generation": st.generation,
+                       "boot_id": _BOOT_ID, "bytes_installed": nbytes, "install_ms": ms, "adopt_ms": ms,
+                       "install_path": "vllm_native", "verified": True, "digest_ms": d["digest_ms"]}
+                out.update(self._rc_digest_fields(st, d, per_tensor=False))
+                torch.cuda.synchronize()
+                return out
+            except _Failure as f:
+                return _fail(f.code, str(f), outcome="failed_after_mutation", label=st.label, generation=st.generation)
+            except Exception as e:
+                return _fail(_code_of(e), f"rc_adopt {version}: {type(e).__name__}: {e}",
+                             outcome="failed_after_mutation", label=st.label, generation=st.generation,
+                             traceback=traceback.format_exc())
 
     def rc_fault(self, **faults: Any) -> Dict[str, Any]:
         """Tests only (``ROLLOUTCORE_VLLM_FAULT_INJECTION=1`` in vLLM's environment, else refused):

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <sstream>
@@ -176,14 +177,36 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
   vo.reset_backoff_ms = s_->options.reset_backoff_ms;
   vo.gauge_probe_after_ms = s_->options.gauge_probe_after_ms;
   vo.pause_via_sleep = s_->options.vllm_pause_via_sleep;
+  vo.native_transfer = s_->options.vllm_native_transfer;
+  vo.native_trainer_url = s_->options.vllm_native_trainer_url;
+  vo.native_init = s_->options.vllm_native_init;
+  vo.native_timeout_ms = s_->options.vllm_native_timeout_ms;
+  internal::HttpCall trainer_call;
+  if (!vo.native_trainer_url.empty()) {
+    // Runs on detached threads too (the concurrent halves of the native session), so it owns
+    // copies of what it needs and never refers to the adapter.
+    trainer_call = [url = vo.native_trainer_url,
+                    timeout_ms = std::max(s_->options.http_timeout_ms, vo.native_timeout_ms + 5000)](
+                       const std::string& method, const std::string& path,
+                       const std::string& body) -> Result<internal::HttpReply> {
+      auto c = net::MakeClient(url);
+      c->set_connection_timeout(5, 0);
+      c->set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+      c->set_write_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+      httplib::Result r = method == "GET" ? c->Get(path.c_str()) : c->Post(path.c_str(), body, "application/json");
+      if (!r) return Unavailable(method + " " + url + path + ": " + httplib::to_string(r.error()));
+      return internal::HttpReply{r->status, r->body};
+    };
+  }
   Shared* raw = s_.get();  // owns the flavour, so outlives it
-  s_->vllm =
-      std::make_unique<internal::VllmFlavor>(std::move(vo),
-                                             [raw](const std::string& method, const std::string& path,
-                                                   const std::string& body) -> Result<internal::HttpReply> {
-                                               RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
-                                               return internal::HttpReply{r.status, r.body};
-                                             });
+  s_->vllm = std::make_unique<internal::VllmFlavor>(
+      std::move(vo),
+      [raw](const std::string& method, const std::string& path,
+            const std::string& body) -> Result<internal::HttpReply> {
+        RC_ASSIGN_OR_RETURN(httplib::Response r, raw->Do(method, path, body));
+        return internal::HttpReply{r.status, r.body};
+      },
+      std::move(trainer_call));
 }
 
 HttpEngineAdapter::~HttpEngineAdapter() = default;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -57,6 +59,59 @@ Result<uint64_t> ParseHex64(const Json& v, const std::string& what) {
 }
 
 void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+// One HTTP call on a detached thread (the native path's concurrent halves: each blocks on the same
+// collective, so neither may wait for the other). The thread owns copies of everything it uses.
+struct BackgroundCall {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Result<HttpReply>> result;  // guarded by mu
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  int64_t ms = -1;  // guarded by mu
+};
+
+std::shared_ptr<BackgroundCall> StartBackground(HttpCall call, std::string method, std::string path, std::string body) {
+  auto b = std::make_shared<BackgroundCall>();
+  std::thread([b, call = std::move(call), method = std::move(method), path = std::move(path),
+               body = std::move(body)]() {
+    Result<HttpReply> r = call ? call(method, path, body) : Result<HttpReply>(Internal("no trainer call configured"));
+    std::lock_guard<std::mutex> lock(b->mu);
+    b->ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - b->started).count();
+    b->result.emplace(std::move(r));
+    b->cv.notify_all();
+  }).detach();
+  return b;
+}
+
+// The call's result, or nullopt when it has not finished by `deadline` (it keeps running).
+std::optional<Result<HttpReply>> JoinBackground(BackgroundCall& b, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(b.mu);
+  b.cv.wait_until(lock, deadline, [&] { return b.result.has_value(); });
+  return b.result;
+}
+
+int64_t MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The sender's reply: 200 → its JSON; otherwise its {"code", "error"} as a Status naming the URL.
+Result<Json> SenderJson(const Result<HttpReply>& r, const std::string& what) {
+  if (!r.ok()) return r.status().WithContext(what);
+  if (r->status != 200) {
+    auto j = ParseJson(r->body, what);
+    std::string msg = what + " answered " + std::to_string(r->status) + ": ";
+    if (j.ok() && j->is_object() && j->contains("error")) {
+      msg += (*j)["error"].is_string() ? (*j)["error"].get<std::string>() : (*j)["error"].dump();
+      std::string code = j->value("code", std::string());
+      if (auto c = StatusCodeFromName(code); c && *c != StatusCode::kOk) return Status(*c, msg);
+    } else {
+      msg += r->body.substr(0, 300);
+    }
+    return r->status == 404 ? NotFound(msg) : Unavailable(msg);
+  }
+  return ParseJson(r->body, what);
+}
 
 }  // namespace
 
@@ -225,7 +280,8 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
 
 // ---------------------------------------------------------------------------------------------
 
-VllmFlavor::VllmFlavor(VllmOptions options, HttpCall call) : options_(std::move(options)), call_(std::move(call)) {}
+VllmFlavor::VllmFlavor(VllmOptions options, HttpCall call, HttpCall trainer_call)
+    : options_(std::move(options)), call_(std::move(call)), trainer_call_(std::move(trainer_call)) {}
 
 Result<Json> VllmFlavor::PostJson(const std::string& path, const std::string& body) {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", path, body));
@@ -291,8 +347,13 @@ Result<EngineDescription> VllmFlavor::Describe() {
     prefix_reset_done_ = false;
     install_replies_.reset();
     staged_version_.clear();
+    native_preflight_.reset();
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_describe", Json::object(), 30000));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    boot_id_ = workers.empty() ? std::string() : workers[0].value("boot_id", std::string());
+  }
   for (size_t i = 0; i < workers.size(); ++i) {
     RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_describe", options_.base_url));
     int64_t tp_size = workers[i].value("tp_size", int64_t{0});
@@ -542,6 +603,17 @@ Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
   RC_ASSIGN_OR_RETURN(Json warm, WarmCanary("stage"));
   StageEvidence e;
   e.label = target.label;
+  if (options_.native_transfer) {
+    // vLLM's own transfer has nothing to prefetch: the bytes move inside the session, while
+    // paused. The stage checks that the sender is alive and offers the version (nothing touched).
+    RC_ASSIGN_OR_RETURN(Json pre, NativePreflight(target));
+    e.bytes = pre.value("bytes", int64_t{0});
+    e.detail = Json{{"transfer", "vllm_native_nccl"}, {"preflight", pre}, {"canary_warmup", warm}};
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_version_ = target.label;
+    native_preflight_ = pre;
+    return e;
+  }
   RC_ASSIGN_OR_RETURN(e.detail, StageWorkers(target, &e.bytes));
   e.detail["canary_warmup"] = warm;
   std::lock_guard<std::mutex> lock(mu_);
@@ -550,6 +622,7 @@ Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
 }
 
 Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool full) {
+  if (options_.native_transfer) return NativeInstall(target, full);
   Json staged;
   bool staged_this_cycle = false;
   {
@@ -739,6 +812,285 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
   }
   detail["canary"] = canary;
   e.detail = detail;
+  return e;
+}
+
+// ---- vLLM's own transfer (--vllm-transfer native-nccl) ---------------------------------------
+
+Result<Json> VllmFlavor::NativePreflight(const UpdateTarget& target) {
+  const std::string sender = "native sender at " + options_.native_trainer_url;
+  RC_ASSIGN_OR_RETURN(Json state, SenderJson(trainer_call_ ? trainer_call_("GET", "/rc/native/state", "")
+                                                           : Result<HttpReply>(FailedPrecondition("no sender URL")),
+                                             "GET " + sender + "/rc/native/state"));
+  std::string path = "/rc/native/versions/" + target.label + "/update_info";
+  RC_ASSIGN_OR_RETURN(Json info, SenderJson(trainer_call_("GET", path, ""), "GET " + sender + path));
+  if (!info.is_object() || !info.contains("update_info") || !info["update_info"].is_object()) {
+    return DataLoss("GET " + sender + path + ": no update_info object");
+  }
+  const Json& u = info["update_info"];
+  for (const char* k : {"names", "dtype_names", "shapes"}) {
+    if (!u.contains(k) || !u[k].is_array()) return DataLoss("GET " + sender + path + ": update_info." + k + " missing");
+  }
+  if (u["names"].empty() || u["names"].size() != u["dtype_names"].size() || u["names"].size() != u["shapes"].size()) {
+    return DataLoss("GET " + sender + path + ": update_info lists are empty or of different lengths");
+  }
+  if (info.value("version", std::string()) != target.label) {
+    return DataLoss("GET " + sender + path + ": answered for version '" + info.value("version", std::string()) + "'");
+  }
+  return Json{{"state", state}, {"update_info", u}, {"bytes", info.value("bytes", int64_t{0})}};
+}
+
+// Forms vLLM's weight-transfer group: the sender's /rc/native/init (rank 0) on a detached thread
+// and vLLM's /init_weight_transfer_engine (rank_offset 1) here, at the same time: each blocks
+// until the other side joined. Nothing of the weights is touched, whatever happens.
+Result<Json> VllmFlavor::NativeInitGroup(const Json& trainer_state, int64_t workers, Json* calls) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t world = 1 + workers;
+  Json init_info{{"master_address", trainer_state.value("master_address", std::string("127.0.0.1"))},
+                 {"master_port", trainer_state.value("master_port", int64_t{0})},
+                 {"rank_offset", 1},
+                 {"world_size", world}};
+  auto sender = StartBackground(trainer_call_, "POST", "/rc/native/init", Json{{"world_size", world}}.dump());
+  auto vllm = PostJson("/init_weight_transfer_engine", Json{{"init_info", init_info}}.dump());
+  calls->push_back(Json{{"call", "POST /init_weight_transfer_engine"},
+                        {"ok", vllm.ok()},
+                        {"ms", MsSince(t0)},
+                        {"error", vllm.ok() ? Json() : Json(vllm.status().ToString())}});
+  // vLLM refused its half: the sender's rendezvous waits for a peer that will not come (vLLM's
+  // store timeout is 300 s), so it gets a short grace only.
+  auto init_deadline = t0 + std::chrono::milliseconds(options_.native_timeout_ms);
+  if (!vllm.ok()) init_deadline = std::min(init_deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  auto joined = JoinBackground(*sender, init_deadline);
+  const std::string what = "POST native sender at " + options_.native_trainer_url + "/rc/native/init";
+  if (!joined) {
+    calls->push_back(Json{{"call", "sender init"}, {"ok", false}, {"error", "deadline"}});
+    if (!vllm.ok()) {
+      return vllm.status().WithContext(
+          "forming vLLM's weight-transfer group (start vLLM with "
+          "--weight-transfer-config '{\"backend\":\"nccl\"}')");
+    }
+    return DeadlineExceeded(what + " did not finish within " + std::to_string(options_.native_timeout_ms) + " ms");
+  }
+  auto s = SenderJson(*joined, what);
+  calls->push_back(Json{{"call", "sender init"},
+                        {"ok", s.ok()},
+                        {"ms", sender->ms},
+                        {"error", s.ok() ? Json() : Json(s.status().ToString())}});
+  if (!vllm.ok())
+    return vllm.status().WithContext(
+        "forming vLLM's weight-transfer group (start vLLM with "
+        "--weight-transfer-config '{\"backend\":\"nccl\"}')");
+  RC_RETURN_IF_ERROR(s.status());
+  return Json{{"init_info", init_info}, {"sender", *s}, {"ms", MsSince(t0)}};
+}
+
+// The native session (docs/vllm.md, "vLLM's own transfer"), inside the install (paused, drained):
+//  1. the sender's update_info for the version (from this cycle's Stage, else fetched now);
+//  2. the group, when the adapter forms it (native_init) and it is not formed for this vLLM boot
+//     or the sender says it is not joined: NativeInitGroup;
+//  3. POST /start_weight_update (vLLM moves the model's layers onto meta tensors);
+//  4. concurrently: the sender's POST /rc/native/send on a detached thread and POST
+//     /update_weights {update_info} here — each blocks on the same broadcasts, so neither waits
+//     for the other — then both joined within native_timeout_ms;
+//  5. POST /finish_weight_update (vLLM's layerwise finalize copies into the kernel tensors);
+//  6. collective_rpc rc_adopt(version, content_digest = the target's manifest digest, specs =
+//     update_info): the label is set only if a fresh live digest equals it.
+// Any failure before 3 is a refusal with nothing touched. Any failure from 3 on is
+// failed_after_mutation (TAINTED): after the failure, if vLLM answered (nothing hangs in a
+// collective), the adapter finishes a session vLLM still holds, has rc_native_state(restore)
+// finalize a reload vLLM abandoned, and records a fresh rc_digest, so the evidence says what the
+// weights are; the label stays what rc_adopt/rc_install proved, or says unknown.
+namespace {
+// "POST /start_weight_update ok, sender send ok, ..." — the order of the session's calls, for the
+// error message (the Runner journals an install's error, not its detail, when it taints).
+std::string CallTrail(const Json& calls) {
+  std::string out;
+  for (const Json& c : calls) {
+    if (!out.empty()) out += ", ";
+    out += c.value("call", std::string("?")) + (c.value("ok", false) ? " ok" : " FAILED");
+  }
+  return "[" + out + "]";
+}
+}  // namespace
+
+Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bool full) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Json calls = Json::array();
+  Json detail{{"transfer", "vllm_native_nccl"}, {"sender", options_.native_trainer_url}};
+  auto refuse = [&](const std::string& why) -> Result<InstallEvidence> {
+    if (full) return FailedPrecondition("recovery through vLLM's own transfer: " + why);
+    InstallEvidence e;
+    e.outcome = InstallOutcome::kRefusedUntouched;
+    e.error = "install of " + target.label + " through vLLM's own transfer refused before start_weight_update: " + why +
+              " " + CallTrail(calls);
+    detail["outcome"] = "refused_untouched";
+    detail["calls"] = calls;
+    e.detail = detail;
+    return e;
+  };
+  std::optional<Json> pre;
+  std::string boot, group_boot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!full && staged_version_ == target.label) pre = native_preflight_;
+    boot = boot_id_;
+    group_boot = native_group_boot_;
+  }
+  if (target.identity.content_digest.size() != 16) {
+    return refuse("the target has no 16-digit manifest content digest ('" + target.identity.content_digest +
+                  "'): nothing could prove the transferred weights");
+  }
+  if (!pre) {
+    auto p = NativePreflight(target);
+    calls.push_back(
+        Json{{"call", "sender update_info"}, {"ok", p.ok()}, {"error", p.ok() ? Json() : Json(p.status().ToString())}});
+    if (!p.ok()) return refuse(p.status().ToString());
+    pre = *p;
+  }
+  const Json update_info = (*pre)["update_info"];
+  detail["tensors"] = update_info["names"].size();
+  detail["bytes"] = pre->value("bytes", int64_t{0});
+  if (options_.native_init) {
+    // The sender's state now (not the preflight's): it drops out of the group after a failed send.
+    auto st = SenderJson(trainer_call_("GET", "/rc/native/state", ""),
+                         "GET native sender at " + options_.native_trainer_url + "/rc/native/state");
+    if (!st.ok()) return refuse(st.status().ToString());
+    bool joined = st->value("joined", false);
+    if (!joined || group_boot.empty() || group_boot != boot) {
+      auto workers = CollectiveRpc("rc_describe", Json::object(), 30000);
+      if (!workers.ok()) return refuse(workers.status().ToString());
+      auto g = NativeInitGroup(*st, static_cast<int64_t>(workers->size()), &calls);
+      if (!g.ok()) return refuse("forming the weight-transfer group failed: " + g.status().ToString());
+      detail["group"] = *g;
+      std::lock_guard<std::mutex> lock(mu_);
+      native_group_boot_ = boot;
+    } else {
+      detail["group"] = Json{{"formed", "earlier, same vLLM boot"}, {"boot_id", boot}};
+    }
+  } else {
+    detail["group"] = Json{{"formed", "externally (--vllm-native-init external)"}};
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    install_replies_.reset();
+  }
+  // 3. start: from here the model is inside vLLM's layerwise reload.
+  auto start = PostJson("/start_weight_update", "");
+  calls.push_back(Json{{"call", "POST /start_weight_update"},
+                       {"ok", start.ok()},
+                       {"ms", MsSince(t0)},
+                       {"error", start.ok() ? Json() : Json(start.status().ToString())}});
+  if (!start.ok() && start.status().message().find("Weight transfer not configured") != std::string::npos) {
+    // vLLM checks the configuration before anything else (Worker._check_weight_transfer_engine).
+    return refuse(start.status().ToString() + " (start vLLM with --weight-transfer-config '{\"backend\":\"nccl\"}')");
+  }
+  bool update_answered = true;  // false: a call may still hang in the collective
+  auto fail_after = [&](const std::string& why) -> Result<InstallEvidence> {
+    Json cleanup = Json::object();
+    if (update_answered) {
+      // Leave no session behind and no layer on meta tensors, then say what the weights are.
+      auto fin = PostJson("/finish_weight_update", "");
+      cleanup["finish"] = fin.ok() ? Json("ok") : Json(fin.status().ToString());
+      auto restore = CollectiveRpc("rc_native_state", Json{{"restore", true}}, 30000);
+      cleanup["native_state"] = restore.ok() ? Json(*restore) : Json(restore.status().ToString());
+      auto dig = CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", true}}, 30000);
+      if (dig.ok()) {
+        auto combined = CombineWorkerDigests(*dig, options_.base_url);
+        cleanup["live_digest"] = combined.ok() ? Json(*combined) : Json(combined.status().ToString());
+        cleanup["label"] = (*dig)[0].value("label", std::string());
+      } else {
+        cleanup["live_digest"] = dig.status().ToString();
+      }
+    } else {
+      cleanup["skipped"] = "a transfer call has not returned (it may hang in the collective): nothing more is sent";
+    }
+    InstallEvidence e;
+    e.outcome = InstallOutcome::kFailedAfterMutation;
+    e.error = "install of " + target.label + " through vLLM's own transfer failed after start_weight_update: " + why +
+              " " + CallTrail(calls) + "; after the failure: " + cleanup.dump();
+    detail["outcome"] = "failed_after_mutation";
+    detail["calls"] = calls;
+    detail["cleanup"] = cleanup;
+    detail["total_ms"] = MsSince(t0);
+    e.detail = detail;
+    e.label = cleanup.value("label", std::string());
+    return e;
+  };
+  if (!start.ok()) return fail_after(start.status().ToString());
+  // 4. the concurrent pair.
+  auto send = StartBackground(trainer_call_, "POST", "/rc/native/send", Json{{"version", target.label}}.dump());
+  auto update = PostJson("/update_weights", Json{{"update_info", update_info}}.dump());
+  calls.push_back(Json{{"call", "POST /update_weights"},
+                       {"ok", update.ok()},
+                       {"ms", MsSince(t0)},
+                       {"error", update.ok() ? Json() : Json(update.status().ToString())}});
+  // A refused /update_weights never entered the broadcasts: the sender's half may wait for a
+  // peer forever, so it gets a short grace only.
+  auto send_deadline = send->started + std::chrono::milliseconds(options_.native_timeout_ms);
+  if (!update.ok()) send_deadline = std::min(send_deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  auto sent = JoinBackground(*send, send_deadline);
+  const std::string what = "POST native sender at " + options_.native_trainer_url + "/rc/native/send";
+  if (!sent) {
+    calls.push_back(Json{{"call", "sender send"}, {"ok", false}, {"error", "deadline"}});
+    update_answered = update.ok() || update.status().message().find(" answered ") != std::string::npos;
+    return fail_after(what + " did not finish in time" +
+                      (update.ok() ? "" : "; /update_weights: " + update.status().ToString()));
+  }
+  auto sent_json = SenderJson(*sent, what);
+  calls.push_back(Json{{"call", "sender send"},
+                       {"ok", sent_json.ok()},
+                       {"ms", send->ms},
+                       {"error", sent_json.ok() ? Json() : Json(sent_json.status().ToString())},
+                       {"reply", sent_json.ok() ? *sent_json : Json()}});
+  if (!update.ok()) {
+    update_answered = update.status().code() != StatusCode::kUnavailable ||
+                      update.status().message().find(" answered ") != std::string::npos;
+    return fail_after("/update_weights: " + update.status().ToString() +
+                      (sent_json.ok() ? "" : "; " + sent_json.status().ToString()));
+  }
+  if (!sent_json.ok()) return fail_after(sent_json.status().ToString());
+  // 5. finish.
+  auto fin = PostJson("/finish_weight_update", "");
+  calls.push_back(Json{{"call", "POST /finish_weight_update"},
+                       {"ok", fin.ok()},
+                       {"ms", MsSince(t0)},
+                       {"error", fin.ok() ? Json() : Json(fin.status().ToString())}});
+  if (!fin.ok()) return fail_after("/finish_weight_update: " + fin.status().ToString());
+  // 6. proof, then the label.
+  Json specs = Json::array();
+  for (size_t i = 0; i < update_info["names"].size(); ++i) {
+    specs.push_back(Json::array({update_info["names"][i], update_info["dtype_names"][i], update_info["shapes"][i]}));
+  }
+  auto adopt = CollectiveRpc(
+      "rc_adopt", Json{{"version", target.label}, {"content_digest", target.identity.content_digest}, {"specs", specs}},
+      0);
+  calls.push_back(Json{{"call", "collective_rpc rc_adopt"},
+                       {"ok", adopt.ok()},
+                       {"ms", MsSince(t0)},
+                       {"error", adopt.ok() ? Json() : Json(adopt.status().ToString())}});
+  if (!adopt.ok()) return fail_after("rc_adopt: " + adopt.status().ToString());
+  detail["adopt"] = *adopt;
+  for (size_t i = 0; i < adopt->size(); ++i) {
+    Status st = WorkerStatus((*adopt)[i], i, "rc_adopt", options_.base_url);
+    if (!st.ok()) {
+      auto e = fail_after(st.ToString());
+      if (e.ok()) e->label = (*adopt)[i].value("label", e->label);
+      return e;
+    }
+  }
+  RC_ASSIGN_OR_RETURN(InstallEvidence e, InstallEvidenceFromOutcomes(*adopt, target.label, options_.base_url));
+  if (e.outcome != InstallOutcome::kInstalled) return fail_after("rc_adopt did not adopt: " + e.error);
+  detail["calls"] = calls;
+  detail["total_ms"] = MsSince(t0);
+  detail["outcome"] = "installed";
+  for (auto& [k, v] : e.detail.items()) detail[k] = v;
+  e.detail = detail;
+  bool complete = !adopt->empty();
+  for (const Json& w : *adopt) complete = complete && w.contains("content_digest") && w["content_digest"].is_string();
+  if (complete) {
+    std::lock_guard<std::mutex> lock(mu_);
+    install_replies_ = *adopt;
+  }
   return e;
 }
 

@@ -18,6 +18,10 @@
 //  * the label and digest read right after an install come from rc_install's own reply (the
 //    extension sets the label in rc_install and returns what rc_label and rc_digest(fresh=false)
 //    would), when every rank's reply carries them; otherwise rc_label / rc_digest are called.
+//  * with native_transfer (--vllm-transfer native-nccl) Stage is a preflight of the trainer's
+//    sender and Install runs vLLM's own start/update/finish_weight_update session, the sender's
+//    broadcast concurrent with /update_weights, then rc_adopt, which sets the label only when a
+//    fresh live digest equals the manifest's (VllmFlavor::NativeInstall; docs/vllm.md).
 // A cycle starts at Describe() (the Runner calls it at the start of every update and recovery).
 //
 // Thread safety: all methods may be called from any thread, concurrently (the Runner may abandon
@@ -62,11 +66,25 @@ struct VllmOptions {
   // docs/vllm.md "Replay validation"): 2.5x the worst measured difference.
   // `controller serve --replay-tolerance` overrides it.
   double replay_tolerance = 0.15;
+  // --vllm-transfer native-nccl (docs/vllm.md, "vLLM's own transfer"): Stage and Install move the
+  // weights through vLLM's start/update/finish_weight_update session while the trainer-side
+  // sender (rolloutcore.vllm_native.NativeSender at native_trainer_url) broadcasts, then prove
+  // them with rc_adopt.
+  bool native_transfer = false;
+  std::string native_trainer_url;  // for messages; the calls go through the trainer HttpCall
+  // true: the adapter forms vLLM's weight-transfer group itself (/init_weight_transfer_engine and
+  // the sender's /rc/native/init, concurrently) before the first native install of every vLLM
+  // boot (rc_describe's boot_id) and whenever the sender reports it is not joined. false: the
+  // user formed it ("external"); the adapter never calls init.
+  bool native_init = true;
+  int64_t native_timeout_ms = 60000;  // joins of the concurrent init / send+update pairs
 };
 
 class VllmFlavor {
  public:
-  VllmFlavor(VllmOptions options, HttpCall call);
+  // `trainer_call` reaches the native sender (native_transfer only; may be empty otherwise). It
+  // is used from detached threads, so it must not refer to the adapter (copy what it needs).
+  VllmFlavor(VllmOptions options, HttpCall call, HttpCall trainer_call = nullptr);
 
   // rc_describe on every worker; FailedPrecondition naming the `vllm serve` flags when the
   // extension (or dev mode) is missing. Starts a new cycle (forgets the canary warm-up).
@@ -108,9 +126,15 @@ class VllmFlavor {
   Result<lifecycle::DrainStatus> Gauges();  // the /metrics gauges as they are (no probe)
   Result<int64_t> Canary();                 // sends the canary once: the cached prompt tokens vLLM reports
   Result<Json> StageWorkers(const lifecycle::UpdateTarget& target, int64_t* bytes);
+  // The native path (native_transfer). NativePreflight: GET the sender's state and the version's
+  // update_info (nothing in vLLM touched). NativeInstall: the whole session, see the definition.
+  Result<Json> NativePreflight(const lifecycle::UpdateTarget& target);
+  Result<lifecycle::InstallEvidence> NativeInstall(const lifecycle::UpdateTarget& target, bool full);
+  Result<Json> NativeInitGroup(const Json& trainer_state, int64_t workers, Json* calls);
 
   VllmOptions options_;
   HttpCall call_;
+  HttpCall trainer_call_;
   std::string served_model_;  // from GET /v1/models at Describe (for the canary); guarded by mu_
 
   std::mutex mu_;
@@ -121,6 +145,9 @@ class VllmFlavor {
   // generation and digest fields rc_label / rc_digest(fresh=false) would answer: ReadLabel and
   // ReadContentDigest use it once instead of two more round trips inside the pause. Guarded by mu_.
   std::optional<std::vector<Json>> install_replies_;
+  std::string boot_id_;                   // rank 0's boot_id at the last Describe; guarded by mu_
+  std::string native_group_boot_;         // the vLLM boot the adapter formed the group with; guarded by mu_
+  std::optional<Json> native_preflight_;  // this cycle's NativePreflight (for staged_version_); guarded by mu_
   lifecycle::DrainStatus last_gauges_;  // guarded by mu_
   std::chrono::steady_clock::time_point gauges_since_{};      // last_gauges_ first seen; guarded by mu_
   std::chrono::steady_clock::time_point last_gauge_probe_{};  // guarded by mu_

@@ -1,4 +1,5 @@
 // `rolloutcore controller serve`: the controller service over HTTP engines and a directory.
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <sstream>
@@ -59,6 +60,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     bool no_prefetch = false;
     double replay_tolerance = -1;
     std::string vllm_transfer = "rolloutcore";
+    std::string vllm_native_trainer;
+    std::string vllm_native_init = "controller";
     std::string vllm_pause_call = "sleep";
     int vllm_reset_attempts = 5;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
@@ -144,8 +147,20 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       ->add_option(
           "--vllm-transfer", o->vllm_transfer,
           "vLLM engines: how weights move. rolloutcore: rc_stage/rc_install in rolloutcore's worker extension. "
-          "native-nccl (vLLM's start/update/finish_weight_update session): not implemented yet, refused")
+          "native-nccl: vLLM's own start/update/finish_weight_update session (vLLM started with "
+          "--weight-transfer-config '{\"backend\":\"nccl\"}'), the trainer's rolloutcore.vllm_native.NativeSender "
+          "(--vllm-native-trainer) broadcasting, then rc_adopt proves the digest and sets the label (docs/vllm.md)")
       ->check(CLI::IsMember({"rolloutcore", "native-nccl"}))
+      ->capture_default_str();
+  serve->add_option("--vllm-native-trainer", o->vllm_native_trainer,
+                    "--vllm-transfer native-nccl: URL of the trainer's NativeSender (http://127.0.0.1:PORT)");
+  serve
+      ->add_option("--vllm-native-init", o->vllm_native_init,
+                   "--vllm-transfer native-nccl: controller (default): the controller forms vLLM's weight-transfer "
+                   "group (/init_weight_transfer_engine with the sender's /rc/native/init, concurrently) before the "
+                   "first update of every vLLM boot and whenever the sender is not joined; external: it was formed "
+                   "outside the controller, which never calls init")
+      ->check(CLI::IsMember({"controller", "external"}))
       ->capture_default_str();
   serve
       ->add_option("--vllm-pause-call", o->vllm_pause_call,
@@ -177,11 +192,14 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       *exit_code = 2;
       return;
     }
-    if (o->vllm_transfer == "native-nccl") {
-      std::cerr << "controller serve: --vllm-transfer native-nccl is not implemented: rolloutcore's worker extension "
-                   "has no method that labels weights vLLM's own transfer installed (the label is set only by "
-                   "rc_install), and no trainer-side helper drives the broadcast yet; use --vllm-transfer rolloutcore "
-                   "(docs/vllm.md, 'vLLM's own transfer')\n";
+    if (o->vllm_transfer == "native-nccl" && o->vllm_native_trainer.empty()) {
+      std::cerr << "controller serve: --vllm-transfer native-nccl needs --vllm-native-trainer URL (the trainer's "
+                   "rolloutcore.vllm_native.NativeSender; docs/vllm.md, 'vLLM's own transfer')\n";
+      *exit_code = 2;
+      return;
+    }
+    if (o->vllm_transfer != "native-nccl" && !o->vllm_native_trainer.empty()) {
+      std::cerr << "controller serve: --vllm-native-trainer is only used with --vllm-transfer native-nccl\n";
       *exit_code = 2;
       return;
     }
@@ -229,6 +247,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       ao.stage_timeout_ms = o->stage_ms;
       ao.reset_attempts = o->vllm_reset_attempts;
       ao.vllm_pause_via_sleep = o->vllm_pause_call == "sleep";
+      ao.vllm_native_transfer = o->vllm_transfer == "native-nccl";
+      ao.vllm_native_trainer_url = o->vllm_native_trainer;
+      ao.vllm_native_init = o->vllm_native_init == "controller";
+      // Each join (group init, send/update) gets half the install deadline, so a refusal before
+      // the start still lands inside it (the Runner taints an install that overruns).
+      ao.vllm_native_timeout_ms = std::max<int64_t>(1, o->install_ms / 2);
       controller::EngineHandle h;
       h.name = url;
       h.adapter = std::make_unique<adapters::HttpEngineAdapter>(ao);

@@ -695,5 +695,364 @@ TEST(HttpAdapterVllmTest, PolicyModesMapAbortAndRefuseKeepAndRecompute) {
   EXPECT_EQ(vllm.pause_queries_[0], "mode=abort&clear_cache=false");
 }
 
+// ---- vLLM's own transfer (--vllm-transfer native-nccl) --------------------------------------
+
+// The trainer's NativeSender (python/rolloutcore/vllm_native.py) as its HTTP protocol: state,
+// update_info, init, send. /send waits (up to 2 s) for vLLM's /update_weights to have arrived,
+// as a broadcast waits for its peers; FakeVllm's /update_weights waits for the send likewise, so
+// an adapter that ran the two halves one after the other fails.
+class FakeSender {
+ public:
+  explicit FakeSender(FakeVllm* vllm) : vllm_(vllm) {
+    svr_.Get("/rc/native/state", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(Json{{"ok", true},
+                         {"joined", joined_.load()},
+                         {"master_address", "127.0.0.1"},
+                         {"master_port", 29555},
+                         {"versions", {"v8"}}}
+                        .dump(),
+                    "application/json");
+    });
+    svr_.Get(R"(/rc/native/versions/([^/]+)/update_info)", [](const httplib::Request& q, httplib::Response& r) {
+      if (q.matches[1] != "v8") {
+        r.status = 404;
+        r.set_content(R"({"ok":false,"code":"NotFound","error":"version not offered"})", "application/json");
+        return;
+      }
+      r.set_content(Json{{"ok", true},
+                         {"version", "v8"},
+                         {"bytes", 96},
+                         {"update_info",
+                          {{"names", {"a.weight", "b.weight"}},
+                           {"dtype_names", {"bfloat16", "bfloat16"}},
+                           {"shapes", {{4, 8}, {16}}},
+                           {"packed", false}}}}
+                        .dump(),
+                    "application/json");
+    });
+    // Like the rendezvous, the sender's init waits (up to 5 s) for vLLM's side to join.
+    svr_.Post("/rc/native/init", [this](const httplib::Request& q, httplib::Response& r) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        init_bodies_.push_back(Json::parse(q.body));
+      }
+      for (int i = 0; i < 5000 && !vllm_->wt_group_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (!vllm_->wt_group_) {
+        r.status = 500;
+        r.set_content(R"({"ok":false,"code":"Unavailable","error":"rendezvous: vLLM never joined"})",
+                      "application/json");
+        return;
+      }
+      joined_ = true;
+      r.set_content(R"({"ok":true,"init_ms":1})", "application/json");
+    });
+    svr_.Post("/rc/native/send", [this](const httplib::Request& q, httplib::Response& r) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        send_bodies_.push_back(Json::parse(q.body));
+      }
+      for (int i = 0; i < 2000 && !vllm_->update_arrived_; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (!vllm_->update_arrived_ || fail_send_) {
+        joined_ = false;
+        r.status = 500;
+        r.set_content(R"({"ok":false,"code":"Unavailable","error":"broadcast: peer never joined"})",
+                      "application/json");
+        return;
+      }
+      vllm_->sender_sent_ = true;
+      r.set_content(R"({"ok":true,"version":"v8","tensors":2,"bytes":96,"send_ms":1})", "application/json");
+    });
+    port_ = svr_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { svr_.listen_after_bind(); });
+    while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeSender() {
+    svr_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  std::mutex mu_;
+  std::vector<Json> init_bodies_;  // guarded by mu_
+  std::vector<Json> send_bodies_;  // guarded by mu_
+  std::atomic<bool> joined_{false};
+  std::atomic<bool> fail_send_{false};
+
+ private:
+  FakeVllm* vllm_;
+  httplib::Server svr_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+HttpAdapterOptions NativeOptions(const std::string& url, const std::string& sender) {
+  HttpAdapterOptions o = Options(url);
+  o.vllm_native_transfer = true;
+  o.vllm_native_trainer_url = sender;
+  o.vllm_native_timeout_ms = 3000;
+  return o;
+}
+
+lifecycle::UpdateTarget NativeTarget(const std::string& digest = "0123456789abcdef") {
+  lifecycle::UpdateTarget t = Target();
+  t.identity.content_digest = digest;
+  return t;
+}
+
+std::vector<std::string> WtCalls(FakeVllm& vllm) {
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  return vllm.wt_calls_;
+}
+
+TEST(HttpAdapterVllmNativeTest, RunsInitStartConcurrentSendAndUpdateFinishThenAdoptsByProof) {
+  FakeVllm vllm;
+  FakeSender sender(&vllm);
+  HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto st = Await(a.Stage(NativeTarget()));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->bytes, 96);
+  EXPECT_EQ(st->detail["transfer"], "vllm_native_nccl");
+  EXPECT_EQ(RpcCount(vllm, "rc_stage"), 0) << "nothing to prefetch: the bytes move inside vLLM's session";
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  auto inst = Await(a.Install(NativeTarget(), false));
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kInstalled) << inst->error;
+  EXPECT_EQ(inst->label, "v8");
+  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_adopt"}));
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    ASSERT_EQ(vllm.init_infos_.size(), 1u);
+    EXPECT_EQ(vllm.init_infos_[0]["master_port"], 29555) << "the sender's rendezvous";
+    EXPECT_EQ(vllm.init_infos_[0]["rank_offset"], 1) << "the sender is rank 0";
+    EXPECT_EQ(vllm.init_infos_[0]["world_size"], 2) << "the sender plus one worker";
+    EXPECT_EQ(vllm.update_infos_[0]["names"][1], "b.weight") << "the sender's update_info, passed through";
+    const Json& adopt = vllm.rpc_calls_.back();
+    EXPECT_EQ(adopt["method"], "rc_adopt");
+    EXPECT_EQ(adopt["kwargs"]["content_digest"], "0123456789abcdef") << "the manifest's digest";
+    EXPECT_EQ(adopt["kwargs"]["specs"][0], Json::array({"a.weight", "bfloat16", {4, 8}}));
+  }
+  {
+    std::lock_guard<std::mutex> lock(sender.mu_);
+    ASSERT_EQ(sender.init_bodies_.size(), 1u);
+    EXPECT_EQ(sender.init_bodies_[0]["world_size"], 2);
+    ASSERT_EQ(sender.send_bodies_.size(), 1u);
+    EXPECT_EQ(sender.send_bodies_[0]["version"], "v8");
+  }
+  ASSERT_TRUE(Await(a.ResetCache(lifecycle::CacheKind::kPrefix)).ok());
+  auto label = Await(a.ReadLabel());
+  ASSERT_TRUE(label.ok()) << label.status().ToString();
+  EXPECT_EQ(label->label, "v8") << "set by rc_adopt, only because the digest matched";
+  auto digest = Await(a.ReadContentDigest());
+  ASSERT_TRUE(digest.ok()) << digest.status().ToString();
+  EXPECT_EQ(digest->content_digest, "0123456789abcdef");
+  ASSERT_TRUE(Await(a.Resume()).ok());
+  // The next update on the same vLLM boot, with the sender still joined: no second init.
+  vllm.sender_sent_ = false;
+  vllm.update_arrived_ = false;
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  inst = Await(a.Install(NativeTarget(), false));
+  ASSERT_TRUE(inst.ok() && inst->outcome == lifecycle::InstallOutcome::kInstalled) << inst->error;
+  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_adopt", "start", "update",
+                                                     "finish", "rc_adopt"}));
+}
+
+TEST(HttpAdapterVllmNativeTest, AFailureAfterStartIsFailedAfterMutationAndLeavesNoSession) {
+  FakeVllm vllm;
+  FakeSender sender(&vllm);
+  vllm.Script([&] { vllm.update_failure_ = "broadcast of a.weight failed"; });
+  HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto inst = Await(a.Install(NativeTarget(), false));
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kFailedAfterMutation);
+  EXPECT_NE(inst->error.find("broadcast of a.weight failed"), std::string::npos) << inst->error;
+  EXPECT_NE(inst->error.find("[sender update_info ok, POST /init_weight_transfer_engine ok, sender init ok, POST "
+                             "/start_weight_update ok, POST /update_weights FAILED, sender send ok]"),
+            std::string::npos)
+      << inst->error;
+  // vLLM reset its session: the finish is refused, rc_native_state(restore) finalizes, a fresh
+  // digest says what the weights are.
+  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_native_state(restore)"}));
+  EXPECT_EQ(inst->detail["cleanup"]["native_state"][0]["after"]["session_active"], false);
+  EXPECT_EQ(inst->detail["cleanup"]["live_digest"], "0123456789abcdef");
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_FALSE(vllm.wt_session_);
+  EXPECT_EQ(vllm.rpc_calls_.back()["method"], "rc_digest");
+  EXPECT_EQ(vllm.rpc_calls_.back()["kwargs"]["fresh"], true);
+}
+
+TEST(HttpAdapterVllmNativeTest, ADigestThatIsNotTheManifestsIsNeverLabelled) {
+  FakeVllm vllm;
+  FakeSender sender(&vllm);
+  vllm.Script([&] { vllm.live_digest_ = "00000000deadbeef"; });  // what vLLM's transfer really installed
+  HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto inst = Await(a.Install(NativeTarget("0123456789abcdef"), false));
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kFailedAfterMutation);
+  EXPECT_NE(inst->error.find("rc_adopt"), std::string::npos) << inst->error;
+  EXPECT_NE(inst->error.find("00000000deadbeef"), std::string::npos) << inst->error;
+  EXPECT_NE(inst->label, "v8");
+  auto label = Await(a.ReadLabel());
+  ASSERT_TRUE(label.ok());
+  EXPECT_EQ(label->label, "v7") << "rc_adopt refused: the label is not the target's";
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_FALSE(vllm.wt_session_) << "the session was finished before the proof";
+}
+
+TEST(HttpAdapterVllmNativeTest, FailuresBeforeStartAreRefusalsWithNothingTouched) {
+  {  // the sender is unreachable
+    FakeVllm vllm;
+    HttpEngineAdapter a(NativeOptions(vllm.url(), "http://127.0.0.1:1"));
+    ASSERT_TRUE(a.Describe().ok());
+    auto inst = Await(a.Install(NativeTarget(), false));
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched);
+    EXPECT_NE(inst->error.find("refused before start_weight_update"), std::string::npos) << inst->error;
+    EXPECT_NE(inst->error.find("http://127.0.0.1:1/rc/native/state"), std::string::npos) << inst->error;
+    EXPECT_TRUE(WtCalls(vllm).empty());
+    // In a recovery a refusal is an error (the Runner taints).
+    EXPECT_FALSE(Await(a.Install(NativeTarget(), true)).ok());
+  }
+  {  // the sender does not offer the version
+    FakeVllm vllm;
+    FakeSender sender(&vllm);
+    HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
+    ASSERT_TRUE(a.Describe().ok());
+    lifecycle::UpdateTarget t = NativeTarget();
+    t.label = "v9";
+    auto inst = Await(a.Install(t, false));
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched);
+    EXPECT_NE(inst->error.find("version not offered"), std::string::npos) << inst->error;
+    EXPECT_TRUE(WtCalls(vllm).empty());
+    // No manifest digest: nothing could prove the weights, so nothing starts.
+    inst = Await(a.Install(NativeTarget(""), false));
+    ASSERT_TRUE(inst.ok());
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched);
+    EXPECT_TRUE(WtCalls(vllm).empty());
+  }
+  {  // vLLM without --weight-transfer-config: init refuses, nothing starts
+    FakeVllm::Config cfg;
+    cfg.weight_transfer = false;
+    FakeVllm vllm(cfg);
+    FakeSender sender(&vllm);
+    HttpAdapterOptions o = NativeOptions(vllm.url(), sender.url());
+    o.vllm_native_timeout_ms = 10000;
+    HttpEngineAdapter a(o);
+    ASSERT_TRUE(a.Describe().ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto inst = Await(a.Install(NativeTarget(), false));
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched) << inst->error;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4000))
+        << "vLLM refused its half: the sender's rendezvous (waiting 5 s here) gets a short grace, not the join "
+           "deadline, so the refusal lands inside the install deadline";
+    EXPECT_NE(inst->error.find("--weight-transfer-config"), std::string::npos) << inst->error;
+    EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init"}));
+  }
+  {  // the group formed outside the controller (--vllm-native-init external) on a vLLM without the config
+    FakeVllm::Config cfg;
+    cfg.weight_transfer = false;
+    FakeVllm vllm(cfg);
+    FakeSender sender(&vllm);
+    HttpAdapterOptions o = NativeOptions(vllm.url(), sender.url());
+    o.vllm_native_init = false;
+    HttpEngineAdapter a(o);
+    ASSERT_TRUE(a.Describe().ok());
+    auto inst = Await(a.Install(NativeTarget(), false));
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kRefusedUntouched) << inst->error;
+    EXPECT_NE(inst->error.find("Weight transfer not configured"), std::string::npos) << inst->error;
+    EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"start"}));
+  }
+}
+
+TEST(HttpAdapterVllmNativeTest, ASenderThatFailsMidSendTaintsAndTheNextUpdateFormsTheGroupAgain) {
+  FakeVllm vllm;
+  FakeSender sender(&vllm);
+  HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  sender.fail_send_ = true;  // e.g. a NCCL error on the trainer's side: it leaves the group
+  auto inst = Await(a.Install(NativeTarget(), false));
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kFailedAfterMutation) << inst->error;
+  EXPECT_NE(inst->error.find("peer never joined"), std::string::npos) << inst->error;
+  sender.fail_send_ = false;
+  vllm.update_arrived_ = false;
+  vllm.sender_sent_ = false;
+  ASSERT_TRUE(a.Describe().ok());
+  inst = Await(a.Install(NativeTarget(), true));  // the recovery re-installs through the same session
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kInstalled) << inst->error;
+  std::lock_guard<std::mutex> lock(sender.mu_);
+  EXPECT_EQ(sender.init_bodies_.size(), 2u) << "the sender left the group: it is formed again";
+}
+
+// Through the real Controller and Runner: the native session commits only by rc_adopt's proof.
+class VllmNativeRunnerTest : public ::testing::Test {
+ protected:
+  Result<lifecycle::UpdateRecord> RunNative(FakeVllm& vllm, const std::string& sender_url) {
+    adapter_ = std::make_unique<HttpEngineAdapter>(NativeOptions(vllm.url(), sender_url));
+    c_ = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal_)).value();
+    RC_RETURN_IF_ERROR(c_->Initialize({"v7", 3}, {"", "", "", 0}));
+    lifecycle::RunnerOptions ro;
+    ro.deadlines.reset_ms = 2000;
+    runner_ = std::make_unique<lifecycle::Runner>(c_.get(), adapter_.get(), SystemClock::Default(), ro);
+    RC_RETURN_IF_ERROR(runner_->StartUpdate(NativeTarget()).status());
+    return runner_->RunToCompletion();
+  }
+  lifecycle::MemoryJournal journal_;
+  std::unique_ptr<HttpEngineAdapter> adapter_;
+  std::unique_ptr<lifecycle::Controller> c_;
+  std::unique_ptr<lifecycle::Runner> runner_;
+};
+
+TEST_F(VllmNativeRunnerTest, AnUpdateCommitsWithTheLabelRcAdoptProved) {
+  FakeVllm vllm;
+  FakeSender sender(&vllm);
+  auto u = RunNative(vllm, sender.url());
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_EQ(c_->version().label, "v8");
+  const Json& inst = u->evidence["install_complete"]["detail"];
+  EXPECT_EQ(inst["transfer"], "vllm_native_nccl") << inst.dump();
+  EXPECT_EQ(inst["adopt"][0]["outcome"], "installed");
+  EXPECT_EQ(u->evidence["staged"]["engine"]["transfer"], "vllm_native_nccl");
+  EXPECT_EQ(u->evidence["validated"]["digest_checked"], true);
+  EXPECT_EQ(WtCalls(vllm), (std::vector<std::string>{"init", "start", "update", "finish", "rc_adopt"}));
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.prefix_resets_, 1) << "the cache boundary as on the rolloutcore path";
+}
+
+TEST_F(VllmNativeRunnerTest, AnUnprovenTransferTaints) {
+  {
+    FakeVllm vllm;
+    FakeSender sender(&vllm);
+    vllm.Script([&] { vllm.live_digest_ = "00000000deadbeef"; });
+    auto u = RunNative(vllm, sender.url());
+    ASSERT_TRUE(u.ok()) << u.status().ToString();
+    EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kTainted) << u->evidence.dump();
+    EXPECT_EQ(c_->state(), lifecycle::State::kTainted);
+    EXPECT_NE(u->reason.find("rc_adopt"), std::string::npos) << u->reason;
+  }
+}
+
+TEST_F(VllmNativeRunnerTest, AnUnreachableSenderIsRejectedWithNothingTouched) {
+  {
+    FakeVllm vllm;
+    auto u = RunNative(vllm, "http://127.0.0.1:1");
+    ASSERT_TRUE(u.ok()) << u.status().ToString();
+    EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected) << u->evidence.dump();
+    EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+    EXPECT_EQ(c_->version().label, "v7");
+    EXPECT_TRUE(WtCalls(vllm).empty());
+  }
+}
+
 }  // namespace
 }  // namespace rc::adapters

@@ -94,11 +94,16 @@ TEST_F(VllmCliTest, ServeRefusesAVllmWithoutTheExtensionNamingTheFlags) {
       << ctl_->LogTail();
 }
 
-TEST_F(VllmCliTest, NativeNcclTransferAndBadUrlsAreRefusedUpFront) {
+TEST_F(VllmCliTest, NativeNcclTransferWithoutASenderAndBadUrlsAreRefusedUpFront) {
   ctl_ = Start({"--engine", "vllm+http://127.0.0.1:1", "--vllm-transfer", "native-nccl"}, apps::FreePort().value());
   ASSERT_TRUE(ctl_);
   EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();
-  EXPECT_NE(ctl_->LogTail().find("native-nccl is not implemented"), std::string::npos) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("native-nccl needs --vllm-native-trainer"), std::string::npos) << ctl_->LogTail();
+  ctl_ = Start({"--engine", "vllm+http://127.0.0.1:1", "--vllm-native-trainer", "http://127.0.0.1:2"},
+               apps::FreePort().value());
+  ASSERT_TRUE(ctl_);
+  EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("only used with --vllm-transfer native-nccl"), std::string::npos) << ctl_->LogTail();
   ctl_ = Start({"--engine", "vllm+ftp://127.0.0.1:1"}, apps::FreePort().value());
   ASSERT_TRUE(ctl_);
   EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();

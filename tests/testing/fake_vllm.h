@@ -34,6 +34,10 @@ struct FakeVllmConfig {
   // rc_install's reply also carries the digest fields of rc_digest(fresh=false) (the extension
   // since the fused install); false: the older reply without them.
   bool install_reports_digest = false;
+  // vLLM's own weight transfer (--weight-transfer-config): /init_weight_transfer_engine,
+  // /start_weight_update, /update_weights, /finish_weight_update with vLLM 0.26's session rules
+  // (docs/vllm.md "vLLM's own transfer"), plus the extension's rc_adopt / rc_native_state.
+  bool weight_transfer = true;
 };
 
 class FakeVllm {
@@ -140,6 +144,66 @@ class FakeVllm {
       for (int i = 0; i < cfg_.workers; ++i) results.push_back(Rpc(method, body["kwargs"], i));
       r.set_content(Json{{"results", results}}.dump(), "application/json");
     });
+    auto wt_error = [](httplib::Response& r, const std::string& msg) {
+      r.status = 500;
+      r.set_content(
+          Json{{"error", {{"message", "Call to collective_rpc method failed: " + msg}, {"code", 500}}}}.dump(),
+          "application/json");
+    };
+    svr_.Post("/init_weight_transfer_engine", [this, wt_error](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      Json body = Json::parse(q.body);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        wt_calls_.push_back("init");
+        init_infos_.push_back(body["init_info"]);
+        if (!cfg_.weight_transfer) return wt_error(r, "Weight transfer not configured.");
+      }
+      wt_group_ = true;
+      r.set_content(R"({"message":"Weight transfer initialized"})", "application/json");
+    });
+    svr_.Post("/start_weight_update", [this, wt_error](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      wt_calls_.push_back("start");
+      if (!cfg_.weight_transfer)
+        return wt_error(r, "Weight transfer not configured. Please set weight_transfer_config");
+      if (wt_session_) return wt_error(r, "start_weight_update called while a weight update is already active.");
+      wt_session_ = true;
+      r.set_content(R"({"message":"Weight update started"})", "application/json");
+    });
+    // Like vLLM's, /update_weights returns only after the broadcast: here it waits (up to 2 s)
+    // for the sender's /send to have arrived (sender_sent_, set by the test's fake sender).
+    svr_.Post("/update_weights", [this, wt_error](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r)) return;
+      Json body = Json::parse(q.body);
+      update_arrived_ = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        wt_calls_.push_back("update");
+        update_infos_.push_back(body["update_info"]);
+        if (!wt_session_) return wt_error(r, "start_weight_update must be called before update_weights.");
+        if (!wt_group_ || !update_failure_.empty()) {
+          wt_session_ = false;  // vLLM resets the session when update_weights raises
+          return wt_error(r, wt_group_ ? update_failure_ : "NCCL weight transfer not initialized.");
+        }
+      }
+      for (int i = 0; i < 2000 && !sender_sent_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!sender_sent_) {
+        wt_session_ = false;
+        return wt_error(r, "broadcast timed out: the trainer never sent");
+      }
+      r.set_content(R"({"message":"Weights updated"})", "application/json");
+    });
+    svr_.Post("/finish_weight_update", [this, wt_error](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      wt_calls_.push_back("finish");
+      if (!wt_session_) return wt_error(r, "finish_weight_update called without a matching start_weight_update.");
+      wt_session_ = false;
+      r.set_content(R"({"message":"Weight update finished"})", "application/json");
+    });
     port_ = svr_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { svr_.listen_after_bind(); });
     while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -167,6 +231,11 @@ class FakeVllm {
   std::vector<Json> digest_results_;           // per worker rc_digest result
   std::vector<std::string> labels_;
   std::vector<int64_t> generations_;
+  std::string update_failure_;                    // non-empty: /update_weights raises this (session reset)
+  std::string live_digest_ = "0123456789abcdef";  // what rc_adopt's fresh digest reads
+  std::atomic<bool> wt_group_{false};             // the weight-transfer group is formed
+  std::atomic<bool> sender_sent_{false};          // the trainer's /send arrived (the test's fake sender sets it)
+  std::atomic<bool> update_arrived_{false};       // /update_weights arrived (the fake sender waits for it)
 
   // Observations.
   std::mutex mu_;
@@ -178,6 +247,10 @@ class FakeVllm {
   int completions_while_paused_ = 0;
   std::string last_model_;
   std::string reset_running_requests_;
+  std::vector<std::string> wt_calls_;  // init, start, update, finish in arrival order
+  std::vector<Json> init_infos_;
+  std::vector<Json> update_infos_;
+  bool wt_session_ = false;
 
  private:
   bool Dev(httplib::Response& r) {
@@ -236,6 +309,34 @@ class FakeVllm {
         r["digest_source"] = "fused";
       }
       return r;
+    }
+    if (method == "rc_adopt") {
+      if (rank == 0) wt_calls_.push_back("rc_adopt");
+      if (kwargs.value("content_digest", std::string()) != live_digest_) {
+        return Json{{"ok", false},
+                    {"code", "DataLoss"},
+                    {"outcome", "failed_after_mutation"},
+                    {"error", "live digest " + live_digest_ + " != the manifest's " +
+                                  kwargs.value("content_digest", std::string())},
+                    {"label", labels_[rank]},
+                    {"generation", generations_[rank]}};
+      }
+      labels_[rank] = kwargs["version"];
+      generations_[rank] += 1;
+      return Json{{"ok", true},
+                  {"outcome", "installed"},
+                  {"label", labels_[rank]},
+                  {"generation", generations_[rank]},
+                  {"bytes_installed", 500},
+                  {"install_ms", 1},
+                  {"content_digest", live_digest_},
+                  {"digest_source", "reread"}};
+    }
+    if (method == "rc_native_state") {
+      if (rank == 0)
+        wt_calls_.push_back(kwargs.value("restore", false) ? "rc_native_state(restore)" : "rc_native_state");
+      Json st{{"session_active", wt_session_}, {"layers_in_reload", 0}, {"meta_parameters", 0}};
+      return Json{{"ok", true}, {"before", st}, {"restored", false}, {"after", st}};
     }
     if (method == "rc_label") {
       return Json{{"ok", true},

@@ -48,6 +48,14 @@ struct HttpAdapterOptions {
   // pause_scheduler(M, clear_cache=false) / resume_scheduler utility calls without the fixed 20 ms
   // asyncio.sleep AsyncLLM.pause_generation adds after every pause (docs/vllm.md).
   bool vllm_pause_via_sleep = false;
+  // vLLM: --vllm-transfer native-nccl (docs/vllm.md, "vLLM's own transfer"): weights move through
+  // vLLM's start/update/finish_weight_update session, the trainer-side sender
+  // (rolloutcore.vllm_native.NativeSender) at vllm_native_trainer_url broadcasting; rc_adopt
+  // proves them and sets the label.
+  bool vllm_native_transfer = false;
+  std::string vllm_native_trainer_url;
+  bool vllm_native_init = true;                           // false: the group was formed outside the controller
+  int64_t vllm_native_timeout_ms = 60000;                 // joins of the concurrent init and send/update halves
   EngineFlavor expected_flavor = EngineFlavor::kUnknown;  // kUnknown: detect; else Describe() checks it
 };
 
