@@ -3,7 +3,8 @@
 
 set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wnon-virtual-dtor
   $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local>
-  $<$<CXX_COMPILER_ID:Clang>:-Wshadow-uncaptured-local>)
+  $<$<CXX_COMPILER_ID:Clang>:-Wshadow-uncaptured-local>
+  $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety>)
 if(ROLLOUTCORE_WERROR)
   list(APPEND RC_WARNINGS -Werror)
 endif()

@@ -9,6 +9,7 @@
 
 #include "rolloutcore/adapters/http_adapter.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::adapters::internal {
@@ -286,7 +287,7 @@ Result<std::vector<Json>> VllmFlavor::CollectiveRpc(const std::string& method, c
 
 Result<EngineDescription> VllmFlavor::Describe() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warmup_.reset();
     prefix_reset_done_ = false;
     install_replies_.reset();
@@ -308,7 +309,7 @@ Result<EngineDescription> VllmFlavor::Describe() {
     auto j = ParseJson(models->body, "GET /v1/models");
     if (j.ok() && j->contains("data") && (*j)["data"].is_array() && !(*j)["data"].empty() &&
         (*j)["data"][0].contains("id") && (*j)["data"][0]["id"].is_string()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       served_model_ = (*j)["data"][0]["id"].get<std::string>();
     }
   }
@@ -365,7 +366,7 @@ Result<DrainStatus> VllmFlavor::Drain() {
   const auto now = std::chrono::steady_clock::now();
   const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.gauge_probe_after_ms));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (d.idle() || d.running != last_gauges_.running || d.waiting != last_gauges_.waiting) {
       last_gauges_ = d;
       gauges_since_ = now;
@@ -379,7 +380,7 @@ Result<DrainStatus> VllmFlavor::Drain() {
   RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
   (void)cached;
   RC_ASSIGN_OR_RETURN(DrainStatus fresh, Gauges());
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   last_gauges_ = fresh;
   gauges_since_ = std::chrono::steady_clock::now();
   return fresh;
@@ -401,7 +402,7 @@ Result<DrainStatus> VllmFlavor::Gauges() {
 Result<int64_t> VllmFlavor::Canary() {
   Json body{{"prompt", options_.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!served_model_.empty()) body["model"] = served_model_;
   }
   RC_ASSIGN_OR_RETURN(Json j, PostJson("/v1/completions", body.dump()));
@@ -429,7 +430,7 @@ Result<Json> VllmFlavor::WarmCanary(const std::string& where) {
         "the second warm-up reported 0 cached tokens (prefix caching off, or the canary shorter than one "
         "block): a post-resume 0 proves nothing";
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   warmup_ = ev;
   return ev;
 }
@@ -444,7 +445,7 @@ Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
   Json detail = Json::object();
   bool warm = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warm = warmup_.has_value();
   }
   // Requests sent while paused block until the resume: warm before the pause.
@@ -544,7 +545,7 @@ Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
   e.label = target.label;
   RC_ASSIGN_OR_RETURN(e.detail, StageWorkers(target, &e.bytes));
   e.detail["canary_warmup"] = warm;
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   staged_version_ = target.label;
   return e;
 }
@@ -553,7 +554,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   Json staged;
   bool staged_this_cycle = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     staged_this_cycle = staged_version_ == target.label;
   }
   if (full || !staged_this_cycle) {
@@ -578,7 +579,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   // extension, dev mode off, request rejected); transport loss (Unavailable) or a raised method
   // (Internal) is ambiguous and taints.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_.reset();
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
@@ -590,7 +591,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
                (w.contains("tensor_sums") || (w.contains("content_digest") && w["content_digest"].is_string()));
   }
   if (complete) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_ = workers;
   }
   return e;
@@ -625,7 +626,7 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
     r.success = j["success"].get<bool>();
     if (r.success) {
       r.blocks_in_use = 0;
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       prefix_reset_done_ = true;
       return r;
     }
@@ -641,7 +642,7 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
 Result<LabelEvidence> VllmFlavor::ReadLabel() {
   std::optional<std::vector<Json>> from_install;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     from_install = install_replies_;
   }
   std::vector<Json> workers;
@@ -676,7 +677,7 @@ Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
   // cached digest (a restarted controller's claim check) the extension computes one.
   std::optional<std::vector<Json>> from_install;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     from_install = std::exchange(install_replies_, std::nullopt);  // used once: a later read asks again
   }
   std::vector<Json> workers;
@@ -692,7 +693,7 @@ Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
 
 Result<ResumeEvidence> VllmFlavor::Resume() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_.reset();
   }
   // /wake_up?tags=scheduling: EngineCore.wake_up with only the scheduling tag resumes the
@@ -705,7 +706,7 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
   std::optional<Json> warm;
   bool reset_done = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warm = warmup_;
     reset_done = prefix_reset_done_;
   }
@@ -721,7 +722,7 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
   }
   RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warmup_.reset();
     prefix_reset_done_ = false;
   }

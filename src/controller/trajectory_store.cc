@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::controller {
 namespace {
@@ -136,7 +137,7 @@ Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string
 TrajectoryStore::~TrajectoryStore() { sqlite3_close(Db(db_)); }
 
 Status TrajectoryStore::Insert(const Trajectory& t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(Db(db_),
                          "INSERT INTO trajectories (rollout_id, label, generation, body, checksum) VALUES (?,?,?,?,?)",
@@ -157,7 +158,7 @@ Status TrajectoryStore::Insert(const Trajectory& t) {
 }
 
 Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, int64_t limit) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   sqlite3_stmt* st = nullptr;
   std::string sql = "SELECT id, rollout_id, label, body, checksum FROM trajectories";
   if (!label.empty()) sql += " WHERE label = ?";

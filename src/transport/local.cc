@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rolloutcore/base/mutex.h"
+
 namespace rc::transport {
 namespace {
 
@@ -26,19 +28,19 @@ class RegionTable {
   }
 
   uint64_t Add(const Region& r) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const uint64_t id = next_id_++;
     regions_.emplace(id, r);
     return id;
   }
 
   bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return regions_.erase(id) > 0;
   }
 
   bool Find(uint64_t id, Region* out) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = regions_.find(id);
     if (it == regions_.end()) return false;
     *out = it->second;
@@ -48,7 +50,7 @@ class RegionTable {
   // Checks every op, then copies them all, under one lock so a concurrent Deregister cannot free
   // a region between the check and the copy.
   Status ReadBatch(std::span<const ReadOp> ops) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     std::vector<const std::byte*> src(ops.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       const ReadOp& op = ops[i];
@@ -74,9 +76,9 @@ class RegionTable {
   }
 
  private:
-  std::mutex mu_;
-  uint64_t next_id_ = 1;                          // guarded by mu_
-  std::unordered_map<uint64_t, Region> regions_;  // guarded by mu_
+  rc::Mutex mu_;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;                          // guarded by mu_
+  std::unordered_map<uint64_t, Region> regions_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 class LocalTransfer final : public Transfer {

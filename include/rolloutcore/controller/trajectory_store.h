@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/lifecycle/types.h"
 
 namespace rc::controller {
@@ -58,8 +59,8 @@ class TrajectoryStore {
 
  private:
   TrajectoryStore(void* db, std::string path) : db_(db), path_(std::move(path)) {}
-  mutable std::mutex mu_;
-  void* db_;  // sqlite3*, guarded by mu_
+  mutable rc::Mutex mu_;
+  void* db_ GUARDED_BY(mu_);  // sqlite3*, guarded by mu_
   std::string path_;
 };
 

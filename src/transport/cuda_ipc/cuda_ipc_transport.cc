@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/cuda_ipc.h"
 #include "transport/cuda_ipc/cuda_ipc_descriptor.h"
 #include "transport/gpu_common.h"
@@ -82,17 +83,17 @@ class OwnerTable {
     return *table;
   }
   uint64_t Add(const OwnedRegion& r) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const uint64_t id = next_id_++;
     regions_.emplace(id, r);
     return id;
   }
   bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return regions_.erase(id) > 0;
   }
   bool Find(uint64_t id, OwnedRegion* out) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = regions_.find(id);
     if (it == regions_.end()) return false;
     *out = it->second;
@@ -100,9 +101,9 @@ class OwnerTable {
   }
 
  private:
-  std::mutex mu_;
-  uint64_t next_id_ = 1;                               // guarded by mu_
-  std::unordered_map<uint64_t, OwnedRegion> regions_;  // guarded by mu_
+  rc::Mutex mu_;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;                               // guarded by mu_
+  std::unordered_map<uint64_t, OwnedRegion> regions_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 // An imported region, as the reader sees it.
@@ -222,7 +223,7 @@ class Core {
     if (guard.status() != cudaSuccess) {
       return Unavailable(fmt::format("cuda_ipc transport: device {}: {}", device_, CudaErrorText(guard.status())));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (d.pid == ::getpid()) {
       OwnedRegion r;
       if (!OwnerTable::Get().Find(d.id, &r)) {
@@ -276,7 +277,7 @@ class Core {
   }
 
   Status Release(const RemoteMemory& remote) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = remotes_.find(remote.id);
     if (it == remotes_.end()) return NotFound(fmt::format("cuda_ipc remote {} is not imported", remote.id));
     if (!it->second.mapping_key.empty()) {
@@ -300,7 +301,7 @@ class Core {
   // Validates (InvalidArgument), then issues; a failure found after validation is returned in
   // Posted::failure so the transfer reports it.
   Result<Posted> Post(std::span<const ReadOp> ops) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     std::vector<const std::byte*> src(ops.size());
     Posted posted;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -392,10 +393,10 @@ class Core {
   const CudaIpcTransportOptions options_;
   std::vector<cudaStream_t> streams_;  // immutable after Init
 
-  std::mutex mu_;
-  uint64_t next_remote_ = 1;                              // guarded by mu_
-  std::unordered_map<uint64_t, RemoteEntry> remotes_;     // guarded by mu_
-  std::unordered_map<std::string, Mapping> mappings_;     // guarded by mu_
+  rc::Mutex mu_;
+  uint64_t next_remote_ GUARDED_BY(mu_) = 1;                              // guarded by mu_
+  std::unordered_map<uint64_t, RemoteEntry> remotes_ GUARDED_BY(mu_);     // guarded by mu_
+  std::unordered_map<std::string, Mapping> mappings_ GUARDED_BY(mu_);     // guarded by mu_
 };
 
 class CudaIpcTransfer final : public Transfer {

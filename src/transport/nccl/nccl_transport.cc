@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/nccl.h"
 #include "transport/gpu_common.h"
 #include "transport/nccl/nccl_descriptor.h"
@@ -191,7 +192,7 @@ class OwnerServer {
 
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (stopped_) return;
       stopped_ = true;
       for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
@@ -200,7 +201,7 @@ class OwnerServer {
     if (accept_thread_.joinable()) accept_thread_.join();
     std::vector<std::thread> threads;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       threads.swap(threads_);
     }
     for (auto& t : threads) t.join();
@@ -212,13 +213,13 @@ class OwnerServer {
   uint16_t port() const { return port_; }
 
   uint64_t Add(const OwnedRegion& r) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const uint64_t id = next_id_++;
     regions_.emplace(id, r);
     return id;
   }
   bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return regions_.erase(id) > 0;
   }
 
@@ -228,7 +229,7 @@ class OwnerServer {
       pollfd pfd{listen_fd_, POLLIN, 0};
       const int pr = ::poll(&pfd, 1, 100);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        rc::MutexLock lock(mu_);
         if (stopped_) return;
       }
       if (pr <= 0) continue;
@@ -236,7 +237,7 @@ class OwnerServer {
       if (fd < 0) continue;
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (stopped_) {
         ::close(fd);
         return;
@@ -244,7 +245,7 @@ class OwnerServer {
       connections_.push_back(fd);
       threads_.emplace_back([this, fd] {
         Serve(fd);
-        std::lock_guard<std::mutex> l(mu_);
+        rc::MutexLock l(mu_);
         connections_.erase(std::find(connections_.begin(), connections_.end(), fd));
         ::close(fd);
       });
@@ -252,7 +253,7 @@ class OwnerServer {
   }
 
   bool Stopped() {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return stopped_;
   }
 
@@ -324,7 +325,7 @@ class OwnerServer {
         OwnedRegion reg;
         bool found;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          rc::MutexLock lock(mu_);
           auto it = regions_.find(id);
           found = it != regions_.end();
           if (found) reg = it->second;
@@ -345,7 +346,7 @@ class OwnerServer {
         std::vector<const std::byte*> src(n);
         std::string error;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          rc::MutexLock lock(mu_);
           for (size_t i = 0; i < n && error.empty(); ++i) {
             auto it = regions_.find(ops[i].id);
             if (it == regions_.end()) {
@@ -392,12 +393,12 @@ class OwnerServer {
   uint16_t port_ = 0;
   std::thread accept_thread_;
 
-  std::mutex mu_;
-  bool stopped_ = false;                                 // guarded by mu_
-  std::vector<int> connections_;                         // guarded by mu_
-  std::vector<std::thread> threads_;                     // guarded by mu_
-  uint64_t next_id_ = 1;                                 // guarded by mu_
-  std::unordered_map<uint64_t, OwnedRegion> regions_;    // guarded by mu_
+  rc::Mutex mu_;
+  bool stopped_ GUARDED_BY(mu_) = false;                                 // guarded by mu_
+  std::vector<int> connections_ GUARDED_BY(mu_);                         // guarded by mu_
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);                     // guarded by mu_
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;                                 // guarded by mu_
+  std::unordered_map<uint64_t, OwnedRegion> regions_ GUARDED_BY(mu_);    // guarded by mu_
 };
 
 // ---- reader side ---------------------------------------------------------------------------------
@@ -410,18 +411,18 @@ struct Peer {
   bool same_host = false;
   int device = 0;     // reader device (immutable)
 
-  std::mutex mu;  // serializes the socket and NCCL calls on comm
-  int fd = -1;                   // guarded by mu
-  ncclComm_t comm = nullptr;     // guarded by mu; null once aborted
+  rc::Mutex mu;  // serializes the socket and NCCL calls on comm
+  int fd GUARDED_BY(mu) = -1;                   // guarded by mu
+  ncclComm_t comm GUARDED_BY(mu) = nullptr;     // guarded by mu; null once aborted
   cudaStream_t stream = nullptr;  // immutable after connect
   std::atomic<bool> aborted{false};
-  Status failure;  // guarded by mu; set before `aborted`
+  Status failure GUARDED_BY(mu);  // guarded by mu; set before `aborted`
   std::atomic<int64_t> pending{0};       // transfers in flight
   std::atomic<int64_t> last_progress_ns{0};
 
   // Aborts the communicator (pending kernels return) and closes the connection; idempotent.
   void Abort(Status why) {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     AbortLocked(std::move(why));
   }
   void AbortLocked(Status why) {
@@ -435,7 +436,7 @@ struct Peer {
     fd = -1;
   }
   Status Failure() {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     return failure;
   }
   ~Peer() {
@@ -472,7 +473,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   ~Core() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -480,7 +481,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (server_) server_->Stop();
     std::vector<std::shared_ptr<Peer>> peers;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       for (auto& [k, p] : peers_) peers.push_back(p);
       peers_.clear();
       remotes_.clear();
@@ -514,7 +515,7 @@ class Core : public std::enable_shared_from_this<Core> {
           "nccl transport on device {} cannot register memory of device {} (create one transport per device)",
           device_, attr.device));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!server_) {
       const char* env = std::getenv("ROLLOUTCORE_NCCL_ADDRESS");
       const std::string address = env != nullptr && env[0] != '\0' ? env : options_.listen_address;
@@ -534,7 +535,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   Status Deregister(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!server_ || !server_->Remove(id)) return NotFound(fmt::format("nccl registration {} is not registered", id));
     return OkStatus();
   }
@@ -544,14 +545,14 @@ class Core : public std::enable_shared_from_this<Core> {
     const std::string key = fmt::format("{}:{}:{:016x}", d.host, d.port, d.token);
     std::shared_ptr<Peer> peer;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto it = peers_.find(key);
       if (it != peers_.end() && !it->second->aborted.load()) peer = it->second;
       if (it != peers_.end() && it->second->aborted.load()) peers_.erase(it);
     }
     if (!peer) {
       RC_ASSIGN_OR_RETURN(peer, Connect(d, key));
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto [it, inserted] = peers_.emplace(key, peer);
       if (!inserted) {
         if (it->second->aborted.load()) {
@@ -564,7 +565,7 @@ class Core : public std::enable_shared_from_this<Core> {
     // Ask the owner for the registration.
     uint64_t length = 0;
     {
-      std::lock_guard<std::mutex> lock(peer->mu);
+      rc::MutexLock lock(peer->mu);
       if (peer->aborted.load()) return Unavailable(fmt::format("nccl descriptor {}: {}", gpu_internal::Abbrev(descriptor), peer->failure.ToString()));
       std::string q;
       Put(&q, d.id);
@@ -589,14 +590,14 @@ class Core : public std::enable_shared_from_this<Core> {
     if (length != d.length) {
       return NotFound(fmt::format("nccl descriptor {}: registration {} has {} bytes now", gpu_internal::Abbrev(descriptor), d.id, length));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const uint64_t id = next_remote_++;
     remotes_.emplace(id, RemoteEntry{peer, d.id, d.length, std::string(descriptor)});
     return RemoteMemory{id, d.length};
   }
 
   Status Release(const RemoteMemory& remote) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("nccl remote {} is not imported", remote.id));
     // Drop peers no remote uses any more (their connection closes when the last transfer goes).
     for (auto it = peers_.begin(); it != peers_.end();) {
@@ -617,7 +618,7 @@ class Core : public std::enable_shared_from_this<Core> {
     std::map<Peer*, std::pair<std::shared_ptr<Peer>, std::vector<size_t>>> by_peer;
     std::vector<uint64_t> reg(ops.size());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       for (size_t i = 0; i < ops.size(); ++i) {
         const ReadOp& op = ops[i];
         auto it = remotes_.find(op.source.id);
@@ -699,7 +700,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&peer->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) return Unavailable(fmt::format("{}: reader device {}: {}", peer->label, device_, CudaErrorText(ce)));
     ncclConfig_t config = NonBlockingConfig();
-    std::lock_guard<std::mutex> lock(peer->mu);
+    rc::MutexLock lock(peer->mu);
     r = ncclCommInitRankConfig(&peer->comm, 2, uid, 1, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       return Unavailable(fmt::format("{}: ncclCommInitRankConfig: {}", peer->label, NcclText(r)));
@@ -723,7 +724,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Status PostToPeer(const std::shared_ptr<Peer>& shared, std::span<const ReadOp> ops, const std::vector<uint64_t>& reg,
                     const std::vector<size_t>& indices, std::vector<Part>* parts) {
     Peer& peer = *shared;
-    std::unique_lock<std::mutex> lock(peer.mu);
+    rc::MutexLock lock(peer.mu);
     if (peer.aborted.load()) return Unavailable(fmt::format("{}: {}", peer.label, peer.failure.ToString()));
     std::string req;
     Put(&req, static_cast<uint64_t>(indices.size()));
@@ -782,7 +783,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void WatchdogLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::nanoseconds(options_.watchdog_period_ns));
       if (stop_) return;
@@ -799,7 +800,7 @@ class Core : public std::enable_shared_from_this<Core> {
           p->Abort(Unavailable(fmt::format("{}: owner process died", p->label)));
           continue;
         }
-        std::unique_lock<std::mutex> pl(p->mu, std::try_to_lock);
+        rc::MutexLock pl(p->mu, std::try_to_lock);
         if (!pl.owns_lock()) continue;  // a post is talking to it and checks liveness itself
         if (p->fd >= 0 && ConnectionClosed(p->fd)) {
           p->AbortLocked(Unavailable(fmt::format("{}: control connection closed (owner died or closed its transport)", p->label)));
@@ -829,13 +830,13 @@ class Core : public std::enable_shared_from_this<Core> {
   std::string hostname_;
   std::thread watchdog_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                                              // guarded by mu_
-  std::unique_ptr<OwnerServer> server_;                            // guarded by mu_
-  uint64_t next_remote_ = 1;                                       // guarded by mu_
-  std::unordered_map<uint64_t, RemoteEntry> remotes_;              // guarded by mu_
-  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;   // guarded by mu_
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;                                              // guarded by mu_
+  std::unique_ptr<OwnerServer> server_ GUARDED_BY(mu_);                            // guarded by mu_
+  uint64_t next_remote_ GUARDED_BY(mu_) = 1;                                       // guarded by mu_
+  std::unordered_map<uint64_t, RemoteEntry> remotes_ GUARDED_BY(mu_);              // guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);   // guarded by mu_
 };
 
 class NcclTransfer final : public Transfer {

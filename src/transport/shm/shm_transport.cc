@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/shm.h"
 #include "transport/shm/shm_descriptor.h"
 #include "transport/shm/shm_owner.h"
@@ -70,14 +71,14 @@ struct TransferShared {
   std::atomic<bool> cancelled{false};
   std::atomic<bool> failed{false};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t remaining = 0;  // guarded by mu: pieces not finished
-  bool finished = false;  // guarded by mu
-  Status failure;        // guarded by mu: first failure
+  rc::Mutex mu;
+  rc::CondVar cv;
+  size_t remaining GUARDED_BY(mu) = 0;  // guarded by mu: pieces not finished
+  bool finished GUARDED_BY(mu) = false;  // guarded by mu
+  Status failure GUARDED_BY(mu);        // guarded by mu: first failure
 
   void FinishPiece(const Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     if (!s.ok() && failure.ok()) {
       failure = s;
       failed.store(true, std::memory_order_relaxed);
@@ -124,7 +125,7 @@ class CopyPool {
   CopyPool& operator=(const CopyPool&) = delete;
   ~CopyPool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -133,7 +134,7 @@ class CopyPool {
 
   void Submit(std::vector<Piece> pieces) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (threads_.empty()) {
         for (int i = 0; i < threads_wanted_; ++i) threads_.emplace_back([this] { Loop(); });
       }
@@ -144,9 +145,9 @@ class CopyPool {
 
  private:
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
       Piece p = std::move(queue_.front());
       queue_.pop_front();
@@ -159,11 +160,11 @@ class CopyPool {
   }
 
   const int threads_wanted_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::thread> threads_;  // guarded by mu_ (started once)
-  std::deque<Piece> queue_;           // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);  // guarded by mu_ (started once)
+  std::deque<Piece> queue_ GUARDED_BY(mu_);           // guarded by mu_
+  bool stopping_ GUARDED_BY(mu_) = false;             // guarded by mu_
 };
 
 class ShmTransfer final : public Transfer {
@@ -172,17 +173,17 @@ class ShmTransfer final : public Transfer {
   ~ShmTransfer() override {
     // Nothing may write the caller's destinations once the Transfer is gone.
     Cancel();
-    std::unique_lock<std::mutex> lock(shared_->mu);
-    shared_->cv.wait(lock, [&] { return shared_->finished; });
+    rc::MutexLock lock(shared_->mu);
+    shared_->cv.wait(lock, [&]() REQUIRES(shared_->mu) { return shared_->finished; });
   }
 
   TransferState Poll() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     return StateLocked();
   }
 
   Status Wait(int64_t deadline_ns) override {
-    std::unique_lock<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     while (!shared_->finished) {
       const int64_t now = clock_->NowNs();
       if (now >= deadline_ns) {
@@ -198,7 +199,7 @@ class ShmTransfer final : public Transfer {
   void Cancel() override { shared_->cancelled.store(true); }
 
   Status status() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->finished) return Unavailable("pending");
     return shared_->failure;
   }
@@ -206,7 +207,7 @@ class ShmTransfer final : public Transfer {
   uint64_t bytes() const override { return shared_->bytes; }
 
  private:
-  TransferState StateLocked() const {
+  TransferState StateLocked() const REQUIRES(shared_->mu) {
     if (!shared_->finished) return TransferState::kPending;
     return shared_->failure.ok() ? TransferState::kDone : TransferState::kFailed;
   }
@@ -233,7 +234,7 @@ class ShmTransport final : public Transport {
       : clock_(clock), options_(options), pool_(std::make_unique<CopyPool>(options.copy_threads)) {}
 
   ~ShmTransport() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (uint64_t id : owned_) (void)shm_internal::Deregister(id);
   }
 
@@ -253,14 +254,14 @@ class ShmTransport final : public Transport {
     }
     if (region.addr == nullptr) return InvalidArgument("shm transport: null address");
     RC_ASSIGN_OR_RETURN(shm_internal::OwnerRegistration r, shm_internal::Register(region.addr, region.length));
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     owned_.insert(r.id);
     return Registration{r.id, shm_internal::FormatShmDescriptor(r.descriptor)};
   }
 
   Status Deregister(uint64_t id) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (owned_.erase(id) == 0) {
         return NotFound(fmt::format("shm registration {} was not made by this transport (or is already gone)", id));
       }
@@ -285,7 +286,7 @@ class ShmTransport final : public Transport {
     RC_ASSIGN_OR_RETURN(remote->control,
                         OpenMapping(descriptor, pid, d.ctl_fd, shm_internal::ControlMemfdName(d.ctl_token),
                                     (uint64_t{d.slot} + 1) * sizeof(uint64_t)));
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     remote->id = next_remote_id_++;
     if (!remote->Live()) {
       return NotFound(fmt::format("shm descriptor {}: the owner no longer registers this region", descriptor));
@@ -295,7 +296,7 @@ class ShmTransport final : public Transport {
   }
 
   Status ReleaseRemote(const RemoteMemory& remote) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("shm remote {} is not imported", remote.id));
     return OkStatus();
   }
@@ -305,7 +306,7 @@ class ShmTransport final : public Transport {
     std::vector<std::shared_ptr<const Remote>> remotes;
     std::vector<uint32_t> op_remote(ops.size());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       std::unordered_map<uint64_t, uint32_t> index;
       for (size_t i = 0; i < ops.size(); ++i) {
         const ReadOp& op = ops[i];
@@ -362,7 +363,12 @@ class ShmTransport final : public Transport {
       }
     }
     if (!current.segments.empty() || pieces.empty()) pieces.push_back(std::move(current));
-    shared->remaining = pieces.size();
+    {
+      // Not shared with a worker yet (the pieces are submitted below): the lock is uncontended and
+      // keeps `remaining` checked by the analysis.
+      rc::MutexLock lock(shared->mu);
+      shared->remaining = pieces.size();
+    }
 
     if (inline_copy) {
       for (const Piece& p : pieces) shared->FinishPiece(RunPiece(p));
@@ -380,7 +386,7 @@ class ShmTransport final : public Transport {
                                                const std::string& name, uint64_t need) {
     const std::string key = fmt::format("{}/{}/{}", pid, fd, name);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto it = mappings_.find(key);
       if (it != mappings_.end()) {
         if (auto m = it->second.lock()) {
@@ -457,7 +463,7 @@ class ShmTransport final : public Transport {
                                      Errno(errno)));
     }
     auto mapping = std::make_shared<Mapping>(static_cast<const std::byte*>(m), size);
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     mappings_[key] = mapping;
     return mapping;
   }
@@ -466,11 +472,11 @@ class ShmTransport final : public Transport {
   const ShmTransportOptions options_;
   const std::unique_ptr<CopyPool> pool_;
 
-  mutable std::mutex mu_;
-  std::unordered_set<uint64_t> owned_;                                       // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<const Remote>> remotes_;      // guarded by mu_
-  std::unordered_map<std::string, std::weak_ptr<Mapping>> mappings_;        // guarded by mu_
-  uint64_t next_remote_id_ = 1;                                              // guarded by mu_
+  mutable rc::Mutex mu_;
+  std::unordered_set<uint64_t> owned_ GUARDED_BY(mu_);                                       // guarded by mu_
+  std::unordered_map<uint64_t, std::shared_ptr<const Remote>> remotes_ GUARDED_BY(mu_);      // guarded by mu_
+  std::unordered_map<std::string, std::weak_ptr<Mapping>> mappings_ GUARDED_BY(mu_);        // guarded by mu_
+  uint64_t next_remote_id_ GUARDED_BY(mu_) = 1;                                              // guarded by mu_
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/ucx.h"
 #include "transport/ucx/ucx_descriptor.h"
 
@@ -70,13 +71,13 @@ struct TransferShared {
   std::string peers_label;  // set before posting; then read-only
   std::atomic<int64_t>* core_in_flight = nullptr;  // set before posting
 
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t in_flight = 0;               // guarded by mu
-  bool cancelled = false;             // guarded by mu
-  bool abandoned = false;             // guarded by mu: its peer died; gets may never complete
-  ucs_status_t first_error = UCS_OK;  // guarded by mu
-  Status failure;                     // guarded by mu: a failure found while posting
+  rc::Mutex mu;
+  rc::CondVar cv;
+  size_t in_flight GUARDED_BY(mu) = 0;               // guarded by mu
+  bool cancelled GUARDED_BY(mu) = false;             // guarded by mu
+  bool abandoned GUARDED_BY(mu) = false;             // guarded by mu: its peer died; gets may never complete
+  ucs_status_t first_error GUARDED_BY(mu) = UCS_OK;  // guarded by mu
+  Status failure GUARDED_BY(mu);                     // guarded by mu: a failure found while posting
 
   // Remotes used by the transfer; released under Core::mu_ by ~UcxTransfer.
   std::vector<std::shared_ptr<Remote>> remotes;
@@ -97,7 +98,7 @@ struct TransferShared {
 void GetDone(void* request, ucs_status_t status, void* user_data) {
   auto* t = static_cast<TransferShared*>(user_data);
   {
-    std::lock_guard<std::mutex> lock(t->mu);
+    rc::MutexLock lock(t->mu);
     if (status != UCS_OK && t->first_error == UCS_OK) t->first_error = status;
     if (--t->in_flight == 0) t->cv.notify_all();
   }
@@ -161,13 +162,13 @@ class Core {
   // Stops the progress thread and force-closes every endpoint so no get stays in flight.
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (stopped_) return;
       stopped_ = true;
     }
     Wake();
     if (progress_.joinable()) progress_.join();
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (worker_ == nullptr) return;
     for (auto& [key, peer] : peers_) CloseEndpointLocked(*peer, UCS_ERR_CANCELED);
     peers_.clear();
@@ -177,7 +178,7 @@ class Core {
     auto owed = [&] {
       size_t n = 0;
       for (const auto& t : transfers_in_flight_) {
-        std::lock_guard<std::mutex> tl(t->mu);
+        rc::MutexLock tl(t->mu);
         if (!t->abandoned) n += t->in_flight;
       }
       return n;
@@ -197,7 +198,7 @@ class Core {
     if (region.addr == nullptr || region.length == 0) {
       return InvalidArgument(fmt::format("ucx transport: cannot register {} bytes at {}", region.length, region.addr));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = const_cast<void*>(region.addr);
@@ -229,7 +230,7 @@ class Core {
   }
 
   Status Deregister(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = registrations_.find(id);
     if (it == registrations_.end()) return NotFound(fmt::format("ucx registration {} is not registered here", id));
     const ucs_status_t s = ucp_mem_unmap(context_, it->second);
@@ -244,7 +245,7 @@ class Core {
     if (d.host == host_ && ::kill(static_cast<pid_t>(d.pid), 0) != 0 && errno == ESRCH) {
       return Unavailable(fmt::format("ucx descriptor of registration {}: owner process {} is gone", d.id, label));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (stopped_) return FailedPrecondition("ucx transport is shut down");
     std::shared_ptr<Peer>& peer = peers_[d.worker_address];
     if (peer == nullptr || peer->ep == nullptr) {
@@ -293,14 +294,14 @@ class Core {
   }
 
   Status ReleaseRemote(const RemoteMemory& remote) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("ucx remote {} is not imported", remote.id));
     return OkStatus();
   }
 
   // Checks the batch, then posts every get. Returns the shared state (in_flight counts posted gets).
   Result<std::shared_ptr<TransferShared>> Post(std::span<const ReadOp> ops) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (stopped_) return FailedPrecondition("ucx transport is shut down");
     uint64_t total = 0;
     std::vector<Remote*> by_op(ops.size());
@@ -351,14 +352,14 @@ class Core {
       if (op.length == 0) continue;
       Remote& r = *by_op[i];
       {
-        std::lock_guard<std::mutex> tl(t->mu);
+        rc::MutexLock tl(t->mu);
         ++t->in_flight;  // before posting: the callback may run inside ucp_get_nbx
       }
       ++in_flight_;
       ucs_status_ptr_t p = ucp_get_nbx(r.peer->ep, op.dest, op.length, r.descriptor.address + op.source_offset,
                                        r.rkey, &param);
       if (p == nullptr || UCS_PTR_IS_ERR(p)) {
-        std::lock_guard<std::mutex> tl(t->mu);
+        rc::MutexLock tl(t->mu);
         --t->in_flight;
         --in_flight_;
         if (UCS_PTR_IS_ERR(p)) {
@@ -376,7 +377,7 @@ class Core {
 
   // Called by ~UcxTransfer when its gets did not drain in time.
   void ForceClosePeersOf(const TransferShared& t) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (const auto& r : t.remotes) {
       if (r->peer->ep != nullptr) {
         auto it = peers_.find(r->peer->worker_address);
@@ -389,9 +390,9 @@ class Core {
   }
 
   void ReleaseTransfer(const std::shared_ptr<TransferShared>& t) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     {
-      std::lock_guard<std::mutex> tl(t->mu);
+      rc::MutexLock tl(t->mu);
       // An abandoned transfer may still have gets in UCX: the core keeps it (and its rkeys) until
       // their callbacks come, if ever.
       if (t->in_flight > 0) return;
@@ -441,7 +442,7 @@ class Core {
       bool uses = false;
       for (const auto& r : t->remotes) uses = uses || r->peer.get() == &peer;
       if (!uses) continue;
-      std::lock_guard<std::mutex> tl(t->mu);
+      rc::MutexLock tl(t->mu);
       if (t->in_flight == 0) continue;
       t->abandoned = true;
       if (t->first_error == UCS_OK) t->first_error = why;
@@ -503,7 +504,7 @@ class Core {
     for (;;) {
       ucs_status_t armed;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        rc::MutexLock lock(mu_);
         if (stopped_) return;
         while (ucp_worker_progress(worker_) != 0) {
         }
@@ -514,7 +515,7 @@ class Core {
         // alive, keeps them). Dropped outside their own lock: this may destroy them.
         std::vector<std::shared_ptr<TransferShared>> done;
         for (const auto& t : transfers_in_flight_) {
-          std::lock_guard<std::mutex> tl(t->mu);
+          rc::MutexLock tl(t->mu);
           if (t->in_flight == 0) done.push_back(t);
         }
         for (const auto& t : done) transfers_in_flight_.erase(t);
@@ -542,16 +543,16 @@ class Core {
   std::string worker_address_;
   std::thread progress_;
 
-  std::mutex mu_;  // serializes every UCP call on worker_ and guards the fields below
-  bool stopped_ = false;                                                   // guarded by mu_
-  std::unordered_map<uint64_t, ucp_mem_h> registrations_;                  // guarded by mu_
-  uint64_t next_registration_id_ = 1;                                      // guarded by mu_
-  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;           // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<Remote>> remotes_;          // guarded by mu_
-  uint64_t next_remote_id_ = 1;                                            // guarded by mu_
-  std::vector<std::shared_ptr<Peer>> failed_peers_;                        // guarded by mu_
-  std::vector<void*> closing_;                                             // guarded by mu_
-  std::unordered_set<std::shared_ptr<TransferShared>> transfers_in_flight_;  // guarded by mu_
+  rc::Mutex mu_;  // serializes every UCP call on worker_ and guards the fields below
+  bool stopped_ GUARDED_BY(mu_) = false;                                                   // guarded by mu_
+  std::unordered_map<uint64_t, ucp_mem_h> registrations_ GUARDED_BY(mu_);                  // guarded by mu_
+  uint64_t next_registration_id_ GUARDED_BY(mu_) = 1;                                      // guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);           // guarded by mu_
+  std::unordered_map<uint64_t, std::shared_ptr<Remote>> remotes_ GUARDED_BY(mu_);          // guarded by mu_
+  uint64_t next_remote_id_ GUARDED_BY(mu_) = 1;                                            // guarded by mu_
+  std::vector<std::shared_ptr<Peer>> failed_peers_ GUARDED_BY(mu_);                        // guarded by mu_
+  std::vector<void*> closing_ GUARDED_BY(mu_);                                             // guarded by mu_
+  std::unordered_set<std::shared_ptr<TransferShared>> transfers_in_flight_ GUARDED_BY(mu_);  // guarded by mu_
   std::chrono::steady_clock::time_point next_watch_{};  // progress thread only
   std::atomic<int64_t> in_flight_{0};  // gets posted and not completed (approximate, for polling)
 };
@@ -571,28 +572,28 @@ class UcxTransfer final : public Transfer {
     const auto grace = std::chrono::nanoseconds(core_->options().drain_grace_ns);
     bool drained;
     {
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      drained = shared_->cv.wait_for(lock, grace, [&] { return shared_->FinishedLocked(); });
+      rc::MutexLock lock(shared_->mu);
+      drained = shared_->cv.wait_for(lock, grace, [&]() REQUIRES(shared_->mu) { return shared_->FinishedLocked(); });
     }
     if (!drained) {
       RC_LOG_WARN("ucx transfer destroyed with gets still in flight after {} ms; force-closing peers {}",
                   core_->options().drain_grace_ns / 1'000'000, shared_->peers_label);
       core_->ForceClosePeersOf(*shared_);
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      shared_->cv.wait(lock, [&] { return shared_->FinishedLocked(); });
+      rc::MutexLock lock(shared_->mu);
+      shared_->cv.wait(lock, [&]() REQUIRES(shared_->mu) { return shared_->FinishedLocked(); });
     }
     core_->ReleaseTransfer(shared_);
   }
 
   TransferState Poll() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) return TransferState::kPending;
     return shared_->FinalLocked().ok() ? TransferState::kDone : TransferState::kFailed;
   }
 
   Status Wait(int64_t deadline_ns) override {
     Clock& clock = core_->clock();
-    std::unique_lock<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     while (!shared_->FinishedLocked()) {
       const int64_t now = clock.NowNs();
       if (now >= deadline_ns) {
@@ -606,12 +607,12 @@ class UcxTransfer final : public Transfer {
   }
 
   void Cancel() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) shared_->cancelled = true;
   }
 
   Status status() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) return Unavailable("pending");
     return shared_->FinalLocked();
   }
