@@ -1121,7 +1121,7 @@ Json ControllerService::StatusJson() const {
     Json engine_identity;
     {
       rc::MutexLock lock(slot->id_mu);
-      const VerifiedIdentity& id = slot->id;
+      const VerifiedIdentity id = slot->id;  // a copy: the analysis cannot follow a reference
       engine_identity = Json{{"verified", id.verified},
                              {"boot_id", id.boot_id},
                              {"install_generation", id.install_generation},

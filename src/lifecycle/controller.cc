@@ -205,7 +205,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
   state_ = next;
   state_entered_ms_ = r.t_ms;
 
-  auto current = [&]() -> UpdateRecord* {
+  auto current = [&]() REQUIRES(mu_) -> UpdateRecord* {
     if (!pending_) return nullptr;
     auto it = updates_.find(pending_->ordinal);
     return it == updates_.end() ? nullptr : &it->second;
@@ -215,7 +215,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
     if (!r.detail.is_null() && r.detail.contains("evidence")) u->evidence[ev] = r.detail["evidence"];
   }
 
-  auto close = [&](UpdateOutcome outcome, const std::string& reason) {
+  auto close = [&](UpdateOutcome outcome, const std::string& reason) REQUIRES(mu_) {
     if (UpdateRecord* u = current()) {
       u->outcome = outcome;
       u->reason = reason;
@@ -230,7 +230,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r) {
     pending_.reset();
   };
 
-  auto read_version = [&]() {
+  auto read_version = [&]() REQUIRES(mu_) {
     if (r.detail.contains("version")) {
       version_.label = r.detail["version"].value("label", version_.label);
       version_.generation = r.detail["version"].value("generation", version_.generation);

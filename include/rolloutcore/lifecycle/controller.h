@@ -164,10 +164,10 @@ class Controller {
   Status Restore(RestoreSummary* summary);
 
   // Appends a transition record and applies it. Caller holds mu_ and has checked evidence.
-  Status TransitionLocked(Event event, Json detail);
-  Status CheckLegalLocked(Event event) const;
-  Status AppendLocked(JournalRecord& rec);
-  void ApplyRecordLocked(const JournalRecord& rec);
+  Status TransitionLocked(Event event, Json detail) REQUIRES(mu_);
+  Status CheckLegalLocked(Event event) const REQUIRES(mu_);
+  Status AppendLocked(JournalRecord& rec) REQUIRES(mu_);
+  void ApplyRecordLocked(const JournalRecord& rec) REQUIRES(mu_);
 
   const Clock* clock_;
   Journal* journal_;
