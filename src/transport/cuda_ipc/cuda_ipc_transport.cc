@@ -376,7 +376,7 @@ class Core {
   }
 
  private:
-  void EnablePeerLocked(int owner_device) {
+  void EnablePeerLocked(int owner_device) REQUIRES(mu_) {
     int can = 0;
     if (cudaDeviceCanAccessPeer(&can, device_, owner_device) == cudaSuccess && can) {
       const cudaError_t e = cudaDeviceEnablePeerAccess(owner_device, 0);

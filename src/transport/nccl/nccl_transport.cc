@@ -425,7 +425,7 @@ struct Peer {
     rc::MutexLock lock(mu);
     AbortLocked(std::move(why));
   }
-  void AbortLocked(Status why) {
+  void AbortLocked(Status why) REQUIRES(mu) {
     if (aborted.load()) return;
     failure = std::move(why);
     aborted.store(true);
@@ -674,7 +674,10 @@ class Core : public std::enable_shared_from_this<Core> {
     const int64_t deadline = SteadyNs() + options_.connect_timeout_ns;
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Unavailable(fmt::format("{}: socket: {}", peer->label, std::strerror(errno)));
-    peer->fd = fd;
+    {
+      rc::MutexLock lock(peer->mu);  // not shared yet: uncontended, keeps fd checked
+      peer->fd = fd;
+    }
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(d.port);
@@ -800,8 +803,8 @@ class Core : public std::enable_shared_from_this<Core> {
           p->Abort(Unavailable(fmt::format("{}: owner process died", p->label)));
           continue;
         }
-        rc::MutexLock pl(p->mu, std::try_to_lock);
-        if (!pl.owns_lock()) continue;  // a post is talking to it and checks liveness itself
+        if (!p->mu.try_lock()) continue;  // a post is talking to it and checks liveness itself
+        rc::MutexLock pl(p->mu, std::adopt_lock);
         if (p->fd >= 0 && ConnectionClosed(p->fd)) {
           p->AbortLocked(Unavailable(fmt::format("{}: control connection closed (owner died or closed its transport)", p->label)));
           continue;
