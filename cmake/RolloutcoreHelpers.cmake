@@ -3,7 +3,8 @@
 
 set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wnon-virtual-dtor
   $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local>
-  $<$<CXX_COMPILER_ID:Clang>:-Wshadow-uncaptured-local>)
+  $<$<CXX_COMPILER_ID:Clang>:-Wshadow-uncaptured-local>
+  $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety>)
 if(ROLLOUTCORE_WERROR)
   list(APPEND RC_WARNINGS -Werror)
 endif()
@@ -15,6 +16,11 @@ set(RC_CUDA_FLAGS
 if(ROLLOUTCORE_SANITIZER STREQUAL "asan")
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  if(ROLLOUTCORE_BUILD_FUZZERS)
+    # The asan tree also builds the libFuzzer targets (CI: one clang sanitizer tree for the unit and
+    # fault tests and the fuzzers): coverage instrumentation in every library they call.
+    add_compile_options(-fsanitize=fuzzer-no-link)
+  endif()
 elseif(ROLLOUTCORE_SANITIZER STREQUAL "tsan")
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
@@ -49,6 +55,7 @@ function(rc_add_test name)
     set(ARG_TIMEOUT 120)
   endif()
   add_executable(${name} ${ARG_SOURCES})
+  set_property(GLOBAL APPEND PROPERTY RC_TESTS_LABEL_${ARG_LABEL} ${name})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_compile_options(${name} PRIVATE ${RC_WARNINGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
@@ -78,8 +85,35 @@ function(rc_add_fuzzer name)
     return()
   endif()
   add_executable(${name} ${ARG_SOURCES})
+  set_property(GLOBAL APPEND PROPERTY RC_FUZZERS ${name})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS})
 endfunction()
+
+# Build targets per CTest label: `cmake --build <tree> --target rc_tests_unit rc_tests_fault` builds
+# only the test binaries of those labels (and what they depend on, e.g. a peer program added with
+# add_dependencies), not the e2e tests, the app or the benchmarks. The sanitizer CI steps use it
+# (scripts/test.sh asan|tsan). Defined once every directory has registered its tests.
+function(rc_define_label_targets)
+  foreach(label unit fault e2e gpu bench)
+    get_property(tests GLOBAL PROPERTY RC_TESTS_LABEL_${label})
+    if(NOT TARGET rc_tests_${label})
+      add_custom_target(rc_tests_${label})
+    endif()
+    if(tests)
+      add_dependencies(rc_tests_${label} ${tests})
+    endif()
+  endforeach()
+  # rc_fuzzers: every libFuzzer target (empty unless ROLLOUTCORE_BUILD_FUZZERS).
+  get_property(fuzzers GLOBAL PROPERTY RC_FUZZERS)
+  add_custom_target(rc_fuzzers)
+  if(fuzzers)
+    add_dependencies(rc_fuzzers ${fuzzers})
+  endif()
+endfunction()
+if(NOT RC_LABEL_TARGETS_DEFERRED)
+  set(RC_LABEL_TARGETS_DEFERRED ON)
+  cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL rc_define_label_targets)
+endif()

@@ -4,8 +4,10 @@
 #   ./scripts/test.sh            dev build, every test except those labelled gpu or slow; the dev
 #                                preset also builds the Python extension and runs the pytest suite
 #                                (python/tests, CTest test python_tests, labels e2e and python)
-#   ./scripts/test.sh asan       AddressSanitizer+UBSan build, unit and fault tests
-#   ./scripts/test.sh tsan       ThreadSanitizer build, unit and fault tests
+#   ./scripts/test.sh asan       AddressSanitizer+UBSan build (clang), unit and fault tests; also
+#                                builds the libFuzzer targets (scripts/fuzz.sh runs them)
+#   ./scripts/test.sh tsan       ThreadSanitizer build (clang, -Wthread-safety -Werror), unit and
+#                                fault tests
 #   ./scripts/test.sh release    optimized build, same tests as dev
 #
 # Environment: JOBS (parallel build/test jobs, default: number of cores),
@@ -24,8 +26,18 @@ jobs="${JOBS:-$(nproc)}"
 
 echo "== configure ($preset)"
 cmake --preset "$preset" >/dev/null
-echo "== build ($preset, $jobs jobs)"
-cmake --build "build/$preset" -j "$jobs"
+# The sanitizer trees build only what their tests need: the unit and fault test binaries (CMake
+# targets rc_tests_unit / rc_tests_fault, cmake/RolloutcoreHelpers.cmake), and in the asan tree the
+# libFuzzer targets (rc_fuzzers, run by scripts/fuzz.sh). Not the app, e2e tests or benchmarks.
+case "$preset" in
+  asan) targets=(--target rc_tests_unit rc_tests_fault rc_fuzzers) ;;
+  tsan) targets=(--target rc_tests_unit rc_tests_fault) ;;
+  *)    targets=() ;;
+esac
+echo "== build ($preset, $jobs jobs${targets[*]:+, ${targets[*]:1}})"
+t0=$(date +%s)
+cmake --build "build/$preset" -j "$jobs" "${targets[@]}"
+echo "== build ($preset) took $(( $(date +%s) - t0 ))s"
 
 echo "== test ($preset)"
 case "$preset" in
@@ -38,5 +50,7 @@ export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:sup
 export ROLLOUTCORE_LOG="${ROLLOUTCORE_LOG:-warn}"
 args=(--test-dir "build/$preset" --output-on-failure -j "$jobs" -LE 'gpu|slow')
 if [ -n "$labels" ]; then args+=(-L "$labels"); fi
+t0=$(date +%s)
 # shellcheck disable=SC2086
 ctest "${args[@]}" ${CTEST_ARGS:-}
+echo "== test ($preset) took $(( $(date +%s) - t0 ))s"

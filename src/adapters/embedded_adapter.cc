@@ -11,6 +11,7 @@
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/engine/receiver.h"
 #include "rolloutcore/engine/tokenizer.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::adapters {
 
@@ -22,10 +23,10 @@ struct EmbeddedEngine::State {
   std::unique_ptr<engine::ByteTokenizer> tokenizer;
   std::atomic<int64_t> next_id{1};
   // Completion id -> the engine request ids it runs as ("<id>-<k>"), for aborts by rollout id.
-  std::mutex live_mu;
-  std::map<std::string, std::vector<std::string>> live;  // guarded by live_mu
+  rc::Mutex live_mu;
+  std::map<std::string, std::vector<std::string>> live GUARDED_BY(live_mu);  // guarded by live_mu
   std::vector<std::string> Expand(const std::vector<std::string>& ids) {
-    std::lock_guard<std::mutex> l(live_mu);
+    rc::MutexLock l(live_mu);
     std::vector<std::string> out;
     for (const auto& i : ids) {
       out.push_back(i);
@@ -255,10 +256,10 @@ std::function<Result<Json>(const Json&)> EmbeddedEngine::MakeCompleter(std::stri
         cr.request_id.empty() ? "emb-" + std::to_string(s->next_id.fetch_add(1)) : cr.request_id;
     auto out = engine::RunCompletion(s->engine.get(), *s->tokenizer, cr, id, model_name,
                                      [&s, &id](const std::vector<std::string>& ids) {
-                                       std::lock_guard<std::mutex> l(s->live_mu);
+                                       rc::MutexLock l(s->live_mu);
                                        s->live[id] = ids;
                                      });
-    std::lock_guard<std::mutex> l(s->live_mu);
+    rc::MutexLock l(s->live_mu);
     s->live.erase(id);
     return out;
   };

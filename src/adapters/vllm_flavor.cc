@@ -11,6 +11,7 @@
 
 #include "rolloutcore/adapters/http_adapter.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::adapters::internal {
@@ -342,7 +343,7 @@ Result<std::vector<Json>> VllmFlavor::CollectiveRpc(const std::string& method, c
 
 Result<EngineDescription> VllmFlavor::Describe() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warmup_.reset();
     prefix_reset_done_ = false;
     install_replies_.reset();
@@ -351,7 +352,7 @@ Result<EngineDescription> VllmFlavor::Describe() {
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_describe", Json::object(), 30000));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     boot_id_ = workers.empty() ? std::string() : workers[0].value("boot_id", std::string());
   }
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -369,7 +370,7 @@ Result<EngineDescription> VllmFlavor::Describe() {
     auto j = ParseJson(models->body, "GET /v1/models");
     if (j.ok() && j->contains("data") && (*j)["data"].is_array() && !(*j)["data"].empty() &&
         (*j)["data"][0].contains("id") && (*j)["data"][0]["id"].is_string()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       served_model_ = (*j)["data"][0]["id"].get<std::string>();
     }
   }
@@ -426,7 +427,7 @@ Result<DrainStatus> VllmFlavor::Drain() {
   const auto now = std::chrono::steady_clock::now();
   const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.gauge_probe_after_ms));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (d.idle() || d.running != last_gauges_.running || d.waiting != last_gauges_.waiting) {
       last_gauges_ = d;
       gauges_since_ = now;
@@ -440,7 +441,7 @@ Result<DrainStatus> VllmFlavor::Drain() {
   RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
   (void)cached;
   RC_ASSIGN_OR_RETURN(DrainStatus fresh, Gauges());
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   last_gauges_ = fresh;
   gauges_since_ = std::chrono::steady_clock::now();
   return fresh;
@@ -462,7 +463,7 @@ Result<DrainStatus> VllmFlavor::Gauges() {
 Result<int64_t> VllmFlavor::Canary() {
   Json body{{"prompt", options_.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!served_model_.empty()) body["model"] = served_model_;
   }
   RC_ASSIGN_OR_RETURN(Json j, PostJson("/v1/completions", body.dump()));
@@ -490,7 +491,7 @@ Result<Json> VllmFlavor::WarmCanary(const std::string& where) {
         "the second warm-up reported 0 cached tokens (prefix caching off, or the canary shorter than one "
         "block): a post-resume 0 proves nothing";
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   warmup_ = ev;
   return ev;
 }
@@ -505,7 +506,7 @@ Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
   Json detail = Json::object();
   bool warm = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warm = warmup_.has_value();
   }
   // Requests sent while paused block until the resume: warm before the pause.
@@ -609,14 +610,14 @@ Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
     RC_ASSIGN_OR_RETURN(Json pre, NativePreflight(target));
     e.bytes = pre.value("bytes", int64_t{0});
     e.detail = Json{{"transfer", "vllm_native_nccl"}, {"preflight", pre}, {"canary_warmup", warm}};
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     staged_version_ = target.label;
     native_preflight_ = pre;
     return e;
   }
   RC_ASSIGN_OR_RETURN(e.detail, StageWorkers(target, &e.bytes));
   e.detail["canary_warmup"] = warm;
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   staged_version_ = target.label;
   return e;
 }
@@ -626,7 +627,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   Json staged;
   bool staged_this_cycle = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     staged_this_cycle = staged_version_ == target.label;
   }
   if (full || !staged_this_cycle) {
@@ -651,7 +652,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   // extension, dev mode off, request rejected); transport loss (Unavailable) or a raised method
   // (Internal) is ambiguous and taints.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_.reset();
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
@@ -663,7 +664,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
                (w.contains("tensor_sums") || (w.contains("content_digest") && w["content_digest"].is_string()));
   }
   if (complete) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_ = workers;
   }
   return e;
@@ -698,7 +699,7 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
     r.success = j["success"].get<bool>();
     if (r.success) {
       r.blocks_in_use = 0;
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       prefix_reset_done_ = true;
       return r;
     }
@@ -714,7 +715,7 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
 Result<LabelEvidence> VllmFlavor::ReadLabel() {
   std::optional<std::vector<Json>> from_install;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     from_install = install_replies_;
   }
   std::vector<Json> workers;
@@ -749,7 +750,7 @@ Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
   // cached digest (a restarted controller's claim check) the extension computes one.
   std::optional<std::vector<Json>> from_install;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     from_install = std::exchange(install_replies_, std::nullopt);  // used once: a later read asks again
   }
   std::vector<Json> workers;
@@ -765,7 +766,7 @@ Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
 
 Result<ResumeEvidence> VllmFlavor::Resume() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_.reset();
   }
   // /wake_up?tags=scheduling: EngineCore.wake_up with only the scheduling tag resumes the
@@ -778,7 +779,7 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
   std::optional<Json> warm;
   bool reset_done = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warm = warmup_;
     reset_done = prefix_reset_done_;
   }
@@ -794,7 +795,7 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
   }
   RC_ASSIGN_OR_RETURN(int64_t cached, Canary());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     warmup_.reset();
     prefix_reset_done_ = false;
   }
@@ -931,7 +932,7 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   std::optional<Json> pre;
   std::string boot, group_boot;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!full && staged_version_ == target.label) pre = native_preflight_;
     boot = boot_id_;
     group_boot = native_group_boot_;
@@ -962,7 +963,7 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
       auto g = NativeInitGroup(*st, static_cast<int64_t>(workers->size()), &calls);
       if (!g.ok()) return refuse("forming the weight-transfer group failed: " + g.status().ToString());
       detail["group"] = *g;
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       native_group_boot_ = boot;
     } else {
       detail["group"] = Json{{"formed", "earlier, same vLLM boot"}, {"boot_id", boot}};
@@ -971,7 +972,7 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
     detail["group"] = Json{{"formed", "externally (--vllm-native-init external)"}};
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_.reset();
   }
   // 3. start: from here the model is inside vLLM's layerwise reload.
@@ -1088,7 +1089,7 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
   bool complete = !adopt->empty();
   for (const Json& w : *adopt) complete = complete && w.contains("content_digest") && w["content_digest"].is_string();
   if (complete) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     install_replies_ = *adopt;
   }
   return e;

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/lifecycle/types.h"
 
 namespace rc::adapters::internal {
@@ -135,22 +136,22 @@ class VllmFlavor {
   VllmOptions options_;
   HttpCall call_;
   HttpCall trainer_call_;
-  std::string served_model_;  // from GET /v1/models at Describe (for the canary); guarded by mu_
+  std::string served_model_ GUARDED_BY(mu_);  // from GET /v1/models at Describe (for the canary)
 
-  std::mutex mu_;
-  std::optional<Json> warmup_;          // this cycle's canary warm-up evidence; guarded by mu_
-  bool prefix_reset_done_ = false;      // this cycle's prefix cache reset succeeded; guarded by mu_
-  std::string staged_version_;          // the version this cycle's Stage staged ("" none); guarded by mu_
+  rc::Mutex mu_;
+  std::optional<Json> warmup_ GUARDED_BY(mu_);  // this cycle's canary warm-up evidence; guarded by mu_
+  bool prefix_reset_done_ GUARDED_BY(mu_) = false;  // this cycle's prefix cache reset succeeded; guarded by mu_
+  std::string staged_version_ GUARDED_BY(mu_);  // the version this cycle's Stage staged ("" none); guarded by mu_
   // Every rank's rc_install reply of this cycle's install, when each carries the label,
   // generation and digest fields rc_label / rc_digest(fresh=false) would answer: ReadLabel and
   // ReadContentDigest use it once instead of two more round trips inside the pause. Guarded by mu_.
-  std::optional<std::vector<Json>> install_replies_;
-  std::string boot_id_;                   // rank 0's boot_id at the last Describe; guarded by mu_
-  std::string native_group_boot_;         // the vLLM boot the adapter formed the group with; guarded by mu_
-  std::optional<Json> native_preflight_;  // this cycle's NativePreflight (for staged_version_); guarded by mu_
-  lifecycle::DrainStatus last_gauges_;  // guarded by mu_
-  std::chrono::steady_clock::time_point gauges_since_{};      // last_gauges_ first seen; guarded by mu_
-  std::chrono::steady_clock::time_point last_gauge_probe_{};  // guarded by mu_
+  std::optional<std::vector<Json>> install_replies_ GUARDED_BY(mu_);
+  std::string boot_id_ GUARDED_BY(mu_);                   // rank 0's boot_id at the last Describe
+  std::string native_group_boot_ GUARDED_BY(mu_);         // the vLLM boot the adapter formed the group with
+  std::optional<Json> native_preflight_ GUARDED_BY(mu_);  // this cycle's NativePreflight (for staged_version_)
+  lifecycle::DrainStatus last_gauges_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point gauges_since_ GUARDED_BY(mu_){};  // last_gauges_ first seen
+  std::chrono::steady_clock::time_point last_gauge_probe_ GUARDED_BY(mu_){};
 };
 
 // A worker's {"ok": false, "code", "error"} as a Status ("vLLM at URL rank R: METHOD: error");

@@ -44,6 +44,7 @@
 #include <mutex>
 #include <thread>
 
+#include "rolloutcore/base/mutex.h"
 #include "apps/bench_util.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
@@ -118,20 +119,20 @@ double Num(const Json& j, std::initializer_list<const char*> path) {
 class CallTimes {
  public:
   void Record(const std::string& name, double ms) {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     ms_[name] += ms;
   }
   // Calls that completed since the last Take() (a call still running is recorded when it ends).
   std::map<std::string, double> Take() {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     std::map<std::string, double> out;
     out.swap(ms_);
     return out;
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::string, double> ms_;  // guarded by mu_
+  rc::Mutex mu_;
+  std::map<std::string, double> ms_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 class TimedAdapter final : public lifecycle::EngineAdapter {

@@ -11,11 +11,13 @@
 #include <mutex>
 #include <set>
 
+#include "rolloutcore/base/mutex.h"
+
 namespace rc::apps {
 namespace {
 
-std::mutex g_mu;
-std::set<ChildProcess*> g_children;  // guarded by g_mu
+rc::Mutex g_mu;
+std::set<ChildProcess*> g_children GUARDED_BY(g_mu);  // guarded by g_mu
 
 }  // namespace
 
@@ -43,14 +45,14 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::string& nam
   c->name_ = name;
   c->log_path_ = log_path;
   c->proc_ = std::move(proc).value();
-  std::lock_guard<std::mutex> lock(g_mu);
+  rc::MutexLock lock(g_mu);
   g_children.insert(c.get());
   return c;
 }
 
 ChildProcess::~ChildProcess() {
   Stop();
-  std::lock_guard<std::mutex> lock(g_mu);
+  rc::MutexLock lock(g_mu);
   g_children.erase(this);
 }
 
@@ -84,7 +86,7 @@ std::string ChildProcess::LogTail(size_t lines) const {
 void StopAllChildren() {
   std::vector<ChildProcess*> all;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    rc::MutexLock lock(g_mu);
     all.assign(g_children.begin(), g_children.end());
   }
   for (auto* c : all) c->Stop(2000);

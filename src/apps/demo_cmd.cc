@@ -25,6 +25,7 @@
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/net/http.h"
 
 namespace rc::apps {
@@ -135,9 +136,9 @@ class Demo {
   Json versions_ = Json::array();
   std::atomic<bool> stop_clients_{false};
   std::atomic<int64_t> rollouts_ok_{0}, rollouts_refused_{0}, rollouts_failed_{0};
-  std::mutex mu_;
-  std::map<std::string, int64_t> per_label_;          // guarded by mu_
-  std::map<std::string, int64_t> label_mismatch_;     // guarded by mu_
+  rc::Mutex mu_;
+  std::map<std::string, int64_t> per_label_ GUARDED_BY(mu_);          // guarded by mu_
+  std::map<std::string, int64_t> label_mismatch_ GUARDED_BY(mu_);     // guarded by mu_
 };
 
 Status Demo::Setup() {
@@ -275,7 +276,7 @@ void Demo::Clients() {
         rollouts_ok_++;
         std::string label = (*j)["binding"].value("label", "");
         std::string engine_label = (*j)["choices"][0].value("weight_version", label);
-        std::lock_guard<std::mutex> lock(mu_);
+        rc::MutexLock lock(mu_);
         per_label_[label]++;
         if (engine_label != label) label_mismatch_[label]++;
       }
@@ -350,7 +351,7 @@ void Demo::Report() {
            std::to_string(admits) + " admissions journaled");
   int64_t mismatches = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (auto& [l, n] : label_mismatch_) mismatches += n;
     for (const auto& v : versions_) {
       std::string label = v["version"];
@@ -373,7 +374,7 @@ void Demo::Report() {
                             {"failed", rollouts_failed_.load()}}}};
   Json per = Json::object();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (auto& [l, n] : per_label_) per[l] = n;
   }
   report["rollouts_per_version"] = per;

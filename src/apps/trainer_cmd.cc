@@ -16,6 +16,7 @@
 #include "apps/server_flags.h"
 #include "apps/stop_signals.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/net/http.h"
 #include "rolloutcore/refit/layouts.h"
@@ -156,14 +157,14 @@ int Serve(const ServeOptions& o) {
   std::fflush(stdout);
 
   // Timed steps: every interval_ms, `steps` times, then keep serving until a signal.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;  // guarded by mu
+  rc::Mutex mu;
+  rc::CondVar cv;
+  bool stop = false;  // guarded by mu (a local: the analysis checks fields and globals only)
   std::thread ticker;
   if (o.steps > 0) {
     ticker = std::thread([&] {
       for (int64_t i = 0; i < o.steps; ++i) {
-        std::unique_lock<std::mutex> lock(mu);
+        rc::MutexLock lock(mu);
         if (cv.wait_for(lock, std::chrono::milliseconds(o.interval_ms), [&] { return stop; })) return;
         lock.unlock();
         PrintStep(t.Step());
@@ -174,7 +175,7 @@ int Serve(const ServeOptions& o) {
   const int sig = stop_signals.Wait();
   fmt::print(stderr, "trainer: signal {}, stopping\n", sig);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     stop = true;
   }
   cv.notify_all();

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "rolloutcore/base/pending.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::internal {
 namespace {
@@ -22,7 +23,7 @@ class DetachedWorkers {
 
   void Run(std::function<void()> task) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      rc::MutexLock l(mu_);
       if (idle_ > static_cast<int64_t>(tasks_.size())) {
         tasks_.push_back(std::move(task));
         cv_.notify_one();
@@ -40,19 +41,19 @@ class DetachedWorkers {
     for (;;) {
       task();
       task = nullptr;  // drop captures (and the Pending's state) before parking
-      std::unique_lock<std::mutex> l(mu_);
+      rc::MutexLock l(mu_);
       ++idle_;
-      cv_.wait(l, [&] { return !tasks_.empty(); });
+      cv_.wait(l, [&]() REQUIRES(mu_) { return !tasks_.empty(); });
       --idle_;
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mu_; never more than idle_
-  int64_t idle_ = 0;                         // guarded by mu_: parked workers
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);  // guarded by mu_; never more than idle_
+  int64_t idle_ GUARDED_BY(mu_) = 0;                         // guarded by mu_: parked workers
   std::atomic<int64_t> started_{0};
 };
 

@@ -15,6 +15,7 @@
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/metrics_writer.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::controller {
 
@@ -228,7 +229,7 @@ Status ControllerService::InitEngine(EngineSlot* slot, bool must_exist) {
 // ---- Engine identity --------------------------------------------------------------------------
 
 bool ControllerService::IdentityVerified(const EngineSlot* slot) const {
-  std::lock_guard<std::mutex> lock(slot->id_mu);
+  rc::MutexLock lock(slot->id_mu);
   return slot->id.verified;
 }
 
@@ -245,7 +246,7 @@ void ControllerService::VerifyIdentity(EngineSlot* slot, bool after_op, bool cla
   const int64_t timeout = std::max<int64_t>(options_.runner.deadlines.poll_ms, 1);
   auto fail = [&](const Status& st) {
     RC_LOG_WARN("engine {}: identity probe failed: {}", slot->handle.name, st.ToString());
-    std::lock_guard<std::mutex> lock(slot->id_mu);
+    rc::MutexLock lock(slot->id_mu);
     slot->id.last_error = st.ToString();
   };
   lifecycle::IdentityEvidence e;
@@ -282,7 +283,7 @@ void ControllerService::VerifyIdentity(EngineSlot* slot, bool after_op, bool cla
     why.push_back("live content digest " + e.content_digest + " != committed digest " + committed_id.content_digest);
   }
   {
-    std::lock_guard<std::mutex> lock(slot->id_mu);
+    rc::MutexLock lock(slot->id_mu);
     VerifiedIdentity& v = slot->id;
     const bool committed_op = after_op && committed.generation > slot->generation_before_op;
     const bool committed_recovery = committed_op && slot->running_recovery;
@@ -329,7 +330,7 @@ void ControllerService::TaintForIdentity(EngineSlot* slot, const std::string& re
   Status s = slot->controller->Taint(reason);
   if (!s.ok()) {
     // Not READY (an update runs, or already TAINTED): the check after the operation decides.
-    std::lock_guard<std::mutex> lock(slot->id_mu);
+    rc::MutexLock lock(slot->id_mu);
     if (slot->id.suspect.empty()) slot->id.suspect = reason;
     return;
   }
@@ -351,7 +352,7 @@ std::string ControllerService::CompletionMismatch(EngineSlot* slot, const lifecy
                                                   const Json& resp) const {
   VerifiedIdentity v;
   {
-    std::lock_guard<std::mutex> lock(slot->id_mu);
+    rc::MutexLock lock(slot->id_mu);
     v = slot->id;
   }
   const bool compare_generation = v.verified && v.generation_settled && v.install_generation >= 0;
@@ -413,7 +414,7 @@ void ControllerService::Drive(EngineSlot* slot) {
     if (!busy) {
       bool just_ended = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        rc::MutexLock lock(mu_);
         if (!slot->running_op.empty()) {
           slot->running_op.clear();
           cv_.notify_all();
@@ -434,7 +435,7 @@ void ControllerService::Drive(EngineSlot* slot) {
             SteadyMs() + (ok ? (options_.verify_interval_ms > 0 ? options_.verify_interval_ms : kUnverifiedRetryMs)
                              : kUnverifiedRetryMs);
       }
-      std::unique_lock<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (slot->holds_update_place && !slot->settling.load()) {
         // Settled (its identity re-checked): only now may another engine leave service.
         slot->holds_update_place = false;
@@ -469,13 +470,13 @@ void ControllerService::Drive(EngineSlot* slot) {
           bool was_settled;
           {
             // From here to the check after the operation, the install generation may move.
-            std::lock_guard<std::mutex> id_lock(slot->id_mu);
+            rc::MutexLock id_lock(slot->id_mu);
             was_settled = slot->id.generation_settled;
             slot->id.generation_settled = false;
           }
           auto started = op.recovery ? slot->runner->StartRecovery(op.target) : slot->runner->StartUpdate(op.target);
           if (!started.ok()) {
-            std::lock_guard<std::mutex> id_lock(slot->id_mu);
+            rc::MutexLock id_lock(slot->id_mu);
             slot->id.generation_settled = was_settled;
           }
           lock.lock();
@@ -544,7 +545,7 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   }
   RC_ASSIGN_OR_RETURN(lifecycle::UpdateTarget target, versions_->Resolve(model, version));
   target.mode = mode;
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::set<size_t> already_live;
   if (!recovery) {
     // The same version requested again while an update to it is still running (or queued):
@@ -618,7 +619,7 @@ Status ControllerService::JournalOpLocked(const std::string& event, Json detail)
 
 Status ControllerService::RestoreOps() {
   RC_ASSIGN_OR_RETURN(auto records, ops_journal_->ReadAll());
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (records.empty()) {
     // A first record, so that an update journal that existed is never legitimately empty.
     RC_RETURN_IF_ERROR(JournalOpLocked("created", Json::object()));
@@ -736,7 +737,7 @@ Json ControllerService::OpJson(const OpRecord& rec) const {
 }
 
 Result<Json> ControllerService::UpdateStatus(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = ops_.find(id);
   if (it == ops_.end()) return NotFound("no update '" + id + "'");
   return OpJson(it->second);
@@ -836,7 +837,7 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   int64_t admitted_ms = WallTimeMs();
   int64_t admitted_install_generation = -1;  // what was verified when it was admitted
   {
-    std::lock_guard<std::mutex> lock(slot->id_mu);
+    rc::MutexLock lock(slot->id_mu);
     if (slot->id.generation_settled) admitted_install_generation = slot->id.install_generation;
   }
   auto result = slot->handle.complete(body);
@@ -897,7 +898,7 @@ Result<Json> ControllerService::Rollout(const Json& request) {
     rollouts_failed_.fetch_add(1);
     rollouts_mismatched_.fetch_add(1);
     {
-      std::lock_guard<std::mutex> lock(slot->id_mu);
+      rc::MutexLock lock(slot->id_mu);
       ++slot->id.mismatches;
     }
     TaintForIdentity(slot, "rollout " + rollout_id + ": " + mismatch);
@@ -969,7 +970,7 @@ Result<Json> ControllerService::Admit(const std::string& rollout_id_in) {
   lease.admitted_wall_ms = WallTimeMs();
   if (options_.lease_timeout_ms > 0) lease.expires_ms = SteadyMs() + options_.lease_timeout_ms;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     leases_[rollout_id] = lease;
     expired_leases_.erase(rollout_id);
   }
@@ -982,7 +983,7 @@ Result<Json> ControllerService::Admit(const std::string& rollout_id_in) {
 Status ControllerService::FinishLease(const std::string& rollout_id, const Json& body) {
   Lease lease;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = leases_.find(rollout_id);
     if (it == leases_.end()) {
       if (auto e = expired_leases_.find(rollout_id); e != expired_leases_.end()) {
@@ -998,7 +999,7 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
     leases_.erase(it);
   }
   auto put_back = [&](bool row_written) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     lease.row_written = lease.row_written || row_written;
     leases_[rollout_id] = lease;
   };
@@ -1040,7 +1041,7 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
 }
 
 Result<Json> ControllerService::ExtendLease(const std::string& rollout_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = leases_.find(rollout_id);
   if (it == leases_.end()) {
     if (expired_leases_.count(rollout_id)) {
@@ -1056,7 +1057,7 @@ Result<Json> ControllerService::ExtendLease(const std::string& rollout_id) {
 void ControllerService::ExpireLeases(size_t engine) {
   std::vector<std::pair<std::string, Lease>> due;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const int64_t now = SteadyMs();
     for (auto it = leases_.begin(); it != leases_.end();) {
       if (it->second.engine == engine && it->second.expires_ms != 0 && now >= it->second.expires_ms) {
@@ -1086,7 +1087,7 @@ void ControllerService::ExpireLeases(size_t engine) {
                                             {"finish_reason", "expired"},
                                             {"lease_timeout_ms", options_.lease_timeout_ms}});
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (s.ok()) {
       RC_LOG_WARN("lease of rollout {} on {} expired after {} ms without a finish or heartbeat", id,
                   slot->handle.name, options_.lease_timeout_ms);
@@ -1110,7 +1111,7 @@ Json ControllerService::StatusJson() const {
   // showed max_updating + 1 (ReplicasTest saw 5 of 8 READY with --max-updating 2).
   std::vector<lifecycle::State> states;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     states.reserve(engines_.size());
     for (const auto& slot : engines_) states.push_back(slot->controller->state());
   }
@@ -1120,8 +1121,8 @@ Json ControllerService::StatusJson() const {
     auto v = slot->controller->version();
     Json engine_identity;
     {
-      std::lock_guard<std::mutex> lock(slot->id_mu);
-      const VerifiedIdentity& id = slot->id;
+      rc::MutexLock lock(slot->id_mu);
+      const VerifiedIdentity id = slot->id;  // a copy: the analysis cannot follow a reference
       engine_identity = Json{{"verified", id.verified},
                              {"boot_id", id.boot_id},
                              {"install_generation", id.install_generation},
@@ -1140,7 +1141,7 @@ Json ControllerService::StatusJson() const {
                            {"active_rollouts", slot->controller->active_count()},
                            {"counters", lifecycle::ToJson(slot->controller->counters())}});
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return Json{{"engines", engines},
               {"updating", updating_},
               {"max_updating", options_.max_updating},
@@ -1208,7 +1209,7 @@ std::string ControllerService::Metrics() const {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     w.Family("rolloutcore_rollout_tokens_by_kv_total", kCounter,
              "Output tokens of proxied rollouts by the KV state of their version span (fresh | stale | recomputed).");
     for (const char* kv : {"fresh", "stale", "recomputed"}) {
@@ -1236,7 +1237,7 @@ std::string ControllerService::Metrics() const {
   w.Family("rolloutcore_identity_mismatches_total", kCounter,
            "Identity checks and completions that did not match the verified engine.");
   for (const auto& slot : engines_) {
-    std::lock_guard<std::mutex> lock(slot->id_mu);
+    rc::MutexLock lock(slot->id_mu);
     w.Sample("rolloutcore_identity_mismatches_total", engine_labels(*slot), slot->id.mismatches);
   }
   return w.Text();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/controller/service.h"
 
 namespace rc::controller {
@@ -138,7 +139,7 @@ Json ControllerService::InFlightAdjusted(EngineSlot* slot, const Json& resp, int
 }
 
 void ControllerService::CountSpanTokens(const Json& spans) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   for (const auto& s : spans) {
     if (!s.is_object()) continue;
     const int64_t n = s.value("to_token", int64_t{0}) - s.value("from_token", int64_t{0});

@@ -2,6 +2,7 @@
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/sqlite.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::controller {
 namespace {
@@ -82,7 +83,7 @@ Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string
 TrajectoryStore::~TrajectoryStore() = default;
 
 Status TrajectoryStore::Insert(const Trajectory& t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   sqlite::Statement st(db_,
                        "INSERT INTO trajectories (rollout_id, label, generation, body, checksum) VALUES (?,?,?,?,?)");
   const std::string body = ToJson(t).dump();
@@ -93,7 +94,7 @@ Status TrajectoryStore::Insert(const Trajectory& t) {
 }
 
 Result<std::vector<Trajectory>> TrajectoryStore::List(const std::string& label, int64_t limit) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::string sql = "SELECT id, rollout_id, label, body, checksum FROM trajectories";
   if (!label.empty()) sql += " WHERE label = ?";
   sql += " ORDER BY id";

@@ -5,6 +5,7 @@
 
 #include "directory/codec.h"
 #include "rolloutcore/net/http.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::directory {
 namespace {
@@ -148,7 +149,7 @@ LeaseKeeper::LeaseKeeper(DirectoryStore* store, int64_t lease_id, int64_t interv
 
 LeaseKeeper::~LeaseKeeper() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -156,14 +157,14 @@ LeaseKeeper::~LeaseKeeper() {
 }
 
 Status LeaseKeeper::last_status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return last_;
 }
 
 void LeaseKeeper::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   while (!stop_) {
-    if (cv_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [this] { return stop_; })) break;
+    if (cv_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [this]() REQUIRES(mu_) { return stop_; })) break;
     lock.unlock();
     Status s = store_->KeepAlive(lease_id_).status();
     lock.lock();

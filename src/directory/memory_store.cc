@@ -10,6 +10,7 @@
 #include <set>
 
 #include "directory/version_record.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::directory {
 namespace {
@@ -29,7 +30,7 @@ class MemoryStore final : public DirectoryStore {
 
   Result<PublishResult> Publish(const PublishRequest& r) override {
     RC_RETURN_IF_ERROR(internal::ValidatePublishRequest(r));
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     VersionRecord* rec = FindLocked(r.model, r.version, /*include_released=*/true);
     RC_ASSIGN_OR_RETURN(bool completes, internal::CheckPublish(rec ? &rec->meta : nullptr, r));
@@ -85,7 +86,7 @@ class MemoryStore final : public DirectoryStore {
   }
 
   Result<LeaseInfo> KeepAlive(int64_t lease_id) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     auto it = leases_.find(lease_id);
     if (it == leases_.end()) return LeaseNotFound(lease_id);
@@ -94,7 +95,7 @@ class MemoryStore final : public DirectoryStore {
   }
 
   Result<refit::Manifest> Get(std::string_view model, std::string_view version) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     VersionRecord* rec = FindLocked(model, version, /*include_released=*/false);
     if (!rec) return internal::VersionNotFound(model, version);
@@ -103,7 +104,7 @@ class MemoryStore final : public DirectoryStore {
   }
 
   Result<VersionInfo> GetInfo(std::string_view model, std::string_view version) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     VersionRecord* rec = FindLocked(model, version, /*include_released=*/false);
     if (!rec) return internal::VersionNotFound(model, version);
@@ -112,7 +113,7 @@ class MemoryStore final : public DirectoryStore {
 
   Result<std::vector<VersionInfo>> List(std::string_view model, StateFilter filter) override {
     RC_RETURN_IF_ERROR(ValidateName(model, "model"));
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     std::vector<VersionInfo> out;
     for (auto it = versions_.lower_bound(Key{std::string(model), std::string()});
@@ -130,7 +131,7 @@ class MemoryStore final : public DirectoryStore {
                                                   int64_t timeout_ms) override {
     RC_RETURN_IF_ERROR(ValidateName(model, "model"));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     while (true) {
       std::vector<CommitEvent> events = CommitsAfterLocked(model, after_seq);
       if (!events.empty() || std::chrono::steady_clock::now() >= deadline) return events;
@@ -139,7 +140,7 @@ class MemoryStore final : public DirectoryStore {
   }
 
   Status Release(std::string_view model, std::string_view version) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     VersionRecord* rec = FindLocked(model, version, /*include_released=*/false);
     if (!rec) return internal::VersionNotFound(model, version);
@@ -153,7 +154,7 @@ class MemoryStore final : public DirectoryStore {
   }
 
   Status MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ExpireLeasesLocked();
     VersionRecord* rec = FindLocked(model, version, /*include_released=*/false);
     RC_ASSIGN_OR_RETURN(VersionState before,
@@ -179,13 +180,13 @@ class MemoryStore final : public DirectoryStore {
     return NotFound(fmt::format("lease {} does not exist (expired, or never granted)", lease_id));
   }
 
-  VersionRecord* FindLocked(std::string_view model, std::string_view version, bool include_released) {
+  VersionRecord* FindLocked(std::string_view model, std::string_view version, bool include_released) REQUIRES(mu_) {
     auto it = versions_.find(Key{std::string(model), std::string(version)});
     if (it == versions_.end() || (!include_released && it->second->meta.released)) return nullptr;
     return it->second.get();
   }
 
-  VersionRecord* CreateLocked(const PublishRequest& r) {
+  VersionRecord* CreateLocked(const PublishRequest& r) REQUIRES(mu_) {
     auto rec = std::make_unique<VersionRecord>();
     rec->meta.expected_ranks = r.expected_ranks;
     VersionRecord* raw = rec.get();
@@ -194,7 +195,7 @@ class MemoryStore final : public DirectoryStore {
     return raw;
   }
 
-  int64_t GrantLocked(int64_t ttl_ms) {
+  int64_t GrantLocked(int64_t ttl_ms) REQUIRES(mu_) {
     int64_t id = 0;
     do {
       id = static_cast<int64_t>(rng_() >> 1);
@@ -205,7 +206,7 @@ class MemoryStore final : public DirectoryStore {
 
   // Abandons every STAGING version one of whose ranks holds an expired lease, then forgets the
   // expired leases. Runs first in every call, so no decision is made on a dead lease.
-  void ExpireLeasesLocked() {
+  void ExpireLeasesLocked() REQUIRES(mu_) {
     const int64_t now = clock_->NowMs();
     std::set<int64_t> expired;
     for (const auto& [id, lease] : leases_) {
@@ -233,7 +234,7 @@ class MemoryStore final : public DirectoryStore {
     for (int64_t id : expired) leases_.erase(id);
   }
 
-  std::vector<CommitEvent> CommitsAfterLocked(std::string_view model, uint64_t after_seq) const {
+  std::vector<CommitEvent> CommitsAfterLocked(std::string_view model, uint64_t after_seq) const REQUIRES(mu_) {
     std::vector<CommitEvent> out;
     if (after_seq == UINT64_MAX) return out;
     for (auto it = commits_.lower_bound({std::string(model), after_seq + 1});
@@ -245,14 +246,14 @@ class MemoryStore final : public DirectoryStore {
   }
 
   Clock* const clock_;
-  std::mutex mu_;
-  std::condition_variable commit_cv_;
-  std::mt19937_64 rng_;                                      // guarded by mu_
-  std::map<Key, std::unique_ptr<VersionRecord>> versions_;   // guarded by mu_ (tombstones stay)
-  std::set<Key> staging_;                                    // guarded by mu_
-  std::map<int64_t, Lease> leases_;                          // guarded by mu_
-  std::map<std::string, uint64_t, std::less<>> last_seq_;    // guarded by mu_
-  std::map<std::pair<std::string, uint64_t>, std::string> commits_;  // guarded by mu_; retained only
+  rc::Mutex mu_;
+  rc::CondVar commit_cv_;
+  std::mt19937_64 rng_ GUARDED_BY(mu_);                                      // guarded by mu_
+  std::map<Key, std::unique_ptr<VersionRecord>> versions_ GUARDED_BY(mu_);   // guarded by mu_ (tombstones stay)
+  std::set<Key> staging_ GUARDED_BY(mu_);                                    // guarded by mu_
+  std::map<int64_t, Lease> leases_ GUARDED_BY(mu_);                          // guarded by mu_
+  std::map<std::string, uint64_t, std::less<>> last_seq_ GUARDED_BY(mu_);    // guarded by mu_
+  std::map<std::pair<std::string, uint64_t>, std::string> commits_ GUARDED_BY(mu_);  // guarded by mu_; retained only
 };
 
 }  // namespace

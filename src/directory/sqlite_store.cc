@@ -11,6 +11,7 @@
 
 #include "directory/version_record.h"
 #include "rolloutcore/base/sqlite.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::directory {
 namespace {
@@ -61,14 +62,17 @@ class SqliteStore final : public DirectoryStore {
       : db_(std::move(db)), clock_(clock), options_(options), rng_(std::random_device{}()) {}
 
   Status Init() {
-    RC_RETURN_IF_ERROR(db_.Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;"));
-    return InTxn([&]() -> Status { return db_.Exec(kSchema); });
+    {
+      rc::MutexLock lock(mu_);  // not shared yet (Init runs at open); the lock keeps db_ checked
+      RC_RETURN_IF_ERROR(db_.Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;"));
+    }
+    return InTxn([&]() REQUIRES(mu_) -> Status { return db_.Exec(kSchema); });
   }
 
   Result<PublishResult> Publish(const PublishRequest& r) override {
     RC_RETURN_IF_ERROR(internal::ValidatePublishRequest(r));
     PublishResult out;
-    Status s = InTxn([&]() -> Status {
+    Status s = InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(r.model, r.version));
       RC_ASSIGN_OR_RETURN(bool completes, internal::CheckPublish(v.exists ? &v.meta : nullptr, r));
@@ -171,7 +175,7 @@ class SqliteStore final : public DirectoryStore {
     RC_RETURN_IF_ERROR(s);
     if (out.state == VersionState::kCommitted) {
       {
-        std::lock_guard<std::mutex> lock(wait_mu_);
+        rc::MutexLock lock(wait_mu_);
         ++commit_generation_;
       }
       commit_cv_.notify_all();
@@ -181,7 +185,7 @@ class SqliteStore final : public DirectoryStore {
 
   Result<LeaseInfo> KeepAlive(int64_t lease_id) override {
     LeaseInfo info;
-    Status txn_status = InTxn([&]() -> Status {
+    Status txn_status = InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       Stmt q(db_, "SELECT ttl_ms FROM rc_dir_leases WHERE id = ?");
       q.Bind(1, lease_id);
@@ -201,7 +205,7 @@ class SqliteStore final : public DirectoryStore {
 
   Result<refit::Manifest> Get(std::string_view model, std::string_view version) override {
     refit::Manifest manifest;
-    Status txn_status = InTxn([&]() -> Status {
+    Status txn_status = InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
       if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
@@ -225,7 +229,7 @@ class SqliteStore final : public DirectoryStore {
 
   Result<VersionInfo> GetInfo(std::string_view model, std::string_view version) override {
     VersionInfo info;
-    Status txn_status = InTxn([&]() -> Status {
+    Status txn_status = InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
       if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
@@ -239,7 +243,7 @@ class SqliteStore final : public DirectoryStore {
   Result<std::vector<VersionInfo>> List(std::string_view model, StateFilter filter) override {
     RC_RETURN_IF_ERROR(ValidateName(model, "model"));
     std::vector<VersionInfo> out;
-    Status txn_status = InTxn([&]() -> Status {
+    Status txn_status = InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       out.clear();
       std::vector<std::string> names;
@@ -266,21 +270,21 @@ class SqliteStore final : public DirectoryStore {
     while (true) {
       uint64_t generation = 0;
       {
-        std::lock_guard<std::mutex> lock(wait_mu_);
+        rc::MutexLock lock(wait_mu_);
         generation = commit_generation_;
       }
       RC_ASSIGN_OR_RETURN(std::vector<CommitEvent> events, CommitsAfter(model, after_seq));
       const auto now = std::chrono::steady_clock::now();
       if (!events.empty() || now >= deadline) return events;
       // Commits through this instance wake us at once; other processes are seen by polling.
-      std::unique_lock<std::mutex> lock(wait_mu_);
+      rc::MutexLock lock(wait_mu_);
       commit_cv_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(options_.poll_interval_ms)),
-                            [&] { return commit_generation_ != generation; });
+                            [&]() REQUIRES(wait_mu_) { return commit_generation_ != generation; });
     }
   }
 
   Status Release(std::string_view model, std::string_view version) override {
-    return InTxn([&]() -> Status {
+    return InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
       if (!v.exists || v.meta.released) return internal::VersionNotFound(model, version);
@@ -294,7 +298,7 @@ class SqliteStore final : public DirectoryStore {
   }
 
   Status MarkUnavailable(std::string_view model, std::string_view version, std::string_view reason) override {
-    return InTxn([&]() -> Status {
+    return InTxn([&]() REQUIRES(mu_) -> Status {
       RC_RETURN_IF_ERROR(ExpireLeases());
       RC_ASSIGN_OR_RETURN(LoadedVersion v, Load(model, version));
       RC_ASSIGN_OR_RETURN(VersionState before,
@@ -316,7 +320,7 @@ class SqliteStore final : public DirectoryStore {
   // Runs fn inside BEGIN IMMEDIATE ... COMMIT (ROLLBACK when fn fails), holding mu_.
   template <typename Fn>
   Status InTxn(Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     RC_RETURN_IF_ERROR(db_.Exec("BEGIN IMMEDIATE"));
     Status s = fn();
     if (s.ok()) {
@@ -328,7 +332,7 @@ class SqliteStore final : public DirectoryStore {
     return s;
   }
 
-  Result<LoadedVersion> Load(std::string_view model, std::string_view version) {
+  Result<LoadedVersion> Load(std::string_view model, std::string_view version) REQUIRES(mu_) {
     LoadedVersion v;
     Stmt q(db_, "SELECT state, released, expected_ranks, commit_seq, content_digest, reason FROM rc_dir_versions "
                 "WHERE model = ? AND version = ?");
@@ -355,11 +359,11 @@ class SqliteStore final : public DirectoryStore {
     return v;
   }
 
-  Result<int64_t> GrantLease(int64_t ttl_ms) {
+  Result<int64_t> GrantLease(int64_t ttl_ms) REQUIRES(mu_) {
     for (int attempt = 0; attempt < 16; ++attempt) {
       int64_t id = 0;
       {
-        std::lock_guard<std::mutex> lock(wait_mu_);
+        rc::MutexLock lock(wait_mu_);
         id = static_cast<int64_t>(rng_() >> 1);
       }
       if (id == 0) continue;
@@ -373,7 +377,7 @@ class SqliteStore final : public DirectoryStore {
 
   // Abandons every STAGING version one of whose ranks holds an expired lease, then deletes the
   // expired leases. Runs first inside every transaction.
-  Status ExpireLeases() {
+  Status ExpireLeases() REQUIRES(mu_) {
     const int64_t now = clock_->NowMs();
     struct Victim {
       std::string model, version;
@@ -403,7 +407,7 @@ class SqliteStore final : public DirectoryStore {
   Result<std::vector<CommitEvent>> CommitsAfter(std::string_view model, uint64_t after_seq) {
     std::vector<CommitEvent> out;
     if (after_seq >= static_cast<uint64_t>(INT64_MAX)) return out;
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     Stmt q(db_, "SELECT version, commit_seq, content_digest FROM rc_dir_versions WHERE model = ? AND state = "
                 "'COMMITTED' AND released = 0 AND commit_seq > ? ORDER BY commit_seq");
     q.Bind(1, model).Bind(2, static_cast<int64_t>(after_seq));
@@ -415,14 +419,14 @@ class SqliteStore final : public DirectoryStore {
     return out;
   }
 
-  const sqlite::Database db_;  // guarded by mu_
+  const sqlite::Database db_ GUARDED_BY(mu_);
   Clock* const clock_;
   const SqliteStoreOptions options_;
-  std::mutex mu_;  // serializes use of db_
-  std::mutex wait_mu_;
-  std::condition_variable commit_cv_;
-  uint64_t commit_generation_ = 0;  // guarded by wait_mu_
-  std::mt19937_64 rng_;             // guarded by wait_mu_
+  rc::Mutex mu_;  // serializes use of db_
+  rc::Mutex wait_mu_;
+  rc::CondVar commit_cv_;
+  uint64_t commit_generation_ GUARDED_BY(wait_mu_) = 0;  // guarded by wait_mu_
+  std::mt19937_64 rng_ GUARDED_BY(wait_mu_);             // guarded by wait_mu_
 };
 
 }  // namespace

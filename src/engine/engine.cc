@@ -13,6 +13,7 @@
 #include "engine/thread_pool.h"
 #include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::engine {
 namespace {
@@ -41,8 +42,8 @@ std::string_view FinishReasonName(FinishReason r) {
 }
 
 RequestStream::Snapshot RequestStream::WaitFrom(size_t seen, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_for(l, timeout, [&] { return data_.finished || (seen != SIZE_MAX && data_.tokens.size() > seen); });
+  rc::MutexLock l(mu_);
+  cv_.wait_for(l, timeout, [&]() REQUIRES(mu_) { return data_.finished || (seen != SIZE_MAX && data_.tokens.size() > seen); });
   return data_;
 }
 
@@ -136,10 +137,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
     RC_RETURN_IF_ERROR(fill(r, e->model_->layout(r), &e->model_->params(r)));
   }
   RC_RETURN_IF_ERROR(e->model_->Bind());
-  e->kv_ = std::make_unique<KvCacheManager>(o.num_kv_blocks, o.block_size, o.enable_prefix_caching);
-  e->scheduler_ = Scheduler(SchedulerConfig{o.max_num_seqs, o.max_num_batched_tokens, o.block_size});
-  e->weight_version_ = o.weight_version;
-  e->seed_rng_ = SamplerRng(o.seed);
+  {
+    rc::MutexLock l(e->mu_);  // not shared yet: uncontended, keeps the guarded fields checked
+    e->kv_ = std::make_unique<KvCacheManager>(o.num_kv_blocks, o.block_size, o.enable_prefix_caching);
+    e->scheduler_ = Scheduler(SchedulerConfig{o.max_num_seqs, o.max_num_batched_tokens, o.block_size});
+    e->weight_version_ = o.weight_version;
+    e->seed_rng_ = SamplerRng(o.seed);
+  }
   e->boot_id_ = NewBootId();
   return e;
 }
@@ -192,7 +196,7 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
   {
     // The uniqueness check and the queueing are one critical section: two concurrent requests
     // with the same id cannot both get in.
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     if (!req.request_id.empty()) {
       auto same = [&](const std::unique_ptr<Sequence>& q) { return q->request_id == req.request_id; };
       if (std::any_of(running_.begin(), running_.end(), same) || std::any_of(waiting_.begin(), waiting_.end(), same)) {
@@ -214,7 +218,7 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
 }
 
 void Engine::PublishLocked(Sequence* seq) {
-  std::lock_guard<std::mutex> l(seq->stream->mu_);
+  rc::MutexLock l(seq->stream->mu_);
   auto& d = seq->stream->data_;
   d.tokens.insert(d.tokens.end(), seq->out_tokens.begin(), seq->out_tokens.end());
   d.logprobs.insert(d.logprobs.end(), seq->out_logprobs.begin(), seq->out_logprobs.end());
@@ -233,7 +237,7 @@ void Engine::FinishLocked(Sequence* seq, FinishReason reason) {
   seq->blocks.clear();
   PublishLocked(seq);
   {
-    std::lock_guard<std::mutex> l(seq->stream->mu_);
+    rc::MutexLock l(seq->stream->mu_);
     seq->stream->data_.finish = reason;
     seq->stream->data_.finished = true;
   }
@@ -259,8 +263,8 @@ void Engine::ResetForRecomputeLocked(Sequence* seq) {
 }
 
 int64_t Engine::Abort(const std::vector<std::string>& ids) {
-  std::lock_guard<std::mutex> sl(step_mu_);
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock sl(step_mu_);
+  rc::MutexLock l(mu_);
   const std::set<std::string> want(ids.begin(), ids.end());
   auto match = [&](const Sequence& s) { return want.empty() || want.count(s.request_id) != 0; };
   int64_t n = 0;
@@ -287,8 +291,8 @@ int64_t Engine::Abort(const std::vector<std::string>& ids) {
 }
 
 void Engine::WaitForWork(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> l(mu_);
-  work_cv_.wait_for(l, timeout, [&] {
+  rc::MutexLock l(mu_);
+  work_cv_.wait_for(l, timeout, [&]() REQUIRES(mu_) {
     return notified_ || HasRunnableWork(pause_, static_cast<int64_t>(running_.size()),
                                         static_cast<int64_t>(waiting_.size()));
   });
@@ -297,17 +301,17 @@ void Engine::WaitForWork(std::chrono::milliseconds timeout) {
 
 void Engine::Notify() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     notified_ = true;
   }
   work_cv_.notify_all();
 }
 
 bool Engine::Step() {
-  std::lock_guard<std::mutex> sl(step_mu_);
+  rc::MutexLock sl(step_mu_);
   std::vector<Sequence*> batch;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     if (pause_ == PauseState::kPaused) return false;
     // 1. Plan (pure), 2. apply the plan: the only mutation of queues and blocks before the forward.
     batch = ApplyPlanLocked(ScheduleLocked());
@@ -331,7 +335,7 @@ bool Engine::Step() {
   Status st = model_->Forward(fwd, &logits);
 
   // 4. Apply the outputs.
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   if (!st.ok()) RC_LOG_ERROR("engine step failed: {}", st.ToString());
   ApplyOutputsLocked(batch, logits, st.ok());
   return true;
@@ -469,21 +473,21 @@ Status Engine::Pause(PauseMode mode) { return Pause(mode, InFlightKv::kRecompute
 
 Status Engine::Pause(PauseMode mode, InFlightKv kv) {
   {
-    std::unique_lock<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     pause_kv_ = kv;
     pause_ = PauseStateOnRequest(pause_, mode);
     if (PauseWaitsForDrain(pause_)) {
       // Draining: running requests finish, none is admitted (or another pause pauses at once).
-      drain_cv_.wait(l, [&] { return running_.empty() || pause_ == PauseState::kPaused; });
+      drain_cv_.wait(l, [&]() REQUIRES(mu_) { return running_.empty() || pause_ == PauseState::kPaused; });
       pause_ = PauseStateOnDrained(pause_);
     }
   }
   // Wait for an in-flight step; from here on no step runs until Resume.
-  std::lock_guard<std::mutex> sl(step_mu_);
+  rc::MutexLock sl(step_mu_);
   if (PauseAbortsRequests(mode)) {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     auto by_pause = [](Sequence* s) {
-      std::lock_guard<std::mutex> sl2(s->stream->mu_);
+      rc::MutexLock sl2(s->stream->mu_);
       s->stream->data_.aborted_by_pause = true;
     };
     for (auto& s : running_) {
@@ -503,7 +507,7 @@ Status Engine::Pause(PauseMode mode, InFlightKv kv) {
 
 void Engine::Resume() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     pause_ = PauseState::kUnpaused;
     pause_kv_ = InFlightKv::kRecompute;
     notified_ = true;
@@ -512,13 +516,13 @@ void Engine::Resume() {
 }
 
 bool Engine::IsPaused() const {
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   return pause_ == PauseState::kPaused;
 }
 
 KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
-  std::lock_guard<std::mutex> sl(step_mu_);
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock sl(step_mu_);
+  rc::MutexLock l(mu_);
   if (reset_running_requests && pause_ == PauseState::kPaused && pause_kv_ == InFlightKv::kKeep) {
     // Paused to keep in-flight KV across an install: the frozen requests keep their blocks, and
     // no hash survives, so nothing that exists now can be hit by a lookup.
@@ -545,7 +549,7 @@ KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
 }
 
 EngineState Engine::State() const {
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   EngineState s;
   s.paused = pause_ == PauseState::kPaused;
   s.num_running = static_cast<int64_t>(running_.size());
@@ -559,7 +563,7 @@ EngineState Engine::State() const {
 }
 
 EngineMetrics Engine::Metrics() const {
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   EngineMetrics m = metrics_;
   m.kv_cache_usage = static_cast<double>(kv_->BlocksInUse()) / static_cast<double>(kv_->num_blocks());
   m.num_running = static_cast<int64_t>(running_.size());
@@ -568,20 +572,20 @@ EngineMetrics Engine::Metrics() const {
 }
 
 std::string Engine::WeightVersion() const {
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   return weight_version_;
 }
 
 void Engine::SetWeightVersion(const std::string& label) {
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   weight_version_ = label;
 }
 
 Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
                               bool reset_prefix_cache) {
-  std::lock_guard<std::mutex> sl(step_mu_);
+  rc::MutexLock sl(step_mu_);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     if (pause_ != PauseState::kPaused) return FailedPrecondition("weights can be installed only while the engine is paused");
     // The live weights may differ from here on, whether or not the install completes.
     generation_ = std::max(generation, generation_ + 1);
@@ -592,7 +596,7 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
     if (!st.ok()) return st.WithContext("install into rank " + std::to_string(r) + " (weights may be partial)");
   }
   RC_RETURN_IF_ERROR(model_->Bind());
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   if (!reset_prefix_cache) {
     // The stale-cache negative control only: KV computed under the old weights stays reusable.
     weight_version_ = label;

@@ -15,7 +15,7 @@ namespace rc::engine {
 class EngineTestPeer {
  public:
   static void HoldBlockOutsideAnyRequest(Engine* e) {
-    std::lock_guard<std::mutex> l(e->mu_);
+    rc::MutexLock l(e->mu_);
     KvPlan plan;
     KvDemand d;
     d.seq_id = -1;

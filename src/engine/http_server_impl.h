@@ -20,6 +20,7 @@
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/engine/engine_loop.h"
 #include "rolloutcore/engine/http_server.h"
@@ -61,23 +62,23 @@ class EngineServer::Impl {
   net::HttpServer server_{http::EngineHttpOptions(options_)};
   std::atomic<int64_t> next_id_{1};
   // Completion id -> the engine request ids it runs as ("<id>-<k>" for each prompt x n).
-  std::mutex live_mu_;
-  std::map<std::string, std::vector<std::string>> live_;  // guarded by live_mu_
+  rc::Mutex live_mu_;
+  std::map<std::string, std::vector<std::string>> live_ GUARDED_BY(live_mu_);
   void Track(const std::string& id, const std::vector<std::string>& ids) {
-    std::lock_guard<std::mutex> l(live_mu_);
+    rc::MutexLock l(live_mu_);
     live_[id] = ids;
   }
   // Reserves a completion id for one request; false when a live completion already has it.
   bool Claim(const std::string& id) {
-    std::lock_guard<std::mutex> l(live_mu_);
+    rc::MutexLock l(live_mu_);
     return live_.emplace(id, std::vector<std::string>{}).second;
   }
   void Untrack(const std::string& id) {
-    std::lock_guard<std::mutex> l(live_mu_);
+    rc::MutexLock l(live_mu_);
     live_.erase(id);
   }
   std::vector<std::string> Expand(const std::vector<std::string>& ids) {
-    std::lock_guard<std::mutex> l(live_mu_);
+    rc::MutexLock l(live_mu_);
     std::vector<std::string> out;
     for (const auto& i : ids) {
       out.push_back(i);

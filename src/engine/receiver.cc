@@ -13,6 +13,7 @@
 #include "refit/digest_simd.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/parallel.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/refit/digest.h"
@@ -217,7 +218,7 @@ RefitReceiver::RefitReceiver(Engine* engine, int threads)
 RefitReceiver::~RefitReceiver() = default;
 
 std::string RefitReceiver::staged_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return staged_ ? staged_->version : "";
 }
 
@@ -257,7 +258,7 @@ Status SwapFirstTwoQHeads(refit::Capture* capture, int64_t head_dim) {
 }  // namespace
 
 void RefitReceiver::SetSwapQHeadsForTesting(bool on) {
-  std::lock_guard<std::mutex> l(mu_);
+  rc::MutexLock l(mu_);
   if (swap_q_heads_ == on) return;
   swap_q_heads_ = on;
   captures_.clear();
@@ -327,8 +328,8 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
   bool got_gate = false;
   {
-    std::unique_lock<std::mutex> g(gate_mu_);
-    got_gate = gate_cv_.wait_until(g, deadline, [&] { return !stage_busy_; });
+    rc::MutexLock g(gate_mu_);
+    got_gate = gate_cv_.wait_until(g, deadline, [&]() REQUIRES(gate_mu_) { return !stage_busy_; });
     if (got_gate) stage_busy_ = true;
   }
   struct ReleaseGate {
@@ -337,32 +338,32 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
     ~ReleaseGate() {
       if (!held) return;
       {
-        std::lock_guard<std::mutex> g(r->gate_mu_);
+        rc::MutexLock g(r->gate_mu_);
         r->stage_busy_ = false;
       }
       r->gate_cv_.notify_one();
     }
   } release_gate{this, got_gate};
   if (!got_gate) {
-    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    rc::MutexLock metrics_lock(metrics_mu_);
     ++stages_failed_;
     return Unavailable("stage of " + req.version + " could not start within its timeout_ms " +
                        std::to_string(req.timeout_ms) + ": the stage of " + stage_running_ + " has been running for " +
                        std::to_string(static_cast<int64_t>(MsSince(stage_started_))) + " ms; retry");
   }
   {
-    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    rc::MutexLock metrics_lock(metrics_mu_);
     stage_running_ = req.version;
     stage_started_ = std::chrono::steady_clock::now();
   }
   struct ClearRunning {
     RefitReceiver* r;
     ~ClearRunning() {
-      std::lock_guard<std::mutex> metrics_lock(r->metrics_mu_);
+      rc::MutexLock metrics_lock(r->metrics_mu_);
       r->stage_running_.clear();
     }
   } clear_running{this};
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   // A new stage replaces what was staged: the shadow buffers are about to be overwritten.
   staged_.reset();
   delta_staged_.reset();
@@ -370,7 +371,7 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   left.timeout_ms = std::max<int64_t>(
       1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
   auto result = StageLocked(left);
-  std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+  rc::MutexLock metrics_lock(metrics_mu_);
   if (result.ok()) {
     ++stages_ok_;
   } else {
@@ -604,7 +605,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     staged->evidence["sources"] = SourcesEvidence(plans_, sources, relay_records.size(), failed_holders, failovers);
   }
   {
-    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    rc::MutexLock metrics_lock(metrics_mu_);
     last_stage_ms_ = stages;
     last_wire_gbps_ = gbps;
     bytes_pulled_total_ += bytes;
@@ -618,7 +619,7 @@ Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
     return InvalidArgument("relay needs model, version, directory and holder");
   }
   RC_RETURN_IF_ERROR(directory::ValidateName(req.holder, "relay holder"));
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   const refit::Manifest* manifest = nullptr;
   std::vector<refit::DestinationBuffers> buffers;
   std::string from;
@@ -685,7 +686,7 @@ std::string_view InstallOutcomeName(InstallOutcome o) {
 }
 
 InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache_reset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::atomic<bool> touched{false};
   auto result = InstallLocked(version, skip_cache_reset, &touched);
   InstallResult out;
@@ -699,7 +700,7 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
     out.status = result.status();
     if (out.outcome == InstallOutcome::kFailedAfterMutation) mutated_unproven_ = true;
   }
-  std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+  rc::MutexLock metrics_lock(metrics_mu_);
   switch (out.outcome) {
     case InstallOutcome::kInstalled:
       ++installs_ok_;
@@ -735,7 +736,10 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
   // so no second pass reads the 1.5 GB back. LiveDigest(fresh) still reads the live memory.
   std::vector<refit::TensorDigests> rank_digests(captures_.size());
-  auto fill = [this, &bytes, touched, &rank_digests](int rank, const RankLayout&, ParameterStore* params) -> Status {
+  // Engine::Install calls `fill` (on its pool's threads too) before it returns, while this thread
+  // holds mu_: the lambda is REQUIRES(mu_) in that sense, which the analysis takes on trust.
+  auto fill = [this, &bytes, touched, &rank_digests](int rank, const RankLayout&,
+                                                     ParameterStore* params) REQUIRES(mu_) -> Status {
     const size_t r = static_cast<size_t>(rank);
     if (r >= captures_.size()) return Internal("install: rank " + std::to_string(rank) + " has no capture");
     const auto& shadow = shadow_[r];
@@ -794,7 +798,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
 }
 
 void RefitReceiver::WriteMetrics(MetricsWriter* out, const MetricLabels& labels) const {
-  std::lock_guard<std::mutex> lock(metrics_mu_);
+  rc::MutexLock lock(metrics_mu_);
   auto metric = [&](const char* name, MetricType type, const char* help, auto value) {
     out->Metric(name, type, help, labels, value);
   };
@@ -825,7 +829,7 @@ void RefitReceiver::WriteMetrics(MetricsWriter* out, const MetricLabels& labels)
 }
 
 Result<Json> RefitReceiver::LiveDigest(bool fresh) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(EnsureCaptures());
   const int64_t generation = engine_->State().install_generation;
   if (!fresh && live_cache_valid_ && live_cache_generation_ == generation) {
@@ -848,9 +852,9 @@ Result<Json> RefitReceiver::LiveDigest(bool fresh) {
 }
 
 std::optional<std::string> RefitReceiver::CachedLiveDigest() const {
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   // A stage or install in progress holds mu_: the cache is being replaced, report none.
-  if (!lock.owns_lock()) return std::nullopt;
+  if (!mu_.try_lock()) return std::nullopt;
+  rc::MutexLock lock(mu_, std::adopt_lock);
   if (!live_cache_valid_ || live_cache_generation_ != engine_->State().install_generation) return std::nullopt;
   return Hex64(refit::CombineTensorDigests(live_cache_));
 }

@@ -6,6 +6,7 @@
 
 #include "engine/delta_apply.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/engine/receiver.h"
 
 namespace rc::engine {
@@ -18,12 +19,12 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void RefitReceiver::SetFullVerifyEvery(int n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   full_verify_every_ = n < 0 ? 0 : n;
 }
 
 Status RefitReceiver::CorruptLiveWeightForTesting() {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   const Parameter* p = engine_->Parameters(0).Find("model.norm.weight");
   if (p == nullptr || p->nbytes() == 0) return NotFound("rank 0 has no model.norm.weight to corrupt");
   reinterpret_cast<std::byte*>(p->data())[0] ^= std::byte{0x01};
@@ -116,7 +117,7 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
                 {"content_digest", Hex64(manifest.content_digest)},
                 {"stages_ms", stages}};
   {
-    std::lock_guard<std::mutex> metrics_lock(metrics_mu_);
+    rc::MutexLock metrics_lock(metrics_mu_);
     last_stage_ms_ = stages;
     bytes_pulled_total_ += staged->bytes_pulled;
   }
@@ -135,7 +136,8 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
   Json stages = stage_evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
-  auto fill = [this, &d, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) -> Status {
+  // Called by Engine::Install before it returns, while this thread holds mu_ (see InstallLocked).
+  auto fill = [this, &d, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) REQUIRES(mu_) -> Status {
     const auto r = static_cast<size_t>(rank);
     // The first live byte is written below: from here on a failure is after mutation.
     touched->store(true);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <string>
 
+#include "rolloutcore/base/mutex.h"
 #include "engine/model.h"
 #include "rolloutcore/engine/engine.h"
 
@@ -31,10 +32,10 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
                            ") exceeds max_model_len " + std::to_string(max_model_len_));
   }
 
-  std::lock_guard<std::mutex> sl(step_mu_);  // no Step, install or reset runs meanwhile
+  rc::MutexLock sl(step_mu_);  // no Step, install or reset runs meanwhile
   std::vector<int32_t> blocks;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     if (pause_ != PauseState::kPaused) {
       return FailedPrecondition(
           "replay runs only while the engine is paused (POST /pause first): it must not "
@@ -77,7 +78,7 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
     out.steps.push_back(std::move(r));
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     kv_->Release(blocks);  // unhashed: back to the free list, nothing enters the prefix cache
   }
   if (!st.ok()) return st.WithContext("replay forward");

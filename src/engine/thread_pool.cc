@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "rolloutcore/base/mutex.h"
+
 namespace rc::engine {
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -11,7 +13,7 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -32,10 +34,10 @@ void ThreadPool::ParallelForRange(int64_t n, const std::function<void(int64_t, i
     fn(0, n);
     return;
   }
-  std::lock_guard<std::mutex> call_lock(call_mu_);
+  rc::MutexLock call_lock(call_mu_);
   const int parts = num_threads();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    rc::MutexLock l(mu_);
     job_ = &fn;
     job_n_ = n;
     pending_ = parts - 1;
@@ -45,8 +47,8 @@ void ThreadPool::ParallelForRange(int64_t n, const std::function<void(int64_t, i
   int64_t b, e;
   Chunk(n, parts, 0, &b, &e);
   if (b < e) fn(b, e);
-  std::unique_lock<std::mutex> l(mu_);
-  done_cv_.wait(l, [this] { return pending_ == 0; });
+  rc::MutexLock l(mu_);
+  done_cv_.wait(l, [this]() REQUIRES(mu_) { return pending_ == 0; });
   job_ = nullptr;
 }
 
@@ -56,8 +58,8 @@ void ThreadPool::WorkerLoop(int index) {
     const std::function<void(int64_t, int64_t)>* job;
     int64_t n;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || job_seq_ != seen; });
+      rc::MutexLock l(mu_);
+      cv_.wait(l, [&]() REQUIRES(mu_) { return stop_ || job_seq_ != seen; });
       if (stop_) return;
       seen = job_seq_;
       job = job_;
@@ -67,7 +69,7 @@ void ThreadPool::WorkerLoop(int index) {
     Chunk(n, num_threads(), index, &b, &e);
     if (b < e) (*job)(b, e);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      rc::MutexLock l(mu_);
       if (--pending_ == 0) done_cv_.notify_one();
     }
   }

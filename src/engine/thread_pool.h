@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "rolloutcore/base/mutex.h"
+
 namespace rc::engine {
 
 class ThreadPool {
@@ -38,17 +40,19 @@ class ThreadPool {
  private:
   void WorkerLoop(int index);
 
-  std::mutex call_mu_;  // serializes ParallelForRange callers
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable done_cv_;
+  rc::Mutex call_mu_;  // serializes ParallelForRange callers
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  rc::CondVar done_cv_;
+  // Not guarded: filled by the constructor before any job can be posted, read-only afterwards
+  // (ParallelForRange and the workers only read its size; the destructor joins).
   std::vector<std::thread> workers_;
   // guarded by mu_:
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  uint64_t job_seq_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  const std::function<void(int64_t, int64_t)>* job_ GUARDED_BY(mu_) = nullptr;
+  int64_t job_n_ GUARDED_BY(mu_) = 0;
+  uint64_t job_seq_ GUARDED_BY(mu_) = 0;
+  int pending_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace rc::engine

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "rolloutcore/base/mutex.h"
+
 namespace rc::lifecycle {
 
 std::string_view UpdateOutcomeName(UpdateOutcome o) {
@@ -124,7 +126,7 @@ Result<std::unique_ptr<Controller>> Controller::Open(const Clock* clock, Journal
 
 Status Controller::Restore(RestoreSummary* summary) {
   RC_ASSIGN_OR_RETURN(std::vector<JournalRecord> records, journal_->ReadAll());
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   *summary = RestoreSummary();
   if (records.empty()) return OkStatus();
   summary->restored = true;
@@ -251,7 +253,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
   state_ = next;
   state_entered_ms_ = r.t_ms;
 
-  auto current = [&]() -> UpdateRecord* {
+  auto current = [&]() REQUIRES(mu_) -> UpdateRecord* {
     if (!pending_) return nullptr;
     auto it = updates_.find(pending_->ordinal);
     return it == updates_.end() ? nullptr : &it->second;
@@ -262,7 +264,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
       u->evidence[std::string(RecordEventName(type))] = r.detail["evidence"];
     }
   }
-  auto close = [&](UpdateOutcome outcome, const std::string& reason) {
+  auto close = [&](UpdateOutcome outcome, const std::string& reason) REQUIRES(mu_) {
     if (UpdateRecord* u = current()) {
       u->outcome = outcome;
       u->reason = reason;
@@ -276,7 +278,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
     }
     pending_.reset();
   };
-  auto read_version = [&]() {
+  auto read_version = [&]() REQUIRES(mu_) {
     if (r.detail.contains("version")) {
       version_.label = r.detail["version"].value("label", version_.label);
       version_.generation = r.detail["version"].value("generation", version_.generation);
@@ -361,51 +363,51 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
 // Observers
 
 State Controller::state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return state_;
 }
 WeightVersion Controller::version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return version_;
 }
 WeightIdentity Controller::identity() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return identity_;
 }
 std::optional<UpdateTarget> Controller::pending_target() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return pending_;
 }
 int64_t Controller::active_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return static_cast<int64_t>(active_.size());
 }
 std::vector<std::string> Controller::ActiveRolloutIds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::vector<std::string> ids;
   for (const auto& [id, b] : active_) ids.push_back(id);
   return ids;
 }
 std::optional<RolloutBinding> Controller::Binding(const std::string& rollout_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = active_.find(rollout_id);
   if (it == active_.end()) return std::nullopt;
   return it->second;
 }
 std::vector<UpdateRecord> Controller::Updates() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::vector<UpdateRecord> out;
   for (const auto& [k, u] : updates_) out.push_back(u);
   return out;
 }
 std::optional<UpdateRecord> Controller::Update(int64_t ordinal) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = updates_.find(ordinal);
   if (it == updates_.end()) return std::nullopt;
   return it->second;
 }
 Counters Controller::counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return counters_;
 }
 
@@ -447,7 +449,7 @@ Status Controller::TransitionLocked(Event event, Json detail) {
 // Rollouts
 
 Status Controller::Initialize(const WeightVersion& version, const WeightIdentity& identity) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInitialize));
   if (version.label.empty()) return InvalidArgument("initialize: the version label is empty");
   return TransitionLocked(Event::kInitialize,
@@ -455,7 +457,7 @@ Status Controller::Initialize(const WeightVersion& version, const WeightIdentity
 }
 
 Result<RolloutBinding> Controller::Admit(const std::string& rollout_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (state_ != State::kReady) {
     ++counters_.refusals;
     std::string why = "engine is " + std::string(StateName(state_));
@@ -479,7 +481,7 @@ Result<RolloutBinding> Controller::Admit(const std::string& rollout_id) {
 }
 
 Status Controller::Finish(const std::string& rollout_id, const Json& detail) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (!active_.count(rollout_id)) {
     if (interrupted_.count(rollout_id)) {
       return NotFound("rollout " + rollout_id + " is not active: it was recorded interrupted at a controller restart");
@@ -502,7 +504,7 @@ Status Controller::Finish(const std::string& rollout_id, const Json& detail) {
 }
 
 Status Controller::AbortForDrain(const std::vector<std::string>& rollout_ids, const AbortEvidence& evidence) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (state_ != State::kDraining) {
     return FailedPrecondition("abort for drain is only legal in DRAINING, not " + std::string(StateName(state_)));
   }
@@ -524,7 +526,7 @@ Status Controller::AbortForDrain(const std::vector<std::string>& rollout_ids, co
 // Update path
 
 Result<UpdateTarget> Controller::RequestUpdate(UpdateTarget target) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRequestUpdate));
   if (target.label.empty()) return InvalidArgument("update: the target label is empty");
   target.ordinal = last_ordinal_ + 1;
@@ -533,7 +535,7 @@ Result<UpdateTarget> Controller::RequestUpdate(UpdateTarget target) {
 }
 
 Status Controller::DrainComplete(const DrainStatus& engine) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
   if (!engine.idle()) {
     return FailedPrecondition("drain not complete: the engine reports " + std::to_string(engine.running) +
@@ -550,7 +552,7 @@ Status Controller::DrainComplete(const DrainStatus& engine) {
 }
 
 Result<std::vector<std::string>> Controller::QuiesceInFlight(const DrainStatus& engine, int64_t max_staleness) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
   if (!pending_ || pending_->mode == PolicyMode::kStrict) {
     return FailedPrecondition("quiesce in flight: update " + std::to_string(pending_ ? pending_->ordinal : 0) +
@@ -589,14 +591,14 @@ Result<std::vector<std::string>> Controller::QuiesceInFlight(const DrainStatus& 
 }
 
 std::optional<InFlightRecord> Controller::InFlight(const std::string& rollout_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = inflight_.find(rollout_id);
   if (it == inflight_.end()) return std::nullopt;
   return it->second;
 }
 
 Status Controller::BeginInstall(const PauseEvidence& pause) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginInstall));
   if (!pause.paused) return FailedPrecondition("install refused: the engine does not report itself paused");
   if (pending_ && pending_->mode != PolicyMode::kStrict) {
@@ -623,7 +625,7 @@ Status Controller::BeginInstall(const PauseEvidence& pause) {
 }
 
 Status Controller::InstallComplete(const InstallEvidence& install) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
   if (install.outcome != InstallOutcome::kInstalled) {
     return FailedPrecondition("install evidence says " + std::string(InstallOutcomeName(install.outcome)) +
@@ -641,7 +643,7 @@ Status Controller::InstallComplete(const InstallEvidence& install) {
 }
 
 Status Controller::CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
   for (CacheKind kind : required) {
     auto it = std::find_if(results.begin(), results.end(), [&](const CacheResetResult& r) { return r.kind == kind; });
@@ -667,7 +669,7 @@ Status Controller::CachesReset(const std::vector<CacheResetResult>& results, con
 
 Status Controller::Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                              bool digest_offered, const ReplayOutcome& replay) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kValidated));
   if (label.label != pending_->label) {
     return FailedPrecondition("validation failed: the engine reports label '" + label.label + "', target is '" +
@@ -697,7 +699,7 @@ Status Controller::Validated(const LabelEvidence& label, const std::optional<Dig
 }
 
 Status Controller::Resumed(const ResumeEvidence& resume) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kResumed));
   if (resume.paused_after) return FailedPrecondition("resume not confirmed: the engine still reports itself paused");
   WeightVersion v{pending_->label, version_.generation + 1};
@@ -708,7 +710,7 @@ Status Controller::Resumed(const ResumeEvidence& resume) {
 }
 
 Status Controller::RejectBeforeMutation(const std::string& reason, bool install_refused_before_mutation) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRejectBeforeMutation));
   if (state_ == State::kUpdating && !install_refused_before_mutation) {
     return FailedPrecondition("cannot return to READY from UPDATING: nothing proves the install did not mutate");
@@ -718,7 +720,7 @@ Status Controller::RejectBeforeMutation(const std::string& reason, bool install_
 }
 
 Status Controller::RecordStageEvidence(const StageEvidence& stage) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (state_ != State::kDraining && state_ != State::kQuiesced) {
     return FailedPrecondition("stage evidence is only recorded while DRAINING or QUIESCED, not " +
                               std::string(StateName(state_)));
@@ -734,7 +736,7 @@ Status Controller::RecordStageEvidence(const StageEvidence& stage) {
 }
 
 Status Controller::Taint(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kTaint));
   return TransitionLocked(Event::kTaint, Json{{"reason", reason}});
 }
@@ -743,7 +745,7 @@ Status Controller::Taint(const std::string& reason) {
 // Recovery
 
 Result<UpdateTarget> Controller::BeginRecovery(UpdateTarget target) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginRecovery));
   if (target.label.empty()) return InvalidArgument("recovery: the target label is empty");
   if (target.identity.content_digest.empty()) {
@@ -759,7 +761,7 @@ Result<UpdateTarget> Controller::BeginRecovery(UpdateTarget target) {
 }
 
 Status Controller::Recovered(const InstallEvidence& install, const LabelEvidence& label, const DigestEvidence& digest) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRecovered));
   if (install.outcome != InstallOutcome::kInstalled) {
     return FailedPrecondition("recovery install evidence says " + std::string(InstallOutcomeName(install.outcome)) +

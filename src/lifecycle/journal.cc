@@ -4,6 +4,7 @@
 #include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/sqlite.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::lifecycle {
 
@@ -20,7 +21,7 @@ Json ToJson(const JournalRecord& r) {
 // ---- MemoryJournal ----
 
 Status MemoryJournal::Append(JournalRecord& rec) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (fail_after_ == 0) return Unavailable("journal append failed (injected crash point)");
   if (fail_after_ > 0) --fail_after_;
   rec.seq = static_cast<int64_t>(records_.size()) + 1;
@@ -30,7 +31,7 @@ Status MemoryJournal::Append(JournalRecord& rec) {
 }
 
 Result<std::vector<JournalRecord>> MemoryJournal::ReadSince(int64_t since) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::vector<JournalRecord> out;
   for (const auto& r : records_) {
     if (r.seq > since) out.push_back(r);
@@ -39,17 +40,17 @@ Result<std::vector<JournalRecord>> MemoryJournal::ReadSince(int64_t since) const
 }
 
 void MemoryJournal::FailAfter(int64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   fail_after_ = n;
 }
 
 void MemoryJournal::Truncate(int64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (n >= 0 && static_cast<size_t>(n) < records_.size()) records_.resize(static_cast<size_t>(n));
 }
 
 size_t MemoryJournal::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return records_.size();
 }
 
@@ -122,7 +123,7 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
 SqliteJournal::~SqliteJournal() = default;
 
 Status SqliteJournal::Append(JournalRecord& rec) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (rec.wall_ms == 0) rec.wall_ms = WallTimeMs();
   sqlite::Statement st(db_,
                        "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
@@ -141,7 +142,7 @@ Status SqliteJournal::Append(JournalRecord& rec) {
 }
 
 Result<std::vector<JournalRecord>> SqliteJournal::ReadSince(int64_t since) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   // From record `since` itself (verified when it was read or appended before): its chain value
   // seeds the check of every record returned. since = 0 checks the whole journal.
   sqlite::Statement st(db_,

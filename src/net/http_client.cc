@@ -2,13 +2,14 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/net/http.h"
 
 namespace rc::net {
 namespace {
 
-std::mutex g_mu;
-std::optional<ClientConfig> g_config;  // guarded by g_mu
+rc::Mutex g_mu;
+std::optional<ClientConfig> g_config GUARDED_BY(g_mu);  // guarded by g_mu
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -19,7 +20,7 @@ std::string Env(const char* name) {
 
 ClientConfig ClientConfig::Default() {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    rc::MutexLock lock(g_mu);
     if (g_config) return *g_config;
   }
   ClientConfig c;
@@ -29,7 +30,7 @@ ClientConfig ClientConfig::Default() {
 }
 
 void SetDefaultClientConfig(ClientConfig config) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  rc::MutexLock lock(g_mu);
   g_config = std::move(config);
 }
 

@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/net/http.h"
 
 namespace rc::net {
@@ -26,7 +27,7 @@ class ElasticPool final : public httplib::TaskQueue {
   ~ElasticPool() override = default;
 
   void enqueue(std::function<void()> fn) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     jobs_.push_back(std::move(fn));
     if (jobs_.size() > idle_ && threads_.size() < max_threads_) {
       threads_.emplace_back([this] { Work(); });
@@ -38,7 +39,7 @@ class ElasticPool final : public httplib::TaskQueue {
   void shutdown() override {
     std::vector<std::thread> threads;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       shutdown_ = true;
       threads.swap(threads_);
     }
@@ -48,10 +49,10 @@ class ElasticPool final : public httplib::TaskQueue {
 
  private:
   void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (;;) {
       ++idle_;
-      cv_.wait(lock, [this] { return !jobs_.empty() || shutdown_; });
+      cv_.wait(lock, [this]() REQUIRES(mu_) { return !jobs_.empty() || shutdown_; });
       --idle_;
       if (jobs_.empty()) return;  // shutting down and nothing left
       std::function<void()> fn = std::move(jobs_.front());
@@ -63,12 +64,12 @@ class ElasticPool final : public httplib::TaskQueue {
   }
 
   const size_t max_threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;  // guarded by mu_
-  std::vector<std::thread> threads_;        // guarded by mu_
-  size_t idle_ = 0;                         // guarded by mu_
-  bool shutdown_ = false;                   // guarded by mu_
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);  // guarded by mu_
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);        // guarded by mu_
+  size_t idle_ GUARDED_BY(mu_) = 0;                         // guarded by mu_
+  bool shutdown_ GUARDED_BY(mu_) = false;                   // guarded by mu_
 };
 
 std::string DefaultErrorBody(int, const Status& s) {

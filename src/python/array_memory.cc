@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rolloutcore/transport/shm.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::python {
 namespace {
@@ -128,18 +129,18 @@ struct Allocation {
   uint64_t bytes = 0;
 };
 
-std::mutex& AllocationMutex() {
-  static std::mutex mu;
+rc::Mutex& AllocationMutex() {
+  static rc::Mutex mu;
   return mu;
 }
-std::map<uintptr_t, Allocation>& Allocations() {               // guarded by AllocationMutex()
+std::map<uintptr_t, Allocation>& Allocations() REQUIRES(AllocationMutex()) {  // guarded by AllocationMutex()
   static auto* table = new std::map<uintptr_t, Allocation>();  // never destroyed: owners may outlive statics
   return *table;
 }
 
 std::optional<refit::DType> AllocationDType(const void* data, uint64_t bytes) {
   const auto begin = reinterpret_cast<uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(AllocationMutex());
+  rc::MutexLock lock(AllocationMutex());
   auto& table = Allocations();
   auto it = table.upper_bound(begin);
   if (it == table.begin()) return std::nullopt;
@@ -398,13 +399,13 @@ Result<py::object> Allocate(const refit::Shape& shape, refit::DType dtype) {
   auto* owned = new transport::ShmBuffer(std::move(buffer));
   const auto begin = reinterpret_cast<uintptr_t>(owned->data());
   {
-    std::lock_guard<std::mutex> lock(AllocationMutex());
+    rc::MutexLock lock(AllocationMutex());
     Allocations()[begin] = Allocation{begin + std::max<uint64_t>(bytes, 1), dtype, bytes};
   }
   py::capsule base(owned, [](void* p) {
     auto* b = static_cast<transport::ShmBuffer*>(p);
     {
-      std::lock_guard<std::mutex> lock(AllocationMutex());
+      rc::MutexLock lock(AllocationMutex());
       Allocations().erase(reinterpret_cast<uintptr_t>(b->data()));
     }
     delete b;
@@ -423,7 +424,7 @@ Result<py::object> Allocate(const refit::Shape& shape, refit::DType dtype) {
 bool InsideSharedAllocation(const void* data, uint64_t bytes) { return AllocationDType(data, bytes).has_value(); }
 
 std::pair<int64_t, uint64_t> SharedAllocationStats() {
-  std::lock_guard<std::mutex> lock(AllocationMutex());
+  rc::MutexLock lock(AllocationMutex());
   uint64_t bytes = 0;
   for (const auto& [begin, a] : Allocations()) bytes += a.bytes;
   return {static_cast<int64_t>(Allocations().size()), bytes};

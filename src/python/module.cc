@@ -27,6 +27,7 @@
 
 #include "python/array_memory.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/types.h"
 #include "rolloutcore/refit/digest.h"
@@ -202,7 +203,7 @@ class PyPublisher {
     rec.bytes = mem.bytes;
     rec.source = mem.source;
     Check(publisher_->AddShard(version, std::move(s)));
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     records_[version].push_back(std::move(rec));
   }
 
@@ -225,7 +226,7 @@ class PyPublisher {
     py::dict tensors;
     std::map<std::string, uint64_t> sums;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto& recs = records_[version];
       for (const refit::ShardTable& t : report->tables) {
         for (const refit::ShardInfo& si : t.shards) {
@@ -267,7 +268,7 @@ class PyPublisher {
     Status s = publisher_->Release(version, in_directory);
     const std::vector<std::string> held = publisher_->versions();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       // A directory error still leaves the version dropped here (deregistered, arrays let go).
       if (std::find(held.begin(), held.end(), version) == held.end()) records_.erase(version);
     }
@@ -275,7 +276,7 @@ class PyPublisher {
   }
 
   py::list Shards(const std::string& version) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = records_.find(version);
     if (it == records_.end()) {
       Raise(NotFound(fmt::format("rank {} holds no version {} of model {}", rank_, version, model_)));
@@ -316,8 +317,8 @@ class PyPublisher {
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<directory::DirectoryClient> directory_;
   std::unique_ptr<trainer::Publisher> publisher_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::vector<ShardRecord>> records_;  // guarded by mu_
+  mutable rc::Mutex mu_;
+  std::map<std::string, std::vector<ShardRecord>> records_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 // ---- Planner ------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::trainer {
@@ -44,7 +45,7 @@ Publisher::Publisher(transport::Transport* transport, directory::DirectoryStore*
 Publisher::~Publisher() {
   std::unique_ptr<directory::LeaseKeeper> keeper;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (auto& [label, entry] : versions_) {
       // Their memory is about to go: say so in the directory before the handles die.
       if (entry.state == VersionEntry::State::kPublished || entry.state == VersionEntry::State::kUnresolved) {
@@ -106,7 +107,7 @@ Status Publisher::CheckNewShard(std::string_view version, const VersionEntry& en
 }
 
 Status Publisher::AddShard(std::string_view version, ShardSource shard) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = versions_.find(version);
   if (it != versions_.end() && it->second.state != VersionEntry::State::kStaged) {
     return FailedPrecondition(fmt::format("rank {} cannot add tensor {} to version {} of model {}: it is already {}",
@@ -125,7 +126,7 @@ Status Publisher::AttachProbes(std::string_view version, std::vector<refit::Prob
                                        rank_, version));
   }
   RC_RETURN_IF_ERROR(refit::ValidateProbes(probes));
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = versions_.find(version);
   if (it != versions_.end() && it->second.state != VersionEntry::State::kStaged) {
     return FailedPrecondition(fmt::format("rank {} cannot attach probes to version {} of model {}: it is already {}",
@@ -290,7 +291,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   int64_t lease = 0;
   bool resume = false;  // an earlier publish of this version was not answered
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = versions_.find(version);
     if (it == versions_.end()) {
       if (!allow_create) {
@@ -313,7 +314,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   PublishReport report;
   report.version = std::string(version);
   auto put_back = [&](VersionEntry::State state) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = versions_.find(version);
     if (it != versions_.end()) {
       it->second.state = state;
@@ -409,7 +410,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   }
   report.result = *published;
 
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (published->lease_id != 0) AdoptLease(published->lease_id, published->lease_ttl_ms);
   auto it = versions_.find(version);
   if (it == versions_.end()) {
@@ -427,7 +428,7 @@ Status Publisher::Release(std::string_view version, bool release_in_directory) {
   std::vector<StagedShard> shards;
   bool named = false;  // the directory may name this version's memory
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = versions_.find(version);
     if (it == versions_.end()) {
       return NotFound(fmt::format("rank {} holds no version {} of model {}", rank_, version, model_));
@@ -456,26 +457,26 @@ Status Publisher::Release(std::string_view version, bool release_in_directory) {
 }
 
 std::vector<std::string> Publisher::versions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& [label, entry] : versions_) out.push_back(label);
   return out;
 }
 
 bool Publisher::IsPublished(std::string_view version) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = versions_.find(version);
   return it != versions_.end() && it->second.state == VersionEntry::State::kPublished;
 }
 
 bool Publisher::IsUnresolved(std::string_view version) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = versions_.find(version);
   return it != versions_.end() && it->second.state == VersionEntry::State::kUnresolved;
 }
 
 int64_t Publisher::lease_id() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return lease_id_;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/transport/shm.h"
@@ -33,7 +34,7 @@ Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard
     std::vector<std::pair<size_t, refit::EncodedDelta>> encoded;
     std::vector<uint64_t> base_digests;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       base = previous_version_;
       if (base.empty() || base == version) return OkStatus();
       for (size_t i = 0; i < shards.size(); ++i) {
@@ -126,7 +127,7 @@ Result<std::string> Publisher::CorruptDeltaForTesting(std::string_view version, 
   if (kind != "value" && kind != "index" && kind != "missing") {
     return InvalidArgument(fmt::format("corrupt delta kind '{}': expected value, index or missing", kind));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   auto it = versions_.find(version);
   if (it == versions_.end()) return NotFound(fmt::format("rank {} holds no version {}", rank_, version));
   std::byte* region = nullptr;

@@ -11,6 +11,7 @@
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/types.h"
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/trainer/probes.h"
@@ -196,7 +197,10 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::Create(SyntheticTrai
 
   std::unique_ptr<SyntheticTrainer> t(new SyntheticTrainer(std::move(options), store));
   t->model_name_ = t->options_.model_name;
-  t->next_step_ = t->options_.first_step;
+  {
+    rc::MutexLock lock(t->mu_);  // not shared yet: uncontended, keeps next_step_ checked
+    t->next_step_ = t->options_.first_step;
+  }
   for (int32_t r = 0; r < n; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->index = r;
@@ -305,7 +309,7 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
 }
 
 Status SyntheticTrainer::CorruptByte(std::string_view version, int32_t rank, uint64_t byte) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) {
     return InvalidArgument(fmt::format("rank {} is not a rank of this trainer (0..{})", rank, ranks_.size() - 1));
   }
@@ -321,7 +325,7 @@ Status SyntheticTrainer::CorruptByte(std::string_view version, int32_t rank, uin
 }
 
 Result<std::string> SyntheticTrainer::CorruptDelta(std::string_view version, int32_t rank, std::string_view kind) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size() || ranks_[static_cast<size_t>(rank)]->publisher == nullptr) {
     return InvalidArgument(fmt::format("rank {} is not a live rank of this trainer", rank));
   }
@@ -329,7 +333,7 @@ Result<std::string> SyntheticTrainer::CorruptDelta(std::string_view version, int
 }
 
 Result<VersionStatus> SyntheticTrainer::Step() {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (shut_down_) return FailedPrecondition(fmt::format("trainer of model {} is shut down", model_name_));
   const int64_t step = next_step_++;
   const std::string label = VersionLabel(step);
@@ -404,12 +408,12 @@ Status SyntheticTrainer::ReleaseLocked(std::string_view version) {
 }
 
 Status SyntheticTrainer::Release(std::string_view version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return ReleaseLocked(version);
 }
 
 Status SyntheticTrainer::Shutdown(bool release_in_directory) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   if (shut_down_) return OkStatus();
   shut_down_ = true;
   Status first = OkStatus();
@@ -426,7 +430,7 @@ Status SyntheticTrainer::Shutdown(bool release_in_directory) {
 }
 
 std::vector<VersionStatus> SyntheticTrainer::versions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   return versions_;
 }
 
@@ -449,7 +453,7 @@ Json VersionStatusToJson(const VersionStatus& v) {
 }
 
 Json SyntheticTrainer::StatusJson() {
-  std::lock_guard<std::mutex> lock(mu_);
+  rc::MutexLock lock(mu_);
   Json versions = Json::array();
   for (VersionStatus& v : versions_) {
     if (v.state == "STAGING") {

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc {
 
@@ -38,7 +39,7 @@ class Pending {
   // Completes the operation; later calls are ignored (returns false).
   bool Fulfill(Result<T> value) const {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      rc::MutexLock lock(state_->mu);
       if (state_->value.has_value()) return false;
       state_->value.emplace(std::move(value));
     }
@@ -47,28 +48,28 @@ class Pending {
   }
 
   bool Ready() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    rc::MutexLock lock(state_->mu);
     return state_->value.has_value();
   }
 
   // Blocks up to `timeout` of real time; true when ready.
   bool WaitFor(std::chrono::nanoseconds timeout) const {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    return state_->cv.wait_for(lock, timeout, [&] { return state_->value.has_value(); });
+    rc::MutexLock lock(state_->mu);
+    return state_->cv.wait_for(lock, timeout, [&]() REQUIRES(state_->mu) { return state_->value.has_value(); });
   }
 
   // The result; only valid once Ready().
   Result<T> Get() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    rc::MutexLock lock(state_->mu);
     if (!state_->value.has_value()) return Internal("Pending::Get called before the operation completed");
     return *state_->value;
   }
 
  private:
   struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<Result<T>> value;  // guarded by mu
+    rc::Mutex mu;
+    rc::CondVar cv;
+    std::optional<Result<T>> value GUARDED_BY(mu);  // guarded by mu
   };
   std::shared_ptr<State> state_;
 };

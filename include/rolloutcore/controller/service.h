@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/controller/trajectory_store.h"
 #include "rolloutcore/lifecycle/controller.h"
 #include "rolloutcore/lifecycle/engine_adapter.h"
@@ -185,8 +186,10 @@ class ControllerService {
     std::unique_ptr<lifecycle::Journal> journal;
     std::unique_ptr<lifecycle::Controller> controller;
     std::unique_ptr<lifecycle::Runner> runner;  // touched only by the driver thread
-    std::deque<Op> queue;                       // guarded by ControllerService::mu_
-    std::string running_op;                     // guarded by mu_
+    // guarded by ControllerService::mu_ (these three: clang's analysis cannot name the enclosing
+    // object's mutex from a nested struct reached through a pointer, so they stay unchecked)
+    std::deque<Op> queue;
+    std::string running_op;                     // guarded by ControllerService::mu_
     bool running_recovery = false;              // driver thread only
     int64_t generation_before_op = 0;           // driver thread only
     int64_t next_verify_ms = 0;                 // driver thread only (steady clock)
@@ -197,9 +200,9 @@ class ControllerService {
     std::atomic<bool> settling{false};
     // The operation's place among --max-updating, held from its start until it settled (the
     // engine admits nothing before that, so it counts as out of service).
-    bool holds_update_place = false;            // guarded by mu_
-    mutable std::mutex id_mu;
-    VerifiedIdentity id;                        // guarded by id_mu
+    bool holds_update_place = false;            // guarded by ControllerService::mu_
+    mutable rc::Mutex id_mu;
+    VerifiedIdentity id GUARDED_BY(id_mu);                        // guarded by id_mu
     std::thread driver;
   };
   struct OpRecord {
@@ -240,7 +243,7 @@ class ControllerService {
                         std::string* why) const;
   void CountSpanTokens(const Json& spans);
   Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id);
-  Json OpJson(const OpRecord& rec) const;  // caller holds mu_
+  Json OpJson(const OpRecord& rec) const REQUIRES(mu_);
   // Reads the engine's identity and checks it against the committed version and what was
   // verified before; taints on a mismatch. after_op: right after an operation ended (a committed
   // one may move the install generation; a committed recovery may also change the boot id).
@@ -253,7 +256,7 @@ class ControllerService {
   std::string CompletionMismatch(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& resp) const;
   bool IdentityVerified(const EngineSlot* slot) const;
   // Journals an update-id event (update_requested / update_started / update_not_started).
-  Status JournalOpLocked(const std::string& event, Json detail);  // caller holds mu_
+  Status JournalOpLocked(const std::string& event, Json detail) REQUIRES(mu_);
   Status RestoreOps();  // at Create, before the drivers start
   void ExpireLeases(size_t engine);
 
@@ -262,14 +265,14 @@ class ControllerService {
   std::vector<std::unique_ptr<EngineSlot>> engines_;
   std::unique_ptr<TrajectoryStore> trajectories_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::map<std::string, OpRecord> ops_;                       // guarded by mu_
+  mutable rc::Mutex mu_;
+  mutable rc::CondVar cv_;
+  std::map<std::string, OpRecord> ops_ GUARDED_BY(mu_);                       // guarded by mu_
   std::unique_ptr<lifecycle::Journal> ops_journal_;           // appends under mu_
-  std::map<std::string, Lease> leases_;                       // rollout → lease, guarded by mu_
-  std::map<std::string, int64_t> expired_leases_;             // rollout → wall ms, guarded by mu_
-  int updating_ = 0;                                          // guarded by mu_
-  int64_t next_op_ = 1;                                       // guarded by mu_
+  std::map<std::string, Lease> leases_ GUARDED_BY(mu_);       // rollout → lease, guarded by mu_
+  std::map<std::string, int64_t> expired_leases_ GUARDED_BY(mu_);  // rollout → wall ms, guarded by mu_
+  int updating_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
+  int64_t next_op_ GUARDED_BY(mu_) = 1;                                       // guarded by mu_
   std::atomic<int64_t> next_rollout_{1};
   std::atomic<size_t> round_robin_{0};
   std::atomic<bool> stop_{false};
@@ -278,7 +281,7 @@ class ControllerService {
   std::atomic<int64_t> rollouts_refused_{0};
   std::atomic<int64_t> rollouts_failed_{0};
   std::atomic<int64_t> rollouts_mismatched_{0};
-  std::map<std::string, int64_t> tokens_by_kv_;   // guarded by mu_: proxied output tokens per span kv
+  std::map<std::string, int64_t> tokens_by_kv_ GUARDED_BY(mu_);   // guarded by mu_: proxied output tokens per span kv
   std::atomic<int64_t> rollouts_aborted_at_update_{0};
 };
 

@@ -21,6 +21,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/sqlite.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/lifecycle/types.h"
 
 namespace rc::controller {
@@ -59,8 +60,8 @@ class TrajectoryStore {
 
  private:
   TrajectoryStore(sqlite::Database db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
-  mutable std::mutex mu_;
-  sqlite::Database db_;  // guarded by mu_
+  mutable rc::Mutex mu_;
+  sqlite::Database db_ GUARDED_BY(mu_);
   std::string path_;
 };
 

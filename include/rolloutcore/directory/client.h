@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/store.h"
 #include "rolloutcore/net/security.h"
 
@@ -76,10 +77,10 @@ class LeaseKeeper {
   DirectoryStore* const store_;
   const int64_t lease_id_;
   const int64_t interval_ms_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
-  Status last_;        // guarded by mu_
+  mutable rc::Mutex mu_;
+  rc::CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;  // guarded by mu_
+  Status last_ GUARDED_BY(mu_);        // guarded by mu_
   std::thread thread_;
 };
 

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/engine/kv_cache.h"
 #include "rolloutcore/engine/model_spec.h"
 #include "rolloutcore/engine/parameters.h"
@@ -135,9 +136,9 @@ class RequestStream {
   std::string weight_version_;
   int64_t install_generation_ = 0;
   std::vector<int32_t> prompt_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  Snapshot data_;  // guarded by mu_
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  Snapshot data_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 struct EngineState {
@@ -267,23 +268,24 @@ class Engine {
   struct Sequence;
   friend class EngineTestPeer;  // engine_test.cc: injects a broken-invariant KV state
   Engine() = default;
-  void FinishLocked(Sequence* seq, FinishReason reason);
-  void PreemptLocked(Sequence* seq);
+  void FinishLocked(Sequence* seq, FinishReason reason) REQUIRES(mu_);
+  void PreemptLocked(Sequence* seq) REQUIRES(mu_);
   // The part of a preemption that is not releasing its blocks (Step's plan releases them).
-  void ResetForRecomputeLocked(Sequence* seq);
+  void ResetForRecomputeLocked(Sequence* seq) REQUIRES(mu_);
   // Step: the scheduler's view of the queues, the plan applied (preemptions, grants,
   // admissions; returns the sequences that compute this step), and the forward pass's outputs.
-  StepPlan ScheduleLocked() const;
-  std::vector<Sequence*> ApplyPlanLocked(const StepPlan& plan);
-  void ApplyOutputsLocked(const std::vector<Sequence*>& batch, const std::vector<float>& logits, bool forward_ok);
-  void PublishLocked(Sequence* seq);
+  StepPlan ScheduleLocked() const REQUIRES(mu_);
+  std::vector<Sequence*> ApplyPlanLocked(const StepPlan& plan) REQUIRES(mu_);
+  void ApplyOutputsLocked(const std::vector<Sequence*>& batch, const std::vector<float>& logits, bool forward_ok)
+      REQUIRES(mu_);
+  void PublishLocked(Sequence* seq) REQUIRES(mu_);
   // Starts a new version span for `seq` at its current output length (engine_spans.cc).
-  void OpenSpanLocked(Sequence* seq, SpanKv kv);
-  void OpenSpanAtLocked(Sequence* seq, SpanKv kv, const std::string& label, int64_t generation);
+  void OpenSpanLocked(Sequence* seq, SpanKv kv) REQUIRES(mu_);
+  void OpenSpanAtLocked(Sequence* seq, SpanKv kv, const std::string& label, int64_t generation) REQUIRES(mu_);
   // At an install that changed the live weights: a span boundary for every live request and
   // the prefix cache dropped, with in-flight KV kept or preempted per `kv` (engine_spans.cc).
   // Returns false when the cache could not be dropped (blocks held outside any request).
-  bool SwapInFlightLocked(InFlightKv kv, const std::string& label, int64_t generation, KvResetEvidence* ev);
+  bool SwapInFlightLocked(InFlightKv kv, const std::string& label, int64_t generation, KvResetEvidence* ev) REQUIRES(mu_);
 
   EngineOptions options_;
   std::string boot_id_;
@@ -292,22 +294,22 @@ class Engine {
   std::unique_ptr<Model> model_;  // touched only under step_mu_
   Scheduler scheduler_{SchedulerConfig{}};  // immutable after Create
 
-  mutable std::mutex step_mu_;
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;   // with mu_: new work or resume
-  std::condition_variable drain_cv_;  // with mu_: a running request finished
+  mutable rc::Mutex step_mu_;
+  mutable rc::Mutex mu_;
+  rc::CondVar work_cv_;   // with mu_: new work or resume
+  rc::CondVar drain_cv_;  // with mu_: a running request finished
   // guarded by mu_:
-  std::unique_ptr<KvCacheManager> kv_;
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;
-  PauseState pause_ = PauseState::kUnpaused;
-  InFlightKv pause_kv_ = InFlightKv::kRecompute;
-  std::string weight_version_;
-  int64_t generation_ = 0;
-  int64_t next_seq_id_ = 1;
-  SamplerRng seed_rng_{0};
-  EngineMetrics metrics_;
-  bool notified_ = false;
+  std::unique_ptr<KvCacheManager> kv_ GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Sequence>> waiting_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Sequence>> running_ GUARDED_BY(mu_);
+  PauseState pause_ GUARDED_BY(mu_) = PauseState::kUnpaused;
+  InFlightKv pause_kv_ GUARDED_BY(mu_) = InFlightKv::kRecompute;
+  std::string weight_version_ GUARDED_BY(mu_);
+  int64_t generation_ GUARDED_BY(mu_) = 0;
+  int64_t next_seq_id_ GUARDED_BY(mu_) = 1;
+  SamplerRng seed_rng_ GUARDED_BY(mu_){0};
+  EngineMetrics metrics_ GUARDED_BY(mu_);
+  bool notified_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace rc::engine

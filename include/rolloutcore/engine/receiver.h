@@ -73,6 +73,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/metrics_writer.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/digest.h"
@@ -171,23 +172,23 @@ class RefitReceiver {
 
  private:
   struct Staged;
-  Status EnsureCaptures();
-  Result<Json> StageLocked(const StageRequest& request);
+  Status EnsureCaptures() REQUIRES(mu_);
+  Result<Json> StageLocked(const StageRequest& request) REQUIRES(mu_);
   // Sets *touched before the first live byte is written.
-  Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched);
+  Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched) REQUIRES(mu_);
   // With any_nonfinite_f32, also checks (in the same pass) that the f32 elements read are finite.
   Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers,
-                                        bool* any_nonfinite_f32 = nullptr);
+                                        bool* any_nonfinite_f32 = nullptr) REQUIRES(mu_);
   std::vector<refit::DestinationBuffers> LiveBuffers();
   // Delta refit (receiver_delta.cc). TryStageDelta: nullopt (with *why_full set) when the
   // manifest cannot be applied as a delta here; otherwise the delta stage's evidence or refusal.
   std::optional<Result<Json>> TryStageDelta(const StageRequest& request, const refit::Manifest& manifest,
                                             const refit::TensorDigests& published, const Json& stages,
-                                            std::string* why_full);
+                                            std::string* why_full) REQUIRES(mu_);
   Result<Json> InstallDeltaLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched,
-                                  const Json& stage_evidence, const refit::TensorDigests& published);
+                                  const Json& stage_evidence, const refit::TensorDigests& published) REQUIRES(mu_);
   // The anchor-check evidence of a full install (which digests every live byte anyway).
-  Json FullInstallAnchor();
+  Json FullInstallAnchor() REQUIRES(mu_);
 
   Engine* engine_;
   refit::ModelConfig config_;
@@ -195,58 +196,58 @@ class RefitReceiver {
   // Held for the whole of a Stage (before mu_), taken with the stage's deadline. A flag under a
   // mutex + condition variable rather than std::timed_mutex: libstdc++'s timed lock uses
   // pthread_mutex_clocklock, which ThreadSanitizer (GCC 12) does not intercept.
-  std::mutex gate_mu_;
-  std::condition_variable gate_cv_;
-  bool stage_busy_ = false;  // guarded by gate_mu_
-  mutable std::mutex mu_;
-  std::vector<refit::Capture> captures_;                            // guarded by mu_, per rank
-  std::vector<std::vector<refit::DigestRegion>> digest_regions_;    // guarded by mu_
+  rc::Mutex gate_mu_;
+  rc::CondVar gate_cv_;
+  bool stage_busy_ GUARDED_BY(gate_mu_) = false;  // guarded by gate_mu_
+  mutable rc::Mutex mu_;
+  std::vector<refit::Capture> captures_ GUARDED_BY(mu_);                            // guarded by mu_, per rank
+  std::vector<std::vector<refit::DigestRegion>> digest_regions_ GUARDED_BY(mu_);    // guarded by mu_
   // Per rank, the parameter bytes no digest region covers (copied plainly by the fused install).
-  std::vector<refit::UncoveredBytes> uncovered_;                    // guarded by mu_
-  uint64_t plan_topology_ = 0;                                      // guarded by mu_
-  std::vector<refit::TransferPlan> plans_;                          // guarded by mu_
-  std::unique_ptr<Staged> staged_;                                  // guarded by mu_
-  int64_t generation_ = 0;                                          // guarded by mu_
-  int64_t plans_built_ = 0;                                         // guarded by mu_
+  std::vector<refit::UncoveredBytes> uncovered_ GUARDED_BY(mu_);                    // guarded by mu_
+  uint64_t plan_topology_ GUARDED_BY(mu_) = 0;                                      // guarded by mu_
+  std::vector<refit::TransferPlan> plans_ GUARDED_BY(mu_);                          // guarded by mu_
+  std::unique_ptr<Staged> staged_ GUARDED_BY(mu_);                                  // guarded by mu_
+  int64_t generation_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
+  int64_t plans_built_ GUARDED_BY(mu_) = 0;                                         // guarded by mu_
   // Shadow parameters per rank (name -> engine-dtype bytes), kept across refits.
-  std::vector<std::map<std::string, std::vector<float>>> shadow_;   // guarded by mu_
-  std::vector<refit::DestinationBuffers> shadow_buffers_;           // guarded by mu_
-  std::unique_ptr<refit::StagingArena> arena_;                      // guarded by mu_
+  std::vector<std::map<std::string, std::vector<float>>> shadow_ GUARDED_BY(mu_);   // guarded by mu_
+  std::vector<refit::DestinationBuffers> shadow_buffers_ GUARDED_BY(mu_);           // guarded by mu_
+  std::unique_ptr<refit::StagingArena> arena_ GUARDED_BY(mu_);                      // guarded by mu_
   // The transport and the imported source descriptors, kept across stages while the source
   // topology (which includes every handle) and the transport name are unchanged; dropped when
   // either changes or a stage fails (imports_ is declared after transport_: released first).
-  std::unique_ptr<transport::Transport> transport_;                 // guarded by mu_
-  std::string transport_name_;                                      // guarded by mu_
-  uint64_t transport_topology_ = 0;                                 // guarded by mu_
-  std::unique_ptr<refit::ImportCache> imports_;                     // guarded by mu_
-  int64_t transports_built_ = 0;                                    // guarded by mu_
-  refit::TensorDigests live_cache_;                                 // guarded by mu_
-  int64_t live_cache_generation_ = -1;                              // guarded by mu_
-  bool live_cache_valid_ = false;                                   // guarded by mu_
+  std::unique_ptr<transport::Transport> transport_ GUARDED_BY(mu_);                 // guarded by mu_
+  std::string transport_name_ GUARDED_BY(mu_);                                      // guarded by mu_
+  uint64_t transport_topology_ GUARDED_BY(mu_) = 0;                                 // guarded by mu_
+  std::unique_ptr<refit::ImportCache> imports_ GUARDED_BY(mu_);                     // guarded by mu_
+  int64_t transports_built_ GUARDED_BY(mu_) = 0;                                    // guarded by mu_
+  refit::TensorDigests live_cache_ GUARDED_BY(mu_);                                 // guarded by mu_
+  int64_t live_cache_generation_ GUARDED_BY(mu_) = -1;                              // guarded by mu_
+  bool live_cache_valid_ GUARDED_BY(mu_) = false;                                   // guarded by mu_
   std::atomic<bool> fail_after_first_rank_{false};                  // test-only fault
   // Fan-out: the manifest of the version installed last, and what this engine relays.
-  std::optional<refit::Manifest> installed_manifest_;               // guarded by mu_
-  std::string installed_model_;                                     // guarded by mu_
-  std::unique_ptr<RelayHolding> relay_;                             // guarded by mu_
-  std::string relay_directory_;                                     // guarded by mu_
+  std::optional<refit::Manifest> installed_manifest_ GUARDED_BY(mu_);               // guarded by mu_
+  std::string installed_model_ GUARDED_BY(mu_);                                     // guarded by mu_
+  std::unique_ptr<RelayHolding> relay_ GUARDED_BY(mu_);                             // guarded by mu_
+  std::string relay_directory_ GUARDED_BY(mu_);                                     // guarded by mu_
   std::atomic<bool> corrupt_delta_install_{false};                  // test-only fault
-  std::unique_ptr<internal::DeltaStaged> delta_staged_;            // guarded by mu_; set with staged_
-  int full_verify_every_ = 16;                                      // guarded by mu_
-  int64_t deltas_since_anchor_ = 0;                                 // guarded by mu_
+  std::unique_ptr<internal::DeltaStaged> delta_staged_ GUARDED_BY(mu_);            // guarded by mu_; set with staged_
+  int full_verify_every_ GUARDED_BY(mu_) = 16;                                      // guarded by mu_
+  int64_t deltas_since_anchor_ GUARDED_BY(mu_) = 0;                                 // guarded by mu_
   // An install failed after it began writing: until a full install proves the live weights
   // again (recovery), no delta is applied on them.
-  bool mutated_unproven_ = false;                                   // guarded by mu_
-  bool swap_q_heads_ = false;                                       // guarded by mu_; test-only fault
+  bool mutated_unproven_ GUARDED_BY(mu_) = false;                                   // guarded by mu_
+  bool swap_q_heads_ GUARDED_BY(mu_) = false;                                       // guarded by mu_; test-only fault
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
-  mutable std::mutex metrics_mu_;
-  Json last_stage_ms_ = Json::object();                             // guarded by metrics_mu_
-  Json last_install_ms_ = Json::object();                           // guarded by metrics_mu_
-  double last_wire_gbps_ = 0;                                       // guarded by metrics_mu_
-  uint64_t stages_ok_ = 0, stages_failed_ = 0;                      // guarded by metrics_mu_
-  uint64_t installs_ok_ = 0, installs_refused_ = 0, installs_failed_ = 0;  // guarded by metrics_mu_
-  uint64_t bytes_pulled_total_ = 0, bytes_installed_total_ = 0;    // guarded by metrics_mu_
-  std::string stage_running_;                                       // guarded by metrics_mu_ ("" when none)
-  std::chrono::steady_clock::time_point stage_started_;             // guarded by metrics_mu_
+  mutable rc::Mutex metrics_mu_;
+  Json last_stage_ms_ GUARDED_BY(metrics_mu_) = Json::object();                             // guarded by metrics_mu_
+  Json last_install_ms_ GUARDED_BY(metrics_mu_) = Json::object();                           // guarded by metrics_mu_
+  double last_wire_gbps_ GUARDED_BY(metrics_mu_) = 0;                                       // guarded by metrics_mu_
+  uint64_t stages_ok_ GUARDED_BY(metrics_mu_) = 0, stages_failed_ GUARDED_BY(metrics_mu_) = 0;                      // guarded by metrics_mu_
+  uint64_t installs_ok_ GUARDED_BY(metrics_mu_) = 0, installs_refused_ GUARDED_BY(metrics_mu_) = 0, installs_failed_ GUARDED_BY(metrics_mu_) = 0;  // guarded by metrics_mu_
+  uint64_t bytes_pulled_total_ GUARDED_BY(metrics_mu_) = 0, bytes_installed_total_ GUARDED_BY(metrics_mu_) = 0;    // guarded by metrics_mu_
+  std::string stage_running_ GUARDED_BY(metrics_mu_);                                       // guarded by metrics_mu_ ("" when none)
+  std::chrono::steady_clock::time_point stage_started_ GUARDED_BY(metrics_mu_);             // guarded by metrics_mu_
 };
 
 }  // namespace rc::engine

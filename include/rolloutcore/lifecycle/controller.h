@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "rolloutcore/base/clock.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/lifecycle/journal.h"
 #include "rolloutcore/lifecycle/state.h"
 #include "rolloutcore/lifecycle/types.h"
@@ -177,30 +178,30 @@ class Controller {
   Status Restore(RestoreSummary* summary);
 
   // Appends a transition record and applies it. Caller holds mu_ and has checked evidence.
-  Status TransitionLocked(Event event, Json detail);
-  Status CheckLegalLocked(Event event) const;
-  Status AppendLocked(JournalRecord& rec);
+  Status TransitionLocked(Event event, Json detail) REQUIRES(mu_);
+  Status CheckLegalLocked(Event event) const REQUIRES(mu_);
+  Status AppendLocked(JournalRecord& rec) REQUIRES(mu_);
   // Applies a record of a known kind (live operations know it; Restore parses each record once).
-  void ApplyRecordLocked(const JournalRecord& rec, RecordEvent type);
-  void ApplyTransitionLocked(const JournalRecord& rec, RecordEvent type);
+  void ApplyRecordLocked(const JournalRecord& rec, RecordEvent type) REQUIRES(mu_);
+  void ApplyTransitionLocked(const JournalRecord& rec, RecordEvent type) REQUIRES(mu_);
 
   const Clock* clock_;
   Journal* journal_;
 
-  mutable std::mutex mu_;
-  State state_ = State::kUninitialized;                 // guarded by mu_
-  int64_t state_entered_ms_ = 0;                        // guarded by mu_
-  WeightVersion version_;                               // guarded by mu_
-  WeightIdentity identity_;                             // guarded by mu_
-  std::optional<UpdateTarget> pending_;                 // guarded by mu_
-  std::map<std::string, RolloutBinding> active_;        // guarded by mu_
-  std::set<std::string> interrupted_;                   // guarded by mu_
-  std::set<std::string> aborted_;                       // guarded by mu_
-  std::map<std::string, InFlightRecord> inflight_;      // guarded by mu_ (active rollouts only)
-  std::map<int64_t, UpdateRecord> updates_;             // guarded by mu_
-  int64_t last_ordinal_ = 0;                            // guarded by mu_
-  int64_t next_rollout_ = 1;                            // guarded by mu_
-  Counters counters_;                                   // guarded by mu_
+  mutable rc::Mutex mu_;
+  State state_ GUARDED_BY(mu_) = State::kUninitialized;                 // guarded by mu_
+  int64_t state_entered_ms_ GUARDED_BY(mu_) = 0;                        // guarded by mu_
+  WeightVersion version_ GUARDED_BY(mu_);                               // guarded by mu_
+  WeightIdentity identity_ GUARDED_BY(mu_);                             // guarded by mu_
+  std::optional<UpdateTarget> pending_ GUARDED_BY(mu_);                 // guarded by mu_
+  std::map<std::string, RolloutBinding> active_ GUARDED_BY(mu_);        // guarded by mu_
+  std::set<std::string> interrupted_ GUARDED_BY(mu_);                   // guarded by mu_
+  std::set<std::string> aborted_ GUARDED_BY(mu_);                       // guarded by mu_
+  std::map<std::string, InFlightRecord> inflight_ GUARDED_BY(mu_);      // guarded by mu_ (active rollouts only)
+  std::map<int64_t, UpdateRecord> updates_ GUARDED_BY(mu_);             // guarded by mu_
+  int64_t last_ordinal_ GUARDED_BY(mu_) = 0;                            // guarded by mu_
+  int64_t next_rollout_ GUARDED_BY(mu_) = 1;                            // guarded by mu_
+  Counters counters_ GUARDED_BY(mu_);                                   // guarded by mu_
 };
 
 }  // namespace rc::lifecycle

@@ -22,6 +22,7 @@
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/sqlite.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/mutex.h"
 
 namespace rc::lifecycle {
 
@@ -61,9 +62,9 @@ class MemoryJournal final : public Journal {
   size_t size() const;
 
  private:
-  mutable std::mutex mu_;
-  std::vector<JournalRecord> records_;  // guarded by mu_
-  int64_t fail_after_ = -1;             // guarded by mu_
+  mutable rc::Mutex mu_;
+  std::vector<JournalRecord> records_ GUARDED_BY(mu_);  // guarded by mu_
+  int64_t fail_after_ GUARDED_BY(mu_) = -1;             // guarded by mu_
 };
 
 // Every record carries a checksum chained over all records before it (xxHash3-64 of its
@@ -85,12 +86,12 @@ class SqliteJournal final : public Journal {
 
  private:
   SqliteJournal(sqlite::Database db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
-  mutable std::mutex mu_;
-  sqlite::Database db_;  // guarded by mu_
+  mutable rc::Mutex mu_;
+  sqlite::Database db_ GUARDED_BY(mu_);
   std::string path_;
   // The last record's seq and chain value, learned by the verifying read in Open.
-  mutable int64_t last_seq_ = 0;  // guarded by mu_
-  mutable uint64_t head_ = 0;     // guarded by mu_
+  mutable int64_t last_seq_ GUARDED_BY(mu_) = 0;  // guarded by mu_
+  mutable uint64_t head_ GUARDED_BY(mu_) = 0;     // guarded by mu_
 };
 
 }  // namespace rc::lifecycle

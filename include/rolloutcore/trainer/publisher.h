@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/store.h"
 #include "rolloutcore/refit/manifest.h"
@@ -212,8 +213,8 @@ class Publisher {
   [[nodiscard]] Status CheckNewShard(std::string_view version, const VersionEntry& entry,
                                      const ShardSource& shard) const;
   // The lease to attach to (0: grant a new one).
-  int64_t CurrentLease();
-  void AdoptLease(int64_t lease_id, int64_t ttl_ms);
+  int64_t CurrentLease() REQUIRES(mu_);
+  void AdoptLease(int64_t lease_id, int64_t ttl_ms) REQUIRES(mu_);
   void DeregisterAll(std::vector<StagedShard>& shards);
   // Asks the directory what became of a publish whose answer was lost (see the header comment).
   // OK with the directory's result; a definite refusal; or Unavailable "outcome unknown".
@@ -224,7 +225,7 @@ class Publisher {
   // Delta publishing (publisher_delta.cc): encodes, registers and records each shard's delta
   // against the previous published version when that one is COMMITTED; then the remembered copy.
   [[nodiscard]] Status AttachDeltas(std::string_view version, std::vector<StagedShard>& shards, PublishReport* report);
-  void RememberPublished(std::string_view version, const std::vector<StagedShard>& shards);
+  void RememberPublished(std::string_view version, const std::vector<StagedShard>& shards) REQUIRES(mu_);
   // MarkUnavailable for a version whose registrations are about to be dropped; logs failures.
   Status MarkSourcesGone(std::string_view version);
 
@@ -235,12 +236,12 @@ class Publisher {
   const int32_t expected_ranks_;
   const PublisherOptions options_;
 
-  mutable std::mutex mu_;
-  std::map<std::string, VersionEntry, std::less<>> versions_;  // guarded by mu_
-  int64_t lease_id_ = 0;                                       // guarded by mu_
-  std::unique_ptr<directory::LeaseKeeper> keeper_;             // guarded by mu_
-  std::string previous_version_;                               // guarded by mu_ (delta publishing)
-  std::map<std::string, PreviousShard, std::less<>> previous_;  // guarded by mu_; by "name|box"
+  mutable rc::Mutex mu_;
+  std::map<std::string, VersionEntry, std::less<>> versions_ GUARDED_BY(mu_);  // guarded by mu_
+  int64_t lease_id_ GUARDED_BY(mu_) = 0;                                       // guarded by mu_
+  std::unique_ptr<directory::LeaseKeeper> keeper_ GUARDED_BY(mu_);             // guarded by mu_
+  std::string previous_version_ GUARDED_BY(mu_);                               // guarded by mu_ (delta publishing)
+  std::map<std::string, PreviousShard, std::less<>> previous_ GUARDED_BY(mu_);  // guarded by mu_; by "name|box"
 };
 
 }  // namespace rc::trainer

@@ -31,6 +31,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/store.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -159,17 +160,17 @@ class SyntheticTrainer {
   struct Rank;
   SyntheticTrainer(SyntheticTrainerOptions options, directory::DirectoryStore* store);
   [[nodiscard]] Status RunRank(Rank& rank, int64_t step, VersionStatus* out);
-  [[nodiscard]] Status ReleaseLocked(std::string_view version);
+  [[nodiscard]] Status ReleaseLocked(std::string_view version) REQUIRES(mu_);
 
   const SyntheticTrainerOptions options_;
   directory::DirectoryStore* const store_;
   std::string model_name_;
   std::vector<std::unique_ptr<Rank>> ranks_;  // fixed after Create
 
-  mutable std::mutex mu_;                // serializes Step / Release / Shutdown
-  int64_t next_step_ = 0;                // guarded by mu_
-  bool shut_down_ = false;               // guarded by mu_
-  std::vector<VersionStatus> versions_;  // guarded by mu_; in step order
+  mutable rc::Mutex mu_;                // serializes Step / Release / Shutdown
+  int64_t next_step_ GUARDED_BY(mu_) = 0;                // guarded by mu_
+  bool shut_down_ GUARDED_BY(mu_) = false;               // guarded by mu_
+  std::vector<VersionStatus> versions_ GUARDED_BY(mu_);  // guarded by mu_; in step order
 };
 
 }  // namespace rc::trainer

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/transport.h"
 
 namespace rc::transport::internal {
@@ -31,17 +32,17 @@ template <typename Entry>
 class RegionTable {
  public:
   uint64_t Add(const Entry& e) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const uint64_t id = next_id_++;
     entries_.emplace(id, e);
     return id;
   }
   bool Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return entries_.erase(id) > 0;
   }
   bool Find(uint64_t id, Entry* out) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = entries_.find(id);
     if (it == entries_.end()) return false;
     *out = it->second;
@@ -50,14 +51,14 @@ class RegionTable {
   // f(const std::unordered_map<uint64_t, Entry>&) under the table's lock.
   template <typename F>
   auto Locked(F&& f) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return std::forward<F>(f)(entries_);
   }
 
  private:
-  mutable std::mutex mu_;
-  uint64_t next_id_ = 1;                         // guarded by mu_
-  std::unordered_map<uint64_t, Entry> entries_;  // guarded by mu_
+  mutable rc::Mutex mu_;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, Entry> entries_ GUARDED_BY(mu_);
 };
 
 template <typename Core>

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/cuda_ipc.h"
 #include "transport/cuda_ipc/cuda_ipc_descriptor.h"
 #include "transport/common/core_transport.h"
@@ -200,7 +201,7 @@ class Core {
     if (guard.status() != cudaSuccess) {
       return Unavailable(fmt::format("cuda_ipc transport: device {}: {}", device_, CudaErrorText(guard.status())));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (d.pid == ::getpid()) {
       OwnedRegion r;
       if (!Owned().Find(d.id, &r)) {
@@ -254,7 +255,7 @@ class Core {
   }
 
   Status Release(const RemoteMemory& remote) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = remotes_.find(remote.id);
     if (it == remotes_.end()) return NotFound(fmt::format("cuda_ipc remote {} is not imported", remote.id));
     if (!it->second.mapping_key.empty()) {
@@ -280,7 +281,7 @@ class Core {
   // Validates (InvalidArgument), then issues; a failure found after validation is returned in
   // Posted::failure so the transfer reports it.
   Result<Posted> Post(std::span<const ReadOp> ops) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     std::vector<const std::byte*> src(ops.size());
     Posted posted;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -350,7 +351,7 @@ class Core {
   }
 
  private:
-  void EnablePeerLocked(int owner_device) {
+  void EnablePeerLocked(int owner_device) REQUIRES(mu_) {
     int can = 0;
     if (cudaDeviceCanAccessPeer(&can, device_, owner_device) == cudaSuccess && can) {
       const cudaError_t e = cudaDeviceEnablePeerAccess(owner_device, 0);
@@ -367,10 +368,10 @@ class Core {
   const CudaIpcTransportOptions options_;
   std::vector<cudaStream_t> streams_;  // immutable after Init
 
-  std::mutex mu_;
-  uint64_t next_remote_ = 1;                              // guarded by mu_
-  std::unordered_map<uint64_t, RemoteEntry> remotes_;     // guarded by mu_
-  std::unordered_map<std::string, Mapping> mappings_;     // guarded by mu_
+  rc::Mutex mu_;
+  uint64_t next_remote_ GUARDED_BY(mu_) = 1;                              // guarded by mu_
+  std::unordered_map<uint64_t, RemoteEntry> remotes_ GUARDED_BY(mu_);     // guarded by mu_
+  std::unordered_map<std::string, Mapping> mappings_ GUARDED_BY(mu_);     // guarded by mu_
 };
 
 class CudaIpcTransfer final : public internal::RecordedTransfer {

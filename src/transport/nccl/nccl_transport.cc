@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/nccl.h"
 #include "transport/common/core_transport.h"
 #include "transport/common/descriptor_codec.h"
@@ -148,7 +149,7 @@ class OwnerServer {
 
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (stopped_) return;
       stopped_ = true;
       for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
@@ -157,7 +158,7 @@ class OwnerServer {
     if (accept_thread_.joinable()) accept_thread_.join();
     std::vector<std::thread> threads;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       threads.swap(threads_);
     }
     for (auto& t : threads) t.join();
@@ -177,7 +178,7 @@ class OwnerServer {
       pollfd pfd{listen_fd_, POLLIN, 0};
       const int pr = ::poll(&pfd, 1, 100);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        rc::MutexLock lock(mu_);
         if (stopped_) return;
       }
       if (pr <= 0) continue;
@@ -185,7 +186,7 @@ class OwnerServer {
       if (fd < 0) continue;
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (stopped_) {
         ::close(fd);
         return;
@@ -193,7 +194,7 @@ class OwnerServer {
       connections_.push_back(fd);
       threads_.emplace_back([this, fd] {
         Serve(fd);
-        std::lock_guard<std::mutex> l(mu_);
+        rc::MutexLock l(mu_);
         connections_.erase(std::find(connections_.begin(), connections_.end(), fd));
         ::close(fd);
       });
@@ -201,7 +202,7 @@ class OwnerServer {
   }
 
   bool Stopped() {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     return stopped_;
   }
 
@@ -333,11 +334,11 @@ class OwnerServer {
   uint16_t port_ = 0;
   std::thread accept_thread_;
 
-  std::mutex mu_;
-  bool stopped_ = false;                                 // guarded by mu_
-  std::vector<int> connections_;                         // guarded by mu_
-  std::vector<std::thread> threads_;                     // guarded by mu_
-  internal::RegionTable<OwnedRegion> regions_;          // its own lock
+  rc::Mutex mu_;
+  bool stopped_ GUARDED_BY(mu_) = false;
+  std::vector<int> connections_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
+  internal::RegionTable<OwnedRegion> regions_;  // its own lock
 };
 
 // ---- reader side ---------------------------------------------------------------------------------
@@ -350,21 +351,21 @@ struct Peer {
   bool same_host = false;
   int device = 0;     // reader device (immutable)
 
-  std::mutex mu;  // serializes the socket and NCCL calls on comm
-  int fd = -1;                   // guarded by mu
-  ncclComm_t comm = nullptr;     // guarded by mu; null once aborted
+  rc::Mutex mu;  // serializes the socket and NCCL calls on comm
+  int fd GUARDED_BY(mu) = -1;                   // guarded by mu
+  ncclComm_t comm GUARDED_BY(mu) = nullptr;     // guarded by mu; null once aborted
   cudaStream_t stream = nullptr;  // immutable after connect
   std::atomic<bool> aborted{false};
-  Status failure;  // guarded by mu; set before `aborted`
+  Status failure GUARDED_BY(mu);  // guarded by mu; set before `aborted`
   std::atomic<int64_t> pending{0};       // transfers in flight
   std::atomic<int64_t> last_progress_ns{0};
 
   // Aborts the communicator (pending kernels return) and closes the connection; idempotent.
   void Abort(Status why) {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     AbortLocked(std::move(why));
   }
-  void AbortLocked(Status why) {
+  void AbortLocked(Status why) REQUIRES(mu) {
     if (aborted.load()) return;
     failure = std::move(why);
     aborted.store(true);
@@ -375,7 +376,7 @@ struct Peer {
     fd = -1;
   }
   Status Failure() {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     return failure;
   }
   ~Peer() {
@@ -412,7 +413,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   ~Core() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -420,7 +421,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (server_) server_->Stop();
     std::vector<std::shared_ptr<Peer>> peers;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       for (auto& [k, p] : peers_) peers.push_back(p);
       peers_.clear();
       remotes_.clear();
@@ -454,7 +455,7 @@ class Core : public std::enable_shared_from_this<Core> {
           "nccl transport on device {} cannot register memory of device {} (create one transport per device)",
           device_, attr.device));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!server_) {
       const char* env = std::getenv("ROLLOUTCORE_NCCL_ADDRESS");
       const std::string address = env != nullptr && env[0] != '\0' ? env : options_.listen_address;
@@ -474,7 +475,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   Status Deregister(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (!server_ || !server_->Remove(id)) return NotFound(fmt::format("nccl registration {} is not registered", id));
     return OkStatus();
   }
@@ -484,14 +485,14 @@ class Core : public std::enable_shared_from_this<Core> {
     const std::string key = fmt::format("{}:{}:{:016x}", d.host, d.port, d.token);
     std::shared_ptr<Peer> peer;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto it = peers_.find(key);
       if (it != peers_.end() && !it->second->aborted.load()) peer = it->second;
       if (it != peers_.end() && it->second->aborted.load()) peers_.erase(it);
     }
     if (!peer) {
       RC_ASSIGN_OR_RETURN(peer, Connect(d, key));
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto [it, inserted] = peers_.emplace(key, peer);
       if (!inserted) {
         if (it->second->aborted.load()) {
@@ -504,7 +505,7 @@ class Core : public std::enable_shared_from_this<Core> {
     // Ask the owner for the registration.
     uint64_t length = 0;
     {
-      std::lock_guard<std::mutex> lock(peer->mu);
+      rc::MutexLock lock(peer->mu);
       if (peer->aborted.load()) return Unavailable(fmt::format("nccl descriptor {}: {}", codec::Abbrev(descriptor), peer->failure.ToString()));
       std::string q;
       Put(&q, d.id);
@@ -529,14 +530,14 @@ class Core : public std::enable_shared_from_this<Core> {
     if (length != d.length) {
       return NotFound(fmt::format("nccl descriptor {}: registration {} has {} bytes now", codec::Abbrev(descriptor), d.id, length));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const uint64_t id = next_remote_++;
     remotes_.emplace(id, RemoteEntry{peer, d.id, d.length, std::string(descriptor)});
     return RemoteMemory{id, d.length};
   }
 
   Status Release(const RemoteMemory& remote) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("nccl remote {} is not imported", remote.id));
     // Drop peers no remote uses any more (their connection closes when the last transfer goes).
     for (auto it = peers_.begin(); it != peers_.end();) {
@@ -559,7 +560,7 @@ class Core : public std::enable_shared_from_this<Core> {
     std::map<Peer*, std::pair<std::shared_ptr<Peer>, std::vector<size_t>>> by_peer;
     std::vector<uint64_t> reg(ops.size());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       for (size_t i = 0; i < ops.size(); ++i) {
         const ReadOp& op = ops[i];
         auto it = remotes_.find(op.source.id);
@@ -610,7 +611,10 @@ class Core : public std::enable_shared_from_this<Core> {
     // One deadline for the whole connect: TCP handshake, hello, both sides' communicator init.
     const int64_t deadline = SteadyNs() + options_.connect_timeout_ns;
     RC_ASSIGN_OR_RETURN(const int fd, internal::ConnectTcp(d.host, d.port, deadline, peer->label, LivenessCheck(*peer)));
-    peer->fd = fd;
+    {
+      rc::MutexLock lock(peer->mu);  // not shared yet: uncontended, keeps fd checked
+      peer->fd = fd;
+    }
     ncclUniqueId uid;
     ncclResult_t r = ncclGetUniqueId(&uid);
     if (r != ncclSuccess) return Unavailable(fmt::format("{}: ncclGetUniqueId: {}", peer->label, NcclText(r)));
@@ -624,7 +628,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&peer->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) return Unavailable(fmt::format("{}: reader device {}: {}", peer->label, device_, CudaErrorText(ce)));
     ncclConfig_t config = NonBlockingConfig();
-    std::lock_guard<std::mutex> lock(peer->mu);
+    rc::MutexLock lock(peer->mu);
     r = ncclCommInitRankConfig(&peer->comm, 2, uid, 1, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       return Unavailable(fmt::format("{}: ncclCommInitRankConfig: {}", peer->label, NcclText(r)));
@@ -648,7 +652,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Status PostToPeer(const std::shared_ptr<Peer>& shared, std::span<const ReadOp> ops, const std::vector<uint64_t>& reg,
                     const std::vector<size_t>& indices, std::vector<Part>* parts) {
     Peer& peer = *shared;
-    std::unique_lock<std::mutex> lock(peer.mu);
+    rc::MutexLock lock(peer.mu);
     if (peer.aborted.load()) return Unavailable(fmt::format("{}: {}", peer.label, peer.failure.ToString()));
     std::string req;
     Put(&req, static_cast<uint64_t>(indices.size()));
@@ -707,7 +711,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void WatchdogLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::nanoseconds(options_.watchdog_period_ns));
       if (stop_) return;
@@ -724,8 +728,8 @@ class Core : public std::enable_shared_from_this<Core> {
           p->Abort(Unavailable(fmt::format("{}: owner process died", p->label)));
           continue;
         }
-        std::unique_lock<std::mutex> pl(p->mu, std::try_to_lock);
-        if (!pl.owns_lock()) continue;  // a post is talking to it and checks liveness itself
+        if (!p->mu.try_lock()) continue;  // a post is talking to it and checks liveness itself
+        rc::MutexLock pl(p->mu, std::adopt_lock);
         if (p->fd >= 0 && ConnectionClosed(p->fd)) {
           p->AbortLocked(Unavailable(fmt::format("{}: control connection closed (owner died or closed its transport)", p->label)));
           continue;
@@ -754,13 +758,13 @@ class Core : public std::enable_shared_from_this<Core> {
   std::string hostname_;
   std::thread watchdog_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                                              // guarded by mu_
-  std::unique_ptr<OwnerServer> server_;                            // guarded by mu_
-  uint64_t next_remote_ = 1;                                       // guarded by mu_
-  std::unordered_map<uint64_t, RemoteEntry> remotes_;              // guarded by mu_
-  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;   // guarded by mu_
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;                                              // guarded by mu_
+  std::unique_ptr<OwnerServer> server_ GUARDED_BY(mu_);                            // guarded by mu_
+  uint64_t next_remote_ GUARDED_BY(mu_) = 1;                                       // guarded by mu_
+  std::unordered_map<uint64_t, RemoteEntry> remotes_ GUARDED_BY(mu_);              // guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);   // guarded by mu_
 };
 
 class NcclTransfer final : public internal::RecordedTransfer {

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/shm.h"
 #include "transport/shm/shm_owner.h"
 
@@ -47,12 +48,12 @@ class OwnerState {
   }
 
   void AddBuffer(std::byte* base, uint64_t size, int fd, uint64_t token) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     buffers_[base] = BufferInfo{size, fd, token};
   }
 
   void RemoveBuffer(std::byte* base) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     buffers_.erase(base);
     for (auto& [id, reg] : registrations_) {
       if (reg.buffer_base == base) Kill(reg);
@@ -60,7 +61,7 @@ class OwnerState {
   }
 
   Result<OwnerRegistration> Register(const void* addr, uint64_t length) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     const auto* p = static_cast<const std::byte*>(addr);
     // The buffer with the greatest base <= addr is the only candidate.
     auto it = buffers_.upper_bound(const_cast<std::byte*>(p));
@@ -98,7 +99,7 @@ class OwnerState {
   }
 
   Status Deregister(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = registrations_.find(id);
     if (it == registrations_.end()) return NotFound(fmt::format("shm registration {} is not registered", id));
     Kill(it->second);
@@ -125,7 +126,7 @@ class OwnerState {
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
 
-  Status EnsureControl() {
+  Status EnsureControl() REQUIRES(mu_) {
     if (ctl_words_ != nullptr) return OkStatus();
     const uint64_t token = RandomToken();
     const std::string name = ControlMemfdName(token);
@@ -151,28 +152,28 @@ class OwnerState {
     return OkStatus();
   }
 
-  std::mutex mu_;
-  std::map<std::byte*, BufferInfo> buffers_;                     // guarded by mu_
-  std::unordered_map<uint64_t, RegistrationInfo> registrations_;  // guarded by mu_
-  std::vector<uint32_t> free_slots_;                              // guarded by mu_
-  uint32_t next_slot_ = 0;                                        // guarded by mu_
-  uint64_t next_generation_ = 1;                                  // guarded by mu_
-  uint64_t next_id_ = 1;                                          // guarded by mu_
+  rc::Mutex mu_;
+  std::map<std::byte*, BufferInfo> buffers_ GUARDED_BY(mu_);                     // guarded by mu_
+  std::unordered_map<uint64_t, RegistrationInfo> registrations_ GUARDED_BY(mu_);  // guarded by mu_
+  std::vector<uint32_t> free_slots_ GUARDED_BY(mu_);                              // guarded by mu_
+  uint32_t next_slot_ GUARDED_BY(mu_) = 0;                                        // guarded by mu_
+  uint64_t next_generation_ GUARDED_BY(mu_) = 1;                                  // guarded by mu_
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;                                          // guarded by mu_
   std::atomic<uint64_t>* ctl_words_ = nullptr;                    // set once under mu_
-  int ctl_fd_ = -1;                                               // guarded by mu_
-  uint64_t ctl_token_ = 0;                                        // guarded by mu_
+  int ctl_fd_ GUARDED_BY(mu_) = -1;                                               // guarded by mu_
+  uint64_t ctl_token_ GUARDED_BY(mu_) = 0;                                        // guarded by mu_
 };
 
 }  // namespace
 
 uint64_t RandomToken() {
-  static std::mutex mu;
+  static rc::Mutex mu;
   static std::mt19937_64 rng = [] {
     std::random_device rd;
     std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(::getpid())};
     return std::mt19937_64(seq);
   }();
-  std::lock_guard<std::mutex> lock(mu);
+  rc::MutexLock lock(mu);
   uint64_t t = 0;
   while (t == 0) t = rng();
   return t;

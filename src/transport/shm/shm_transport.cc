@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/shm.h"
 #include "transport/common/transfer_base.h"
 #include "transport/shm/shm_descriptor.h"
@@ -71,14 +72,14 @@ struct TransferShared {
   std::atomic<bool> cancelled{false};
   std::atomic<bool> failed{false};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t remaining = 0;  // guarded by mu: pieces not finished
-  bool finished = false;  // guarded by mu
-  Status failure;        // guarded by mu: first failure
+  rc::Mutex mu;
+  rc::CondVar cv;
+  size_t remaining GUARDED_BY(mu) = 0;  // guarded by mu: pieces not finished
+  bool finished GUARDED_BY(mu) = false;  // guarded by mu
+  Status failure GUARDED_BY(mu);        // guarded by mu: first failure
 
   void FinishPiece(const Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
+    rc::MutexLock lock(mu);
     if (!s.ok() && failure.ok()) {
       failure = s;
       failed.store(true, std::memory_order_relaxed);
@@ -125,7 +126,7 @@ class CopyPool {
   CopyPool& operator=(const CopyPool&) = delete;
   ~CopyPool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -134,7 +135,7 @@ class CopyPool {
 
   void Submit(std::vector<Piece> pieces) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (threads_.empty()) {
         for (int i = 0; i < threads_wanted_; ++i) threads_.emplace_back([this] { Loop(); });
       }
@@ -145,9 +146,9 @@ class CopyPool {
 
  private:
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
       Piece p = std::move(queue_.front());
       queue_.pop_front();
@@ -160,11 +161,11 @@ class CopyPool {
   }
 
   const int threads_wanted_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::thread> threads_;  // guarded by mu_ (started once)
-  std::deque<Piece> queue_;           // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);  // guarded by mu_ (started once)
+  std::deque<Piece> queue_ GUARDED_BY(mu_);           // guarded by mu_
+  bool stopping_ GUARDED_BY(mu_) = false;             // guarded by mu_
 };
 
 class ShmTransfer final : public internal::PollingTransfer {
@@ -174,12 +175,12 @@ class ShmTransfer final : public internal::PollingTransfer {
   ~ShmTransfer() override {
     // Nothing may write the caller's destinations once the Transfer is gone.
     Cancel();
-    std::unique_lock<std::mutex> lock(shared_->mu);
-    shared_->cv.wait(lock, [&] { return shared_->finished; });
+    rc::MutexLock lock(shared_->mu);
+    shared_->cv.wait(lock, [&]() REQUIRES(shared_->mu) { return shared_->finished; });
   }
 
   TransferState Poll() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->finished) return TransferState::kPending;
     return shared_->failure.ok() ? TransferState::kDone : TransferState::kFailed;
   }
@@ -187,7 +188,7 @@ class ShmTransfer final : public internal::PollingTransfer {
   void Cancel() override { shared_->cancelled.store(true); }
 
   Status status() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->finished) return Unavailable("pending");
     return shared_->failure;
   }
@@ -200,7 +201,7 @@ class ShmTransfer final : public internal::PollingTransfer {
   }
   // Completion wakes the wait at once.
   void AwaitProgress(int64_t max_ns) override {
-    std::unique_lock<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->finished) shared_->cv.wait_for(lock, std::chrono::nanoseconds(max_ns));
   }
 
@@ -225,7 +226,7 @@ class ShmTransport final : public Transport {
       : clock_(clock), options_(options), pool_(std::make_unique<CopyPool>(options.copy_threads)) {}
 
   ~ShmTransport() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (uint64_t id : owned_) (void)shm_internal::Deregister(id);
   }
 
@@ -245,14 +246,14 @@ class ShmTransport final : public Transport {
     }
     if (region.addr == nullptr) return InvalidArgument("shm transport: null address");
     RC_ASSIGN_OR_RETURN(shm_internal::OwnerRegistration r, shm_internal::Register(region.addr, region.length));
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     owned_.insert(r.id);
     return Registration{r.id, shm_internal::FormatShmDescriptor(r.descriptor)};
   }
 
   Status Deregister(uint64_t id) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (owned_.erase(id) == 0) {
         return NotFound(fmt::format("shm registration {} was not made by this transport (or is already gone)", id));
       }
@@ -277,7 +278,7 @@ class ShmTransport final : public Transport {
     RC_ASSIGN_OR_RETURN(remote->control,
                         OpenMapping(descriptor, pid, d.ctl_fd, shm_internal::ControlMemfdName(d.ctl_token),
                                     (uint64_t{d.slot} + 1) * sizeof(uint64_t)));
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     remote->id = next_remote_id_++;
     if (!remote->Live()) {
       return NotFound(fmt::format("shm descriptor {}: the owner no longer registers this region", descriptor));
@@ -287,7 +288,7 @@ class ShmTransport final : public Transport {
   }
 
   Status ReleaseRemote(const RemoteMemory& remote) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("shm remote {} is not imported", remote.id));
     return OkStatus();
   }
@@ -297,7 +298,7 @@ class ShmTransport final : public Transport {
     std::vector<std::shared_ptr<const Remote>> remotes;
     std::vector<uint32_t> op_remote(ops.size());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       std::unordered_map<uint64_t, uint32_t> index;
       for (size_t i = 0; i < ops.size(); ++i) {
         const ReadOp& op = ops[i];
@@ -348,7 +349,12 @@ class ShmTransport final : public Transport {
       }
     }
     if (!current.segments.empty() || pieces.empty()) pieces.push_back(std::move(current));
-    shared->remaining = pieces.size();
+    {
+      // Not shared with a worker yet (the pieces are submitted below): the lock is uncontended and
+      // keeps `remaining` checked by the analysis.
+      rc::MutexLock lock(shared->mu);
+      shared->remaining = pieces.size();
+    }
 
     if (inline_copy) {
       for (const Piece& p : pieces) shared->FinishPiece(RunPiece(p));
@@ -366,7 +372,7 @@ class ShmTransport final : public Transport {
                                                const std::string& name, uint64_t need) {
     const std::string key = fmt::format("{}/{}/{}", pid, fd, name);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       auto it = mappings_.find(key);
       if (it != mappings_.end()) {
         if (auto m = it->second.lock()) {
@@ -443,7 +449,7 @@ class ShmTransport final : public Transport {
                                      Errno(errno)));
     }
     auto mapping = std::make_shared<Mapping>(static_cast<const std::byte*>(m), size);
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     mappings_[key] = mapping;
     return mapping;
   }
@@ -452,11 +458,11 @@ class ShmTransport final : public Transport {
   const ShmTransportOptions options_;
   const std::unique_ptr<CopyPool> pool_;
 
-  mutable std::mutex mu_;
-  std::unordered_set<uint64_t> owned_;                                       // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<const Remote>> remotes_;      // guarded by mu_
-  std::unordered_map<std::string, std::weak_ptr<Mapping>> mappings_;        // guarded by mu_
-  uint64_t next_remote_id_ = 1;                                              // guarded by mu_
+  mutable rc::Mutex mu_;
+  std::unordered_set<uint64_t> owned_ GUARDED_BY(mu_);                                       // guarded by mu_
+  std::unordered_map<uint64_t, std::shared_ptr<const Remote>> remotes_ GUARDED_BY(mu_);      // guarded by mu_
+  std::unordered_map<std::string, std::weak_ptr<Mapping>> mappings_ GUARDED_BY(mu_);        // guarded by mu_
+  uint64_t next_remote_id_ GUARDED_BY(mu_) = 1;                                              // guarded by mu_
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "rolloutcore/base/log.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/transport/ucx.h"
 #include "transport/common/core_transport.h"
 #include "transport/common/process.h"
@@ -73,19 +74,19 @@ struct TransferShared {
   std::string peers_label;  // set before posting; then read-only
   std::atomic<int64_t>* core_in_flight = nullptr;  // set before posting
 
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t in_flight = 0;               // guarded by mu
-  bool cancelled = false;             // guarded by mu
-  bool abandoned = false;             // guarded by mu: its peer died; gets may never complete
-  ucs_status_t first_error = UCS_OK;  // guarded by mu
-  Status failure;                     // guarded by mu: a failure found while posting
+  rc::Mutex mu;
+  rc::CondVar cv;
+  size_t in_flight GUARDED_BY(mu) = 0;               // guarded by mu
+  bool cancelled GUARDED_BY(mu) = false;             // guarded by mu
+  bool abandoned GUARDED_BY(mu) = false;             // guarded by mu: its peer died; gets may never complete
+  ucs_status_t first_error GUARDED_BY(mu) = UCS_OK;  // guarded by mu
+  Status failure GUARDED_BY(mu);                     // guarded by mu: a failure found while posting
 
   // Remotes used by the transfer; released under Core::mu_ by ~UcxTransfer.
   std::vector<std::shared_ptr<Remote>> remotes;
 
-  bool FinishedLocked() const { return in_flight == 0 || abandoned; }
-  Status FinalLocked() const {
+  bool FinishedLocked() const REQUIRES(mu) { return in_flight == 0 || abandoned; }
+  Status FinalLocked() const REQUIRES(mu) {
     if (!failure.ok()) return failure;
     if (first_error != UCS_OK) {
       const std::string what =
@@ -100,7 +101,7 @@ struct TransferShared {
 void GetDone(void* request, ucs_status_t status, void* user_data) {
   auto* t = static_cast<TransferShared*>(user_data);
   {
-    std::lock_guard<std::mutex> lock(t->mu);
+    rc::MutexLock lock(t->mu);
     if (status != UCS_OK && t->first_error == UCS_OK) t->first_error = status;
     if (--t->in_flight == 0) t->cv.notify_all();
   }
@@ -164,23 +165,23 @@ class Core {
   // Stops the progress thread and force-closes every endpoint so no get stays in flight.
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      rc::MutexLock lock(mu_);
       if (stopped_) return;
       stopped_ = true;
     }
     Wake();
     if (progress_.joinable()) progress_.join();
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (worker_ == nullptr) return;
     for (auto& [key, peer] : peers_) CloseEndpointLocked(*peer, UCS_ERR_CANCELED);
     peers_.clear();
     for (auto& remote : remotes_) CloseEndpointLocked(*remote.second->peer, UCS_ERR_CANCELED);
     // Wait for the gets UCX still owes a callback, except those of abandoned transfers (a dead
     // peer without error handling may never answer them).
-    auto owed = [&] {
+    auto owed = [&]() REQUIRES(mu_) {
       size_t n = 0;
       for (const auto& t : transfers_in_flight_) {
-        std::lock_guard<std::mutex> tl(t->mu);
+        rc::MutexLock tl(t->mu);
         if (!t->abandoned) n += t->in_flight;
       }
       return n;
@@ -200,7 +201,7 @@ class Core {
     if (region.addr == nullptr || region.length == 0) {
       return InvalidArgument(fmt::format("ucx transport: cannot register {} bytes at {}", region.length, region.addr));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = const_cast<void*>(region.addr);
@@ -232,7 +233,7 @@ class Core {
   }
 
   Status Deregister(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     auto it = registrations_.find(id);
     if (it == registrations_.end()) return NotFound(fmt::format("ucx registration {} is not registered here", id));
     const ucs_status_t s = ucp_mem_unmap(context_, it->second);
@@ -247,7 +248,7 @@ class Core {
     if (d.host == host_ && ::kill(static_cast<pid_t>(d.pid), 0) != 0 && errno == ESRCH) {
       return Unavailable(fmt::format("ucx descriptor of registration {}: owner process {} is gone", d.id, label));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (stopped_) return FailedPrecondition("ucx transport is shut down");
     std::shared_ptr<Peer>& peer = peers_[d.worker_address];
     if (peer == nullptr || peer->ep == nullptr) {
@@ -296,7 +297,7 @@ class Core {
   }
 
   Status Release(const RemoteMemory& remote) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (remotes_.erase(remote.id) == 0) return NotFound(fmt::format("ucx remote {} is not imported", remote.id));
     return OkStatus();
   }
@@ -305,7 +306,7 @@ class Core {
 
   // Checks the batch, then posts every get. Returns the shared state (in_flight counts posted gets).
   Result<std::shared_ptr<TransferShared>> Post(std::span<const ReadOp> ops) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     if (stopped_) return FailedPrecondition("ucx transport is shut down");
     uint64_t total = 0;
     std::vector<Remote*> by_op(ops.size());
@@ -336,6 +337,7 @@ class Core {
     // A dead peer fails the batch as a transfer (not as a malformed batch): nothing is posted.
     for (auto& [id, r] : used) {
       if (r->peer->ep == nullptr) {
+        rc::MutexLock tl(t->mu);  // not shared yet: uncontended, keeps `failure` checked
         t->failure = Unavailable(fmt::format("ucx peer {} of remote {} failed earlier ({}); re-import its descriptors",
                                              r->peer->label, id, UcsError(r->peer->error)));
         return t;
@@ -350,14 +352,14 @@ class Core {
       if (op.length == 0) continue;
       Remote& r = *by_op[i];
       {
-        std::lock_guard<std::mutex> tl(t->mu);
+        rc::MutexLock tl(t->mu);
         ++t->in_flight;  // before posting: the callback may run inside ucp_get_nbx
       }
       ++in_flight_;
       ucs_status_ptr_t p = ucp_get_nbx(r.peer->ep, op.dest, op.length, r.descriptor.address + op.source_offset,
                                        r.rkey, &param);
       if (p == nullptr || UCS_PTR_IS_ERR(p)) {
-        std::lock_guard<std::mutex> tl(t->mu);
+        rc::MutexLock tl(t->mu);
         --t->in_flight;
         --in_flight_;
         if (UCS_PTR_IS_ERR(p)) {
@@ -375,7 +377,7 @@ class Core {
 
   // Called by ~UcxTransfer when its gets did not drain in time.
   void ForceClosePeersOf(const TransferShared& t) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     for (const auto& r : t.remotes) {
       if (r->peer->ep != nullptr) {
         auto it = peers_.find(r->peer->worker_address);
@@ -388,9 +390,9 @@ class Core {
   }
 
   void ReleaseTransfer(const std::shared_ptr<TransferShared>& t) {
-    std::lock_guard<std::mutex> lock(mu_);
+    rc::MutexLock lock(mu_);
     {
-      std::lock_guard<std::mutex> tl(t->mu);
+      rc::MutexLock tl(t->mu);
       // An abandoned transfer may still have gets in UCX: the core keeps it (and its rkeys) until
       // their callbacks come, if ever.
       if (t->in_flight > 0) return;
@@ -400,7 +402,7 @@ class Core {
   }
 
   // Runs inside a UCP call (progress or close), so with mu_ held.
-  void OnPeerFailedLocked(Peer* peer, ucs_status_t status) {
+  void OnPeerFailedLocked(Peer* peer, ucs_status_t status) REQUIRES(mu_) {
     if (peer->error == UCS_OK) peer->error = status;
     if (auto keep = peer->weak_from_this().lock()) failed_peers_.push_back(std::move(keep));
   }
@@ -411,7 +413,7 @@ class Core {
     if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof one);
   }
 
-  void CloseEndpointLocked(Peer& peer, ucs_status_t why) {
+  void CloseEndpointLocked(Peer& peer, ucs_status_t why) REQUIRES(mu_) {
     if (peer.ep == nullptr) return;
     if (peer.error == UCS_OK) peer.error = why;
     ucp_request_param_t p{};
@@ -422,7 +424,7 @@ class Core {
     if (req != nullptr && !UCS_PTR_IS_ERR(req)) closing_.push_back(req);
   }
 
-  void ReapClosingLocked() {
+  void ReapClosingLocked() REQUIRES(mu_) {
     for (size_t i = 0; i < closing_.size();) {
       if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
         ucp_request_free(closing_[i]);
@@ -435,12 +437,12 @@ class Core {
   }
 
   // Ends (failed) every transfer with gets on `peer`, whether or not UCX completes them.
-  void AbandonTransfersOfLocked(const Peer& peer, ucs_status_t why) {
+  void AbandonTransfersOfLocked(const Peer& peer, ucs_status_t why) REQUIRES(mu_) {
     for (const auto& t : transfers_in_flight_) {
       bool uses = false;
       for (const auto& r : t->remotes) uses = uses || r->peer.get() == &peer;
       if (!uses) continue;
-      std::lock_guard<std::mutex> tl(t->mu);
+      rc::MutexLock tl(t->mu);
       if (t->in_flight == 0) continue;
       t->abandoned = true;
       if (t->first_error == UCS_OK) t->first_error = why;
@@ -450,7 +452,7 @@ class Core {
 
   // The pid watchdog: a same-host owner that is gone fails its endpoint even where UCX has no
   // peer failure detection (and sooner than a keepalive would where it has).
-  void WatchPeersLocked() {
+  void WatchPeersLocked() REQUIRES(mu_) {
     const auto now = std::chrono::steady_clock::now();
     if (now < next_watch_) return;
     next_watch_ = now + std::chrono::milliseconds(50);
@@ -466,7 +468,7 @@ class Core {
   }
 
   // A failed endpoint is closed and dropped from the cache, so a re-import reconnects.
-  void HandleFailedPeersLocked() {
+  void HandleFailedPeersLocked() REQUIRES(mu_) {
     std::vector<std::shared_ptr<Peer>> failed;
     failed.swap(failed_peers_);
     for (const auto& peer : failed) {
@@ -485,8 +487,9 @@ class Core {
   void ProgressLoop() {
     for (;;) {
       ucs_status_t armed;
+      bool closing = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        rc::MutexLock lock(mu_);
         if (stopped_) return;
         while (ucp_worker_progress(worker_) != 0) {
         }
@@ -497,17 +500,19 @@ class Core {
         // alive, keeps them). Dropped outside their own lock: this may destroy them.
         std::vector<std::shared_ptr<TransferShared>> done;
         for (const auto& t : transfers_in_flight_) {
-          std::lock_guard<std::mutex> tl(t->mu);
+          rc::MutexLock tl(t->mu);
           if (t->in_flight == 0) done.push_back(t);
         }
         for (const auto& t : done) transfers_in_flight_.erase(t);
         done.clear();
         armed = ucp_worker_arm(worker_);
+        closing = !closing_.empty();
       }
       if (armed == UCS_ERR_BUSY) continue;
       pollfd fds[2] = {{efd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       // Short timeout while gets are in flight: not every UCT transport can wake the efd.
-      const int timeout_ms = in_flight_.load() > 0 || !closing_.empty() ? 1 : 50;
+      // (closing_ is read above, under mu_: reading it here raced with CloseEndpointLocked.)
+      const int timeout_ms = in_flight_.load() > 0 || closing ? 1 : 50;
       ::poll(fds, 2, timeout_ms);
       uint64_t drained;
       while (::read(wake_fd_, &drained, sizeof drained) > 0) {
@@ -525,21 +530,23 @@ class Core {
   std::string worker_address_;
   std::thread progress_;
 
-  std::mutex mu_;  // serializes every UCP call on worker_ and guards the fields below
-  bool stopped_ = false;                                                   // guarded by mu_
-  std::unordered_map<uint64_t, ucp_mem_h> registrations_;                  // guarded by mu_
-  uint64_t next_registration_id_ = 1;                                      // guarded by mu_
-  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;           // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<Remote>> remotes_;          // guarded by mu_
-  uint64_t next_remote_id_ = 1;                                            // guarded by mu_
-  std::vector<std::shared_ptr<Peer>> failed_peers_;                        // guarded by mu_
-  std::vector<void*> closing_;                                             // guarded by mu_
-  std::unordered_set<std::shared_ptr<TransferShared>> transfers_in_flight_;  // guarded by mu_
+  rc::Mutex mu_;  // serializes every UCP call on worker_ and guards the fields below
+  bool stopped_ GUARDED_BY(mu_) = false;                                                   // guarded by mu_
+  std::unordered_map<uint64_t, ucp_mem_h> registrations_ GUARDED_BY(mu_);                  // guarded by mu_
+  uint64_t next_registration_id_ GUARDED_BY(mu_) = 1;                                      // guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_ GUARDED_BY(mu_);           // guarded by mu_
+  std::unordered_map<uint64_t, std::shared_ptr<Remote>> remotes_ GUARDED_BY(mu_);          // guarded by mu_
+  uint64_t next_remote_id_ GUARDED_BY(mu_) = 1;                                            // guarded by mu_
+  std::vector<std::shared_ptr<Peer>> failed_peers_ GUARDED_BY(mu_);                        // guarded by mu_
+  std::vector<void*> closing_ GUARDED_BY(mu_);                                             // guarded by mu_
+  std::unordered_set<std::shared_ptr<TransferShared>> transfers_in_flight_ GUARDED_BY(mu_);  // guarded by mu_
   std::chrono::steady_clock::time_point next_watch_{};  // progress thread only
   std::atomic<int64_t> in_flight_{0};  // gets posted and not completed (approximate, for polling)
 };
 
-void PeerFailed(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+// UCX calls this only from inside ucp_worker_progress / endpoint close, which the core calls with
+// mu_ held; the analysis cannot see through the C callback, hence the one exemption.
+void PeerFailed(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) NO_THREAD_SAFETY_ANALYSIS {
   auto* peer = static_cast<Peer*>(arg);
   peer->core->OnPeerFailedLocked(peer, status);
 }
@@ -554,32 +561,32 @@ class UcxTransfer final : public internal::PollingTransfer {
     const auto grace = std::chrono::nanoseconds(core_->options().drain_grace_ns);
     bool drained;
     {
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      drained = shared_->cv.wait_for(lock, grace, [&] { return shared_->FinishedLocked(); });
+      rc::MutexLock lock(shared_->mu);
+      drained = shared_->cv.wait_for(lock, grace, [&]() REQUIRES(shared_->mu) { return shared_->FinishedLocked(); });
     }
     if (!drained) {
       RC_LOG_WARN("ucx transfer destroyed with gets still in flight after {} ms; force-closing peers {}",
                   core_->options().drain_grace_ns / 1'000'000, shared_->peers_label);
       core_->ForceClosePeersOf(*shared_);
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      shared_->cv.wait(lock, [&] { return shared_->FinishedLocked(); });
+      rc::MutexLock lock(shared_->mu);
+      shared_->cv.wait(lock, [&]() REQUIRES(shared_->mu) { return shared_->FinishedLocked(); });
     }
     core_->ReleaseTransfer(shared_);
   }
 
   TransferState Poll() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) return TransferState::kPending;
     return shared_->FinalLocked().ok() ? TransferState::kDone : TransferState::kFailed;
   }
 
   void Cancel() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) shared_->cancelled = true;
   }
 
   Status status() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) return Unavailable("pending");
     return shared_->FinalLocked();
   }
@@ -588,13 +595,13 @@ class UcxTransfer final : public internal::PollingTransfer {
 
  private:
   std::string PendingAtDeadline() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     return fmt::format("ucx transfer of {} bytes from {}: {} gets still in flight at the deadline", shared_->bytes,
                        shared_->peers_label, shared_->in_flight);
   }
   // The last get's callback wakes the wait at once.
   void AwaitProgress(int64_t max_ns) override {
-    std::unique_lock<std::mutex> lock(shared_->mu);
+    rc::MutexLock lock(shared_->mu);
     if (!shared_->FinishedLocked()) shared_->cv.wait_for(lock, std::chrono::nanoseconds(max_ns));
   }
 
