@@ -92,6 +92,9 @@ function(rc_add_link_check lib)
   add_executable(${bin} ${PROJECT_SOURCE_DIR}/tests/link_check/link_check_main.cc)
   target_link_options(${bin} PRIVATE "LINKER:--no-as-needed")
   target_link_libraries(${bin} PRIVATE rolloutcore::${lib})
+  # The check is a unit test: the sanitizer trees build only rc_tests_unit/fault, so the binary
+  # must be part of rc_tests_unit (else the check finds no binary, and the control "passes").
+  set_property(GLOBAL APPEND PROPERTY RC_TESTS_LABEL_unit ${bin})
   # A deferred call's arguments are expanded when it runs, after this function's variables are
   # gone: EVAL substitutes them now.
   cmake_language(EVAL CODE

@@ -55,15 +55,16 @@ Json ToJson(const Trajectory& t) {
 Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string& path, bool must_exist) {
   RC_ASSIGN_OR_RETURN(sqlite::Database db, sqlite::Database::OpenStateFile(path, "trajectory store", must_exist));
   std::unique_ptr<TrajectoryStore> s(new TrajectoryStore(std::move(db), path));
-  const sqlite::Database& d = s->db_;
+  TrajectoryStore* sp = s.get();
+  rc::MutexLock lock(sp->mu_);  // not shared yet: uncontended, keeps db_ checked
   if (must_exist) {
-    auto has_table = d.HasTable("trajectories");
+    auto has_table = sp->db_.HasTable("trajectories");
     if (!has_table.ok() || !*has_table) {
       return DataLoss("trajectory store '" + path + "' has no trajectories table, but the state dir says it existed");
     }
   }
   auto fail = [&](const Status& e) { return Internal("trajectory store '" + path + "': " + e.message()); };
-  Status ddl = d.Exec(
+  Status ddl = sp->db_.Exec(
       "PRAGMA journal_mode=WAL;"
       "CREATE TABLE IF NOT EXISTS trajectories ("
       " id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, label TEXT NOT NULL, generation INTEGER NOT NULL,"
@@ -71,10 +72,10 @@ Result<std::unique_ptr<TrajectoryStore>> TrajectoryStore::Open(const std::string
       "CREATE INDEX IF NOT EXISTS trajectories_label ON trajectories(label);");
   if (!ddl.ok()) return fail(ddl);
   // Stores written before rows were checksummed: add the column (their rows stay unchecked).
-  auto has_checksum = d.HasColumn("trajectories", "checksum");
+  auto has_checksum = sp->db_.HasColumn("trajectories", "checksum");
   if (!has_checksum.ok()) return fail(has_checksum.status());
   if (!*has_checksum) {
-    Status alter = d.Exec("ALTER TABLE trajectories ADD COLUMN checksum TEXT");
+    Status alter = sp->db_.Exec("ALTER TABLE trajectories ADD COLUMN checksum TEXT");
     if (!alter.ok()) return fail(alter);
   }
   return s;

@@ -98,20 +98,23 @@ Result<uint64_t> ParseChain(const std::string& hex, const std::string& where) {
 Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& path, bool must_exist) {
   RC_ASSIGN_OR_RETURN(sqlite::Database db, sqlite::Database::OpenStateFile(path, "journal", must_exist));
   std::unique_ptr<SqliteJournal> j(new SqliteJournal(std::move(db), path));
-  const sqlite::Database& d = j->db_;
-  RC_RETURN_IF_ERROR(Exec(d, "PRAGMA journal_mode=WAL", path));
-  RC_RETURN_IF_ERROR(Exec(d, "PRAGMA synchronous=FULL", path));
-  RC_RETURN_IF_ERROR(Exec(d,
-                          "CREATE TABLE IF NOT EXISTS journal ("
-                          " seq INTEGER PRIMARY KEY, t_ms INTEGER NOT NULL, wall_ms INTEGER NOT NULL,"
-                          " event TEXT NOT NULL, from_state TEXT, to_state TEXT, update_ordinal INTEGER,"
-                          " rollout TEXT, detail TEXT, chain TEXT)",
-                          path));
-  // Journals written before records were chained have no chain column: add it (their records
-  // stay unchained, and are accepted only before the first chained one).
-  auto has_chain = d.HasColumn("journal", "chain");
-  if (!has_chain.ok()) return Internal("journal " + path + ": " + has_chain.status().message());
-  if (!*has_chain) RC_RETURN_IF_ERROR(Exec(d, "ALTER TABLE journal ADD COLUMN chain TEXT", path));
+  {
+    SqliteJournal* jp = j.get();
+    rc::MutexLock lock(jp->mu_);  // not shared yet: uncontended, keeps db_ checked
+    RC_RETURN_IF_ERROR(Exec(jp->db_, "PRAGMA journal_mode=WAL", path));
+    RC_RETURN_IF_ERROR(Exec(jp->db_, "PRAGMA synchronous=FULL", path));
+    RC_RETURN_IF_ERROR(Exec(jp->db_,
+                            "CREATE TABLE IF NOT EXISTS journal ("
+                            " seq INTEGER PRIMARY KEY, t_ms INTEGER NOT NULL, wall_ms INTEGER NOT NULL,"
+                            " event TEXT NOT NULL, from_state TEXT, to_state TEXT, update_ordinal INTEGER,"
+                            " rollout TEXT, detail TEXT, chain TEXT)",
+                            path));
+    // Journals written before records were chained have no chain column: add it (their records
+    // stay unchained, and are accepted only before the first chained one).
+    auto has_chain = jp->db_.HasColumn("journal", "chain");
+    if (!has_chain.ok()) return Internal("journal " + path + ": " + has_chain.status().message());
+    if (!*has_chain) RC_RETURN_IF_ERROR(Exec(jp->db_, "ALTER TABLE journal ADD COLUMN chain TEXT", path));
+  }
   // Verifies every record's chain and learns the head for the next append.
   RC_ASSIGN_OR_RETURN(auto all, j->ReadSince(0));
   if (must_exist && all.empty()) {

@@ -166,7 +166,7 @@ ReplayComparison CompareReplay(const ReplayProbe& probe, const ReplayEvidence& e
     }
     const float kth = got.top.empty() ? -std::numeric_limits<float>::infinity() : got.top.back().second;
     for (const auto& [tok, lp] : want.top) {
-      auto it = std::find_if(got.top.begin(), got.top.end(), [&](const auto& e) { return e.first == tok; });
+      auto it = std::find_if(got.top.begin(), got.top.end(), [tok = tok](const auto& e) { return e.first == tok; });
       if (it == got.top.end()) {
         // A tie at the top-k boundary may order differently; anything else is a difference.
         if (static_cast<int64_t>(got.top.size()) >= probe.top_k && std::fabs(static_cast<double>(lp) - kth) <= tol)
