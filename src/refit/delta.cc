@@ -112,6 +112,19 @@ EncodedDelta Encode(DType dtype, const Shape& local_shape, std::span<const int64
   return out;
 }
 
+// The checks both tile decoders start with: the body has the table's size and room for its
+// `changed` values. Returns the size of the index part (the values follow it).
+Result<size_t> TileIndexBytes(size_t es, int64_t t, const DeltaTile& entry, std::span<const std::byte> body) {
+  if (body.size() != entry.bytes) {
+    return DataLoss(fmt::format("delta tile {}: {} bytes, table says {}", t, body.size(), entry.bytes));
+  }
+  const uint64_t values_bytes = entry.changed * es;
+  if (values_bytes > body.size()) {
+    return DataLoss(fmt::format("delta tile {}: body too short for {} values", t, entry.changed));
+  }
+  return body.size() - static_cast<size_t>(values_bytes);
+}
+
 }  // namespace
 
 int64_t DeltaTiling::TileRows(int64_t t) const {
@@ -228,14 +241,9 @@ Result<std::vector<DeltaTile>> ParseDeltaTable(DType dtype, const Shape& local_s
 Status DecodeDeltaTile(const DeltaTiling& g, size_t es, int64_t t, const DeltaTile& entry,
                        std::span<const std::byte> body,
                        const std::function<void(int64_t local_offset, const std::byte* value)>& fn) {
-  if (body.size() != entry.bytes) {
-    return DataLoss(fmt::format("delta tile {}: {} bytes, table says {}", t, body.size(), entry.bytes));
-  }
+  RC_ASSIGN_OR_RETURN(const size_t index_bytes, TileIndexBytes(es, t, entry, body));
   const int64_t n = g.TileRows(t) * g.TileCols(t);
   const uint64_t count = entry.changed;
-  const uint64_t values_bytes = count * es;
-  if (values_bytes > body.size()) return DataLoss(fmt::format("delta tile {}: body too short for {} values", t, count));
-  const size_t index_bytes = body.size() - static_cast<size_t>(values_bytes);
   const std::byte* values = body.data() + index_bytes;
   if (entry.bitmap) {
     if (index_bytes != static_cast<size_t>((n + 7) / 8)) {
@@ -286,14 +294,9 @@ Status DecodeDeltaTile(const DeltaTiling& g, size_t es, int64_t t, const DeltaTi
 
 Result<const std::byte*> DecodeDeltaTileOffsets(const DeltaTiling& g, size_t es, int64_t t, const DeltaTile& entry,
                                                 std::span<const std::byte> body, uint16_t* offsets) {
-  if (body.size() != entry.bytes) {
-    return DataLoss(fmt::format("delta tile {}: {} bytes, table says {}", t, body.size(), entry.bytes));
-  }
+  RC_ASSIGN_OR_RETURN(const size_t index_bytes, TileIndexBytes(es, t, entry, body));
   const int64_t n = g.TileRows(t) * g.TileCols(t);
   const uint64_t count = entry.changed;
-  const uint64_t values_bytes = count * es;
-  if (values_bytes > body.size()) return DataLoss(fmt::format("delta tile {}: body too short for {} values", t, count));
-  const size_t index_bytes = body.size() - static_cast<size_t>(values_bytes);
   const auto* p = reinterpret_cast<const uint8_t*>(body.data());
   const std::byte* values = body.data() + index_bytes;
   if (entry.bitmap) {
