@@ -8,8 +8,8 @@
 // may be the same object), memory of the kind the backend moves (host, ShmBuffer or device) that
 // the test writes and reads back, and optionally the descriptor of an owner process that has died.
 // The owner may live in another process: the ucx env's owner() forwards RegisterMemory and
-// Deregister to the ucx transport of a child process that maps the env's source memory, so only
-// sources from AllocateSource are registered through owner().
+// Deregister to the ucx transport of a child process that maps the env's source memory, so host
+// memory registered through owner() comes from AllocateSource.
 //
 // What each case checks (all against real backends; the owner in the env's process or a child):
 //   ReportsItsRegistryEntry         name() is the registry's, unsupported memory kinds are Unimplemented

@@ -141,9 +141,10 @@ class PeerSources {
   }
   // The buffer that holds all of [addr, addr + length), or nullptr.
   const Entry* Find(const void* addr, uint64_t length) const {
-    const auto* p = static_cast<const std::byte*>(addr);
+    const auto a = reinterpret_cast<uintptr_t>(addr);
     for (const Entry& e : entries_) {
-      if (p >= e.base && p <= e.base + e.size && length <= static_cast<uint64_t>(e.base + e.size - p)) return &e;
+      const auto base = reinterpret_cast<uintptr_t>(e.base);
+      if (a >= base && a - base <= e.size && length <= e.size - (a - base)) return &e;
     }
     return nullptr;
   }
