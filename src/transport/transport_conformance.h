@@ -7,8 +7,11 @@
 // A TransportEnv supplies an owner transport (registers), a reader transport (imports and reads;
 // may be the same object), memory of the kind the backend moves (host, ShmBuffer or device) that
 // the test writes and reads back, and optionally the descriptor of an owner process that has died.
+// The owner may live in another process: the ucx env's owner() forwards RegisterMemory and
+// Deregister to the ucx transport of a child process that maps the env's source memory, so host
+// memory registered through owner() comes from AllocateSource.
 //
-// What each case checks (all against real backends, in one process unless it says otherwise):
+// What each case checks (all against real backends; the owner in the env's process or a child):
 //   ReportsItsRegistryEntry         name() is the registry's, unsupported memory kinds are Unimplemented
 //   ScatteredReadsAreByteIdentical  many reads of two regions (zero-length, region end, overlapping)
 //                                   land byte for byte; bytes() is the batch total; Poll/status agree
