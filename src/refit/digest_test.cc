@@ -255,6 +255,38 @@ TEST(DigestTest, CombinedDigestDependsOnNamesAndValues) {
   EXPECT_EQ(CombineTensorDigests(a), CombineTensorDigests(TensorDigests{{"b", 2}, {"a", 1}}));
 }
 
+// A manifest names its digest algorithm; one naming another or none is refused where published
+// digests are read (receivers, verifiers, the directory's commit), naming the field and value.
+TEST(DigestTest, ManifestOfAnotherOrNoDigestAlgorithmIsRefused) {
+  Manifest m;
+  m.version = "v7";
+  m.tables.push_back(ShardTable{"w", DType::kF32, {2}, {{0, {0}, {2}, "", 10}}});
+  EXPECT_EQ(m.digest_algorithm, "rc-digest-2");
+  const Json j = ManifestToJson(m);
+  EXPECT_EQ(j.at("digest"), "rc-digest-2");
+  auto back = ManifestFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->digest_algorithm, "rc-digest-2");
+  ASSERT_TRUE(TensorDigestsFromShards(*back).ok());
+
+  Json other = j;
+  other["digest"] = "rc-digest-1";
+  auto o = ManifestFromJson(other);
+  ASSERT_TRUE(o.ok());
+  auto refused = TensorDigestsFromShards(*o);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("version v7: field \"digest\" is \"rc-digest-1\""));
+  EXPECT_THAT(refused.status().message(), HasSubstr("\"rc-digest-2\""));
+
+  Json none = j;
+  none.erase("digest");
+  auto n = ManifestFromJson(none);
+  ASSERT_TRUE(n.ok());
+  auto missing = TensorDigestsFromShards(*n);
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(missing.status().message(), HasSubstr("field \"digest\" (content digest algorithm) is missing"));
+}
+
 TEST(DigestTest, ManifestDigestCountsReplicasOnceAndCatchesDisagreement) {
   Manifest m;
   ShardTable t{"w", DType::kF32, {4}, {}};

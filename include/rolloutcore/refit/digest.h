@@ -1,6 +1,7 @@
 // Content digests: a sharding-invariant fingerprint of tensor contents.
 //
-// The digest of tensor T ("rc-digest-2", kDigestAlgorithm; version manifests name it) is
+// The digest of tensor T ("rc-digest-2", kDigestAlgorithm in manifest.h: version manifests name
+// it and TensorDigestsFromShards refuses a manifest that names another) is
 //
 //     D(T) = sum over elements e of T of  DigestTerm(i_e, b_e)   (mod 2^64)
 //
@@ -64,10 +65,6 @@
 #include "rolloutcore/refit/tensor.h"
 
 namespace rc::refit {
-
-// The digest algorithm this build computes; version manifests carry it ("digest" field) and
-// receivers and verifiers refuse a manifest that names another (manifest.h CheckDigestAlgorithm).
-inline constexpr std::string_view kDigestAlgorithm = "rc-digest-2";
 
 inline constexpr uint64_t kDigestBlockSeed = 0x9E3779B97F4A7C15ULL;
 inline constexpr uint32_t kDigestPositionKey = 0x9E3779B9u;
