@@ -44,7 +44,8 @@ namespace rc::cuda::internal {
 
 // Whether a mode's source bits always fit in 32 bits for element size ES (then x = bits ^ A < 2^32).
 template <int ES, int MODE>
-inline constexpr bool kNarrowBits = (MODE == kBitsRaw && ES <= 4) || MODE == kBitsBf16FromF32 || MODE == kBitsF16FromF32;
+inline constexpr bool kNarrowBits = (MODE == kBitsRaw && ES <= 4) || MODE == kBitsBf16FromF32
+                                    || MODE == kBitsF16FromF32;
 
 // The geometry of the block path for element size ES: elements per 16-byte load, lanes per block,
 // blocks per warp step, steps per 32-block unit.

@@ -4,6 +4,8 @@
 // (ChunkPart, digest_chunk.h: head / whole blocks / tail, lanes, keys, terms), which the host
 // evaluation runs for every thread, so the GPU runs only have to prove the device loads and
 // shuffles (gpu_kernels_test).
+#include "cuda/digest_table.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "cuda/digest_chunk.h"
-#include "cuda/digest_table.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -238,10 +239,14 @@ TEST(DigestTableTest, FusedInstallRefusesOverlappingCopies) {
 // chunk and for the fused chunk (which must also copy exactly, and copy only when digest == 0).
 uint32_t BlocksOf(const DigestChunk& d) {
   switch (d.elem_size) {
-    case 1: return SplitChunk<1, false>(ViewOf(d)).blocks;
-    case 2: return SplitChunk<2, false>(ViewOf(d)).blocks;
-    case 4: return SplitChunk<4, false>(ViewOf(d)).blocks;
-    default: return SplitChunk<8, false>(ViewOf(d)).blocks;
+    case 1:
+      return SplitChunk<1, false>(ViewOf(d)).blocks;
+    case 2:
+      return SplitChunk<2, false>(ViewOf(d)).blocks;
+    case 4:
+      return SplitChunk<4, false>(ViewOf(d)).blocks;
+    default:
+      return SplitChunk<8, false>(ViewOf(d)).blocks;
   }
 }
 
@@ -250,9 +255,9 @@ TEST(DigestTableTest, ChunkPartOverAllThreadsEqualsTheDefinition) {
     int es;
     uint8_t mode;
   };
-  const Kind kinds[] = {{1, kBitsRaw},         {2, kBitsRaw},         {4, kBitsRaw},         {8, kBitsRaw},
-                        {4, kBitsF32FromBf16}, {4, kBitsF32FromF16},  {2, kBitsBf16FromF32}, {2, kBitsF16FromF32},
-                        {1, kBitsMismatch},    {2, kBitsMismatch},    {4, kBitsMismatch},    {8, kBitsMismatch}};
+  const Kind kinds[] = {{1, kBitsRaw},         {2, kBitsRaw},        {4, kBitsRaw},         {8, kBitsRaw},
+                        {4, kBitsF32FromBf16}, {4, kBitsF32FromF16}, {2, kBitsBf16FromF32}, {2, kBitsF16FromF32},
+                        {1, kBitsMismatch},    {2, kBitsMismatch},   {4, kBitsMismatch},    {8, kBitsMismatch}};
   std::mt19937_64 rng(23);
   alignas(64) static unsigned char src[8 * 5200 + 64];
   alignas(64) static unsigned char dst[8 * 5200 + 64];
@@ -265,7 +270,8 @@ TEST(DigestTableTest, ChunkPartOverAllThreadsEqualsTheDefinition) {
       }
     }
     // The last two wrap around 2^64 inside the chunk (block numbers wrap modulo 2^58).
-    for (uint64_t gindex : {uint64_t{0}, uint64_t{5}, uint64_t{64}, uint64_t{100}, ~uint64_t{0} - 69, ~uint64_t{0} - 63}) {
+    for (uint64_t gindex :
+         {uint64_t{0}, uint64_t{5}, uint64_t{64}, uint64_t{100}, ~uint64_t{0} - 69, ~uint64_t{0} - 63}) {
       for (uint32_t count : {0u, 1u, 63u, 64u, 65u, 200u, 64u * 33u + 7u, 5000u}) {
         for (uint32_t off : {0u, static_cast<uint32_t>(k.es), 16u}) {
           uint64_t want = 0;
@@ -284,7 +290,9 @@ TEST(DigestTableTest, ChunkPartOverAllThreadsEqualsTheDefinition) {
           d.elem_size = static_cast<uint8_t>(k.es);
           d.mode = k.mode;
           uint64_t got = 0;
-          for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) got += ChunkThreadSum(d, t, kDigestThreads);
+          for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+            got += ChunkThreadSum(d, t, kDigestThreads);
+          }
           ASSERT_EQ(got, want) << "digest chunk, " << what;
           const uint32_t blocks = BlocksOf(d);
           if (count > 128 && off == 0 && gindex % 64 == 0) {
@@ -302,7 +310,9 @@ TEST(DigestTableTest, ChunkPartOverAllThreadsEqualsTheDefinition) {
             f.mode = k.mode;
             f.digest = digest;
             uint64_t fused = 0;
-            for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) fused += ChunkThreadSum(f, t, kDigestThreads);
+            for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+              fused += ChunkThreadSum(f, t, kDigestThreads);
+            }
             ASSERT_EQ(fused, digest ? want : 0) << "fused chunk (digest " << int{digest} << "), " << what;
             const size_t bytes = static_cast<size_t>(count) * k.es;
             unsigned char* out = reinterpret_cast<unsigned char*>(f.dst);

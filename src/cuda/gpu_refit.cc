@@ -558,7 +558,9 @@ std::vector<uint64_t> EvaluateFusedInstallOnHost(const FusedInstallTable& table)
     if (c.digest) sums[c.slot] += sum;
   }
   for (const DigestChunk& c : table.digest_only.chunks) {
-    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) sums[c.slot] += ChunkThreadSum(c, t, kDigestThreads);
+    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+      sums[c.slot] += ChunkThreadSum(c, t, kDigestThreads);
+    }
   }
   return sums;
 }
@@ -566,7 +568,9 @@ std::vector<uint64_t> EvaluateFusedInstallOnHost(const FusedInstallTable& table)
 std::vector<uint64_t> EvaluateDigestTableOnHost(const DigestTable& table) {
   std::vector<uint64_t> sums(table.slot_tensors.size(), 0);
   for (const DigestChunk& c : table.chunks) {
-    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) sums[c.slot] += ChunkThreadSum(c, t, kDigestThreads);
+    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+      sums[c.slot] += ChunkThreadSum(c, t, kDigestThreads);
+    }
   }
   return sums;
 }

@@ -140,8 +140,8 @@ RC_AVX2 uint64_t Avx2Run(unsigned char* dst, const unsigned char* src, uint64_t 
         const __m256i zero_low = _mm256_cmpeq_epi64(_mm256_and_si256(bits, low16), _mm256_setzero_si256());
         bits = _mm256_blendv_epi8(_mm256_or_si256(bits, poison), _mm256_srli_epi64(bits, 16), zero_low);
       }
-      const __m256i x = _mm256_xor_si256(
-          _mm256_xor_si256(bits, kh), _mm256_load_si256(reinterpret_cast<const __m256i*>(kPos.a + 4 * g)));
+      const __m256i x = _mm256_xor_si256(_mm256_xor_si256(bits, kh),
+                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(kPos.a + 4 * g)));
       const __m256i b = _mm256_add_epi64(k0, _mm256_load_si256(reinterpret_cast<const __m256i*>(mul + 4 * g)));
       lo = _mm256_add_epi64(lo, _mm256_mul_epu32(x, b));
       hi = _mm256_add_epi64(hi, _mm256_mul_epu32(x, _mm256_srli_epi64(b, 32)));

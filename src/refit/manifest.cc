@@ -126,9 +126,9 @@ Status CheckDigestAlgorithm(const Manifest& m) {
         "checks only \"{}\" (republish the version with this build)",
         m.version, kDigestAlgorithm));
   }
-  return FailedPrecondition(fmt::format(
-      "manifest of version {}: field \"digest\" is \"{}\", but this build computes and checks only \"{}\"",
-      m.version, m.digest_algorithm, kDigestAlgorithm));
+  return FailedPrecondition(
+      fmt::format("manifest of version {}: field \"digest\" is \"{}\", but this build computes and checks only \"{}\"",
+                  m.version, m.digest_algorithm, kDigestAlgorithm));
 }
 
 Result<TensorDigests> TensorDigestsFromShards(const Manifest& m) {
