@@ -1,7 +1,11 @@
 // The GPU digest's segment table, evaluated on the CPU exactly as the kernel evaluates it, against
 // refit::DigestBlock / DigestInstalled. Needs no GPU (label unit): it proves the table (walk
-// order, merged dims, chunk cuts, global indices, dtype modes) so the GPU runs only have to prove
-// the kernel's arithmetic (gpu_kernels_test).
+// order, merged dims, chunk cuts, global indices, dtype modes) and the kernels' per-thread work
+// (ChunkPart, digest_chunk.h: head / whole blocks / tail, lanes, keys, terms), which the host
+// evaluation runs for every thread, so the GPU runs only have to prove the device loads and
+// shuffles (gpu_kernels_test).
+#include "cuda/digest_table.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/digest_table.h"
+#include "cuda/digest_chunk.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -227,6 +231,109 @@ TEST(DigestTableTest, FusedInstallRefusesOverlappingCopies) {
   ASSERT_FALSE(table.ok());
   EXPECT_EQ(table.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(table.status().message().find("overlapping"), std::string::npos) << table.status().ToString();
+}
+
+// Every (element size, bits mode) pair the kernels dispatch, every start index modulo 64, lengths
+// around block and unit (32 blocks) boundaries, aligned and misaligned memory: the sum of
+// ChunkThreadSum over a block's threads equals the element-by-element definition, for the digest
+// chunk and for the fused chunk (which must also copy exactly, and copy only when digest == 0).
+uint32_t BlocksOf(const DigestChunk& d) {
+  switch (d.elem_size) {
+    case 1:
+      return SplitChunk<1, false>(ViewOf(d)).blocks;
+    case 2:
+      return SplitChunk<2, false>(ViewOf(d)).blocks;
+    case 4:
+      return SplitChunk<4, false>(ViewOf(d)).blocks;
+    default:
+      return SplitChunk<8, false>(ViewOf(d)).blocks;
+  }
+}
+
+TEST(DigestTableTest, ChunkPartOverAllThreadsEqualsTheDefinition) {
+  struct Kind {
+    int es;
+    uint8_t mode;
+  };
+  const Kind kinds[] = {{1, kBitsRaw},         {2, kBitsRaw},        {4, kBitsRaw},         {8, kBitsRaw},
+                        {4, kBitsF32FromBf16}, {4, kBitsF32FromF16}, {2, kBitsBf16FromF32}, {2, kBitsF16FromF32},
+                        {1, kBitsMismatch},    {2, kBitsMismatch},   {4, kBitsMismatch},    {8, kBitsMismatch}};
+  std::mt19937_64 rng(23);
+  alignas(64) static unsigned char src[8 * 5200 + 64];
+  alignas(64) static unsigned char dst[8 * 5200 + 64];
+  int block_path = 0;
+  for (const Kind& k : kinds) {
+    for (size_t i = 0; i < sizeof src; ++i) src[i] = static_cast<unsigned char>(rng());
+    if (k.mode == kBitsF32FromBf16) {
+      for (size_t i = 0; i + 4 <= sizeof src; i += 4) {
+        if (rng() % 8 != 0) src[i] = src[i + 1] = 0;  // mostly exact widenings, some poisoned
+      }
+    }
+    // The last two wrap around 2^64 inside the chunk (block numbers wrap modulo 2^58).
+    for (uint64_t gindex :
+         {uint64_t{0}, uint64_t{5}, uint64_t{64}, uint64_t{100}, ~uint64_t{0} - 69, ~uint64_t{0} - 63}) {
+      for (uint32_t count : {0u, 1u, 63u, 64u, 65u, 200u, 64u * 33u + 7u, 5000u}) {
+        for (uint32_t off : {0u, static_cast<uint32_t>(k.es), 16u}) {
+          uint64_t want = 0;
+          for (uint32_t e = 0; e < count; ++e) {
+            uint64_t raw = 0;
+            std::memcpy(&raw, src + off + static_cast<size_t>(e) * k.es, static_cast<size_t>(k.es));
+            want += refit::DigestTerm(gindex + e, SourceBitsFromInstalled(k.mode, raw));
+          }
+          const std::string what = "es " + std::to_string(k.es) + " mode " + std::to_string(k.mode) + " gindex " +
+                                   std::to_string(gindex) + " count " + std::to_string(count) + " offset " +
+                                   std::to_string(off);
+          DigestChunk d;
+          d.addr = reinterpret_cast<uint64_t>(src + off);
+          d.gindex = gindex;
+          d.count = count;
+          d.elem_size = static_cast<uint8_t>(k.es);
+          d.mode = k.mode;
+          uint64_t got = 0;
+          for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+            got += ChunkThreadSum(d, t, kDigestThreads);
+          }
+          ASSERT_EQ(got, want) << "digest chunk, " << what;
+          const uint32_t blocks = BlocksOf(d);
+          if (count > 128 && off == 0 && gindex % 64 == 0) {
+            ASSERT_GT(blocks, 0u) << "the block path should run: " << what;
+          }
+          block_path += blocks > 0 ? 1 : 0;
+          for (uint8_t digest : {uint8_t{1}, uint8_t{0}}) {
+            std::memset(dst, 0xAB, sizeof dst);
+            FusedChunk f;
+            f.src = d.addr;
+            f.dst = reinterpret_cast<uint64_t>(dst + (off == 16 ? 8 : off));  // 16: src aligned, dst not
+            f.gindex = gindex;
+            f.count = count;
+            f.elem_size = d.elem_size;
+            f.mode = k.mode;
+            f.digest = digest;
+            uint64_t fused = 0;
+            for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+              fused += ChunkThreadSum(f, t, kDigestThreads);
+            }
+            ASSERT_EQ(fused, digest ? want : 0) << "fused chunk (digest " << int{digest} << "), " << what;
+            const size_t bytes = static_cast<size_t>(count) * k.es;
+            unsigned char* out = reinterpret_cast<unsigned char*>(f.dst);
+            ASSERT_EQ(std::memcmp(out, src + off, bytes), 0) << "fused copy, " << what;
+            ASSERT_EQ(out[bytes], 0xAB) << "wrote past the run, " << what;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(block_path, 50);
+}
+
+// The kernels' lane geometry covers each 64-element block exactly once per 32-block unit.
+TEST(DigestTableTest, BlockLanesTileAUnit) {
+  EXPECT_EQ(BlockLanes<2>::kPer, 8);
+  EXPECT_EQ(BlockLanes<2>::kLanesPerBlock * BlockLanes<2>::kPer, 64);
+  EXPECT_EQ(BlockLanes<1>::kBlocksPerStep * BlockLanes<1>::kSteps, 32);
+  EXPECT_EQ(BlockLanes<4>::kBlocksPerStep * BlockLanes<4>::kSteps, 32);
+  EXPECT_EQ(BlockLanes<8>::kBlocksPerStep * BlockLanes<8>::kSteps, 32);
+  EXPECT_EQ(BlockLanes<8>::kLanesPerBlock, 32);
 }
 
 TEST(DigestTableTest, ContiguousTensorsBecomeFewChunks) {

@@ -10,8 +10,9 @@
 #include <unordered_map>
 #include <utility>
 
-#include "cuda/dtype_bits.h"
+#include "cuda/digest_chunk.h"
 #include "cuda/digest_table.h"
+#include "cuda/dtype_bits.h"
 #include "cuda/kernels.h"
 #include "rolloutcore/cuda/seeded.h"
 #include "rolloutcore/transport/registry.h"
@@ -547,28 +548,18 @@ Result<FusedInstallTable> BuildFusedInstallTable(const refit::Capture& live, con
   return t;
 }
 
+// Both evaluations run the kernels' own per-thread work (ChunkPart, digest_chunk.h) for every
+// thread of each chunk's block in turn.
 std::vector<uint64_t> EvaluateFusedInstallOnHost(const FusedInstallTable& table) {
   std::vector<uint64_t> sums(table.slot_tensors.size(), 0);
   for (const FusedChunk& c : table.chunks) {
-    for (uint32_t j = 0; j < c.count; ++j) {
-      const auto* src = reinterpret_cast<const unsigned char*>(c.src) + static_cast<uint64_t>(j) * c.elem_size;
-      auto* dst = reinterpret_cast<unsigned char*>(c.dst) + static_cast<int64_t>(j) * c.dstride * c.elem_size;
-      uint64_t raw = 0;
-      std::memcpy(&raw, src, c.elem_size);  // little-endian
-      std::memcpy(dst, src, c.elem_size);
-      if (c.digest) {
-        sums[c.slot] += refit::DigestTerm(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
-                                          SourceBitsFromInstalled(c.mode, raw));
-      }
-    }
+    uint64_t sum = 0;
+    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) sum += ChunkThreadSum(c, t, kDigestThreads);
+    if (c.digest) sums[c.slot] += sum;
   }
   for (const DigestChunk& c : table.digest_only.chunks) {
-    for (uint32_t j = 0; j < c.count; ++j) {
-      const auto* p = reinterpret_cast<const unsigned char*>(c.addr) + static_cast<int64_t>(j) * c.dstride * c.elem_size;
-      uint64_t raw = 0;
-      std::memcpy(&raw, p, c.elem_size);
-      sums[c.slot] += refit::DigestTerm(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
-                                        SourceBitsFromInstalled(c.mode, raw));
+    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+      sums[c.slot] += ChunkThreadSum(c, t, kDigestThreads);
     }
   }
   return sums;
@@ -577,12 +568,8 @@ std::vector<uint64_t> EvaluateFusedInstallOnHost(const FusedInstallTable& table)
 std::vector<uint64_t> EvaluateDigestTableOnHost(const DigestTable& table) {
   std::vector<uint64_t> sums(table.slot_tensors.size(), 0);
   for (const DigestChunk& c : table.chunks) {
-    for (uint32_t j = 0; j < c.count; ++j) {
-      const auto* p = reinterpret_cast<const unsigned char*>(c.addr) + static_cast<int64_t>(j) * c.dstride * c.elem_size;
-      uint64_t raw = 0;
-      std::memcpy(&raw, p, c.elem_size);  // little-endian
-      sums[c.slot] += refit::DigestTerm(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
-                                        SourceBitsFromInstalled(c.mode, raw));
+    for (uint32_t t = 0; t < static_cast<uint32_t>(kDigestThreads); ++t) {
+      sums[c.slot] += ChunkThreadSum(c, t, kDigestThreads);
     }
   }
   return sums;

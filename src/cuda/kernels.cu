@@ -1,11 +1,14 @@
 // CUDA kernels of the GPU data plane: content digest, batched device copies, strided view copy
 // with dtype conversion, seeded fill. The digest term and the seeded values are the constexpr host
-// functions themselves (rc::refit::DigestTerm, rc::cuda::SeededElementBits), called from device
-// code through --expt-relaxed-constexpr, so GPU and CPU cannot drift apart.
+// functions themselves (rc::refit::DigestBlockKey / DigestTermInBlock, rc::cuda::SeededElementBits),
+// called from device code through --expt-relaxed-constexpr, and the digest kernels' per-thread work
+// is ChunkPart (digest_chunk.h), which the host evaluation runs too, so GPU and CPU cannot drift
+// apart.
 #include <cuda_runtime.h>
 
 #include <type_traits>
 
+#include "cuda/digest_chunk.h"
 #include "cuda/dtype_bits.h"
 #include "cuda/kernels.h"
 #include "rolloutcore/base/hash.h"
@@ -15,84 +18,14 @@ namespace rc::cuda::internal {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kThreads == kDigestThreads, "BlockAddToSlot reduces kDigestThreads threads");
 
-// The digest is bound by integer work, not memory: SASS of the bf16 loop has ~47 instructions per
-// element (29 on the ALU pipe, 17 IMAD) for the two SplitMix64 finalizers, and it reads 16.4 GB in
-// ~17 ms (~960 GB/s) where a plain read takes 3.65 ms (H200, 2026-12-01). Moving the high-word
-// shifts to the multiply pipe (mulhi by 2^(32-k); 23 ALU / 23 IMAD per element) measured no gain
-// (17.5 ms, 937 GB/s), so the formula's instruction count, not the pipe balance, is the limit
-// (docs/vllm.md).
-// Same formula as rc::refit::DigestTerm (digest.h), which includes more than device code needs.
-__device__ __forceinline__ uint64_t Term(uint64_t index, uint64_t bits) { return rc::Mix64(rc::Mix64(index) ^ bits); }
-
-template <int ES>
-__device__ __forceinline__ uint64_t LoadRaw(const unsigned char* p) {
-  if constexpr (ES == 1) return *p;
-  if constexpr (ES == 2) return *reinterpret_cast<const uint16_t*>(p);
-  if constexpr (ES == 4) return *reinterpret_cast<const uint32_t*>(p);
-  if constexpr (ES == 8) return *reinterpret_cast<const unsigned long long*>(p);
-  return 0;
-}
-
-template <int ES, int MODE>
-__device__ uint64_t ChunkSum(const DigestChunk& c) {
-  const auto* base = reinterpret_cast<const unsigned char*>(c.addr);
-  uint64_t sum = 0;
-  if (c.dstride == 1 && c.gstride == 1 && (c.addr & 15) == 0) {
-    constexpr int kPer = 16 / ES;
-    constexpr uint64_t kMask = ES == 8 ? ~0ull : ((1ull << (8 * ES)) - 1);
-    const uint32_t nvec = c.count / kPer;
-    const auto* v = reinterpret_cast<const uint4*>(base);
-    for (uint32_t i = threadIdx.x; i < nvec; i += blockDim.x) {
-      const uint4 q = __ldg(v + i);
-      const uint64_t w[2] = {q.x | (static_cast<uint64_t>(q.y) << 32), q.z | (static_cast<uint64_t>(q.w) << 32)};
-      const uint64_t g0 = c.gindex + static_cast<uint64_t>(i) * kPer;
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
-        sum += Term(g0 + k, SourceBitsFromInstalled(MODE, raw));
-      }
-    }
-    for (uint32_t j = nvec * kPer + threadIdx.x; j < c.count; j += blockDim.x) {
-      sum += Term(c.gindex + j, SourceBitsFromInstalled(MODE, LoadRaw<ES>(base + static_cast<uint64_t>(j) * ES)));
-    }
-  } else {
-    for (uint32_t j = threadIdx.x; j < c.count; j += blockDim.x) {
-      const unsigned char* p = base + static_cast<int64_t>(j) * c.dstride * ES;
-      sum += Term(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
-                  SourceBitsFromInstalled(MODE, LoadRaw<ES>(p)));
-    }
-  }
-  return sum;
-}
-
-// One (element size, bits mode) pair of a chunk.
-template <int ES, int MODE>
-struct ChunkKind {
-  static constexpr int kElemSize = ES;
-  static constexpr int kMode = MODE;
-};
-
-// Runs op.Run<ES, MODE>() for the one of Kinds that is (elem_size, mode); 0 when none is.
-template <typename... Kinds, typename Op>
-__device__ __forceinline__ uint64_t DispatchKind(int elem_size, int mode, const Op& op) {
-  uint64_t sum = 0;
-  (void)((elem_size == Kinds::kElemSize && mode == Kinds::kMode &&
-          (sum = op.template Run<Kinds::kElemSize, Kinds::kMode>(), true)) ||
-         ...);
-  return sum;
-}
-
-// Runs op.Run<ES, MODE>() for a chunk's element size and bits mode: the (size, mode) pairs the host
-// builds chunks for (0 for any other), each instantiated once for the digest and once for the fused
-// install kernel.
-template <typename Op>
-__device__ __forceinline__ uint64_t DispatchElemAndMode(int elem_size, int mode, const Op& op) {
-  return DispatchKind<ChunkKind<1, kBitsRaw>, ChunkKind<2, kBitsRaw>, ChunkKind<4, kBitsRaw>, ChunkKind<8, kBitsRaw>,
-                      ChunkKind<4, kBitsF32FromBf16>, ChunkKind<4, kBitsF32FromF16>, ChunkKind<2, kBitsBf16FromF32>,
-                      ChunkKind<2, kBitsF16FromF32>, ChunkKind<1, kBitsMismatch>, ChunkKind<2, kBitsMismatch>,
-                      ChunkKind<4, kBitsMismatch>, ChunkKind<8, kBitsMismatch>>(elem_size, mode, op);
-}
+// The digest (rc-digest-2) and the fused install run ChunkPart (digest_chunk.h) per thread: one
+// Mix64 per 64 elements (one lane per block of a 32-block unit, shared by __shfl_sync), 16-byte
+// coalesced loads, and per element an XOR, a 64-bit add/or and a 32x64-bit multiply (two
+// mul.wide.u32-class IMADs). Main's formula (two SplitMix64 finalizers per element, ~47
+// instructions per bf16 element) read 16.4 GB in ~17 ms where a plain read took 3.65 ms (H200,
+// 2026-12-01): integer work, not memory, was the limit (docs/refit.md "Content digest").
 
 // Block reduction of every thread's `sum` (warps, then the first warp), added to *slot_sum by one
 // atomic (none when the block's sum is 0). Every thread of the block must call it.
@@ -109,83 +42,14 @@ __device__ __forceinline__ void BlockAddToSlot(uint64_t sum, uint64_t* slot_sum)
   }
 }
 
-template <int ES>
-__device__ __forceinline__ void StoreRaw(unsigned char* p, uint64_t v) {
-  if constexpr (ES == 1) *p = static_cast<unsigned char>(v);
-  if constexpr (ES == 2) *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
-  if constexpr (ES == 4) *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
-  if constexpr (ES == 8) *reinterpret_cast<unsigned long long*>(p) = v;
-}
-
-// One fused run: copy (and, when c.digest, digest what is written, from the same registers).
-template <int ES, int MODE>
-__device__ uint64_t FusedRun(const FusedChunk& c) {
-  const auto* src = reinterpret_cast<const unsigned char*>(c.src);
-  auto* dst = reinterpret_cast<unsigned char*>(c.dst);
-  uint64_t sum = 0;
-  const bool digest = c.digest != 0;
-  if (c.dstride == 1 && (!digest || c.gstride == 1) && ((c.src | c.dst) & 15) == 0) {
-    constexpr int kPer = 16 / ES;
-    constexpr uint64_t kMask = ES == 8 ? ~0ull : ((1ull << (8 * ES)) - 1);
-    const uint32_t nvec = c.count / kPer;
-    const auto* s = reinterpret_cast<const uint4*>(src);
-    auto* d = reinterpret_cast<uint4*>(dst);
-    if (digest) {
-      for (uint32_t i = threadIdx.x; i < nvec; i += blockDim.x) {
-        const uint4 q = __ldg(s + i);
-        d[i] = q;
-        const uint64_t w[2] = {q.x | (static_cast<uint64_t>(q.y) << 32), q.z | (static_cast<uint64_t>(q.w) << 32)};
-        const uint64_t g0 = c.gindex + static_cast<uint64_t>(i) * kPer;
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) {
-          const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
-          sum += Term(g0 + k, SourceBitsFromInstalled(MODE, raw));
-        }
-      }
-    } else {
-      for (uint32_t i = threadIdx.x; i < nvec; i += blockDim.x) d[i] = __ldg(s + i);
-    }
-    for (uint32_t j = nvec * kPer + threadIdx.x; j < c.count; j += blockDim.x) {
-      const uint64_t raw = LoadRaw<ES>(src + static_cast<uint64_t>(j) * ES);
-      StoreRaw<ES>(dst + static_cast<uint64_t>(j) * ES, raw);
-      if (digest) sum += Term(c.gindex + j, SourceBitsFromInstalled(MODE, raw));
-    }
-  } else {
-    for (uint32_t j = threadIdx.x; j < c.count; j += blockDim.x) {
-      const uint64_t raw = LoadRaw<ES>(src + static_cast<uint64_t>(j) * ES);
-      StoreRaw<ES>(dst + static_cast<int64_t>(j) * c.dstride * ES, raw);
-      if (digest) {
-        sum += Term(c.gindex + static_cast<uint64_t>(static_cast<int64_t>(j) * c.gstride),
-                    SourceBitsFromInstalled(MODE, raw));
-      }
-    }
-  }
-  return sum;
-}
-
-// The per-chunk work of both kernels: ChunkSum (digest only) or FusedRun (copy, and digest what
-// is written), for the chunk's element size and bits mode.
-template <typename Chunk>
-struct ChunkWork {
-  const Chunk& c;
-  template <int ES, int MODE>
-  __device__ uint64_t Run() const {
-    if constexpr (std::is_same_v<Chunk, FusedChunk>) {
-      return FusedRun<ES, MODE>(c);
-    } else {
-      return ChunkSum<ES, MODE>(c);
-    }
-  }
-};
-
-__global__ void __launch_bounds__(kThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
+__global__ void __launch_bounds__(kDigestThreads) DigestKernel(const DigestChunk* chunks, uint64_t* sums) {
   const DigestChunk c = chunks[blockIdx.x];
-  BlockAddToSlot(DispatchElemAndMode(c.elem_size, c.mode, ChunkWork<DigestChunk>{c}), sums + c.slot);
+  BlockAddToSlot(ChunkThreadSum(c, threadIdx.x, blockDim.x), sums + c.slot);
 }
 
-__global__ void __launch_bounds__(kThreads) FusedInstallKernel(const FusedChunk* chunks, uint64_t* sums) {
+__global__ void __launch_bounds__(kDigestThreads) FusedInstallKernel(const FusedChunk* chunks, uint64_t* sums) {
   const FusedChunk c = chunks[blockIdx.x];
-  const uint64_t sum = DispatchElemAndMode(c.elem_size, c.mode, ChunkWork<FusedChunk>{c});
+  const uint64_t sum = ChunkThreadSum(c, threadIdx.x, blockDim.x);
   if (c.digest) BlockAddToSlot(sum, sums + c.slot);
 }
 
@@ -307,7 +171,7 @@ cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* su
   constexpr uint64_t kMaxBlocks = (1ull << 31) - 1;
   for (uint64_t begin = 0; begin < count; begin += kMaxBlocks) {
     const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
-    DigestKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(chunks + begin, sums);
+    DigestKernel<<<static_cast<unsigned>(n), kDigestThreads, 0, stream>>>(chunks + begin, sums);
   }
   return cudaGetLastError();
 }
@@ -316,7 +180,7 @@ cudaError_t LaunchFusedInstall(const FusedChunk* chunks, uint64_t count, uint64_
   constexpr uint64_t kMaxBlocks = (1ull << 31) - 1;
   for (uint64_t begin = 0; begin < count; begin += kMaxBlocks) {
     const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
-    FusedInstallKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(chunks + begin, sums);
+    FusedInstallKernel<<<static_cast<unsigned>(n), kDigestThreads, 0, stream>>>(chunks + begin, sums);
   }
   return cudaGetLastError();
 }

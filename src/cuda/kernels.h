@@ -12,6 +12,9 @@
 namespace rc::cuda::internal {
 
 inline constexpr int kMaxKernelDims = 16;
+// Threads per block of the digest and fused install kernels (one block per chunk); the host
+// evaluation (digest_table.h) partitions each chunk over the same number of threads.
+inline constexpr int kDigestThreads = 256;
 
 // A run of elements the digest kernel sums (one thread block per chunk).
 struct DigestChunk {
@@ -28,7 +31,8 @@ struct DigestChunk {
 static_assert(sizeof(DigestChunk) == 48);
 inline constexpr uint32_t kDigestChunkBytes = 128 * 1024;  // contiguous chunks are cut at this size
 
-// sums[slot] += sum of DigestTerm over each chunk (mod 2^64; sums must start zeroed).
+// sums[slot] += sum of DigestTerm over each chunk (mod 2^64; sums must start zeroed). The per-thread
+// work is ChunkPart (digest_chunk.h), shared with the host evaluation.
 cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream);
 
 // A run of the fused install (staging -> live copy that digests what it writes, one pass): count

@@ -261,6 +261,7 @@ uint64_t RunDigest(const RegionRun& r, bool* nonfinite_f32 = nullptr) {
     }
   }
   uint64_t sum = 0;
+  uint64_t block = ~uint64_t{0}, key = 0;  // the block key, recomputed only when the block changes
   for (int64_t j = 0; j < r.inner; ++j) {
     const uint64_t gi = static_cast<uint64_t>(r.g0 + j * r.gstride);
     const size_t off = static_cast<size_t>(r.d0 + j * r.dstride) * des;
@@ -268,7 +269,11 @@ uint64_t RunDigest(const RegionRun& r, bool* nonfinite_f32 = nullptr) {
     if (nonfinite_f32 != nullptr && dd == DType::kF32 && internal::AnyNonFiniteF32(r.src + off, 1)) {
       *nonfinite_f32 = true;
     }
-    sum += DigestTerm(gi, SourceBits(sd, dd, r.src + off));
+    if ((gi >> 6) != block) {
+      block = gi >> 6;
+      key = DigestBlockKey(block);
+    }
+    sum += DigestTermInBlock(key, static_cast<uint32_t>(gi & 63), SourceBits(sd, dd, r.src + off));
   }
   return sum;
 }

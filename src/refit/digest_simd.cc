@@ -9,6 +9,7 @@
 #endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -19,9 +20,31 @@ namespace rc::refit::internal {
 namespace {
 
 constexpr uint64_t kPoison = uint64_t{1} << 40;
-constexpr uint64_t kMixAdd = 0x9E3779B97F4A7C15ULL;
-constexpr uint64_t kMixMul1 = 0xBF58476D1CE4E5B9ULL;
-constexpr uint64_t kMixMul2 = 0x94D049BB133111EBULL;
+
+// Per-position constants of the digest (digest.h), as tables the vector loops load lane groups
+// from: kPosA[j] = (uint32)(j * kDigestPositionKey), and kPosMul[p][j] such that for a block key K
+// with K & 1 == p, B_j = (K + j * kDigestPositionMul) | 1 = (K & ~1) + kPosMul[p][j]. (j * M has the
+// parity of j because M is odd: K + j * M is even exactly when K & 1 == j & 1, and then the | 1
+// adds one.) One add per lane group instead of an add and an or.
+struct PositionTables {
+  alignas(64) uint64_t a[64];
+  alignas(64) uint64_t mul[2][64];
+};
+constexpr PositionTables MakePositionTables() {
+  PositionTables t{};
+  for (uint32_t j = 0; j < 64; ++j) {
+    t.a[j] = static_cast<uint32_t>(j * kDigestPositionKey);
+    const uint64_t d = static_cast<uint64_t>(j) * kDigestPositionMul;
+    t.mul[0][j] = d + 1 - (j & 1);
+    t.mul[1][j] = d + 1 + (j & 1);
+  }
+  return t;
+}
+constexpr PositionTables kPos = MakePositionTables();
+static_assert(((uint64_t{0x1234} & ~uint64_t{1}) + kPos.mul[0][5]) == DigestPositionMul(0x1234, 5));
+static_assert(((uint64_t{0x1235} & ~uint64_t{1}) + kPos.mul[1][5]) == DigestPositionMul(0x1235, 5));
+static_assert(((uint64_t{0x1235} & ~uint64_t{1}) + kPos.mul[1][6]) == DigestPositionMul(0x1235, 6));
+static_assert(((uint64_t{0x1234} & ~uint64_t{1}) + kPos.mul[0][6]) == DigestPositionMul(0x1234, 6));
 
 // ---- scalar reference ------------------------------------------------------------------------
 
@@ -36,47 +59,43 @@ inline uint64_t LoadBits(int es, const unsigned char* p) {
 
 inline uint64_t Bf16AsF32Bits(uint32_t u) { return (u & 0xffffu) == 0 ? (u >> 16) : (kPoison | u); }
 
+// Element by element, the block key computed once per (partial) 64-element block.
 template <int ES, bool kCopy, bool kBf16>
 uint64_t ScalarRun(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n) {
   uint64_t sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const unsigned char* e = src + j * ES;
-    uint64_t bits = LoadBits(ES, e);
-    if (kCopy) std::memcpy(dst + j * ES, e, ES);
-    if (kBf16) bits = Bf16AsF32Bits(static_cast<uint32_t>(bits));
-    sum += DigestTerm(index + static_cast<uint64_t>(j), bits);
+  int64_t j = 0;
+  while (j < n) {
+    const uint64_t gi = index + static_cast<uint64_t>(j);
+    const uint64_t key = DigestBlockKey(gi >> 6);
+    const auto pos = static_cast<uint32_t>(gi & 63);
+    const int64_t m = std::min<int64_t>(n - j, 64 - pos);
+    for (int64_t t = 0; t < m; ++t) {
+      const unsigned char* e = src + (j + t) * ES;
+      uint64_t bits = LoadBits(ES, e);
+      if (kCopy) std::memcpy(dst + (j + t) * ES, e, ES);
+      if (kBf16) bits = Bf16AsF32Bits(static_cast<uint32_t>(bits));
+      sum += DigestTermInBlock(key, pos + static_cast<uint32_t>(t), bits);
+    }
+    j += m;
   }
   return sum;
 }
 
-// ---- AVX2: 4 lanes; 64-bit multiply by a constant from three 32x32->64 products ------------
+// Elements before the first 64-aligned global index (all n when the run ends first): the vector
+// loops run over whole blocks only.
+inline int64_t HeadElements(uint64_t index, int64_t n) {
+  return std::min<int64_t>(n, static_cast<int64_t>((64 - (index & 63)) & 63));
+}
+
+// The vector loops keep two sums, lo (of x * lo32(B)) and hi (of x * hi32(B), plus hi32(x) * lo32(B)
+// when x may exceed 32 bits); the digest is lo + (hi << 32) mod 2^64, since the shift distributes
+// over the sum. x exceeds 32 bits only for 8-byte elements and poisoned bf16-in-f32 values.
+template <int ES, bool kBf16>
+inline constexpr bool kWideX = ES == 8 || kBf16;
+
+// ---- AVX2: 4 lanes, 16 lane groups per block --------------------------------------------------
 
 #define RC_AVX2 __attribute__((target("avx2")))
-
-RC_AVX2 inline __m256i MulConst64(__m256i x, __m256i c_lo, __m256i c_hi) {
-  const __m256i lo = _mm256_mul_epu32(x, c_lo);
-  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), c_lo), _mm256_mul_epu32(x, c_hi));
-  return _mm256_add_epi64(lo, _mm256_slli_epi64(cross, 32));
-}
-
-struct Avx2Consts {
-  __m256i add, m1lo, m1hi, m2lo, m2hi;
-};
-
-RC_AVX2 inline Avx2Consts MakeAvx2Consts() {
-  return {_mm256_set1_epi64x(static_cast<long long>(kMixAdd)),
-          _mm256_set1_epi64x(static_cast<long long>(kMixMul1 & 0xffffffffu)),
-          _mm256_set1_epi64x(static_cast<long long>(kMixMul1 >> 32)),
-          _mm256_set1_epi64x(static_cast<long long>(kMixMul2 & 0xffffffffu)),
-          _mm256_set1_epi64x(static_cast<long long>(kMixMul2 >> 32))};
-}
-
-RC_AVX2 inline __m256i Mix4(__m256i x, const Avx2Consts& k) {
-  x = _mm256_add_epi64(x, k.add);
-  x = MulConst64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 30)), k.m1lo, k.m1hi);
-  x = MulConst64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 27)), k.m2lo, k.m2hi);
-  return _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
-}
 
 // Loads 4 elements, stores them to dst when copying, returns them zero-extended to 64 bits.
 template <int ES, bool kCopy>
@@ -103,38 +122,41 @@ RC_AVX2 inline __m256i Load4(unsigned char* dst, const unsigned char* src) {
 
 template <int ES, bool kCopy, bool kBf16>
 RC_AVX2 uint64_t Avx2Run(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n) {
-  const Avx2Consts k = MakeAvx2Consts();
-  const __m256i four = _mm256_set1_epi64x(4);
   const __m256i low16 = _mm256_set1_epi64x(0xffff);
   const __m256i poison = _mm256_set1_epi64x(static_cast<long long>(kPoison));
-  __m256i idx = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(index)), _mm256_set_epi64x(3, 2, 1, 0));
-  __m256i acc = _mm256_setzero_si256();
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    __m256i bits = Load4<ES, kCopy>(dst + j * ES, src + j * ES);
-    if constexpr (kBf16) {
-      const __m256i zero_low = _mm256_cmpeq_epi64(_mm256_and_si256(bits, low16), _mm256_setzero_si256());
-      bits = _mm256_blendv_epi8(_mm256_or_si256(bits, poison), _mm256_srli_epi64(bits, 16), zero_low);
+  const int64_t head = HeadElements(index, n);
+  uint64_t sum = ScalarRun<ES, kCopy, kBf16>(dst, src, index, head);
+  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+  int64_t j = head;
+  for (; j + 64 <= n; j += 64) {
+    const uint64_t key = DigestBlockKey((index + static_cast<uint64_t>(j)) >> 6);
+    const uint64_t* mul = kPos.mul[key & 1];
+    const __m256i kh = _mm256_set1_epi64x(static_cast<long long>(key >> 32));
+    const __m256i k0 = _mm256_set1_epi64x(static_cast<long long>(key & ~uint64_t{1}));
+#pragma GCC unroll 16
+    for (int g = 0; g < 16; ++g) {
+      __m256i bits = Load4<ES, kCopy>(dst + (j + 4 * g) * ES, src + (j + 4 * g) * ES);
+      if constexpr (kBf16) {
+        const __m256i zero_low = _mm256_cmpeq_epi64(_mm256_and_si256(bits, low16), _mm256_setzero_si256());
+        bits = _mm256_blendv_epi8(_mm256_or_si256(bits, poison), _mm256_srli_epi64(bits, 16), zero_low);
+      }
+      const __m256i x = _mm256_xor_si256(_mm256_xor_si256(bits, kh),
+                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(kPos.a + 4 * g)));
+      const __m256i b = _mm256_add_epi64(k0, _mm256_load_si256(reinterpret_cast<const __m256i*>(mul + 4 * g)));
+      lo = _mm256_add_epi64(lo, _mm256_mul_epu32(x, b));
+      hi = _mm256_add_epi64(hi, _mm256_mul_epu32(x, _mm256_srli_epi64(b, 32)));
+      if constexpr (kWideX<ES, kBf16>) hi = _mm256_add_epi64(hi, _mm256_mul_epu32(_mm256_srli_epi64(x, 32), b));
     }
-    acc = _mm256_add_epi64(acc, Mix4(_mm256_xor_si256(Mix4(idx, k), bits), k));
-    idx = _mm256_add_epi64(idx, four);
   }
   alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
-  const uint64_t tail = ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + tail;
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(lo, _mm256_slli_epi64(hi, 32)));
+  sum += ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
+  return sum + lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
-// ---- AVX-512 (F + DQ): 8 lanes with a native 64-bit multiply ----------------------------------
+// ---- AVX-512 (F + BW + VL): 8 lanes, 8 lane groups per block ---------------------------------
 
 #define RC_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
-
-RC_AVX512 inline __m512i Mix8(__m512i x, __m512i add, __m512i m1, __m512i m2) {
-  x = _mm512_add_epi64(x, add);
-  x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), m1);
-  x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
-  return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
-}
 
 template <int ES, bool kCopy>
 RC_AVX512 inline __m512i Load8(unsigned char* dst, const unsigned char* src) {
@@ -157,46 +179,40 @@ RC_AVX512 inline __m512i Load8(unsigned char* dst, const unsigned char* src) {
   }
 }
 
-template <bool kBf16>
-RC_AVX512 inline __m512i Term8(__m512i bits, __m512i at, __m512i add, __m512i m1, __m512i m2, __m512i low16,
-                               __m512i poison) {
-  if constexpr (kBf16) {
-    const __mmask8 zero_low = _mm512_cmpeq_epi64_mask(_mm512_and_si512(bits, low16), _mm512_setzero_si512());
-    bits = _mm512_mask_blend_epi64(zero_low, _mm512_or_si512(bits, poison), _mm512_srli_epi64(bits, 16));
-  }
-  return Mix8(_mm512_xor_si512(Mix8(at, add, m1, m2), bits), add, m1, m2);
-}
-
 template <int ES, bool kCopy, bool kBf16>
 RC_AVX512 uint64_t Avx512Run(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n) {
-  const __m512i add = _mm512_set1_epi64(static_cast<long long>(kMixAdd));
-  const __m512i m1 = _mm512_set1_epi64(static_cast<long long>(kMixMul1));
-  const __m512i m2 = _mm512_set1_epi64(static_cast<long long>(kMixMul2));
-  const __m512i eight = _mm512_set1_epi64(8);
   const __m512i low16 = _mm512_set1_epi64(0xffff);
   const __m512i poison = _mm512_set1_epi64(static_cast<long long>(kPoison));
-  __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(index)), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
-  // Two independent chains per iteration keep both multiply pipes busy.
-  __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512i b0 = Load8<ES, kCopy>(dst + j * ES, src + j * ES);
-    const __m512i b1 = Load8<ES, kCopy>(dst + (j + 8) * ES, src + (j + 8) * ES);
-    acc0 = _mm512_add_epi64(acc0, Term8<kBf16>(b0, idx, add, m1, m2, low16, poison));
-    acc1 = _mm512_add_epi64(acc1, Term8<kBf16>(b1, _mm512_add_epi64(idx, eight), add, m1, m2, low16, poison));
-    idx = _mm512_add_epi64(idx, _mm512_add_epi64(eight, eight));
-  }
-  for (; j + 8 <= n; j += 8) {
-    acc0 = _mm512_add_epi64(acc0, Term8<kBf16>(Load8<ES, kCopy>(dst + j * ES, src + j * ES), idx, add, m1, m2, low16, poison));
-    idx = _mm512_add_epi64(idx, eight);
+  const int64_t head = HeadElements(index, n);
+  uint64_t sum = ScalarRun<ES, kCopy, kBf16>(dst, src, index, head);
+  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  int64_t j = head;
+  for (; j + 64 <= n; j += 64) {
+    const uint64_t key = DigestBlockKey((index + static_cast<uint64_t>(j)) >> 6);
+    const uint64_t* mul = kPos.mul[key & 1];
+    const __m512i kh = _mm512_set1_epi64(static_cast<long long>(key >> 32));
+    const __m512i k0 = _mm512_set1_epi64(static_cast<long long>(key & ~uint64_t{1}));
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      __m512i bits = Load8<ES, kCopy>(dst + (j + 8 * g) * ES, src + (j + 8 * g) * ES);
+      if constexpr (kBf16) {
+        const __mmask8 zero_low = _mm512_cmpeq_epi64_mask(_mm512_and_si512(bits, low16), _mm512_setzero_si512());
+        bits = _mm512_mask_blend_epi64(zero_low, _mm512_or_si512(bits, poison), _mm512_srli_epi64(bits, 16));
+      }
+      // bits ^ kh ^ a in one instruction (truth table 0x96: three-way XOR).
+      const __m512i x = _mm512_ternarylogic_epi64(bits, kh, _mm512_load_si512(kPos.a + 8 * g), 0x96);
+      const __m512i b = _mm512_add_epi64(k0, _mm512_load_si512(mul + 8 * g));
+      lo = _mm512_add_epi64(lo, _mm512_mul_epu32(x, b));
+      hi = _mm512_add_epi64(hi, _mm512_mul_epu32(x, _mm512_srli_epi64(b, 32)));
+      if constexpr (kWideX<ES, kBf16>) hi = _mm512_add_epi64(hi, _mm512_mul_epu32(_mm512_srli_epi64(x, 32), b));
+    }
   }
   // Summed as unsigned (wrapping) lanes: GCC's _mm512_reduce_add_epi64 adds them as signed
   // long long, which UBSan reports as overflow.
   alignas(64) uint64_t lane[8];
-  _mm512_store_si512(lane, _mm512_add_epi64(acc0, acc1));
-  uint64_t lanes = 0;
-  for (uint64_t l : lane) lanes += l;
-  return lanes + ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
+  _mm512_store_si512(lane, _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32)));
+  for (uint64_t l : lane) sum += l;
+  return sum + ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
 }
 
 // ---- finite check ----------------------------------------------------------------------------

@@ -6,10 +6,12 @@
 // where bits_j is element j's bits zero-extended to 64 (elem_size 1, 2, 4 or 8 bytes), or, for
 // the *Bf16AsF32 variants, the source bits of an f32 installed from a bf16 source: u >> 16 when
 // the low 16 bits of u are zero, (1 << 40) | u otherwise (the header of digest.h explains why).
-// The vector versions do the 64-bit SplitMix64 mix 4 (AVX2) or 8 (AVX-512) lanes at a time and
-// the tail in scalar code; addition mod 2^64 is associative and commutative, so every ISA returns
-// the same sum for the same bytes (digest_simd_test checks it for every dtype size, length,
-// alignment offset and tail).
+// The vector versions run over whole 64-element blocks of the global index (one DigestBlockKey per
+// block, 4 (AVX2) or 8 (AVX-512) lanes of x * B from two 32x32->64 multiplies, vpmuludq) and do the
+// elements before the first block boundary and after the last in scalar code; addition mod 2^64 is
+// associative and commutative, so every ISA returns the same sum for the same bytes
+// (digest_simd_test checks it for every dtype size, length, start index modulo 64, memory offset
+// and tail).
 //
 // CopyAndDigest* copy the n elements from src to dst and digest the values they copied (the same
 // registers that are stored are mixed), so an install proves what it wrote without a second pass

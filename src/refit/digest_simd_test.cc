@@ -18,7 +18,12 @@ uint64_t Reference(int es, const unsigned char* p, uint64_t index, int64_t n, bo
     uint64_t bits = 0;
     std::memcpy(&bits, p + j * es, static_cast<size_t>(es));  // little-endian zero extension
     if (bf16_as_f32) bits = (bits & 0xffff) == 0 ? bits >> 16 : (uint64_t{1} << 40) | bits;
-    sum += Mix64(Mix64(index + static_cast<uint64_t>(j)) ^ bits);
+    // rc-digest-2 spelled out (digest.h), element by element, no block amortization.
+    const uint64_t i = index + static_cast<uint64_t>(j);
+    const uint64_t key = Mix64((i >> 6) + 0x9E3779B97F4A7C15ULL);
+    const uint64_t a = static_cast<uint32_t>(key >> 32) ^ static_cast<uint32_t>((i & 63) * 0x9E3779B9u);
+    const uint64_t b = (key + (i & 63) * 0xD1B54A32D192ED03ULL) | 1;
+    sum += (bits ^ a) * b;
   }
   return sum;
 }
@@ -40,10 +45,12 @@ std::vector<unsigned char> RandomBytes(size_t n, uint32_t seed) {
 
 TEST(DigestSimd, EveryIsaEqualsTheReferenceForEveryElementSizeLengthOffsetAndTail) {
   const std::vector<unsigned char> data = RandomBytes(8 * 1100 + 64, 7);
-  const uint64_t bases[] = {0, 12345, ~uint64_t{0} - 20};  // the last wraps around 2^64 mid-run
+  // Start indices at every kind of position in a 64-element block (12345 % 64 == 57); the last
+  // wraps around 2^64 mid-run.
+  const uint64_t bases[] = {0, 1, 63, 64, 100, 12345, ~uint64_t{0} - 20, ~uint64_t{0} - 140};
   for (DigestIsa isa : Isas()) {
     for (int es : {1, 2, 4, 8}) {
-      for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 1000, 1031}) {
+      for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 191, 1000, 1031}) {
         for (size_t off : {0, 1, 3, 5, 8}) {
           for (uint64_t base : bases) {
             const unsigned char* p = data.data() + off;
@@ -64,11 +71,13 @@ TEST(DigestSimd, Bf16InF32EqualsTheReferenceWithCleanAndPoisonedElements) {
     v[i] = (hi << 16) | ((i % 7 == 3) ? (rng() & 0xffff) | 1 : 0);  // every 7th has dirty low bits
   }
   for (DigestIsa isa : Isas()) {
-    for (int64_t n : {0, 1, 4, 7, 8, 15, 16, 17, 100, 1099}) {
+    for (int64_t n : {0, 1, 4, 7, 8, 15, 16, 17, 100, 129, 1099}) {
       for (size_t off : {0, 1}) {
-        const auto* p = reinterpret_cast<const unsigned char*>(v.data() + off);
-        EXPECT_EQ(DigestBf16AsF32(isa, p, 99, n), Reference(4, p, 99, n, true))
-            << DigestIsaName(isa) << " n " << n << " offset " << off;
+        for (uint64_t base : {uint64_t{0}, uint64_t{99}, uint64_t{128}}) {
+          const auto* p = reinterpret_cast<const unsigned char*>(v.data() + off);
+          EXPECT_EQ(DigestBf16AsF32(isa, p, base, n), Reference(4, p, base, n, true))
+              << DigestIsaName(isa) << " n " << n << " offset " << off << " base " << base;
+        }
       }
     }
   }
@@ -94,8 +103,9 @@ TEST(DigestSimd, CopyAndDigestCopiesExactlyTheRunAndDigestsIt) {
       for (int64_t n : {0, 1, 5, 16, 17, 255}) {
         for (size_t off : {0, 3}) {
           std::vector<unsigned char> dst(8 * 300 + 32, 0xAB);
-          const uint64_t got = CopyAndDigestContiguous(isa, es, dst.data() + 8, src.data() + off, 77, n);
-          EXPECT_EQ(got, Reference(es, src.data() + off, 77, n, false)) << DigestIsaName(isa) << " es " << es;
+          const uint64_t base = off == 0 ? 64 : 77;  // block-aligned start, and one mid-block
+          const uint64_t got = CopyAndDigestContiguous(isa, es, dst.data() + 8, src.data() + off, base, n);
+          EXPECT_EQ(got, Reference(es, src.data() + off, base, n, false)) << DigestIsaName(isa) << " es " << es;
           const size_t bytes = static_cast<size_t>(n * es);
           EXPECT_EQ(std::memcmp(dst.data() + 8, src.data() + off, bytes), 0) << DigestIsaName(isa);
           for (size_t i = 0; i < dst.size(); ++i) {

@@ -35,10 +35,96 @@ uint64_t OfBox(const std::vector<float>& v, const Shape& shape, const Box& box) 
   return DigestBlock(DType::kF32, shape, box, sub.data());
 }
 
-TEST(DigestTest, TermIsTheDocumentedMix) {
-  EXPECT_EQ(DigestTerm(5, 0x3f80), Mix64(Mix64(5) ^ 0x3f80));
+// Golden values of rc-digest-2, computed once by an independent implementation of the formula in
+// digest.h (Python integers, masked to 64 bits):
+//   def term(i, b):
+//     K = mix64((i >> 6) + 0x9E3779B97F4A7C15); j = i & 63
+//     A = ((K >> 32) & 0xffffffff) ^ ((j * 0x9E3779B9) & 0xffffffff)
+//     B = ((K + j * 0xD1B54A32D192ED03) & M) | 1
+//     return ((b ^ A) * B) & M
+// with mix64 the SplitMix64 finalizer (x += golden; two xor-shift-multiply rounds; xor-shift).
+TEST(DigestTest, TermMatchesTheIndependentReference) {
+  struct Golden {
+    uint64_t index, bits, term;
+  };
+  const Golden golden[] = {
+      {0x0ull, 0x0ull, 0x4330e0ae74896d72ull},
+      {0x0ull, 0x3f80ull, 0xe95b55e47d6e46f2ull},
+      {0x5ull, 0x3f80ull, 0xfbdceca54a3b8565ull},
+      {0x3full, 0xffffull, 0x84eee5b451711372ull},
+      {0x40ull, 0x3f800000ull, 0x55c86f4d4d2467c7ull},
+      {0x3039ull, 0xbf800000ull, 0xff0a3dfba5df5be8ull},
+      {0xffffffffffffffffull, 0x1003f800001ull, 0xbd7ffe52878a6be6ull},  // poisoned bf16-in-f32
+      {0x10000000007ull, 0xfedcba9876543210ull, 0x3c7b89dd39bc080dull},  // 64-bit element
+  };
+  for (const Golden& g : golden) {
+    EXPECT_EQ(DigestTerm(g.index, g.bits), g.term) << "index " << g.index << " bits " << g.bits;
+    EXPECT_EQ(DigestTermInBlock(DigestBlockKey(g.index >> 6), static_cast<uint32_t>(g.index & 63), g.bits), g.term);
+  }
+  static_assert(DigestTerm(0, 0x3f80) == 0xe95b55e47d6e46f2ull, "constexpr, as the CUDA kernels use it");
   const float one = 1.0f;
-  EXPECT_EQ(DigestBlock(DType::kF32, {1}, FullBox({1}), &one), Mix64(Mix64(0) ^ 0x3f800000u));
+  EXPECT_EQ(DigestBlock(DType::kF32, {1}, FullBox({1}), &one), 0x642fbcd4ae096d72ull);
+  EXPECT_EQ(kDigestAlgorithm, "rc-digest-2");
+}
+
+// Every single-element change is detected, with certainty: over a bf16 tensor whose length is not
+// a multiple of 64 (so a partial block is included), every element, every one of its 16 bit flips
+// and a few whole-value replacements.
+TEST(DigestTest, EverySingleElementChangeChangesIt) {
+  const Shape shape{3, 50};  // 150 elements: blocks 0, 1 and a partial block 2
+  std::vector<uint16_t> v(150);
+  std::mt19937 rng(99);
+  for (auto& x : v) x = static_cast<uint16_t>(rng());
+  const uint64_t d = DigestBlock(DType::kBF16, shape, FullBox(shape), v.data());
+  int checked = 0;
+  for (size_t e = 0; e < v.size(); ++e) {
+    const uint16_t keep = v[e];
+    std::vector<uint16_t> changes;
+    for (int bit = 0; bit < 16; ++bit) changes.push_back(static_cast<uint16_t>(keep ^ (1u << bit)));
+    for (uint16_t to : {uint16_t{0}, uint16_t{0xffff}, uint16_t{0x8000}, static_cast<uint16_t>(keep + 1)}) {
+      if (to != keep) changes.push_back(to);
+    }
+    for (uint16_t to : changes) {
+      v[e] = to;
+      ASSERT_NE(DigestBlock(DType::kBF16, shape, FullBox(shape), v.data()), d)
+          << "element " << e << " changed from " << keep << " to " << to;
+      ++checked;
+    }
+    v[e] = keep;
+  }
+  EXPECT_GE(checked, 150 * 16);
+}
+
+// The delta rule the engine and the trainer use: D_new = D_old + sum over changed elements of
+// DigestTerm(i, new) - DigestTerm(i, old), equal to recomputing.
+TEST(DigestTest, DeltaUpdateEqualsRecompute) {
+  const Shape shape{7, 37};
+  std::vector<uint32_t> v(7 * 37);
+  std::mt19937 rng(5);
+  for (auto& x : v) x = rng();
+  uint64_t d = DigestBlock(DType::kF32, shape, FullBox(shape), v.data());
+  for (int round = 0; round < 50; ++round) {
+    for (int k = 0; k < 5; ++k) {
+      const size_t e = rng() % v.size();
+      const uint32_t to = rng();
+      d += DigestTerm(e, to) - DigestTerm(e, v[e]);
+      v[e] = to;
+    }
+    ASSERT_EQ(d, DigestBlock(DType::kF32, shape, FullBox(shape), v.data())) << "round " << round;
+  }
+}
+
+TEST(DigestTest, SwappedElementsInsideABlockChangeIt) {
+  std::vector<uint16_t> v(64);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(0x3f80 + i);
+  const uint64_t d = DigestBlock(DType::kBF16, {64}, FullBox({64}), v.data());
+  for (size_t a = 0; a < 64; ++a) {
+    for (size_t b = a + 1; b < 64; ++b) {
+      std::swap(v[a], v[b]);
+      ASSERT_NE(DigestBlock(DType::kBF16, {64}, FullBox({64}), v.data()), d) << a << " <-> " << b;
+      std::swap(v[a], v[b]);
+    }
+  }
 }
 
 TEST(DigestTest, FlippedBitChangesIt) {
@@ -167,6 +253,38 @@ TEST(DigestTest, CombinedDigestDependsOnNamesAndValues) {
   EXPECT_NE(CombineTensorDigests(a), CombineTensorDigests(b));
   EXPECT_NE(CombineTensorDigests(a), CombineTensorDigests(c));
   EXPECT_EQ(CombineTensorDigests(a), CombineTensorDigests(TensorDigests{{"b", 2}, {"a", 1}}));
+}
+
+// A manifest names its digest algorithm; one naming another or none is refused where published
+// digests are read (receivers, verifiers, the directory's commit), naming the field and value.
+TEST(DigestTest, ManifestOfAnotherOrNoDigestAlgorithmIsRefused) {
+  Manifest m;
+  m.version = "v7";
+  m.tables.push_back(ShardTable{"w", DType::kF32, {2}, {{0, {0}, {2}, "", 10}}});
+  EXPECT_EQ(m.digest_algorithm, "rc-digest-2");
+  const Json j = ManifestToJson(m);
+  EXPECT_EQ(j.at("digest"), "rc-digest-2");
+  auto back = ManifestFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->digest_algorithm, "rc-digest-2");
+  ASSERT_TRUE(TensorDigestsFromShards(*back).ok());
+
+  Json other = j;
+  other["digest"] = "rc-digest-1";
+  auto o = ManifestFromJson(other);
+  ASSERT_TRUE(o.ok());
+  auto refused = TensorDigestsFromShards(*o);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("version v7: field \"digest\" is \"rc-digest-1\""));
+  EXPECT_THAT(refused.status().message(), HasSubstr("\"rc-digest-2\""));
+
+  Json none = j;
+  none.erase("digest");
+  auto n = ManifestFromJson(none);
+  ASSERT_TRUE(n.ok());
+  auto missing = TensorDigestsFromShards(*n);
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(missing.status().message(), HasSubstr("field \"digest\" (content digest algorithm) is missing"));
 }
 
 TEST(DigestTest, ManifestDigestCountsReplicasOnceAndCatchesDisagreement) {

@@ -118,7 +118,21 @@ Status ValidateShardTable(const ShardTable& table, bool require_complete) {
   return OkStatus();
 }
 
+Status CheckDigestAlgorithm(const Manifest& m) {
+  if (m.digest_algorithm == kDigestAlgorithm) return OkStatus();
+  if (m.digest_algorithm.empty()) {
+    return FailedPrecondition(fmt::format(
+        "manifest of version {}: field \"digest\" (content digest algorithm) is missing; this build computes and "
+        "checks only \"{}\" (republish the version with this build)",
+        m.version, kDigestAlgorithm));
+  }
+  return FailedPrecondition(
+      fmt::format("manifest of version {}: field \"digest\" is \"{}\", but this build computes and checks only \"{}\"",
+                  m.version, m.digest_algorithm, kDigestAlgorithm));
+}
+
 Result<TensorDigests> TensorDigestsFromShards(const Manifest& m) {
+  RC_RETURN_IF_ERROR(CheckDigestAlgorithm(m));
   TensorDigests out;
   internal::ShardIndex index;
   for (const ShardTable& t : m.tables) {
@@ -194,6 +208,7 @@ Json ManifestToJson(const Manifest& m) {
   Json out{{"model", m.model},
            {"version", m.version},
            {"expected_ranks", m.expected_ranks},
+           {"digest", m.digest_algorithm},
            {"content_digest", Hex64(m.content_digest)},
            {"tensors", tables}};
   if (!m.probes.empty()) out["probes"] = ProbesToJson(m.probes);
@@ -201,7 +216,8 @@ Json ManifestToJson(const Manifest& m) {
 }
 
 Result<Manifest> ManifestFromJson(const Json& j) {
-  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"model", "version", "expected_ranks", "content_digest", "tensors", "probes"}, ""));
+  RC_RETURN_IF_ERROR(
+      CheckKnownKeys(j, {"model", "version", "expected_ranks", "digest", "content_digest", "tensors", "probes"}, ""));
   Manifest m;
   RC_ASSIGN_OR_RETURN(m.model, GetString(j, "model", "", std::string()));
   RC_ASSIGN_OR_RETURN(m.version, GetString(j, "version", "", std::string()));
@@ -209,6 +225,8 @@ Result<Manifest> ManifestFromJson(const Json& j) {
   if (ranks > INT32_MAX) return InvalidArgument("expected_ranks: too large");
   m.expected_ranks = static_cast<int32_t>(ranks);
   RC_ASSIGN_OR_RETURN(m.content_digest, HexFromJson(j, "content_digest", ""));
+  // Kept as read (empty when absent): TensorDigestsFromShards refuses what it cannot check.
+  RC_ASSIGN_OR_RETURN(m.digest_algorithm, GetString(j, "digest", "", std::string()));
   if (auto pit = j.find("probes"); pit != j.end()) {
     RC_ASSIGN_OR_RETURN(m.probes, ProbesFromJson(*pit));
   }

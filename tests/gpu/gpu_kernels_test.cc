@@ -90,14 +90,21 @@ TEST(GpuDigestTest, BlocksMatchCpuDigestBlock) {
     size_t misalign;  // bytes added to the block's address
   };
   const std::vector<Case> cases = {
-      {DType::kBF16, {4096, 1024}, {{0, 0}, {4096, 1024}}, 0},     // big contiguous, several chunks
-      {DType::kBF16, {300, 77}, {{10, 0}, {50, 77}}, 0},            // dim-0 shard, odd row length
-      {DType::kBF16, {64, 96}, {{8, 16}, {20, 40}}, 2},             // column block, misaligned
+      {DType::kBF16, {4096, 1024}, {{0, 0}, {4096, 1024}}, 0},  // big contiguous, several chunks
+      {DType::kBF16, {300, 77}, {{10, 0}, {50, 77}}, 0},        // dim-0 shard, odd row length
+      {DType::kBF16, {64, 96}, {{8, 16}, {20, 40}}, 2},         // column block, misaligned
       {DType::kF16, {1000}, {{3}, {997}}, 6},
       {DType::kF32, {33, 17, 5}, {{1, 2, 0}, {30, 15, 5}}, 4},
       {DType::kI8, {1 << 20}, {{0}, {(1 << 20) - 3}}, 1},
       {DType::kI64, {129, 3}, {{0, 1}, {129, 2}}, 8},
-      {DType::kBF16, {7}, {{0}, {0}}, 0},                           // empty block
+      {DType::kBF16, {7}, {{0}, {0}}, 0},  // empty block
+      // Aligned, so the block path (digest_chunk.h) runs for every element size, with a head that
+      // is not a whole block (global start 264 = 4 * 64 + 8) and tails.
+      {DType::kF32, {512, 256}, {{0, 0}, {512, 256}}, 0},
+      {DType::kI8, {1 << 20}, {{0}, {1 << 20}}, 0},
+      {DType::kI64, {64, 130}, {{0, 0}, {64, 130}}, 0},
+      {DType::kBF16, {128, 256}, {{1, 8}, {100, 200}}, 0},
+      {DType::kF16, {3, 4099}, {{0, 0}, {3, 4099}}, 0},
   };
   std::vector<std::vector<uint8_t>> host;
   std::vector<DeviceBuffer> dev;

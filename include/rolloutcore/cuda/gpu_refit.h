@@ -3,13 +3,14 @@
 // conversion, and a plan executor whose destinations and staging live on a GPU.
 //
 // Content digest on the GPU. DeviceDigest computes exactly rc::refit::DigestBlock /
-// DigestInstalled (digest.h): per element Mix64(Mix64(global index) ^ source bits), summed mod 2^64
-// per tensor, where the bits are the element's bits in the *source* dtype (installed f32 elements
+// DigestInstalled (digest.h): per element DigestTerm(global index, source bits) (rc-digest-2),
+// summed mod 2^64 per tensor, where the bits are the element's bits in the *source* dtype (installed f32 elements
 // converted from bf16/f16 are mapped back, anything that does not round-trip is poisoned, exactly
 // as the CPU does). The host cuts the walk into chunks once (a segment table: address, global
 // index, strides, count, output slot; contiguous dims merged, rows cut at 128 KiB) and uploads it;
-// Run() is then one kernel launch over all tensors: one block per chunk, 16-byte loads when the
-// chunk is contiguous and aligned, a block reduction, one 64-bit atomicAdd per block into the
+// Run() is then one kernel launch over all tensors: one block per chunk, 16-byte coalesced loads
+// and one block key per 64 elements when the chunk is contiguous and aligned (src/cuda/digest_chunk.h),
+// a block reduction, one 64-bit atomicAdd per block into the
 // tensor's slot (integer addition mod 2^64 is associative, so the result is exact and does not
 // depend on scheduling).
 //

@@ -1,21 +1,43 @@
 // Content digests: a sharding-invariant fingerprint of tensor contents.
 //
-// The digest of tensor T is
+// The digest of tensor T ("rc-digest-2", kDigestAlgorithm in manifest.h: version manifests name
+// it and TensorDigestsFromShards refuses a manifest that names another) is
 //
-//     D(T) = sum over elements e of T of  Mix64(Mix64(i_e) ^ b_e)   (mod 2^64)
+//     D(T) = sum over elements e of T of  DigestTerm(i_e, b_e)   (mod 2^64)
 //
-// where i_e is e's global row-major linear index in T's source (HF) shape, b_e is e's bits in
-// T's source dtype zero-extended to 64 bits, and Mix64 is the SplitMix64 finalizer
-// (rolloutcore/base/hash.h), a bijection on 64-bit words with full avalanche.
+// where i_e is e's global row-major linear index in T's source (HF) shape and b_e is e's bits in
+// T's source dtype zero-extended to 64 bits. The index is cut into 64-element blocks:
 //
-// Why this mix: the index is avalanched on its own first, so the per-position keys Mix64(i) have
-// no linear structure (with i * K ^ b, nearby indices differ by a fixed additive constant that
-// interacts with the low bits of b through carries); the outer Mix64 then makes each term a
-// pseudo-random function of (position, value), so a flipped bit, two swapped rows (even rows
-// with equal value sums), a run shifted by one element or a missing region each change the sum
-// except with probability about 2^-64. Because D is a sum of per-position terms it decomposes over
-// any partition of T: trainer ranks digest their shards, engine ranks digest what they installed
-// (mapped back to source coordinates through the captured copies), and the sums agree.
+//     k = i >> 6,  j = i & 63
+//     K = Mix64(k + 0x9E3779B97F4A7C15)                      one strong hash per block
+//     A = (uint32)(K >> 32) ^ (uint32)(j * 0x9E3779B9)        32-bit per-position key
+//     B = (K + j * 0xD1B54A32D192ED03) | 1                    odd 64-bit per-position multiplier
+//     DigestTerm(i, b) = (b ^ A) * B   (mod 2^64)
+//
+// Mix64 is the SplitMix64 finalizer (rolloutcore/base/hash.h), a bijection with full avalanche.
+//
+// What the design relies on, and why it holds:
+// - Sharding-invariant: D is a sum of per-position terms, so it decomposes over any partition of
+//   T: trainer ranks digest their shards, engine ranks digest what they installed (mapped back to
+//   source coordinates through the captured copies), and the sums agree.
+// - Delta-updatable: changing elements updates D by sum over changed e of
+//   DigestTerm(i_e, new) - DigestTerm(i_e, old), without reading the rest.
+// - Any single-element change is detected with certainty: B is odd, hence invertible mod 2^64,
+//   and x = b ^ A changes to some x' with 0 < |x' - x| < 2^64, so (x' - x) * B != 0 mod 2^64.
+// - Two elements swapped inside a block change D even when their XOR-differences to the keys are
+//   equal: their multipliers differ by (j - j') * 0xD1B54A32D192ED03 (odd constant times a
+//   nonzero difference below 64), so B_j != B_j'. Across blocks the keys come from a full-avalanche
+//   hash of the block number, so rows swapped, runs shifted or regions missing change D except
+//   with probability about 2^-64 for changes spread over the low bits of the values.
+// - Known weaker case: a term's change by a multiple of 2^t only moves bits >= t of D, so changes
+//   confined to high value bits of several elements cancel with probability about 2^-(64-t) (two
+//   f32 sign flips: ~2^-33; two flips of bit 63 of 64-bit elements always cancel). Single-element
+//   changes and changes in the low bits are unaffected; 64-bit dtypes are rare in checkpoints.
+// - Cost: per 64 elements one Mix64; per element one XOR, one add/or and one multiply of a value
+//   below 2^32 (every dtype of at most 32 bits) by a 64-bit constant: x * B =
+//   x * lo32(B) + ((x * hi32(B)) << 32), two 32x32->64 multiplies (AVX2 vpmuludq, CUDA
+//   mul.wide.u32). Poisoned installed values (bit 40 set, below) and 64-bit dtypes take the full
+//   64x64 multiply (DigestTermInBlock handles every case).
 //
 // Installed elements of another dtype are mapped back to source bits: f32 installed from bf16
 // must have zero low 16 bits and f32 installed from f16 must round-trip through f16 exactly;
@@ -32,6 +54,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <span>
 #include <vector>
 
@@ -43,8 +66,26 @@
 
 namespace rc::refit {
 
+inline constexpr uint64_t kDigestBlockSeed = 0x9E3779B97F4A7C15ULL;
+inline constexpr uint32_t kDigestPositionKey = 0x9E3779B9u;
+inline constexpr uint64_t kDigestPositionMul = 0xD1B54A32D192ED03ULL;
+inline constexpr int kDigestBlockElements = 64;
+
+// K of the 64-element block `block` (= global index >> 6).
+constexpr uint64_t DigestBlockKey(uint64_t block) { return Mix64(block + kDigestBlockSeed); }
+// A and B of position j (0..63) of a block with key K.
+constexpr uint64_t DigestPositionKey(uint64_t block_key, uint32_t j) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(block_key >> 32) ^ static_cast<uint32_t>(j * kDigestPositionKey));
+}
+constexpr uint64_t DigestPositionMul(uint64_t block_key, uint32_t j) {
+  return (block_key + static_cast<uint64_t>(j) * kDigestPositionMul) | 1;
+}
+// The term of position j of a block with key K (block-amortized: compute K once per 64 elements).
+constexpr uint64_t DigestTermInBlock(uint64_t block_key, uint32_t j, uint64_t bits) {
+  return (bits ^ DigestPositionKey(block_key, j)) * DigestPositionMul(block_key, j);
+}
 constexpr uint64_t DigestTerm(uint64_t global_index, uint64_t bits) {
-  return Mix64(Mix64(global_index) ^ bits);
+  return DigestTermInBlock(DigestBlockKey(global_index >> 6), static_cast<uint32_t>(global_index & 63), bits);
 }
 
 // Digest of `box` of a tensor with global shape `tensor_shape`, whose elements are given in

@@ -6,7 +6,8 @@
 // Shards with identical boxes on different ranks are replicas (data parallel): a reader needs
 // only one of them. Shards with different boxes must not overlap.
 // A Manifest is the set of shard tables of one version plus the model name, version label, the
-// number of ranks expected to publish, and the combined content digest.
+// number of ranks expected to publish, the content digest algorithm the digests were computed
+// with, and the combined content digest.
 //
 // Thread safety: values and pure functions.
 // Invariants kept by ValidateShardTable: every shard box has the tensor's rank, lies inside the
@@ -18,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rolloutcore/base/json.h"
@@ -26,6 +28,11 @@
 #include "rolloutcore/refit/tensor.h"
 
 namespace rc::refit {
+
+// The content digest algorithm this build computes (digest.h). A manifest names its algorithm
+// (JSON field "digest"); a manifest naming another, or none (written before the field existed),
+// cannot be checked against what this build computes and is refused (TensorDigestsFromShards).
+inline constexpr std::string_view kDigestAlgorithm = "rc-digest-2";
 
 // A shard's sparse delta against an earlier committed version (docs/refit.md "Delta refit"): the
 // elements of the box whose bits differ from the base version's, encoded by EncodeShardDelta
@@ -67,6 +74,8 @@ struct Manifest {
   int32_t expected_ranks = 0;
   std::vector<ShardTable> tables;
   uint64_t content_digest = 0;  // CombineTensorDigests over the per-tensor digests
+  // The algorithm of every digest above (JSON "digest"); empty when a parsed manifest had none.
+  std::string digest_algorithm = std::string(kDigestAlgorithm);
   // Replay probes the trainer attached (probes.h); not part of the content digest or the source
   // topology. Serialized as "probes" only when non-empty.
   std::vector<Probe> probes;
@@ -81,7 +90,10 @@ struct Manifest {
 using TensorDigests = std::map<std::string, uint64_t, std::less<>>;
 
 // Per-tensor digest = sum of the shard digests over distinct boxes (a replica is counted once).
-// DataLoss when two replicas of one box publish different digests.
+// DataLoss when two replicas of one box publish different digests. FailedPrecondition naming the
+// field and its value when the manifest's digest algorithm is not kDigestAlgorithm (or missing):
+// every receiver, verifier and the directory's commit read published digests through here.
+[[nodiscard]] Status CheckDigestAlgorithm(const Manifest& manifest);
 [[nodiscard]] Result<TensorDigests> TensorDigestsFromShards(const Manifest& manifest);
 
 // The transport every shard handle of `manifest` names (a descriptor's prefix: "shm:v1:..." ->

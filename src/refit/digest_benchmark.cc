@@ -1,0 +1,71 @@
+// Single-thread content digest speed (rc-digest-2, digest.h) over bf16 and f32 runs, per ISA, beside
+// a single-thread memcpy of the same bytes: bytes_per_second of each is comparable directly. The
+// buffer (1 GiB, a refit's order of size) is larger than the last-level cache (480 MB here); one
+// run starts at global index 0 (whole 64-element blocks, as a full row does). Wall time (the
+// shared machine steals CPU time).
+//   build/release/src/refit/refit_benchmark --benchmark_filter=Digest
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <vector>
+
+#include "refit/digest_simd.h"
+
+namespace rc::refit::internal {
+namespace {
+
+constexpr size_t kBytes = size_t{1} << 30;
+
+std::vector<unsigned char>& Source() {
+  static std::vector<unsigned char> v = [] {
+    std::vector<unsigned char> b(kBytes);
+    uint32_t x = 12345;
+    for (auto& c : b) {
+      x = x * 1664525u + 1013904223u;
+      c = static_cast<unsigned char>(x >> 24);
+    }
+    return b;
+  }();
+  return v;
+}
+
+void BM_MemcpySameBytes(benchmark::State& state) {
+  const auto& src = Source();
+  std::vector<unsigned char> dst(kBytes, 1);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), kBytes);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBytes));
+}
+BENCHMARK(BM_MemcpySameBytes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// range(0): DigestIsa; range(1): element size (2 = bf16, 4 = f32); range(2): 1 = copy and digest.
+void BM_Digest(benchmark::State& state) {
+  const auto isa = static_cast<DigestIsa>(state.range(0));
+  const int es = static_cast<int>(state.range(1));
+  const bool copy = state.range(2) != 0;
+  if (!DigestIsaSupported(isa)) {
+    state.SkipWithError("ISA not supported on this CPU");
+    return;
+  }
+  const auto& src = Source();
+  std::vector<unsigned char> dst(copy ? kBytes : 0, 1);
+  const int64_t n = static_cast<int64_t>(kBytes) / es;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(copy ? CopyAndDigestContiguous(isa, es, dst.data(), src.data(), 0, n)
+                                  : DigestContiguous(isa, es, src.data(), 0, n));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBytes));
+  state.SetLabel(std::string(DigestIsaName(isa)) + (es == 2 ? " bf16" : " f32") + (copy ? " copy+digest" : ""));
+}
+BENCHMARK(BM_Digest)
+    ->ArgsProduct({{static_cast<int>(DigestIsa::kScalar), static_cast<int>(DigestIsa::kAvx2),
+                    static_cast<int>(DigestIsa::kAvx512)},
+                   {2, 4},
+                   {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace rc::refit::internal
