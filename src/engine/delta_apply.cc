@@ -310,7 +310,8 @@ struct StageVisitor {
       if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * pes, 0, 1);
       const uint64_t mask = uint64_t{0} - sc.owned[i];
       owned += sc.owned[i];
-      const uint64_t m = Mix64(sc.global[i]);
+      const uint64_t key = refit::DigestBlockKey(sc.global[i] >> 6);
+      const auto pos = static_cast<uint32_t>(sc.global[i] & 63);
       const uint64_t old_bits = InstalledBitsInline(p.source, p.dest, live + static_cast<size_t>(sc.dest[i]) * pes);
       uint64_t new_bits = sc.bits[i];
       if (!exact) {
@@ -318,8 +319,8 @@ struct StageVisitor {
         new_bits = refit::InstalledSourceBits(p.source, p.dest, &dst);
       }
       // Digest regions are disjoint over copies and ranks: an element is counted once overall.
-      old_sum += Mix64(m ^ old_bits) & mask;
-      new_sum += Mix64(m ^ new_bits) & mask;
+      old_sum += refit::DigestTermInBlock(key, pos, old_bits) & mask;
+      new_sum += refit::DigestTermInBlock(key, pos, new_bits) & mask;
     }
     r.old_terms += old_sum;
     r.new_terms += new_sum;
