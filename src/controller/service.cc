@@ -1166,6 +1166,16 @@ Result<Json> ControllerService::Journal(int64_t since, int engine) const {
   return Json{{"engine", engines_[engine]->handle.name}, {"records", out}};
 }
 
+lifecycle::JournalAppendStats ControllerService::JournalAppendTotals() const {
+  lifecycle::JournalAppendStats total = ops_journal_->append_stats();
+  for (const auto& slot : engines_) {
+    const lifecycle::JournalAppendStats s = slot->journal->append_stats();
+    total.appends += s.appends;
+    total.append_ms += s.append_ms;
+  }
+  return total;
+}
+
 std::string ControllerService::Metrics() const {
   constexpr MetricType kCounter = MetricType::kCounter;
   MetricsWriter w;

@@ -1,5 +1,7 @@
 #include "rolloutcore/lifecycle/journal.h"
 
+#include <chrono>
+
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/hash.h"
@@ -125,8 +127,14 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
 
 SqliteJournal::~SqliteJournal() = default;
 
+JournalAppendStats SqliteJournal::append_stats() const {
+  rc::MutexLock lock(mu_);
+  return stats_;
+}
+
 Status SqliteJournal::Append(JournalRecord& rec) {
   rc::MutexLock lock(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
   if (rec.wall_ms == 0) rec.wall_ms = WallTimeMs();
   sqlite::Statement st(db_,
                        "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
@@ -141,6 +149,8 @@ Status SqliteJournal::Append(JournalRecord& rec) {
   rec.seq = r.seq;
   last_seq_ = r.seq;
   head_ = chain;
+  ++stats_.appends;
+  stats_.append_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return OkStatus();
 }
 

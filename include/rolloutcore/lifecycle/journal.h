@@ -40,9 +40,18 @@ struct JournalRecord {
 
 Json ToJson(const JournalRecord& r);
 
+// What appending cost so far (bench cycle reports it per cycle): records appended and the wall
+// time spent inside Append (for SqliteJournal: statement, commit and the WAL fsync).
+struct JournalAppendStats {
+  int64_t appends = 0;
+  double append_ms = 0;
+};
+
 class Journal {
  public:
   virtual ~Journal() = default;
+  // Totals since the journal was opened; zeros for an implementation that does not count.
+  virtual JournalAppendStats append_stats() const { return {}; }
   // Durably appends; assigns rec.seq. On error nothing was appended.
   virtual Status Append(JournalRecord& rec) = 0;
   // Records with seq > since, in order.
@@ -82,6 +91,7 @@ class SqliteJournal final : public Journal {
   ~SqliteJournal() override;
   Status Append(JournalRecord& rec) override;
   Result<std::vector<JournalRecord>> ReadSince(int64_t since) const override;
+  JournalAppendStats append_stats() const override;
   const std::string& path() const { return path_; }
 
  private:
@@ -92,6 +102,7 @@ class SqliteJournal final : public Journal {
   // The last record's seq and chain value, learned by the verifying read in Open.
   mutable int64_t last_seq_ GUARDED_BY(mu_) = 0;  // guarded by mu_
   mutable uint64_t head_ GUARDED_BY(mu_) = 0;     // guarded by mu_
+  JournalAppendStats stats_ GUARDED_BY(mu_);      // guarded by mu_
 };
 
 }  // namespace rc::lifecycle
