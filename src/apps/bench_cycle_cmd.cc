@@ -415,11 +415,13 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     Json gaps = IdleGaps(intervals, t0, t1, &idle);
     const double journal_ms = journal_after.append_ms - journal_before.append_ms;
     const int64_t journal_appends = journal_after.appends - journal_before.appends;
+    const int64_t journal_syncs = journal_after.syncs - journal_before.syncs;
     double resets = 0;
     for (const auto& [n, ms] : calls) resets += n.rfind("reset_", 0) == 0 ? ms : 0.0;
     Json overhead_parts{{"idle_gaps_total", idle},
                         {"directory_resolve", versions.last_ms()},
-                        {"journal_appends", journal_appends},
+                        {"journal_records", journal_appends},
+                        {"journal_commits", journal_syncs},
                         {"journal_append_ms", journal_ms},
                         {"idle_gaps_outside_journal", idle - journal_ms},
                         {"pause_call", call("pause")},

@@ -133,6 +133,19 @@ bool Runner::Poll() {
   return busy();
 }
 
+bool Runner::WaitForProgress(std::chrono::microseconds max) {
+  if (phase_ == Phase::kIdle) return false;
+  if (stage_call_.WaitIfUnanswered(max) || drain_call_.WaitIfUnanswered(max) || abort_call_.WaitIfUnanswered(max) ||
+      pause_call_.WaitIfUnanswered(max) || install_call_.WaitIfUnanswered(max)) {
+    return true;
+  }
+  for (const auto& c : reset_calls_) {
+    if (c.WaitIfUnanswered(max)) return true;
+  }
+  return label_call_.WaitIfUnanswered(max) || digest_call_.WaitIfUnanswered(max) ||
+         replay_call_.WaitIfUnanswered(max) || resume_call_.WaitIfUnanswered(max);
+}
+
 Result<UpdateRecord> Runner::RunToCompletion() {
   int64_t ordinal = target_.ordinal;
   while (Poll()) clock_->SleepForMs(1);
