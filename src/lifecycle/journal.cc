@@ -119,11 +119,11 @@ Result<uint64_t> ParseChain(const std::string& hex, const std::string& where) {
 constexpr int kWalReservePages = 256;
 
 Status ReserveWal(const sqlite::Database& db, const std::string& path) {
+  const std::string pages = std::to_string(kWalReservePages);
+  RC_RETURN_IF_ERROR(Exec(db, ("PRAGMA wal_autocheckpoint=" + pages).c_str(), path));
   std::error_code ec;
   const auto wal_bytes = std::filesystem::file_size(path + "-wal", ec);
   if (!ec && wal_bytes >= static_cast<uintmax_t>(kWalReservePages) * 4096) return OkStatus();
-  const std::string pages = std::to_string(kWalReservePages);
-  RC_RETURN_IF_ERROR(Exec(db, ("PRAGMA wal_autocheckpoint=" + pages).c_str(), path));
   RC_RETURN_IF_ERROR(Exec(db,
                           ("BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS rc_wal_reserve (b BLOB);"
                            " INSERT INTO rc_wal_reserve VALUES (zeroblob(" +

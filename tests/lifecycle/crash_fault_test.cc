@@ -5,6 +5,10 @@
 // Also: real-time fault injection through FaultInjectingAdapter.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
 #include "rolloutcore/lifecycle/runner.h"
 #include "rolloutcore/lifecycle/scripted_engine.h"
 #include "testing/fake_engine.h"
@@ -296,6 +300,83 @@ TEST(CrashFaultTest, SqliteJournalBatchIsOneCommitAndKeepsTheChain) {
   std::remove(path.c_str());
   std::remove((path + "-wal").c_str());
   std::remove((path + "-shm").c_str());
+}
+
+// Appends overwrite the WAL reserved at open instead of growing the file (issue 15: an
+// fdatasync that also has a file size to commit costs about three times as much here).
+TEST(CrashFaultTest, SqliteJournalAppendsOverwriteTheReservedWal) {
+  auto path = ::testing::TempDir() + "rc_wal_" + std::to_string(::getpid()) + ".db";
+  for (const char* ext : {"", "-wal", "-shm"}) std::remove((path + ext).c_str());
+  {
+    auto j = std::move(SqliteJournal::Open(path)).value();
+    JournalRecord first;
+    first.event = "first";
+    ASSERT_TRUE(j->Append(first).ok());
+    const auto reserved = std::filesystem::file_size(path + "-wal");
+    EXPECT_GE(reserved, 1u << 20) << "the WAL's first MiB is reserved at open";
+    for (int i = 0; i < 200; ++i) {
+      JournalRecord r;
+      r.event = "e" + std::to_string(i);
+      r.detail = Json{{"evidence", std::string(1500, 'x')}};
+      ASSERT_TRUE(j->Append(r).ok());
+    }
+    EXPECT_EQ(std::filesystem::file_size(path + "-wal"), reserved) << "200 appends grew the WAL";
+    EXPECT_EQ(j->ReadAll().value().size(), 201u);
+  }
+  auto j = std::move(SqliteJournal::Open(path, /*must_exist=*/true)).value();
+  EXPECT_EQ(j->ReadAll().value().size(), 201u);
+  for (const char* ext : {"", "-wal", "-shm"}) std::remove((path + ext).c_str());
+}
+
+// Runner::WaitForProgress blocks on the call in flight until it answers (the service's driver
+// notices an answer when it comes, not at the next fixed poll), and returns at once when nothing
+// is in flight.
+TEST(CrashFaultTest, WaitForProgressReturnsWhenTheCallInFlightAnswers) {
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngineConfig cfg = StageAndPauseEngine();
+  ScriptedEngine engine(&clock, cfg);
+  struct SlowStage final : EngineAdapter {
+    explicit SlowStage(ScriptedEngine* e) : inner(e) {}
+    Result<EngineDescription> Describe() override { return inner->Describe(); }
+    Pending<DrainStatus> GetDrainStatus() override { return inner->GetDrainStatus(); }
+    Pending<PauseEvidence> Pause(PauseMode m) override { return inner->Pause(m); }
+    Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override { return inner->AbortRequests(ids); }
+    Pending<StageEvidence> Stage(const UpdateTarget& t) override {
+      Pending<StageEvidence> p;
+      StageEvidence e;
+      e.label = t.label;
+      answerer = std::thread([p, e] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        p.Fulfill(e);
+      });
+      return p;
+    }
+    Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override { return inner->Install(t, full); }
+    Pending<CacheResetResult> ResetCache(CacheKind k) override { return inner->ResetCache(k); }
+    Pending<LabelEvidence> ReadLabel() override { return inner->ReadLabel(); }
+    Pending<DigestEvidence> ReadContentDigest() override { return inner->ReadContentDigest(); }
+    Pending<ResumeEvidence> Resume() override { return inner->Resume(); }
+    Pending<IdentityEvidence> ProbeIdentity() override { return inner->ProbeIdentity(); }
+    ScriptedEngine* inner;
+    std::thread answerer;
+  } adapter(&engine);
+  auto c = std::move(Controller::Open(&clock, &journal)).value();
+  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  EXPECT_FALSE(runner.WaitForProgress(std::chrono::seconds(5))) << "idle: nothing to wait for";
+  ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
+  engine.Tick();   // the drain status answers at once (virtual time)
+  runner.Poll();   // consumes it; the stage is still in flight
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(runner.WaitForProgress(std::chrono::seconds(5)));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(4)) << "returned by the answer, not by the 5 s bound";
+  adapter.answerer.join();
+  runner.Poll();
+  auto u = c->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_TRUE(runner.busy());
 }
 
 // ---- Real time, real threads -------------------------------------------------------------
