@@ -31,6 +31,7 @@
 // the package must be importable, e.g. PYTHONPATH), with ROLLOUTCORE_BIN set to this binary.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -275,6 +276,27 @@ class TimedVersionSource final : public controller::VersionSource {
   std::atomic<double> last_ms_{0};
 };
 
+// The state dir's filesystem: median wall time of an fdatasync after overwriting one 4 KiB block
+// (what one journal commit into the reserved WAL costs the disk), over `n` syncs. Measured before
+// and after the cycles, so the journal part of the overhead can be read against the disk of the
+// moment: the journal's share is (commits on the critical path) x this.
+double FdatasyncMs(const std::string& dir, int n = 20) {
+  const std::string path = dir + "/fdatasync-probe";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return -1;
+  std::vector<char> block(4096, 0);
+  std::vector<double> ms;
+  bool ok = ::pwrite(fd, block.data(), block.size(), 0) == static_cast<ssize_t>(block.size()) && ::fsync(fd) == 0;
+  for (int i = 0; ok && i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ok = ::pwrite(fd, block.data(), block.size(), 0) == static_cast<ssize_t>(block.size()) && ::fdatasync(fd) == 0;
+    ms.push_back(Ms(t0));
+  }
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok ? Median(ms) : -1;
+}
+
 struct Stack {
   std::string dir;
   int dir_port = 0, trainer_port = 0;
@@ -333,6 +355,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
   so.runner.deadlines.resume_ms = 60000;
   RC_ASSIGN_OR_RETURN(auto svc, controller::ControllerService::Create(std::move(engines), &versions, so));
 
+  const double fdatasync_before = FdatasyncMs(so.state_dir);
   Json cycles = Json::array();
   std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms;
   std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms, gap_ms;
@@ -480,6 +503,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     v.resize(cycle_ms.size(), 0.0);
     gaps_median[k] = Median(v);
   }
+  const double fdatasync_after = FdatasyncMs(so.state_dir);
   // A rollout on the last version proves the engine serves it.
   RC_ASSIGN_OR_RETURN(Json r, svc->Rollout(Json{{"prompt_token_ids", {1, 2, 3, 4}}, {"max_tokens", 4}, {"temperature", 0.0}}));
   return Json{{"cycles", cycles},
@@ -489,6 +513,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
               {"pause_window_parts_ms_median", pause_parts_median},
               {"controller_overhead_parts_ms_median", overhead_parts_median},
               {"controller_idle_gaps_ms_median", gaps_median},
+              {"state_dir_fdatasync_ms", {{"before", fdatasync_before}, {"after", fdatasync_after}}},
               {"cycle_minus_drain_wire_install_ms_median", Median(overhead_issue_ms)},
               {"replay_probes", o.probes},
               {"replay_probe_tokens", o.probe_tokens},
@@ -581,6 +606,7 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         "  pause window parts (medians, ms): {}\n"
         "  controller overhead parts (medians, ms): {}\n"
         "  controller idle gaps (medians, ms; no engine call in flight, by the calls around them): {}\n"
+        "  state dir fdatasync (4 KiB overwrite, median of 20): {:.3f} ms before the cycles, {:.3f} ms after\n"
         "  cycle - drain - install: {:.1f} ms (the issue's 'cycle minus drain, wire and install'; wire runs inside\n"
         "    DRAINING as a prefetch, so it is already in drain; this still holds the pause/reset/validate work)\n",
         o.model, report["engine_model"].get<std::string>(), o.tp, o.cycles, o.restarts,
@@ -588,7 +614,8 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         report["restart"]["ready_ms_median"].get<double>(), report["restart"]["export_ms"].get<double>(),
         report["restart_over_cycle"].get<double>(), c["controller_overhead_ms_median"].get<double>(),
         c["replay_engine_ms_median"].get<double>(), o.probes, o.probe_tokens, c["replay_wall_ms_median"].get<double>(),
-        c["pause_window_parts_ms_median"].dump(), c["controller_overhead_parts_ms_median"].dump(), c["controller_idle_gaps_ms_median"].dump(),
+        c["pause_window_parts_ms_median"].dump(), c["controller_overhead_parts_ms_median"].dump(), c["controller_idle_gaps_ms_median"].dump(), c["state_dir_fdatasync_ms"]["before"].get<double>(),
+        c["state_dir_fdatasync_ms"]["after"].get<double>(),
         c["cycle_minus_drain_wire_install_ms_median"].get<double>());
   } else {
     std::cout << fmt::format("restart {} (engine from disk, tp {}): cold start to first token {:.1f} ms (median of {})\n",
