@@ -1,7 +1,5 @@
 #include "rolloutcore/controller/directory_versions.h"
 
-#include <chrono>
-
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/pending.h"
 
@@ -29,30 +27,42 @@ Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* 
   return out;
 }
 
+DirectoryVersionSource::DirectoryVersionSource(directory::DirectoryStore* store)
+    : store_(store), fetches_(std::make_shared<Fetches>()) {}
+
+DirectoryVersionSource::~DirectoryVersionSource() {
+  rc::MutexLock lock(fetches_->mu);
+  while (fetches_->running > 0) fetches_->cv.wait(lock);
+}
+
 Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::string& model, const std::string& version) {
-  // The version's info and its manifest (for the probes) are two directory round trips: the
-  // manifest is fetched on a pooled worker while this thread reads the info (issue 15: one round
-  // trip less on every update request). Both are awaited before returning, so the worker never
-  // outlives the store it reads.
-  directory::DirectoryStore* store = store_;
-  Pending<std::vector<lifecycle::ReplayProbe>> probes = RunDetached<std::vector<lifecycle::ReplayProbe>>(
-      [store, model, version]() { return ProbesOf(store, model, version); });
-  auto info = store_->GetInfo(model, version);
-  (void)probes.WaitFor(std::chrono::hours(24));
-  if (!info.ok()) return info.status();
-  if (info->state != directory::VersionState::kCommitted) {
+  RC_ASSIGN_OR_RETURN(directory::VersionInfo info, store_->GetInfo(model, version));
+  if (info.state != directory::VersionState::kCommitted) {
     return FailedPrecondition("version " + version + " of " + model + " is " +
-                              std::string(directory::VersionStateName(info->state)) + ", not COMMITTED" +
-                              (info->reason.empty() ? "" : " (" + info->reason + ")"));
+                              std::string(directory::VersionStateName(info.state)) + ", not COMMITTED" +
+                              (info.reason.empty() ? "" : " (" + info.reason + ")"));
   }
   lifecycle::UpdateTarget t;
   t.label = version;
   t.model = model;
-  t.identity.content_digest = Hex64(info->content_digest);
+  t.identity.content_digest = Hex64(info.content_digest);
   t.identity.checkpoint = model + "@" + version;
   t.identity.run = model;
   t.identity.step = StepFromLabel(version);
-  RC_ASSIGN_OR_RETURN(t.probes, probes.Get());
+  // The manifest (for the probes) is read on a pooled worker while the update starts: the Runner
+  // takes the probes before the drain completes (types.h, UpdateTarget::probes_fetch).
+  {
+    rc::MutexLock lock(fetches_->mu);
+    ++fetches_->running;
+  }
+  t.probes_fetch = RunDetached<std::vector<lifecycle::ReplayProbe>>(
+      [store = store_, fetches = fetches_, model, version]() -> Result<std::vector<lifecycle::ReplayProbe>> {
+        auto probes = ProbesOf(store, model, version);
+        rc::MutexLock lock(fetches->mu);
+        --fetches->running;
+        fetches->cv.notify_all();
+        return probes;
+      });
   return t;
 }
 

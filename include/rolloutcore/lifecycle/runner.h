@@ -78,8 +78,8 @@ class Runner {
   bool busy() const { return phase_ != Phase::kIdle; }
   // For a driver on real time (the controller service): blocks until one of the calls in flight
   // completes, or up to `max`; then Poll() again. Waits on the first call in flight that has not
-  // answered yet (the one the phase needs next: stage, drain status, abort, pause, install, each
-  // cache reset, label, digest, replay, resume), so a completion is noticed when its Pending is
+  // answered yet (the one the phase needs next: stage, the target's probe fetch while draining,
+  // drain status, abort, pause, install, each cache reset, label, digest, replay, resume), so a completion is noticed when its Pending is
   // fulfilled instead of at the next fixed poll. Returns false at once when no call is in flight
   // unanswered (waiting for rollouts to finish, a reset's retry slot): the driver then sleeps.
   // Never touches the Clock; deadlines are still checked by Poll.
