@@ -31,9 +31,11 @@
 // the package must be importable, e.g. PYTHONPATH), with ROLLOUTCORE_BIN set to this binary.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -42,9 +44,11 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "rolloutcore/base/mutex.h"
+#include "rolloutcore/base/pending.h"
 #include "apps/bench_util.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
@@ -112,28 +116,94 @@ double Num(const Json& j, std::initializer_list<const char*> path) {
   return cur->is_number() ? cur->get<double>() : 0;
 }
 
-// Wall time of every adapter call the controller makes (call -> evidence), by call name. The
-// Runner gets the adapter's own Pending untouched (no added latency); a watcher thread waits on a
-// copy and records when it completed. Used to split the pause window into its parts and to say
-// where the controller's own time goes (phase time not spent inside an engine call).
+// Every adapter call the controller makes, as an interval (call -> evidence) on the steady clock.
+// The Runner gets the adapter's own Pending untouched (no added latency); a watcher on a pooled
+// worker (no thread start per call) waits on a copy and records when it completed. Used to split
+// the pause window into its parts and to say where the controller's own time goes: the gaps of a
+// cycle in which no engine call is in flight, each named by the call before and the call after.
+struct CallInterval {
+  std::string name;
+  std::chrono::steady_clock::time_point start, end;
+};
+
 class CallTimes {
  public:
-  void Record(const std::string& name, double ms) {
+  void Record(CallInterval c) {
     rc::MutexLock l(mu_);
-    ms_[name] += ms;
+    calls_.push_back(std::move(c));
   }
   // Calls that completed since the last Take() (a call still running is recorded when it ends).
-  std::map<std::string, double> Take() {
+  std::vector<CallInterval> Take() {
     rc::MutexLock l(mu_);
-    std::map<std::string, double> out;
-    out.swap(ms_);
+    std::vector<CallInterval> out;
+    out.swap(calls_);
     return out;
   }
 
  private:
   rc::Mutex mu_;
-  std::map<std::string, double> ms_ GUARDED_BY(mu_);  // guarded by mu_
+  std::vector<CallInterval> calls_ GUARDED_BY(mu_);  // guarded by mu_
 };
+
+// Wall ms by call name (calls of one name summed).
+std::map<std::string, double> CallMs(const std::vector<CallInterval>& calls) {
+  std::map<std::string, double> out;
+  for (const auto& c : calls) out[c.name] += std::chrono::duration<double, std::milli>(c.end - c.start).count();
+  return out;
+}
+
+// The cycle [t0, t1] minus the union of the call intervals: each gap in which no adapter call
+// was in flight, named "<call that ended it began>-><next call>" ("request->" at the start,
+// "->committed" at the end), summed by name. What the controller did there: journal appends,
+// noticing that a call completed (polling), deciding, and handing the next call to the adapter.
+Json IdleGaps(std::vector<CallInterval> calls, std::chrono::steady_clock::time_point t0,
+              std::chrono::steady_clock::time_point t1, double* idle_total) {
+  std::sort(calls.begin(), calls.end(), [](const CallInterval& a, const CallInterval& b) { return a.start < b.start; });
+  Json gaps = Json::object();
+  auto cur_end = t0;
+  std::string last = "request";
+  *idle_total = 0;
+  auto add = [&](const std::string& next, std::chrono::steady_clock::time_point until) {
+    const double ms = std::chrono::duration<double, std::milli>(until - cur_end).count();
+    if (ms <= 0) return;
+    const std::string key = last + "->" + next;
+    gaps[key] = gaps.value(key, 0.0) + ms;
+    *idle_total += ms;
+  };
+  for (const auto& c : calls) {
+    if (c.start > cur_end) add(c.name, c.start);
+    if (c.end > cur_end) {
+      cur_end = c.end;
+      last = c.name;
+    }
+  }
+  if (t1 > cur_end) add("committed", t1);
+  return gaps;
+}
+
+// Length of the union of the intervals of the calls named in `names`.
+double UnionMs(std::vector<CallInterval> calls, std::initializer_list<const char*> names) {
+  std::vector<CallInterval> sel;
+  for (auto& c : calls) {
+    for (const char* n : names) {
+      if (c.name == n) sel.push_back(c);
+    }
+  }
+  std::sort(sel.begin(), sel.end(), [](const CallInterval& a, const CallInterval& b) { return a.start < b.start; });
+  double ms = 0;
+  std::optional<std::chrono::steady_clock::time_point> s, e;
+  for (const auto& c : sel) {
+    if (e && c.start <= *e) {
+      e = std::max(*e, c.end);
+      continue;
+    }
+    if (s) ms += std::chrono::duration<double, std::milli>(*e - *s).count();
+    s = c.start;
+    e = c.end;
+  }
+  if (s) ms += std::chrono::duration<double, std::milli>(*e - *s).count();
+  return ms;
+}
 
 class TimedAdapter final : public lifecycle::EngineAdapter {
  public:
@@ -162,19 +232,70 @@ class TimedAdapter final : public lifecycle::EngineAdapter {
   Pending<lifecycle::IdentityEvidence> ProbeIdentity() override {
     return Watch("probe_identity", inner_->ProbeIdentity());
   }
+  // The policy-mode and replay calls too: a wrapper that answered them with the base class's
+  // Unimplemented tainted every update whose version carries replay probes (the default).
+  Status SupportsPolicyMode(lifecycle::PolicyMode m) override { return inner_->SupportsPolicyMode(m); }
+  Pending<lifecycle::PauseEvidence> PauseForUpdate(lifecycle::PolicyMode m) override {
+    return Watch("pause", inner_->PauseForUpdate(m));
+  }
+  Pending<lifecycle::ReplayEvidence> Replay(const lifecycle::ReplayRequest& r) override {
+    return Watch("replay", inner_->Replay(r));
+  }
 
  private:
   template <typename T>
   Pending<T> Watch(std::string name, Pending<T> p) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::thread([p, t0, name = std::move(name), times = times_] {
-      if (p.WaitFor(std::chrono::minutes(20))) times->Record(name, Ms(t0));
-    }).detach();
+    rc::internal::RunOnDetachedWorker([p, t0, name = std::move(name), times = times_] {
+      if (p.WaitFor(std::chrono::minutes(20))) times->Record({name, t0, std::chrono::steady_clock::now()});
+    });
     return p;
   }
   std::unique_ptr<lifecycle::EngineAdapter> inner_;
   std::shared_ptr<CallTimes> times_;
 };
+
+// The directory lookups of RequestUpdate (the version's info and its probes: HTTP round trips to
+// the directory), timed: part of the cycle before the first engine call.
+class TimedVersionSource final : public controller::VersionSource {
+ public:
+  explicit TimedVersionSource(controller::VersionSource* inner) : inner_(inner) {}
+  Result<lifecycle::UpdateTarget> Resolve(const std::string& model, const std::string& version) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = inner_->Resolve(model, version);
+    last_ms_ = Ms(t0);
+    return r;
+  }
+  Result<std::vector<Commit>> WaitForCommits(const std::string& model, uint64_t after_seq, int64_t timeout_ms) override {
+    return inner_->WaitForCommits(model, after_seq, timeout_ms);
+  }
+  double last_ms() const { return last_ms_; }
+
+ private:
+  controller::VersionSource* inner_;
+  std::atomic<double> last_ms_{0};
+};
+
+// The state dir's filesystem: median wall time of an fdatasync after overwriting one 4 KiB block
+// (what one journal commit into the reserved WAL costs the disk), over `n` syncs. Measured before
+// and after the cycles, so the journal part of the overhead can be read against the disk of the
+// moment: the journal's share is (commits on the critical path) x this.
+double FdatasyncMs(const std::string& dir, int n = 20) {
+  const std::string path = dir + "/fdatasync-probe";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return -1;
+  std::vector<char> block(4096, 0);
+  std::vector<double> ms;
+  bool ok = ::pwrite(fd, block.data(), block.size(), 0) == static_cast<ssize_t>(block.size()) && ::fsync(fd) == 0;
+  for (int i = 0; ok && i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ok = ::pwrite(fd, block.data(), block.size(), 0) == static_cast<ssize_t>(block.size()) && ::fdatasync(fd) == 0;
+    ms.push_back(Ms(t0));
+  }
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok ? Median(ms) : -1;
+}
 
 struct Stack {
   std::string dir;
@@ -215,7 +336,8 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
   eo.weight_version = "init";
   RC_ASSIGN_OR_RETURN(auto engine, adapters::EmbeddedEngine::Create(eo));
   directory::DirectoryClient dir(s.dir_url());
-  controller::DirectoryVersionSource versions(&dir);
+  controller::DirectoryVersionSource dir_versions(&dir);
+  TimedVersionSource versions(&dir_versions);
   std::vector<controller::EngineHandle> engines;
   controller::EngineHandle h;
   h.name = "embedded";
@@ -233,21 +355,29 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
   so.runner.deadlines.resume_ms = 60000;
   RC_ASSIGN_OR_RETURN(auto svc, controller::ControllerService::Create(std::move(engines), &versions, so));
 
+  const double fdatasync_before = FdatasyncMs(so.state_dir);
   Json cycles = Json::array();
   std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms;
-  std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms;
+  std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms, gap_ms;
   // One update more than reported: the first one allocates the shadow and staging (a cold refit).
   for (int i = 0; i <= o.cycles; ++i) {
     RC_ASSIGN_OR_RETURN(Json step, BenchCall(s.trainer_port, "POST", "/step"));
     const std::string version = step.value("version", "");
     if (step.value("state", "") != "COMMITTED") return Internal("trainer step did not commit: " + step.dump());
-    auto t0 = std::chrono::steady_clock::now();
     (void)times->Take();  // identity probes between cycles are not this cycle's
+    const lifecycle::JournalAppendStats journal_before = svc->JournalAppendTotals();
+    auto t0 = std::chrono::steady_clock::now();
     RC_ASSIGN_OR_RETURN(std::string id, svc->RequestUpdate("bench", version));
     RC_ASSIGN_OR_RETURN(Json done, svc->WaitForUpdate(id, 1'200'000));
+    const auto t1 = std::chrono::steady_clock::now();
     const double total = Ms(t0);
+    const lifecycle::JournalAppendStats journal_after = svc->JournalAppendTotals();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the last watchers record
-    const std::map<std::string, double> calls = times->Take();
+    std::vector<CallInterval> intervals = times->Take();
+    // Calls that ended after the cycle (none expected: WaitForUpdate waits for the identity
+    // check) are not this cycle's.
+    std::erase_if(intervals, [&](const CallInterval& c) { return c.end > t1; });
+    const std::map<std::string, double> calls = CallMs(intervals);
     auto call = [&](const std::string& n) { return calls.count(n) ? calls.at(n) : 0.0; };
     const Json& e = done["engines"][0];
     if (e.value("outcome", "") != "committed") return Internal("update to " + version + " ended " + e.dump());
@@ -262,7 +392,9 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     const double wire = Num(staged, {"stages_ms", "wire"});
     const double install = Num(installed, {"stages_ms", "install"});
     const double install_digest = Num(installed, {"stages_ms", "post_install"});
-    const double validate = Num(ph, {"VALIDATING"});
+    // Validation: the engine's reads that prove the bytes (label, content digest, replay
+    // probes), as the union of their call intervals (sub-ms; the phase times are whole ms).
+    const double validate = UnionMs(intervals, {"read_label", "read_digest", "replay"});
     // Replay validation, inside VALIDATING (the pause window): the engine's own time for every
     // probe, and the Runner's wall time from the first replay call to the last answer (ms clock).
     const Json replay = ev.contains("validated") ? ev["validated"].value("replay", Json::object()) : Json::object();
@@ -271,11 +403,13 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     }
     const double replay_engine = Num(replay, {"engine_ms"});
     const double replay_wall = Num(replay, {"wall_ms"});
-    // The prefetch stage runs inside DRAINING (the engine keeps serving); drain beyond it is time
-    // spent waiting for rollouts. Engine-side work: staging, install with its live digest, and
-    // the validation reads. The rest of the cycle is the controller's own cost (journal writes,
-    // polling, pause/reset/resume round trips).
-    const double drain_wait = std::max(0.0, drain - stage);
+    // The bench runs no rollouts, so nothing holds the drain: time in DRAINING beyond the stage
+    // (the drain-status round trip, journal appends) is the controller's, not a drain wait.
+    const double drain_wait = 0;
+    // Engine-side work: staging, install with its live digest, and the validation reads (the
+    // engine's own times for stage and install). The rest of the cycle is the controller's own
+    // cost: journal writes, noticing completions, pause/reset/resume round trips, the request
+    // (directory resolve) and the identity check after the update.
     const double overhead = total - stage - drain_wait - install - install_digest - validate;
     // The pause window's parts: each engine call inside it, and what is left (the controller's
     // journal writes and polling between the calls).
@@ -285,8 +419,10 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
                      {"install_call", call("install")},
                      {"validation_label", call("read_label")},
                      {"validation_digest", call("read_digest")},
+                     {"validation_replay", call("replay")},
                      {"resume_call", call("resume")}};
-    double in_calls = call("pause") + call("install") + call("read_label") + call("read_digest") + call("resume");
+    double in_calls =
+        call("pause") + call("install") + call("read_label") + call("read_digest") + call("replay") + call("resume");
     for (const auto& [n, ms] : calls) {
       if (n.rfind("reset_", 0) == 0) {
         pause_parts["cache_" + n] = ms;
@@ -294,22 +430,30 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
       }
     }
     pause_parts["controller_between_calls"] = pause - in_calls;
-    // Controller overhead by phase: phase time not spent inside the engine call(s) of that phase;
-    // "outside_phases" is the rest of the cycle (request, journal of the operation, post-update
-    // identity check, WaitForUpdate's polling).
-    double phases_sum = 0;
-    for (const auto& [k, v] : ph.items()) phases_sum += v.is_number() ? v.get<double>() : 0.0;
+    // Controller overhead, split precisely: the gaps in which no engine call was in flight (by
+    // the calls around them), the journal appends (count and time; they happen inside the gaps),
+    // and the controller-side engine calls (pause, resets, resume, drain status, identity probe)
+    // plus each call's dispatch beyond the engine's own stage/install time.
+    double idle = 0;
+    Json gaps = IdleGaps(intervals, t0, t1, &idle);
+    const double journal_ms = journal_after.append_ms - journal_before.append_ms;
+    const int64_t journal_appends = journal_after.appends - journal_before.appends;
+    const int64_t journal_syncs = journal_after.syncs - journal_before.syncs;
     double resets = 0;
     for (const auto& [n, ms] : calls) resets += n.rfind("reset_", 0) == 0 ? ms : 0.0;
-    Json overhead_parts{{"draining_not_staging", drain_wait},
-                        {"quiesced", Num(ph, {"QUIESCED"}) - call("pause")},
-                        {"updating", Num(ph, {"UPDATING"}) - call("install")},
-                        {"invalidating", Num(ph, {"INVALIDATING"}) - resets},
-                        {"validating", Num(ph, {"VALIDATING"}) - call("read_label") - call("read_digest")},
-                        {"resuming", Num(ph, {"RESUMING"}) - call("resume")},
-                        {"outside_phases", total - phases_sum},
+    Json overhead_parts{{"idle_gaps_total", idle},
+                        {"directory_resolve", versions.last_ms()},
+                        {"journal_records", journal_appends},
+                        {"journal_commits", journal_syncs},
+                        {"journal_append_ms", journal_ms},
+                        {"idle_gaps_outside_journal", idle - journal_ms},
+                        {"pause_call", call("pause")},
+                        {"reset_calls", resets},
+                        {"resume_call", call("resume")},
+                        {"drain_status_calls", UnionMs(intervals, {"drain_status"})},
                         {"identity_probe_calls", call("probe_identity")},
-                        {"drain_status_calls", call("drain_status")}};
+                        {"stage_call_beyond_engine", call("stage") - stage},
+                        {"install_call_beyond_engine", call("install") - install - install_digest}};
     Json c{{"version", version},
            {"cycle_ms", total},
            {"pause_window_ms", pause},
@@ -328,6 +472,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
            {"phases_ms", ph},
            {"pause_window_parts_ms", pause_parts},
            {"controller_overhead_parts_ms", overhead_parts},
+           {"controller_idle_gaps_ms", gaps},
            {"calls_ms", calls},
            {"cold", i == 0}};
     std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
@@ -336,7 +481,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
                              version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, install,
                              replay_engine, replay_wall, overhead);
     std::cerr << "  pause window parts (ms): " << pause_parts.dump() << "\n  controller overhead parts (ms): "
-              << overhead_parts.dump() << "\n";
+              << overhead_parts.dump() << "\n  controller idle gaps (ms): " << gaps.dump() << "\n";
     cycles.push_back(c);
     if (i == 0) continue;
     cycle_ms.push_back(total);
@@ -347,10 +492,18 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     replay_wall_ms.push_back(replay_wall);
     for (const auto& [k, v] : pause_parts.items()) pause_part_ms[k].push_back(v.get<double>());
     for (const auto& [k, v] : overhead_parts.items()) overhead_part_ms[k].push_back(v.get<double>());
+    for (const auto& [k, v] : gaps.items()) gap_ms[k].push_back(v.get<double>());
   }
   Json pause_parts_median = Json::object(), overhead_parts_median = Json::object();
   for (auto& [k, v] : pause_part_ms) pause_parts_median[k] = Median(v);
   for (auto& [k, v] : overhead_part_ms) overhead_parts_median[k] = Median(v);
+  // A gap that some cycles did not have counts 0 there.
+  Json gaps_median = Json::object();
+  for (auto& [k, v] : gap_ms) {
+    v.resize(cycle_ms.size(), 0.0);
+    gaps_median[k] = Median(v);
+  }
+  const double fdatasync_after = FdatasyncMs(so.state_dir);
   // A rollout on the last version proves the engine serves it.
   RC_ASSIGN_OR_RETURN(Json r, svc->Rollout(Json{{"prompt_token_ids", {1, 2, 3, 4}}, {"max_tokens", 4}, {"temperature", 0.0}}));
   return Json{{"cycles", cycles},
@@ -359,6 +512,8 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
               {"controller_overhead_ms_median", Median(overhead_ms)},
               {"pause_window_parts_ms_median", pause_parts_median},
               {"controller_overhead_parts_ms_median", overhead_parts_median},
+              {"controller_idle_gaps_ms_median", gaps_median},
+              {"state_dir_fdatasync_ms", {{"before", fdatasync_before}, {"after", fdatasync_after}}},
               {"cycle_minus_drain_wire_install_ms_median", Median(overhead_issue_ms)},
               {"replay_probes", o.probes},
               {"replay_probe_tokens", o.probe_tokens},
@@ -445,11 +600,13 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         "  hot update cycle      {:10.1f} ms   (pause window {:.1f} ms)\n"
         "  restart (cold->ready) {:10.1f} ms   (export to disk took {:.1f} ms more, not counted)\n"
         "  ratio restart/cycle   {:10.2f} x\n"
-        "  controller overhead   {:10.1f} ms   (cycle - staging - drain wait - install - live digest - validation)\n"
+        "  controller overhead   {:10.2f} ms   (cycle - staging - install - live digest - validation reads)\n"
         "  replay validation     {:10.2f} ms   ({} probes x {} tokens, engine time, in the pause window; Runner wall "
         "{:.0f} ms)\n"
         "  pause window parts (medians, ms): {}\n"
-        "  controller overhead parts (medians, ms; phase time outside engine calls): {}\n"
+        "  controller overhead parts (medians, ms): {}\n"
+        "  controller idle gaps (medians, ms; no engine call in flight, by the calls around them): {}\n"
+        "  state dir fdatasync (4 KiB overwrite, median of 20): {:.3f} ms before the cycles, {:.3f} ms after\n"
         "  cycle - drain - install: {:.1f} ms (the issue's 'cycle minus drain, wire and install'; wire runs inside\n"
         "    DRAINING as a prefetch, so it is already in drain; this still holds the pause/reset/validate work)\n",
         o.model, report["engine_model"].get<std::string>(), o.tp, o.cycles, o.restarts,
@@ -457,7 +614,8 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         report["restart"]["ready_ms_median"].get<double>(), report["restart"]["export_ms"].get<double>(),
         report["restart_over_cycle"].get<double>(), c["controller_overhead_ms_median"].get<double>(),
         c["replay_engine_ms_median"].get<double>(), o.probes, o.probe_tokens, c["replay_wall_ms_median"].get<double>(),
-        c["pause_window_parts_ms_median"].dump(), c["controller_overhead_parts_ms_median"].dump(),
+        c["pause_window_parts_ms_median"].dump(), c["controller_overhead_parts_ms_median"].dump(), c["controller_idle_gaps_ms_median"].dump(), c["state_dir_fdatasync_ms"]["before"].get<double>(),
+        c["state_dir_fdatasync_ms"]["after"].get<double>(),
         c["cycle_minus_drain_wire_install_ms_median"].get<double>());
   } else {
     std::cout << fmt::format("restart {} (engine from disk, tp {}): cold start to first token {:.1f} ms (median of {})\n",

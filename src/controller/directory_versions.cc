@@ -1,6 +1,7 @@
 #include "rolloutcore/controller/directory_versions.h"
 
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/pending.h"
 
 namespace rc::controller {
 
@@ -26,6 +27,14 @@ Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* 
   return out;
 }
 
+DirectoryVersionSource::DirectoryVersionSource(directory::DirectoryStore* store)
+    : store_(store), fetches_(std::make_shared<Fetches>()) {}
+
+DirectoryVersionSource::~DirectoryVersionSource() {
+  rc::MutexLock lock(fetches_->mu);
+  while (fetches_->running > 0) fetches_->cv.wait(lock);
+}
+
 Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::string& model, const std::string& version) {
   RC_ASSIGN_OR_RETURN(directory::VersionInfo info, store_->GetInfo(model, version));
   if (info.state != directory::VersionState::kCommitted) {
@@ -40,7 +49,20 @@ Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::strin
   t.identity.checkpoint = model + "@" + version;
   t.identity.run = model;
   t.identity.step = StepFromLabel(version);
-  RC_ASSIGN_OR_RETURN(t.probes, ProbesOf(store_, model, version));
+  // The manifest (for the probes) is read on a pooled worker while the update starts: the Runner
+  // takes the probes before the drain completes (types.h, UpdateTarget::probes_fetch).
+  {
+    rc::MutexLock lock(fetches_->mu);
+    ++fetches_->running;
+  }
+  t.probes_fetch = RunDetached<std::vector<lifecycle::ReplayProbe>>(
+      [store = store_, fetches = fetches_, model, version]() -> Result<std::vector<lifecycle::ReplayProbe>> {
+        auto probes = ProbesOf(store, model, version);
+        rc::MutexLock lock(fetches->mu);
+        --fetches->running;
+        fetches->cv.notify_all();
+        return probes;
+      });
   return t;
 }
 

@@ -399,10 +399,11 @@ std::string ControllerService::CompletionMismatch(EngineSlot* slot, const lifecy
 
 void ControllerService::Drive(EngineSlot* slot) {
   int64_t next_expiry_check = 0;
-  // While an operation runs the Runner is polled every 1 ms, and every 100 us for 20 ms after
-  // each state change: the short calls of the pause window (pause, cache resets, label and digest
-  // reads, resume) answer within that window, and each one waited for the next poll (issue 15,
-  // controller overhead). Long calls (stage, install) fall back to the 1 ms poll.
+  // While an operation runs the driver blocks on the call in flight (Runner::WaitForProgress) and
+  // polls the Runner the moment it answers: no fixed poll interval between a call's answer and the
+  // next transition (issue 15, controller overhead). When no call is in flight unanswered (the
+  // drain waits for rollouts, a refused reset waits for its retry slot) it sleeps 1 ms, or 100 us
+  // for 20 ms after each state change.
   State last_state = slot->controller->state();
   int64_t hot_until_ms = 0;
   while (!stop_) {
@@ -506,6 +507,7 @@ void ControllerService::Drive(EngineSlot* slot) {
       last_state = st;
       hot_until_ms = SteadyMs() + 20;
     }
+    if (slot->runner->WaitForProgress(std::chrono::milliseconds(1))) continue;
     if (SteadyMs() < hot_until_ms) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     } else {
@@ -745,19 +747,24 @@ Result<Json> ControllerService::UpdateStatus(const std::string& id) const {
 
 Result<Json> ControllerService::WaitForUpdate(const std::string& id, int64_t timeout_ms) const {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  rc::MutexLock lock(mu_);
   while (true) {
-    RC_ASSIGN_OR_RETURN(Json j, UpdateStatus(id));
+    auto it = ops_.find(id);
+    if (it == ops_.end()) return NotFound("no update '" + id + "'");
+    Json j = OpJson(it->second);
+    const auto now = std::chrono::steady_clock::now();
     if (j["done"].get<bool>()) {
       // Done, and (within the deadline) past the post-operation identity check that lets the
       // engines admit again, so a caller's next rollout is not refused as "finishing an operation".
       bool settling = false;
       for (const auto& slot : engines_) settling = settling || slot->settling.load();
-      if (!settling || std::chrono::steady_clock::now() >= deadline) return j;
-    } else if (std::chrono::steady_clock::now() >= deadline) {
+      if (!settling || now >= deadline) return j;
+    } else if (now >= deadline) {
       return DeadlineExceeded("update " + id + " still in progress");
     }
-    // 0.5 ms, not 5: a waiter learns of the commit within half a millisecond (issue 15).
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    // The driver notifies cv_ (under mu_) when an operation ends and when it settled, so a waiter
+    // learns of the commit at once (issue 15); the bounded wait is only a safety net.
+    cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now, std::chrono::milliseconds(2)));
   }
 }
 
@@ -1164,6 +1171,17 @@ Result<Json> ControllerService::Journal(int64_t since, int engine) const {
   Json out = Json::array();
   for (const auto& r : records) out.push_back(lifecycle::ToJson(r));
   return Json{{"engine", engines_[engine]->handle.name}, {"records", out}};
+}
+
+lifecycle::JournalAppendStats ControllerService::JournalAppendTotals() const {
+  lifecycle::JournalAppendStats total = ops_journal_->append_stats();
+  for (const auto& slot : engines_) {
+    const lifecycle::JournalAppendStats s = slot->journal->append_stats();
+    total.appends += s.appends;
+    total.syncs += s.syncs;
+    total.append_ms += s.append_ms;
+  }
+  return total;
 }
 
 std::string ControllerService::Metrics() const {

@@ -415,8 +415,21 @@ Counters Controller::counters() const {
 // Helpers
 
 Status Controller::AppendLocked(JournalRecord& rec) {
-  Status s = journal_->Append(rec);
-  if (!s.ok()) return s.WithContext("journal refused '" + rec.event + "', nothing changed");
+  if (deferred_.empty()) {
+    Status s = journal_->Append(rec);
+    if (!s.ok()) return s.WithContext("journal refused '" + rec.event + "', nothing changed");
+    return OkStatus();
+  }
+  std::vector<JournalRecord*> batch;
+  for (auto& d : deferred_) batch.push_back(&d.first);
+  batch.push_back(&rec);
+  Status s = journal_->AppendBatch(batch);
+  if (!s.ok()) {
+    return s.WithContext("journal refused '" + rec.event + "' (with " + std::to_string(deferred_.size()) +
+                         " held record(s)), nothing changed");
+  }
+  for (const auto& [held, type] : deferred_) ApplyRecordLocked(held, type);
+  deferred_.clear();
   return OkStatus();
 }
 
@@ -730,8 +743,8 @@ Status Controller::RecordStageEvidence(const StageEvidence& stage) {
   rec.event = std::string(RecordEventName(Kind(RecordKind::kStaged)));
   rec.update = pending_ ? pending_->ordinal : 0;
   rec.detail = Json{{"label", stage.label}, {"bytes", stage.bytes}, {"engine", stage.detail}};
-  RC_RETURN_IF_ERROR(AppendLocked(rec));
-  ApplyRecordLocked(rec, Kind(RecordKind::kStaged));
+  // Group commit: held for the next record's batch (the header says why that is enough).
+  deferred_.emplace_back(std::move(rec), Kind(RecordKind::kStaged));
   return OkStatus();
 }
 

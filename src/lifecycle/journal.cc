@@ -1,5 +1,8 @@
 #include "rolloutcore/lifecycle/journal.h"
 
+#include <chrono>
+#include <filesystem>
+
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/hash.h"
@@ -20,14 +23,28 @@ Json ToJson(const JournalRecord& r) {
 
 // ---- MemoryJournal ----
 
-Status MemoryJournal::Append(JournalRecord& rec) {
+Status MemoryJournal::Append(JournalRecord& rec) { return AppendBatch({&rec}); }
+
+Status MemoryJournal::AppendBatch(const std::vector<JournalRecord*>& recs) {
   rc::MutexLock lock(mu_);
-  if (fail_after_ == 0) return Unavailable("journal append failed (injected crash point)");
-  if (fail_after_ > 0) --fail_after_;
-  rec.seq = static_cast<int64_t>(records_.size()) + 1;
-  if (rec.wall_ms == 0) rec.wall_ms = WallTimeMs();
-  records_.push_back(rec);
+  const auto n = static_cast<int64_t>(recs.size());
+  if (fail_after_ >= 0 && fail_after_ < n) {
+    fail_after_ = 0;  // the crash came before the batch's one sync: none of it, nothing after
+    return Unavailable("journal append of " + std::to_string(n) + " record(s) failed (injected crash point)");
+  }
+  if (fail_after_ > 0) fail_after_ -= n;
+  for (JournalRecord* rec : recs) {
+    rec->seq = static_cast<int64_t>(records_.size()) + 1;
+    if (rec->wall_ms == 0) rec->wall_ms = WallTimeMs();
+    records_.push_back(*rec);
+  }
+  ++syncs_;
   return OkStatus();
+}
+
+int64_t MemoryJournal::syncs() const {
+  rc::MutexLock lock(mu_);
+  return syncs_;
 }
 
 Result<std::vector<JournalRecord>> MemoryJournal::ReadSince(int64_t since) const {
@@ -93,6 +110,30 @@ Result<uint64_t> ParseChain(const std::string& hex, const std::string& where) {
   return *v;
 }
 
+// The WAL reserve (journal.h): kWalReservePages pages written once through the WAL and
+// checkpointed with RESTART, so the next append starts again at the WAL's offset 0 and every
+// later commit overwrites WAL bytes that exist already; the automatic checkpoint at the same size
+// keeps it there. An fdatasync of an overwrite has no file size to commit (ext4 here: 0.7 ms
+// against 2.5 ms for an append under load, 0.1 against 0.2 idle). The pages the reserve used
+// become the database's free list, so checkpoints also write into pages that exist.
+constexpr int kWalReservePages = 256;
+
+Status ReserveWal(const sqlite::Database& db, const std::string& path) {
+  const std::string pages = std::to_string(kWalReservePages);
+  RC_RETURN_IF_ERROR(Exec(db, ("PRAGMA wal_autocheckpoint=" + pages).c_str(), path));
+  std::error_code ec;
+  const auto wal_bytes = std::filesystem::file_size(path + "-wal", ec);
+  if (!ec && wal_bytes >= static_cast<uintmax_t>(kWalReservePages) * 4096) return OkStatus();
+  RC_RETURN_IF_ERROR(Exec(db,
+                          ("BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS rc_wal_reserve (b BLOB);"
+                           " INSERT INTO rc_wal_reserve VALUES (zeroblob(" +
+                           std::to_string(kWalReservePages * 4096) + ")); COMMIT")
+                              .c_str(),
+                          path));
+  RC_RETURN_IF_ERROR(Exec(db, "DROP TABLE rc_wal_reserve", path));
+  return Exec(db, "PRAGMA wal_checkpoint(RESTART)", path);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& path, bool must_exist) {
@@ -114,6 +155,7 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
     auto has_chain = jp->db_.HasColumn("journal", "chain");
     if (!has_chain.ok()) return Internal("journal " + path + ": " + has_chain.status().message());
     if (!*has_chain) RC_RETURN_IF_ERROR(Exec(jp->db_, "ALTER TABLE journal ADD COLUMN chain TEXT", path));
+    RC_RETURN_IF_ERROR(ReserveWal(jp->db_, path));
   }
   // Verifies every record's chain and learns the head for the next append.
   RC_ASSIGN_OR_RETURN(auto all, j->ReadSince(0));
@@ -125,22 +167,54 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
 
 SqliteJournal::~SqliteJournal() = default;
 
-Status SqliteJournal::Append(JournalRecord& rec) {
+JournalAppendStats SqliteJournal::append_stats() const {
   rc::MutexLock lock(mu_);
-  if (rec.wall_ms == 0) rec.wall_ms = WallTimeMs();
-  sqlite::Statement st(db_,
-                       "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
-                       " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-  std::string detail = rec.detail.is_null() ? "{}" : rec.detail.dump();
-  JournalRecord r = rec;
-  r.seq = last_seq_ + 1;
-  const uint64_t chain = ChainOf(head_, r, detail);
-  st.Bind(1, r.seq).Bind(2, rec.t_ms).Bind(3, rec.wall_ms).Bind(4, rec.event).Bind(5, rec.from).Bind(6, rec.to);
-  st.Bind(7, rec.update).Bind(8, rec.rollout).Bind(9, detail).Bind(10, Hex64(chain));
-  if (Status s = st.Run(); !s.ok()) return Unavailable("journal " + path_ + ": append failed: " + s.message());
-  rec.seq = r.seq;
-  last_seq_ = r.seq;
-  head_ = chain;
+  return stats_;
+}
+
+Status SqliteJournal::Append(JournalRecord& rec) { return AppendBatch({&rec}); }
+
+Status SqliteJournal::AppendBatch(const std::vector<JournalRecord*>& recs) {
+  if (recs.empty()) return OkStatus();
+  rc::MutexLock lock(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  // One transaction: one commit, one WAL sync for the whole batch; the seqs and the chain head
+  // move only once it committed.
+  if (Status s = db_.Exec("BEGIN IMMEDIATE"); !s.ok()) {
+    return Unavailable("journal " + path_ + ": append failed: " + s.message());
+  }
+  int64_t seq = last_seq_;
+  uint64_t head = head_;
+  std::vector<int64_t> seqs;
+  for (JournalRecord* rec : recs) {
+    if (rec->wall_ms == 0) rec->wall_ms = WallTimeMs();
+    sqlite::Statement st(db_,
+                         "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
+                         " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    const std::string detail = rec->detail.is_null() ? "{}" : rec->detail.dump();
+    JournalRecord r = *rec;
+    r.seq = seq + 1;
+    const uint64_t chain = ChainOf(head, r, detail);
+    st.Bind(1, r.seq).Bind(2, r.t_ms).Bind(3, r.wall_ms).Bind(4, r.event).Bind(5, r.from).Bind(6, r.to);
+    st.Bind(7, r.update).Bind(8, r.rollout).Bind(9, detail).Bind(10, Hex64(chain));
+    if (Status s = st.Run(); !s.ok()) {
+      (void)db_.Exec("ROLLBACK");
+      return Unavailable("journal " + path_ + ": append failed: " + s.message());
+    }
+    seq = r.seq;
+    head = chain;
+    seqs.push_back(seq);
+  }
+  if (Status s = db_.Exec("COMMIT"); !s.ok()) {
+    (void)db_.Exec("ROLLBACK");
+    return Unavailable("journal " + path_ + ": append failed (commit): " + s.message());
+  }
+  for (size_t i = 0; i < recs.size(); ++i) recs[i]->seq = seqs[i];
+  last_seq_ = seq;
+  head_ = head;
+  stats_.appends += static_cast<int64_t>(recs.size());
+  ++stats_.syncs;
+  stats_.append_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return OkStatus();
 }
 

@@ -40,6 +40,7 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
 Result<UpdateTarget> Runner::StartRecovery(UpdateTarget target) {
   if (busy()) return FailedPrecondition("operation " + std::to_string(target_.ordinal) + " is still in progress");
   RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
+  target.probes_fetch.reset();  // a recovery proves label and digest; it replays nothing
   RC_ASSIGN_OR_RETURN(target_, controller_->BeginRecovery(std::move(target)));
   notes_.clear();
   started_ms_ = Now();
@@ -133,6 +134,23 @@ bool Runner::Poll() {
   return busy();
 }
 
+bool Runner::WaitForProgress(std::chrono::microseconds max) {
+  if (phase_ == Phase::kIdle) return false;
+  if (phase_ == Phase::kDraining && target_.probes_fetch && !target_.probes_fetch->Ready() && !stage_call_.active()) {
+    (void)target_.probes_fetch->WaitFor(max);
+    return true;
+  }
+  if (stage_call_.WaitIfUnanswered(max) || drain_call_.WaitIfUnanswered(max) || abort_call_.WaitIfUnanswered(max) ||
+      pause_call_.WaitIfUnanswered(max) || install_call_.WaitIfUnanswered(max)) {
+    return true;
+  }
+  for (const auto& c : reset_calls_) {
+    if (c.WaitIfUnanswered(max)) return true;
+  }
+  return label_call_.WaitIfUnanswered(max) || digest_call_.WaitIfUnanswered(max) ||
+         replay_call_.WaitIfUnanswered(max) || resume_call_.WaitIfUnanswered(max);
+}
+
 Result<UpdateRecord> Runner::RunToCompletion() {
   int64_t ordinal = target_.ordinal;
   while (Poll()) clock_->SleepForMs(1);
@@ -145,6 +163,26 @@ Result<UpdateRecord> Runner::RunToCompletion() {
 
 void Runner::StepDraining() {
   const int64_t now = Now();
+  if (target_.probes_fetch) {
+    // The probes come from a fetch that started with the update (types.h); they are taken here,
+    // before the drain can complete, so a failed fetch rejects with nothing paused.
+    if (target_.probes_fetch->Ready()) {
+      auto probes = target_.probes_fetch->Get();
+      target_.probes_fetch.reset();
+      if (!probes.ok()) {
+        return RejectAndResume("fetching the replay probes of " + target_.label + " failed: " +
+                                   probes.status().ToString(),
+                               false);
+      }
+      target_.probes = std::move(probes).value();
+      next_drain_poll_ms_ = now;  // they may be what the drain waited for
+    } else if (now > started_ms_ + options_.deadlines.stage_ms) {
+      target_.probes_fetch.reset();
+      return RejectAndResume("fetching the replay probes of " + target_.label + " overran the " +
+                                 std::to_string(options_.deadlines.stage_ms) + " ms stage deadline",
+                             false);
+    }
+  }
   if (stage_call_.active()) {
     if (stage_call_.pending->Ready()) {
       auto r = stage_call_.pending->Get();
@@ -208,7 +246,7 @@ void Runner::StepDraining() {
       auto r = drain_call_.pending->Get();
       drain_call_.Clear();
       if (!r.ok()) return RejectAndResume("drain status failed: " + r.status().ToString(), false);
-      if (r->idle() && controller_->active_count() == 0 && stage_done_) {
+      if (r->idle() && controller_->active_count() == 0 && stage_done_ && !target_.probes_fetch) {
         Status s = controller_->DrainComplete(*r);
         if (s.ok()) {
           phase_ = Phase::kPausing;
@@ -231,7 +269,7 @@ void Runner::StepDraining() {
 // ---- In-flight modes -----------------------------------------------------------------------
 
 void Runner::StepQuiescingInFlight(int64_t now) {
-  if (!stage_done_) return;
+  if (!stage_done_ || target_.probes_fetch) return;
   if (!drain_call_.active()) {
     drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);
     return;

@@ -68,6 +68,52 @@ TEST_F(RunnerTest, HappyPathCommitsAndResumes) {
   EXPECT_EQ(u->evidence["staged"]["label"], "rc-1");
 }
 
+// Probes resolved in the background (UpdateTarget::probes_fetch, issue 15): the drain does not
+// complete before they are in, and the update uses them.
+TEST_F(RunnerTest, ProbesFetchedInTheBackgroundAreTakenBeforeTheDrainCompletes) {
+  Build({});
+  UpdateTarget t = Target();
+  Pending<std::vector<ReplayProbe>> fetch;
+  t.probes_fetch = fetch;
+  ASSERT_TRUE(runner_->StartUpdate(t).ok());
+  for (int i = 0; i < 50; ++i) {
+    runner_->Poll();
+    clock_.AdvanceMs(1);
+    engine_->Tick();
+  }
+  EXPECT_EQ(c_->state(), State::kDraining) << "the drain waits for the probes";
+  EXPECT_FALSE(engine_->paused());
+  ReplayProbe p;
+  p.name = "p0";
+  p.prompt = {1, 2, 3};
+  fetch.Fulfill(std::vector<ReplayProbe>{p});
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version().label, "rc-1");
+  auto u = c_->Update(1);
+  ASSERT_TRUE(u);
+  // The scripted engine has no replay path: the probes are there, their replay is skipped for it.
+  const std::string why = u->evidence["validated"]["replay"].value("reason", "");
+  EXPECT_NE(why.find("offers no replay path"), std::string::npos) << u->evidence["validated"].dump();
+}
+
+// A probe fetch that failed rejects the update before the drain completes: nothing paused.
+TEST_F(RunnerTest, FailedProbeFetchRejectsBeforeThePause) {
+  Build({});
+  UpdateTarget t = Target();
+  t.probes_fetch = Pending<std::vector<ReplayProbe>>::Completed(Unavailable("directory at http://d did not answer"));
+  ASSERT_TRUE(runner_->StartUpdate(t).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->version().label, "rc-0");
+  EXPECT_FALSE(engine_->paused());
+  auto u = c_->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->outcome, UpdateOutcome::kRejected);
+  EXPECT_NE(u->reason.find("fetching the replay probes of rc-1 failed"), std::string::npos) << u->reason;
+  EXPECT_FALSE(u->evidence.contains("begin_install"));
+}
+
 TEST_F(RunnerTest, HungInstallTaintsWithinDeadlinePlus100) {
   RunnerOptions o;
   o.deadlines.install_ms = 1000;

@@ -5,6 +5,10 @@
 // Also: real-time fault injection through FaultInjectingAdapter.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
 #include "rolloutcore/lifecycle/runner.h"
 #include "rolloutcore/lifecycle/scripted_engine.h"
 #include "testing/fake_engine.h"
@@ -134,6 +138,245 @@ TEST(CrashFaultTest, SqliteJournalCrashMidInstallComesBackTainted) {
   EXPECT_EQ(s.state_at_crash, State::kUpdating);
   EXPECT_EQ(c->state(), State::kTainted);
   std::remove(path.c_str());
+}
+
+// ---- Group commit (issue 15) ------------------------------------------------------------------
+
+// Forwards to a ScriptedEngine and, at each Stage and Pause call, looks at what the journal holds:
+// the effect a record authorizes must find that record already synced.
+class JournalWatchingAdapter final : public EngineAdapter {
+ public:
+  JournalWatchingAdapter(ScriptedEngine* inner, MemoryJournal* journal) : inner_(inner), journal_(journal) {}
+  Result<EngineDescription> Describe() override { return inner_->Describe(); }
+  Pending<DrainStatus> GetDrainStatus() override { return inner_->GetDrainStatus(); }
+  Pending<PauseEvidence> Pause(PauseMode m) override {
+    ++pauses;
+    records_at_pause = journal_->ReadAll().value();
+    syncs_at_pause = journal_->syncs();
+    return inner_->Pause(m);
+  }
+  Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override { return inner_->AbortRequests(ids); }
+  Pending<StageEvidence> Stage(const UpdateTarget& t) override {
+    records_at_stage = journal_->size();
+    syncs_at_stage = journal_->syncs();
+    if (crash_at_stage) journal_->FailAfter(0);  // the controller dies before its next sync
+    return inner_->Stage(t);
+  }
+  Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override { return inner_->Install(t, full); }
+  Pending<CacheResetResult> ResetCache(CacheKind k) override { return inner_->ResetCache(k); }
+  Pending<LabelEvidence> ReadLabel() override { return inner_->ReadLabel(); }
+  Pending<DigestEvidence> ReadContentDigest() override { return inner_->ReadContentDigest(); }
+  Pending<ResumeEvidence> Resume() override { return inner_->Resume(); }
+  Pending<IdentityEvidence> ProbeIdentity() override { return inner_->ProbeIdentity(); }
+
+  bool crash_at_stage = false;
+  int pauses = 0;
+  size_t records_at_stage = 0;
+  int64_t syncs_at_stage = 0;
+  std::vector<JournalRecord> records_at_pause;
+  int64_t syncs_at_pause = 0;
+
+ private:
+  ScriptedEngine* inner_;
+  MemoryJournal* journal_;
+};
+
+ScriptedEngineConfig StageAndPauseEngine() {
+  ScriptedEngineConfig cfg;
+  cfg.label = "rc-0";
+  cfg.digest = "d0";
+  cfg.ops["stage"] = {OpScript{5, "ok", 0}};
+  return cfg;
+}
+
+// The stage evidence authorizes no engine call, so it is not synced alone: it goes into one batch
+// with drain_complete, and that batch is synced before the pause it authorizes is issued.
+TEST(CrashFaultTest, StageEvidenceIsGroupCommittedWithDrainCompleteBeforeThePause) {
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngine engine(&clock, StageAndPauseEngine());
+  JournalWatchingAdapter adapter(&engine, &journal);
+  auto c = std::move(Controller::Open(&clock, &journal)).value();
+  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
+  while (runner.Poll()) {
+    clock.AdvanceMs(1);
+    engine.Tick();
+  }
+  ASSERT_EQ(c->state(), State::kReady);
+  EXPECT_EQ(c->version().label, "rc-1");
+  ASSERT_EQ(adapter.pauses, 1);
+  // At the pause: exactly two more records than at the stage call (staged, drain_complete), in
+  // that order, written by one sync.
+  const auto& at_pause = adapter.records_at_pause;
+  ASSERT_EQ(at_pause.size(), adapter.records_at_stage + 2);
+  EXPECT_EQ(at_pause[at_pause.size() - 2].event, "staged");
+  EXPECT_EQ(at_pause.back().event, "drain_complete");
+  EXPECT_EQ(adapter.syncs_at_pause, adapter.syncs_at_stage + 1);
+  EXPECT_LT(at_pause[at_pause.size() - 2].seq, at_pause.back().seq);
+  // The evidence is in the update record, and a restart from the journal at the pause (the crash
+  // after the group's sync, before its effect completed) comes back READY on the old version
+  // with the engine possibly paused (to be resumed), the staging evidence restored with it.
+  auto u = c->Update(1);
+  ASSERT_TRUE(u);
+  ASSERT_TRUE(u->evidence.contains("staged"));
+  EXPECT_EQ(u->evidence["staged"]["label"], "rc-1");
+  MemoryJournal at_crash;
+  for (JournalRecord r : at_pause) ASSERT_TRUE(at_crash.Append(r).ok());
+  RestoreSummary summary;
+  auto restarted = std::move(Controller::Open(&clock, &at_crash, &summary)).value();
+  EXPECT_EQ(summary.state_at_crash, State::kQuiesced);
+  EXPECT_TRUE(summary.engine_may_be_paused);
+  EXPECT_EQ(restarted->state(), State::kReady);
+  EXPECT_EQ(restarted->version().label, "rc-0");
+  ASSERT_TRUE(restarted->Update(1));
+  EXPECT_TRUE(restarted->Update(1)->evidence.contains("staged"));
+}
+
+// A crash before the batch's sync: neither the stage evidence nor drain_complete is in the
+// journal, the pause they would authorize is never issued, and the restart comes back READY on
+// the old version with nothing to resume.
+TEST(CrashFaultTest, CrashBeforeTheGroupCommitLeavesNeitherRecordAndIssuesNoPause) {
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngine engine(&clock, StageAndPauseEngine());
+  JournalWatchingAdapter adapter(&engine, &journal);
+  adapter.crash_at_stage = true;
+  auto c = std::move(Controller::Open(&clock, &journal)).value();
+  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
+  for (int ms = 0; ms < 2000 && runner.Poll(); ++ms) {
+    clock.AdvanceMs(1);
+    engine.Tick();
+  }
+  EXPECT_EQ(adapter.pauses, 0);
+  EXPECT_FALSE(engine.paused());
+  EXPECT_EQ(c->state(), State::kDraining);
+  auto u = c->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_FALSE(u->evidence.contains("staged")) << "evidence shows only once it is durable";
+  const auto records = journal.ReadAll().value();
+  ASSERT_EQ(records.size(), adapter.records_at_stage);
+  for (const auto& r : records) {
+    EXPECT_NE(r.event, "staged");
+    EXPECT_NE(r.event, "drain_complete");
+  }
+  journal.FailAfter(-1);  // the restarted controller's journal works again
+  RestoreSummary summary;
+  auto restarted = std::move(Controller::Open(&clock, &journal, &summary)).value();
+  EXPECT_EQ(summary.state_at_crash, State::kDraining);
+  EXPECT_FALSE(summary.engine_may_be_paused);
+  EXPECT_EQ(restarted->state(), State::kReady);
+  EXPECT_EQ(restarted->version().label, "rc-0");
+}
+
+// SqliteJournal's batch is one transaction: one commit for all its records, the chain verified
+// across it at the next open.
+TEST(CrashFaultTest, SqliteJournalBatchIsOneCommitAndKeepsTheChain) {
+  auto path = ::testing::TempDir() + "rc_batch_" + std::to_string(::getpid()) + ".db";
+  std::remove(path.c_str());
+  {
+    auto j = std::move(SqliteJournal::Open(path)).value();
+    JournalRecord a, b, c;
+    a.event = "first";
+    b.event = "second";
+    c.event = "third";
+    ASSERT_TRUE(j->Append(a).ok());
+    const auto before = j->append_stats();
+    ASSERT_TRUE(j->AppendBatch({&b, &c}).ok());
+    const auto after = j->append_stats();
+    EXPECT_EQ(after.syncs - before.syncs, 1);
+    EXPECT_EQ(after.appends - before.appends, 2);
+    EXPECT_EQ(b.seq, 2);
+    EXPECT_EQ(c.seq, 3);
+  }
+  auto j = std::move(SqliteJournal::Open(path, /*must_exist=*/true)).value();
+  auto all = j->ReadAll().value();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[1].event, "second");
+  EXPECT_EQ(all[2].event, "third");
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+}
+
+// Appends overwrite the WAL reserved at open instead of growing the file (issue 15: an
+// fdatasync that also has a file size to commit costs about three times as much here).
+TEST(CrashFaultTest, SqliteJournalAppendsOverwriteTheReservedWal) {
+  auto path = ::testing::TempDir() + "rc_wal_" + std::to_string(::getpid()) + ".db";
+  for (const char* ext : {"", "-wal", "-shm"}) std::remove((path + ext).c_str());
+  {
+    auto j = std::move(SqliteJournal::Open(path)).value();
+    JournalRecord first;
+    first.event = "first";
+    ASSERT_TRUE(j->Append(first).ok());
+    const auto reserved = std::filesystem::file_size(path + "-wal");
+    EXPECT_GE(reserved, 1u << 20) << "the WAL's first MiB is reserved at open";
+    for (int i = 0; i < 200; ++i) {
+      JournalRecord r;
+      r.event = "e" + std::to_string(i);
+      r.detail = Json{{"evidence", std::string(1500, 'x')}};
+      ASSERT_TRUE(j->Append(r).ok());
+    }
+    EXPECT_EQ(std::filesystem::file_size(path + "-wal"), reserved) << "200 appends grew the WAL";
+    EXPECT_EQ(j->ReadAll().value().size(), 201u);
+  }
+  auto j = std::move(SqliteJournal::Open(path, /*must_exist=*/true)).value();
+  EXPECT_EQ(j->ReadAll().value().size(), 201u);
+  for (const char* ext : {"", "-wal", "-shm"}) std::remove((path + ext).c_str());
+}
+
+// Runner::WaitForProgress blocks on the call in flight until it answers (the service's driver
+// notices an answer when it comes, not at the next fixed poll), and returns at once when nothing
+// is in flight.
+TEST(CrashFaultTest, WaitForProgressReturnsWhenTheCallInFlightAnswers) {
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngineConfig cfg = StageAndPauseEngine();
+  ScriptedEngine engine(&clock, cfg);
+  struct SlowStage final : EngineAdapter {
+    explicit SlowStage(ScriptedEngine* e) : inner(e) {}
+    Result<EngineDescription> Describe() override { return inner->Describe(); }
+    Pending<DrainStatus> GetDrainStatus() override { return inner->GetDrainStatus(); }
+    Pending<PauseEvidence> Pause(PauseMode m) override { return inner->Pause(m); }
+    Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override { return inner->AbortRequests(ids); }
+    Pending<StageEvidence> Stage(const UpdateTarget& t) override {
+      Pending<StageEvidence> p;
+      StageEvidence e;
+      e.label = t.label;
+      answerer = std::thread([p, e] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        p.Fulfill(e);
+      });
+      return p;
+    }
+    Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override { return inner->Install(t, full); }
+    Pending<CacheResetResult> ResetCache(CacheKind k) override { return inner->ResetCache(k); }
+    Pending<LabelEvidence> ReadLabel() override { return inner->ReadLabel(); }
+    Pending<DigestEvidence> ReadContentDigest() override { return inner->ReadContentDigest(); }
+    Pending<ResumeEvidence> Resume() override { return inner->Resume(); }
+    Pending<IdentityEvidence> ProbeIdentity() override { return inner->ProbeIdentity(); }
+    ScriptedEngine* inner;
+    std::thread answerer;
+  } adapter(&engine);
+  auto c = std::move(Controller::Open(&clock, &journal)).value();
+  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  EXPECT_FALSE(runner.WaitForProgress(std::chrono::seconds(5))) << "idle: nothing to wait for";
+  ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
+  engine.Tick();   // the drain status answers at once (virtual time)
+  runner.Poll();   // consumes it; the stage is still in flight
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(runner.WaitForProgress(std::chrono::seconds(5)));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(4)) << "returned by the answer, not by the 5 s bound";
+  adapter.answerer.join();
+  runner.Poll();
+  auto u = c->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_TRUE(runner.busy());
 }
 
 // ---- Real time, real threads -------------------------------------------------------------

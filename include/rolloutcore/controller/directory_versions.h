@@ -4,11 +4,18 @@
 // manifest's combined content digest (16 hex digits, the format engines report from
 // /rc/weights/digest), checkpoint = "model@version", run = the model name, step = the trailing
 // integer of the version label when it has one ("v12" → 12), else -1. The target carries the
-// version's replay probes (the committed manifest's, converted by ProbesOf).
+// version's replay probes (the committed manifest's, converted by ProbesOf) as a fetch still in
+// flight (UpdateTarget::probes_fetch): Resolve reads only the version's status, so the manifest's
+// round trip overlaps the update's first journal commits and its stage (issue 15).
 //
-// Thread safety: as the underlying DirectoryStore (the HTTP client is safe from any thread).
+// Thread safety: as the underlying DirectoryStore (the HTTP client is safe from any thread). The
+// destructor waits for the probe fetches still running (they read the store), so the store must
+// outlive this object, as it does when it was declared first.
 #pragma once
 
+#include <memory>
+
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/controller/service.h"
 #include "rolloutcore/directory/store.h"
 
@@ -16,12 +23,22 @@ namespace rc::controller {
 
 class DirectoryVersionSource final : public VersionSource {
  public:
-  explicit DirectoryVersionSource(directory::DirectoryStore* store) : store_(store) {}
+  explicit DirectoryVersionSource(directory::DirectoryStore* store);
+  ~DirectoryVersionSource() override;
+  DirectoryVersionSource(const DirectoryVersionSource&) = delete;
+  DirectoryVersionSource& operator=(const DirectoryVersionSource&) = delete;
   Result<lifecycle::UpdateTarget> Resolve(const std::string& model, const std::string& version) override;
   Result<std::vector<Commit>> WaitForCommits(const std::string& model, uint64_t after_seq, int64_t timeout_ms) override;
 
  private:
+  // Probe fetches still running (shared with them: they count themselves out).
+  struct Fetches {
+    rc::Mutex mu;
+    rc::CondVar cv;
+    int running GUARDED_BY(mu) = 0;  // guarded by mu
+  };
   directory::DirectoryStore* store_;
+  std::shared_ptr<Fetches> fetches_;
 };
 
 // The replay probes of a committed version, as the Runner replays them.

@@ -161,6 +161,8 @@ class ControllerService {
   TrajectoryStore* trajectories() { return trajectories_.get(); }
   std::string Metrics() const;
   lifecycle::Controller* controller(size_t engine) { return engines_[engine]->controller.get(); }
+  // Journal appends so far, the update journal and every engine's journal together (bench cycle).
+  lifecycle::JournalAppendStats JournalAppendTotals() const;
 
  private:
   struct Op {

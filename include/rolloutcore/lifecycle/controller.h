@@ -12,6 +12,10 @@
 //  * DRAINING → QUIESCED needs BOTH the engine reporting no work AND zero active bindings.
 //  * Every transition, admission and finish is appended to the journal (and synced) before it
 //    takes effect; if the journal refuses, the operation fails and nothing changes.
+//  * Group commit: a record that authorizes nothing (the stage evidence) is not synced on its
+//    own; it is held and written in one batch (one sync) with the next record, before that
+//    record's effect, and applied (visible in the update record) only then. A crash before the
+//    batch loses only evidence of an update that has not paused the engine (it comes back READY).
 //  * Open() rebuilds from the journal: an update that began UPDATING (or a recovery) without a
 //    commit record comes back TAINTED; one still DRAINING/QUIESCED comes back READY on the old
 //    version; bindings active at the crash are journaled as interrupted, never dropped.
@@ -159,8 +163,10 @@ class Controller {
   // DRAINING | QUIESCED | UPDATING → READY on the old version. From UPDATING only when the
   // engine refused the install before mutating (install_refused_before_mutation).
   Status RejectBeforeMutation(const std::string& reason, bool install_refused_before_mutation);
-  // Journals the staging (prefetch) evidence of the update in progress; legal while DRAINING or
-  // QUIESCED (staging never touches live weights). Not a transition.
+  // Records the staging (prefetch) evidence of the update in progress; legal while DRAINING or
+  // QUIESCED (staging never touches live weights). Not a transition: it authorizes no engine call,
+  // so it is journaled in one batch with the next record (group commit, above) and shows in the
+  // update record from then on.
   Status RecordStageEvidence(const StageEvidence& stage);
   // → TAINTED from UPDATING..RESUMING or RECOVERING (an update or recovery failed after
   // mutation may have begun), or from READY (the engine's identity no longer matches the
@@ -180,6 +186,8 @@ class Controller {
   // Appends a transition record and applies it. Caller holds mu_ and has checked evidence.
   Status TransitionLocked(Event event, Json detail) REQUIRES(mu_);
   Status CheckLegalLocked(Event event) const REQUIRES(mu_);
+  // Appends rec, together with the held records (deferred_) in one batch, and applies the held
+  // ones; the caller applies rec. On error nothing was appended or applied.
   Status AppendLocked(JournalRecord& rec) REQUIRES(mu_);
   // Applies a record of a known kind (live operations know it; Restore parses each record once).
   void ApplyRecordLocked(const JournalRecord& rec, RecordEvent type) REQUIRES(mu_);
@@ -202,6 +210,8 @@ class Controller {
   int64_t last_ordinal_ GUARDED_BY(mu_) = 0;                            // guarded by mu_
   int64_t next_rollout_ GUARDED_BY(mu_) = 1;                            // guarded by mu_
   Counters counters_ GUARDED_BY(mu_);                                   // guarded by mu_
+  // Records that authorize nothing, waiting for the next append (group commit); not applied yet.
+  std::vector<std::pair<JournalRecord, RecordEvent>> deferred_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 }  // namespace rc::lifecycle

@@ -31,6 +31,8 @@
 // drives may be used by other threads concurrently (admissions, finishes).
 #pragma once
 
+#include <chrono>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -74,6 +76,14 @@ class Runner {
   // Returns true while an operation is still in progress.
   bool Poll();
   bool busy() const { return phase_ != Phase::kIdle; }
+  // For a driver on real time (the controller service): blocks until one of the calls in flight
+  // completes, or up to `max`; then Poll() again. Waits on the first call in flight that has not
+  // answered yet (the one the phase needs next: stage, the target's probe fetch while draining,
+  // drain status, abort, pause, install, each cache reset, label, digest, replay, resume), so a completion is noticed when its Pending is
+  // fulfilled instead of at the next fixed poll. Returns false at once when no call is in flight
+  // unanswered (waiting for rollouts to finish, a reset's retry slot): the driver then sleeps.
+  // Never touches the Clock; deadlines are still checked by Poll.
+  bool WaitForProgress(std::chrono::microseconds max);
   // Blocks (sleeping on the clock in small steps) until the operation ends; returns its record.
   Result<UpdateRecord> RunToCompletion();
   // Notes about the operation (deadline passes, retries, best-effort resume results).
@@ -89,6 +99,12 @@ class Runner {
     std::optional<Pending<T>> pending;
     int64_t deadline_ms = 0;
     bool active() const { return pending.has_value(); }
+    // In flight and not answered: blocks up to `max` for the answer and returns true.
+    bool WaitIfUnanswered(std::chrono::microseconds max) const {
+      if (!pending || pending->Ready()) return false;
+      (void)pending->WaitFor(max);
+      return true;
+    }
     void Start(Pending<T> p, int64_t deadline) { pending = std::move(p); deadline_ms = deadline; }
     void Clear() { pending.reset(); }
   };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/pending.h"
 #include "rolloutcore/lifecycle/replay.h"
 
 namespace rc::lifecycle {
@@ -65,6 +66,11 @@ struct UpdateTarget {
   // The version's replay probes (replay.h), replayed in VALIDATING. Not journaled (the outcome
   // is, with the validation evidence) and not part of ToJson.
   std::vector<ReplayProbe> probes{};
+  // Probes still being fetched when the target was resolved (DirectoryVersionSource: the manifest
+  // is read while the update starts, off the request's path). The Runner takes them into `probes`
+  // before the drain completes, and rejects the update there (nothing paused, nothing touched)
+  // when the fetch failed or did not answer within the stage deadline. Not journaled.
+  std::optional<Pending<std::vector<ReplayProbe>>> probes_fetch{};
 };
 
 enum class PauseMode { kAbort, kWait, kKeep };
