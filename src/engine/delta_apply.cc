@@ -817,7 +817,7 @@ Status ApplyDelta(const DeltaStaged& staged, size_t rank, const refit::Capture& 
   for (size_t p = 0; p < capture.params.size(); ++p) {
     const Parameter* live = params.Find(capture.params[p].name);
     if (live == nullptr) return Internal("delta parameter " + capture.params[p].name + " is not an engine parameter");
-    base[p] = reinterpret_cast<std::byte*>(live->data());
+    base[p] = live->bytes();
   }
   const auto [begin, end] = staged.rank_jobs.at(rank);
   return RunJobs(staged, begin, end, threads, [&](const DeltaJob& job, JobScratch& sc) {

@@ -145,7 +145,7 @@ class DeltaApplyTest : public ::testing::Test {
       for (const refit::TensorSpec& p : caps_[r].params) {
         ASSERT_TRUE(params_[r].Add(p.name, p.shape).ok());
         const Parameter* param = params_[r].Find(p.name);
-        live_[r].emplace(p.name, std::span<std::byte>(reinterpret_cast<std::byte*>(param->data()), param->nbytes()));
+        live_[r].emplace(p.name, std::span<std::byte>(param->bytes(), param->nbytes()));
       }
       for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, /*use_new=*/false, true);
       ASSERT_TRUE(PlanDeltaRank(manifest_, r, caps_[r], regions_[r], live_, first, tile_at, &staged_).ok());
@@ -222,7 +222,7 @@ class DeltaApplyTest : public ::testing::Test {
       const int64_t dest = DestOf(c, coords);
       if (write) {
         const uint32_t f = static_cast<uint32_t>(use_new ? nb : t.old_bits[static_cast<size_t>(gi)]) << 16;
-        std::memcpy(p->data() + dest, &f, 4);
+        std::memcpy(p->f32() + dest, &f, 4);
       }
       if (nb == t.old_bits[static_cast<size_t>(gi)]) return;
       const uint32_t ci = static_cast<uint32_t>(&c - caps_[r].copies.data());
@@ -284,7 +284,7 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
     // The reference install on copies of the parameters, the bulk one on the live ones.
     std::vector<std::map<std::string, std::vector<float>>> before(caps_.size());
     for (size_t r = 0; r < caps_.size(); ++r) {
-      for (const auto& [name, p] : params_[r].all()) before[r][name].assign(p.data(), p.data() + p.numel);
+      for (const auto& [name, p] : params_[r].all()) before[r][name].assign(p.f32(), p.f32() + p.numel);
     }
     for (size_t r = 0; r < caps_.size(); ++r) ASSERT_TRUE(ApplyDelta(staged_, r, caps_[r], params_[r], threads).ok());
     int64_t changed_floats = 0;
@@ -293,7 +293,7 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
         for (const Elem& e : ForEachCopied(r, c, true, false)) {
           const Parameter* p = params_[r].Find(caps_[r].params[std::get<1>(e)].name);
           uint32_t u;
-          std::memcpy(&u, p->data() + std::get<2>(e), 4);
+          std::memcpy(&u, p->f32() + std::get<2>(e), 4);
           EXPECT_EQ(u, static_cast<uint32_t>(std::get<4>(e)) << 16);
           before[r][p->name][static_cast<size_t>(std::get<2>(e))] = std::bit_cast<float>(u);
           ++changed_floats;
@@ -301,7 +301,7 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
       }
       // Nothing else moved.
       for (const auto& [name, p] : params_[r].all()) {
-        EXPECT_EQ(0, std::memcmp(before[r][name].data(), p.data(), p.nbytes())) << "rank " << r << " " << name;
+        EXPECT_EQ(0, std::memcmp(before[r][name].data(), p.f32(), p.nbytes())) << "rank " << r << " " << name;
       }
     }
     EXPECT_GT(changed_floats, 1000);
@@ -311,7 +311,7 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
     // A write that did not land (the first write of rank 0 flipped back) is seen.
     ASSERT_TRUE(staged_.first_write[0].has_value());
     const DeltaWrite& w = *staged_.first_write[0];
-    auto* e = reinterpret_cast<std::byte*>(params_[0].Find(caps_[0].params[w.param].name)->data()) + w.offset * 4;
+    auto* e = params_[0].Find(caps_[0].params[w.param].name)->bytes() + w.offset * 4;
     *e ^= std::byte{0x01};
     auto bad = DigestAfterDelta(staged_, caps_, live_, threads);
     ASSERT_TRUE(bad.ok());

@@ -79,21 +79,35 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   struct Item {
     size_t rank;
     uint32_t param;
+    bool bf16;
     std::span<const std::byte> bytes;
   };
   std::vector<Item> items;
   for (size_t r = 0; r < captures.size(); ++r) {
     for (uint32_t p = 0; p < captures[r].params.size(); ++p) {
       const refit::TensorSpec& spec = captures[r].params[p];
-      if (spec.dtype != refit::DType::kF32) continue;  // the engine's parameters are f32
+      // The engine's parameters are f32 or bf16 (parameters.h).
+      if (spec.dtype != refit::DType::kF32 && spec.dtype != refit::DType::kBF16) continue;
       auto it = buffers[r].find(spec.name);
       if (it == buffers[r].end()) continue;
-      items.push_back({r, p, it->second});
+      items.push_back({r, p, spec.dtype == refit::DType::kBF16, it->second});
     }
   }
   std::vector<int64_t> first(items.size(), -1);
   ParallelFor(items.size(), threads, [&](size_t i) {
     const std::byte* b = items[i].bytes.data();
+    if (items[i].bf16) {
+      const size_t count = items[i].bytes.size() / 2;
+      for (size_t k = 0; k < count; ++k) {
+        uint16_t h;
+        std::memcpy(&h, b + 2 * k, 2);
+        if ((h & 0x7f80u) == 0x7f80u) {
+          first[i] = static_cast<int64_t>(k);
+          return;
+        }
+      }
+      return;
+    }
     const size_t count = items[i].bytes.size() / 4;
     for (size_t k = 0; k < count; ++k) {
       uint32_t u;
@@ -108,7 +122,13 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
     if (first[i] < 0) continue;
     const Item& it = items[i];
     uint32_t u;
-    std::memcpy(&u, it.bytes.data() + 4 * first[i], 4);
+    if (it.bf16) {
+      uint16_t h;
+      std::memcpy(&h, it.bytes.data() + 2 * first[i], 2);
+      u = static_cast<uint32_t>(h) << 16;
+    } else {
+      std::memcpy(&u, it.bytes.data() + 4 * first[i], 4);
+    }
     const char* kind = (u & 0x007fffffu) != 0 ? "NaN" : (u & 0x80000000u) ? "-Inf" : "+Inf";
     const refit::Capture& cap = captures[it.rank];
     std::string where;
@@ -271,6 +291,8 @@ Status RefitReceiver::EnsureCaptures() {
   if (!captures_.empty()) return OkStatus();
   refit::EngineLayout layout;
   layout.tp = engine_->tensor_parallel_size();
+  // Staging and planning in the live parameters' dtype: a source of that dtype lands as bytes.
+  RC_ASSIGN_OR_RETURN(layout.param_dtype, RefitDType(engine_->weight_dtype()));
   for (int r = 0; r < layout.tp; ++r) {
     RC_ASSIGN_OR_RETURN(refit::Capture c, refit::CaptureEngineRank(config_, layout, r));
     if (swap_q_heads_) {
@@ -298,7 +320,7 @@ std::vector<refit::DestinationBuffers> RefitReceiver::LiveBuffers() {
   for (int r = 0; r < engine_->tensor_parallel_size(); ++r) {
     refit::DestinationBuffers b;
     for (const auto& [name, p] : engine_->Parameters(r).all()) {
-      b.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p.data()), p.nbytes()));
+      b.emplace(name, std::span<std::byte>(p.bytes(), p.nbytes()));
     }
     out.push_back(std::move(b));
   }
@@ -462,9 +484,10 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     for (size_t r = 0; r < captures_.size(); ++r) {
       refit::DestinationBuffers b;
       for (const auto& spec : captures_[r].params) {
-        auto& v = shadow_[r][spec.name];
-        v.assign(static_cast<size_t>(spec.bytes() / sizeof(float)), 0.0f);
-        b.emplace(spec.name, std::span<std::byte>(reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(float)));
+        // In the live parameter's dtype and layout (the capture's), so an install can exchange it.
+        RC_ASSIGN_OR_RETURN(auto buf, WeightBuffer::Allocate(static_cast<size_t>(spec.bytes())));
+        b.emplace(spec.name, std::span<std::byte>(buf->data(), buf->size()));
+        shadow_[r][spec.name] = std::move(buf);
       }
       shadow_buffers_.push_back(std::move(b));
     }
@@ -544,6 +567,8 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
   // something is non-finite does the full check run, to name the element.
   t = std::chrono::steady_clock::now();
+  // The digest pass checks f32 elements only; bf16 staging is scanned by CheckFinite in full.
+  if (engine_->weight_dtype() != DType::kF32) nonfinite = true;
   for (size_t r = 0; r < captures_.size() && !nonfinite; ++r) {
     for (const auto& [name, ranges] : uncovered_[r]) {
       auto it = shadow_buffers_[r].find(name);
@@ -748,8 +773,8 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     for (const auto& [name, data] : shadow) {
       const Parameter* p = params->Find(name);
       if (p == nullptr) return Internal("staged parameter " + name + " is not an engine parameter");
-      if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
-      live.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p->data()), p->nbytes()));
+      if (p->nbytes() != data->size()) return Internal("staged parameter " + name + " has the wrong size");
+      live.emplace(name, std::span<std::byte>(p->bytes(), p->nbytes()));
       rank_bytes += p->nbytes();
     }
     // The first live byte is written below: from here on a failure is after mutation.

@@ -209,8 +209,8 @@ class RefitReceiver {
   std::unique_ptr<Staged> staged_ GUARDED_BY(mu_);                                  // guarded by mu_
   int64_t generation_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
   int64_t plans_built_ GUARDED_BY(mu_) = 0;                                         // guarded by mu_
-  // Shadow parameters per rank (name -> engine-dtype bytes), kept across refits.
-  std::vector<std::map<std::string, std::vector<float>>> shadow_ GUARDED_BY(mu_);   // guarded by mu_
+  // Shadow parameters per rank (name -> bytes in the live parameter's dtype), kept across refits.
+  std::vector<std::map<std::string, std::shared_ptr<WeightBuffer>>> shadow_ GUARDED_BY(mu_);  // guarded by mu_
   std::vector<refit::DestinationBuffers> shadow_buffers_ GUARDED_BY(mu_);           // guarded by mu_
   std::unique_ptr<refit::StagingArena> arena_ GUARDED_BY(mu_);                      // guarded by mu_
   // The transport and the imported source descriptors, kept across stages while the source
