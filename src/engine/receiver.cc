@@ -145,6 +145,45 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   return OkStatus();
 }
 
+// True when any bf16 element of `buffers` (the staged parameters, all bf16) is NaN or +-Inf:
+// 4 elements per 64-bit word (an exponent of all ones is a zero lane after mask and xor), over
+// 1 MiB chunks spread on the shared pool, so the 300 MB embedding does not sit on one thread.
+bool AnyNonFiniteBf16(const std::vector<refit::DestinationBuffers>& buffers, int threads) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  struct Chunk {
+    const std::byte* p;
+    size_t n;
+  };
+  std::vector<Chunk> chunks;
+  for (const auto& rank : buffers) {
+    for (const auto& [name, bytes] : rank) {
+      for (size_t at = 0; at < bytes.size(); at += kChunk) {
+        chunks.push_back({bytes.data() + at, std::min(kChunk, bytes.size() - at)});
+      }
+    }
+  }
+  std::atomic<bool> bad{false};
+  ParallelFor(chunks.size(), threads, [&](size_t i) {
+    constexpr uint64_t kExp = 0x7f807f807f807f80ull, kOnes = 0x0001000100010001ull, kHigh = 0x8000800080008000ull;
+    const std::byte* p = chunks[i].p;
+    const size_t words = chunks[i].n / 8;
+    uint64_t any = 0;
+    for (size_t k = 0; k < words; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + 8 * k, 8);
+      const uint64_t x = (w & kExp) ^ kExp;  // a lane is 0 exactly when its exponent is all ones
+      any |= (x - kOnes) & ~x & kHigh;
+    }
+    for (size_t k = words * 8; k + 2 <= chunks[i].n; k += 2) {
+      uint16_t h;
+      std::memcpy(&h, p + k, 2);
+      if ((h & 0x7f80u) == 0x7f80u) any = 1;
+    }
+    if (any != 0) bad.store(true, std::memory_order_relaxed);
+  });
+  return bad.load();
+}
+
 }  // namespace
 
 struct RefitReceiver::Staged {
@@ -152,6 +191,9 @@ struct RefitReceiver::Staged {
   std::string version;
   refit::Manifest manifest;
   refit::TensorDigests published;
+  // The digest of the staged bytes, computed when they landed; the shadow buffers have been
+  // read-only since, so it is the digest of what a swap install makes live.
+  refit::TensorDigests staged_digest;
   Json evidence;
 };
 
@@ -520,6 +562,9 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   } drop_on_failure{this};
   registration_ms += MsSince(t);
 
+  // The shadow buffers were made read-only when their last stage was digested (or are the live
+  // storage a swap install retired, read-only too): writable again before anything lands.
+  RC_RETURN_IF_ERROR(SetShadowReadOnly(false));
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
     eo.arena = arena_.get();
@@ -567,8 +612,9 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
   // something is non-finite does the full check run, to name the element.
   t = std::chrono::steady_clock::now();
-  // The digest pass checks f32 elements only; bf16 staging is scanned by CheckFinite in full.
-  if (engine_->weight_dtype() != DType::kF32) nonfinite = true;
+  // The digest pass checks f32 elements only; bf16 staging (every byte, replicas included) is
+  // scanned here, and only when something is non-finite does CheckFinite look for the element.
+  if (engine_->weight_dtype() == DType::kBF16) nonfinite = AnyNonFiniteBf16(shadow_buffers_, threads_);
   for (size_t r = 0; r < captures_.size() && !nonfinite; ++r) {
     for (const auto& [name, ranges] : uncovered_[r]) {
       auto it = shadow_buffers_[r].find(name);
@@ -597,10 +643,14 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     full_pulls += p.stats.full_pulls;
   }
   drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
+  // From here until they are swapped in (or re-used by the next stage) the staged bytes cannot
+  // change: the digest just computed stays the digest of these bytes.
+  RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
   staged->version = req.version;
+  staged->staged_digest = std::move(got);
   staged->published = std::move(published);
   staged->manifest = std::move(manifest);
   const double gbps = wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0;
@@ -757,6 +807,41 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
+  // Install by swap (docs/refit.md): the staged image covers every live parameter in its dtype
+  // and size, so the staged storage becomes the live storage and no live byte is copied.
+  if (SwapCoversLive()) {
+    auto exchange = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) REQUIRES(mu_)
+        -> Status {
+      const size_t r = static_cast<size_t>(rank);
+      auto& shadow = shadow_[r];
+      uint64_t rank_bytes = 0;
+      // The exchange below is the mutation point: the live storage changes there.
+      touched->store(true);
+      for (const auto& [name, p] : params->all()) {
+        if (!p.alias_of.empty()) continue;  // follows its target (tied lm_head)
+        const size_t n = p.nbytes();
+        RC_RETURN_IF_ERROR(params->ExchangeStorage(name, &shadow.at(name)));
+        rank_bytes += n;
+      }
+      // The retired live storage is the next stage's staging (read-only until that stage).
+      for (auto& [name, buf] : shadow) shadow_buffers_[r][name] = std::span<std::byte>(buf->data(), buf->size());
+      bytes += rank_bytes;
+      if (rank == 0 && fail_after_first_rank_.load()) {
+        return FailedPrecondition("injected fault: install failed after rank 0 swapped in its weights");
+      }
+      return OkStatus();
+    };
+    live_cache_valid_ = false;  // the live weights are about to change
+    Status st = engine_->InstallWeights(exchange, version, ++generation_, !skip_cache_reset,
+                                        Engine::InstallWrites::kExchange);
+    if (!st.ok()) return st.WithContext("install of " + version);
+    stages["install"] = MsSince(t);
+    t = std::chrono::steady_clock::now();
+    // The live weights are exactly the bytes the staged digest read (read-only since).
+    refit::TensorDigests live = staged_->staged_digest;
+    stages["post_install"] = MsSince(t);
+    return FinishFullInstall(version, skip_cache_reset, std::move(live), bytes.load(), std::move(stages), "swap");
+  }
   // The live digest rides along with the copy: each rank's install copies its staged bytes into
   // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
   // so no second pass reads the 1.5 GB back. LiveDigest(fresh) still reads the live memory.
@@ -797,22 +882,58 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   stages["install"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
-  std::optional<refit::TensorDigests> live(std::in_place);
-  for (const auto& d : rank_digests) refit::AddDigests(*live, d);
+  refit::TensorDigests live;
+  for (const auto& d : rank_digests) refit::AddDigests(live, d);
   stages["post_install"] = MsSince(t);  // the digest was computed during the copy
+  return FinishFullInstall(version, skip_cache_reset, std::move(live), bytes.load(), std::move(stages), "copy");
+}
 
-  live_cache_ = *live;
+bool RefitReceiver::SwapCoversLive() {
+  if (shadow_.size() != captures_.size() || static_cast<int>(shadow_.size()) != engine_->tensor_parallel_size()) {
+    return false;
+  }
+  for (size_t r = 0; r < shadow_.size(); ++r) {
+    for (const auto& [name, p] : engine_->Parameters(static_cast<int>(r)).all()) {
+      if (!p.alias_of.empty()) continue;
+      auto it = shadow_[r].find(name);
+      // Same size (the capture's dtype is the live dtype) and read-only since its digest.
+      if (it == shadow_[r].end() || it->second->size() != p.nbytes() || !it->second->read_only()) return false;
+    }
+  }
+  return true;
+}
+
+Status RefitReceiver::SetShadowReadOnly(bool read_only) {
+  for (auto& rank : shadow_) {
+    for (auto& [name, buf] : rank) RC_RETURN_IF_ERROR(buf->SetReadOnly(read_only).WithContext("staging " + name));
+  }
+  return OkStatus();
+}
+
+std::span<std::byte> RefitReceiver::StagedBytesForTesting(int rank, const std::string& name) {
+  rc::MutexLock lock(mu_);
+  if (rank < 0 || static_cast<size_t>(rank) >= shadow_.size()) return {};
+  auto it = shadow_[static_cast<size_t>(rank)].find(name);
+  if (it == shadow_[static_cast<size_t>(rank)].end()) return {};
+  return std::span<std::byte>(it->second->data(), it->second->size());
+}
+
+Result<Json> RefitReceiver::FinishFullInstall(const std::string& version, bool skip_cache_reset,
+                                              refit::TensorDigests live, uint64_t bytes, Json stages,
+                                              const char* mode) {
+  live_cache_ = live;
   live_cache_generation_ = engine_->State().install_generation;
   live_cache_valid_ = true;
-  std::string mismatch = refit::FirstDigestMismatch(*live, staged_->published);
+  std::string mismatch = refit::FirstDigestMismatch(live, staged_->published);
   if (!mismatch.empty()) {
     return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
   }
   Json out = staged_->evidence;
   out["weight_version"] = version;
-  out["bytes_installed"] = bytes.load();
+  out["bytes_installed"] = bytes;
+  out["install_mode"] = mode;
   out["cache_reset"] = !skip_cache_reset;
-  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(*live));
+  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(live));
   out["anchor_check"] = FullInstallAnchor();
   stages["ready"] = 0.0;
   out["stages_ms"] = stages;

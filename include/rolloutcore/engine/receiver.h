@@ -68,6 +68,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,9 @@ class RefitReceiver {
   // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
   // digest of the live weights is compared with the manifest (0: never; full installs always do).
   void SetFullVerifyEvery(int n);
+  // Test-only: the staging buffer of `name` on `rank` (empty when none). Read-only between a
+  // stage's digest and the next stage (a write faults).
+  std::span<std::byte> StagedBytesForTesting(int rank, const std::string& name);
   // Test-only fault, the negative control of replay validation (docs/engine.md "Fault
   // injection"): while on, the captured install mapping of every rank sends the rows of the
   // first two query heads of layer 0's q_proj (within the rank's slice) to each other's place in
@@ -189,6 +193,14 @@ class RefitReceiver {
                                   const Json& stage_evidence, const refit::TensorDigests& published) REQUIRES(mu_);
   // The anchor-check evidence of a full install (which digests every live byte anyway).
   Json FullInstallAnchor() REQUIRES(mu_);
+  // True when the staged image can be swapped in: every live parameter (aliases aside) has a
+  // staged buffer of its size and dtype, read-only since the stage's digest.
+  bool SwapCoversLive() REQUIRES(mu_);
+  [[nodiscard]] Status SetShadowReadOnly(bool read_only) REQUIRES(mu_);
+  // The end of a full install (swap or copy): checks `live` against the manifest, caches it,
+  // and builds the evidence (install_mode = mode).
+  Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, refit::TensorDigests live,
+                                 uint64_t bytes, Json stages, const char* mode) REQUIRES(mu_);
 
   Engine* engine_;
   refit::ModelConfig config_;
