@@ -145,43 +145,123 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   return OkStatus();
 }
 
-// True when any bf16 element of `buffers` (the staged parameters, all bf16) is NaN or +-Inf:
-// 4 elements per 64-bit word (an exponent of all ones is a zero lane after mask and xor), over
-// 1 MiB chunks spread on the shared pool, so the 300 MB embedding does not sit on one thread.
-bool AnyNonFiniteBf16(const std::vector<refit::DestinationBuffers>& buffers, int threads) {
+// True when any bf16 element of the n bytes at p is NaN or +-Inf: 4 elements per 64-bit word
+// (an exponent of all ones is a zero lane after mask and xor).
+bool AnyNonFiniteBf16Bytes(const std::byte* p, size_t n) {
+  constexpr uint64_t kExp = 0x7f807f807f807f80ull, kOnes = 0x0001000100010001ull, kHigh = 0x8000800080008000ull;
+  const size_t words = n / 8;
+  uint64_t any = 0;
+  for (size_t k = 0; k < words; ++k) {
+    uint64_t w;
+    std::memcpy(&w, p + 8 * k, 8);
+    const uint64_t x = (w & kExp) ^ kExp;  // a lane is 0 exactly when its exponent is all ones
+    any |= (x - kOnes) & ~x & kHigh;
+  }
+  for (size_t k = words * 8; k + 2 <= n; k += 2) {
+    uint16_t h;
+    std::memcpy(&h, p + k, 2);
+    if ((h & 0x7f80u) == 0x7f80u) any = 1;
+  }
+  return any != 0;
+}
+
+// AnyNonFiniteBf16Bytes over `spans`, in 1 MiB chunks on the shared pool.
+bool AnyNonFiniteBf16(const std::vector<std::span<const std::byte>>& spans, int threads) {
   constexpr size_t kChunk = size_t{1} << 20;
-  struct Chunk {
-    const std::byte* p;
-    size_t n;
-  };
-  std::vector<Chunk> chunks;
-  for (const auto& rank : buffers) {
-    for (const auto& [name, bytes] : rank) {
-      for (size_t at = 0; at < bytes.size(); at += kChunk) {
-        chunks.push_back({bytes.data() + at, std::min(kChunk, bytes.size() - at)});
-      }
-    }
+  std::vector<std::span<const std::byte>> chunks;
+  for (const auto& sp : spans) {
+    for (size_t at = 0; at < sp.size(); at += kChunk) chunks.push_back(sp.subspan(at, std::min(kChunk, sp.size() - at)));
   }
   std::atomic<bool> bad{false};
   ParallelFor(chunks.size(), threads, [&](size_t i) {
-    constexpr uint64_t kExp = 0x7f807f807f807f80ull, kOnes = 0x0001000100010001ull, kHigh = 0x8000800080008000ull;
-    const std::byte* p = chunks[i].p;
-    const size_t words = chunks[i].n / 8;
-    uint64_t any = 0;
-    for (size_t k = 0; k < words; ++k) {
-      uint64_t w;
-      std::memcpy(&w, p + 8 * k, 8);
-      const uint64_t x = (w & kExp) ^ kExp;  // a lane is 0 exactly when its exponent is all ones
-      any |= (x - kOnes) & ~x & kHigh;
-    }
-    for (size_t k = words * 8; k + 2 <= chunks[i].n; k += 2) {
-      uint16_t h;
-      std::memcpy(&h, p + k, 2);
-      if ((h & 0x7f80u) == 0x7f80u) any = 1;
-    }
-    if (any != 0) bad.store(true, std::memory_order_relaxed);
+    if (AnyNonFiniteBf16Bytes(chunks[i].data(), chunks[i].size())) bad.store(true, std::memory_order_relaxed);
   });
   return bad.load();
+}
+
+// The staged digest and the finite check of bf16 staging in one pass: the digest regions are cut
+// into pieces (as DigestInstalledParallel does) and each task digests its piece and then scans the
+// destination bytes the piece spans while they are still in cache. Bytes no piece spans (replicas
+// no region owns) and pieces whose span is not compact (a permuted view) are scanned afterwards.
+// Scanning a superset of the staged bytes is sound: every staged byte is a weight.
+Result<refit::TensorDigests> DigestAndCheckBf16(const std::vector<refit::Capture>& captures,
+                                                const std::vector<std::vector<refit::DigestRegion>>& regions,
+                                                const std::vector<refit::UncoveredBytes>& uncovered,
+                                                const std::vector<refit::DestinationBuffers>& buffers, int threads,
+                                                bool* nonfinite) {
+  struct Task {
+    size_t rank;
+    refit::DigestRegion piece;
+    std::span<const std::byte> scan;
+  };
+  std::vector<Task> tasks;
+  std::set<std::pair<size_t, std::string>> scan_whole;
+  std::vector<std::span<const std::byte>> rest;
+  for (size_t r = 0; r < captures.size(); ++r) {
+    int64_t total = 0;
+    for (const refit::DigestRegion& reg : regions[r]) total += reg.box.numel();
+    const int64_t piece_elems = std::max<int64_t>(1 << 16, total / (int64_t{std::max(1, threads)} * 8));
+    for (refit::DigestRegion& piece : refit::SplitDigestRegions(regions[r], piece_elems)) {
+      Task t{r, piece, {}};
+      const refit::CapturedCopy& c = captures[r].copies.at(piece.copy);
+      const refit::TensorSpec& param = captures[r].params.at(c.param);
+      auto it = buffers[r].find(param.name);
+      const size_t n = piece.box.ndim();
+      if (it != buffers[r].end() && param.dtype == refit::DType::kBF16 && n == c.box.ndim() && piece.box.numel() > 0) {
+        refit::Shape ds(n, 0);
+        for (size_t k = 0; k < c.view_to_source.size() && k < c.dest_strides.size(); ++k) {
+          if (c.view_to_source[k] >= 0 && static_cast<size_t>(c.view_to_source[k]) < n) {
+            ds[static_cast<size_t>(c.view_to_source[k])] += c.dest_strides[k];
+          }
+        }
+        int64_t lo = c.dest_offset, span = 0;
+        bool ok = true;
+        for (size_t d = 0; d < n; ++d) {
+          if (ds[d] < 0) ok = false;
+          lo += (piece.box.start[d] - c.box.start[d]) * ds[d];
+          span += (piece.box.extent[d] - 1) * ds[d];
+        }
+        const auto bytes = it->second;
+        if (ok && lo >= 0 && span + 1 <= 2 * piece.box.numel() &&
+            static_cast<size_t>(lo + span + 1) * 2 <= bytes.size()) {
+          t.scan = std::span<const std::byte>(bytes.data() + lo * 2, static_cast<size_t>(span + 1) * 2);
+        } else {
+          scan_whole.emplace(r, param.name);
+        }
+      } else if (it != buffers[r].end()) {
+        scan_whole.emplace(r, param.name);
+      }
+      tasks.push_back(std::move(t));
+    }
+    for (const auto& [name, ranges] : uncovered[r]) {
+      auto it = buffers[r].find(name);
+      if (it == buffers[r].end()) continue;
+      for (const refit::ByteRange& br : ranges) {
+        if (br.begin <= br.end && br.end <= it->second.size()) {
+          rest.push_back(std::span<const std::byte>(it->second.data() + br.begin, br.end - br.begin));
+        }
+      }
+    }
+  }
+  for (const auto& [r, name] : scan_whole) {
+    const auto& bytes = buffers[r].at(name);
+    rest.push_back(std::span<const std::byte>(bytes.data(), bytes.size()));
+  }
+  std::vector<Result<refit::TensorDigests>> partial(tasks.size(), refit::TensorDigests{});
+  std::vector<char> bad(tasks.size(), 0);
+  ParallelFor(tasks.size(), threads, [&](size_t i) {
+    const Task& t = tasks[i];
+    partial[i] = refit::DigestInstalled(captures[t.rank], buffers[t.rank], std::span<const refit::DigestRegion>(&t.piece, 1));
+    if (!t.scan.empty() && AnyNonFiniteBf16Bytes(t.scan.data(), t.scan.size())) bad[i] = 1;
+  });
+  refit::TensorDigests out;
+  for (size_t i = 0; i < partial.size(); ++i) {
+    if (!partial[i].ok()) return partial[i].status();
+    refit::AddDigests(out, *partial[i]);
+    if (bad[i]) *nonfinite = true;
+  }
+  if (!*nonfinite && AnyNonFiniteBf16(rest, threads)) *nonfinite = true;
+  return out;
 }
 
 }  // namespace
@@ -605,17 +685,23 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   // The staged digest pass also checks that every f32 weight it reads is finite.
   t = std::chrono::steady_clock::now();
   bool nonfinite = false;
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_, &nonfinite));
+  const bool bf16 = engine_->weight_dtype() == DType::kBF16;
+  refit::TensorDigests got;
+  if (bf16) {
+    // bf16 staging: digest and finite check in one pass per piece (DigestAndCheckBf16).
+    RC_ASSIGN_OR_RETURN(got, DigestAndCheckBf16(captures_, digest_regions_, uncovered_, shadow_buffers_, threads_,
+                                                &nonfinite));
+  } else {
+    RC_ASSIGN_OR_RETURN(got, DigestOf(shadow_buffers_, &nonfinite));
+  }
   stages["receive_sync"] = MsSince(t);
 
   // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
   // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
   // something is non-finite does the full check run, to name the element.
   t = std::chrono::steady_clock::now();
-  // The digest pass checks f32 elements only; bf16 staging (every byte, replicas included) is
-  // scanned here, and only when something is non-finite does CheckFinite look for the element.
-  if (engine_->weight_dtype() == DType::kBF16) nonfinite = AnyNonFiniteBf16(shadow_buffers_, threads_);
-  for (size_t r = 0; r < captures_.size() && !nonfinite; ++r) {
+  // (bf16 staging: every byte, replicas included, was scanned in the digest pass above.)
+  for (size_t r = 0; r < captures_.size() && !nonfinite && !bf16; ++r) {
     for (const auto& [name, ranges] : uncovered_[r]) {
       auto it = shadow_buffers_[r].find(name);
       if (it == shadow_buffers_[r].end()) continue;

@@ -151,6 +151,36 @@ TEST_F(ReceiverFaultTest, NonFiniteWeightsFailTheStageNamingTensorAndElement) {
   EXPECT_NE(LiveDigest(), before);
 }
 
+// The bf16 staging finite check runs 4 elements per 64-bit word inside the digest pass: a NaN in
+// every lane position, in a tensor's last element and in a 1-D norm weight is refused too.
+TEST_F(ReceiverFaultTest, Bf16FiniteCheckSeesEveryLanePosition) {
+  auto config = refit::ModelPreset("tiny").value();
+  int64_t norm_len = 0;
+  auto specs = refit::ListSourceTensors(config);
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  for (const auto& spec : *specs) {
+    if (spec.name == "model.norm.weight") norm_len = spec.numel();
+  }
+  ASSERT_GT(norm_len, 4);
+  struct Case {
+    std::string tensor;
+    size_t element;
+  };
+  std::vector<Case> cases;
+  for (size_t e = 0; e < 4; ++e) cases.push_back({"model.layers.0.self_attn.k_proj.weight", e});
+  cases.push_back({"model.norm.weight", static_cast<size_t>(norm_len - 1)});
+  int v = 10;
+  for (const Case& c : cases) {
+    const std::string version = "v" + std::to_string(v++);
+    Publish(version, 1, c.tensor, c.element, 0xffc1);
+    auto r = receiver_->Stage(Stage(version));
+    ASSERT_FALSE(r.ok()) << c.tensor << " element " << c.element;
+    EXPECT_NE(r.status().message().find("tensor " + c.tensor + " element " + std::to_string(c.element)),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 // #6: a committed entry whose shard handle names a FIFO (here one of this process's fds: a FIFO
 // opened for reading, with no writer) fails the stage at once with a clear error; the next,
 // legitimate stage succeeds.
