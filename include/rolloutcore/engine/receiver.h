@@ -9,14 +9,18 @@
 // touched, so the engine keeps serving) → digest what was staged in global source coordinates
 // and compare it, tensor by tensor, with the manifest. A mismatch refuses the stage.
 // Install(version): only while the engine is paused (refused otherwise, and when nothing or
-// another version is staged — in both cases nothing live was touched): copies the staged
-// parameters into the live ones through Engine::InstallWeights, which sets the label in the
-// same critical section, digesting the values it copies as it copies them (no second pass over
-// the live weights), and compares that digest with the manifest.
-// Its InstallOutcome is established where the first live byte is written (the install copy
-// marks itself before its first memcpy): refused_untouched when the install ended before that
-// point, whatever the error; failed_after_mutation when it ended after it; installed when the
-// live digest matched.
+// another version is staged — in both cases nothing live was touched), through
+// Engine::InstallWeights, which sets the label in the same critical section. A full stage's image
+// covers every live parameter in its dtype (the shadow is allocated in the live dtype and layout),
+// so the install swaps it in: staged and live storage are exchanged (no live byte is copied) and
+// the live digest is the staged digest, sound because the shadow was made read-only (mprotect)
+// when that digest matched and stays so until swapped in or re-used by the next stage (writable
+// again first); the retired live storage is the next stage's staging. Otherwise (an image that
+// does not cover every parameter) it copies the staged parameters into the live ones, digesting
+// the values it copies as it copies them. Either way the digest is compared with the manifest.
+// Its InstallOutcome is established at the mutation point (the swap's first exchange, or the
+// copy's first memcpy): refused_untouched when the install ended before that point, whatever the
+// error; failed_after_mutation when it ended after it; installed when the live digest matched.
 // Delta refit (docs/refit.md "Delta refit"; receiver_delta.cc, delta_apply.h): when the version's
 // shards carry deltas on the version the engine serves and the live digests prove that base, Stage
 // pulls only the delta tiles each rank's copies touch, predicts every tensor's digest from the old
@@ -30,9 +34,10 @@
 // Timing: every stage and install reports its stages in milliseconds: discovery,
 // source_preparation (capture), planning, registration (shadow allocation on first use, transport
 // creation, descriptor import and mapping), wire (reads posted until all completed), transform
-// (view replay and dtype conversion from the read staging into the shadow parameters),
-// receive_sync (digest of the staged bytes, with the finite check on the same pass), finite_check
-// (replica bytes no digest region reads), install (copy + live digest), post_install (summing the
+// (view replay and dtype conversion from the read staging into the shadow parameters; ~0 when
+// the source dtype is the live one), receive_sync (digest of the staged bytes, with the finite
+// check on the same pass), finite_check (f32: replica bytes no digest region reads; bf16: 0, done
+// in receive_sync), install (swap, or copy + live digest), post_install (summing the
 // per-rank digests), ready. The
 // figures of the last stage and install, and counters, are exported as rolloutcore_refit_*
 // series (MetricsText, served on the engine's /metrics).
