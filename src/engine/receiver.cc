@@ -644,7 +644,9 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
 
   // The shadow buffers were made read-only when their last stage was digested (or are the live
   // storage a swap install retired, read-only too): writable again before anything lands.
+  auto t_protect = std::chrono::steady_clock::now();
   RC_RETURN_IF_ERROR(SetShadowReadOnly(false));
+  double protect_ms = MsSince(t_protect);
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
     eo.arena = arena_.get();
@@ -731,7 +733,10 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
   // From here until they are swapped in (or re-used by the next stage) the staged bytes cannot
   // change: the digest just computed stays the digest of these bytes.
+  t_protect = std::chrono::steady_clock::now();
   RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
+  protect_ms += MsSince(t_protect);
+  stages["protect"] = protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;

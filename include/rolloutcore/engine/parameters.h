@@ -33,7 +33,9 @@
 
 namespace rc::engine {
 
-// Page-aligned, zero-filled anonymous memory (mmap), released on destruction. SetReadOnly
+// Page-aligned, zero-filled anonymous memory (mmap), released on destruction; buffers of 2 MiB or
+// more are 2 MiB aligned with MADV_HUGEPAGE (ROLLOUTCORE_WEIGHT_HUGEPAGES=0: small pages), which
+// makes a protection change of a 1.2 GB model ~0.1 ms instead of ~30 ms. SetReadOnly
 // flips the protection of the whole buffer (PROT_READ vs PROT_READ|PROT_WRITE); a write into a
 // read-only buffer faults (SIGSEGV) instead of silently changing bytes someone digested.
 // Thread safety: none; the owner serializes protection changes with the writes they allow.

@@ -37,7 +37,8 @@
 // (view replay and dtype conversion from the read staging into the shadow parameters; ~0 when
 // the source dtype is the live one), receive_sync (digest of the staged bytes, with the finite
 // check on the same pass), finite_check (f32: replica bytes no digest region reads; bf16: 0, done
-// in receive_sync), install (swap, or copy + live digest), post_install (summing the
+// in receive_sync), protect (mprotect of the shadow: writable before the pull, read-only after
+// its digest), install (swap, or copy + live digest), post_install (summing the
 // per-rank digests), ready. The
 // figures of the last stage and install, and counters, are exported as rolloutcore_refit_*
 // series (MetricsText, served on the engine's /metrics).
