@@ -45,19 +45,23 @@ struct BenchResult {
   double prefill_tok_s = 0;
   double decode_tok_s = 0;
   double cold_start_s = -1;
+  int64_t weight_bytes = 0;
+  std::string weight_dtype;
   int64_t prompt_len = 0, batch = 0, decode_tokens = 0;
 };
 
 Status Throughput(const std::string& preset, int64_t prompt_len, int64_t batch, int64_t gen, int threads,
-                  BenchResult* out) {
+                  const std::string& weight_dtype, BenchResult* out) {
   engine::EngineOptions o;
   o.max_model_len = prompt_len + gen + 8;
   o.num_threads = threads;
   o.max_num_seqs = batch;
   o.max_num_batched_tokens = prompt_len * batch;
   o.enable_prefix_caching = false;
-  RC_ASSIGN_OR_RETURN(auto e, engine::CreateEngine({preset, "dummy", 0}, o));
+  RC_ASSIGN_OR_RETURN(auto e, engine::CreateEngine({preset, "dummy", 0, weight_dtype}, o));
   out->params = e->spec().NumParameters();
+  out->weight_bytes = e->WeightBytes();
+  out->weight_dtype = std::string(engine::DTypeName(e->weight_dtype()));
   const int64_t vocab = e->spec().vocab_size;
   auto prompt = [&](int64_t k) {
     std::vector<int32_t> p;
@@ -147,6 +151,7 @@ void RegisterBenchEngineCommand(CLI::App& app, int* exit_code) {
     int threads = 0;
     bool json = false;
     bool cold_start = true;
+    std::string weight_dtype = "auto";
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = bench->add_subcommand("engine", "Prefill / decode tokens per second and cold start of the engine.");
@@ -154,6 +159,10 @@ void RegisterBenchEngineCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", f->threads, "Compute threads (0: all cores)");
   cmd->add_flag("--json", f->json, "Print JSON");
   cmd->add_flag("--cold-start,!--no-cold-start", f->cold_start, "Measure cold start (spawns engine serve)");
+  cmd->add_option("--weight-dtype", f->weight_dtype,
+                  "auto (dummy weights stay BF16) or f32 (widened, as the engine kept them before)")
+      ->check(CLI::IsMember({"auto", "f32"}))
+      ->capture_default_str();
   cmd->callback([f, exit_code] {
     char self[4096];
     const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
@@ -163,7 +172,7 @@ void RegisterBenchEngineCommand(CLI::App& app, int* exit_code) {
       BenchResult r;
       r.preset = preset;
       const bool big = preset.find("tiny") == std::string::npos;
-      Status st = Throughput(preset, big ? 128 : 256, big ? 8 : 16, big ? 8 : 64, f->threads, &r);
+      Status st = Throughput(preset, big ? 128 : 256, big ? 8 : 16, big ? 8 : 64, f->threads, f->weight_dtype, &r);
       if (!st.ok()) {
         std::cerr << "bench engine: " << preset << ": " << st.ToString() << "\n";
         *exit_code = 1;
@@ -180,13 +189,15 @@ void RegisterBenchEngineCommand(CLI::App& app, int* exit_code) {
       Json j = {{"preset", preset}, {"parameters", r.params}, {"prefill_tokens_per_s", r.prefill_tok_s},
                 {"prefill_prompt_len", r.prompt_len}, {"decode_tokens_per_s", r.decode_tok_s},
                 {"decode_batch", r.batch}, {"decode_tokens", r.decode_tokens},
-                {"cold_start_s", r.cold_start_s}};
+                {"cold_start_s", r.cold_start_s}, {"weight_dtype", r.weight_dtype},
+                {"weight_bytes", r.weight_bytes}};
       out.push_back(j);
       if (!f->json) {
-        std::printf("%-16s %6.1fM params  prefill %8.1f tok/s (prompt %ld)  decode %8.1f tok/s (batch %ld)  "
-                    "cold start %.2f s\n",
-                    preset.c_str(), static_cast<double>(r.params) / 1e6, r.prefill_tok_s,
-                    static_cast<long>(r.prompt_len), r.decode_tok_s, static_cast<long>(r.batch), r.cold_start_s);
+        std::printf("%-16s %6.1fM params  %s weights %.1f MB  prefill %8.1f tok/s (prompt %ld)  decode %8.1f tok/s "
+                    "(batch %ld)  cold start %.2f s\n",
+                    preset.c_str(), static_cast<double>(r.params) / 1e6, r.weight_dtype.c_str(),
+                    static_cast<double>(r.weight_bytes) / 1e6, r.prefill_tok_s, static_cast<long>(r.prompt_len),
+                    r.decode_tok_s, static_cast<long>(r.batch), r.cold_start_s);
         std::fflush(stdout);
       }
     }

@@ -26,6 +26,7 @@ struct ServeFlags {
   bool prefix_caching = true;
   int tp = 1;
   std::string load_format = "auto";
+  std::string weight_dtype = "auto";
   uint64_t seed = 0;
   std::string weight_version = "default";
   std::string served_model_name;
@@ -53,7 +54,7 @@ int Serve(const ServeFlags& f) {
   o.weight_version = f.weight_version;
   o.num_threads = f.threads;
   o.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
-  auto engine = engine::CreateEngine({f.model, f.load_format, f.seed}, o);
+  auto engine = engine::CreateEngine({f.model, f.load_format, f.seed, f.weight_dtype}, o);
   if (!engine.ok()) {
     std::cerr << "engine serve: " << engine.status().ToString() << "\n";
     return 2;
@@ -101,6 +102,10 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   serve->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", flags->prefix_caching,
                   "Prefix caching (on by default)");
   serve->add_option("--tensor-parallel-size", flags->tp, "In-process tensor-parallel ranks")->capture_default_str();
+  serve->add_option("--weight-dtype", flags->weight_dtype,
+                    "auto (keep the weights' dtype: BF16 for bf16 checkpoints and dummy weights, else F32) or f32")
+      ->check(CLI::IsMember({"auto", "f32"}))
+      ->capture_default_str();
   serve->add_option("--load-format", flags->load_format, "auto (safetensors folder) or dummy (seeded random)")
       ->capture_default_str();
   serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();

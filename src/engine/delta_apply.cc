@@ -82,6 +82,11 @@ inline uint64_t InstalledBitsInline(refit::DType source, refit::DType installed,
     std::memcpy(&u, element, 4);
     return (u & 0xffffu) == 0 ? (u >> 16) : refit::InstalledSourceBits(source, installed, element);
   }
+  if (source == refit::DType::kBF16 && installed == refit::DType::kBF16) {
+    uint16_t h;
+    std::memcpy(&h, element, 2);
+    return h;
+  }
   if (source == installed) return LoadBits(element, refit::DTypeSize(installed));
   return refit::InstalledSourceBits(source, installed, element);
 }
@@ -341,6 +346,16 @@ struct InstallVisitor {
         if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * 4, 1, 1);
         const auto u = static_cast<uint32_t>(sc.bits[i] << 16);
         std::memcpy(live + static_cast<size_t>(sc.dest[i]) * 4, &u, 4);
+      }
+      return;
+    }
+    if (p.source == refit::DType::kBF16 && p.dest == refit::DType::kBF16) {
+      // bf16 live weights (the engine's default for bf16 versions): 2-byte stores of the bits.
+      for (size_t i = 0; i < sc.n; ++i) {
+        if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * 2, 1);
+        if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * 2, 1, 1);
+        const auto u = static_cast<uint16_t>(sc.bits[i]);
+        std::memcpy(live + static_cast<size_t>(sc.dest[i]) * 2, &u, 2);
       }
       return;
     }
@@ -818,7 +833,7 @@ Status ApplyDelta(const DeltaStaged& staged, size_t rank, const refit::Capture& 
   for (size_t p = 0; p < capture.params.size(); ++p) {
     const Parameter* live = params.Find(capture.params[p].name);
     if (live == nullptr) return Internal("delta parameter " + capture.params[p].name + " is not an engine parameter");
-    base[p] = reinterpret_cast<std::byte*>(live->data());
+    base[p] = live->bytes();
   }
   const auto [begin, end] = staged.rank_jobs.at(rank);
   return RunJobs(staged, begin, end, threads, [&](const DeltaJob& job, JobScratch& sc) {

@@ -52,7 +52,7 @@ struct Setup {
     (void)params[0].Add("embed", shape);
     const Parameter* param = params[0].Find("embed");
     const Parameter* p = param;
-    live[0].emplace("embed", std::span<std::byte>(reinterpret_cast<std::byte*>(p->data()), p->nbytes()));
+    live[0].emplace("embed", std::span<std::byte>(p->bytes(), p->nbytes()));
     std::mt19937_64 rng(1);
     std::vector<std::vector<uint64_t>> tile_at;
     for (int r = 0; r < 2; ++r) {
@@ -67,7 +67,7 @@ struct Setup {
       }
       for (int64_t i = 0; i < n; ++i) {
         const uint32_t f = static_cast<uint32_t>(a[static_cast<size_t>(i)]) << 16;
-        std::memcpy(p->data() + r * half * 1024 + i, &f, 4);
+        std::memcpy(p->f32() + r * half * 1024 + i, &f, 4);
       }
       refit::EncodedDelta enc = refit::EncodeShardDelta(refit::DType::kBF16, local, a.data(), b.data());
       changed += enc.changed;

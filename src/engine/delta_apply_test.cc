@@ -35,7 +35,7 @@ struct Tensor {
 };
 
 CapturedCopy Copy(const Tensor& t, Box box, uint32_t param, std::vector<int32_t> view_to_source, Shape dest_shape,
-                  Shape dest_strides, int64_t dest_offset) {
+                  Shape dest_strides, int64_t dest_offset, DType dest = DType::kF32) {
   CapturedCopy c;
   c.source = t.name;
   c.source_dtype = DType::kBF16;
@@ -46,7 +46,7 @@ CapturedCopy Copy(const Tensor& t, Box box, uint32_t param, std::vector<int32_t>
   c.dest_offset = dest_offset;
   c.dest_shape = std::move(dest_shape);
   c.dest_strides = std::move(dest_strides);
-  c.convert = true;
+  c.convert = dest != DType::kBF16;
   return c;
 }
 
@@ -57,8 +57,24 @@ bool Inside(const Box& b, const std::vector<int64_t>& coords) {
   return true;
 }
 
-class DeltaApplyTest : public ::testing::Test {
+// The live parameters are f32 (bf16 widened, the engine before weights kept their dtype) or bf16
+// (the engine's default for bf16 weights: deltas write 2-byte elements in place).
+class DeltaApplyTest : public ::testing::TestWithParam<DType> {
  protected:
+  DType dest() const { return GetParam(); }
+  size_t esize() const { return refit::DTypeSize(dest()); }
+  // The live element `dest` of parameter p as its bf16 source bits (exact for both dtypes).
+  uint32_t LiveBits(const Parameter* p, int64_t dest) const {
+    if (dest_is_bf16()) {
+      uint16_t h;
+      std::memcpy(&h, p->bytes() + dest * 2, 2);
+      return h;
+    }
+    uint32_t u;
+    std::memcpy(&u, p->bytes() + dest * 4, 4);
+    return u >> 16;
+  }
+  bool dest_is_bf16() const { return GetParam() == DType::kBF16; }
   void SetUp() override {
     std::mt19937 rng(7);
     // w [150, 300], trainer shards on rows 0..80 and 80..150 (tiles 64 x 128: partial last tiles).
@@ -85,19 +101,19 @@ class DeltaApplyTest : public ::testing::Test {
     const Tensor &w = tensors_[0], &tt = tensors_[1], &nn = tensors_[2], &e3 = tensors_[3], &s = tensors_[4];
     // Rank 0: w[:, 0:150] -> w0, t transposed -> tT, n -> n, e[:, 2:9, 10:60] -> e0, s -> s.
     caps_.resize(2);
-    caps_[0].params = {{"w0", DType::kF32, {150, 150}}, {"tT", DType::kF32, {70, 40}}, {"n", DType::kF32, {1000}},
-                       {"e0", DType::kF32, {3, 7, 50}}, {"s", DType::kF32, {1}}};
-    caps_[0].copies = {Copy(w, Box{{0, 0}, {150, 150}}, 0, {0, 1}, {150, 150}, {150, 1}, 0),
-                       Copy(tt, Box{{0, 0}, {40, 70}}, 1, {1, 0}, {70, 40}, {40, 1}, 0),
-                       Copy(nn, Box{{0}, {1000}}, 2, {0}, {1000}, {1}, 0),
-                       Copy(e3, Box{{0, 2, 10}, {3, 7, 50}}, 3, {0, 1, 2}, {3, 7, 50}, {350, 50, 1}, 0),
-                       Copy(s, Box{{}, {}}, 4, {}, {}, {}, 0)};
+    const DType d = dest();
+    caps_[0].params = {{"w0", d, {150, 150}}, {"tT", d, {70, 40}}, {"n", d, {1000}}, {"e0", d, {3, 7, 50}}, {"s", d, {1}}};
+    caps_[0].copies = {Copy(w, Box{{0, 0}, {150, 150}}, 0, {0, 1}, {150, 150}, {150, 1}, 0, d),
+                       Copy(tt, Box{{0, 0}, {40, 70}}, 1, {1, 0}, {70, 40}, {40, 1}, 0, d),
+                       Copy(nn, Box{{0}, {1000}}, 2, {0}, {1000}, {1}, 0, d),
+                       Copy(e3, Box{{0, 2, 10}, {3, 7, 50}}, 3, {0, 1, 2}, {3, 7, 50}, {350, 50, 1}, 0, d),
+                       Copy(s, Box{{}, {}}, 4, {}, {}, {}, 0, d)};
     // Rank 1: w[100:150, :] -> wtail (first: it owns w[100:150, 150:300]), w[:, 150:300] -> w1
     // (owns only rows 0..100 of it: partial ownership), n again (owns nothing: replicated).
-    caps_[1].params = {{"wtail", DType::kF32, {50, 300}}, {"w1", DType::kF32, {150, 150}}, {"n", DType::kF32, {1000}}};
-    caps_[1].copies = {Copy(w, Box{{100, 0}, {50, 300}}, 0, {0, 1}, {50, 300}, {300, 1}, 0),
-                       Copy(w, Box{{0, 150}, {150, 150}}, 1, {0, 1}, {150, 150}, {150, 1}, 0),
-                       Copy(nn, Box{{0}, {1000}}, 2, {0}, {1000}, {1}, 0)};
+    caps_[1].params = {{"wtail", d, {50, 300}}, {"w1", d, {150, 150}}, {"n", d, {1000}}};
+    caps_[1].copies = {Copy(w, Box{{100, 0}, {50, 300}}, 0, {0, 1}, {50, 300}, {300, 1}, 0, d),
+                       Copy(w, Box{{0, 150}, {150, 150}}, 1, {0, 1}, {150, 150}, {150, 1}, 0, d),
+                       Copy(nn, Box{{0}, {1000}}, 2, {0}, {1000}, {1}, 0, d)};
     std::vector<const refit::Capture*> ptrs{&caps_[0], &caps_[1]};
     regions_ = refit::AssignDigestOwnership(ptrs);
 
@@ -143,9 +159,9 @@ class DeltaApplyTest : public ::testing::Test {
       live_.emplace_back();
       params_.emplace_back();
       for (const refit::TensorSpec& p : caps_[r].params) {
-        ASSERT_TRUE(params_[r].Add(p.name, p.shape).ok());
+        ASSERT_TRUE(params_[r].Add(p.name, p.shape, dest_is_bf16() ? formats::DType::kBF16 : formats::DType::kF32).ok());
         const Parameter* param = params_[r].Find(p.name);
-        live_[r].emplace(p.name, std::span<std::byte>(reinterpret_cast<std::byte*>(param->data()), param->nbytes()));
+        live_[r].emplace(p.name, std::span<std::byte>(param->bytes(), param->nbytes()));
       }
       for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, /*use_new=*/false, true);
       ASSERT_TRUE(PlanDeltaRank(manifest_, r, caps_[r], regions_[r], live_, first, tile_at, &staged_).ok());
@@ -221,8 +237,13 @@ class DeltaApplyTest : public ::testing::Test {
       const uint16_t nb = t.new_bits[static_cast<size_t>(gi)];
       const int64_t dest = DestOf(c, coords);
       if (write) {
-        const uint32_t f = static_cast<uint32_t>(use_new ? nb : t.old_bits[static_cast<size_t>(gi)]) << 16;
-        std::memcpy(p->data() + dest, &f, 4);
+        const uint16_t b = use_new ? nb : t.old_bits[static_cast<size_t>(gi)];
+        if (dest_is_bf16()) {
+          std::memcpy(p->bytes() + dest * 2, &b, 2);
+        } else {
+          const uint32_t f = static_cast<uint32_t>(b) << 16;
+          std::memcpy(p->bytes() + dest * 4, &f, 4);
+        }
       }
       if (nb == t.old_bits[static_cast<size_t>(gi)]) return;
       const uint32_t ci = static_cast<uint32_t>(&c - caps_[r].copies.data());
@@ -242,7 +263,7 @@ class DeltaApplyTest : public ::testing::Test {
   DeltaStaged staged_;
 };
 
-TEST_F(DeltaApplyTest, TileBulkMappingEqualsTheScalarReference) {
+TEST_P(DeltaApplyTest, TileBulkMappingEqualsTheScalarReference) {
   std::vector<Elem> want, got;
   for (size_t r = 0; r < caps_.size(); ++r) {
     for (const CapturedCopy& c : caps_[r].copies) {
@@ -269,7 +290,7 @@ TEST_F(DeltaApplyTest, TileBulkMappingEqualsTheScalarReference) {
   EXPECT_GT(unowned_w1, 0);
 }
 
-TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
+TEST_P(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
   for (int threads : {1, 3}) {
     SCOPED_TRACE(threads);
     // Reset the live parameters to the old version.
@@ -282,9 +303,9 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
       EXPECT_NE(staged_.predicted[t.name], CoveredDigest(t, false)) << t.name;
     }
     // The reference install on copies of the parameters, the bulk one on the live ones.
-    std::vector<std::map<std::string, std::vector<float>>> before(caps_.size());
+    std::vector<std::map<std::string, std::vector<std::byte>>> before(caps_.size());
     for (size_t r = 0; r < caps_.size(); ++r) {
-      for (const auto& [name, p] : params_[r].all()) before[r][name].assign(p.data(), p.data() + p.numel);
+      for (const auto& [name, p] : params_[r].all()) before[r][name].assign(p.bytes(), p.bytes() + p.nbytes());
     }
     for (size_t r = 0; r < caps_.size(); ++r) ASSERT_TRUE(ApplyDelta(staged_, r, caps_[r], params_[r], threads).ok());
     int64_t changed_floats = 0;
@@ -292,16 +313,15 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
       for (const CapturedCopy& c : caps_[r].copies) {
         for (const Elem& e : ForEachCopied(r, c, true, false)) {
           const Parameter* p = params_[r].Find(caps_[r].params[std::get<1>(e)].name);
-          uint32_t u;
-          std::memcpy(&u, p->data() + std::get<2>(e), 4);
-          EXPECT_EQ(u, static_cast<uint32_t>(std::get<4>(e)) << 16);
-          before[r][p->name][static_cast<size_t>(std::get<2>(e))] = std::bit_cast<float>(u);
+          EXPECT_EQ(LiveBits(p, std::get<2>(e)), static_cast<uint32_t>(std::get<4>(e)));
+          std::memcpy(before[r][p->name].data() + std::get<2>(e) * esize(), p->bytes() + std::get<2>(e) * esize(),
+                      esize());
           ++changed_floats;
         }
       }
       // Nothing else moved.
       for (const auto& [name, p] : params_[r].all()) {
-        EXPECT_EQ(0, std::memcmp(before[r][name].data(), p.data(), p.nbytes())) << "rank " << r << " " << name;
+        EXPECT_EQ(0, std::memcmp(before[r][name].data(), p.bytes(), p.nbytes())) << "rank " << r << " " << name;
       }
     }
     EXPECT_GT(changed_floats, 1000);
@@ -311,7 +331,7 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
     // A write that did not land (the first write of rank 0 flipped back) is seen.
     ASSERT_TRUE(staged_.first_write[0].has_value());
     const DeltaWrite& w = *staged_.first_write[0];
-    auto* e = reinterpret_cast<std::byte*>(params_[0].Find(caps_[0].params[w.param].name)->data()) + w.offset * 4;
+    auto* e = params_[0].Find(caps_[0].params[w.param].name)->bytes() + w.offset * esize();
     *e ^= std::byte{0x01};
     auto bad = DigestAfterDelta(staged_, caps_, live_, threads);
     ASSERT_TRUE(bad.ok());
@@ -320,7 +340,7 @@ TEST_F(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
   }
 }
 
-TEST_F(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
+TEST_P(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
   Tensor& w = tensors_[0];
   (void)w;
   // Poison one new value inside a pulled body of rank 0's first shard of w: bf16 +Inf.
@@ -341,6 +361,11 @@ TEST_F(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
   EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("tensor w"), std::string::npos) << s.ToString();
 }
+
+INSTANTIATE_TEST_SUITE_P(LiveDType, DeltaApplyTest, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(i.param == DType::kBF16 ? "bf16" : "f32");
+                         });
 
 TEST(DeltaApplyBitsTest, InstalledBitsFastEqualsInstalledSourceBits) {
   std::mt19937 rng(3);

@@ -117,24 +117,28 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
       kv_heads_total += l->kv_heads;
     }
     const long double gib = 1024.0L * 1024.0L * 1024.0L;
-    const long double params = static_cast<long double>(spec.NumParameters()) * 4.0L;
+    const long double params = static_cast<long double>(spec.NumParameters()) *
+                               static_cast<long double>(DTypeSize(o.weight_dtype));
     const long double kv = static_cast<long double>(o.num_kv_blocks) * static_cast<long double>(o.block_size) *
                            static_cast<long double>(spec.num_layers * kv_heads_total * spec.head_dim) * 2.0L * 4.0L;
     const long double have = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) *
                              static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
     if (have > 0 && params + kv > have) {
       return InvalidArgument(fmt::format(
-          "model of {} parameters (num_hidden_layers {}, hidden_size {}, vocab_size {}) needs {:.1f} GiB for its f32 "
+          "model of {} parameters (num_hidden_layers {}, hidden_size {}, vocab_size {}) needs {:.1f} GiB for its {} "
           "parameters and {:.1f} GiB for the KV cache ({} blocks); this machine has {:.1f} GiB of memory",
           spec.NumParameters(), spec.num_layers, spec.hidden_size, spec.vocab_size, static_cast<double>(params / gib),
+          DTypeName(o.weight_dtype),
           static_cast<double>(kv / gib), o.num_kv_blocks, static_cast<double>(have / gib)));
     }
   }
   e->pool_ = std::make_unique<ThreadPool>(o.num_threads);
   RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks, o.block_size,
-                                               e->pool_.get()));
+                                               e->pool_.get(), o.weight_dtype));
   for (int r = 0; r < o.tensor_parallel_size; ++r) {
     RC_RETURN_IF_ERROR(fill(r, e->model_->layout(r), &e->model_->params(r)));
+    // Live weights are read-only outside an install (InstallWeights).
+    RC_RETURN_IF_ERROR(e->model_->params(r).SetReadOnly(true));
   }
   RC_RETURN_IF_ERROR(e->model_->Bind());
   {
@@ -153,6 +157,22 @@ Engine::~Engine() = default;
 const ModelSpec& Engine::spec() const { return model_->spec(); }
 
 const ParameterStore& Engine::Parameters(int rank) const { return model_->params(rank); }
+
+int64_t Engine::WeightBytes() const { return model_->WeightBytes(); }
+
+DType Engine::weight_dtype() const { return model_->weight_dtype(); }
+
+Status Engine::WriteLiveForTesting(int rank, const std::function<Status(ParameterStore*)>& write) {
+  rc::MutexLock sl(step_mu_);
+  if (rank < 0 || rank >= options_.tensor_parallel_size) {
+    return InvalidArgument("rank " + std::to_string(rank) + " is not a tensor-parallel rank");
+  }
+  ParameterStore& ps = model_->params(rank);
+  RC_RETURN_IF_ERROR(ps.SetReadOnly(false));
+  Status st = write(&ps);
+  RC_RETURN_IF_ERROR(ps.SetReadOnly(true));
+  return st;
+}
 
 Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
   const ModelSpec& s = model_->spec();
@@ -582,7 +602,7 @@ void Engine::SetWeightVersion(const std::string& label) {
 }
 
 Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
-                              bool reset_prefix_cache) {
+                              bool reset_prefix_cache, InstallWrites writes) {
   rc::MutexLock sl(step_mu_);
   {
     rc::MutexLock l(mu_);
@@ -592,8 +612,15 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
     generation = generation_;
   }
   for (int r = 0; r < options_.tensor_parallel_size; ++r) {
-    Status st = fill(r, model_->layout(r), &model_->params(r));
+    ParameterStore& ps = model_->params(r);
+    if (writes == InstallWrites::kInPlace) RC_RETURN_IF_ERROR(ps.SetReadOnly(false));
+    Status st = fill(r, model_->layout(r), &ps);
+    // Exchanged storage may have moved: re-resolve the pointers before anything else can fail.
+    Status bind = model_->Bind();
+    Status protect = ps.SetReadOnly(true);
     if (!st.ok()) return st.WithContext("install into rank " + std::to_string(r) + " (weights may be partial)");
+    RC_RETURN_IF_ERROR(bind);
+    RC_RETURN_IF_ERROR(protect);
   }
   RC_RETURN_IF_ERROR(model_->Bind());
   rc::MutexLock l(mu_);

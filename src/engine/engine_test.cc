@@ -89,6 +89,52 @@ TEST(EngineTest, GreedyIsBitwiseReproducibleAndBatchInvariant) {
   for (int i = 0; i < 3; ++i) ExpectSameOutput(solo[i], streams[i]->Wait(), 0.0);
 }
 
+// Weights stay in their published dtype (parameters.h): the dummy weights are bf16, so a default
+// engine keeps them as bf16, in half the memory of the f32 engine over the same weights, and
+// computes bit for bit what the f32 engine computes (every model family, tp 1 and 2, tied).
+TEST(EngineTest, Bf16WeightsHalveMemoryAndGiveTheF32BitsExactly) {
+  for (const char* model : {"tiny", "tiny-qwen2", "tiny-llama", "tiny-tied"}) {
+    for (int tp : {1, 2}) {
+      SCOPED_TRACE(std::string(model) + " tp=" + std::to_string(tp));
+      EngineOptions o;
+      o.num_threads = 2;
+      o.tensor_parallel_size = tp;
+      auto bf16 = CreateEngine({model, "dummy", 1}, o);
+      auto f32 = CreateEngine({model, "dummy", 1, "f32"}, o);
+      ASSERT_TRUE(bf16.ok() && f32.ok());
+      EXPECT_EQ((*bf16)->weight_dtype(), DType::kBF16);
+      EXPECT_EQ((*f32)->weight_dtype(), DType::kF32);
+      EXPECT_EQ(2 * (*bf16)->WeightBytes(), (*f32)->WeightBytes());
+      std::vector<std::shared_ptr<RequestStream>> a, b;
+      for (int i = 0; i < 3; ++i) {
+        a.push_back(*(*bf16)->AddRequest(Greedy(Prompt(5 + 9 * i, i), 12, 5)));
+        b.push_back(*(*f32)->AddRequest(Greedy(Prompt(5 + 9 * i, i), 12, 5)));
+      }
+      RunToCompletion(bf16->get());
+      RunToCompletion(f32->get());
+      for (int i = 0; i < 3; ++i) ExpectSameOutput(b[i]->Wait(), a[i]->Wait(), 0.0);
+    }
+  }
+}
+
+// Live weights are read-only outside an install: a stray write faults instead of silently
+// changing bytes whose digest was proven; WriteLiveForTesting (the fault routes) can still write.
+TEST(EngineDeathTest, LiveWeightsAreReadOnlyOutsideAnInstall) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the engine has threads
+  auto e = MakeEngine();
+  const Parameter* p = e->Parameters(0).Find("model.norm.weight");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->storage->read_only());
+  EXPECT_DEATH({ p->bytes()[0] ^= std::byte{1}; }, "");
+  const std::byte before = p->bytes()[0];
+  ASSERT_TRUE(e->WriteLiveForTesting(0, [](ParameterStore* ps) -> Status {
+                 ps->Find("model.norm.weight")->bytes()[0] ^= std::byte{1};
+                 return OkStatus();
+               }).ok());
+  EXPECT_EQ(p->bytes()[0], before ^ std::byte{1});
+  EXPECT_TRUE(p->storage->read_only());
+}
+
 TEST(EngineTest, PrefixCacheReportsHitsAndKeepsOutputs) {
   EngineOptions o;
   o.block_size = 8;

@@ -1,25 +1,51 @@
 #include "engine/kernels.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace rc::engine {
 namespace internal {
+namespace {
 
-float DotPortable(const float* a, const float* b, int64_t k) {
+inline float Widen(float v) { return v; }
+inline float Widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename W>
+float DotPortableT(const float* a, const W* b, int64_t k) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], Widen(b[i + l]), acc[l]);
   }
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) s = std::fma(a[i], b[i], s);
+  for (; i < k; ++i) s = std::fma(a[i], Widen(b[i]), s);
   return s;
 }
 
+template <typename W>
+void MatMulColumnsPortableT(const float* x, int64_t M, int64_t K, const W* w, int64_t n0, int64_t n1, float* y,
+                            int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = DotPortableT(x + m * K, w + n * K, K);
+}
+
+}  // namespace
+
+float DotPortable(const float* a, const float* b, int64_t k) { return DotPortableT(a, b, k); }
+
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = DotPortable(x + m * K, w + n * K, K);
+  MatMulColumnsPortableT(x, M, K, w, n0, n1, y, ldy);
+}
+
+void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                           int64_t n1, float* y, int64_t ldy) {
+  MatMulColumnsPortableT(x, M, K, w, n0, n1, y, ldy);
 }
 
 }  // namespace internal
@@ -32,8 +58,10 @@ bool KernelsUseAvx2() {
   return kAvx2;
 }
 
-void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, const float* w, int64_t N,
-              float* y) {
+void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef wr, int64_t N, float* y) {
+  const bool bf16 = wr.type == WeightType::kBF16;
+  const float* wf = static_cast<const float*>(wr.data);
+  const uint16_t* wb = static_cast<const uint16_t*>(wr.data);
   const bool avx2 = KernelsUseAvx2();
   // Column groups of 16 keep threads' output columns apart.
   const int64_t group = 16;
@@ -41,9 +69,15 @@ void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, const floa
   auto run = [&](int64_t gb, int64_t ge) {
     const int64_t n0 = gb * group, n1 = ge * group < N ? ge * group : N;
     if (avx2) {
-      internal::MatMulColumnsAvx2(x, M, K, w, n0, n1, y, N);
+      if (bf16) {
+        internal::MatMulColumnsAvx2(x, M, K, wb, n0, n1, y, N);
+      } else {
+        internal::MatMulColumnsAvx2(x, M, K, wf, n0, n1, y, N);
+      }
+    } else if (bf16) {
+      internal::MatMulColumnsPortable(x, M, K, wb, n0, n1, y, N);
     } else {
-      internal::MatMulColumnsPortable(x, M, K, w, n0, n1, y, N);
+      internal::MatMulColumnsPortable(x, M, K, wf, n0, n1, y, N);
     }
   };
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
@@ -58,11 +92,36 @@ float Dot(const float* a, const float* b, int64_t k) {
   return KernelsUseAvx2() ? internal::DotAvx2(a, b, k) : internal::DotPortable(a, b, k);
 }
 
-void RmsNorm(const float* x, const float* w, int64_t dim, float eps, float* y) {
+void RmsNorm(const float* x, WeightRef w, int64_t dim, float eps, float* y) {
   double ss = 0;
   for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
   const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
-  for (int64_t i = 0; i < dim; ++i) y[i] = w[i] * (x[i] * inv);
+  if (w.type == WeightType::kF32) {
+    const float* wf = static_cast<const float*>(w.data);
+    for (int64_t i = 0; i < dim; ++i) y[i] = wf[i] * (x[i] * inv);
+  } else {
+    const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+    for (int64_t i = 0; i < dim; ++i) y[i] = internal::Widen(wb[i]) * (x[i] * inv);
+  }
+}
+
+void WidenRow(WeightRef w, int64_t n, float* y) {
+  if (w.type == WeightType::kF32) {
+    std::memcpy(y, w.data, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+  for (int64_t i = 0; i < n; ++i) y[i] = internal::Widen(wb[i]);
+}
+
+void AddRow(WeightRef w, int64_t n, float* y) {
+  if (w.type == WeightType::kF32) {
+    const float* wf = static_cast<const float*>(w.data);
+    for (int64_t i = 0; i < n; ++i) y[i] += wf[i];
+    return;
+  }
+  const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+  for (int64_t i = 0; i < n; ++i) y[i] += internal::Widen(wb[i]);
 }
 
 void ApplyRope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const float* inv_freq) {

@@ -1,4 +1,9 @@
-// CPU compute kernels of the embedded engine (f32).
+// CPU compute kernels of the embedded engine (f32 activations; f32 or bf16 weights).
+//
+// Weights come as a WeightRef (pointer + f32 / bf16). A bf16 weight is widened in registers
+// (bits << 16, exact) right where the f32 path loads its f32 value, and enters the same fused
+// multiply-add in the same order: every output over bf16 weights is bitwise the output of the
+// f32 path over the same weights widened to f32 (kernels_test.cc asserts it for both paths).
 //
 // Batch invariance is the contract that matters here: MatMulNT computes every output element
 // as the same fixed-order dot product (8 lanes of fused multiply-adds over k, a fixed pairwise
@@ -17,12 +22,42 @@
 
 namespace rc::engine {
 
+enum class WeightType : uint8_t { kF32, kBF16 };
+
+// A read-only view of weights (a parameter's storage), f32 or bf16; null when data is null.
+struct WeightRef {
+  const void* data = nullptr;
+  WeightType type = WeightType::kF32;
+  WeightRef() = default;
+  WeightRef(const float* p) : data(p), type(WeightType::kF32) {}  // NOLINT: f32 pointers convert
+  WeightRef(const uint16_t* p) : data(p), type(WeightType::kBF16) {}  // NOLINT: bf16 bits
+  explicit operator bool() const { return data != nullptr; }
+  // Element i widened to f32 (exact).
+  float At(int64_t i) const {
+    if (type == WeightType::kF32) return static_cast<const float*>(data)[i];
+    const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[i]) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+  // The view of rows [row, ...) of a row-major matrix with `cols` columns.
+  WeightRef Row(int64_t row, int64_t cols) const {
+    WeightRef r = *this;
+    r.data = type == WeightType::kF32 ? static_cast<const void*>(static_cast<const float*>(data) + row * cols)
+                                      : static_cast<const void*>(static_cast<const uint16_t*>(data) + row * cols);
+    return r;
+  }
+};
+
 // y[m, n] = sum_k x[m, k] * w[n, k]  (x: [M, K] row-major, w: [N, K] row-major, y: [M, N]).
-void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, const float* w, int64_t N,
-              float* y);
+void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef w, int64_t N, float* y);
 float Dot(const float* a, const float* b, int64_t k);
 // y = x / sqrt(mean(x^2) + eps) * w over one row of `dim` (y may alias x).
-void RmsNorm(const float* x, const float* w, int64_t dim, float eps, float* y);
+void RmsNorm(const float* x, WeightRef w, int64_t dim, float eps, float* y);
+// y[i] = w[i] widened (an embedding row), i in [0, n).
+void WidenRow(WeightRef w, int64_t n, float* y);
+// y[i] += w[i] widened (a bias), i in [0, n).
+void AddRow(WeightRef w, int64_t n, float* y);
 // Rotary embedding, Hugging Face "rotate_half" convention, in place on `heads` vectors of
 // head_dim at position pos. inv_freq has head_dim/2 entries.
 void ApplyRope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const float* inv_freq);
@@ -32,8 +67,12 @@ namespace internal {
 // Implementations (kernels_avx2.cc is compiled with -mavx2 -mfma; kernels.cc is portable).
 void MatMulColumnsAvx2(const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
                        int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsAvx2(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                       int64_t n1, float* y, int64_t ldy);
 float DotAvx2(const float* a, const float* b, int64_t k);
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
+                           int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy);
 float DotPortable(const float* a, const float* b, int64_t k);
 }  // namespace internal

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 namespace rc::engine {
@@ -74,6 +75,75 @@ TEST(KernelsTest, RmsNormAndRope) {
   ApplyRope(v.data(), 1, 4, 3, inv_freq.data());
   EXPECT_NEAR(v[0] * v[0] + v[2] * v[2], 10.0, 1e-5);
   EXPECT_NEAR(v[0], std::cos(3.f) * 1 - std::sin(3.f) * 3, 1e-5);
+}
+
+// bf16 weights (random bits, all finite) and the same weights widened to f32.
+struct Bf16Weights {
+  std::vector<uint16_t> bits;
+  std::vector<float> widened;
+};
+Bf16Weights RandomBf16(size_t n, uint32_t seed) {
+  Bf16Weights w;
+  for (float v : Random(n, seed)) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    w.bits.push_back(static_cast<uint16_t>(u >> 16));  // truncation: any finite bf16 will do
+    const uint32_t back = static_cast<uint32_t>(w.bits.back()) << 16;
+    float f;
+    std::memcpy(&f, &back, 4);
+    w.widened.push_back(f);
+  }
+  return w;
+}
+
+TEST(KernelsTest, Bf16WeightsGiveTheBitsOfTheWidenedF32Path) {
+  ThreadPool pool(2);
+  // Odd K (lane tail) and odd N (column tiles of 3, 2, 1), M covering the row tiles of 3, 2, 1.
+  for (int64_t K : {1, 7, 9, 45, 77}) {
+    for (int64_t N : {1, 3, 9, 70}) {
+      for (int64_t M : {1, 2, 4, 7}) {
+        auto x = Random(static_cast<size_t>(M * K), static_cast<uint32_t>(7 + K));
+        Bf16Weights w = RandomBf16(static_cast<size_t>(N * K), static_cast<uint32_t>(8 + N));
+        std::vector<float> f32(static_cast<size_t>(M * N)), bf16(static_cast<size_t>(M * N));
+        MatMulNT(&pool, x.data(), M, K, w.widened.data(), N, f32.data());
+        MatMulNT(&pool, x.data(), M, K, w.bits.data(), N, bf16.data());
+        ASSERT_EQ(0, std::memcmp(f32.data(), bf16.data(), f32.size() * 4)) << M << "x" << K << "x" << N;
+        // Both paths, column range by column range.
+        std::vector<float> pa(f32.size()), pb(f32.size());
+        internal::MatMulColumnsPortable(x.data(), M, K, w.widened.data(), 0, N, pa.data(), N);
+        internal::MatMulColumnsPortable(x.data(), M, K, w.bits.data(), 0, N, pb.data(), N);
+        ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4)) << "portable " << M << "x" << K << "x" << N;
+        ASSERT_EQ(0, std::memcmp(pa.data(), f32.data(), pa.size() * 4)) << "portable vs dispatched";
+        if (KernelsUseAvx2()) {
+          std::vector<float> aa(f32.size()), ab(f32.size());
+          internal::MatMulColumnsAvx2(x.data(), M, K, w.widened.data(), 0, N, aa.data(), N);
+          internal::MatMulColumnsAvx2(x.data(), M, K, w.bits.data(), 0, N, ab.data(), N);
+          ASSERT_EQ(0, std::memcmp(aa.data(), ab.data(), aa.size() * 4)) << "avx2 " << M << "x" << K << "x" << N;
+          ASSERT_EQ(0, std::memcmp(aa.data(), pb.data(), aa.size() * 4)) << "avx2 bf16 vs portable bf16";
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, Bf16NormEmbeddingAndBiasEqualTheWidenedF32) {
+  const int64_t dim = 37;
+  auto x = Random(dim, 11);
+  Bf16Weights w = RandomBf16(dim, 12);
+  std::vector<float> a(dim), b(dim);
+  RmsNorm(x.data(), w.widened.data(), dim, 1e-6f, a.data());
+  RmsNorm(x.data(), w.bits.data(), dim, 1e-6f, b.data());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), dim * 4));
+  WidenRow(WeightRef(w.bits.data()).Row(1, 5), 5, a.data());
+  EXPECT_EQ(0, std::memcmp(a.data(), w.widened.data() + 5, 5 * 4));
+  WidenRow(WeightRef(w.widened.data()).Row(2, 5), 5, a.data());
+  EXPECT_EQ(0, std::memcmp(a.data(), w.widened.data() + 10, 5 * 4));
+  std::vector<float> c = x, d = x;
+  AddRow(w.widened.data(), dim, c.data());
+  AddRow(w.bits.data(), dim, d.data());
+  EXPECT_EQ(0, std::memcmp(c.data(), d.data(), dim * 4));
+  EXPECT_NE(0, std::memcmp(c.data(), x.data(), dim * 4));
+  EXPECT_EQ(WeightRef(w.bits.data()).At(3), w.widened[3]);
 }
 
 }  // namespace

@@ -244,7 +244,28 @@ Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const
   } else {
     return InvalidArgument("--load-format: expected auto, safetensors or dummy; got '" + load.load_format + "'");
   }
-  return Engine::Create(spec, options, fill);
+  EngineOptions o = options;
+  if (load.weight_dtype == "f32") {
+    o.weight_dtype = DType::kF32;
+  } else if (load.weight_dtype == "auto") {
+    if (load.load_format == "dummy") {
+      o.weight_dtype = DType::kBF16;  // the dummy source's tensors are BF16
+    } else {
+      RC_ASSIGN_OR_RETURN(auto source, OpenFolderSource(load.model));
+      RC_ASSIGN_OR_RETURN(o.weight_dtype, WeightDTypeOf(spec, source.get()));
+    }
+  } else {
+    return InvalidArgument("--weight-dtype: expected auto or f32; got '" + load.weight_dtype + "'");
+  }
+  return Engine::Create(spec, o, fill);
+}
+
+Result<DType> WeightDTypeOf(const ModelSpec& spec, TensorSource* source) {
+  for (const auto& decl : HfTensorDecls(spec)) {
+    RC_ASSIGN_OR_RETURN(SourceTensor t, source->Get(decl.name));
+    if (t.dtype != DType::kBF16) return DType::kF32;
+  }
+  return DType::kBF16;
 }
 
 }  // namespace rc::engine

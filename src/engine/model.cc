@@ -30,19 +30,33 @@ std::vector<ParameterDecl> EngineParameterDecls(const ModelSpec& spec, const Ran
   return out;
 }
 
+namespace {
+
+Result<WeightRef> Ref(const ParameterStore& ps, std::string_view name, const std::vector<int64_t>& shape) {
+  RC_ASSIGN_OR_RETURN(const Parameter* p, ps.Get(name, shape));
+  if (p->dtype == DType::kBF16) return WeightRef(static_cast<const uint16_t*>(p->bf16()));
+  return WeightRef(static_cast<const float*>(p->f32()));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, int tp, int64_t num_blocks,
-                                             int64_t block_size, ThreadPool* pool) {
+                                             int64_t block_size, ThreadPool* pool, DType weight_dtype) {
   RC_RETURN_IF_ERROR(spec.Validate());
+  if (!IsParameterDType(weight_dtype)) {
+    return InvalidArgument("weight dtype " + std::string(DTypeName(weight_dtype)) + ": expected F32 or BF16");
+  }
   if (num_blocks <= 0 || block_size <= 0) {
     return InvalidArgument("num-kv-blocks and block-size must be positive");
   }
   std::unique_ptr<Model> m(new Model(spec, num_blocks, block_size, pool));
+  m->weight_dtype_ = weight_dtype;
   for (int r = 0; r < tp; ++r) {
     auto rank = std::make_unique<Rank>();
     RC_ASSIGN_OR_RETURN(rank->layout, MakeRankLayout(spec, tp, r));
     for (const auto& decl : EngineParameterDecls(spec, rank->layout)) {
       if (decl.alias_of.empty()) {
-        RC_RETURN_IF_ERROR(rank->params.Add(decl.name, decl.shape));
+        RC_RETURN_IF_ERROR(rank->params.Add(decl.name, decl.shape, weight_dtype));
       } else {
         RC_RETURN_IF_ERROR(rank->params.Alias(decl.name, decl.alias_of));
       }
@@ -65,6 +79,12 @@ int64_t Model::KvBytes() const {
   return n;
 }
 
+int64_t Model::WeightBytes() const {
+  int64_t n = 0;
+  for (const auto& r : ranks_) n += r->params.TotalBytes();
+  return n;
+}
+
 Status Model::Bind() {
   const int64_t h = spec_.hidden_size, d = spec_.head_dim, v = spec_.vocab_size;
   for (auto& rank : ranks_) {
@@ -75,27 +95,27 @@ Status Model::Bind() {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       Layer& L = rank->layers[static_cast<size_t>(i)];
       const int64_t qkv_rows = (l.q_heads + 2 * l.kv_heads) * d;
-      RC_ASSIGN_OR_RETURN(L.in_norm, ps.Get(p + "input_layernorm.weight", {h}));
-      RC_ASSIGN_OR_RETURN(L.post_norm, ps.Get(p + "post_attention_layernorm.weight", {h}));
-      RC_ASSIGN_OR_RETURN(L.qkv, ps.Get(p + "self_attn.qkv_proj.weight", {qkv_rows, h}));
-      L.qkv_bias = nullptr;
+      RC_ASSIGN_OR_RETURN(L.in_norm, Ref(ps, p + "input_layernorm.weight", {h}));
+      RC_ASSIGN_OR_RETURN(L.post_norm, Ref(ps, p + "post_attention_layernorm.weight", {h}));
+      RC_ASSIGN_OR_RETURN(L.qkv, Ref(ps, p + "self_attn.qkv_proj.weight", {qkv_rows, h}));
+      L.qkv_bias = WeightRef();
       if (spec_.qkv_bias) {
-        RC_ASSIGN_OR_RETURN(L.qkv_bias, ps.Get(p + "self_attn.qkv_proj.bias", {qkv_rows}));
+        RC_ASSIGN_OR_RETURN(L.qkv_bias, Ref(ps, p + "self_attn.qkv_proj.bias", {qkv_rows}));
       }
-      L.q_norm = L.k_norm = nullptr;
+      L.q_norm = L.k_norm = WeightRef();
       if (spec_.qk_norm) {
-        RC_ASSIGN_OR_RETURN(L.q_norm, ps.Get(p + "self_attn.q_norm.weight", {d}));
-        RC_ASSIGN_OR_RETURN(L.k_norm, ps.Get(p + "self_attn.k_norm.weight", {d}));
+        RC_ASSIGN_OR_RETURN(L.q_norm, Ref(ps, p + "self_attn.q_norm.weight", {d}));
+        RC_ASSIGN_OR_RETURN(L.k_norm, Ref(ps, p + "self_attn.k_norm.weight", {d}));
       }
-      RC_ASSIGN_OR_RETURN(L.o, ps.Get(p + "self_attn.o_proj.weight", {h, l.q_heads * d}));
-      RC_ASSIGN_OR_RETURN(L.gate_up, ps.Get(p + "mlp.gate_up_proj.weight", {2 * l.intermediate, h}));
-      RC_ASSIGN_OR_RETURN(L.down, ps.Get(p + "mlp.down_proj.weight", {h, l.intermediate}));
+      RC_ASSIGN_OR_RETURN(L.o, Ref(ps, p + "self_attn.o_proj.weight", {h, l.q_heads * d}));
+      RC_ASSIGN_OR_RETURN(L.gate_up, Ref(ps, p + "mlp.gate_up_proj.weight", {2 * l.intermediate, h}));
+      RC_ASSIGN_OR_RETURN(L.down, Ref(ps, p + "mlp.down_proj.weight", {h, l.intermediate}));
     }
   }
   const ParameterStore& ps0 = ranks_[0]->params;
-  RC_ASSIGN_OR_RETURN(embed_, ps0.Get("model.embed_tokens.weight", {v, h}));
-  RC_ASSIGN_OR_RETURN(final_norm_, ps0.Get("model.norm.weight", {h}));
-  RC_ASSIGN_OR_RETURN(lm_head_, ps0.Get("lm_head.weight", {v, h}));
+  RC_ASSIGN_OR_RETURN(embed_, Ref(ps0, "model.embed_tokens.weight", {v, h}));
+  RC_ASSIGN_OR_RETURN(final_norm_, Ref(ps0, "model.norm.weight", {h}));
+  RC_ASSIGN_OR_RETURN(lm_head_, Ref(ps0, "lm_head.weight", {v, h}));
   return OkStatus();
 }
 
@@ -134,7 +154,7 @@ Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* l
 
   std::vector<float> x(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) {
-    std::memcpy(&x[t * H], embed_ + static_cast<int64_t>(tok_id[t]) * H, H * sizeof(float));
+    WidenRow(embed_.Row(tok_id[t], H), H, &x[t * H]);
   }
   std::vector<float> hbuf(static_cast<size_t>(T * H));
   std::vector<float> qkv, attn, gu, act;
@@ -164,9 +184,8 @@ Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* l
       float* vc = rank.v_cache[static_cast<size_t>(li)].data();
       for (int64_t t = 0; t < T; ++t) {
         float* row = &qkv[t * W];
-        if (L.qkv_bias != nullptr)
-          for (int64_t j = 0; j < W; ++j) row[j] += L.qkv_bias[j];
-        if (L.q_norm != nullptr) {
+        if (L.qkv_bias) AddRow(L.qkv_bias, W, row);
+        if (L.q_norm) {
           for (int64_t hh = 0; hh < hq; ++hh) RmsNorm(row + hh * D, L.q_norm, D, eps, row + hh * D);
           for (int64_t hh = 0; hh < hk; ++hh) RmsNorm(row + (hq + hh) * D, L.k_norm, D, eps, row + (hq + hh) * D);
         }

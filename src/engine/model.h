@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/kernels.h"
 #include "engine/thread_pool.h"
 #include "rolloutcore/engine/model_spec.h"
 #include "rolloutcore/engine/parameters.h"
@@ -38,31 +39,36 @@ struct ForwardSeq {
 
 class Model {
  public:
+  // weight_dtype: the dtype every parameter is kept in (F32 or BF16, parameters.h).
   static Result<std::unique_ptr<Model>> Create(const ModelSpec& spec, int tp, int64_t num_blocks,
-                                               int64_t block_size, ThreadPool* pool);
+                                               int64_t block_size, ThreadPool* pool,
+                                               DType weight_dtype = DType::kF32);
   const ModelSpec& spec() const { return spec_; }
   int tp() const { return static_cast<int>(ranks_.size()); }
   ParameterStore& params(int rank) { return ranks_[rank]->params; }
   const ParameterStore& params(int rank) const { return ranks_[rank]->params; }
   const RankLayout& layout(int rank) const { return ranks_[rank]->layout; }
   int64_t KvBytes() const;
+  DType weight_dtype() const { return weight_dtype_; }
+  // Bytes of every rank's parameters (aliased storage once).
+  int64_t WeightBytes() const;
 
-  // Resolves cached parameter pointers; call after (re)loading weights.
+  // Resolves cached parameter pointers; call after (re)loading weights or exchanging storage.
   Status Bind();
   // Runs the batch; appends one row of vocab_size logits per seq with want_logits.
   Status Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* logits);
 
  private:
   struct Layer {
-    const float* in_norm;
-    const float* post_norm;
-    const float* qkv;
-    const float* qkv_bias;
-    const float* q_norm;
-    const float* k_norm;
-    const float* o;
-    const float* gate_up;
-    const float* down;
+    WeightRef in_norm;
+    WeightRef post_norm;
+    WeightRef qkv;
+    WeightRef qkv_bias;
+    WeightRef q_norm;
+    WeightRef k_norm;
+    WeightRef o;
+    WeightRef gate_up;
+    WeightRef down;
   };
   struct Rank {
     RankLayout layout;
@@ -79,9 +85,10 @@ class Model {
   ThreadPool* pool_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<float> inv_freq_;
-  const float* embed_ = nullptr;
-  const float* final_norm_ = nullptr;
-  const float* lm_head_ = nullptr;
+  DType weight_dtype_ = DType::kF32;
+  WeightRef embed_;
+  WeightRef final_norm_;
+  WeightRef lm_head_;
 };
 
 }  // namespace rc::engine

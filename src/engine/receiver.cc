@@ -79,21 +79,35 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   struct Item {
     size_t rank;
     uint32_t param;
+    bool bf16;
     std::span<const std::byte> bytes;
   };
   std::vector<Item> items;
   for (size_t r = 0; r < captures.size(); ++r) {
     for (uint32_t p = 0; p < captures[r].params.size(); ++p) {
       const refit::TensorSpec& spec = captures[r].params[p];
-      if (spec.dtype != refit::DType::kF32) continue;  // the engine's parameters are f32
+      // The engine's parameters are f32 or bf16 (parameters.h).
+      if (spec.dtype != refit::DType::kF32 && spec.dtype != refit::DType::kBF16) continue;
       auto it = buffers[r].find(spec.name);
       if (it == buffers[r].end()) continue;
-      items.push_back({r, p, it->second});
+      items.push_back({r, p, spec.dtype == refit::DType::kBF16, it->second});
     }
   }
   std::vector<int64_t> first(items.size(), -1);
   ParallelFor(items.size(), threads, [&](size_t i) {
     const std::byte* b = items[i].bytes.data();
+    if (items[i].bf16) {
+      const size_t count = items[i].bytes.size() / 2;
+      for (size_t k = 0; k < count; ++k) {
+        uint16_t h;
+        std::memcpy(&h, b + 2 * k, 2);
+        if ((h & 0x7f80u) == 0x7f80u) {
+          first[i] = static_cast<int64_t>(k);
+          return;
+        }
+      }
+      return;
+    }
     const size_t count = items[i].bytes.size() / 4;
     for (size_t k = 0; k < count; ++k) {
       uint32_t u;
@@ -108,7 +122,13 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
     if (first[i] < 0) continue;
     const Item& it = items[i];
     uint32_t u;
-    std::memcpy(&u, it.bytes.data() + 4 * first[i], 4);
+    if (it.bf16) {
+      uint16_t h;
+      std::memcpy(&h, it.bytes.data() + 2 * first[i], 2);
+      u = static_cast<uint32_t>(h) << 16;
+    } else {
+      std::memcpy(&u, it.bytes.data() + 4 * first[i], 4);
+    }
     const char* kind = (u & 0x007fffffu) != 0 ? "NaN" : (u & 0x80000000u) ? "-Inf" : "+Inf";
     const refit::Capture& cap = captures[it.rank];
     std::string where;
@@ -125,6 +145,125 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   return OkStatus();
 }
 
+// True when any bf16 element of the n bytes at p is NaN or +-Inf: 4 elements per 64-bit word
+// (an exponent of all ones is a zero lane after mask and xor).
+bool AnyNonFiniteBf16Bytes(const std::byte* p, size_t n) {
+  constexpr uint64_t kExp = 0x7f807f807f807f80ull, kOnes = 0x0001000100010001ull, kHigh = 0x8000800080008000ull;
+  const size_t words = n / 8;
+  uint64_t any = 0;
+  for (size_t k = 0; k < words; ++k) {
+    uint64_t w;
+    std::memcpy(&w, p + 8 * k, 8);
+    const uint64_t x = (w & kExp) ^ kExp;  // a lane is 0 exactly when its exponent is all ones
+    any |= (x - kOnes) & ~x & kHigh;
+  }
+  for (size_t k = words * 8; k + 2 <= n; k += 2) {
+    uint16_t h;
+    std::memcpy(&h, p + k, 2);
+    if ((h & 0x7f80u) == 0x7f80u) any = 1;
+  }
+  return any != 0;
+}
+
+// AnyNonFiniteBf16Bytes over `spans`, in 1 MiB chunks on the shared pool.
+bool AnyNonFiniteBf16(const std::vector<std::span<const std::byte>>& spans, int threads) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<std::span<const std::byte>> chunks;
+  for (const auto& sp : spans) {
+    for (size_t at = 0; at < sp.size(); at += kChunk) chunks.push_back(sp.subspan(at, std::min(kChunk, sp.size() - at)));
+  }
+  std::atomic<bool> bad{false};
+  ParallelFor(chunks.size(), threads, [&](size_t i) {
+    if (AnyNonFiniteBf16Bytes(chunks[i].data(), chunks[i].size())) bad.store(true, std::memory_order_relaxed);
+  });
+  return bad.load();
+}
+
+// The staged digest and the finite check of bf16 staging in one pass: the digest regions are cut
+// into pieces (as DigestInstalledParallel does) and each task digests its piece and then scans the
+// destination bytes the piece spans while they are still in cache. Bytes no piece spans (replicas
+// no region owns) and pieces whose span is not compact (a permuted view) are scanned afterwards.
+// Scanning a superset of the staged bytes is sound: every staged byte is a weight.
+Result<refit::TensorDigests> DigestAndCheckBf16(const std::vector<refit::Capture>& captures,
+                                                const std::vector<std::vector<refit::DigestRegion>>& regions,
+                                                const std::vector<refit::UncoveredBytes>& uncovered,
+                                                const std::vector<refit::DestinationBuffers>& buffers, int threads,
+                                                bool* nonfinite) {
+  struct Task {
+    size_t rank;
+    refit::DigestRegion piece;
+    std::span<const std::byte> scan;
+  };
+  std::vector<Task> tasks;
+  std::set<std::pair<size_t, std::string>> scan_whole;
+  std::vector<std::span<const std::byte>> rest;
+  for (size_t r = 0; r < captures.size(); ++r) {
+    int64_t total = 0;
+    for (const refit::DigestRegion& reg : regions[r]) total += reg.box.numel();
+    const int64_t piece_elems = std::max<int64_t>(1 << 16, total / (int64_t{std::max(1, threads)} * 8));
+    for (refit::DigestRegion& piece : refit::SplitDigestRegions(regions[r], piece_elems)) {
+      Task t{r, piece, {}};
+      const refit::CapturedCopy& c = captures[r].copies.at(piece.copy);
+      const refit::TensorSpec& param = captures[r].params.at(c.param);
+      auto it = buffers[r].find(param.name);
+      const size_t n = piece.box.ndim();
+      if (it != buffers[r].end() && param.dtype == refit::DType::kBF16 && n == c.box.ndim() && piece.box.numel() > 0) {
+        refit::Shape ds(n, 0);
+        for (size_t k = 0; k < c.view_to_source.size() && k < c.dest_strides.size(); ++k) {
+          if (c.view_to_source[k] >= 0 && static_cast<size_t>(c.view_to_source[k]) < n) {
+            ds[static_cast<size_t>(c.view_to_source[k])] += c.dest_strides[k];
+          }
+        }
+        int64_t lo = c.dest_offset, span = 0;
+        bool ok = true;
+        for (size_t d = 0; d < n; ++d) {
+          if (ds[d] < 0) ok = false;
+          lo += (piece.box.start[d] - c.box.start[d]) * ds[d];
+          span += (piece.box.extent[d] - 1) * ds[d];
+        }
+        const auto bytes = it->second;
+        if (ok && lo >= 0 && span + 1 <= 2 * piece.box.numel() &&
+            static_cast<size_t>(lo + span + 1) * 2 <= bytes.size()) {
+          t.scan = std::span<const std::byte>(bytes.data() + lo * 2, static_cast<size_t>(span + 1) * 2);
+        } else {
+          scan_whole.emplace(r, param.name);
+        }
+      } else if (it != buffers[r].end()) {
+        scan_whole.emplace(r, param.name);
+      }
+      tasks.push_back(std::move(t));
+    }
+    for (const auto& [name, ranges] : uncovered[r]) {
+      auto it = buffers[r].find(name);
+      if (it == buffers[r].end()) continue;
+      for (const refit::ByteRange& br : ranges) {
+        if (br.begin <= br.end && br.end <= it->second.size()) {
+          rest.push_back(std::span<const std::byte>(it->second.data() + br.begin, br.end - br.begin));
+        }
+      }
+    }
+  }
+  for (const auto& [r, name] : scan_whole) {
+    const auto& bytes = buffers[r].at(name);
+    rest.push_back(std::span<const std::byte>(bytes.data(), bytes.size()));
+  }
+  std::vector<Result<refit::TensorDigests>> partial(tasks.size(), refit::TensorDigests{});
+  std::vector<char> bad(tasks.size(), 0);
+  ParallelFor(tasks.size(), threads, [&](size_t i) {
+    const Task& t = tasks[i];
+    partial[i] = refit::DigestInstalled(captures[t.rank], buffers[t.rank], std::span<const refit::DigestRegion>(&t.piece, 1));
+    if (!t.scan.empty() && AnyNonFiniteBf16Bytes(t.scan.data(), t.scan.size())) bad[i] = 1;
+  });
+  refit::TensorDigests out;
+  for (size_t i = 0; i < partial.size(); ++i) {
+    if (!partial[i].ok()) return partial[i].status();
+    refit::AddDigests(out, *partial[i]);
+    if (bad[i]) *nonfinite = true;
+  }
+  if (!*nonfinite && AnyNonFiniteBf16(rest, threads)) *nonfinite = true;
+  return out;
+}
+
 }  // namespace
 
 struct RefitReceiver::Staged {
@@ -132,6 +271,9 @@ struct RefitReceiver::Staged {
   std::string version;
   refit::Manifest manifest;
   refit::TensorDigests published;
+  // The digest of the staged bytes, computed when they landed; the shadow buffers have been
+  // read-only since, so it is the digest of what a swap install makes live.
+  refit::TensorDigests staged_digest;
   Json evidence;
 };
 
@@ -271,6 +413,8 @@ Status RefitReceiver::EnsureCaptures() {
   if (!captures_.empty()) return OkStatus();
   refit::EngineLayout layout;
   layout.tp = engine_->tensor_parallel_size();
+  // Staging and planning in the live parameters' dtype: a source of that dtype lands as bytes.
+  RC_ASSIGN_OR_RETURN(layout.param_dtype, RefitDType(engine_->weight_dtype()));
   for (int r = 0; r < layout.tp; ++r) {
     RC_ASSIGN_OR_RETURN(refit::Capture c, refit::CaptureEngineRank(config_, layout, r));
     if (swap_q_heads_) {
@@ -298,7 +442,7 @@ std::vector<refit::DestinationBuffers> RefitReceiver::LiveBuffers() {
   for (int r = 0; r < engine_->tensor_parallel_size(); ++r) {
     refit::DestinationBuffers b;
     for (const auto& [name, p] : engine_->Parameters(r).all()) {
-      b.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p.data()), p.nbytes()));
+      b.emplace(name, std::span<std::byte>(p.bytes(), p.nbytes()));
     }
     out.push_back(std::move(b));
   }
@@ -462,9 +606,10 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     for (size_t r = 0; r < captures_.size(); ++r) {
       refit::DestinationBuffers b;
       for (const auto& spec : captures_[r].params) {
-        auto& v = shadow_[r][spec.name];
-        v.assign(static_cast<size_t>(spec.bytes() / sizeof(float)), 0.0f);
-        b.emplace(spec.name, std::span<std::byte>(reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(float)));
+        // In the live parameter's dtype and layout (the capture's), so an install can exchange it.
+        RC_ASSIGN_OR_RETURN(auto buf, WeightBuffer::Allocate(static_cast<size_t>(spec.bytes())));
+        b.emplace(spec.name, std::span<std::byte>(buf->data(), buf->size()));
+        shadow_[r][spec.name] = std::move(buf);
       }
       shadow_buffers_.push_back(std::move(b));
     }
@@ -497,6 +642,11 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   } drop_on_failure{this};
   registration_ms += MsSince(t);
 
+  // The shadow buffers were made read-only when their last stage was digested (or are the live
+  // storage a swap install retired, read-only too): writable again before anything lands.
+  auto t_protect = std::chrono::steady_clock::now();
+  RC_RETURN_IF_ERROR(SetShadowReadOnly(false));
+  double protect_ms = MsSince(t_protect);
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
     eo.arena = arena_.get();
@@ -537,14 +687,23 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   // The staged digest pass also checks that every f32 weight it reads is finite.
   t = std::chrono::steady_clock::now();
   bool nonfinite = false;
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, DigestOf(shadow_buffers_, &nonfinite));
+  const bool bf16 = engine_->weight_dtype() == DType::kBF16;
+  refit::TensorDigests got;
+  if (bf16) {
+    // bf16 staging: digest and finite check in one pass per piece (DigestAndCheckBf16).
+    RC_ASSIGN_OR_RETURN(got, DigestAndCheckBf16(captures_, digest_regions_, uncovered_, shadow_buffers_, threads_,
+                                                &nonfinite));
+  } else {
+    RC_ASSIGN_OR_RETURN(got, DigestOf(shadow_buffers_, &nonfinite));
+  }
   stages["receive_sync"] = MsSince(t);
 
   // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
   // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
   // something is non-finite does the full check run, to name the element.
   t = std::chrono::steady_clock::now();
-  for (size_t r = 0; r < captures_.size() && !nonfinite; ++r) {
+  // (bf16 staging: every byte, replicas included, was scanned in the digest pass above.)
+  for (size_t r = 0; r < captures_.size() && !nonfinite && !bf16; ++r) {
     for (const auto& [name, ranges] : uncovered_[r]) {
       auto it = shadow_buffers_[r].find(name);
       if (it == shadow_buffers_[r].end()) continue;
@@ -572,10 +731,17 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     full_pulls += p.stats.full_pulls;
   }
   drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
+  // From here until they are swapped in (or re-used by the next stage) the staged bytes cannot
+  // change: the digest just computed stays the digest of these bytes.
+  t_protect = std::chrono::steady_clock::now();
+  RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
+  protect_ms += MsSince(t_protect);
+  stages["protect"] = protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
   staged->version = req.version;
+  staged->staged_digest = std::move(got);
   staged->published = std::move(published);
   staged->manifest = std::move(manifest);
   const double gbps = wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0;
@@ -732,6 +898,41 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   Json stages = staged_->evidence["stages_ms"];
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
+  // Install by swap (docs/refit.md): the staged image covers every live parameter in its dtype
+  // and size, so the staged storage becomes the live storage and no live byte is copied.
+  if (SwapCoversLive()) {
+    auto exchange = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) REQUIRES(mu_)
+        -> Status {
+      const size_t r = static_cast<size_t>(rank);
+      auto& shadow = shadow_[r];
+      uint64_t rank_bytes = 0;
+      // The exchange below is the mutation point: the live storage changes there.
+      touched->store(true);
+      for (const auto& [name, p] : params->all()) {
+        if (!p.alias_of.empty()) continue;  // follows its target (tied lm_head)
+        const size_t n = p.nbytes();
+        RC_RETURN_IF_ERROR(params->ExchangeStorage(name, &shadow.at(name)));
+        rank_bytes += n;
+      }
+      // The retired live storage is the next stage's staging (read-only until that stage).
+      for (auto& [name, buf] : shadow) shadow_buffers_[r][name] = std::span<std::byte>(buf->data(), buf->size());
+      bytes += rank_bytes;
+      if (rank == 0 && fail_after_first_rank_.load()) {
+        return FailedPrecondition("injected fault: install failed after rank 0 swapped in its weights");
+      }
+      return OkStatus();
+    };
+    live_cache_valid_ = false;  // the live weights are about to change
+    Status st = engine_->InstallWeights(exchange, version, ++generation_, !skip_cache_reset,
+                                        Engine::InstallWrites::kExchange);
+    if (!st.ok()) return st.WithContext("install of " + version);
+    stages["install"] = MsSince(t);
+    t = std::chrono::steady_clock::now();
+    // The live weights are exactly the bytes the staged digest read (read-only since).
+    refit::TensorDigests live = staged_->staged_digest;
+    stages["post_install"] = MsSince(t);
+    return FinishFullInstall(version, skip_cache_reset, std::move(live), bytes.load(), std::move(stages), "swap");
+  }
   // The live digest rides along with the copy: each rank's install copies its staged bytes into
   // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
   // so no second pass reads the 1.5 GB back. LiveDigest(fresh) still reads the live memory.
@@ -748,8 +949,8 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     for (const auto& [name, data] : shadow) {
       const Parameter* p = params->Find(name);
       if (p == nullptr) return Internal("staged parameter " + name + " is not an engine parameter");
-      if (p->nbytes() != data.size() * sizeof(float)) return Internal("staged parameter " + name + " has the wrong size");
-      live.emplace(name, std::span<std::byte>(reinterpret_cast<std::byte*>(p->data()), p->nbytes()));
+      if (p->nbytes() != data->size()) return Internal("staged parameter " + name + " has the wrong size");
+      live.emplace(name, std::span<std::byte>(p->bytes(), p->nbytes()));
       rank_bytes += p->nbytes();
     }
     // The first live byte is written below: from here on a failure is after mutation.
@@ -772,22 +973,58 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   stages["install"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
-  std::optional<refit::TensorDigests> live(std::in_place);
-  for (const auto& d : rank_digests) refit::AddDigests(*live, d);
+  refit::TensorDigests live;
+  for (const auto& d : rank_digests) refit::AddDigests(live, d);
   stages["post_install"] = MsSince(t);  // the digest was computed during the copy
+  return FinishFullInstall(version, skip_cache_reset, std::move(live), bytes.load(), std::move(stages), "copy");
+}
 
-  live_cache_ = *live;
+bool RefitReceiver::SwapCoversLive() {
+  if (shadow_.size() != captures_.size() || static_cast<int>(shadow_.size()) != engine_->tensor_parallel_size()) {
+    return false;
+  }
+  for (size_t r = 0; r < shadow_.size(); ++r) {
+    for (const auto& [name, p] : engine_->Parameters(static_cast<int>(r)).all()) {
+      if (!p.alias_of.empty()) continue;
+      auto it = shadow_[r].find(name);
+      // Same size (the capture's dtype is the live dtype) and read-only since its digest.
+      if (it == shadow_[r].end() || it->second->size() != p.nbytes() || !it->second->read_only()) return false;
+    }
+  }
+  return true;
+}
+
+Status RefitReceiver::SetShadowReadOnly(bool read_only) {
+  for (auto& rank : shadow_) {
+    for (auto& [name, buf] : rank) RC_RETURN_IF_ERROR(buf->SetReadOnly(read_only).WithContext("staging " + name));
+  }
+  return OkStatus();
+}
+
+std::span<std::byte> RefitReceiver::StagedBytesForTesting(int rank, const std::string& name) {
+  rc::MutexLock lock(mu_);
+  if (rank < 0 || static_cast<size_t>(rank) >= shadow_.size()) return {};
+  auto it = shadow_[static_cast<size_t>(rank)].find(name);
+  if (it == shadow_[static_cast<size_t>(rank)].end()) return {};
+  return std::span<std::byte>(it->second->data(), it->second->size());
+}
+
+Result<Json> RefitReceiver::FinishFullInstall(const std::string& version, bool skip_cache_reset,
+                                              refit::TensorDigests live, uint64_t bytes, Json stages,
+                                              const char* mode) {
+  live_cache_ = live;
   live_cache_generation_ = engine_->State().install_generation;
   live_cache_valid_ = true;
-  std::string mismatch = refit::FirstDigestMismatch(*live, staged_->published);
+  std::string mismatch = refit::FirstDigestMismatch(live, staged_->published);
   if (!mismatch.empty()) {
     return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
   }
   Json out = staged_->evidence;
   out["weight_version"] = version;
-  out["bytes_installed"] = bytes.load();
+  out["bytes_installed"] = bytes;
+  out["install_mode"] = mode;
   out["cache_reset"] = !skip_cache_reset;
-  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(*live));
+  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(live));
   out["anchor_check"] = FullInstallAnchor();
   stages["ready"] = 0.0;
   out["stages_ms"] = stages;

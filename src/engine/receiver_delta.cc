@@ -25,10 +25,13 @@ void RefitReceiver::SetFullVerifyEvery(int n) {
 
 Status RefitReceiver::CorruptLiveWeightForTesting() {
   rc::MutexLock lock(mu_);
-  const Parameter* p = engine_->Parameters(0).Find("model.norm.weight");
-  if (p == nullptr || p->nbytes() == 0) return NotFound("rank 0 has no model.norm.weight to corrupt");
-  reinterpret_cast<std::byte*>(p->data())[0] ^= std::byte{0x01};
-  return OkStatus();
+  // Live weights are read-only outside an install: the fault route unprotects, writes, re-protects.
+  return engine_->WriteLiveForTesting(0, [](ParameterStore* ps) -> Status {
+    const Parameter* p = ps->Find("model.norm.weight");
+    if (p == nullptr || p->nbytes() == 0) return NotFound("rank 0 has no model.norm.weight to corrupt");
+    p->bytes()[0] ^= std::byte{0x01};
+    return OkStatus();
+  });
 }
 
 Json RefitReceiver::FullInstallAnchor() {
@@ -146,7 +149,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
     if (rank == 0 && corrupt_delta_install_.load() && d.first_write[0]) {
       const internal::DeltaWrite& w = *d.first_write[0];
       const Parameter* p = params->Find(captures_[0].params[w.param].name);
-      auto* e = reinterpret_cast<std::byte*>(p->data()) +
+      auto* e = p->bytes() +
                 static_cast<size_t>(w.offset) * refit::DTypeSize(captures_[0].params[w.param].dtype);
       *e ^= std::byte{0x01};  // injected fault: the write "did not land"
     }

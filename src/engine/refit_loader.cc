@@ -207,23 +207,29 @@ Result<ModelSpec> ResolveModel(std::string_view preset_or_path) {
 
 refit::ModelConfig RefitConfigFromSpec(const ModelSpec& spec) { return ConfigFromSpec(spec); }
 
+Result<refit::DType> RefitDType(DType dtype) { return ToRefit(dtype); }
+
 Result<ModelSpec> SpecFromRefitConfig(const refit::ModelConfig& config) { return SpecFromConfig(config); }
 
 Status LoadRank(const ModelSpec& spec, const RankLayout& l, TensorSource* source, ParameterStore* params) {
   const refit::ModelConfig config = ConfigFromSpec(spec);
   refit::EngineLayout layout;
   layout.tp = l.tp;
+  // Every parameter has the engine's one weight dtype (parameters.h); the loader writes that dtype.
+  const DType weight_dtype = params->all().empty() ? DType::kF32 : params->all().begin()->second.dtype;
+  RC_ASSIGN_OR_RETURN(layout.param_dtype, ToRefit(weight_dtype));
   RC_ASSIGN_OR_RETURN(std::vector<refit::TensorSpec> decls, refit::ListEngineParams(config, layout, l.rank));
   // The engine allocated its parameters from EngineParameterDecls; they must be the loader's.
   refit::DestinationBuffers buffers;
   for (const auto& d : decls) {
     const Parameter* p = params->Find(d.name);
     if (p == nullptr) return Internal("refit loader lists parameter '" + d.name + "' the engine does not have");
-    if (p->shape != d.shape || d.dtype != refit::DType::kF32) {
-      return Internal("engine parameter '" + d.name + "' is " + ShapeString(p->shape) + " f32, the refit loader wants " +
-                      refit::ShapeToString(d.shape) + " " + std::string(refit::DTypeName(d.dtype)));
+    if (p->shape != d.shape || d.dtype != layout.param_dtype || p->dtype != weight_dtype) {
+      return Internal("engine parameter '" + d.name + "' is " + ShapeString(p->shape) + " " +
+                      std::string(DTypeName(p->dtype)) + ", the refit loader wants " + refit::ShapeToString(d.shape) +
+                      " " + std::string(refit::DTypeName(d.dtype)));
     }
-    buffers.emplace(d.name, std::span<std::byte>(reinterpret_cast<std::byte*>(p->data()), p->nbytes()));
+    buffers.emplace(d.name, std::span<std::byte>(p->bytes(), p->nbytes()));
   }
   if (decls.size() != params->all().size()) {
     return Internal("engine has " + std::to_string(params->all().size()) + " parameters, the refit loader lists " +

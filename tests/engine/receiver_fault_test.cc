@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <span>
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/directory/memory_store.h"
@@ -150,6 +151,36 @@ TEST_F(ReceiverFaultTest, NonFiniteWeightsFailTheStageNamingTensorAndElement) {
   EXPECT_NE(LiveDigest(), before);
 }
 
+// The bf16 staging finite check runs 4 elements per 64-bit word inside the digest pass: a NaN in
+// every lane position, in a tensor's last element and in a 1-D norm weight is refused too.
+TEST_F(ReceiverFaultTest, Bf16FiniteCheckSeesEveryLanePosition) {
+  auto config = refit::ModelPreset("tiny").value();
+  int64_t norm_len = 0;
+  auto specs = refit::ListSourceTensors(config);
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  for (const auto& spec : *specs) {
+    if (spec.name == "model.norm.weight") norm_len = spec.numel();
+  }
+  ASSERT_GT(norm_len, 4);
+  struct Case {
+    std::string tensor;
+    size_t element;
+  };
+  std::vector<Case> cases;
+  for (size_t e = 0; e < 4; ++e) cases.push_back({"model.layers.0.self_attn.k_proj.weight", e});
+  cases.push_back({"model.norm.weight", static_cast<size_t>(norm_len - 1)});
+  int v = 10;
+  for (const Case& c : cases) {
+    const std::string version = "v" + std::to_string(v++);
+    Publish(version, 1, c.tensor, c.element, 0xffc1);
+    auto r = receiver_->Stage(Stage(version));
+    ASSERT_FALSE(r.ok()) << c.tensor << " element " << c.element;
+    EXPECT_NE(r.status().message().find("tensor " + c.tensor + " element " + std::to_string(c.element)),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 // #6: a committed entry whose shard handle names a FIFO (here one of this process's fds: a FIFO
 // opened for reading, with no writer) fails the stage at once with a clear error; the next,
 // legitimate stage succeeds.
@@ -279,6 +310,83 @@ TEST_F(ReceiverFaultTest, TransportAndImportsAreReusedWhileTheSourceTopologyIsUn
   EXPECT_EQ((*v2_again)["transport_cached"], false) << "a failed stage must drop the cached imports";
   StageAndInstall("v2");
   EXPECT_EQ(LiveDigest(), (*v2)["content_digest"]);
+}
+
+
+// Install by swap (docs/refit.md): a full bf16 refit into the bf16 engine lands as bytes (no
+// transform), the staged image becomes the live storage (no live byte copied) and the retired live
+// storage is the next stage's staging (no reallocation). The live digest recomputed from live
+// memory equals the manifest's, the staged and the live memory are read-only (a write faults), and
+// a fault after rank 0 swapped is reported as a failure after mutation.
+TEST_F(ReceiverFaultTest, FullInstallSwapsTheStagedImageInAndProvesItsDigest) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ASSERT_EQ(engine_->weight_dtype(), DType::kBF16);
+  Publish("v1", 1);
+  auto staged = receiver_->Stage(Stage("v1"));
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  EXPECT_EQ((*staged)["shadow_allocated"], true);
+  std::span<std::byte> norm = receiver_->StagedBytesForTesting(0, "model.norm.weight");
+  ASSERT_FALSE(norm.empty());
+  // Between the staged digest and the install, nothing can change the staged bytes.
+  EXPECT_DEATH({ norm[0] ^= std::byte{1}; }, "");
+  const std::byte* staged_at = norm.data();
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  auto installed = receiver_->Install("v1");
+  engine_->Resume();
+  ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
+  EXPECT_EQ(installed.evidence["install_mode"], "swap");
+  const Parameter* live = engine_->Parameters(0).Find("model.norm.weight");
+  EXPECT_EQ(live->bytes(), staged_at) << "the staged storage itself became the live storage";
+  EXPECT_TRUE(live->storage->read_only());
+  EXPECT_DEATH({ live->bytes()[0] ^= std::byte{1}; }, "");
+  EXPECT_EQ(installed.evidence["live_content_digest"], (*staged)["content_digest"]);
+  EXPECT_EQ(LiveDigest(), (*staged)["content_digest"]) << "fresh digest of live memory";
+
+  // The next stage re-uses the retired live storage as its staging: nothing is allocated.
+  Publish("v2", 2);
+  auto v2 = receiver_->Stage(Stage("v2"));
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ((*v2)["shadow_allocated"], false);
+  EXPECT_NE((*v2)["content_digest"], (*staged)["content_digest"]);
+  EXPECT_EQ(LiveDigest(), (*staged)["content_digest"]) << "staging v2 does not touch the live v1";
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  auto v2_installed = receiver_->Install("v2");
+  engine_->Resume();
+  ASSERT_EQ(v2_installed.outcome, InstallOutcome::kInstalled) << v2_installed.status.ToString();
+  EXPECT_EQ(v2_installed.evidence["install_mode"], "swap");
+  EXPECT_EQ(LiveDigest(), (*v2)["content_digest"]);
+  // The swap fault: rank 0 swapped, then the install fails: after mutation, never "untouched".
+  Publish("v3", 3);
+  ASSERT_TRUE(receiver_->Stage(Stage("v3")).ok());
+  receiver_->SetFailAfterFirstRankForTesting(true);
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  auto failed = receiver_->Install("v3");
+  engine_->Resume();
+  receiver_->SetFailAfterFirstRankForTesting(false);
+  EXPECT_EQ(failed.outcome, InstallOutcome::kFailedAfterMutation) << failed.status.ToString();
+}
+
+// An f32 engine fed bf16 weights: the transform (bf16 -> f32 widening) stays, the install still
+// swaps (the staging is f32 like the live weights), and the live digest maps back to the bf16 bits.
+TEST_F(ReceiverFaultTest, F32EngineWidensAtStageAndStillSwaps) {
+  EngineOptions o;
+  o.num_threads = 2;
+  auto e = CreateEngine({"tiny", "dummy", 3, "f32"}, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  receiver_.reset();
+  engine_ = std::move(e).value();
+  receiver_ = std::make_unique<RefitReceiver>(engine_.get(), 2);
+  ASSERT_EQ(engine_->weight_dtype(), DType::kF32);
+  Publish("v1", 1);
+  auto staged = receiver_->Stage(Stage("v1"));
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  auto installed = receiver_->Install("v1");
+  engine_->Resume();
+  ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
+  EXPECT_EQ(installed.evidence["install_mode"], "swap");
+  EXPECT_EQ(installed.evidence["bytes_installed"], 2 * (*staged)["bytes_pulled"].get<uint64_t>());
+  EXPECT_EQ(LiveDigest(), (*staged)["content_digest"]);
 }
 
 }  // namespace

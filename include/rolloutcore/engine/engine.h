@@ -67,6 +67,9 @@ struct EngineOptions {
   uint64_t seed = 0;           // seeds requests that do not carry their own seed
   std::string weight_version = "default";
   std::string served_model_name = "rolloutcore";
+  // The dtype every parameter is kept in (parameters.h): F32 or BF16. CreateEngine (loader.h)
+  // sets it from the weights (BF16 for dummy weights and bf16 checkpoints, F32 otherwise).
+  DType weight_dtype = DType::kF32;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -244,8 +247,20 @@ class Engine {
   // rather than a clean install. Metrics().cache_resets counts only resets observed to succeed.
   // reset_prefix_cache=false exists only for the stale-cache negative control experiment (an
   // update done outside the controller that skips the reset); every real path resets.
+  // Live parameters are read-only (mprotect) outside an install: with writes = kInPlace (the
+  // default) InstallWeights makes them writable for `fill` and read-only again after it, whether
+  // fill succeeded or not; with kExchange fill only exchanges storage (ParameterStore::
+  // ExchangeStorage, buffers it made read-only itself) and writes no live byte, and every live
+  // storage is read-only again afterwards.
+  enum class InstallWrites { kInPlace, kExchange };
   Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
-                        bool reset_prefix_cache = true);
+                        bool reset_prefix_cache = true, InstallWrites writes = InstallWrites::kInPlace);
+  // Runs `write` on rank `rank`'s live parameters made writable for it (read-only again after):
+  // the test-only fault routes that corrupt live memory outside an install. Holds the step lock.
+  Status WriteLiveForTesting(int rank, const std::function<Status(ParameterStore*)>& write);
+  // Bytes of the live parameters of every rank (aliased storage once), in their dtype.
+  int64_t WeightBytes() const;
+  DType weight_dtype() const;
   // Replay validation (docs/lifecycle.md "Replay validation"; docs/engine.md, POST
   // /rc/validate/replay): the greedy continuation of `steps`
   // tokens after `prompt` with the top_k raw log-probabilities of every step, computed on the

@@ -70,6 +70,14 @@ Status WriteModelFolder(const std::string& dir, const ModelSpec& spec, TensorSou
 // The refit module's view of a spec (what the capture-aware loader and the planner use).
 refit::ModelConfig RefitConfigFromSpec(const ModelSpec& spec);
 
+// The refit module's name of an engine dtype (InvalidArgument for one it has none for).
+Result<refit::DType> RefitDType(DType dtype);
+
+// The dtype an engine keeps the weights of `source` in (parameters.h): BF16 when every tensor
+// of the model is BF16, F32 otherwise (F32 checkpoints; F16 or mixed checkpoints are widened to
+// F32, as before). Errors of the source (a missing tensor) are returned as they are.
+Result<DType> WeightDTypeOf(const ModelSpec& spec, TensorSource* source);
+
 // The engine's spec of a refit model config (what ResolveModel does for presets; no eos / bos).
 Result<ModelSpec> SpecFromRefitConfig(const refit::ModelConfig& config);
 
@@ -81,6 +89,9 @@ struct ModelLoadOptions {
   std::string model;          // preset name or folder
   std::string load_format = "auto";  // "auto" (safetensors) or "dummy"
   uint64_t seed = 0;
+  // "auto": the weights' own dtype (WeightDTypeOf; dummy weights are BF16); "f32": always widen
+  // to F32 (the engine before weights kept their dtype; for comparisons).
+  std::string weight_dtype = "auto";
 };
 Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const EngineOptions& options);
 

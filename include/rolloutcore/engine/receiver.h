@@ -9,14 +9,18 @@
 // touched, so the engine keeps serving) → digest what was staged in global source coordinates
 // and compare it, tensor by tensor, with the manifest. A mismatch refuses the stage.
 // Install(version): only while the engine is paused (refused otherwise, and when nothing or
-// another version is staged — in both cases nothing live was touched): copies the staged
-// parameters into the live ones through Engine::InstallWeights, which sets the label in the
-// same critical section, digesting the values it copies as it copies them (no second pass over
-// the live weights), and compares that digest with the manifest.
-// Its InstallOutcome is established where the first live byte is written (the install copy
-// marks itself before its first memcpy): refused_untouched when the install ended before that
-// point, whatever the error; failed_after_mutation when it ended after it; installed when the
-// live digest matched.
+// another version is staged — in both cases nothing live was touched), through
+// Engine::InstallWeights, which sets the label in the same critical section. A full stage's image
+// covers every live parameter in its dtype (the shadow is allocated in the live dtype and layout),
+// so the install swaps it in: staged and live storage are exchanged (no live byte is copied) and
+// the live digest is the staged digest, sound because the shadow was made read-only (mprotect)
+// when that digest matched and stays so until swapped in or re-used by the next stage (writable
+// again first); the retired live storage is the next stage's staging. Otherwise (an image that
+// does not cover every parameter) it copies the staged parameters into the live ones, digesting
+// the values it copies as it copies them. Either way the digest is compared with the manifest.
+// Its InstallOutcome is established at the mutation point (the swap's first exchange, or the
+// copy's first memcpy): refused_untouched when the install ended before that point, whatever the
+// error; failed_after_mutation when it ended after it; installed when the live digest matched.
 // Delta refit (docs/refit.md "Delta refit"; receiver_delta.cc, delta_apply.h): when the version's
 // shards carry deltas on the version the engine serves and the live digests prove that base, Stage
 // pulls only the delta tiles each rank's copies touch, predicts every tensor's digest from the old
@@ -30,9 +34,11 @@
 // Timing: every stage and install reports its stages in milliseconds: discovery,
 // source_preparation (capture), planning, registration (shadow allocation on first use, transport
 // creation, descriptor import and mapping), wire (reads posted until all completed), transform
-// (view replay and dtype conversion from the read staging into the shadow parameters),
-// receive_sync (digest of the staged bytes, with the finite check on the same pass), finite_check
-// (replica bytes no digest region reads), install (copy + live digest), post_install (summing the
+// (view replay and dtype conversion from the read staging into the shadow parameters; ~0 when
+// the source dtype is the live one), receive_sync (digest of the staged bytes, with the finite
+// check on the same pass), finite_check (f32: replica bytes no digest region reads; bf16: 0, done
+// in receive_sync), protect (mprotect of the shadow: writable before the pull, read-only after
+// its digest), install (swap, or copy + live digest), post_install (summing the
 // per-rank digests), ready. The
 // figures of the last stage and install, and counters, are exported as rolloutcore_refit_*
 // series (MetricsText, served on the engine's /metrics).
@@ -68,6 +74,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -150,6 +157,9 @@ class RefitReceiver {
   // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
   // digest of the live weights is compared with the manifest (0: never; full installs always do).
   void SetFullVerifyEvery(int n);
+  // Test-only: the staging buffer of `name` on `rank` (empty when none). Read-only between a
+  // stage's digest and the next stage (a write faults).
+  std::span<std::byte> StagedBytesForTesting(int rank, const std::string& name);
   // Test-only fault, the negative control of replay validation (docs/engine.md "Fault
   // injection"): while on, the captured install mapping of every rank sends the rows of the
   // first two query heads of layer 0's q_proj (within the rank's slice) to each other's place in
@@ -189,6 +199,14 @@ class RefitReceiver {
                                   const Json& stage_evidence, const refit::TensorDigests& published) REQUIRES(mu_);
   // The anchor-check evidence of a full install (which digests every live byte anyway).
   Json FullInstallAnchor() REQUIRES(mu_);
+  // True when the staged image can be swapped in: every live parameter (aliases aside) has a
+  // staged buffer of its size and dtype, read-only since the stage's digest.
+  bool SwapCoversLive() REQUIRES(mu_);
+  [[nodiscard]] Status SetShadowReadOnly(bool read_only) REQUIRES(mu_);
+  // The end of a full install (swap or copy): checks `live` against the manifest, caches it,
+  // and builds the evidence (install_mode = mode).
+  Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, refit::TensorDigests live,
+                                 uint64_t bytes, Json stages, const char* mode) REQUIRES(mu_);
 
   Engine* engine_;
   refit::ModelConfig config_;
@@ -209,8 +227,8 @@ class RefitReceiver {
   std::unique_ptr<Staged> staged_ GUARDED_BY(mu_);                                  // guarded by mu_
   int64_t generation_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
   int64_t plans_built_ GUARDED_BY(mu_) = 0;                                         // guarded by mu_
-  // Shadow parameters per rank (name -> engine-dtype bytes), kept across refits.
-  std::vector<std::map<std::string, std::vector<float>>> shadow_ GUARDED_BY(mu_);   // guarded by mu_
+  // Shadow parameters per rank (name -> bytes in the live parameter's dtype), kept across refits.
+  std::vector<std::map<std::string, std::shared_ptr<WeightBuffer>>> shadow_ GUARDED_BY(mu_);  // guarded by mu_
   std::vector<refit::DestinationBuffers> shadow_buffers_ GUARDED_BY(mu_);           // guarded by mu_
   std::unique_ptr<refit::StagingArena> arena_ GUARDED_BY(mu_);                      // guarded by mu_
   // The transport and the imported source descriptors, kept across stages while the source
