@@ -13,4 +13,14 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/vllm_env.sh"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -m pytest -x -q -s -p no:cacheprovider "$ROOT/tests/vllm" "$@" 2>&1 | tee "$OUT/pytest.log"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+# vLLM's engine-core children (plain python3 processes) can outlive a test that failed or timed out
+# and keep tens of GiB of GPU memory, so a later call on the same warm machine runs out of memory
+# (seen in session 6: two leftover processes held 113 GiB). The GPU machine runs nothing else:
+# after the tests, any process still holding the GPU is one of ours and is killed.
+leftover=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+if [[ -n "$leftover" ]]; then
+  echo "run_vllm.sh: killing processes still on the GPU after the tests: $(echo $leftover)" | tee -a "$OUT/pytest.log"
+  kill -9 $leftover 2>/dev/null || true
+fi
+exit "$rc"
