@@ -86,6 +86,7 @@ int ExecVllmBench(const BenchCycleOptions& o, bool cycles_given, const std::vect
     if (!ec) ::setenv("ROLLOUTCORE_BIN", self.c_str(), 1);
   }
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::cout.flush();
@@ -182,7 +183,7 @@ Json IdleGaps(std::vector<CallInterval> calls, std::chrono::steady_clock::time_p
 }
 
 // Length of the union of the intervals of the calls named in `names`.
-double UnionMs(std::vector<CallInterval> calls, std::initializer_list<const char*> names) {
+double UnionMs(const std::vector<CallInterval>& calls, std::initializer_list<const char*> names) {
   std::vector<CallInterval> sel;
   for (auto& c : calls) {
     for (const char* n : names) {

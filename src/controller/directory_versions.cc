@@ -71,6 +71,7 @@ Result<std::vector<VersionSource::Commit>> DirectoryVersionSource::WaitForCommit
                                                                                   int64_t timeout_ms) {
   RC_ASSIGN_OR_RETURN(auto events, store_->WaitForCommits(model, after_seq, timeout_ms));
   std::vector<Commit> out;
+  out.reserve(events.size());
   for (const auto& e : events) out.push_back(Commit{e.seq, e.version});
   return out;
 }

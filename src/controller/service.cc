@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/metrics_writer.h"
@@ -130,7 +132,7 @@ Status ValidateRolloutId(const std::string& id, const std::string& field) {
 }
 
 Result<std::unique_ptr<ControllerService>> ControllerService::Create(std::vector<EngineHandle> engines,
-                                                                     VersionSource* versions, ServiceOptions options) {
+                                                                     VersionSource* versions, const ServiceOptions& options) {
   if (engines.empty()) return InvalidArgument("controller: at least one engine is needed");
   if (options.state_dir.empty()) return InvalidArgument("controller: --state-dir is required");
   if (options.max_updating < 1) return InvalidArgument("controller: --max-updating must be at least 1");
@@ -364,8 +366,8 @@ std::string ControllerService::CompletionMismatch(EngineSlot* slot, const lifecy
       if (!c.is_object()) continue;
       const std::string at = "choice " + std::to_string(i);
       if (c.contains("weight_version") && c["weight_version"].is_string() && c["weight_version"] != bound) {
-        why.push_back(at + " was generated under label '" + c["weight_version"].get<std::string>() +
-                      "', the binding is '" + bound + "'");
+        why.push_back(fmt::format("{} was generated under label '{}', the binding is '{}'", at,
+                                  c["weight_version"].get<std::string>(), bound));
       }
       if (compare_generation && c.contains("install_generation") && c["install_generation"].is_number_integer() &&
           c["install_generation"].get<int64_t>() != v.install_generation) {
@@ -650,7 +652,7 @@ Status ControllerService::RestoreOps() {
       continue;
     }
     auto it = ops_.find(id);
-    if (it == ops_.end()) return DataLoss(where + ": " + r.event + " of " + id + ", which was never requested");
+    if (it == ops_.end()) return DataLoss(fmt::format("{}: {} of {}, which was never requested", where, r.event, id));
     const size_t engine = d.value("engine", size_t{0});
     if (r.event == "update_started") {
       it->second.ordinals[engine] = d.value("ordinal", int64_t{0});

@@ -270,7 +270,7 @@ struct StageVisitor {
     if (sdtype == refit::DType::kBF16) {
       for (uint32_t i = 0; i < count; ++i) {
         uint16_t b;
-        std::memcpy(&b, values + 2 * i, 2);
+        std::memcpy(&b, values + size_t{2} * i, 2);
         bad |= (b & 0x7f80u) == 0x7f80u;
       }
     } else {

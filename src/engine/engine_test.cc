@@ -36,6 +36,7 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}, const std::string& mode
 
 std::vector<int32_t> Prompt(int n, int salt = 0) {
   std::vector<int32_t> p;
+  p.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 11 + 5) % 256);
   return p;
 }
@@ -76,6 +77,7 @@ void ExpectSameOutput(const RequestStream::Snapshot& a, const RequestStream::Sna
 TEST(EngineTest, GreedyIsBitwiseReproducibleAndBatchInvariant) {
   auto e = MakeEngine();
   std::vector<RequestStream::Snapshot> solo;
+  solo.reserve(3);
   for (int i = 0; i < 3; ++i) solo.push_back(RunOne(e.get(), Greedy(Prompt(5 + 9 * i, i))));
   for (const auto& s : solo) {
     EXPECT_EQ(s.tokens.size(), 12u);
@@ -84,6 +86,7 @@ TEST(EngineTest, GreedyIsBitwiseReproducibleAndBatchInvariant) {
   // All three at once, in a fresh engine: same bits.
   auto e2 = MakeEngine();
   std::vector<std::shared_ptr<RequestStream>> streams;
+  streams.reserve(3);
   for (int i = 0; i < 3; ++i) streams.push_back(*e2->AddRequest(Greedy(Prompt(5 + 9 * i, i))));
   RunToCompletion(e2.get());
   for (int i = 0; i < 3; ++i) ExpectSameOutput(solo[i], streams[i]->Wait(), 0.0);
@@ -177,6 +180,7 @@ TEST(EngineTest, TensorParallelMatchesSingleRank) {
 TEST(EngineTest, ChunkedPrefillAndPreemptionKeepOutputs) {
   auto ref_engine = MakeEngine();
   std::vector<RequestStream::Snapshot> ref;
+  ref.reserve(4);
   for (int i = 0; i < 4; ++i) ref.push_back(RunOne(ref_engine.get(), Greedy(Prompt(20 + i, i), 20)));
   EngineOptions o;
   o.block_size = 4;
@@ -185,6 +189,7 @@ TEST(EngineTest, ChunkedPrefillAndPreemptionKeepOutputs) {
   o.max_num_batched_tokens = 7;  // forces chunked prefill
   auto e = MakeEngine(o);
   std::vector<std::shared_ptr<RequestStream>> s;
+  s.reserve(4);
   for (int i = 0; i < 4; ++i) s.push_back(*e->AddRequest(Greedy(Prompt(20 + i, i), 20)));
   RunToCompletion(e.get());
   for (int i = 0; i < 4; ++i) ExpectSameOutput(ref[i], s[i]->Wait(), 0.0);

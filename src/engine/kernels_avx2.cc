@@ -68,7 +68,7 @@ template <typename W>
 void MatMulColumnsAvx2T(const float* x, int64_t M, int64_t K, const W* w, int64_t n0, int64_t n1, float* y,
                         int64_t ldy) {
   // Block the columns so a block of w stays in L2 while all rows of x stream past it.
-  int64_t block = (256 * 1024) / (K * static_cast<int64_t>(sizeof(W)));
+  int64_t block = int64_t{256} * 1024 / (K * static_cast<int64_t>(sizeof(W)));
   block = block < 4 ? 4 : (block / 4) * 4;
   for (int64_t nb = n0; nb < n1; nb += block) {
     const int64_t ne = nb + block < n1 ? nb + block : n1;

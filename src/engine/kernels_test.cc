@@ -2,12 +2,24 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
+#include <vector>
 
 namespace rc::engine {
 namespace {
+
+// The bit patterns of floats: bitwise equality is what the bf16 tests assert (not value equality,
+// which would also accept -0.0 == 0.0).
+std::vector<uint32_t> Bits(std::span<const float> v) {
+  std::vector<uint32_t> out;
+  out.reserve(v.size());
+  for (float f : v) out.push_back(std::bit_cast<uint32_t>(f));
+  return out;
+}
 
 std::vector<float> Random(size_t n, uint32_t seed) {
   std::mt19937 g(seed);
@@ -133,16 +145,16 @@ TEST(KernelsTest, Bf16NormEmbeddingAndBiasEqualTheWidenedF32) {
   std::vector<float> a(dim), b(dim);
   RmsNorm(x.data(), w.widened.data(), dim, 1e-6f, a.data());
   RmsNorm(x.data(), w.bits.data(), dim, 1e-6f, b.data());
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), dim * 4));
+  EXPECT_EQ(Bits(a), Bits(b));
   WidenRow(WeightRef(w.bits.data()).Row(1, 5), 5, a.data());
-  EXPECT_EQ(0, std::memcmp(a.data(), w.widened.data() + 5, 5 * 4));
+  EXPECT_EQ(Bits(std::span<const float>(a).first(5)), Bits(std::span<const float>(w.widened).subspan(5, 5)));
   WidenRow(WeightRef(w.widened.data()).Row(2, 5), 5, a.data());
-  EXPECT_EQ(0, std::memcmp(a.data(), w.widened.data() + 10, 5 * 4));
+  EXPECT_EQ(Bits(std::span<const float>(a).first(5)), Bits(std::span<const float>(w.widened).subspan(10, 5)));
   std::vector<float> c = x, d = x;
   AddRow(w.widened.data(), dim, c.data());
   AddRow(w.bits.data(), dim, d.data());
-  EXPECT_EQ(0, std::memcmp(c.data(), d.data(), dim * 4));
-  EXPECT_NE(0, std::memcmp(c.data(), x.data(), dim * 4));
+  EXPECT_EQ(Bits(c), Bits(d));
+  EXPECT_NE(Bits(c), Bits(x));
   EXPECT_EQ(WeightRef(w.bits.data()).At(3), w.widened[3]);
 }
 

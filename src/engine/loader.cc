@@ -125,7 +125,7 @@ std::unique_ptr<TensorSource> MakeDummySource(const ModelSpec& spec, uint64_t se
   return std::make_unique<DummySource>(spec, seed);
 }
 
-WeightFill MakeWeightFill(const ModelSpec& spec, std::function<Result<std::unique_ptr<TensorSource>>()> open) {
+WeightFill MakeWeightFill(const ModelSpec& spec, const std::function<Result<std::unique_ptr<TensorSource>>()>& open) {
   return [spec, open](int, const RankLayout& layout, ParameterStore* params) -> Status {
     RC_ASSIGN_OR_RETURN(auto source, open());
     return LoadRank(spec, layout, source.get(), params);

@@ -931,7 +931,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     // The live weights are exactly the bytes the staged digest read (read-only since).
     refit::TensorDigests live = staged_->staged_digest;
     stages["post_install"] = MsSince(t);
-    return FinishFullInstall(version, skip_cache_reset, std::move(live), bytes.load(), std::move(stages), "swap");
+    return FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "swap");
   }
   // The live digest rides along with the copy: each rank's install copies its staged bytes into
   // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
@@ -976,7 +976,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   refit::TensorDigests live;
   for (const auto& d : rank_digests) refit::AddDigests(live, d);
   stages["post_install"] = MsSince(t);  // the digest was computed during the copy
-  return FinishFullInstall(version, skip_cache_reset, std::move(live), bytes.load(), std::move(stages), "copy");
+  return FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "copy");
 }
 
 bool RefitReceiver::SwapCoversLive() {
@@ -1010,7 +1010,7 @@ std::span<std::byte> RefitReceiver::StagedBytesForTesting(int rank, const std::s
 }
 
 Result<Json> RefitReceiver::FinishFullInstall(const std::string& version, bool skip_cache_reset,
-                                              refit::TensorDigests live, uint64_t bytes, Json stages,
+                                              const refit::TensorDigests& live, uint64_t bytes, Json stages,
                                               const char* mode) {
   live_cache_ = live;
   live_cache_generation_ = engine_->State().install_generation;

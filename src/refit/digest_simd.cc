@@ -134,7 +134,7 @@ RC_AVX2 uint64_t Avx2Run(unsigned char* dst, const unsigned char* src, uint64_t 
     const __m256i kh = _mm256_set1_epi64x(static_cast<long long>(key >> 32));
     const __m256i k0 = _mm256_set1_epi64x(static_cast<long long>(key & ~uint64_t{1}));
 #pragma GCC unroll 16
-    for (int g = 0; g < 16; ++g) {
+    for (int64_t g = 0; g < 16; ++g) {
       __m256i bits = Load4<ES, kCopy>(dst + (j + 4 * g) * ES, src + (j + 4 * g) * ES);
       if constexpr (kBf16) {
         const __m256i zero_low = _mm256_cmpeq_epi64(_mm256_and_si256(bits, low16), _mm256_setzero_si256());
@@ -193,7 +193,7 @@ RC_AVX512 uint64_t Avx512Run(unsigned char* dst, const unsigned char* src, uint6
     const __m512i kh = _mm512_set1_epi64(static_cast<long long>(key >> 32));
     const __m512i k0 = _mm512_set1_epi64(static_cast<long long>(key & ~uint64_t{1}));
 #pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) {
+    for (int64_t g = 0; g < 8; ++g) {
       __m512i bits = Load8<ES, kCopy>(dst + (j + 8 * g) * ES, src + (j + 8 * g) * ES);
       if constexpr (kBf16) {
         const __mmask8 zero_low = _mm512_cmpeq_epi64_mask(_mm512_and_si512(bits, low16), _mm512_setzero_si512());

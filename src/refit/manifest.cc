@@ -293,8 +293,8 @@ Result<std::string> ManifestTransport(const Manifest& m) {
       std::string n = s.handle.substr(0, colon);
       if (name.empty()) name = n;
       if (n != name) {
-        return InvalidArgument("version " + m.version + " mixes transports (" + name + " and " + n +
-                               "); one transport per version is supported");
+        return InvalidArgument(fmt::format("version {} mixes transports ({} and {}); one transport per version is supported",
+                                           m.version, name, n));
       }
     }
   }

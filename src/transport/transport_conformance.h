@@ -471,6 +471,7 @@ TEST_P(TransportConformanceTest, ConcurrentPostsFromManyThreads) {
   }
   std::vector<Status> results(kThreads);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
       // Eight reads of 512 KiB each, in an order that differs per thread.

@@ -85,6 +85,7 @@ TEST(CrashFaultTest, RestartBetweenEveryPairOfRecordsLandsInAJustifiedState) {
     EXPECT_EQ(c->version().label, committed ? "rc-1" : "rc-0");
     // No admitted rollout lost: each one alive in the prefix is now recorded interrupted.
     std::vector<std::string> want;
+    want.reserve(live.size());
     for (auto& [id, alive] : live) want.push_back(id);
     EXPECT_EQ(summary.interrupted, want);
     auto after = journal.ReadAll().value();

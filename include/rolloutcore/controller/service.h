@@ -124,7 +124,7 @@ Status WriteStateMarker(const std::string& state_dir, int64_t engines);
 class ControllerService {
  public:
   static Result<std::unique_ptr<ControllerService>> Create(std::vector<EngineHandle> engines, VersionSource* versions,
-                                                           ServiceOptions options);
+                                                           const ServiceOptions& options);
   ~ControllerService();
   ControllerService(const ControllerService&) = delete;
   ControllerService& operator=(const ControllerService&) = delete;

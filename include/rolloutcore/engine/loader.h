@@ -61,7 +61,7 @@ std::unique_ptr<TensorSource> MakeDummySource(const ModelSpec& spec, uint64_t se
 Status LoadRank(const ModelSpec& spec, const RankLayout& layout, TensorSource* source, ParameterStore* params);
 
 // A WeightFill for Engine::Create / InstallWeights that opens a fresh source per rank.
-WeightFill MakeWeightFill(const ModelSpec& spec, std::function<Result<std::unique_ptr<TensorSource>>()> open);
+WeightFill MakeWeightFill(const ModelSpec& spec, const std::function<Result<std::unique_ptr<TensorSource>>()>& open);
 
 // Writes spec + weights from `source` as a HF folder: config.json and model.safetensors
 // (tensors in `dtype`, BF16 by default). Used by `rolloutcore model init`.

@@ -205,7 +205,7 @@ class RefitReceiver {
   [[nodiscard]] Status SetShadowReadOnly(bool read_only) REQUIRES(mu_);
   // The end of a full install (swap or copy): checks `live` against the manifest, caches it,
   // and builds the evidence (install_mode = mode).
-  Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, refit::TensorDigests live,
+  Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, const refit::TensorDigests& live,
                                  uint64_t bytes, Json stages, const char* mode) REQUIRES(mu_);
 
   Engine* engine_;
