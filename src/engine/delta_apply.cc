@@ -1,4 +1,5 @@
 #include "engine/delta_apply.h"
+#include "engine/nonfinite.h"
 
 #include <fmt/format.h>
 
@@ -18,15 +19,6 @@ namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool NonFinite(refit::DType dtype, uint64_t bits) {
-  switch (dtype) {
-    case refit::DType::kBF16: return (bits & 0x7f80u) == 0x7f80u;
-    case refit::DType::kF16: return (bits & 0x7c00u) == 0x7c00u;
-    case refit::DType::kF32: return (bits & 0x7f800000u) == 0x7f800000u;
-    default: return false;
-  }
 }
 
 // The zero-extended bits of one element of `size` bytes (1, 2, 4 or 8).
@@ -271,15 +263,15 @@ struct StageVisitor {
       for (uint32_t i = 0; i < count; ++i) {
         uint16_t b;
         std::memcpy(&b, values + size_t{2} * i, 2);
-        bad |= (b & 0x7f80u) == 0x7f80u;
+        bad |= IsNonFiniteBits(refit::DType::kBF16, b);
       }
     } else {
-      for (uint32_t i = 0; i < count; ++i) bad |= NonFinite(sdtype, LoadBits(values + i * ses, ses));
+      for (uint32_t i = 0; i < count; ++i) bad |= IsNonFiniteBits(sdtype, LoadBits(values + i * ses, ses));
     }
     if (!bad) return OkStatus();
     const DeltaShard& sh = st.shards[p.shard];
     for (uint32_t i = 0; i < count; ++i) {
-      if (!NonFinite(sdtype, LoadBits(values + i * ses, ses))) continue;
+      if (!IsNonFiniteBits(sdtype, LoadBits(values + i * ses, ses))) continue;
       return InvalidArgument(fmt::format("delta of tensor {}: shard-local element {} of rank {}'s shard is "
                                          "non-finite; non-finite weights are refused (nothing was staged, nothing "
                                          "live was touched)",

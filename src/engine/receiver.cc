@@ -20,6 +20,7 @@
 #include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/transport/registry.h"
+#include "engine/nonfinite.h"
 #include "engine/relay.h"
 
 namespace rc::engine {
@@ -96,23 +97,13 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   std::vector<int64_t> first(items.size(), -1);
   ParallelFor(items.size(), threads, [&](size_t i) {
     const std::byte* b = items[i].bytes.data();
-    if (items[i].bf16) {
-      const size_t count = items[i].bytes.size() / 2;
-      for (size_t k = 0; k < count; ++k) {
-        uint16_t h;
-        std::memcpy(&h, b + 2 * k, 2);
-        if ((h & 0x7f80u) == 0x7f80u) {
-          first[i] = static_cast<int64_t>(k);
-          return;
-        }
-      }
-      return;
-    }
-    const size_t count = items[i].bytes.size() / 4;
+    const refit::DType dtype = items[i].bf16 ? refit::DType::kBF16 : refit::DType::kF32;
+    const size_t es = items[i].bf16 ? 2 : 4;
+    const size_t count = items[i].bytes.size() / es;
     for (size_t k = 0; k < count; ++k) {
-      uint32_t u;
-      std::memcpy(&u, b + 4 * k, 4);
-      if ((u & 0x7f800000u) == 0x7f800000u) {
+      uint32_t u = 0;
+      std::memcpy(&u, b + es * k, es);  // little-endian: the element's bits, zero-extended
+      if (IsNonFiniteBits(dtype, u)) {
         first[i] = static_cast<int64_t>(k);
         return;
       }
@@ -160,7 +151,7 @@ bool AnyNonFiniteBf16Bytes(const std::byte* p, size_t n) {
   for (size_t k = words * 8; k + 2 <= n; k += 2) {
     uint16_t h;
     std::memcpy(&h, p + k, 2);
-    if ((h & 0x7f80u) == 0x7f80u) any = 1;
+    if (IsNonFiniteBits(refit::DType::kBF16, h)) any = 1;
   }
   return any != 0;
 }
