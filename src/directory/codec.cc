@@ -106,7 +106,8 @@ Result<PublishRequest> ParsePublishBody(std::string_view body, std::string_view 
                                         int32_t rank) {
   RC_ASSIGN_OR_RETURN(Json j, ParseBoundedJson(body, "request body"));
   if (!j.is_object()) return InvalidArgument("request body: expected a JSON object, got " + JsonTypeName(j));
-  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"expected_ranks", "lease_ttl_ms", "lease_id", "tensors", "probes"}, ""));
+  RC_RETURN_IF_ERROR(
+      CheckKnownKeys(j, {"expected_ranks", "lease_ttl_ms", "lease_id", "tensors", "probes", "digest"}, ""));
   PublishRequest r;
   r.model = std::string(model);
   r.version = std::string(version);
@@ -114,6 +115,8 @@ Result<PublishRequest> ParsePublishBody(std::string_view body, std::string_view 
   RC_ASSIGN_OR_RETURN(r.expected_ranks, GetInt32(j, "expected_ranks", "", 1, kMaxExpectedRanks));
   RC_ASSIGN_OR_RETURN(r.lease_id, GetInt64Flexible(j, "lease_id", "", 0));
   RC_ASSIGN_OR_RETURN(r.lease_ttl_ms, GetInt(j, "lease_ttl_ms", "", 0));
+  // Missing stays missing (empty): ValidatePublishRequest refuses it by name.
+  RC_ASSIGN_OR_RETURN(r.digest_algorithm, GetString(j, "digest", "", std::string()));
   auto it = j.find("tensors");
   if (it == j.end()) return InvalidArgument("tensors: required field is missing");
   RC_ASSIGN_OR_RETURN(r.tables, TablesFromJson(*it));
@@ -135,7 +138,7 @@ Result<std::string> ParseMarkUnavailableBody(std::string_view body) {
 }
 
 Json PublishBodyToJson(const PublishRequest& r) {
-  Json j{{"expected_ranks", r.expected_ranks}, {"tensors", TablesToJson(r.tables)}};
+  Json j{{"expected_ranks", r.expected_ranks}, {"digest", r.digest_algorithm}, {"tensors", TablesToJson(r.tables)}};
   if (!r.probes.empty()) j["probes"] = refit::ProbesToJson(r.probes);
   if (r.lease_id != 0) {
     j["lease_id"] = std::to_string(r.lease_id);

@@ -42,7 +42,17 @@ TEST(PublishBodyTest, BadInputNamesTheField) {
                 .find("tensors[0].dtype"),
             std::string::npos);
   EXPECT_NE(msg(std::string(100, '[') + std::string(100, ']')).find("nested deeper than 64"), std::string::npos);
-  EXPECT_TRUE(ParsePublishBody(R"({"expected_ranks": 1, "lease_ttl_ms": 5, "tensors": []})", "m", "v", 0).ok());
+  EXPECT_EQ(msg(R"({"expected_ranks": 1, "lease_ttl_ms": 5, "tensors": []})"),
+            "digest: required field is missing: rank 0 must say which content digest its shard digests use (this "
+            "directory accepts \"rc-digest-2\"); a publisher that does not say predates it");
+  EXPECT_EQ(msg(R"({"expected_ranks": 1, "lease_ttl_ms": 5, "digest": "rc-digest-1", "tensors": []})"),
+            "digest: rank 0 computed its shard digests with \"rc-digest-1\", but this directory accepts only "
+            "\"rc-digest-2\" (publisher and engine must be built from the same rolloutcore release)");
+  EXPECT_EQ(msg(R"({"expected_ranks": 1, "lease_ttl_ms": 5, "digest": 2, "tensors": []})"),
+            "digest: expected a string, got integer");
+  EXPECT_TRUE(
+      ParsePublishBody(R"({"expected_ranks": 1, "lease_ttl_ms": 5, "digest": "rc-digest-2", "tensors": []})", "m", "v", 0)
+          .ok());
 }
 
 TEST(CodecTest, VersionInfoAndCommitEventRoundTrip) {

@@ -73,6 +73,18 @@ Status ValidatePublishRequest(const PublishRequest& r) {
     return InvalidArgument(fmt::format("lease_ttl_ms: must be between 1 and {} when no lease_id is given, got {}",
                                        kMaxLeaseTtlMs, r.lease_ttl_ms));
   }
+  if (r.digest_algorithm.empty()) {
+    return InvalidArgument(fmt::format(
+        "digest: required field is missing: rank {} must say which content digest its shard digests use (this "
+        "directory accepts \"{}\"); a publisher that does not say predates it",
+        r.rank, refit::kDigestAlgorithm));
+  }
+  if (r.digest_algorithm != refit::kDigestAlgorithm) {
+    return InvalidArgument(fmt::format(
+        "digest: rank {} computed its shard digests with \"{}\", but this directory accepts only \"{}\" (publisher "
+        "and engine must be built from the same rolloutcore release)",
+        r.rank, r.digest_algorithm, refit::kDigestAlgorithm));
+  }
   std::set<std::string_view> names;
   for (size_t i = 0; i < r.tables.size(); ++i) {
     const refit::ShardTable& t = r.tables[i];

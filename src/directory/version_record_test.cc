@@ -70,6 +70,13 @@ TEST(ValidatePublishRequestTest, ChecksEveryField) {
   EXPECT_NE(ValidatePublishRequest(r).message().find("lease_ttl_ms"), std::string::npos);
   r.lease_id = 5;  // an existing lease needs no TTL
   EXPECT_TRUE(ValidatePublishRequest(r).ok());
+  r = MakePublish("m", "v", 1, 2);
+  r.digest_algorithm = "rc-digest-1";  // shard digests from a publisher of another release
+  EXPECT_EQ(ValidatePublishRequest(r).message(),
+            "digest: rank 1 computed its shard digests with \"rc-digest-1\", but this directory accepts only "
+            "\"rc-digest-2\" (publisher and engine must be built from the same rolloutcore release)");
+  r.digest_algorithm.clear();
+  EXPECT_EQ(ValidatePublishRequest(r).message().rfind("digest: required field is missing", 0), 0u);
   r = MakePublish("m", "v", 0, 2);
   r.tables.push_back(r.tables[0]);
   EXPECT_EQ(ValidatePublishRequest(r).message(), "tensors[2].name: tensor w0 appears twice in the tables of rank 0");

@@ -195,7 +195,7 @@ TEST_F(SecurityE2E, EveryMutatingEndpointNeedsTheKeyAndNothingChanges) {
   ASSERT_NE(d0.find("\"v0\""), std::string::npos) << d0;
   ASSERT_NE(e0.find("\"paused\":false"), std::string::npos) << e0;
 
-  const std::string publish = R"({"expected_ranks":1,"lease_ttl_ms":10000,"tensors":[]})";
+  const std::string publish = R"({"expected_ranks":1,"lease_ttl_ms":10000,"digest":"rc-digest-2","tensors":[]})";
   ExpectAllRefused(dir_port_, "directory",
                    {{"POST", "/v1/models/m/versions/v9/ranks/0", publish},
                     {"DELETE", "/v1/models/m/versions/v0", ""},

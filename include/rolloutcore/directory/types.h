@@ -72,6 +72,11 @@ struct PublishRequest {
   // Replay probes of the version (refit/probes.h). Only rank 0 may attach them; the committed
   // manifest carries rank 0's. Empty: the version has none.
   std::vector<refit::Probe> probes;
+  // The content digest algorithm the shard digests were computed with (the body's "digest"
+  // field). Only refit::kDigestAlgorithm is accepted: a publisher built against another algorithm
+  // (or one that does not say) is refused before its tables are stored, instead of committing
+  // digests no receiver can match.
+  std::string digest_algorithm = std::string(refit::kDigestAlgorithm);
 };
 
 struct PublishResult {
