@@ -180,10 +180,50 @@ RC_HD void CopyOnly(const ChunkView& c, uint32_t thread, uint32_t threads) {
   }
 }
 
+// The terms of one lane's 16 bytes: elements jbase .. jbase + 16 / ES - 1 of a block with key K.
+template <int ES, int MODE>
+RC_HD uint64_t LaneTerms(uint64_t key, uint32_t jbase, const uint4& q) {
+  constexpr uint64_t kMask = ES == 8 ? ~0ull : ((1ull << (8 * ES)) - 1);
+  const uint64_t w[2] = {q.x | (static_cast<uint64_t>(q.y) << 32), q.z | (static_cast<uint64_t>(q.w) << 32)};
+  if constexpr (kNarrowBits<ES, MODE>) {
+    // x_k < 2^32 and jbase even, so with K' = K & ~1 and p = K & 1, B_j = (K + j M) | 1 is
+    // K' + jbase M + f_k + 2p [k odd] where f_k = k M + 1 - (k & 1) is a constant of k (j M has the
+    // parity of j: K + j M is even exactly when p == (j & 1), and then the | 1 adds one). The sum
+    // of x_k B_j over the lane is therefore (K' + jbase M) X + 2p X_odd + sum x_k f_k with
+    // X = sum x_k: per element one multiply by an immediate and one add, and the block-dependent
+    // part once per 16 bytes. Exact modulo 2^64, the same value as the term by term sum.
+    const auto kh = static_cast<uint32_t>(key >> 32);
+    uint64_t f = 0, x_even = 0, x_odd = 0;
+    RC_UNROLL(unroll)
+    for (int k = 0; k < 16 / ES; ++k) {
+      const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
+      const uint32_t j = jbase + static_cast<uint32_t>(k);
+      const uint32_t x = static_cast<uint32_t>(SourceBitsFromInstalled(MODE, raw)) ^ kh ^
+                         static_cast<uint32_t>(j * refit::kDigestPositionKey);
+      const uint64_t fk = static_cast<uint64_t>(k) * refit::kDigestPositionMul + 1 - static_cast<uint64_t>(k & 1);
+      f += static_cast<uint64_t>(x) * fk;
+      if (k & 1) {
+        x_odd += x;
+      } else {
+        x_even += x;
+      }
+    }
+    const uint64_t g = (key & ~uint64_t{1}) + static_cast<uint64_t>(jbase) * refit::kDigestPositionMul;
+    return g * (x_even + x_odd) + ((key & 1) != 0 ? 2 * x_odd : 0) + f;
+  } else {
+    uint64_t sum = 0;
+    RC_UNROLL(unroll)
+    for (int k = 0; k < 16 / ES; ++k) {
+      const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
+      sum += BlockTerm<ES, MODE>(key, jbase + static_cast<uint32_t>(k), SourceBitsFromInstalled(MODE, raw));
+    }
+    return sum;
+  }
+}
+
 template <int ES, int MODE, bool kCopy>
 RC_HD uint64_t ChunkPart(const ChunkView& c, uint32_t thread, uint32_t threads) {
   using L = BlockLanes<ES>;
-  constexpr uint64_t kMask = ES == 8 ? ~0ull : ((1ull << (8 * ES)) - 1);
   if constexpr (kCopy) {
     if (!c.digest) {
       CopyOnly<ES>(c, thread, threads);
@@ -210,6 +250,29 @@ RC_HD uint64_t ChunkPart(const ChunkView& c, uint32_t thread, uint32_t threads) 
 #ifdef __CUDA_ARCH__
     lane_key = refit::DigestBlockKey((first + lane) & kBlockNumberMask);
 #endif
+    if (u * 32 + 32 <= s.blocks) {
+      // A whole unit: the loads of kBatch steps are issued before any of their terms is computed,
+      // so each lane has kBatch 16-byte loads in flight (one at a time left the kernel waiting on
+      // memory latency: at 64 registers a thread, 32 warps an SM cannot cover it with one each).
+      constexpr int kBatch = L::kSteps < 4 ? L::kSteps : 4;
+      RC_UNROLL(unroll 1)
+      for (int s0 = 0; s0 < L::kSteps; s0 += kBatch) {
+        uint4 q[kBatch];
+        RC_UNROLL(unroll)
+        for (int i = 0; i < kBatch; ++i) {
+          const int bi = (s0 + i) * L::kBlocksPerStep + static_cast<int>(lane / L::kLanesPerBlock);
+          q[i] = Load16(src0 + (static_cast<uint64_t>(u * 32 + static_cast<uint32_t>(bi)) * 64 + jbase) * ES);
+        }
+        RC_UNROLL(unroll)
+        for (int i = 0; i < kBatch; ++i) {
+          const int bi = (s0 + i) * L::kBlocksPerStep + static_cast<int>(lane / L::kLanesPerBlock);
+          const uint64_t off = (static_cast<uint64_t>(u * 32 + static_cast<uint32_t>(bi)) * 64 + jbase) * ES;
+          if constexpr (kCopy) Store16(dst0 + off, q[i]);
+          sum += LaneTerms<ES, MODE>(UnitBlockKey(lane_key, bi, first), jbase, q[i]);
+        }
+      }
+      continue;
+    }
     RC_UNROLL(unroll 4)
     for (int step = 0; step < L::kSteps; ++step) {
       const int bi = step * L::kBlocksPerStep + static_cast<int>(lane / L::kLanesPerBlock);
@@ -219,12 +282,7 @@ RC_HD uint64_t ChunkPart(const ChunkView& c, uint32_t thread, uint32_t threads) 
       const uint64_t off = (static_cast<uint64_t>(b) * 64 + jbase) * ES;
       const uint4 q = Load16(src0 + off);
       if constexpr (kCopy) Store16(dst0 + off, q);
-      const uint64_t w[2] = {q.x | (static_cast<uint64_t>(q.y) << 32), q.z | (static_cast<uint64_t>(q.w) << 32)};
-      RC_UNROLL(unroll)
-      for (int k = 0; k < L::kPer; ++k) {
-        const uint64_t raw = (w[(k * ES) / 8] >> ((k * ES * 8) % 64)) & kMask;
-        sum += BlockTerm<ES, MODE>(key, jbase + static_cast<uint32_t>(k), SourceBitsFromInstalled(MODE, raw));
-      }
+      sum += LaneTerms<ES, MODE>(key, jbase, q);
     }
   }
   return sum;

@@ -22,10 +22,13 @@ static_assert(kThreads == kDigestThreads, "BlockAddToSlot reduces kDigestThreads
 
 // The digest (rc-digest-2) and the fused install run ChunkPart (digest_chunk.h) per thread: one
 // Mix64 per 64 elements (one lane per block of a 32-block unit, shared by __shfl_sync), 16-byte
-// coalesced loads, and per element an XOR, a 64-bit add/or and a 32x64-bit multiply (two
-// mul.wide.u32-class IMADs). Main's formula (two SplitMix64 finalizers per element, ~47
-// instructions per bf16 element) read 16.4 GB in ~17 ms where a plain read took 3.65 ms (H200,
-// 2026-12-01): integer work, not memory, was the limit (docs/refit.md "Content digest").
+// coalesced loads issued four at a time per lane, and per element an XOR, a multiply-add by a
+// constant (two IMADs with immediates) and an add (the block-dependent part of B once per 16 bytes). Main's formula (two
+// SplitMix64 finalizers per element, ~47 instructions per bf16 element) read 16.4 GB in ~17 ms
+// where a plain read took 3.65 ms; rc-digest-2 with one load in flight per lane took 5.41 ms
+// (0.67 x read: one 512-byte load in flight per warp did not cover the memory latency);
+// four loads in flight and the cheaper term, 4.43 ms (0.82 x read; H200, 2026-12-01,
+// docs/refit.md "Content digest").
 
 // Block reduction of every thread's `sum` (warps, then the first warp), added to *slot_sum by one
 // atomic (none when the block's sum is 0). Every thread of the block must call it.
