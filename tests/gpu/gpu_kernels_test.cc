@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstring>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -191,6 +192,94 @@ TEST(GpuDigestTest, InstalledMatchesCpuDigestInstalled) {
   for (const char* layout : {"tp:1@bf16", "tp:2@bf16", "tp:2", "tp:1"}) {
     for (int32_t rank = 0; rank < (layout[3] == '2' ? 2 : 1); ++rank) CheckInstalledDigest(layout, rank);
   }
+}
+
+// The staging capture the vLLM extension builds for a live capture: copy i lands densely in its
+// own staging parameter "rc.staging.i" of the live parameter's dtype (as digest_table_test.cc).
+refit::Capture StagingFor(const refit::Capture& live) {
+  refit::Capture s;
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const refit::CapturedCopy& c = live.copies[i];
+    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
+    refit::CapturedCopy sc = c;
+    sc.param = static_cast<uint32_t>(i);
+    sc.dest_offset = 0;
+    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
+    s.copies.push_back(std::move(sc));
+  }
+  return s;
+}
+
+// The fused install kernel on the device (DeviceInstall, what the vLLM extension runs in the pause):
+// the live bytes afterwards equal the staged values installed on the host, and the digest the
+// kernel returns equals refit::DigestInstalled of those live bytes.
+void CheckDeviceInstall(const std::string& model, const std::string& layout_text, int32_t rank) {
+  const std::string what = model + " " + layout_text + " rank " + std::to_string(rank);
+  auto live = refit::CaptureEngineRank(refit::ModelPreset(model).value(), refit::ParseEngineLayout(layout_text).value(),
+                                       rank);
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  const refit::Capture staging = StagingFor(*live);
+  const refit::Capture* ranks[] = {&*live};
+  const auto regions = refit::AssignDigestOwnership(ranks)[0];
+  std::mt19937_64 rng(rank * 17 + 3);
+  std::map<std::string, std::vector<std::byte>> host;
+  std::map<std::string, DeviceBuffer> dev;
+  refit::DestinationBuffers live_dev, staging_dev;
+  auto add = [&](const refit::TensorSpec& p, refit::DestinationBuffers& views) {
+    auto& h = host[p.name];
+    h.resize(p.bytes());
+    for (auto& b : h) b = static_cast<std::byte>(rng());
+    dev[p.name] = DeviceBuffer::Allocate(0, p.bytes()).value();
+    ASSERT_TRUE(CopyToDevice(dev[p.name].data(), h.data(), h.size(), 0).ok());
+    views.emplace(p.name, std::span<std::byte>(dev[p.name].data(), p.bytes()));
+  };
+  for (const refit::TensorSpec& p : live->params) add(p, live_dev);
+  for (const refit::TensorSpec& p : staging.params) add(p, staging_dev);
+  auto install = DeviceInstall::Prepare(*live, live_dev, staging, staging_dev, regions, 0);
+  ASSERT_TRUE(install.ok()) << what << ": " << install.status().ToString();
+  auto got = install->Run();
+  ASSERT_TRUE(got.ok()) << what << ": " << got.status().ToString();
+  // Reference: staged copies written into the host image of live, element by element.
+  for (size_t i = 0; i < live->copies.size(); ++i) {
+    const refit::CapturedCopy& c = live->copies[i];
+    const size_t es = refit::DTypeSize(live->params[c.param].dtype);
+    const refit::Shape dense = refit::RowMajorStrides(c.dest_shape);
+    int64_t n = 1;
+    for (int64_t x : c.dest_shape) n *= x;
+    auto& dst = host[live->params[c.param].name];
+    const auto& src = host[staging.params[i].name];
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t rest = e, soff = 0, doff = c.dest_offset;
+      for (size_t k = c.dest_shape.size(); k-- > 0;) {
+        const int64_t idx = rest % c.dest_shape[k];
+        rest /= c.dest_shape[k];
+        soff += idx * dense[k];
+        doff += idx * c.dest_strides[k];
+      }
+      std::memcpy(dst.data() + doff * es, src.data() + soff * es, es);
+    }
+  }
+  refit::DestinationBuffers live_host;
+  for (const refit::TensorSpec& p : live->params) {
+    std::vector<std::byte> back(p.bytes());
+    ASSERT_TRUE(CopyToHost(back.data(), dev[p.name].data(), back.size(), 0).ok());
+    ASSERT_EQ(back, host[p.name]) << what << ": live " << p.name << " differs from the staged values installed";
+    live_host.emplace(p.name, std::span<std::byte>(host[p.name]));
+  }
+  auto want = refit::DigestInstalled(*live, live_host, regions);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_EQ(*got, *want) << what;
+  EXPECT_GT(install->bytes(), 0u);
+}
+
+TEST(GpuDigestTest, FusedInstallOnTheDeviceEqualsCopyThenDigestInstalled) {
+  RC_SKIP_WITHOUT_GPUS(1);
+  for (const char* layout : {"tp:1@bf16", "tp:2@bf16", "tp:2", "tp:1"}) {
+    for (int32_t rank = 0; rank < (layout[3] == '2' ? 2 : 1); ++rank) CheckDeviceInstall("tiny", layout, rank);
+  }
+  CheckDeviceInstall("tiny-llama", "tp:2@bf16", 1);
+  // Large enough that whole 32-block units (the batched loads of digest_chunk.h) dominate.
+  CheckDeviceInstall("qwen3-0.6b", "tp:2@bf16", 0);
 }
 
 TEST(GpuKernelsTest, SeededFillMatchesHost) {
