@@ -141,6 +141,14 @@ Status Statement::Run() {
   return status();
 }
 
+void Statement::Reset() {
+  if (stmt_ == nullptr) return;  // the prepare failed: keep its error
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+  rc_ = SQLITE_OK;
+  error_.clear();
+}
+
 Status Statement::status() const {
   if (!IsError(rc_)) return OkStatus();
   return Error(rc_, path_, error_, sql_);

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rc::sqlite {
 namespace {
@@ -149,6 +151,46 @@ TEST_F(SqliteTest, MovedFromDatabaseIsClosedOnce) {
   EXPECT_FALSE(moved.is_open());  // NOLINT(bugprone-use-after-move): the move empties it
   EXPECT_EQ(other.path(), Path("d.db"));
   EXPECT_TRUE(other.Exec("CREATE TABLE t(x)").ok());
+}
+
+// A prepared statement runs again after Reset with new bindings; a bind error is cleared by it,
+// a prepare error is not.
+TEST_F(SqliteTest, ResetStatementRunsAgainWithNewBindings) {
+  auto db = Database::Open(Path("r.db"), "store");
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE(db->Exec("CREATE TABLE t(x INTEGER, y TEXT)").ok());
+  Statement insert(*db, "INSERT INTO t VALUES (?, ?)");
+  for (int64_t i = 1; i <= 3; ++i) {
+    insert.Reset();
+    insert.Bind(1, i).Bind(2, "v" + std::to_string(i));
+    ASSERT_TRUE(insert.Run().ok()) << insert.status().ToString();
+  }
+  insert.Reset();
+  insert.Bind(3, int64_t{9});  // no parameter 3
+  EXPECT_FALSE(insert.status().ok());
+  insert.Reset();
+  EXPECT_TRUE(insert.status().ok());
+  insert.Bind(1, int64_t{4});  // y left unbound: Reset cleared the old bindings, so it is NULL
+  ASSERT_TRUE(insert.Run().ok());
+  Statement read(*db, "SELECT x, y FROM t ORDER BY x");
+  std::vector<std::pair<int64_t, std::string>> rows;
+  std::vector<bool> nulls;
+  while (read.Step()) {
+    rows.emplace_back(read.Int(0), read.Text(1));
+    nulls.push_back(read.IsNull(1));
+  }
+  ASSERT_TRUE(read.status().ok());
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[2], (std::pair<int64_t, std::string>{3, "v3"}));
+  EXPECT_EQ(rows[3].first, 4);
+  EXPECT_TRUE(nulls[3]);
+  EXPECT_FALSE(nulls[0]);
+
+  Statement broken(*db, "INSERT INTO no_such_table VALUES (1)");
+  EXPECT_FALSE(broken.status().ok());
+  broken.Reset();
+  EXPECT_FALSE(broken.status().ok()) << "a prepare error survives Reset";
+  EXPECT_FALSE(broken.Run().ok());
 }
 
 }  // namespace

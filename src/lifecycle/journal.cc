@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
 
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/base/encoding.h"
@@ -156,6 +157,15 @@ Result<std::unique_ptr<SqliteJournal>> SqliteJournal::Open(const std::string& pa
     if (!has_chain.ok()) return Internal("journal " + path + ": " + has_chain.status().message());
     if (!*has_chain) RC_RETURN_IF_ERROR(Exec(jp->db_, "ALTER TABLE journal ADD COLUMN chain TEXT", path));
     RC_RETURN_IF_ERROR(ReserveWal(jp->db_, path));
+    jp->begin_ = std::make_unique<sqlite::Statement>(jp->db_, "BEGIN IMMEDIATE");
+    jp->insert_ = std::make_unique<sqlite::Statement>(
+        jp->db_,
+        "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
+        " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    jp->commit_ = std::make_unique<sqlite::Statement>(jp->db_, "COMMIT");
+    for (const sqlite::Statement* st : {jp->begin_.get(), jp->insert_.get(), jp->commit_.get()}) {
+      if (Status s = st->status(); !s.ok()) return Internal("journal " + path + ": " + s.message());
+    }
   }
   // Verifies every record's chain and learns the head for the next append.
   RC_ASSIGN_OR_RETURN(auto all, j->ReadSince(0));
@@ -179,25 +189,27 @@ Status SqliteJournal::AppendBatch(const std::vector<JournalRecord*>& recs) {
   rc::MutexLock lock(mu_);
   const auto t0 = std::chrono::steady_clock::now();
   // One transaction: one commit, one WAL sync for the whole batch; the seqs and the chain head
-  // move only once it committed.
-  if (Status s = db_.Exec("BEGIN IMMEDIATE"); !s.ok()) {
+  // move only once it committed. The statements are the ones prepared at Open.
+  begin_->Reset();
+  if (Status s = begin_->Run(); !s.ok()) {
     return Unavailable("journal " + path_ + ": append failed: " + s.message());
   }
   int64_t seq = last_seq_;
   uint64_t head = head_;
   std::vector<int64_t> seqs;
+  seqs.reserve(recs.size());
   for (JournalRecord* rec : recs) {
     if (rec->wall_ms == 0) rec->wall_ms = WallTimeMs();
-    sqlite::Statement st(db_,
-                         "INSERT INTO journal (seq, t_ms, wall_ms, event, from_state, to_state, update_ordinal, rollout,"
-                         " detail, chain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     const std::string detail = rec->detail.is_null() ? "{}" : rec->detail.dump();
     JournalRecord r = *rec;
     r.seq = seq + 1;
     const uint64_t chain = ChainOf(head, r, detail);
+    sqlite::Statement& st = *insert_;
+    st.Reset();
     st.Bind(1, r.seq).Bind(2, r.t_ms).Bind(3, r.wall_ms).Bind(4, r.event).Bind(5, r.from).Bind(6, r.to);
     st.Bind(7, r.update).Bind(8, r.rollout).Bind(9, detail).Bind(10, Hex64(chain));
     if (Status s = st.Run(); !s.ok()) {
+      st.Reset();
       (void)db_.Exec("ROLLBACK");
       return Unavailable("journal " + path_ + ": append failed: " + s.message());
     }
@@ -205,10 +217,14 @@ Status SqliteJournal::AppendBatch(const std::vector<JournalRecord*>& recs) {
     head = chain;
     seqs.push_back(seq);
   }
-  if (Status s = db_.Exec("COMMIT"); !s.ok()) {
+  insert_->Reset();
+  commit_->Reset();
+  if (Status s = commit_->Run(); !s.ok()) {
+    commit_->Reset();
     (void)db_.Exec("ROLLBACK");
     return Unavailable("journal " + path_ + ": append failed (commit): " + s.message());
   }
+  commit_->Reset();
   for (size_t i = 0; i < recs.size(); ++i) recs[i]->seq = seqs[i];
   last_seq_ = seq;
   head_ = head;

@@ -81,6 +81,10 @@ class Statement {
   bool Step();
   // Steps until done; the statement's status.
   [[nodiscard]] Status Run();
+  // Makes a prepared statement ready to run again (sqlite3_reset, bindings cleared), so a caller
+  // that runs the same SQL often prepares it once. Clears a bind or step error; a prepare error
+  // stays (the statement cannot run).
+  void Reset();
   // OK, or the first error: "sqlite 'path': message (in: sql)"; Unavailable when busy or locked.
   [[nodiscard]] Status status() const;
 
