@@ -93,7 +93,8 @@ namespace rc::engine {
 
 namespace internal {
 struct DeltaStaged;
-}
+struct DeltaChain;
+}  // namespace internal
 
 inline constexpr int64_t kMaxStageTimeoutMs = 3'600'000;
 
@@ -151,6 +152,10 @@ class RefitReceiver {
   // Test-only fault: while on, a delta install flips bit 0 of the first value it wrote (the write
   // "does not land"), which only the post-install check can see.
   void SetCorruptDeltaInstallForTesting(bool on) { corrupt_delta_install_ = on; }
+  // Test-only fault: while on, the next re-apply of the previous delta to the staging image flips
+  // bit 0 of one of its new values (a wrong previous delta): the stage is refused, nothing live
+  // changes, and the following stage copies the live weights into staging instead.
+  void SetCorruptPreviousDeltaForTesting(bool on) { corrupt_previous_delta_ = on; }
   // Test-only fault: flips bit 0 of the first element of rank 0's model.norm.weight in place,
   // outside any install (memory corrupted between updates: only an anchor check sees it).
   [[nodiscard]] Status CorruptLiveWeightForTesting();
@@ -196,7 +201,19 @@ class RefitReceiver {
                                             const refit::TensorDigests& published, const Json& stages,
                                             std::string* why_full) REQUIRES(mu_);
   Result<Json> InstallDeltaLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched,
-                                  const Json& stage_evidence, const refit::TensorDigests& published) REQUIRES(mu_);
+                                  const Json& stage_evidence, const refit::TensorDigests& published,
+                                  const refit::Manifest& manifest) REQUIRES(mu_);
+  // The end of a delta install (swap or in place): the O(changed) check of the live weights, the
+  // anchor check, the evidence; keeps the delta as the staging chain after a swap.
+  Result<Json> FinishDeltaInstall(const std::string& version, bool skip_cache_reset, const Json& stage_evidence,
+                                  const refit::TensorDigests& published, const refit::Manifest& manifest,
+                                  uint64_t bytes_installed, Json stages) REQUIRES(mu_);
+  // Brings the staging image to the live version before a delta is applied to it (re-applying the
+  // previous delta, or copying the live weights), proving its digest; sets *from and *why.
+  Status PrepareStagingForDelta(const std::string& live_version, int64_t generation, Json* stages,
+                                std::string* from, std::string* why) REQUIRES(mu_);
+  // True when the staging image has a buffer for every live parameter, of its size.
+  bool StagingFitsLive() REQUIRES(mu_);
   // The anchor-check evidence of a full install (which digests every live byte anyway).
   Json FullInstallAnchor() REQUIRES(mu_);
   // True when the staged image can be swapped in: every live parameter (aliases aside) has a
@@ -255,6 +272,9 @@ class RefitReceiver {
   // An install failed after it began writing: until a full install proves the live weights
   // again (recovery), no delta is applied on them.
   bool mutated_unproven_ GUARDED_BY(mu_) = false;                                   // guarded by mu_
+  // What the staging image holds after the last delta install by swap (nullptr: unknown).
+  std::unique_ptr<internal::DeltaChain> delta_chain_ GUARDED_BY(mu_);             // guarded by mu_
+  std::atomic<bool> corrupt_previous_delta_{false};                 // test-only fault
   bool swap_q_heads_ GUARDED_BY(mu_) = false;                                       // guarded by mu_; test-only fault
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable rc::Mutex metrics_mu_;
