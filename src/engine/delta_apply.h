@@ -13,7 +13,9 @@
 // values and of the live (old) ones, so that
 //     D_new(T) = D_live(T) + sum over changed owned elements (DigestTerm(i, new) - DigestTerm(i, old))
 // is predicted in the same pass. A prediction that differs from the manifest's per-tensor digest
-// refuses the stage (nothing live is touched). Reads live parameters, never writes them.
+// refuses the stage (nothing live is touched). Reads the live parameters, never writes them; with
+// `apply` (the staging path) it reads and writes the staging image instead, in the same pass, and
+// the prediction is the digest of what the image holds after the writes.
 // ApplyDelta writes one rank's changes into its live parameters (only inside
 // Engine::InstallWeights), decoding the kept bodies again. DigestAfterDelta re-reads every changed
 // owned element from the live parameters after the install and returns the per-tensor digests

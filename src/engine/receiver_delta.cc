@@ -2,6 +2,7 @@
 // as a sparse delta on the version the engine serves, install it, and prove the result in time
 // proportional to what changed, with full anchor checks every full_verify_every_ delta installs.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstring>
@@ -16,6 +17,14 @@ namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Minor page faults of this process so far (the stage evidence reports those taken by the staging
+// passes: a first write to a page of the image costs one when the kernel kept it write-protected).
+int64_t MinorFaults() {
+  rusage u{};
+  (void)::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
 }
 
 }  // namespace
@@ -85,10 +94,12 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
   std::string apply_why =
       "no staging image of the live layout exists (no full stage since the engine loaded its weights): the delta "
       "is written into the live weights inside the pause";
+  const int64_t faults0 = MinorFaults();
   if (to_staging) {
     Status prepared = PrepareStagingForDelta(live_version, generation, &stages, &staging_from, &apply_why);
     if (!prepared.ok()) return Result<Json>(prepared.WithContext("delta stage of " + req.version));
   }
+  const int64_t faults1 = MinorFaults();
   internal::DeltaStageInput in;
   in.manifest = &manifest;
   in.published = &published;
@@ -111,6 +122,7 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
   }
   staged->base = live_version;
   staged->to_staging = to_staging;
+  const int64_t faults2 = MinorFaults();
   for (const auto& [k, v] : staged->stages_ms.items()) stages[k] = v;
   if (to_staging) {
     // From here until swapped in, the staging image cannot change: its digest stays the proof.
@@ -136,6 +148,7 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
                 {"delta_apply", to_staging ? "staging" : "live"},
                 {"staging_from", staging_from},
                 {"delta_apply_why", apply_why},
+                {"page_faults", Json{{"staging_prepare", faults1 - faults0}, {"delta_pass", faults2 - faults1}}},
                 {"delta_base", live_version},
                 {"transport", transport_name},
                 {"bytes_pulled", staged->bytes_pulled},

@@ -23,11 +23,15 @@
 // error; failed_after_mutation when it ended after it; installed when the live digest matched.
 // Delta refit (docs/refit.md "Delta refit"; receiver_delta.cc, delta_apply.h): when the version's
 // shards carry deltas on the version the engine serves and the live digests prove that base, Stage
-// pulls only the delta tiles each rank's copies touch, predicts every tensor's digest from the old
-// and new values (refusing a mismatch before anything live changes) and Install writes only the
-// changed elements, re-checks them from live memory (O(changed)) and, every full_verify_every-th
-// delta install, digests all live weights (anchor check). Otherwise Stage pulls in full. The stage
-// evidence says which (`mode`, `mode_reason`).
+// pulls only the delta tiles each rank's copies touch, and — when a staging image of the live
+// layout exists — brings that image to the live version (re-applying the previous install's delta,
+// or copying the live weights), applies the delta to it while the old version serves, predicting
+// every tensor's digest from the old and new values (refusing a mismatch before anything live
+// changes); Install then swaps the image in like a full refit. Without a staging image, Install
+// writes the changed elements into the live weights and re-checks them from live memory
+// (O(changed)). Every full_verify_every-th delta install digests all live weights (anchor check).
+// Otherwise Stage pulls in full. The stage evidence says which (`mode`, `mode_reason`,
+// `delta_apply`, `staging_from`, `delta_apply_why`).
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
 //
