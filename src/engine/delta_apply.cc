@@ -252,10 +252,12 @@ struct StageVisitor {
   const DeltaPiece& p;
   const std::string& tensor_name;
   int32_t shard_rank;
-  const std::byte* live;  // the parameter's live bytes
+  const std::byte* live;  // the parameter's bytes in the image the old values are read from
+  std::byte* write;       // the same bytes when the pass also applies the delta; nullptr: read only
   size_t pes, ses;
   refit::DType sdtype;
   StageResult& r;
+  bool corrupt_first = false;  // test-only fault: the first store of the pass has bit 0 flipped
 
   Status Tile(int64_t t, uint32_t count, const std::byte* values, const uint16_t* offsets) {
     bool bad = false;
@@ -299,19 +301,57 @@ struct StageVisitor {
     if (r.writes == 0) {
       r.first = DeltaWrite{p.param, static_cast<uint32_t>(ToDest(p.source, p.dest, sc.bits[0])), sc.dest[0]};
     }
+    const bool first_batch = r.writes == 0;
     r.writes += static_cast<int64_t>(sc.n);
+    if (write != nullptr) {
+      Run<true>(sc);
+      if (corrupt_first && first_batch) CorruptFirst(sc);
+    } else {
+      Run<false>(sc);
+    }
+  }
+
+  // The injected fault: element 0 of the first batch is stored with bit 0 flipped, and its new
+  // term taken from what it holds then (so the prediction sees what memory holds, as always).
+  void CorruptFirst(const JobScratch& sc) {
+    const size_t at = static_cast<size_t>(sc.dest[0]) * pes;
+    const uint64_t good = InstalledBitsInline(p.source, p.dest, write + at);
+    StoreBits(write + at, pes, ToDest(p.source, p.dest, sc.bits[0]) ^ 1u);
+    const uint64_t bad = InstalledBitsInline(p.source, p.dest, write + at);
+    const uint64_t mask = uint64_t{0} - sc.owned[0];
+    r.new_terms += (refit::DigestTerm(sc.global[0], bad) & mask) - (refit::DigestTerm(sc.global[0], good) & mask);
+  }
+
+  // kWrite: the image is the one being updated (staging): each changed element's old value is
+  // read, the new one stored, and the new term taken from what the element holds after the store.
+  // The digest block key is computed once per run of changed elements in one 64-element block
+  // (sorted offsets: consecutive changes of a row share it), not once per element.
+  template <bool kWrite>
+  void Run(const JobScratch& sc) {
     const bool exact = ExactInstall(p.source, p.dest);
+    std::byte* out = write;
     uint64_t old_sum = 0, new_sum = 0, owned = 0;
+    uint64_t block = ~uint64_t{0}, key = 0;
     for (size_t i = 0; i < sc.n; ++i) {
-      if (i + kPrefetch < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * pes);
-      if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * pes, 0, 1);
+      if (i + kPrefetch < sc.n) {
+        __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kPrefetch]) * pes, kWrite ? 1 : 0);
+      }
+      if (i + kFar < sc.n) __builtin_prefetch(live + static_cast<size_t>(sc.dest[i + kFar]) * pes, kWrite ? 1 : 0, 1);
       const uint64_t mask = uint64_t{0} - sc.owned[i];
       owned += sc.owned[i];
-      const uint64_t key = refit::DigestBlockKey(sc.global[i] >> 6);
+      const uint64_t b = sc.global[i] >> 6;
+      if (b != block) {
+        block = b;
+        key = refit::DigestBlockKey(b);
+      }
       const auto pos = static_cast<uint32_t>(sc.global[i] & 63);
-      const uint64_t old_bits = InstalledBitsInline(p.source, p.dest, live + static_cast<size_t>(sc.dest[i]) * pes);
+      const size_t at = static_cast<size_t>(sc.dest[i]) * pes;
+      const uint64_t old_bits = InstalledBitsInline(p.source, p.dest, live + at);
       uint64_t new_bits = sc.bits[i];
-      if (!exact) {
+      if constexpr (kWrite) {
+        StoreBits(out + at, pes, ToDest(p.source, p.dest, new_bits));
+        new_bits = InstalledBitsInline(p.source, p.dest, out + at);
+      } else if (!exact) {
         uint64_t dst = ToDest(p.source, p.dest, new_bits);
         new_bits = refit::InstalledSourceBits(p.source, p.dest, &dst);
       }
@@ -563,7 +603,8 @@ Status PlanDeltaRank(const refit::Manifest& m, size_t r, const refit::Capture& c
 }
 
 Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>& captures,
-                    const std::vector<refit::DestinationBuffers>& live, int threads, DeltaStaged* out) {
+                    const std::vector<refit::DestinationBuffers>& live, int threads, DeltaStaged* out,
+                    bool apply, bool corrupt_first_write) {
   out->first_write.assign(captures.size(), std::nullopt);
   out->bytes_written.assign(captures.size(), 0);
   out->changed = 0;
@@ -575,10 +616,19 @@ Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>&
     const refit::ShardTable& t = m.tables[sh.table];
     const refit::ShardInfo& s = t.shards[sh.shard];
     const refit::TensorSpec& param = captures[p.rank].params[p.param];
-    const std::byte* base = live.at(p.rank).find(param.name)->second.data();
+    std::byte* base = live.at(p.rank).find(param.name)->second.data();
     JobScratch& sc = ThreadScratch();
-    StageVisitor v{*out, p, t.name, s.rank, base, refit::DTypeSize(p.dest), refit::DTypeSize(sh.dtype), sh.dtype,
-                   results[j]};
+    StageVisitor v{*out,
+                   p,
+                   t.name,
+                   s.rank,
+                   base,
+                   apply ? base : nullptr,
+                   refit::DTypeSize(p.dest),
+                   refit::DTypeSize(sh.dtype),
+                   sh.dtype,
+                   results[j],
+                   apply && corrupt_first_write && j == 0};
     Status st = VisitJob(*out, job, sc, v);
     if (!st.ok()) {
       results[j].status = st.code() == StatusCode::kDataLoss
@@ -765,7 +815,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
 
   // Decode, map, check and digest every job, in parallel.
   auto t0 = std::chrono::steady_clock::now();
-  RC_RETURN_IF_ERROR(PredictDelta(m, captures, *in.live, in.threads, &out));
+  RC_RETURN_IF_ERROR(PredictDelta(m, captures, *in.live, in.threads, &out, in.apply, in.corrupt_first_write));
   const double map_ms = MsSince(t0);
   for (size_t r = 0; r < captures.size(); ++r) {
     for (const auto& [key, v] : rank_reads[r].items()) out.ranks[r][key] = v;

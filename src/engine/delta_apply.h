@@ -13,7 +13,9 @@
 // values and of the live (old) ones, so that
 //     D_new(T) = D_live(T) + sum over changed owned elements (DigestTerm(i, new) - DigestTerm(i, old))
 // is predicted in the same pass. A prediction that differs from the manifest's per-tensor digest
-// refuses the stage (nothing live is touched). Reads live parameters, never writes them.
+// refuses the stage (nothing live is touched). Reads the live parameters, never writes them; with
+// `apply` (the staging path) it reads and writes the staging image instead, in the same pass, and
+// the prediction is the digest of what the image holds after the writes.
 // ApplyDelta writes one rank's changes into its live parameters (only inside
 // Engine::InstallWeights), decoding the kept bodies again. DigestAfterDelta re-reads every changed
 // owned element from the live parameters after the install and returns the per-tensor digests
@@ -102,6 +104,9 @@ struct DeltaJob {
 
 struct DeltaStaged {
   std::string base;
+  // Where the install takes the delta from: true when it was applied to the staging image at stage
+  // (the install swaps that image in), false when the install writes it into the live weights.
+  bool to_staging = false;
   int64_t generation = -1;  // install generation whose live values the prediction read
   std::vector<DeltaShard> shards;
   std::vector<DeltaPiece> pieces;
@@ -119,13 +124,30 @@ struct DeltaStaged {
   Json stages_ms = Json::object();
 };
 
+// What the staging image holds after a delta install by swap (docs/refit.md "Delta on the staging
+// image"): the live weights the install retired (version `staging_version`, whose per-tensor
+// digests were proven when that delta was staged), and the delta `previous` that leads from them
+// to the version the install made live. The next delta stage re-applies `previous` to the staging
+// image (checking its digest against the live one's) before applying its own delta.
+struct DeltaChain {
+  DeltaStaged previous;
+  refit::Manifest previous_manifest;
+  std::string staging_version, live_version;
+  refit::TensorDigests staging_digests;
+  int64_t live_generation = -1;  // the install generation `previous` made live
+};
+
 struct DeltaStageInput {
   const refit::Manifest* manifest = nullptr;
   const refit::TensorDigests* published = nullptr;  // per tensor, from the manifest's shards
   const std::vector<refit::Capture>* captures = nullptr;
   const std::vector<std::vector<refit::DigestRegion>>* regions = nullptr;
+  // The image the old values are read from (the live weights, or the staging image when apply),
+  // and its per-tensor digests.
   const std::vector<refit::DestinationBuffers>* live = nullptr;
   const refit::TensorDigests* live_digests = nullptr;
+  bool apply = false;  // also write the new values into *live (PredictDelta's apply)
+  bool corrupt_first_write = false;  // test-only fault (with apply): job 0 stores its first value with bit 0 flipped
   int64_t generation = -1;
   int64_t timeout_ms = 60'000;
   int threads = 1;  // ParallelFor width for the decode/map/digest pass
@@ -143,8 +165,13 @@ struct DeltaStageInput {
                                    const std::vector<refit::DigestRegion>& regions,
                                    const std::vector<refit::DestinationBuffers>& live, size_t first_shard,
                                    const std::vector<std::vector<uint64_t>>& tile_at, DeltaStaged* out);
+// With apply, the pass also writes every changed element's new value into `live` (then the image
+// being updated, e.g. the staging image) and takes each new term from what the element holds
+// after the write, so `predicted` is the digest of the updated image (given that base_digests was
+// the image's digest before).
 [[nodiscard]] Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>& captures,
-                                  const std::vector<refit::DestinationBuffers>& live, int threads, DeltaStaged* out);
+                                  const std::vector<refit::DestinationBuffers>& live, int threads, DeltaStaged* out,
+                                  bool apply = false, bool corrupt_first_write = false);
 // Calls fn for every changed element job `job` maps (in the copy's box): its destination element
 // offset in the piece's parameter, global source index, new value (source-dtype bits) and digest
 // ownership.

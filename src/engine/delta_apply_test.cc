@@ -340,6 +340,72 @@ TEST_P(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
   }
 }
 
+// The staging path: the stage pass that also writes (apply) leaves the image exactly as the
+// install would, and its prediction is the digest of what the image holds — so an image that is not
+// at the claimed base, a wrong delta value, or a store that does not land all show as a mismatch.
+TEST_P(DeltaApplyTest, ApplyPassWritesTheImageAndPredictsItsDigest) {
+  auto reset_old = [&] {
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, false, true);
+    }
+  };
+  auto snapshot = [&] {
+    std::vector<std::map<std::string, std::vector<std::byte>>> out(caps_.size());
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const auto& [name, p] : params_[r].all()) out[r][name].assign(p.bytes(), p.bytes() + p.nbytes());
+    }
+    return out;
+  };
+  const refit::TensorDigests old_digests = staged_.base_digests;
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(threads);
+    reset_old();
+    ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_).ok());
+    for (size_t r = 0; r < caps_.size(); ++r) ASSERT_TRUE(ApplyDelta(staged_, r, caps_[r], params_[r], threads).ok());
+    const auto installed = snapshot();
+    reset_old();
+    ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_, /*apply=*/true).ok());
+    EXPECT_EQ(snapshot(), installed) << "the apply pass writes what the install writes, nothing else";
+    for (const Tensor& t : tensors_) EXPECT_EQ(staged_.predicted[t.name], CoveredDigest(t, true)) << t.name;
+    auto read_back = DigestAfterDelta(staged_, caps_, live_, threads);
+    ASSERT_TRUE(read_back.ok());
+    EXPECT_EQ(*read_back, staged_.predicted);
+
+    // The image already holds the new version but is claimed to be at the old one (a staging image
+    // that is not what the chain says): the prediction is the old digest, not the manifest's.
+    ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_, /*apply=*/true).ok());
+    for (const Tensor& t : tensors_) EXPECT_NE(staged_.predicted[t.name], CoveredDigest(t, true)) << t.name;
+    EXPECT_EQ(staged_.predicted, old_digests);
+
+    // A wrong delta value (one bit of the last value of every pulled body).
+    reset_old();
+    auto flip_last_values = [&] {
+      for (DeltaShard& sh : staged_.shards) {
+        if (sh.bodies.size() >= 2) sh.bodies[sh.bodies.size() - 2] ^= std::byte{0x01};
+      }
+    };
+    flip_last_values();
+    ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_, /*apply=*/true).ok());
+    bool wrong = false;
+    for (const Tensor& t : tensors_) wrong = wrong || staged_.predicted[t.name] != CoveredDigest(t, true);
+    EXPECT_TRUE(wrong);
+    flip_last_values();
+
+    // A store that does not land as the delta says: the prediction is what the image holds.
+    reset_old();
+    ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_, /*apply=*/true,
+                             /*corrupt_first_write=*/true)
+                    .ok());
+    bool differs = false;
+    for (const Tensor& t : tensors_) differs = differs || staged_.predicted[t.name] != CoveredDigest(t, true);
+    EXPECT_TRUE(differs);
+    read_back = DigestAfterDelta(staged_, caps_, live_, threads);
+    ASSERT_TRUE(read_back.ok());
+    EXPECT_EQ(*read_back, staged_.predicted) << "the prediction is the digest of the image as written";
+    staged_.base_digests = old_digests;
+  }
+}
+
 TEST_P(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
   Tensor& w = tensors_[0];
   (void)w;

@@ -150,7 +150,8 @@ Result<FaultBody> ParseFaultBody(std::string_view body) {
   RC_ASSIGN_OR_RETURN(Json j, ObjectBody(body.empty() ? std::string_view("{}") : body));
   RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
                                         "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank",
-                                        "corrupt_delta_install", "corrupt_live_weight", "swap_q_heads"},
+                                        "corrupt_delta_install", "corrupt_live_weight", "corrupt_previous_delta",
+                                        "swap_q_heads"},
                                     "fault"));
   FaultBody out;
   for (auto [name, dest] : {std::pair<const char*, int64_t*>{"pause_delay_ms", &out.pause_delay_ms},
@@ -169,6 +170,7 @@ Result<FaultBody> ParseFaultBody(std::string_view body) {
                             {"fail_install_after_first_rank", &out.fail_install_after_first_rank},
                             {"corrupt_delta_install", &out.corrupt_delta_install},
                             {"corrupt_live_weight", &out.corrupt_live_weight},
+                            {"corrupt_previous_delta", &out.corrupt_previous_delta},
                             {"swap_q_heads", &out.swap_q_heads}}) {
     RC_ASSIGN_OR_RETURN(*dest, GetBool(j, name, name, false));
   }

@@ -91,6 +91,7 @@ struct FaultBody {
   bool fail_install_after_first_rank = false;
   bool corrupt_delta_install = false;
   bool corrupt_live_weight = false;  // one-shot action, not a lasting fault
+  bool corrupt_previous_delta = false;  // one-shot: arms the next re-apply of the previous delta
   bool swap_q_heads = false;
 };
 Result<FaultBody> ParseFaultBody(std::string_view body);

@@ -20,6 +20,10 @@ void EngineServer::Impl::FaultRoutes() {
       if (Status c = receiver_.CorruptLiveWeightForTesting(); !c.ok()) return SendError(r, 404, c.message());
       RC_LOG_WARN("engine: fault injection: flipped bit 0 of rank 0's model.norm.weight[0]");
     }
+    if (f->corrupt_previous_delta) {
+      receiver_.SetCorruptPreviousDeltaForTesting(true);
+      RC_LOG_WARN("engine: fault injection: the next re-apply of the previous delta flips one of its values");
+    }
     faults_.pause_delay_ms = f->pause_delay_ms;
     faults_.install_delay_ms = f->install_delay_ms;
     faults_.reset_delay_ms = f->reset_delay_ms;

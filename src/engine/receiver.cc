@@ -394,6 +394,7 @@ void RefitReceiver::SetSwapQHeadsForTesting(bool on) {
   rc::MutexLock l(mu_);
   if (swap_q_heads_ == on) return;
   swap_q_heads_ = on;
+  delta_chain_.reset();  // its delta was planned on the captures dropped here
   captures_.clear();
   digest_regions_.clear();
   plans_.clear();
@@ -549,6 +550,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     staged_ = std::move(staged);
     return staged_->evidence;
   }
+  delta_chain_.reset();  // a full stage overwrites the staging image
 
   // Fan-out (relay.h): the holder records of this version, merged into what we plan against.
   std::vector<RelayRecord> relay_records;
@@ -882,7 +884,8 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     return FailedPrecondition("install refused: staged version is " + staged_->version + ", not " + version);
   }
   if (delta_staged_) {
-    auto delta = InstallDeltaLocked(version, skip_cache_reset, touched, staged_->evidence, staged_->published);
+    auto delta = InstallDeltaLocked(version, skip_cache_reset, touched, staged_->evidence, staged_->published,
+                                    staged_->manifest);
     if (delta.ok()) staged_.reset();
     return delta;
   }

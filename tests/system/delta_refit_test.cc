@@ -9,6 +9,10 @@
 //  * A corrupted delta (flipped value bit, wrong index, missing element) is refused at stage with
 //    nothing live changed; a write that does not land (only visible after install) taints, and the
 //    recovery pulls in full.
+//  * Delta on the staging image: once a full stage made a staging image, a delta is applied to it
+//    while the old version serves and swapped in (first by copying the live weights into it, then
+//    by re-applying the previous delta); a wrong previous delta is refused at stage, and the next
+//    stage falls back to the copy.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -120,6 +124,7 @@ TEST_P(DeltaChainTest, FiveDeltaUpdatesMatchTheManifestAndAFreshEngine) {
     EXPECT_EQ(entry.value("phase", std::string()), "READY") << entry.dump();
     Json staged = StagedEvidence(s.ctl, v);
     EXPECT_EQ(staged["mode"], "delta") << staged.dump();
+    EXPECT_EQ(staged["delta_apply"], "live") << "loaded from disk, no full stage: no staging image to apply to";
     EXPECT_EQ(staged["delta_base"], "v" + std::to_string(k - 1));
     EXPECT_EQ(staged["changed_published"], step["delta_changed"]);
     ASSERT_EQ(staged["ranks"].size(), static_cast<size_t>(tp));
@@ -168,10 +173,14 @@ TEST_F(DeltaRefitTest, EngineNotOnTheBasePullsInFullAndSaysWhy) {
   EXPECT_NE(staged["mode_reason"].get<std::string>().find("serves v0, not the delta's base v1"), std::string::npos)
       << staged["mode_reason"];
   EXPECT_EQ(LiveDigest(s.engine), m2["content_digest"]);
-  // Back on the chain: v3 on v2 is a delta.
+  // Back on the chain: v3 on v2 is a delta, applied to the staging image the full stage made
+  // (after copying the live weights into it: the last install was full).
   DeltaStep(s, "v3");
   EXPECT_EQ(UpdateAndWait(s.ctl, "v3").value("phase", std::string()), "READY");
-  EXPECT_EQ(StagedEvidence(s.ctl, "v3")["mode"], "delta");
+  Json staged3 = StagedEvidence(s.ctl, "v3");
+  EXPECT_EQ(staged3["mode"], "delta");
+  EXPECT_EQ(staged3["delta_apply"], "staging") << staged3.dump();
+  EXPECT_EQ(staged3["staging_from"], "copy_of_live") << staged3.dump();
   // A chain v3 -> v4 -> v5 applied by an engine that missed v4: full, and it says why.
   DeltaStep(s, "v4");
   DeltaStep(s, "v5");
@@ -260,6 +269,75 @@ TEST_F(DeltaRefitTest, AnchorCheckEveryNDeltasCatchesMemoryCorruptedBetweenUpdat
   Json e4 = UpdateAndWait(s.ctl, "v4");
   EXPECT_EQ(e4.value("phase", std::string()), "TAINTED") << e4.dump();
   EXPECT_NE(e4.dump().find("anchor check after the delta install of v4"), std::string::npos) << e4.dump();
+}
+
+// Delta on the staging image (docs/refit.md "Delta on the staging image"): a full stage makes the
+// staging image; the next delta copies the live weights into it, the ones after re-apply the
+// previous delta, each checked against the manifests, and the install swaps the image in.
+TEST_F(DeltaRefitTest, DeltasAreAppliedToTheStagingImageAndSwappedIn) {
+  Stack s = StartDeltaStack("shm", 2);
+  // The engine misses v1: v2 is pulled in full (and fills the staging image).
+  DeltaStep(s, "v1");
+  DeltaStep(s, "v2");
+  ASSERT_EQ(UpdateAndWait(s.ctl, "v2").value("phase", std::string()), "READY");
+  ASSERT_EQ(StagedEvidence(s.ctl, "v2")["mode"], "full");
+  const char* want_from[] = {"copy_of_live", "reapply_previous_delta", "reapply_previous_delta"};
+  for (int k = 3; k <= 5; ++k) {
+    const std::string v = "v" + std::to_string(k);
+    SCOPED_TRACE(v);
+    DeltaStep(s, v);
+    Json m = WaitCommitted(s.dir, v);
+    Json entry = UpdateAndWait(s.ctl, v);
+    ASSERT_EQ(entry.value("phase", std::string()), "READY") << entry.dump();
+    Json staged = StagedEvidence(s.ctl, v);
+    EXPECT_EQ(staged["mode"], "delta") << staged.dump();
+    EXPECT_EQ(staged["delta_apply"], "staging") << staged.dump();
+    EXPECT_EQ(staged["staging_from"], want_from[k - 3]) << staged.dump();
+    EXPECT_EQ(staged["stages_ms"].contains(k == 3 ? "staging_copy" : "staging_reapply"), true) << staged.dump();
+    EXPECT_LT(staged["bytes_pulled"].get<double>(), 0.05 * staged["full_bytes_published"].get<double>());
+    EXPECT_EQ(entry["evidence"]["install_complete"]["detail"]["install_mode"], "swap") << entry.dump();
+    EXPECT_EQ(LiveDigest(s.engine), m["content_digest"]) << "live weights == " << v << " after the swap";
+  }
+  // A fresh engine loaded from the trainer's export of v5 generates what the swapped-in one does.
+  ExportVersion("v5", dir_ + "/v5");
+  int fresh = StartTpEngine("fresh-v5", dir_ + "/v5", "v5", 2);
+  EXPECT_EQ(Greedy(s.engine), Greedy(fresh));
+  Call(fresh, "POST", "/pause?mode=abort");
+
+  // A wrong previous delta: the re-apply's digest check refuses the stage before anything live
+  // changes...
+  Json m5 = WaitCommitted(s.dir, "v5");
+  SetFaults(s.engine, Json{{"corrupt_previous_delta", true}});
+  DeltaStep(s, "v6");
+  Json m6 = WaitCommitted(s.dir, "v6");
+  Json refused = UpdateAndWait(s.ctl, "v6");
+  EXPECT_EQ(refused.value("phase", std::string()), "READY") << refused.dump();
+  EXPECT_NE(refused.value("outcome", std::string()), "committed") << refused.dump();
+  EXPECT_NE(refused.dump().find("re-applying the previous delta v4 -> v5"), std::string::npos) << refused.dump();
+  EXPECT_EQ(LiveDigest(s.engine), m5["content_digest"]) << "nothing live changed";
+  EXPECT_EQ(Call(s.engine, "GET", "/weight_info")["weight_version"], "v5");
+  // ...and the next stage copies the live weights into the staging image instead.
+  Json again = UpdateAndWait(s.ctl, "v6");
+  ASSERT_EQ(again.value("phase", std::string()), "READY") << again.dump();
+  EXPECT_EQ(StagedEvidence(s.ctl, "v6")["staging_from"], "copy_of_live");
+  EXPECT_EQ(LiveDigest(s.engine), m6["content_digest"]);
+
+  // A write into the staging image that does not land as the delta says: the digest of what the
+  // image holds after the writes shows it at stage, refused before anything live changes (on this
+  // path nothing about the delta is left to be seen only after the install)...
+  DeltaStep(s, "v7");
+  Json m7 = WaitCommitted(s.dir, "v7");
+  SetFaults(s.engine, Json{{"corrupt_delta_install", true}});
+  Json bad = UpdateAndWait(s.ctl, "v7");
+  EXPECT_EQ(bad.value("phase", std::string()), "READY") << bad.dump();
+  EXPECT_NE(bad.value("outcome", std::string()), "committed") << bad.dump();
+  EXPECT_NE(bad.dump().find("does not lead to the published digests"), std::string::npos) << bad.dump();
+  EXPECT_EQ(LiveDigest(s.engine), m6["content_digest"]) << "nothing live changed";
+  // ...and the retry copies the live weights into the (now unknown) staging image first.
+  SetFaults(s.engine, Json{{"corrupt_delta_install", false}});
+  ASSERT_EQ(UpdateAndWait(s.ctl, "v7").value("phase", std::string()), "READY");
+  EXPECT_EQ(StagedEvidence(s.ctl, "v7")["staging_from"], "copy_of_live");
+  EXPECT_EQ(LiveDigest(s.engine), m7["content_digest"]);
 }
 
 }  // namespace

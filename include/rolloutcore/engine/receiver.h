@@ -23,11 +23,15 @@
 // error; failed_after_mutation when it ended after it; installed when the live digest matched.
 // Delta refit (docs/refit.md "Delta refit"; receiver_delta.cc, delta_apply.h): when the version's
 // shards carry deltas on the version the engine serves and the live digests prove that base, Stage
-// pulls only the delta tiles each rank's copies touch, predicts every tensor's digest from the old
-// and new values (refusing a mismatch before anything live changes) and Install writes only the
-// changed elements, re-checks them from live memory (O(changed)) and, every full_verify_every-th
-// delta install, digests all live weights (anchor check). Otherwise Stage pulls in full. The stage
-// evidence says which (`mode`, `mode_reason`).
+// pulls only the delta tiles each rank's copies touch, and — when a staging image of the live
+// layout exists — brings that image to the live version (re-applying the previous install's delta,
+// or copying the live weights), applies the delta to it while the old version serves, predicting
+// every tensor's digest from the old and new values (refusing a mismatch before anything live
+// changes); Install then swaps the image in like a full refit. Without a staging image, Install
+// writes the changed elements into the live weights and re-checks them from live memory
+// (O(changed)). Every full_verify_every-th delta install digests all live weights (anchor check).
+// Otherwise Stage pulls in full. The stage evidence says which (`mode`, `mode_reason`,
+// `delta_apply`, `staging_from`, `delta_apply_why`).
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
 //
@@ -93,7 +97,8 @@ namespace rc::engine {
 
 namespace internal {
 struct DeltaStaged;
-}
+struct DeltaChain;
+}  // namespace internal
 
 inline constexpr int64_t kMaxStageTimeoutMs = 3'600'000;
 
@@ -151,6 +156,10 @@ class RefitReceiver {
   // Test-only fault: while on, a delta install flips bit 0 of the first value it wrote (the write
   // "does not land"), which only the post-install check can see.
   void SetCorruptDeltaInstallForTesting(bool on) { corrupt_delta_install_ = on; }
+  // Test-only fault: while on, the next re-apply of the previous delta to the staging image flips
+  // bit 0 of one of its new values (a wrong previous delta): the stage is refused, nothing live
+  // changes, and the following stage copies the live weights into staging instead.
+  void SetCorruptPreviousDeltaForTesting(bool on) { corrupt_previous_delta_ = on; }
   // Test-only fault: flips bit 0 of the first element of rank 0's model.norm.weight in place,
   // outside any install (memory corrupted between updates: only an anchor check sees it).
   [[nodiscard]] Status CorruptLiveWeightForTesting();
@@ -196,7 +205,19 @@ class RefitReceiver {
                                             const refit::TensorDigests& published, const Json& stages,
                                             std::string* why_full) REQUIRES(mu_);
   Result<Json> InstallDeltaLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched,
-                                  const Json& stage_evidence, const refit::TensorDigests& published) REQUIRES(mu_);
+                                  const Json& stage_evidence, const refit::TensorDigests& published,
+                                  const refit::Manifest& manifest) REQUIRES(mu_);
+  // The end of a delta install (swap or in place): the O(changed) check of the live weights, the
+  // anchor check, the evidence; keeps the delta as the staging chain after a swap.
+  Result<Json> FinishDeltaInstall(const std::string& version, bool skip_cache_reset, const Json& stage_evidence,
+                                  const refit::TensorDigests& published, const refit::Manifest& manifest,
+                                  uint64_t bytes_installed, Json stages) REQUIRES(mu_);
+  // Brings the staging image to the live version before a delta is applied to it (re-applying the
+  // previous delta, or copying the live weights), proving its digest; sets *from and *why.
+  Status PrepareStagingForDelta(const std::string& live_version, int64_t generation, Json* stages,
+                                std::string* from, std::string* why) REQUIRES(mu_);
+  // True when the staging image has a buffer for every live parameter, of its size.
+  bool StagingFitsLive() REQUIRES(mu_);
   // The anchor-check evidence of a full install (which digests every live byte anyway).
   Json FullInstallAnchor() REQUIRES(mu_);
   // True when the staged image can be swapped in: every live parameter (aliases aside) has a
@@ -255,6 +276,9 @@ class RefitReceiver {
   // An install failed after it began writing: until a full install proves the live weights
   // again (recovery), no delta is applied on them.
   bool mutated_unproven_ GUARDED_BY(mu_) = false;                                   // guarded by mu_
+  // What the staging image holds after the last delta install by swap (nullptr: unknown).
+  std::unique_ptr<internal::DeltaChain> delta_chain_ GUARDED_BY(mu_);             // guarded by mu_
+  std::atomic<bool> corrupt_previous_delta_{false};                 // test-only fault
   bool swap_q_heads_ GUARDED_BY(mu_) = false;                                       // guarded by mu_; test-only fault
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable rc::Mutex metrics_mu_;
