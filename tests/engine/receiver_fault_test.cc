@@ -83,7 +83,10 @@ class ReceiverFaultTest : public ::testing::Test {
       s.local_shape = spec.shape;
       s.data = buf->data();
       s.keep_alive = buf;
-      published_[version + "/" + spec.name] = buf;
+      std::string key = version;
+      key += "/";
+      key += spec.name;
+      published_[key] = buf;
       ASSERT_TRUE(publisher_->AddShard(version, std::move(s)).ok());
     }
     auto r = publisher_->Publish(version);
@@ -199,7 +202,10 @@ TEST_F(ReceiverFaultTest, LandingDigestRefusesASourceByteChangedAfterThePublish)
   for (const std::string tensor : {"model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"}) {
     const std::string version = "v" + std::to_string(v++);
     Publish(version, v);
-    auto& buf = published_.at(version + "/" + tensor);
+    std::string key = version;
+    key += "/";
+    key += tensor;
+    auto& buf = published_.at(key);
     ASSERT_GT(buf->size(), 1000u);
     buf->data()[1000] ^= std::byte{0x01};
     auto r = receiver_->Stage(Stage(version));
