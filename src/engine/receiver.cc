@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "refit/digest_simd.h"
+#include "refit/landing_digest.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/parallel.h"
 #include "rolloutcore/base/mutex.h"
@@ -136,24 +137,10 @@ Status CheckFinite(const std::vector<refit::Capture>& captures, const std::vecto
   return OkStatus();
 }
 
-// True when any bf16 element of the n bytes at p is NaN or +-Inf: 4 elements per 64-bit word
-// (an exponent of all ones is a zero lane after mask and xor).
+// True when any bf16 element of the n bytes at p is NaN or +-Inf (32 elements per AVX-512 compare
+// where the CPU has it; refit/digest_simd.h).
 bool AnyNonFiniteBf16Bytes(const std::byte* p, size_t n) {
-  constexpr uint64_t kExp = 0x7f807f807f807f80ull, kOnes = 0x0001000100010001ull, kHigh = 0x8000800080008000ull;
-  const size_t words = n / 8;
-  uint64_t any = 0;
-  for (size_t k = 0; k < words; ++k) {
-    uint64_t w;
-    std::memcpy(&w, p + 8 * k, 8);
-    const uint64_t x = (w & kExp) ^ kExp;  // a lane is 0 exactly when its exponent is all ones
-    any |= (x - kOnes) & ~x & kHigh;
-  }
-  for (size_t k = words * 8; k + 2 <= n; k += 2) {
-    uint16_t h;
-    std::memcpy(&h, p + k, 2);
-    if (IsNonFiniteBits(refit::DType::kBF16, h)) any = 1;
-  }
-  return any != 0;
+  return refit::internal::AnyNonFiniteBf16(p, static_cast<int64_t>(n / 2));
 }
 
 // AnyNonFiniteBf16Bytes over `spans`, in 1 MiB chunks on the shared pool.
@@ -640,8 +627,13 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   auto t_protect = std::chrono::steady_clock::now();
   RC_RETURN_IF_ERROR(SetShadowReadOnly(false));
   double protect_ms = MsSince(t_protect);
+  // Where the transport lands bytes with the CPU (shm), the staged digest and the finite check
+  // ride along with the landing copy, read back from the staged bytes while they are in cache
+  // (refit/landing_digest.h); whatever it did not cover whole is digested after the wire.
+  refit::LandingDigest landing(captures_, digest_regions_, uncovered_, shadow_buffers_, plans_);
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
+    eo.landing_observer = &landing;
     eo.arena = arena_.get();
     eo.transform_threads = threads_;
     eo.imports = imports_.get();
@@ -677,18 +669,40 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   stages["wire"] = wire_ms;
   stages["transform"] = static_cast<double>(transform_ns) / 1e6;
 
-  // The staged digest pass also checks that every f32 weight it reads is finite.
+  // The staged digest pass also checks that every f32 weight it reads is finite. It covers only
+  // the parameters the landing digest did not take whole.
   t = std::chrono::steady_clock::now();
-  bool nonfinite = false;
+  refit::LandingDigest::Outcome landed = landing.Finish();
+  bool nonfinite = landed.nonfinite;
+  std::vector<std::vector<refit::DigestRegion>> rest_regions(captures_.size());
+  std::vector<refit::UncoveredBytes> rest_uncovered(captures_.size());
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    for (const refit::DigestRegion& reg : digest_regions_[r]) {
+      const std::string& param = captures_[r].params.at(captures_[r].copies.at(reg.copy).param).name;
+      if (landed.fallback.contains({r, param})) rest_regions[r].push_back(reg);
+    }
+    for (const auto& [param, ranges] : uncovered_[r]) {
+      if (landed.fallback.contains({r, param})) rest_uncovered[r].emplace(param, ranges);
+    }
+  }
   const bool bf16 = engine_->weight_dtype() == DType::kBF16;
-  refit::TensorDigests got;
+  refit::TensorDigests got = std::move(landed.digests);
   if (bf16) {
     // bf16 staging: digest and finite check in one pass per piece (DigestAndCheckBf16).
-    RC_ASSIGN_OR_RETURN(got, DigestAndCheckBf16(captures_, digest_regions_, uncovered_, shadow_buffers_, threads_,
-                                                &nonfinite));
+    RC_ASSIGN_OR_RETURN(refit::TensorDigests rest, DigestAndCheckBf16(captures_, rest_regions, rest_uncovered,
+                                                                      shadow_buffers_, threads_, &nonfinite));
+    refit::AddDigests(got, rest);
   } else {
-    RC_ASSIGN_OR_RETURN(got, DigestOf(shadow_buffers_, &nonfinite));
+    for (size_t r = 0; r < captures_.size(); ++r) {
+      RC_ASSIGN_OR_RETURN(refit::TensorDigests rest,
+                          refit::DigestInstalledParallel(captures_[r], shadow_buffers_[r], rest_regions[r], threads_,
+                                                         &nonfinite));
+      refit::AddDigests(got, rest);
+    }
   }
+  size_t params_total = 0;
+  for (const refit::Capture& c : captures_) params_total += c.params.size();
+  const size_t digested_on_landing = params_total - landed.fallback.size();
   stages["receive_sync"] = MsSince(t);
 
   // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
@@ -757,6 +771,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
                           {"threads", threads_},
                           {"coverage", "ok"},
                           {"digest_check", "staged bytes match the manifest, tensor by tensor"},
+                          {"params_digested_while_landing", digested_on_landing},
                           {"content_digest", Hex64(staged->manifest.content_digest)},
                           {"wire_gbps", gbps},
                           {"stages_ms", stages}};

@@ -238,6 +238,38 @@ RC_AVX2 bool AnyNonFiniteAvx2(const unsigned char* p, int64_t n) {
   return !_mm256_testz_si256(any, any) || AnyNonFiniteScalar(p + 4 * j, n - j);
 }
 
+bool AnyNonFiniteBf16Scalar(const unsigned char* p, int64_t n) {
+  uint32_t any = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * j, 2);
+    any |= static_cast<uint32_t>((h & 0x7f80u) == 0x7f80u);
+  }
+  return any != 0;
+}
+
+RC_AVX2 bool AnyNonFiniteBf16Avx2(const unsigned char* p, int64_t n) {
+  const __m256i exp = _mm256_set1_epi16(0x7f80);
+  __m256i any = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * j));
+    any = _mm256_or_si256(any, _mm256_cmpeq_epi16(_mm256_and_si256(v, exp), exp));
+  }
+  return !_mm256_testz_si256(any, any) || AnyNonFiniteBf16Scalar(p + 2 * j, n - j);
+}
+
+RC_AVX512 bool AnyNonFiniteBf16Avx512(const unsigned char* p, int64_t n) {
+  const __m512i exp = _mm512_set1_epi16(0x7f80);
+  __mmask32 any = 0;
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const __m512i v = _mm512_loadu_si512(p + 2 * j);
+    any |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(v, exp), exp);
+  }
+  return any != 0 || AnyNonFiniteBf16Scalar(p + 2 * j, n - j);
+}
+
 // ---- dispatch --------------------------------------------------------------------------------
 
 template <bool kCopy, bool kBf16>
@@ -349,6 +381,18 @@ bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n) {
   if (n <= 0) return false;
   if (isa != DigestIsa::kScalar && DigestIsaSupported(DigestIsa::kAvx2)) return AnyNonFiniteAvx2(b, n);
   return AnyNonFiniteScalar(b, n);
+}
+
+bool AnyNonFiniteBf16(DigestIsa isa, const void* p, int64_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  if (n <= 0) return false;
+  if (!DigestIsaSupported(isa)) isa = DigestIsa::kScalar;
+  switch (isa) {
+    case DigestIsa::kAvx512: return AnyNonFiniteBf16Avx512(b, n);
+    case DigestIsa::kAvx2: return AnyNonFiniteBf16Avx2(b, n);
+    case DigestIsa::kScalar: break;
+  }
+  return AnyNonFiniteBf16Scalar(b, n);
 }
 
 uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint64_t index, int64_t n) {

@@ -47,6 +47,9 @@ uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint6
 // True when any of the n f32 elements at p is NaN or +-Inf (exponent bits all ones).
 bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n);
 inline bool AnyNonFiniteF32(const void* p, int64_t n) { return AnyNonFiniteF32(BestDigestIsa(), p, n); }
+// True when any of the n bf16 elements at p is NaN or +-Inf (exponent bits 0x7f80 all ones).
+bool AnyNonFiniteBf16(DigestIsa isa, const void* p, int64_t n);
+inline bool AnyNonFiniteBf16(const void* p, int64_t n) { return AnyNonFiniteBf16(BestDigestIsa(), p, n); }
 
 // dst[j] = the f32 whose bits are src[j] << 16 (bf16 -> f32 is exact), n contiguous elements.
 void WidenBf16ToF32(DigestIsa isa, void* dst, const void* src, int64_t n);

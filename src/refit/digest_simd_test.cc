@@ -156,6 +156,37 @@ TEST(DigestSimd, WidenBf16IsExactForEveryLengthAndIsa) {
   }
 }
 
+// The bf16 finite check (32 lanes per AVX-512 compare, 16 per AVX2) sees a NaN or Inf in every
+// lane position, in the vector body and the scalar tail, at any alignment, and nothing else: the
+// largest finite values (exponent 0xfe) and subnormals pass.
+TEST(DigestSimd, AnyNonFiniteBf16SeesEveryPositionOnEveryIsa) {
+  std::vector<uint16_t> clean(140);
+  for (size_t i = 0; i < clean.size(); ++i) {
+    const uint16_t finite[] = {0x7f7f, 0xff7f, 0x0001, 0x8000, 0x3f80, 0x7f00, 0x807f};
+    clean[i] = finite[i % 7];
+  }
+  for (DigestIsa isa : Isas()) {
+    for (size_t off : {0, 1, 3}) {
+      for (int64_t n : {0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130}) {
+        std::vector<uint16_t> v = clean;
+        EXPECT_FALSE(AnyNonFiniteBf16(isa, v.data() + off, n)) << DigestIsaName(isa) << " n " << n;
+        for (int64_t pos = 0; pos < n; ++pos) {
+          for (uint16_t bad : {uint16_t{0x7f80}, uint16_t{0xff80}, uint16_t{0x7fc1}, uint16_t{0xffff}}) {
+            v[off + static_cast<size_t>(pos)] = bad;
+            ASSERT_TRUE(AnyNonFiniteBf16(isa, v.data() + off, n))
+                << DigestIsaName(isa) << " n " << n << " pos " << pos << " bits " << bad;
+            v[off + static_cast<size_t>(pos)] = clean[off + static_cast<size_t>(pos)];
+          }
+        }
+        if (off + static_cast<size_t>(n) < v.size()) {
+          v[off + static_cast<size_t>(n)] = 0x7fc0;  // just past the run: not looked at
+          EXPECT_FALSE(AnyNonFiniteBf16(isa, v.data() + off, n)) << DigestIsaName(isa) << " n " << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(DigestSimd, TheDispatchedKernelIsASupportedOne) {
   EXPECT_TRUE(DigestIsaSupported(BestDigestIsa())) << DigestIsaName(BestDigestIsa());
 }

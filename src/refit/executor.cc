@@ -99,7 +99,8 @@ Result<std::vector<transport::RemoteMemory>> ImportPlanSources(const TransferPla
 
 Result<ExecuteStats> ExecuteWaves(const TransferPlan& plan, transport::Transport& transport,
                                   std::span<const transport::RemoteMemory> remote, const DestinationBuffers& params,
-                                  PlanMemory& memory, int64_t deadline, uint64_t max_staging_bytes) {
+                                  PlanMemory& memory, int64_t deadline, uint64_t max_staging_bytes,
+                                  transport::LandingObserver* direct_observer) {
   if (remote.size() != plan.sources.size()) {
     return InvalidArgument(
         fmt::format("imports hold {} sources but the plan has {}", remote.size(), plan.sources.size()));
@@ -148,7 +149,7 @@ Result<ExecuteStats> ExecuteWaves(const TransferPlan& plan, transport::Transport
     const int64_t wire_start = clock.NowNs();
     // Reads of this wave, one batch per source rank.
     std::map<int32_t, std::vector<transport::ReadOp>> batches;
-    auto add_runs = [&](uint64_t begin, uint64_t end) -> Status {
+    auto add_runs = [&](uint64_t begin, uint64_t end, transport::LandingObserver* observer) -> Status {
       for (uint64_t i = begin; i < end; ++i) {
         const ReadRun& r = plan.runs[i];
         if (r.dest_offset > plan.buffers[r.buffer].bytes || r.length > plan.buffers[r.buffer].bytes - r.dest_offset) {
@@ -157,15 +158,15 @@ Result<ExecuteStats> ExecuteWaves(const TransferPlan& plan, transport::Transport
                                       plan.buffers[r.buffer].bytes));
         }
         batches[plan.sources[r.source].rank].push_back(
-            transport::ReadOp{remote[r.source], r.source_offset, ptr[r.buffer] + r.dest_offset, r.length});
+            transport::ReadOp{remote[r.source], r.source_offset, ptr[r.buffer] + r.dest_offset, r.length, observer});
         stats.bytes_read += r.length;
         stats.reads++;
       }
       return OkStatus();
     };
-    if (first) RC_RETURN_IF_ERROR(add_runs(0, plan.direct_runs));
+    if (first) RC_RETURN_IF_ERROR(add_runs(0, plan.direct_runs, direct_observer));
     for (size_t s = wave_begin; s < step; ++s) {
-      RC_RETURN_IF_ERROR(add_runs(plan.installs[s].run_begin, plan.installs[s].run_end));
+      RC_RETURN_IF_ERROR(add_runs(plan.installs[s].run_begin, plan.installs[s].run_end, nullptr));
     }
     // Every rank posted before any wait.
     std::vector<std::pair<int32_t, std::unique_ptr<transport::Transfer>>> transfers;
@@ -209,7 +210,8 @@ Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport&
   const int64_t import_ns = clock.NowNs() - import_start;
   HostPlanMemory memory(options.arena, options.transform_threads);
   RC_ASSIGN_OR_RETURN(ExecuteStats stats,
-                      ExecuteWaves(plan, transport, remote, params, memory, deadline, options.max_staging_bytes));
+                      ExecuteWaves(plan, transport, remote, params, memory, deadline, options.max_staging_bytes,
+                                   options.landing_observer));
   stats.import_ns = import_ns;
   return stats;
 }

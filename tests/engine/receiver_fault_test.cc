@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <span>
 
 #include "rolloutcore/base/clock.h"
@@ -82,6 +83,10 @@ class ReceiverFaultTest : public ::testing::Test {
       s.local_shape = spec.shape;
       s.data = buf->data();
       s.keep_alive = buf;
+      std::string key = version;
+      key += "/";
+      key += spec.name;
+      published_[key] = buf;
       ASSERT_TRUE(publisher_->AddShard(version, std::move(s)).ok());
     }
     auto r = publisher_->Publish(version);
@@ -116,6 +121,7 @@ class ReceiverFaultTest : public ::testing::Test {
   std::unique_ptr<RefitReceiver> receiver_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<trainer::Publisher> publisher_;
+  std::map<std::string, std::shared_ptr<transport::ShmBuffer>> published_;  // "version/tensor"
 };
 
 // #15: a NaN (or Inf) the trainer published has a valid digest; the stage refuses it, naming the
@@ -179,6 +185,40 @@ TEST_F(ReceiverFaultTest, Bf16FiniteCheckSeesEveryLanePosition) {
               std::string::npos)
         << r.status().message();
   }
+}
+
+// Issue 15: over shm at tp 1 every parameter's staged digest is computed while its bytes land
+// (refit/landing_digest.h), from the staged bytes; a source byte that changed after the publish
+// (a single low mantissa bit, so still finite) is refused at stage, in a plain tensor and in one
+// that shares a fused parameter (gate_up_proj), and nothing live changes.
+TEST_F(ReceiverFaultTest, LandingDigestRefusesASourceByteChangedAfterThePublish) {
+  const std::string before = LiveDigest();
+  Publish("v1", 1);
+  auto ok = receiver_->Stage(Stage("v1"));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  const size_t params = engine_->Parameters(0).all().size();
+  EXPECT_EQ((*ok)["params_digested_while_landing"].get<size_t>(), params) << ok->dump();
+  int v = 2;
+  for (const std::string tensor : {"model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"}) {
+    const std::string version = "v" + std::to_string(v++);
+    Publish(version, v);
+    std::string key = version;
+    key += "/";
+    key += tensor;
+    auto& buf = published_.at(key);
+    ASSERT_GT(buf->size(), 1000u);
+    buf->data()[1000] ^= std::byte{0x01};
+    auto r = receiver_->Stage(Stage(version));
+    ASSERT_FALSE(r.ok()) << tensor;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("do not match the published digests"), std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find(tensor), std::string::npos) << r.status().message();
+    EXPECT_EQ(receiver_->staged_version(), "");
+  }
+  EXPECT_EQ(LiveDigest(), before) << "live weights untouched";
+  StageAndInstall("v1");
+  EXPECT_NE(LiveDigest(), before);
 }
 
 // #6: a committed entry whose shard handle names a FIFO (here one of this process's fds: a FIFO

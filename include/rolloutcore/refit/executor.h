@@ -81,6 +81,9 @@ struct ExecuteOptions {
   // Imports to reuse (and keep) across calls; must belong to the transport given to ExecutePlan.
   // Null: descriptors are imported for this call and released when it returns.
   ImportCache* imports = nullptr;
+  // Given to the transport with every direct run's read (transport::LandingObserver): a backend
+  // that lands bytes with the CPU reports them while they are in cache. Null: none.
+  transport::LandingObserver* landing_observer = nullptr;
 };
 
 struct ExecuteStats {
@@ -149,11 +152,13 @@ class HostPlanMemory final : public PlanMemory {
 // The wave loop over `memory` (see the header comment): `remotes` per plan source, every
 // parameter the plan writes in `params` (exactly PlanBuffer::bytes, in `memory`), waves of at most
 // `max_staging_bytes` of staging (one larger step runs alone), every wait under `deadline_ns` of
-// the transport's clock. Fills every ExecuteStats field but import_ns.
+// the transport's clock. Fills every ExecuteStats field but import_ns. `direct_observer` goes with
+// the reads of the direct runs (those that land in the parameters themselves).
 [[nodiscard]] Result<ExecuteStats> ExecuteWaves(const TransferPlan& plan, transport::Transport& transport,
                                                 std::span<const transport::RemoteMemory> remotes,
                                                 const DestinationBuffers& params, PlanMemory& memory,
-                                                int64_t deadline_ns, uint64_t max_staging_bytes);
+                                                int64_t deadline_ns, uint64_t max_staging_bytes,
+                                                transport::LandingObserver* direct_observer = nullptr);
 
 // `params` must hold a buffer of exactly PlanBuffer::bytes for every parameter the plan writes.
 [[nodiscard]] Result<ExecuteStats> ExecutePlan(const TransferPlan& plan, transport::Transport& transport,

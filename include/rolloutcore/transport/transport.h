@@ -24,6 +24,7 @@
 // region makes later reads of it fail instead of touching freed memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -65,11 +66,25 @@ struct RemoteMemory {
   uint64_t length = 0;
 };
 
+// Told about a read's destination bytes as they land, by backends that land them with the CPU
+// (shm): Landed(dest, n) runs on the backend's copy thread right after bytes [dest, dest + n) of a
+// read's destination were written (in pieces of at most a few hundred KiB, while they are still in
+// cache), before the transfer completes; calls for one transfer may run concurrently on several
+// threads. Other backends never call it, and a transfer that fails may have called it for some
+// bytes: an observer must itself check which bytes it was told about. Landed must not fail or
+// block for long; it must outlive the transfer.
+class LandingObserver {
+ public:
+  virtual ~LandingObserver() = default;
+  virtual void Landed(std::byte* dest, uint64_t length) = 0;
+};
+
 struct ReadOp {
   RemoteMemory source;
   uint64_t source_offset = 0;
   void* dest = nullptr;
   uint64_t length = 0;
+  LandingObserver* observer = nullptr;  // optional; see LandingObserver
 };
 
 enum class TransferState : uint8_t { kPending, kDone, kFailed };

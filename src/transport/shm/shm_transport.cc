@@ -61,7 +61,12 @@ struct Segment {
   std::byte* dst;
   uint64_t length;
   uint32_t remote;  // index into TransferShared::remotes
+  LandingObserver* observer;  // of the read; may be null
 };
+
+// With an observer, a segment is copied in chunks this large and each chunk is reported while it
+// is still in the copying core's cache (L2 is 1 MiB per core on the machines we measure).
+constexpr uint64_t kObservedChunkBytes = 256 << 10;
 
 // State shared by a Transfer, its pieces in the copy pool, and nobody else.
 struct TransferShared {
@@ -105,7 +110,17 @@ Status RunPiece(const Piece& piece) {
     if (s.remote != last && !t.remotes[s.remote]->Live()) return t.remotes[s.remote]->Deregistered();
     last = s.remote;
   }
-  for (const Segment& s : piece.segments) std::memcpy(s.dst, s.src, s.length);
+  for (const Segment& s : piece.segments) {
+    if (s.observer == nullptr) {
+      std::memcpy(s.dst, s.src, s.length);
+      continue;
+    }
+    for (uint64_t at = 0; at < s.length; at += kObservedChunkBytes) {
+      const uint64_t n = std::min(kObservedChunkBytes, s.length - at);
+      std::memcpy(s.dst + at, s.src + at, n);
+      s.observer->Landed(s.dst + at, n);
+    }
+  }
   // Seqlock read side: the copies above happen before the control words are read again; if the
   // owner deregistered (and maybe reused the memory) meanwhile, the words have changed.
   std::atomic_thread_fence(std::memory_order_acquire);
@@ -336,7 +351,7 @@ class ShmTransport final : public Transport {
       uint64_t left = op.length;
       while (left > 0) {
         const uint64_t n = std::min(left, piece_bytes - current_bytes);
-        current.segments.push_back(Segment{src, dst, n, op_remote[i]});
+        current.segments.push_back(Segment{src, dst, n, op_remote[i], op.observer});
         src += n;
         dst += n;
         left -= n;

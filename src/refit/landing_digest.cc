@@ -1,0 +1,167 @@
+#include "refit/landing_digest.h"
+
+#include <algorithm>
+
+#include "refit/digest_simd.h"
+
+namespace rc::refit {
+namespace {
+
+bool RowMajorContiguous(const CapturedCopy& c) {
+  const size_t n = c.box.ndim();
+  if (c.view_to_source.size() != n || c.dest_shape.size() != n || c.dest_strides.size() != n) return false;
+  int64_t stride = 1;
+  for (size_t k = n; k-- > 0;) {
+    if (c.view_to_source[k] != static_cast<int32_t>(k) || c.dest_shape[k] != c.box.extent[k]) return false;
+    if (c.box.extent[k] > 1 && c.dest_strides[k] != stride) return false;
+    stride *= c.box.extent[k];
+  }
+  return true;
+}
+
+bool WholeTensor(const CapturedCopy& c) {
+  if (c.source_shape.size() != c.box.ndim()) return false;
+  for (size_t k = 0; k < c.box.ndim(); ++k) {
+    if (c.box.start[k] != 0 || c.box.extent[k] != c.source_shape[k]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+LandingDigest::LandingDigest(std::span<const Capture> captures, std::span<const std::vector<DigestRegion>> regions,
+                             std::span<const UncoveredBytes> uncovered, std::span<const DestinationBuffers> buffers,
+                             std::span<const TransferPlan> plans)
+    : captures_(captures) {
+  const size_t ranks = std::min({captures.size(), regions.size(), uncovered.size(), buffers.size(), plans.size()});
+  for (size_t r = 0; r < ranks; ++r) {
+    const Capture& cap = captures[r];
+    std::set<std::string, std::less<>> installed;  // parameters an install step writes
+    for (const InstallStep& s : plans[r].installs) {
+      if (s.param < plans[r].buffers.size()) installed.insert(plans[r].buffers[s.param].name);
+    }
+    // Per parameter, the whole-tensor segments its regions make; a parameter with a region that
+    // is not one is out.
+    std::vector<std::vector<std::unique_ptr<Segment>>> segments(cap.params.size());
+    std::vector<bool> out(cap.params.size(), false);
+    for (const DigestRegion& reg : regions[r]) {
+      if (reg.copy >= cap.copies.size() || cap.copies[reg.copy].param >= cap.params.size()) continue;
+      const CapturedCopy& c = cap.copies[reg.copy];
+      const TensorSpec& param = cap.params[c.param];
+      // Same dtype: the digest of the installed bits is the raw digest (no widening to map back).
+      // (`convert` only says the loader may convert; the plan decides: only direct runs, which
+      // land source bytes unchanged, write an eligible parameter.)
+      if (c.source_dtype != param.dtype || (param.dtype != DType::kBF16 && param.dtype != DType::kF32) ||
+          !(reg.box == c.box) || !WholeTensor(c) || !RowMajorContiguous(c) || c.dest_offset < 0 ||
+          c.box.numel() == 0) {
+        out[c.param] = true;
+        continue;
+      }
+      const uint64_t es = DTypeSize(param.dtype);
+      auto seg = std::make_unique<Segment>();
+      seg->tensor = c.source;
+      seg->begin = static_cast<uint64_t>(c.dest_offset) * es;
+      seg->end = seg->begin + static_cast<uint64_t>(c.box.numel()) * es;
+      segments[c.param].push_back(std::move(seg));
+    }
+    for (size_t k = 0; k < cap.params.size(); ++k) {
+      const TensorSpec& param = cap.params[k];
+      if (out[k] || segments[k].empty()) continue;
+      auto it = buffers[r].find(param.name);
+      if (it == buffers[r].end() || it->second.size() != param.bytes()) continue;
+      if (uncovered[r].contains(param.name) || installed.contains(param.name)) continue;
+      std::sort(segments[k].begin(), segments[k].end(), [](const auto& a, const auto& b) { return a->begin < b->begin; });
+      uint64_t at = 0;
+      bool tiled = true;
+      for (const auto& seg : segments[k]) {
+        tiled = tiled && seg->begin == at;
+        at = seg->end;
+      }
+      if (!tiled || at != param.bytes()) continue;
+      auto p = std::make_unique<Param>();
+      p->rank = r;
+      p->name = param.name;
+      p->dtype = param.dtype;
+      p->begin = it->second.data();
+      p->bytes = it->second.size();
+      p->segments = std::move(segments[k]);
+      params_.push_back(std::move(p));
+    }
+  }
+  std::sort(params_.begin(), params_.end(), [](const auto& a, const auto& b) { return a->begin < b->begin; });
+}
+
+void LandingDigest::Reset() {
+  for (auto& p : params_) {
+    for (auto& seg : p->segments) seg->sum.store(0, std::memory_order_relaxed);
+    p->nonfinite.store(false, std::memory_order_relaxed);
+    p->misaligned.store(false, std::memory_order_relaxed);
+    rc::MutexLock lock(p->mu);
+    p->chunks.clear();
+  }
+}
+
+void LandingDigest::Landed(std::byte* dest, uint64_t length) {
+  if (length == 0 || params_.empty()) return;
+  auto it = std::upper_bound(params_.begin(), params_.end(), static_cast<const std::byte*>(dest),
+                             [](const std::byte* d, const auto& p) { return d < p->begin; });
+  if (it == params_.begin()) return;
+  Param& p = **std::prev(it);
+  const auto offset = static_cast<uint64_t>(dest - p.begin);
+  if (offset >= p.bytes || length > p.bytes - offset) return;  // not (wholly) in a landing-digested parameter
+  const uint64_t es = DTypeSize(p.dtype);
+  if (offset % es != 0 || length % es != 0) {
+    p.misaligned.store(true, std::memory_order_relaxed);
+    return;
+  }
+  // Read back from the destination: the digest is of the staged bytes, not of the source.
+  const auto n = static_cast<int64_t>(length / es);
+  const bool bad = p.dtype == DType::kBF16 ? internal::AnyNonFiniteBf16(dest, n) : internal::AnyNonFiniteF32(dest, n);
+  if (bad) p.nonfinite.store(true, std::memory_order_relaxed);
+  const uint64_t end = offset + length;
+  auto seg = std::upper_bound(p.segments.begin(), p.segments.end(), offset,
+                              [](uint64_t o, const auto& sg) { return o < sg->begin; });
+  for (--seg; seg != p.segments.end() && (*seg)->begin < end; ++seg) {
+    Segment& sg = **seg;
+    const uint64_t b = std::max(offset, sg.begin), e = std::min(end, sg.end);
+    const uint64_t d = internal::DigestContiguous(static_cast<int>(es), p.begin + b, (b - sg.begin) / es,
+                                                  static_cast<int64_t>((e - b) / es));
+    sg.sum.fetch_add(d, std::memory_order_relaxed);
+  }
+  rc::MutexLock lock(p.mu);
+  p.chunks.emplace_back(offset, offset + length);
+}
+
+LandingDigest::Outcome LandingDigest::Finish() {
+  Outcome out;
+  std::set<std::pair<size_t, std::string>> accepted;
+  for (auto& p : params_) {
+    std::vector<std::pair<uint64_t, uint64_t>> chunks;
+    {
+      rc::MutexLock lock(p->mu);
+      chunks = p->chunks;
+    }
+    std::sort(chunks.begin(), chunks.end());
+    uint64_t at = 0;
+    bool tiled = !p->misaligned.load(std::memory_order_relaxed);
+    for (const auto& [b, e] : chunks) {
+      if (b != at) {
+        tiled = false;
+        break;
+      }
+      at = e;
+    }
+    if (!tiled || at != p->bytes) continue;
+    for (const auto& seg : p->segments) out.digests[seg->tensor] += seg->sum.load(std::memory_order_relaxed);
+    if (p->nonfinite.load(std::memory_order_relaxed)) out.nonfinite = true;
+    accepted.emplace(p->rank, p->name);
+  }
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    for (const TensorSpec& param : captures_[r].params) {
+      if (!accepted.contains({r, param.name})) out.fallback.emplace(r, param.name);
+    }
+  }
+  return out;
+}
+
+}  // namespace rc::refit
