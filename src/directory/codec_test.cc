@@ -88,7 +88,7 @@ TEST(CodecTest, ErrorsMapToHttpAndBack) {
 }
 
 TEST(EtcdEncodingTest, Base64AndRangeEnd) {
-  for (std::string s : {std::string(""), std::string("f"), std::string("fo"), std::string("foo"),
+  for (const std::string& s : {std::string(""), std::string("f"), std::string("fo"), std::string("foo"),
                         std::string("/rolloutcore/m/meta/v1"), std::string("\x00\xff\x10", 3)}) {
     auto back = Base64Decode(Base64Encode(s));
     ASSERT_TRUE(back.ok());
