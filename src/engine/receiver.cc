@@ -989,18 +989,8 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
 }
 
 bool RefitReceiver::SwapCoversLive() {
-  if (shadow_.size() != captures_.size() || static_cast<int>(shadow_.size()) != engine_->tensor_parallel_size()) {
-    return false;
-  }
-  for (size_t r = 0; r < shadow_.size(); ++r) {
-    for (const auto& [name, p] : engine_->Parameters(static_cast<int>(r)).all()) {
-      if (!p.alias_of.empty()) continue;
-      auto it = shadow_[r].find(name);
-      // Same size (the capture's dtype is the live dtype) and read-only since its digest.
-      if (it == shadow_[r].end() || it->second->size() != p.nbytes() || !it->second->read_only()) return false;
-    }
-  }
-  return true;
+  // Read-only since the stage's digest: the image the digest proved is the one swapped in.
+  return StagingFitsLive(/*require_read_only=*/true);
 }
 
 Status RefitReceiver::SetShadowReadOnly(bool read_only) {

@@ -317,7 +317,7 @@ Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool 
   return out;
 }
 
-bool RefitReceiver::StagingFitsLive() {
+bool RefitReceiver::StagingFitsLive(bool require_read_only) {
   if (shadow_.size() != captures_.size() || static_cast<int>(shadow_.size()) != engine_->tensor_parallel_size()) {
     return false;
   }
@@ -326,6 +326,7 @@ bool RefitReceiver::StagingFitsLive() {
       if (!p.alias_of.empty()) continue;
       auto it = shadow_[r].find(name);
       if (it == shadow_[r].end() || it->second->size() != p.nbytes()) return false;
+      if (require_read_only && !it->second->read_only()) return false;
     }
   }
   return true;

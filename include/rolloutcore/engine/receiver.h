@@ -216,8 +216,9 @@ class RefitReceiver {
   // previous delta, or copying the live weights), proving its digest; sets *from and *why.
   Status PrepareStagingForDelta(const std::string& live_version, int64_t generation, Json* stages,
                                 std::string* from, std::string* why) REQUIRES(mu_);
-  // True when the staging image has a buffer for every live parameter, of its size.
-  bool StagingFitsLive() REQUIRES(mu_);
+  // True when the staging image has a buffer for every live parameter (aliases aside), of its
+  // size (the capture's dtype is the live dtype); with require_read_only, each also read-only.
+  bool StagingFitsLive(bool require_read_only = false) REQUIRES(mu_);
   // The anchor-check evidence of a full install (which digests every live byte anyway).
   Json FullInstallAnchor() REQUIRES(mu_);
   // True when the staged image can be swapped in: every live parameter (aliases aside) has a
