@@ -65,4 +65,23 @@ double MemcpyGbpsThreads(uint64_t bytes, int threads) {
   return best;
 }
 
+MemcpyPairing::MemcpyPairing(uint64_t bytes, int threads)
+    : bytes_(bytes),
+      threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      a_(bytes, 1),
+      b_(bytes, 0) {}
+
+double MemcpyPairing::CopyMs() {
+  const uint64_t chunk = (bytes_ + static_cast<uint64_t>(threads_) - 1) / static_cast<uint64_t>(threads_);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads_; ++t) {
+    const uint64_t begin = std::min(bytes_, chunk * static_cast<uint64_t>(t));
+    const uint64_t end = std::min(bytes_, begin + chunk);
+    ts.emplace_back([this, begin, end] { std::memcpy(b_.data() + begin, a_.data() + begin, end - begin); });
+  }
+  for (auto& t : ts) t.join();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace rc::apps

@@ -1,7 +1,9 @@
 // Helpers shared by the benchmark commands that drive child processes over loopback HTTP.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "apps/child_process.h"
 #include "rolloutcore/base/json.h"
@@ -21,5 +23,21 @@ double MemcpyGbps(uint64_t bytes);
 // Best of three memcpy runs over `bytes` split evenly over `threads` threads (threads <= 0: all
 // hardware threads), in GB/s: what "all-thread memcpy of the same bytes" means in the reports.
 double MemcpyGbpsThreads(uint64_t bytes, int threads);
+
+// One buffer pair of `bytes`, allocated and touched once, so that a memcpy over `threads` threads
+// (<= 0: all hardware threads) can be timed right next to each measured run: on a shared machine
+// the memory bandwidth moves between seconds, and a ratio is only as good as its pairing.
+class MemcpyPairing {
+ public:
+  MemcpyPairing(uint64_t bytes, int threads);
+  // One timed copy, in ms.
+  double CopyMs();
+  int threads() const { return threads_; }
+
+ private:
+  uint64_t bytes_;
+  int threads_;
+  std::vector<char> a_, b_;
+};
 
 }  // namespace rc::apps

@@ -702,16 +702,18 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   }
   size_t params_total = 0;
   for (const refit::Capture& c : captures_) params_total += c.params.size();
-  const size_t digested_on_landing = params_total - landed.fallback.size();
+  const size_t scanned_on_landing = landed.scanned_only;
+  const size_t digested_on_landing = params_total - landed.fallback.size() - scanned_on_landing;
   stages["receive_sync"] = MsSince(t);
 
   // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
   // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
   // something is non-finite does the full check run, to name the element.
   t = std::chrono::steady_clock::now();
-  // (bf16 staging: every byte, replicas included, was scanned in the digest pass above.)
+  // (bf16 staging: every byte, replicas included, was scanned in the digest pass above; replicas
+  // scanned while they landed are not in rest_uncovered.)
   for (size_t r = 0; r < captures_.size() && !nonfinite && !bf16; ++r) {
-    for (const auto& [name, ranges] : uncovered_[r]) {
+    for (const auto& [name, ranges] : rest_uncovered[r]) {
       auto it = shadow_buffers_[r].find(name);
       if (it == shadow_buffers_[r].end()) continue;
       for (const refit::ByteRange& br : ranges) {
@@ -772,6 +774,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
                           {"coverage", "ok"},
                           {"digest_check", "staged bytes match the manifest, tensor by tensor"},
                           {"params_digested_while_landing", digested_on_landing},
+                          {"params_scanned_while_landing", scanned_on_landing},
                           {"content_digest", Hex64(staged->manifest.content_digest)},
                           {"wire_gbps", gbps},
                           {"stages_ms", stages}};

@@ -215,6 +215,98 @@ RC_AVX512 uint64_t Avx512Run(unsigned char* dst, const unsigned char* src, uint6
   return sum + ScalarRun<ES, kCopy, kBf16>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
 }
 
+// The landing copy (CopyDigestAndScan): 64 bytes loaded at a time, stored with non-temporal stores
+// where the destination is 64-byte aligned (nothing reads the staged bytes back soon, so they need
+// not displace the cache, and a streaming store skips the read-for-ownership of the destination
+// line), digested from the same registers (the 8-lane groups of Avx512Run, taken out of the 64-byte
+// vector), and checked for NaN/Inf on the same registers (exponent all ones: bf16 for ES 2, f32 for
+// ES 4). Elements outside whole 64-element blocks go through the scalar path.
+template <int ES>
+RC_AVX512 inline __m512i Group8(__m512i v, int k) {
+  if constexpr (ES == 2) {
+    switch (k) {
+      case 0: return _mm512_cvtepu16_epi64(_mm512_castsi512_si128(v));
+      case 1: return _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(v, 1));
+      case 2: return _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(v, 2));
+      default: return _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(v, 3));
+    }
+  } else {
+    return k == 0 ? _mm512_cvtepu32_epi64(_mm512_castsi512_si256(v))
+                  : _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(v, 1));
+  }
+}
+
+template <int ES>
+inline bool ScalarNonFinite(const unsigned char* p, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    if constexpr (ES == 2) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * j, 2);
+      if ((h & 0x7f80u) == 0x7f80u) return true;
+    } else {
+      uint32_t u;
+      std::memcpy(&u, p + 4 * j, 4);
+      if ((u & 0x7f800000u) == 0x7f800000u) return true;
+    }
+  }
+  return false;
+}
+
+template <int ES>
+RC_AVX512 uint64_t Avx512CopyStream(unsigned char* dst, const unsigned char* src, uint64_t index, int64_t n,
+                                    bool* nonfinite) {
+  static_assert(ES == 2 || ES == 4);
+  constexpr int kPerVec = 64 / ES;        // elements per 64-byte vector
+  constexpr int kGroups = kPerVec / 8;    // 8-lane groups per vector
+  constexpr int kVecs = 64 / kPerVec;     // vectors per 64-element block
+  const __m512i exp = ES == 2 ? _mm512_set1_epi16(0x7f80) : _mm512_set1_epi32(0x7f800000);
+  const int64_t head = HeadElements(index, n);
+  uint64_t sum = ScalarRun<ES, true, false>(dst, src, index, head);
+  bool bad = ScalarNonFinite<ES>(dst, head);  // the stored head, from L1
+  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  uint64_t any = 0;
+  int64_t j = head;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(dst) + static_cast<uintptr_t>(j * ES)) & 63) == 0;
+  for (; j + 64 <= n; j += 64) {
+    const uint64_t key = DigestBlockKey((index + static_cast<uint64_t>(j)) >> 6);
+    const uint64_t* mul = kPos.mul[key & 1];
+    const __m512i kh = _mm512_set1_epi64(static_cast<long long>(key >> 32));
+    const __m512i k0 = _mm512_set1_epi64(static_cast<long long>(key & ~uint64_t{1}));
+#pragma GCC unroll 4
+    for (int q = 0; q < kVecs; ++q) {
+      const unsigned char* s = src + (j + static_cast<int64_t>(q) * kPerVec) * ES;
+      unsigned char* d = dst + (j + static_cast<int64_t>(q) * kPerVec) * ES;
+      const __m512i v = _mm512_loadu_si512(s);
+      if (aligned) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(d), v);
+      } else {
+        _mm512_storeu_si512(d, v);
+      }
+      if constexpr (ES == 2) {
+        any |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(v, exp), exp);
+      } else {
+        any |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < kGroups; ++k) {
+        const int g = q * kGroups + k;
+        const __m512i bits = Group8<ES>(v, k);
+        const __m512i x = _mm512_ternarylogic_epi64(bits, kh, _mm512_load_si512(kPos.a + 8 * g), 0x96);
+        const __m512i b = _mm512_add_epi64(k0, _mm512_load_si512(mul + 8 * g));
+        lo = _mm512_add_epi64(lo, _mm512_mul_epu32(x, b));
+        hi = _mm512_add_epi64(hi, _mm512_mul_epu32(x, _mm512_srli_epi64(b, 32)));
+      }
+    }
+  }
+  if (aligned) _mm_sfence();  // the streaming stores are ordered before whatever publishes the copy
+  alignas(64) uint64_t lane[8];
+  _mm512_store_si512(lane, _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32)));
+  for (uint64_t l : lane) sum += l;
+  sum += ScalarRun<ES, true, false>(dst + j * ES, src + j * ES, index + static_cast<uint64_t>(j), n - j);
+  if (bad || any != 0 || ScalarNonFinite<ES>(dst + j * ES, n - j)) *nonfinite = true;
+  return sum;
+}
+
 // ---- finite check ----------------------------------------------------------------------------
 
 bool AnyNonFiniteScalar(const unsigned char* p, int64_t n) {
@@ -397,6 +489,31 @@ bool AnyNonFiniteBf16(DigestIsa isa, const void* p, int64_t n) {
 
 uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint64_t index, int64_t n) {
   return Run<true, true>(isa, 4, dst, src, index, n);
+}
+
+uint64_t CopyDigestAndScan(DigestIsa isa, int elem_size, void* dst, const void* src, uint64_t index, int64_t n,
+                           bool* nonfinite) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (n <= 0) return 0;
+  if ((elem_size == 2 || elem_size == 4) && isa == DigestIsa::kAvx512 && DigestIsaSupported(isa)) {
+    return elem_size == 2 ? Avx512CopyStream<2>(d, s, index, n, nonfinite)
+                          : Avx512CopyStream<4>(d, s, index, n, nonfinite);
+  }
+  // Other ISAs: copy and digest in L1-sized pieces, each scanned from L1 right after it was stored.
+  constexpr int64_t kPieceBytes = 16 << 10;
+  const int64_t per = std::max<int64_t>(1, kPieceBytes / elem_size);
+  uint64_t sum = 0;
+  bool bad = false;
+  for (int64_t j = 0; j < n; j += per) {
+    const int64_t m = std::min(per, n - j);
+    unsigned char* dp = d + j * elem_size;
+    sum += Run<true, false>(isa, elem_size, dp, s + j * elem_size, index + static_cast<uint64_t>(j), m);
+    if (elem_size == 2) bad = bad || AnyNonFiniteBf16(isa, dp, m);
+    if (elem_size == 4) bad = bad || AnyNonFiniteF32(isa, dp, m);
+  }
+  if (bad) *nonfinite = true;
+  return sum;
 }
 
 }  // namespace rc::refit::internal

@@ -44,6 +44,18 @@ uint64_t CopyAndDigestContiguous(DigestIsa isa, int elem_size, void* dst, const 
                                  int64_t n);
 uint64_t CopyAndDigestBf16AsF32(DigestIsa isa, void* dst, const void* src, uint64_t index, int64_t n);
 
+// The landing copy of a bf16 (elem_size 2) or f32 (elem_size 4) run: CopyAndDigestContiguous that
+// also sets *nonfinite when a copied element is NaN or +-Inf (bf16 / f32 exponent all ones; left
+// as it is otherwise), in one pass: with AVX-512 the check and the digest run on the registers
+// that are stored, and the stores are non-temporal where dst is 64-byte aligned (followed by an
+// sfence); other ISAs copy in L1-sized pieces and scan each from L1. Other element sizes: no check.
+uint64_t CopyDigestAndScan(DigestIsa isa, int elem_size, void* dst, const void* src, uint64_t index, int64_t n,
+                           bool* nonfinite);
+inline uint64_t CopyDigestAndScan(int elem_size, void* dst, const void* src, uint64_t index, int64_t n,
+                                  bool* nonfinite) {
+  return CopyDigestAndScan(BestDigestIsa(), elem_size, dst, src, index, n, nonfinite);
+}
+
 // True when any of the n f32 elements at p is NaN or +-Inf (exponent bits all ones).
 bool AnyNonFiniteF32(DigestIsa isa, const void* p, int64_t n);
 inline bool AnyNonFiniteF32(const void* p, int64_t n) { return AnyNonFiniteF32(BestDigestIsa(), p, n); }

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "rolloutcore/refit/digest.h"
@@ -181,6 +183,51 @@ TEST(DigestSimd, AnyNonFiniteBf16SeesEveryPositionOnEveryIsa) {
         if (off + static_cast<size_t>(n) < v.size()) {
           v[off + static_cast<size_t>(n)] = 0x7fc0;  // just past the run: not looked at
           EXPECT_FALSE(AnyNonFiniteBf16(isa, v.data() + off, n)) << DigestIsaName(isa) << " n " << n;
+        }
+      }
+    }
+  }
+}
+
+// The landing copy: the bytes copied exactly, the sum equal to the definition, and a NaN/Inf found
+// wherever it sits (head before the first block, inside a block, tail), for destinations that are
+// 64-byte aligned (streaming stores) and not.
+TEST(DigestSimd, CopyDigestAndScanCopiesDigestsAndFindsNonFiniteEverywhereInEveryIsa) {
+  const std::vector<unsigned char> data = RandomBytes(4 * 1300 + 128, 11);
+  for (DigestIsa isa : Isas()) {
+    for (int es : {2, 4}) {
+      // Finite values: clear the exponent's top bit of every element (bf16 0x4000, f32 0x40000000).
+      std::vector<unsigned char> src = data;
+      for (size_t j = 0; j + static_cast<size_t>(es) <= src.size(); j += static_cast<size_t>(es)) {
+        src[j + static_cast<size_t>(es) - 1] &= 0xbf;
+      }
+      for (int64_t n : {1, 7, 63, 64, 65, 130, 1000, 1217}) {
+        for (size_t dst_off : {0, 2, 4, 64}) {
+          for (uint64_t base : {uint64_t{0}, uint64_t{5}, uint64_t{12345}}) {
+            alignas(64) static unsigned char dst[4 * 1300 + 256];
+            std::memset(dst, 0xee, sizeof dst);
+            bool bad = false;
+            const uint64_t got = CopyDigestAndScan(isa, es, dst + dst_off, src.data() + 3 * es, base, n, &bad);
+            const std::string what = std::string(DigestIsaName(isa)) + " es " + std::to_string(es) + " n " +
+                                     std::to_string(n) + " dst offset " + std::to_string(dst_off) + " base " +
+                                     std::to_string(base);
+            EXPECT_EQ(got, Reference(es, src.data() + 3 * es, base, n, false)) << what;
+            EXPECT_EQ(std::memcmp(dst + dst_off, src.data() + 3 * es, static_cast<size_t>(n * es)), 0) << what;
+            EXPECT_EQ(dst[dst_off + static_cast<size_t>(n * es)], 0xee) << what << ": wrote past the run";
+            if (dst_off > 0) {
+              EXPECT_EQ(dst[dst_off - 1], 0xee) << what << ": wrote before the run";
+            }
+            EXPECT_FALSE(bad) << what;
+            // One NaN / Inf at a time, at positions in the head, the blocks and the tail.
+            for (int64_t at : {int64_t{0}, n / 2, n - 1, std::min<int64_t>(n - 1, 70)}) {
+              std::vector<unsigned char> s2(src.begin() + 3 * es, src.begin() + 3 * es + n * es);
+              s2[static_cast<size_t>(at * es + es - 1)] |= 0x7f;  // exponent's high bits
+              s2[static_cast<size_t>(at * es + es - 2)] |= 0x80;  // and its low bit: all ones
+              bool bad2 = false;
+              (void)CopyDigestAndScan(isa, es, dst + dst_off, s2.data(), base, n, &bad2);
+              EXPECT_TRUE(bad2) << what << " non-finite at " << at;
+            }
+          }
         }
       }
     }

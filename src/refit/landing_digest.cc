@@ -66,10 +66,32 @@ LandingDigest::LandingDigest(std::span<const Capture> captures, std::span<const 
     }
     for (size_t k = 0; k < cap.params.size(); ++k) {
       const TensorSpec& param = cap.params[k];
-      if (out[k] || segments[k].empty()) continue;
+      if (out[k] || installed.contains(param.name)) continue;
       auto it = buffers[r].find(param.name);
       if (it == buffers[r].end() || it->second.size() != param.bytes()) continue;
-      if (uncovered[r].contains(param.name) || installed.contains(param.name)) continue;
+      if (segments[k].empty()) {
+        // A replica: eligible for the scan on landing when every byte is uncovered.
+        auto u = uncovered[r].find(param.name);
+        if (u == uncovered[r].end() || (param.dtype != DType::kBF16 && param.dtype != DType::kF32)) continue;
+        std::vector<ByteRange> ranges = u->second;
+        std::sort(ranges.begin(), ranges.end(), [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
+        uint64_t at = 0;
+        bool whole = true;
+        for (const ByteRange& br : ranges) {
+          whole = whole && br.begin == at;
+          at = br.end;
+        }
+        if (!whole || at != param.bytes() || param.bytes() == 0) continue;
+        auto p = std::make_unique<Param>();
+        p->rank = r;
+        p->name = param.name;
+        p->dtype = param.dtype;
+        p->begin = it->second.data();
+        p->bytes = it->second.size();
+        params_.push_back(std::move(p));
+        continue;
+      }
+      if (uncovered[r].contains(param.name)) continue;
       std::sort(segments[k].begin(), segments[k].end(), [](const auto& a, const auto& b) { return a->begin < b->begin; });
       uint64_t at = 0;
       bool tiled = true;
@@ -101,35 +123,81 @@ void LandingDigest::Reset() {
   }
 }
 
-void LandingDigest::Landed(std::byte* dest, uint64_t length) {
-  if (length == 0 || params_.empty()) return;
-  auto it = std::upper_bound(params_.begin(), params_.end(), static_cast<const std::byte*>(dest),
+size_t LandingDigest::scan_only_eligible() const {
+  return static_cast<size_t>(
+      std::count_if(params_.begin(), params_.end(), [](const auto& p) { return p->segments.empty(); }));
+}
+
+LandingDigest::Param* LandingDigest::Find(const std::byte* dest, uint64_t length) const {
+  if (length == 0 || params_.empty()) return nullptr;
+  auto it = std::upper_bound(params_.begin(), params_.end(), dest,
                              [](const std::byte* d, const auto& p) { return d < p->begin; });
-  if (it == params_.begin()) return;
+  if (it == params_.begin()) return nullptr;
   Param& p = **std::prev(it);
   const auto offset = static_cast<uint64_t>(dest - p.begin);
-  if (offset >= p.bytes || length > p.bytes - offset) return;  // not (wholly) in a landing-digested parameter
+  if (offset >= p.bytes || length > p.bytes - offset) return nullptr;  // not (wholly) in an eligible parameter
+  return &p;
+}
+
+void LandingDigest::Landed(std::byte* dest, uint64_t length) { (void)Observe(dest, nullptr, length); }
+
+bool LandingDigest::CopyLanded(std::byte* dest, const std::byte* src, uint64_t length) {
+  return Observe(dest, src, length);
+}
+
+bool LandingDigest::Observe(std::byte* dest, const std::byte* src, uint64_t length) {
+  Param* found = Find(dest, length);
+  if (found == nullptr) return false;
+  Param& p = *found;
+  const auto offset = static_cast<uint64_t>(dest - p.begin);
   const uint64_t es = DTypeSize(p.dtype);
   if (offset % es != 0 || length % es != 0) {
     p.misaligned.store(true, std::memory_order_relaxed);
-    return;
+    return false;  // a copy offered is declined: the transport copies it and calls Landed, which lands here
   }
-  // Read back from the destination: the digest is of the staged bytes, not of the source.
-  const auto n = static_cast<int64_t>(length / es);
-  const bool bad = p.dtype == DType::kBF16 ? internal::AnyNonFiniteBf16(dest, n) : internal::AnyNonFiniteF32(dest, n);
-  if (bad) p.nonfinite.store(true, std::memory_order_relaxed);
+  // Offered the copy: one pass that copies, digests the registers it stores and checks them for
+  // NaN/Inf (CopyDigestAndScan). Not offered: the bytes are in cache at dest; digested and scanned
+  // from there (the staged bytes, never the source), in L1-sized pieces.
+  constexpr uint64_t kPiece = 16 << 10;
+  const bool bf16 = p.dtype == DType::kBF16;
+  const int esi = static_cast<int>(es);
+  bool bad = false;
+  auto scan = [&](const std::byte* at, uint64_t n) {
+    const auto count = static_cast<int64_t>(n / es);
+    bad = bad || (bf16 ? internal::AnyNonFiniteBf16(at, count) : internal::AnyNonFiniteF32(at, count));
+  };
   const uint64_t end = offset + length;
-  auto seg = std::upper_bound(p.segments.begin(), p.segments.end(), offset,
-                              [](uint64_t o, const auto& sg) { return o < sg->begin; });
-  for (--seg; seg != p.segments.end() && (*seg)->begin < end; ++seg) {
-    Segment& sg = **seg;
-    const uint64_t b = std::max(offset, sg.begin), e = std::min(end, sg.end);
-    const uint64_t d = internal::DigestContiguous(static_cast<int>(es), p.begin + b, (b - sg.begin) / es,
-                                                  static_cast<int64_t>((e - b) / es));
-    sg.sum.fetch_add(d, std::memory_order_relaxed);
+  if (p.segments.empty()) {  // a replica: the finite check only (the digest of the copy is dropped)
+    if (src != nullptr) {
+      (void)internal::CopyDigestAndScan(esi, dest, src, 0, static_cast<int64_t>(length / es), &bad);
+    } else {
+      for (uint64_t at = 0; at < length; at += kPiece) scan(dest + at, std::min(kPiece, length - at));
+    }
+  } else {
+    auto seg = std::upper_bound(p.segments.begin(), p.segments.end(), offset,
+                                [](uint64_t o, const auto& sg) { return o < sg->begin; });
+    for (--seg; seg != p.segments.end() && (*seg)->begin < end; ++seg) {
+      Segment& sg = **seg;
+      const uint64_t b = std::max(offset, sg.begin), e = std::min(end, sg.end);
+      uint64_t sum = 0;
+      if (src != nullptr) {
+        sum = internal::CopyDigestAndScan(esi, dest + (b - offset), src + (b - offset), (b - sg.begin) / es,
+                                          static_cast<int64_t>((e - b) / es), &bad);
+      } else {
+        for (uint64_t at = b; at < e; at += kPiece) {
+          const uint64_t n = std::min(kPiece, e - at);
+          const std::byte* d = dest + (at - offset);
+          sum += internal::DigestContiguous(esi, d, (at - sg.begin) / es, static_cast<int64_t>(n / es));
+          scan(d, n);
+        }
+      }
+      sg.sum.fetch_add(sum, std::memory_order_relaxed);
+    }
   }
+  if (bad) p.nonfinite.store(true, std::memory_order_relaxed);
   rc::MutexLock lock(p.mu);
-  p.chunks.emplace_back(offset, offset + length);
+  p.chunks.emplace_back(offset, end);
+  return src != nullptr;
 }
 
 LandingDigest::Outcome LandingDigest::Finish() {
@@ -152,6 +220,7 @@ LandingDigest::Outcome LandingDigest::Finish() {
       at = e;
     }
     if (!tiled || at != p->bytes) continue;
+    if (p->segments.empty()) ++out.scanned_only;
     for (const auto& seg : p->segments) out.digests[seg->tensor] += seg->sum.load(std::memory_order_relaxed);
     if (p->nonfinite.load(std::memory_order_relaxed)) out.nonfinite = true;
     accepted.emplace(p->rank, p->name);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -182,6 +183,84 @@ TEST(LandingDigest, ANonFiniteLandedElementIsReported) {
     LandingDigest d = rank.Make();
     rank.LandAll(d, 4096);
     EXPECT_TRUE(d.Finish().nonfinite) << DTypeName(dtype);
+  }
+}
+
+// Lands every chunk of `from`'s buffers into `to`'s the way the shm transport does: the copy is
+// offered to the observer first, and copied and reported when declined.
+void CopyLandAll(LandingDigest& d, const Rank& from, Rank& to, uint64_t chunk) {
+  for (size_t r = 0; r < from.buffers.size(); ++r) {
+    for (const auto& [name, span] : from.buffers[r]) {
+      std::span<std::byte> dst = to.buffers[r].at(name);
+      for (uint64_t at = 0; at < span.size(); at += chunk) {
+        const uint64_t n = std::min<uint64_t>(chunk, span.size() - at);
+        if (!d.CopyLanded(dst.data() + at, span.data() + at, n)) {
+          std::memcpy(dst.data() + at, span.data() + at, n);
+          d.Landed(dst.data() + at, n);
+        }
+      }
+    }
+  }
+}
+
+// The name of a parameter of rank r whose every byte is a replica byte (no digest region), or "".
+std::string WholeReplica(const Rank& rank, size_t r) {
+  for (const TensorSpec& p : rank.captures[r].params) {
+    auto it = rank.uncovered[r].find(p.name);
+    if (it == rank.uncovered[r].end()) continue;
+    uint64_t bytes = 0;
+    for (const ByteRange& br : it->second) bytes += br.end - br.begin;
+    if (bytes == p.bytes()) return p.name;
+  }
+  return "";
+}
+
+TEST(LandingDigest, OfferedTheCopyItCopiesDigestsAndScansReplicasInOnePass) {
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (int tp : {1, 2}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " tp " + std::to_string(tp));
+      const Rank src(tp, dtype);
+      Rank dst(tp, dtype);
+      for (auto& s : dst.storage) std::fill(s.begin(), s.end(), std::byte{0xee});
+      LandingDigest d = dst.Make();
+      CopyLandAll(d, src, dst, 4096 + 64);
+      LandingDigest::Outcome out = d.Finish();
+      EXPECT_FALSE(out.nonfinite);
+      EXPECT_EQ(dst.storage, src.storage) << "every byte landed, declined chunks included";
+      size_t params = 0;
+      for (const auto& c : dst.captures) params += c.params.size();
+      EXPECT_EQ(params - out.fallback.size(), d.eligible());
+      EXPECT_EQ(out.scanned_only, d.scan_only_eligible());
+      if (tp == 2) {
+        EXPECT_GT(d.scan_only_eligible(), 0u) << "tp 2 replicates the norms: one rank's copies are replicas";
+      }
+      TensorDigests got = out.digests;
+      AddDigests(got, dst.Rest(out.fallback));
+      EXPECT_EQ(got, src.Full());
+    }
+  }
+}
+
+TEST(LandingDigest, ANonFiniteReplicaElementIsFoundWhileItLands) {
+  for (bool offered : {true, false}) {
+    SCOPED_TRACE(offered ? "copy offered" : "landed");
+    Rank src(2);
+    const std::string replica = WholeReplica(src, 1);
+    ASSERT_FALSE(replica.empty());
+    Rank dst(2);
+    {
+      LandingDigest d = offered ? dst.Make() : src.Make();
+      offered ? CopyLandAll(d, src, dst, 4096) : src.LandAll(d, 4096);
+      LandingDigest::Outcome out = d.Finish();
+      EXPECT_FALSE(out.nonfinite);
+      EXPECT_FALSE(out.fallback.contains({1, replica})) << "scanned on landing, not left to the caller";
+    }
+    std::span<std::byte> span = src.buffers[1].at(replica);
+    const uint16_t inf = 0x7f80;
+    std::memcpy(span.data() + span.size() - 2, &inf, 2);
+    LandingDigest d = offered ? dst.Make() : src.Make();
+    offered ? CopyLandAll(d, src, dst, 4096) : src.LandAll(d, 4096);
+    EXPECT_TRUE(d.Finish().nonfinite);
   }
 }
 

@@ -73,10 +73,16 @@ struct RemoteMemory {
 // threads. Other backends never call it, and a transfer that fails may have called it for some
 // bytes: an observer must itself check which bytes it was told about. Landed must not fail or
 // block for long; it must outlive the transfer.
+// CopyLanded(dest, src, n) offers the observer the copy itself, so that it can observe the values
+// in the same pass that writes them (one pass over memory instead of a copy and a read-back): it
+// returns true after it wrote all n bytes of src to dest and observed them, or false having
+// written nothing, and the backend then copies and calls Landed. The default takes nothing. The
+// backend still validates the source around the call as around its own copy.
 class LandingObserver {
  public:
   virtual ~LandingObserver() = default;
   virtual void Landed(std::byte* dest, uint64_t length) = 0;
+  virtual bool CopyLanded(std::byte* /*dest*/, const std::byte* /*src*/, uint64_t /*length*/) { return false; }
 };
 
 struct ReadOp {

@@ -117,6 +117,7 @@ Status RunPiece(const Piece& piece) {
     }
     for (uint64_t at = 0; at < s.length; at += kObservedChunkBytes) {
       const uint64_t n = std::min(kObservedChunkBytes, s.length - at);
+      if (s.observer->CopyLanded(s.dst + at, s.src + at, n)) continue;
       std::memcpy(s.dst + at, s.src + at, n);
       s.observer->Landed(s.dst + at, n);
     }
