@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
+# ccache (CMakeLists.txt uses it when installed): paths relative to this checkout, so that clones in
+# other folders share one cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 cmake --preset release >/dev/null
 cmake --build build/release -j "${JOBS:-$(nproc)}" --target rolloutcore
 exec ./build/release/src/apps/rolloutcore demo "$@"

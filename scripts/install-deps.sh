@@ -4,7 +4,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libspdlog-dev libfmt-dev libxxhash-dev libsqlite3-dev sqlite3 libucx-dev

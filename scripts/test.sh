@@ -23,6 +23,9 @@ esac
 jobs="${JOBS:-$(nproc)}"
 
 ./scripts/install-deps.sh
+# ccache (CMakeLists.txt uses it when installed): paths relative to this checkout, so that clones in
+# other folders share one cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 
 echo "== configure ($preset)"
 cmake --preset "$preset" >/dev/null
