@@ -27,6 +27,17 @@ bool WholeTensor(const CapturedCopy& c) {
   return true;
 }
 
+// True when the [begin, end) pieces, sorted, tile [0, bytes) exactly (bytes > 0).
+bool Tiles(std::vector<std::pair<uint64_t, uint64_t>> pieces, uint64_t bytes) {
+  std::sort(pieces.begin(), pieces.end());
+  uint64_t at = 0;
+  for (const auto& [b, e] : pieces) {
+    if (b != at) return false;
+    at = e;
+  }
+  return bytes > 0 && at == bytes;
+}
+
 }  // namespace
 
 LandingDigest::LandingDigest(std::span<const Capture> captures, std::span<const std::vector<DigestRegion>> regions,
@@ -69,37 +80,19 @@ LandingDigest::LandingDigest(std::span<const Capture> captures, std::span<const 
       if (out[k] || installed.contains(param.name)) continue;
       auto it = buffers[r].find(param.name);
       if (it == buffers[r].end() || it->second.size() != param.bytes()) continue;
+      // A replica (no digest region: every byte uncovered) is scanned on landing; a parameter of
+      // whole-tensor segments is digested on landing. Either way its pieces must tile it.
+      std::vector<std::pair<uint64_t, uint64_t>> pieces;
       if (segments[k].empty()) {
-        // A replica: eligible for the scan on landing when every byte is uncovered.
         auto u = uncovered[r].find(param.name);
         if (u == uncovered[r].end() || (param.dtype != DType::kBF16 && param.dtype != DType::kF32)) continue;
-        std::vector<ByteRange> ranges = u->second;
-        std::sort(ranges.begin(), ranges.end(), [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
-        uint64_t at = 0;
-        bool whole = true;
-        for (const ByteRange& br : ranges) {
-          whole = whole && br.begin == at;
-          at = br.end;
-        }
-        if (!whole || at != param.bytes() || param.bytes() == 0) continue;
-        auto p = std::make_unique<Param>();
-        p->rank = r;
-        p->name = param.name;
-        p->dtype = param.dtype;
-        p->begin = it->second.data();
-        p->bytes = it->second.size();
-        params_.push_back(std::move(p));
-        continue;
+        for (const ByteRange& br : u->second) pieces.emplace_back(br.begin, br.end);
+      } else {
+        if (uncovered[r].contains(param.name)) continue;
+        std::sort(segments[k].begin(), segments[k].end(), [](const auto& a, const auto& b) { return a->begin < b->begin; });
+        for (const auto& seg : segments[k]) pieces.emplace_back(seg->begin, seg->end);
       }
-      if (uncovered[r].contains(param.name)) continue;
-      std::sort(segments[k].begin(), segments[k].end(), [](const auto& a, const auto& b) { return a->begin < b->begin; });
-      uint64_t at = 0;
-      bool tiled = true;
-      for (const auto& seg : segments[k]) {
-        tiled = tiled && seg->begin == at;
-        at = seg->end;
-      }
-      if (!tiled || at != param.bytes()) continue;
+      if (!Tiles(std::move(pieces), param.bytes())) continue;
       auto p = std::make_unique<Param>();
       p->rank = r;
       p->name = param.name;
@@ -209,17 +202,7 @@ LandingDigest::Outcome LandingDigest::Finish() {
       rc::MutexLock lock(p->mu);
       chunks = p->chunks;
     }
-    std::sort(chunks.begin(), chunks.end());
-    uint64_t at = 0;
-    bool tiled = !p->misaligned.load(std::memory_order_relaxed);
-    for (const auto& [b, e] : chunks) {
-      if (b != at) {
-        tiled = false;
-        break;
-      }
-      at = e;
-    }
-    if (!tiled || at != p->bytes) continue;
+    if (p->misaligned.load(std::memory_order_relaxed) || !Tiles(std::move(chunks), p->bytes)) continue;
     if (p->segments.empty()) ++out.scanned_only;
     for (const auto& seg : p->segments) out.digests[seg->tensor] += seg->sum.load(std::memory_order_relaxed);
     if (p->nonfinite.load(std::memory_order_relaxed)) out.nonfinite = true;
