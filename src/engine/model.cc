@@ -149,13 +149,12 @@ Result<WeightBinding> Model::BindImage(const WeightImage& image) const {
   }
   return BindWith([this, &image](size_t r, const std::string& name,
                                  const std::vector<int64_t>& shape) -> Result<WeightRef> {
-    std::string key = name;
+    // An alias (tied lm_head) follows its target, as in the live store: whatever the image holds
+    // under the alias's own name (a staging buffer the capture filled) is not what the live
+    // weights read, so it is never read here either.
+    const Parameter* live = ranks_[r]->params.Find(name);
+    const std::string& key = live != nullptr && !live->alias_of.empty() ? live->alias_of : name;
     auto it = image[r].find(key);
-    if (it == image[r].end()) {
-      // An alias (tied lm_head) follows its target, as in the live store.
-      const Parameter* p = ranks_[r]->params.Find(name);
-      if (p != nullptr && !p->alias_of.empty()) it = image[r].find(p->alias_of);
-    }
     if (it == image[r].end()) {
       return InvalidArgument("weight image of rank " + std::to_string(r) + " has no parameter " + name);
     }

@@ -26,6 +26,7 @@ namespace {
 struct EngineSetup {
   int tp = 1;
   int64_t num_kv_blocks = 0;
+  std::string model = "tiny";  // tiny-qwen2: tied lm_head
 };
 
 class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
@@ -39,7 +40,8 @@ class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
     o.tensor_parallel_size = setup.tp;
     o.num_kv_blocks = setup.num_kv_blocks;
     if (setup.num_kv_blocks > 0) o.max_model_len = setup.num_kv_blocks * o.block_size;
-    auto e = CreateEngine({"tiny", "dummy", 3}, o);
+    model_ = setup.model;
+    auto e = CreateEngine({setup.model, "dummy", 3}, o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(e).value();
     receiver_ = std::make_unique<RefitReceiver>(engine_.get(), 2);
@@ -57,7 +59,7 @@ class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
   // `probes` attached. The probes' expected steps are placeholders: only the request (prompt,
   // steps, top_k) matters to the engine.
   void Publish(const std::string& version, int64_t step, const std::vector<refit::Probe>& probes) {
-    auto config = refit::ModelPreset("tiny").value();
+    auto config = refit::ModelPreset(model_).value();
     auto specs = refit::ListSourceTensors(config).value();
     trainer::SyntheticWeights w{7, 1e-3f};
     for (auto spec : specs) {
@@ -118,6 +120,7 @@ class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
     return engine_->Replay(p.prompt, static_cast<int64_t>(p.steps.size()), p.top_k, allow_precomputed);
   }
 
+  std::string model_ = "tiny";
   std::unique_ptr<directory::DirectoryStore> store_;
   std::unique_ptr<directory::DirectoryServer> server_;
   std::unique_ptr<Engine> engine_;
@@ -130,7 +133,9 @@ class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
 // Stage -> pre-replay on the shadow -> swap install -> Replay served from the pre-replay, equal
 // bit for bit to the live computation; the next stage drops it.
 TEST_P(PreReplayReceiverTest, SwapInstallServesThePreReplayBitForBitAndTheNextStageDropsIt) {
-  Start({GetParam(), 0});
+  // 1, 2: tiny at tp 1 and 2; 3: tiny-qwen2 (tied lm_head: the image's own lm_head buffer is not
+  // what the live weights read) at tp 1.
+  Start(GetParam() == 3 ? EngineSetup{1, 0, "tiny-qwen2"} : EngineSetup{GetParam(), 0, "tiny"});
   const auto probes = TwoProbes();
   Publish("v1", 1, probes);
   auto staged = receiver_->Stage(Stage("v1"));
@@ -181,14 +186,14 @@ TEST_P(PreReplayReceiverTest, SwapInstallServesThePreReplayBitForBitAndTheNextSt
   engine_->Resume();
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp, PreReplayReceiverTest, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Tp, PreReplayReceiverTest, ::testing::Values(1, 2, 3));
 
 using PreReplayReceiverNoBlocksTest = PreReplayReceiverTest;
 
 // A pre-replay that cannot borrow KV blocks does not fail the stage: ran=false, with the reason,
 // and validation would replay in the pause as before.
 TEST_F(PreReplayReceiverNoBlocksTest, StageSucceedsWhenThePreReplayGetsNoBlocks) {
-  Start({1, /*num_kv_blocks=*/2});  // 32 positions: each probe fits alone, both together do not
+  Start({1, /*num_kv_blocks=*/2, "tiny"});  // 32 positions: each probe fits alone, both together do not
   std::vector<refit::Probe> probes = {MakeProbe("a", std::vector<int32_t>(20, 7), 8, 2),
                                       MakeProbe("b", std::vector<int32_t>(20, 9), 8, 2)};
   Publish("v1", 1, probes);
