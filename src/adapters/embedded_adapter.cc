@@ -95,6 +95,9 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
       RC_ASSIGN_OR_RETURN(engine::ReplayOutput out, s->engine->Replay(request.prompt, request.steps, request.top_k));
       ReplayEvidence e;
       e.engine_ms = out.elapsed_ms;
+      e.precomputed = out.precomputed;
+      e.computed_on = out.computed_on;
+      e.staged_ms = out.staged_ms;
       for (auto& st : out.steps) e.steps.push_back(ReplayStep{st.token, st.logprob, std::move(st.top_logprobs)});
       return e;
     });

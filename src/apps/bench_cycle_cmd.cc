@@ -11,7 +11,9 @@
 // validation): what the lifecycle itself costs beyond moving and proving the bytes. The issue's
 // "cycle minus drain, wire and install" is printed too. The trainer attaches --probes replay probes
 // (default 2 x 8 tokens) to every version, and the report gives the replay's cost inside the pause
-// window (engine time, and the Runner's wall time).
+// window (engine time, and the Runner's wall time) and, separately, the pre-replay: the same probes
+// run on the staged image inside the stage call, before the pause (docs/engine.md "Pre-replay on
+// the staged image"), whose results VALIDATING then serves (replay evidence `precomputed`).
 //
 // Every adapter call is timed (call ->
 // evidence) by a wrapper that leaves the Runner's Pending untouched, so the pause window is split
@@ -358,7 +360,8 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
 
   const double fdatasync_before = FdatasyncMs(so.state_dir);
   Json cycles = Json::array();
-  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms;
+  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms,
+      prereplay_ms_all;
   std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms, gap_ms;
   // One update more than reported: the first one allocates the shadow and staging (a cold refit).
   for (int i = 0; i <= o.cycles; ++i) {
@@ -390,6 +393,10 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     const Json installed = ev.contains("install_complete") ? ev["install_complete"].value("detail", Json::object()) : Json::object();
     const double drain = Num(ph, {"DRAINING"});
     const double stage = Num(staged, {"stages_ms", "total"});
+    // Pre-replay (docs/lifecycle.md "Replay validation"): the probes replayed on the staged image
+    // inside the stage call, while the old version still serves — outside the pause window.
+    const Json prereplay = staged.value("prereplay", Json::object());
+    const double prereplay_ms = Num(prereplay, {"ms"});
     const double wire = Num(staged, {"stages_ms", "wire"});
     const double install = Num(installed, {"stages_ms", "install"});
     const double install_digest = Num(installed, {"stages_ms", "post_install"});
@@ -411,7 +418,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     // engine's own times for stage and install). The rest of the cycle is the controller's own
     // cost: journal writes, noticing completions, pause/reset/resume round trips, the request
     // (directory resolve) and the identity check after the update.
-    const double overhead = total - stage - drain_wait - install - install_digest - validate;
+    const double overhead = total - stage - prereplay_ms - drain_wait - install - install_digest - validate;
     // The pause window's parts: each engine call inside it, and what is left (the controller's
     // journal writes and polling between the calls).
     Json pause_parts{{"pause_call", call("pause")},
@@ -453,7 +460,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
                         {"resume_call", call("resume")},
                         {"drain_status_calls", UnionMs(intervals, {"drain_status"})},
                         {"identity_probe_calls", call("probe_identity")},
-                        {"stage_call_beyond_engine", call("stage") - stage},
+                        {"stage_call_beyond_engine", call("stage") - stage - prereplay_ms},
                         {"install_call_beyond_engine", call("install") - install - install_digest}};
     Json c{{"version", version},
            {"cycle_ms", total},
@@ -468,6 +475,8 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
            {"controller_overhead_ms", overhead},
            {"cycle_minus_drain_wire_install_ms", total - drain - install},
            {"replay", replay},
+           {"prereplay", prereplay},
+           {"prereplay_ms", prereplay_ms},
            {"replay_engine_ms", replay_engine},
            {"replay_wall_ms", replay_wall},
            {"phases_ms", ph},
@@ -477,10 +486,12 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
            {"calls_ms", calls},
            {"cold", i == 0}};
     std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
-                             "install {:.1f} ms, replay {:.2f} ms (engine; {:.0f} ms wall), controller overhead "
-                             "{:.1f} ms\n",
-                             version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, install,
-                             replay_engine, replay_wall, overhead);
+                             "pre-replay {:.1f} ms (stage, {}), install {:.1f} ms, replay {:.2f} ms (engine, in the "
+                             "pause; {} of {} probes precomputed; {:.0f} ms wall), controller overhead {:.1f} ms\n",
+                             version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, prereplay_ms,
+                             prereplay.value("ran", false) ? "ran" : "not run: " + prereplay.value("why", std::string()),
+                             install, replay_engine, replay.value("precomputed", int64_t{0}),
+                             replay.value("probes", int64_t{0}), replay_wall, overhead);
     std::cerr << "  pause window parts (ms): " << pause_parts.dump() << "\n  controller overhead parts (ms): "
               << overhead_parts.dump() << "\n  controller idle gaps (ms): " << gaps.dump() << "\n";
     cycles.push_back(c);
@@ -490,6 +501,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     overhead_ms.push_back(overhead);
     overhead_issue_ms.push_back(total - drain - install);
     replay_engine_ms.push_back(replay_engine);
+    prereplay_ms_all.push_back(prereplay_ms);
     replay_wall_ms.push_back(replay_wall);
     for (const auto& [k, v] : pause_parts.items()) pause_part_ms[k].push_back(v.get<double>());
     for (const auto& [k, v] : overhead_parts.items()) overhead_part_ms[k].push_back(v.get<double>());
@@ -519,6 +531,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
               {"replay_probes", o.probes},
               {"replay_probe_tokens", o.probe_tokens},
               {"replay_engine_ms_median", Median(replay_engine_ms)},
+              {"prereplay_ms_median", Median(prereplay_ms_all)},
               {"replay_wall_ms_median", Median(replay_wall_ms)},
               {"served_label_after", r["binding"]["label"]}};
 }
@@ -604,6 +617,7 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         "  controller overhead   {:10.2f} ms   (cycle - staging - install - live digest - validation reads)\n"
         "  replay validation     {:10.2f} ms   ({} probes x {} tokens, engine time, in the pause window; Runner wall "
         "{:.0f} ms)\n"
+        "  pre-replay (stage)    {:10.2f} ms   (the same probes on the staged image, while the old version serves)\n"
         "  pause window parts (medians, ms): {}\n"
         "  controller overhead parts (medians, ms): {}\n"
         "  controller idle gaps (medians, ms; no engine call in flight, by the calls around them): {}\n"
@@ -615,6 +629,7 @@ Status Run(const BenchCycleOptions& o, bool cycle) {
         report["restart"]["ready_ms_median"].get<double>(), report["restart"]["export_ms"].get<double>(),
         report["restart_over_cycle"].get<double>(), c["controller_overhead_ms_median"].get<double>(),
         c["replay_engine_ms_median"].get<double>(), o.probes, o.probe_tokens, c["replay_wall_ms_median"].get<double>(),
+        c["prereplay_ms_median"].get<double>(),
         c["pause_window_parts_ms_median"].dump(), c["controller_overhead_parts_ms_median"].dump(), c["controller_idle_gaps_ms_median"].dump(), c["state_dir_fdatasync_ms"]["before"].get<double>(),
         c["state_dir_fdatasync_ms"]["after"].get<double>(),
         c["cycle_minus_drain_wire_install_ms_median"].get<double>());

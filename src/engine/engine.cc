@@ -167,6 +167,10 @@ Status Engine::WriteLiveForTesting(int rank, const std::function<Status(Paramete
   if (rank < 0 || rank >= options_.tensor_parallel_size) {
     return InvalidArgument("rank " + std::to_string(rank) + " is not a tensor-parallel rank");
   }
+  {
+    rc::MutexLock l(mu_);
+    prereplay_.live_generation = -1;  // the live bytes change without an install
+  }
   ParameterStore& ps = model_->params(rank);
   RC_RETURN_IF_ERROR(ps.SetReadOnly(false));
   Status st = write(&ps);
@@ -559,7 +563,7 @@ KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
       waiting_.push_front(std::move(s));
     }
   }
-  KvResetEvidence ev = kv_->ResetPrefixCache();
+  KvResetEvidence ev = kv_->ResetPrefixCache(prereplay_blocks_);
   if (ev.success) {
     metrics_.cache_resets++;
   } else {
@@ -608,6 +612,8 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
     rc::MutexLock l(mu_);
     if (pause_ != PauseState::kPaused) return FailedPrecondition("weights can be installed only while the engine is paused");
     // The live weights may differ from here on, whether or not the install completes.
+    // A pre-replay becomes valid again only through AdoptPreReplay, for this generation.
+    prereplay_.live_generation = -1;
     generation_ = std::max(generation, generation_ + 1);
     generation = generation_;
   }
@@ -709,7 +715,7 @@ bool Engine::SwapInFlightLocked(InFlightKv kv, const std::string& label, int64_t
     metrics_.inflight_recomputed++;
     waiting_.push_front(std::move(s));
   }
-  *ev = kv_->ResetPrefixCache();
+  *ev = kv_->ResetPrefixCache(prereplay_blocks_);
   return ev->success;
 }
 

@@ -129,6 +129,8 @@ void EngineServer::Impl::Replay(const httplib::Request& q, httplib::Response& r)
     steps_json.push_back(Json{{"token", s.token}, {"logprob", s.logprob}, {"top", top}});
   }
   SendJson(r, 200, Json{{"probe", req->probe}, {"steps", steps_json}, {"engine_ms", out->elapsed_ms},
+                        {"precomputed", out->precomputed}, {"computed_on", out->computed_on},
+                        {"staged_ms", out->staged_ms},
                         {"weight_version", engine_->WeightVersion()},
                         {"install_generation", engine_->State().install_generation}});
 }

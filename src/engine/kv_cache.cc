@@ -160,10 +160,10 @@ void KvCacheManager::RegisterFullBlocks(std::span<const int32_t> blocks, std::sp
   }
 }
 
-KvResetEvidence KvCacheManager::ResetPrefixCache() {
+KvResetEvidence KvCacheManager::ResetPrefixCache(int64_t unhashed_borrowed) {
   KvResetEvidence ev;
   ev.blocks_in_use = in_use_;
-  if (in_use_ > 0) return ev;
+  if (in_use_ - unhashed_borrowed > 0) return ev;
   ev.freed_blocks = static_cast<int64_t>(by_hash_.size());
   for (int32_t id : evictable_) {
     Block& b = blocks_[static_cast<size_t>(id)];

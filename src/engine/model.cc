@@ -85,41 +85,94 @@ int64_t Model::WeightBytes() const {
   return n;
 }
 
-Status Model::Bind() {
+Result<WeightBinding> Model::BindWith(const RefLookup& get) const {
   const int64_t h = spec_.hidden_size, d = spec_.head_dim, v = spec_.vocab_size;
-  for (auto& rank : ranks_) {
-    const RankLayout& l = rank->layout;
-    const ParameterStore& ps = rank->params;
-    rank->layers.assign(static_cast<size_t>(spec_.num_layers), Layer{});
+  WeightBinding w;
+  w.layers.resize(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const RankLayout& l = ranks_[r]->layout;
+    w.layers[r].assign(static_cast<size_t>(spec_.num_layers), WeightBinding::Layer{});
     for (int64_t i = 0; i < spec_.num_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      Layer& L = rank->layers[static_cast<size_t>(i)];
+      WeightBinding::Layer& L = w.layers[r][static_cast<size_t>(i)];
       const int64_t qkv_rows = (l.q_heads + 2 * l.kv_heads) * d;
-      RC_ASSIGN_OR_RETURN(L.in_norm, Ref(ps, p + "input_layernorm.weight", {h}));
-      RC_ASSIGN_OR_RETURN(L.post_norm, Ref(ps, p + "post_attention_layernorm.weight", {h}));
-      RC_ASSIGN_OR_RETURN(L.qkv, Ref(ps, p + "self_attn.qkv_proj.weight", {qkv_rows, h}));
-      L.qkv_bias = WeightRef();
+      RC_ASSIGN_OR_RETURN(L.in_norm, get(r, p + "input_layernorm.weight", {h}));
+      RC_ASSIGN_OR_RETURN(L.post_norm, get(r, p + "post_attention_layernorm.weight", {h}));
+      RC_ASSIGN_OR_RETURN(L.qkv, get(r, p + "self_attn.qkv_proj.weight", {qkv_rows, h}));
       if (spec_.qkv_bias) {
-        RC_ASSIGN_OR_RETURN(L.qkv_bias, Ref(ps, p + "self_attn.qkv_proj.bias", {qkv_rows}));
+        RC_ASSIGN_OR_RETURN(L.qkv_bias, get(r, p + "self_attn.qkv_proj.bias", {qkv_rows}));
       }
-      L.q_norm = L.k_norm = WeightRef();
       if (spec_.qk_norm) {
-        RC_ASSIGN_OR_RETURN(L.q_norm, Ref(ps, p + "self_attn.q_norm.weight", {d}));
-        RC_ASSIGN_OR_RETURN(L.k_norm, Ref(ps, p + "self_attn.k_norm.weight", {d}));
+        RC_ASSIGN_OR_RETURN(L.q_norm, get(r, p + "self_attn.q_norm.weight", {d}));
+        RC_ASSIGN_OR_RETURN(L.k_norm, get(r, p + "self_attn.k_norm.weight", {d}));
       }
-      RC_ASSIGN_OR_RETURN(L.o, Ref(ps, p + "self_attn.o_proj.weight", {h, l.q_heads * d}));
-      RC_ASSIGN_OR_RETURN(L.gate_up, Ref(ps, p + "mlp.gate_up_proj.weight", {2 * l.intermediate, h}));
-      RC_ASSIGN_OR_RETURN(L.down, Ref(ps, p + "mlp.down_proj.weight", {h, l.intermediate}));
+      RC_ASSIGN_OR_RETURN(L.o, get(r, p + "self_attn.o_proj.weight", {h, l.q_heads * d}));
+      RC_ASSIGN_OR_RETURN(L.gate_up, get(r, p + "mlp.gate_up_proj.weight", {2 * l.intermediate, h}));
+      RC_ASSIGN_OR_RETURN(L.down, get(r, p + "mlp.down_proj.weight", {h, l.intermediate}));
     }
   }
-  const ParameterStore& ps0 = ranks_[0]->params;
-  RC_ASSIGN_OR_RETURN(embed_, Ref(ps0, "model.embed_tokens.weight", {v, h}));
-  RC_ASSIGN_OR_RETURN(final_norm_, Ref(ps0, "model.norm.weight", {h}));
-  RC_ASSIGN_OR_RETURN(lm_head_, Ref(ps0, "lm_head.weight", {v, h}));
+  RC_ASSIGN_OR_RETURN(w.embed, get(0, "model.embed_tokens.weight", {v, h}));
+  RC_ASSIGN_OR_RETURN(w.final_norm, get(0, "model.norm.weight", {h}));
+  RC_ASSIGN_OR_RETURN(w.lm_head, get(0, "lm_head.weight", {v, h}));
+  return w;
+}
+
+Status Model::Bind() {
+  RC_ASSIGN_OR_RETURN(live_, BindWith([this](size_t r, const std::string& name, const std::vector<int64_t>& shape) {
+                        return Ref(ranks_[r]->params, name, shape);
+                      }));
   return OkStatus();
 }
 
-Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* logits) {
+bool Model::IsLive(const WeightBinding& w) const {
+  auto same = [](const WeightRef& a, const WeightRef& b) { return a.data == b.data && a.type == b.type; };
+  if (w.layers.size() != live_.layers.size()) return false;
+  for (size_t r = 0; r < w.layers.size(); ++r) {
+    if (w.layers[r].size() != live_.layers[r].size()) return false;
+    for (size_t i = 0; i < w.layers[r].size(); ++i) {
+      const WeightBinding::Layer& a = w.layers[r][i];
+      const WeightBinding::Layer& b = live_.layers[r][i];
+      if (!same(a.in_norm, b.in_norm) || !same(a.post_norm, b.post_norm) || !same(a.qkv, b.qkv) ||
+          !same(a.qkv_bias, b.qkv_bias) || !same(a.q_norm, b.q_norm) || !same(a.k_norm, b.k_norm) ||
+          !same(a.o, b.o) || !same(a.gate_up, b.gate_up) || !same(a.down, b.down)) {
+        return false;
+      }
+    }
+  }
+  return same(w.embed, live_.embed) && same(w.final_norm, live_.final_norm) && same(w.lm_head, live_.lm_head);
+}
+
+Result<WeightBinding> Model::BindImage(const WeightImage& image) const {
+  if (image.size() != ranks_.size()) {
+    return InvalidArgument("weight image has " + std::to_string(image.size()) + " ranks; the model has " +
+                           std::to_string(ranks_.size()));
+  }
+  return BindWith([this, &image](size_t r, const std::string& name,
+                                 const std::vector<int64_t>& shape) -> Result<WeightRef> {
+    // An alias (tied lm_head) follows its target, as in the live store: whatever the image holds
+    // under the alias's own name (a staging buffer the capture filled) is not what the live
+    // weights read, so it is never read here either.
+    const Parameter* live = ranks_[r]->params.Find(name);
+    const std::string& key = live != nullptr && !live->alias_of.empty() ? live->alias_of : name;
+    auto it = image[r].find(key);
+    if (it == image[r].end()) {
+      return InvalidArgument("weight image of rank " + std::to_string(r) + " has no parameter " + name);
+    }
+    int64_t numel = 1;
+    for (int64_t e : shape) numel *= e;
+    const size_t want = static_cast<size_t>(numel) * DTypeSize(weight_dtype_);
+    if (it->second.size() != want) {
+      return InvalidArgument("weight image of rank " + std::to_string(r) + ": parameter " + name + " has " +
+                             std::to_string(it->second.size()) + " bytes, the engine layout needs " +
+                             std::to_string(want));
+    }
+    if (weight_dtype_ == DType::kBF16) return WeightRef(reinterpret_cast<const uint16_t*>(it->second.data()));
+    return WeightRef(reinterpret_cast<const float*>(it->second.data()));
+  });
+}
+
+Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seqs, std::vector<float>* logits) {
+  if (w.layers.size() != ranks_.size()) return Internal("forward: the weight binding does not match the model's ranks");
   const int64_t H = spec_.hidden_size, D = spec_.head_dim, V = spec_.vocab_size;
   // Flatten the batch: token t belongs to seq tok_seq[t] at position tok_pos[t].
   std::vector<int32_t> tok_id;
@@ -154,7 +207,7 @@ Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* l
 
   std::vector<float> x(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) {
-    WidenRow(embed_.Row(tok_id[t], H), H, &x[t * H]);
+    WidenRow(w.embed.Row(tok_id[t], H), H, &x[t * H]);
   }
   std::vector<float> hbuf(static_cast<size_t>(T * H));
   std::vector<float> qkv, attn, gu, act;
@@ -172,10 +225,10 @@ Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* l
   std::vector<std::vector<float>> partials(ranks_.size(), std::vector<float>(static_cast<size_t>(T * H)));
 
   for (int64_t li = 0; li < spec_.num_layers; ++li) {
-    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], ranks_[0]->layers[li].in_norm, H, eps, &hbuf[t * H]);
+    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], w.layers[0][static_cast<size_t>(li)].in_norm, H, eps, &hbuf[t * H]);
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rank = *ranks_[r];
-      const Layer& L = rank.layers[static_cast<size_t>(li)];
+      const WeightBinding::Layer& L = w.layers[r][static_cast<size_t>(li)];
       const int64_t hq = rank.layout.q_heads, hk = rank.layout.kv_heads;
       const int64_t W = (hq + 2 * hk) * D;
       qkv.resize(static_cast<size_t>(T * W));
@@ -227,10 +280,10 @@ Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* l
     }
     all_reduce_into_x(partials);
 
-    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], ranks_[0]->layers[li].post_norm, H, eps, &hbuf[t * H]);
+    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], w.layers[0][static_cast<size_t>(li)].post_norm, H, eps, &hbuf[t * H]);
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rank = *ranks_[r];
-      const Layer& L = rank.layers[static_cast<size_t>(li)];
+      const WeightBinding::Layer& L = w.layers[r][static_cast<size_t>(li)];
       const int64_t I = rank.layout.intermediate;
       gu.resize(static_cast<size_t>(T * 2 * I));
       act.resize(static_cast<size_t>(T * I));
@@ -249,10 +302,10 @@ Status Model::Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* l
   const int64_t S = static_cast<int64_t>(logit_rows.size());
   if (S == 0) return OkStatus();
   std::vector<float> normed(static_cast<size_t>(S * H));
-  for (int64_t s = 0; s < S; ++s) RmsNorm(&x[logit_rows[s] * H], final_norm_, H, eps, &normed[s * H]);
+  for (int64_t s = 0; s < S; ++s) RmsNorm(&x[logit_rows[s] * H], w.final_norm, H, eps, &normed[s * H]);
   const size_t base = logits->size();
   logits->resize(base + static_cast<size_t>(S * V));
-  MatMulNT(pool_, normed.data(), S, H, lm_head_, V, logits->data() + base);
+  MatMulNT(pool_, normed.data(), S, H, w.lm_head, V, logits->data() + base);
   return OkStatus();
 }
 

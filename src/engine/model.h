@@ -6,11 +6,19 @@
 // every rank's column-parallel part, then sums the row-parallel partial outputs in rank order
 // (the in-process all-reduce), so results depend only on tp, never on scheduling.
 //
-// Thread safety: not synchronized; the engine calls Forward from its step thread only, and
-// mutates parameters only while paused.
+// Weights are read through a WeightBinding (resolved pointers into one set of parameters of the
+// engine layout). Bind() resolves the live ParameterStores; BindImage() resolves another set of
+// buffers of the same layout and dtype (a staged refit image), so Forward(binding, ...) computes
+// with those bytes through exactly the same kernels, KV storage and code path: the same bytes give
+// bit-identical results whether they are live or not (model_test.cc checks it, tp 1 and 2).
+//
+// Thread safety: not synchronized; the engine calls Forward under its step lock only, and
+// mutates parameters only while paused. A binding stays valid while the buffers it points into
+// are neither freed nor exchanged (the caller's contract; the engine re-binds after installs).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,6 +45,25 @@ struct ForwardSeq {
   bool want_logits = false;                           // logits of the last new token
 };
 
+// Resolved weight pointers of every rank for one set of parameters (live or a staged image).
+struct WeightBinding {
+  struct Layer {
+    WeightRef in_norm;
+    WeightRef post_norm;
+    WeightRef qkv;
+    WeightRef qkv_bias;
+    WeightRef q_norm;
+    WeightRef k_norm;
+    WeightRef o;
+    WeightRef gate_up;
+    WeightRef down;
+  };
+  std::vector<std::vector<Layer>> layers;  // [rank][layer]
+  WeightRef embed;
+  WeightRef final_norm;
+  WeightRef lm_head;
+};
+
 class Model {
  public:
   // weight_dtype: the dtype every parameter is kept in (F32 or BF16, parameters.h).
@@ -55,25 +82,24 @@ class Model {
 
   // Resolves cached parameter pointers; call after (re)loading weights or exchanging storage.
   Status Bind();
-  // Runs the batch; appends one row of vocab_size logits per seq with want_logits.
-  Status Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* logits);
+  // Resolves the pointers of `image` (per rank, parameter name -> bytes in weight_dtype(), the
+  // engine layout; an alias such as a tied lm_head may be absent and then follows its target).
+  // InvalidArgument naming the parameter when one is missing or has the wrong size.
+  Result<WeightBinding> BindImage(const WeightImage& image) const;
+  // True when `w` points at exactly the live parameters' storage (every reference, same dtype).
+  bool IsLive(const WeightBinding& w) const;
+  // Runs the batch on the live weights; appends one row of vocab_size logits per seq with
+  // want_logits.
+  Status Forward(const std::vector<ForwardSeq>& seqs, std::vector<float>* logits) {
+    return Forward(live_, seqs, logits);
+  }
+  // The same on the weights `w` points into (KV storage and kernels shared with the live path).
+  Status Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seqs, std::vector<float>* logits);
 
  private:
-  struct Layer {
-    WeightRef in_norm;
-    WeightRef post_norm;
-    WeightRef qkv;
-    WeightRef qkv_bias;
-    WeightRef q_norm;
-    WeightRef k_norm;
-    WeightRef o;
-    WeightRef gate_up;
-    WeightRef down;
-  };
   struct Rank {
     RankLayout layout;
     ParameterStore params;
-    std::vector<Layer> layers;
     std::vector<std::vector<float>> k_cache, v_cache;  // per layer
   };
   Model(const ModelSpec& spec, int64_t num_blocks, int64_t block_size, ThreadPool* pool)
@@ -86,9 +112,11 @@ class Model {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<float> inv_freq_;
   DType weight_dtype_ = DType::kF32;
-  WeightRef embed_;
-  WeightRef final_norm_;
-  WeightRef lm_head_;
+  // Looks up one parameter of one rank by name with its expected shape.
+  using RefLookup = std::function<Result<WeightRef>(size_t rank, const std::string& name,
+                                                    const std::vector<int64_t>& shape)>;
+  Result<WeightBinding> BindWith(const RefLookup& lookup) const;
+  WeightBinding live_;
 };
 
 }  // namespace rc::engine

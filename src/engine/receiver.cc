@@ -253,6 +253,8 @@ struct RefitReceiver::Staged {
   // read-only since, so it is the digest of what a swap install makes live.
   refit::TensorDigests staged_digest;
   Json evidence;
+  // The image id of a pre-replay whose results the engine cached for this staged image (0: none).
+  uint64_t prereplay_image = 0;
 };
 
 namespace {
@@ -487,13 +489,19 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
     }
   } clear_running{this};
   rc::MutexLock lock(mu_);
-  // A new stage replaces what was staged: the shadow buffers are about to be overwritten.
+  // A new stage replaces what was staged: the shadow buffers are about to be overwritten, and a
+  // pre-replay of what they held must never be served again.
   staged_.reset();
   delta_staged_.reset();
+  engine_->DropPreReplay();
   StageRequest left = req;  // what is left of the deadline after waiting for the gate and mu_
   left.timeout_ms = std::max<int64_t>(
       1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
   auto result = StageLocked(left);
+  if (result.ok() && staged_) {
+    staged_->evidence["prereplay"] = PreReplayLocked(deadline);
+    result = staged_->evidence;
+  }
   rc::MutexLock metrics_lock(metrics_mu_);
   if (result.ok()) {
     ++stages_ok_;
@@ -901,10 +909,22 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   if (staged_->version != version) {
     return FailedPrecondition("install refused: staged version is " + staged_->version + ", not " + version);
   }
+  const uint64_t prereplay_image = staged_->prereplay_image;
+  // After an install that swapped the pre-replayed image in and proved it: the engine may serve
+  // the pre-replay's results at exactly the install generation this install produced.
+  auto adopt = [this, prereplay_image](Json* evidence) {
+    if (prereplay_image == 0) return;
+    (*evidence)["prereplay_adopted"] =
+        engine_->AdoptPreReplay(prereplay_image, engine_->State().install_generation);
+  };
   if (delta_staged_) {
+    const bool swap = delta_staged_->to_staging;
     auto delta = InstallDeltaLocked(version, skip_cache_reset, touched, staged_->evidence, staged_->published,
                                     staged_->manifest);
-    if (delta.ok()) staged_.reset();
+    if (delta.ok()) {
+      staged_.reset();
+      if (swap) adopt(&*delta);
+    }
     return delta;
   }
   Json stages = staged_->evidence["stages_ms"];
@@ -943,7 +963,9 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     // The live weights are exactly the bytes the staged digest read (read-only since).
     refit::TensorDigests live = staged_->staged_digest;
     stages["post_install"] = MsSince(t);
-    return FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "swap");
+    auto out = FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "swap");
+    if (out.ok()) adopt(&*out);
+    return out;
   }
   // The live digest rides along with the copy: each rank's install copies its staged bytes into
   // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
@@ -989,6 +1011,41 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   for (const auto& d : rank_digests) refit::AddDigests(live, d);
   stages["post_install"] = MsSince(t);  // the digest was computed during the copy
   return FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "copy");
+}
+
+Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadline) {
+  const std::vector<refit::Probe>& probes = staged_->manifest.probes;
+  Json j{{"probes", probes.size()}, {"ms", 0.0}, {"ran", false}};
+  if (probes.empty()) {
+    j["why"] = "the version carries no probes";
+    return j;
+  }
+  if (delta_staged_ && !delta_staged_->to_staging) {
+    j["why"] = "the delta is written into the live weights at install (no staging image): nothing to replay "
+               "before the pause";
+    return j;
+  }
+  if (!SwapCoversLive()) {
+    j["why"] = "the staged image does not cover every live parameter read-only (the install copies): its bytes "
+               "are not what will be live";
+    return j;
+  }
+  WeightImage image(shadow_buffers_.size());
+  for (size_t r = 0; r < shadow_buffers_.size(); ++r) {
+    for (const auto& [name, bytes] : shadow_buffers_[r]) image[r].emplace(name, std::span<const std::byte>(bytes));
+  }
+  std::vector<ReplayProbeRequest> requests;
+  for (const refit::Probe& p : probes) {
+    requests.push_back(ReplayProbeRequest{p.prompt, static_cast<int64_t>(p.steps.size()), p.top_k});
+  }
+  const uint64_t id = ++prereplay_seq_;
+  const PreReplayReport rep = engine_->PreReplay(image, id, requests, deadline);
+  j["ms"] = rep.ms;
+  j["ran"] = rep.ran;
+  j["batched"] = rep.batched;
+  j["why"] = rep.ran ? "ran on the staged image while the old version served" : rep.why;
+  if (rep.ran) staged_->prereplay_image = id;
+  return j;
 }
 
 bool RefitReceiver::SwapCoversLive() {

@@ -1,5 +1,7 @@
-// Engine::Replay: the engine's replay-validation path (engine.h, docs/engine.md). Kept in its
-// own file: it shares nothing with the scheduler but the model, the KV pool and the locks.
+// Engine::Replay and Engine::PreReplay: the engine's replay-validation paths (engine.h,
+// docs/engine.md). Kept in their own file: they share nothing with the scheduler but the model,
+// the KV pool and the locks.
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -8,10 +10,14 @@
 #include "rolloutcore/engine/engine.h"
 
 namespace rc::engine {
+namespace {
 
-Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const ModelSpec& s = model_->spec();
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status CheckReplayArgs(const ModelSpec& s, int64_t max_model_len, const std::vector<int32_t>& prompt, int64_t steps,
+                       int64_t top_k) {
   if (prompt.empty()) return InvalidArgument("prompt: must contain at least one token");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= s.vocab_size) {
@@ -27,10 +33,34 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
     return InvalidArgument("top_k: must be in 0.." + std::to_string(kMaxReplayTopK) + ", got " + std::to_string(top_k));
   }
   const auto plen = static_cast<int64_t>(prompt.size());
-  if (steps > max_model_len_ - plen) {
+  if (steps > max_model_len - plen) {
     return InvalidArgument("steps: prompt (" + std::to_string(plen) + " tokens) + steps (" + std::to_string(steps) +
-                           ") exceeds max_model_len " + std::to_string(max_model_len_));
+                           ") exceeds max_model_len " + std::to_string(max_model_len));
   }
+  return OkStatus();
+}
+
+SamplingParams GreedyWithTopK(int64_t top_k) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0;
+  greedy.num_logprobs = top_k;
+  return greedy;
+}
+
+// Pre-replay probes run as one Forward per step (every probe still generating). Forward is
+// batch-invariant (each row's kernels reduce in the same order whatever the batch), which
+// replay_test.cc checks bit for bit against one-by-one live replays; set false to run them one
+// by one if a kernel ever stops being so.
+constexpr bool kPreReplayBatched = true;
+
+}  // namespace
+
+Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k,
+                                    bool allow_precomputed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelSpec& s = model_->spec();
+  RC_RETURN_IF_ERROR(CheckReplayArgs(s, max_model_len_, prompt, steps, top_k));
+  const auto plen = static_cast<int64_t>(prompt.size());
 
   rc::MutexLock sl(step_mu_);  // no Step, install or reset runs meanwhile
   std::vector<int32_t> blocks;
@@ -40,6 +70,19 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
       return FailedPrecondition(
           "replay runs only while the engine is paused (POST /pause first): it must not "
           "interleave with user requests");
+    }
+    // Computed before the pause on the image that is now live (exactly this generation).
+    if (allow_precomputed && prereplay_.live_generation >= 0 && prereplay_.live_generation == generation_) {
+      const ReplayProbeRequest key{prompt, steps, top_k};
+      for (const auto& [req, cached] : prereplay_.entries) {
+        if (!(req == key)) continue;
+        ReplayOutput out = cached;
+        out.precomputed = true;
+        out.computed_on = "staged_image";
+        out.staged_ms = prereplay_.ms;
+        out.elapsed_ms = MsSince(t0);
+        return out;
+      }
     }
     KvPlan plan;
     KvDemand d;
@@ -56,9 +99,7 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
 
   ReplayOutput out;
   std::vector<int32_t> tokens = prompt;
-  SamplingParams greedy;
-  greedy.temperature = 0.0;
-  greedy.num_logprobs = top_k;
+  const SamplingParams greedy = GreedyWithTopK(top_k);
   SamplerRng rng(0);
   Status st;
   int64_t computed = 0;
@@ -82,8 +123,165 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
     kv_->Release(blocks);  // unhashed: back to the free list, nothing enters the prefix cache
   }
   if (!st.ok()) return st.WithContext("replay forward");
-  out.elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  out.elapsed_ms = MsSince(t0);
   return out;
+}
+
+PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
+                                  const std::vector<ReplayProbeRequest>& probes,
+                                  std::chrono::steady_clock::time_point deadline) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PreReplayReport rep;
+  rep.probes = static_cast<int64_t>(probes.size());
+  rep.batched = kPreReplayBatched;
+  auto not_run = [&](std::string why) {
+    rep.ran = false;
+    rep.why = std::move(why);
+    rep.ms = MsSince(t0);
+    return rep;
+  };
+  if (probes.empty()) return not_run("no probes");
+  const ModelSpec& s = model_->spec();
+  for (size_t i = 0; i < probes.size(); ++i) {
+    Status st = CheckReplayArgs(s, max_model_len_, probes[i].prompt, probes[i].steps, probes[i].top_k);
+    if (!st.ok()) return not_run("probe " + std::to_string(i) + ": " + std::string(st.message()));
+  }
+  WeightBinding binding;
+  {
+    rc::MutexLock sl(step_mu_);  // model_ is touched only under step_mu_
+    auto b = model_->BindImage(image);
+    if (!b.ok()) return not_run("staged image: " + std::string(b.status().message()));
+    binding = std::move(b).value();
+  }
+
+  // Borrow every probe's blocks at once, from the free list only: a pre-replay runs beside user
+  // requests and must not evict a cached prefix (nor starve them: when the free list is short it
+  // does not run at all, and VALIDATING replays in the pause as before).
+  const size_t n = probes.size();
+  std::vector<std::vector<int32_t>> blocks(n);
+  int64_t borrowed = 0;
+  {
+    rc::MutexLock l(mu_);
+    for (const ReplayProbeRequest& p : probes) {
+      borrowed += (static_cast<int64_t>(p.prompt.size()) + p.steps + options_.block_size - 1) / options_.block_size;
+    }
+    if (borrowed > kv_->NumUnhashedFreeBlocks()) {
+      return not_run("the KV pool cannot spare " + std::to_string(borrowed) + " blocks (" +
+                     std::to_string(kv_->NumUnhashedFreeBlocks()) +
+                     " free without evicting a cached prefix); validation replays on the live weights in the pause");
+    }
+    KvPlan plan;
+    for (size_t i = 0; i < n; ++i) {
+      KvDemand d;
+      d.seq_id = -1 - static_cast<int64_t>(i);  // not a sequence; never registered
+      d.need_tokens = static_cast<int64_t>(probes[i].prompt.size()) + probes[i].steps;
+      if (!kv_->PlanDemand(d, &plan)) {
+        return not_run("the KV pool cannot spare the blocks of probe " + std::to_string(i));
+      }
+    }
+    kv_->Apply(plan);
+    for (size_t i = 0; i < n; ++i) blocks[i] = plan.grants[i].new_blocks;
+    prereplay_blocks_ += borrowed;
+  }
+
+  std::vector<std::vector<int32_t>> tokens(n);
+  std::vector<int64_t> computed(n, 0);
+  std::vector<ReplayOutput> outs(n);
+  std::vector<SamplerRng> rngs(n, SamplerRng(0));
+  for (size_t i = 0; i < n; ++i) tokens[i] = probes[i].prompt;
+  int64_t max_steps = 0;
+  for (const ReplayProbeRequest& p : probes) max_steps = std::max(max_steps, p.steps);
+  std::string why;
+  // One forward step: the probes in `who`, as one batch. step_mu_ is held for this step only, so
+  // user requests' steps run between ours.
+  auto step = [&](int64_t k, const std::vector<size_t>& who) -> bool {
+    std::vector<ForwardSeq> batch;
+    for (size_t i : who) {
+      ForwardSeq f;
+      f.tokens = tokens[i].data() + computed[i];
+      f.num_tokens = static_cast<int64_t>(tokens[i].size()) - computed[i];
+      f.start_pos = computed[i];
+      f.block_table = &blocks[i];
+      f.want_logits = true;
+      batch.push_back(f);
+    }
+    std::vector<float> logits;
+    Status st;
+    {
+      rc::MutexLock sl(step_mu_);
+      st = model_->Forward(binding, batch, &logits);
+    }
+    if (!st.ok()) {
+      why = "forward step " + std::to_string(k) + ": " + std::string(st.message());
+      return false;
+    }
+    for (size_t j = 0; j < who.size(); ++j) {
+      const size_t i = who[j];
+      computed[i] = static_cast<int64_t>(tokens[i].size());
+      const std::span<const float> row(logits.data() + j * static_cast<size_t>(s.vocab_size),
+                                       static_cast<size_t>(s.vocab_size));
+      SampleResult r = Sample(row, GreedyWithTopK(probes[i].top_k), &rngs[i]);
+      tokens[i].push_back(r.token);
+      outs[i].steps.push_back(std::move(r));
+    }
+    return true;
+  };
+  bool ok = true;
+  for (int64_t k = 0; k < max_steps && ok; ++k) {
+    std::vector<size_t> who;
+    for (size_t i = 0; i < n; ++i) {
+      if (k < probes[i].steps) who.push_back(i);
+    }
+    if (kPreReplayBatched) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        why = "the stage's deadline passed after " + std::to_string(k) + " of " + std::to_string(max_steps) + " steps";
+        ok = false;
+        break;
+      }
+      ok = step(k, who);
+    } else {
+      for (size_t i : who) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          why = "the stage's deadline passed at step " + std::to_string(k);
+          ok = false;
+          break;
+        }
+        ok = step(k, {i});
+        if (!ok) break;
+      }
+    }
+  }
+  {
+    rc::MutexLock l(mu_);
+    for (const auto& b : blocks) kv_->Release(b);  // unhashed: back to the free list
+    prereplay_blocks_ -= borrowed;
+  }
+  if (!ok) return not_run(why);
+  rep.ran = true;
+  rep.ms = MsSince(t0);
+  rc::MutexLock l(mu_);
+  prereplay_ = PreReplayCache{};
+  prereplay_.image_id = image_id;
+  prereplay_.ms = rep.ms;
+  prereplay_.image = std::make_shared<const WeightBinding>(std::move(binding));
+  for (size_t i = 0; i < n; ++i) prereplay_.entries.emplace_back(probes[i], std::move(outs[i]));
+  return rep;
+}
+
+bool Engine::AdoptPreReplay(uint64_t image_id, int64_t generation) {
+  rc::MutexLock sl(step_mu_);  // the live binding changes only under step_mu_
+  rc::MutexLock l(mu_);
+  const bool ok = image_id != 0 && prereplay_.image_id == image_id && !prereplay_.entries.empty() &&
+                  !prereplay_.adopted && generation == generation_ && prereplay_.image != nullptr &&
+                  model_->IsLive(*prereplay_.image);
+  prereplay_.adopted = true;
+  prereplay_.live_generation = ok ? generation : -1;
+  return ok;
+}
+
+void Engine::DropPreReplay() {
+  rc::MutexLock l(mu_);
+  prereplay_ = PreReplayCache{};
 }
 
 }  // namespace rc::engine

@@ -1,6 +1,13 @@
 // Engine::Replay: refuses unless paused, reproduces exactly what a greedy request with logprobs
 // computes on the same weights, and leaves the prefix cache and frozen requests alone.
+// Engine::PreReplay: replays probes on another image of the weights while the engine serves,
+// bit for bit what Replay computes once that image is live, served only at the generation where
+// it became live, without changing what user requests compute or touching the prefix cache.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <tuple>
 
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/engine/engine_loop.h"
@@ -9,9 +16,12 @@
 namespace rc::engine {
 namespace {
 
-std::unique_ptr<Engine> Make() {
+std::unique_ptr<Engine> Make(int tp = 1, int64_t num_kv_blocks = 0) {
   EngineOptions o;
   o.num_threads = 1;
+  o.tensor_parallel_size = tp;
+  o.num_kv_blocks = num_kv_blocks;
+  if (num_kv_blocks > 0) o.max_model_len = num_kv_blocks * o.block_size;
   auto e = CreateEngine({"tiny", "dummy", 3}, o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return std::move(e).value();
@@ -69,6 +79,232 @@ TEST(EngineReplayTest, MatchesAGreedyRequestAndTouchesNoCache) {
   EXPECT_TRUE(e->IsPaused());
   e->Resume();
   loop.Stop();
+}
+
+// A copy of the live weights in buffers of their own (what a staged image is to the engine).
+struct Image {
+  std::vector<std::map<std::string, std::shared_ptr<WeightBuffer>>> buffers;
+  WeightImage view() const {
+    WeightImage v(buffers.size());
+    for (size_t r = 0; r < buffers.size(); ++r) {
+      for (const auto& [name, b] : buffers[r]) v[r].emplace(name, std::span<const std::byte>(b->data(), b->size()));
+    }
+    return v;
+  }
+};
+
+Image CopyLive(const Engine& e) {
+  Image img;
+  img.buffers.resize(static_cast<size_t>(e.tensor_parallel_size()));
+  for (int r = 0; r < e.tensor_parallel_size(); ++r) {
+    for (const auto& [name, p] : e.Parameters(r).all()) {
+      if (!p.alias_of.empty()) continue;
+      auto b = WeightBuffer::Allocate(p.nbytes()).value();
+      std::memcpy(b->data(), p.bytes(), p.nbytes());
+      EXPECT_TRUE(b->SetReadOnly(true).ok());
+      img.buffers[static_cast<size_t>(r)][name] = b;
+    }
+  }
+  return img;
+}
+
+// Installs `img` by exchanging storage (the receiver's swap install); the engine must be paused.
+Status SwapIn(Engine* e, Image* img, const std::string& label) {
+  auto exchange = [img](int rank, const RankLayout&, ParameterStore* params) -> Status {
+    for (auto& [name, b] : img->buffers[static_cast<size_t>(rank)]) RC_RETURN_IF_ERROR(params->ExchangeStorage(name, &b));
+    return OkStatus();
+  };
+  return e->InstallWeights(exchange, label, e->State().install_generation + 1, true, Engine::InstallWrites::kExchange);
+}
+
+std::vector<ReplayProbeRequest> Probes() {
+  // Different prompt lengths and steps: the batch shrinks after the shorter probe's last step.
+  return {ReplayProbeRequest{Prompt(), 8, 5}, ReplayProbeRequest{{3, 1, 4, 1, 5}, 5, 3},
+          ReplayProbeRequest{{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 22, 33, 44, 55, 66, 77, 88, 99, 111}, 12, 0}};
+}
+
+void ExpectSame(const ReplayOutput& a, const ReplayOutput& b, const std::string& what) {
+  ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].token, b.steps[i].token) << what << " step " << i;
+    // Bitwise: EXPECT_EQ on floats is exact.
+    EXPECT_EQ(a.steps[i].logprob, b.steps[i].logprob) << what << " step " << i;
+    EXPECT_EQ(a.steps[i].top_logprobs, b.steps[i].top_logprobs) << what << " step " << i;
+  }
+}
+
+Result<ReplayOutput> ReplayOf(Engine* e, const ReplayProbeRequest& p, bool allow_precomputed = true) {
+  return e->Replay(p.prompt, p.steps, p.top_k, allow_precomputed);
+}
+
+constexpr auto kFar = std::chrono::hours(1);
+
+class PreReplayTest : public ::testing::TestWithParam<int> {};
+
+// The staged image's pre-replay (batched) is bit for bit the live replay (one by one) of the
+// same bytes after the swap, at tp 1 and tp 2; it is served once adopted, marked precomputed.
+TEST_P(PreReplayTest, StagedImageReplayEqualsLiveReplayAfterTheSwapExactly) {
+  auto e = Make(GetParam());
+  Image img = CopyLive(*e);
+  const auto probes = Probes();
+  const PreReplayReport rep = e->PreReplay(img.view(), 11, probes, std::chrono::steady_clock::now() + kFar);
+  ASSERT_TRUE(rep.ran) << rep.why;
+  EXPECT_TRUE(rep.batched);
+  EXPECT_EQ(rep.probes, 3);
+  EXPECT_GT(rep.ms, 0);
+  EXPECT_EQ(e->State().blocks_in_use, 0) << "every borrowed block went back";
+
+  ASSERT_TRUE(e->Pause(PauseMode::kAbort).ok());
+  EXPECT_FALSE(ReplayOf(e.get(), probes[0])->precomputed) << "not adopted: computed on the live weights";
+  EXPECT_FALSE(e->AdoptPreReplay(11, e->State().install_generation))
+      << "the image is a copy, not the live storage: adoption must be refused";
+  // A refused adoption is final; pre-replay again for the swap below.
+  ASSERT_TRUE(e->PreReplay(img.view(), 12, probes, std::chrono::steady_clock::now() + kFar).ran);
+  ASSERT_TRUE(SwapIn(e.get(), &img, "swapped").ok());
+  EXPECT_FALSE(e->AdoptPreReplay(11, e->State().install_generation)) << "another image id";
+  ASSERT_TRUE(e->PreReplay(CopyLive(*e).view(), 13, probes, std::chrono::steady_clock::now() + kFar).ran);
+  EXPECT_FALSE(e->AdoptPreReplay(13, e->State().install_generation)) << "a copy of the live bytes is not the live storage";
+
+  // The real sequence: pre-replay on the image, swap it in, adopt at the new generation.
+  Image img2 = CopyLive(*e);
+  ASSERT_TRUE(e->PreReplay(img2.view(), 14, probes, std::chrono::steady_clock::now() + kFar).ran);
+  ASSERT_TRUE(SwapIn(e.get(), &img2, "swapped-2").ok());
+  EXPECT_FALSE(e->AdoptPreReplay(14, e->State().install_generation - 1)) << "not the current generation";
+  ASSERT_TRUE(e->PreReplay(CopyLive(*e).view(), 15, probes, std::chrono::steady_clock::now() + kFar).ran);
+  Image img3 = CopyLive(*e);
+  ASSERT_TRUE(e->PreReplay(img3.view(), 16, probes, std::chrono::steady_clock::now() + kFar).ran);
+  ASSERT_TRUE(SwapIn(e.get(), &img3, "swapped-3").ok());
+  ASSERT_TRUE(e->AdoptPreReplay(16, e->State().install_generation));
+  for (size_t i = 0; i < probes.size(); ++i) {
+    auto pre = ReplayOf(e.get(), probes[i]);
+    ASSERT_TRUE(pre.ok()) << pre.status().ToString();
+    EXPECT_TRUE(pre->precomputed) << "probe " << i;
+    EXPECT_EQ(pre->computed_on, "staged_image");
+    EXPECT_GT(pre->staged_ms, 0);
+    auto live = ReplayOf(e.get(), probes[i], /*allow_precomputed=*/false);
+    ASSERT_TRUE(live.ok()) << live.status().ToString();
+    EXPECT_FALSE(live->precomputed);
+    EXPECT_EQ(live->computed_on, "live");
+    ExpectSame(*pre, *live, std::to_string(GetParam()) + "-way tp, probe " + std::to_string(i));
+  }
+  // Only the exact request is served: another top_k or step count is computed now.
+  EXPECT_FALSE(e->Replay(probes[0].prompt, probes[0].steps, 4)->precomputed);
+  EXPECT_FALSE(e->Replay(probes[0].prompt, probes[0].steps - 1, probes[0].top_k)->precomputed);
+  EXPECT_TRUE(ReplayOf(e.get(), probes[0])->precomputed);
+  e->Resume();
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, PreReplayTest, ::testing::Values(1, 2));
+
+// Whatever changes the live weights after the adoption ends it, for good.
+TEST(EnginePreReplayTest, ServedOnlyAtTheGenerationItsImageBecameLive) {
+  auto e = Make();
+  const auto probes = Probes();
+  auto adopt = [&](uint64_t id) {
+    Image img = CopyLive(*e);
+    ASSERT_TRUE(e->PreReplay(img.view(), id, probes, std::chrono::steady_clock::now() + kFar).ran);
+    ASSERT_TRUE(e->Pause(PauseMode::kAbort).ok());
+    ASSERT_TRUE(SwapIn(e.get(), &img, std::to_string(id)).ok());
+    ASSERT_TRUE(e->AdoptPreReplay(id, e->State().install_generation));
+    ASSERT_TRUE(ReplayOf(e.get(), probes[1])->precomputed);
+  };
+  // An in-place install (the copy or in-place delta path), even one that writes nothing.
+  adopt(1);
+  auto noop = [](int, const RankLayout&, ParameterStore*) { return OkStatus(); };
+  ASSERT_TRUE(e->InstallWeights(noop, "in-place", e->State().install_generation + 1).ok());
+  EXPECT_FALSE(ReplayOf(e.get(), probes[1])->precomputed) << "an in-place install";
+  EXPECT_FALSE(e->AdoptPreReplay(1, e->State().install_generation)) << "an invalidation is final";
+  EXPECT_FALSE(ReplayOf(e.get(), probes[1])->precomputed);
+  e->Resume();
+  // A write into live memory outside an install (the fault routes).
+  adopt(2);
+  ASSERT_TRUE(e->WriteLiveForTesting(0, [](ParameterStore*) { return OkStatus(); }).ok());
+  EXPECT_FALSE(ReplayOf(e.get(), probes[1])->precomputed) << "WriteLiveForTesting";
+  EXPECT_FALSE(e->AdoptPreReplay(2, e->State().install_generation));
+  e->Resume();
+  // Another swap install without a pre-replay of its own.
+  adopt(3);
+  Image other = CopyLive(*e);
+  ASSERT_TRUE(SwapIn(e.get(), &other, "v3b").ok());
+  EXPECT_FALSE(ReplayOf(e.get(), probes[1])->precomputed) << "a swap of another image";
+  e->Resume();
+  // Dropped (a new stage).
+  adopt(4);
+  e->DropPreReplay();
+  EXPECT_FALSE(ReplayOf(e.get(), probes[1])->precomputed) << "dropped";
+  e->Resume();
+}
+
+// A pre-replay that cannot borrow its blocks from the free list does not run (and fails nothing).
+TEST(EnginePreReplayTest, NoFreeBlocksMeansNotRunWithTheReason) {
+  auto e = Make(1, /*num_kv_blocks=*/2);  // 32 positions, max_model_len 32
+  Image img = CopyLive(*e);
+  // Each probe fits the pool alone (2 blocks); both at once do not.
+  const PreReplayReport rep = e->PreReplay(img.view(), 1, {ReplayProbeRequest{Prompt(), 10, 3}, ReplayProbeRequest{Prompt(), 10, 3}},
+                                           std::chrono::steady_clock::now() + kFar);
+  EXPECT_FALSE(rep.ran);
+  EXPECT_NE(rep.why.find("cannot spare 4 blocks"), std::string::npos) << rep.why;
+  EXPECT_EQ(e->State().blocks_in_use, 0);
+  const PreReplayReport late =
+      e->PreReplay(img.view(), 2, {ReplayProbeRequest{{1, 2}, 2, 1}}, std::chrono::steady_clock::now() - kFar);
+  EXPECT_FALSE(late.ran);
+  EXPECT_NE(late.why.find("deadline"), std::string::npos) << late.why;
+  EXPECT_EQ(e->State().blocks_in_use, 0);
+}
+
+// While requests are served: their greedy outputs are those of an engine without the pre-replay,
+// and the prefix cache sees exactly the same lookups and registrations.
+TEST(EnginePreReplayTest, WhileServingChangesNoOutputAndNoPrefixCacheEntry) {
+  auto run = [](bool prereplay) {
+    auto e = Make();
+    EngineLoop loop(e.get());
+    Image img = CopyLive(*e);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 6; ++i) {
+      GenerateRequest g;
+      g.prompt = Prompt();
+      g.prompt.push_back(static_cast<int32_t>(i));  // a shared 16-token prefix: cached blocks get hit
+      g.sampling.temperature = 0;
+      g.sampling.num_logprobs = 2;
+      g.sampling.max_tokens = 24;
+      g.sampling.ignore_eos = true;
+      streams.push_back(e->AddRequest(g).value());
+    }
+    // Queued before the loop starts: the first step admits all six, in both runs.
+    loop.Start();
+    PreReplayReport rep;
+    if (prereplay) {
+      std::vector<ReplayProbeRequest> probes = Probes();
+      probes.push_back(ReplayProbeRequest{Prompt(), 32, 5});
+      rep = e->PreReplay(img.view(), 1, probes, std::chrono::steady_clock::now() + kFar);
+      EXPECT_TRUE(rep.ran) << rep.why;
+      EXPECT_FALSE(e->IsPaused());
+    }
+    std::vector<RequestStream::Snapshot> out;
+    for (auto& s : streams) out.push_back(s->Wait());
+    // More requests after it: the prefix cache holds what the first ones registered, no more.
+    GenerateRequest g;
+    g.prompt = Prompt();
+    g.sampling.temperature = 0;
+    g.sampling.max_tokens = 4;
+    out.push_back(e->AddRequest(g).value()->Wait());
+    loop.Stop();
+    const EngineMetrics m = e->Metrics();
+    return std::make_tuple(out, m.prefix_cache_queries, m.prefix_cache_hits, e->State().cached_blocks,
+                           e->State().blocks_in_use);
+  };
+  const auto [want, q0, h0, c0, u0] = run(false);
+  const auto [got, q1, h1, c1, u1] = run(true);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "request " << i;
+  }
+  EXPECT_EQ(q1, q0) << "the pre-replay looked nothing up";
+  EXPECT_EQ(h1, h0);
+  EXPECT_EQ(c1, c0) << "the pre-replay registered nothing";
+  EXPECT_EQ(u1, 0);
+  EXPECT_EQ(u0, 0);
 }
 
 }  // namespace

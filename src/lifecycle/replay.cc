@@ -63,7 +63,11 @@ Json ToJson(const ReplayEvidence& e) {
   Json steps = Json::array();
   for (const auto& s : e.steps)
     steps.push_back(Json{{"token", s.token}, {"logprob", s.logprob}, {"top", TopJson(s.top)}});
-  return Json{{"steps", steps}, {"engine_ms", e.engine_ms}};
+  return Json{{"steps", steps},
+              {"engine_ms", e.engine_ms},
+              {"precomputed", e.precomputed},
+              {"computed_on", e.computed_on},
+              {"staged_ms", e.staged_ms}};
 }
 
 Result<ReplayEvidence> ReplayEvidenceFromJson(const Json& j, std::string_view where) {
@@ -71,6 +75,17 @@ Result<ReplayEvidence> ReplayEvidenceFromJson(const Json& j, std::string_view wh
   if (!j.is_object()) return InvalidArgument(path + ": expected an object, got " + JsonTypeName(j));
   ReplayEvidence e;
   RC_ASSIGN_OR_RETURN(e.engine_ms, GetDouble(j, "engine_ms", path, 0.0));
+  RC_ASSIGN_OR_RETURN(e.staged_ms, GetDouble(j, "staged_ms", path, 0.0));
+  if (auto p = j.find("precomputed"); p != j.end()) {
+    if (!p->is_boolean()) return InvalidArgument(path + ".precomputed: expected a boolean, got " + JsonTypeName(*p));
+    e.precomputed = p->get<bool>();
+  }
+  if (auto c = j.find("computed_on"); c != j.end()) {
+    if (!c->is_string()) return InvalidArgument(path + ".computed_on: expected a string, got " + JsonTypeName(*c));
+    e.computed_on = c->get<std::string>();
+  } else {
+    e.computed_on = e.precomputed ? "staged_image" : "live";
+  }
   auto steps = j.find("steps");
   if (steps == j.end() || !steps->is_array()) return InvalidArgument(path + ".steps: expected an array");
   for (size_t i = 0; i < steps->size(); ++i) {
@@ -202,6 +217,9 @@ Json ToJson(const ReplayOutcome& o) {
   j["tokens"] = o.tokens;
   j["ties"] = o.ties;
   j["engine_ms"] = o.engine_ms;
+  j["precomputed"] = o.precomputed;
+  j["computed_on"] = o.precomputed == 0 ? "live" : o.precomputed == o.probes ? "staged_image" : "mixed";
+  j["staged_ms"] = o.staged_ms;
   j["wall_ms"] = o.wall_ms;
   return j;
 }

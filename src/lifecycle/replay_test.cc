@@ -119,6 +119,31 @@ TEST(ReplayJsonTest, EvidenceRoundTripsAndBadBodiesNameTheField) {
   EXPECT_NE(req.status().message().find("steps"), std::string::npos);
 }
 
+// Where the numbers were computed travels with the evidence; an engine that does not say computed
+// them live; a wrongly typed field is refused by name.
+TEST(ReplayJsonTest, PrecomputedAndWhereRoundTrip) {
+  ReplayEvidence e = Same();
+  e.precomputed = true;
+  e.computed_on = "staged_image";
+  e.staged_ms = 12.5;
+  auto back = ReplayEvidenceFromJson(ToJson(e), "replay");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->precomputed);
+  EXPECT_EQ(back->computed_on, "staged_image");
+  EXPECT_EQ(back->staged_ms, 12.5);
+  Json old = ToJson(Same());
+  old.erase("precomputed");
+  old.erase("computed_on");
+  old.erase("staged_ms");
+  auto live = ReplayEvidenceFromJson(old, "replay");
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  EXPECT_FALSE(live->precomputed);
+  EXPECT_EQ(live->computed_on, "live");
+  Json bad = ToJson(e);
+  bad["precomputed"] = "yes";
+  EXPECT_NE(ReplayEvidenceFromJson(bad, "replay").status().message().find("replay.precomputed"), std::string::npos);
+}
+
 // A ScriptedEngine with a replay path whose answers the test sets (delegates everything else).
 class ReplayingEngine final : public EngineAdapter {
  public:
@@ -203,6 +228,22 @@ TEST_F(RunnerReplayTest, MatchingReplayCommitsWithItsEvidence) {
   EXPECT_EQ(r["tokens"], 4);
   EXPECT_NEAR(r["worst_logprob_diff"].get<double>(), 2e-5, 1e-6);
   EXPECT_EQ(r["worst_step"], 1);
+  EXPECT_EQ(r["precomputed"], 0);
+  EXPECT_EQ(r["computed_on"], "live");
+}
+
+// Probes the engine answered from its pre-replay are counted, and the record says where.
+TEST_F(RunnerReplayTest, PrecomputedAnswersAreCountedInTheEvidence) {
+  Build(true);
+  engine_->answer.precomputed = true;
+  engine_->answer.computed_on = "staged_image";
+  engine_->answer.staged_ms = 7.0;
+  UpdateRecord u = Update(true);
+  ASSERT_EQ(u.outcome, UpdateOutcome::kCommitted) << u.reason;
+  const Json& r = u.evidence["validated"]["replay"];
+  EXPECT_EQ(r["precomputed"], 2);
+  EXPECT_EQ(r["computed_on"], "staged_image");
+  EXPECT_EQ(r["staged_ms"].get<double>(), 7.0);
 }
 
 TEST_F(RunnerReplayTest, DifferingReplayTaintsNamingProbeAndStep) {

@@ -560,6 +560,10 @@ ReplayOutcome Runner::MakeReplayOutcome() const {
     ++o.probes;
     o.tokens += static_cast<int64_t>(replay_evidence_[i].steps.size());
     o.engine_ms += replay_evidence_[i].engine_ms;
+    if (replay_evidence_[i].precomputed) {
+      ++o.precomputed;
+      o.staged_ms = std::max(o.staged_ms, replay_evidence_[i].staged_ms);
+    }
     if (c.diverged_on_tie_step >= 0) ++o.ties;
     if (o.worst_probe.empty() || c.worst_logprob_diff > o.worst_logprob_diff) {
       o.worst_logprob_diff = c.worst_logprob_diff;

@@ -44,6 +44,12 @@ TEST_F(ReplayTest, UpdatesWithProbesCommitWithTheWorstDifferenceInTheEvidence) {
     EXPECT_LE(replay["worst_logprob_diff"].get<double>(), 1e-4);
     EXPECT_GE(replay["worst_logprob_diff"].get<double>(), 0.0);
     EXPECT_TRUE(update["evidence"]["validated"].value("digest_checked", false));
+    // The probes ran on the staged image while the old version served; the swap install made
+    // exactly those results the live ones, so VALIDATING served them (and says so).
+    const Json prereplay = update["evidence"]["staged"]["engine"].value("prereplay", Json::object());
+    EXPECT_TRUE(prereplay.value("ran", false)) << prereplay.dump();
+    EXPECT_EQ(replay.value("precomputed", 0), 2) << replay.dump();
+    EXPECT_EQ(replay.value("computed_on", ""), "staged_image") << replay.dump();
     Figure("replay_engine_us_" + version, static_cast<int64_t>(replay.value("engine_ms", 0.0) * 1000), "us");
     std::cout << "[ figures ] replay evidence " << version << ": " << replay.dump() << std::endl;
   }
@@ -60,6 +66,9 @@ TEST_F(ReplayTest, SwappedHeadsPassTheDigestAndFailTheReplay) {
   Json update = UpdateAndWait(s.ctl, "v1");
   ASSERT_EQ(update.value("outcome", ""), "tainted") << update.dump();
   EXPECT_EQ(StateOf(s.ctl), "TAINTED");
+  // The swapped heads are in the staged image too: its pre-replay, served in VALIDATING, fails.
+  const Json prereplay = update["evidence"]["staged"]["engine"].value("prereplay", Json::object());
+  EXPECT_TRUE(prereplay.value("ran", false)) << update["evidence"].dump();
 
   // The digest check passed: the live digest, computed through the same (wrong) mapping, is v1's.
   EXPECT_EQ(LiveDigest(s.engine), v1["content_digest"].get<std::string>());

@@ -54,6 +54,7 @@ namespace rc::engine {
 
 class Model;
 class ThreadPool;
+struct WeightBinding;
 
 struct EngineOptions {
   int tensor_parallel_size = 1;
@@ -178,7 +179,31 @@ struct EngineMetrics {
 // A replay (Engine::Replay): one SampleResult per generated token (top_logprobs = the top_k).
 struct ReplayOutput {
   std::vector<SampleResult> steps;
-  double elapsed_ms = 0;
+  double elapsed_ms = 0;  // the time this call took (precomputed: the lookup, ~0)
+  // True when the steps were computed before the pause by a pre-replay on the staged image that
+  // the last install swapped in (Engine::PreReplay), not now on the live parameters; then
+  // computed_on is "staged_image" and staged_ms is that pre-replay's time for the whole batch of
+  // probes it ran. Otherwise computed_on is "live".
+  bool precomputed = false;
+  std::string computed_on = "live";
+  double staged_ms = 0;
+};
+
+// One probe a pre-replay runs: the exact request Engine::Replay is later asked for.
+struct ReplayProbeRequest {
+  std::vector<int32_t> prompt;
+  int64_t steps = 0;
+  int64_t top_k = 0;
+  bool operator==(const ReplayProbeRequest&) const = default;
+};
+
+// What Engine::PreReplay did (the stage evidence's "prereplay").
+struct PreReplayReport {
+  int64_t probes = 0;
+  bool ran = false;       // every probe ran to its last step and the results are cached
+  std::string why;        // when !ran: the reason (no KV blocks to spare, deadline, bad probe, ...)
+  double ms = 0;
+  bool batched = false;   // the probes ran as one batch per step
 };
 inline constexpr int64_t kMaxReplaySteps = 64;
 inline constexpr int64_t kMaxReplayTopK = 20;
@@ -273,7 +298,39 @@ class Engine {
   // keep) requests keep their blocks. InvalidArgument naming the field for a bad
   // prompt, steps (1..kMaxReplaySteps, within max_model_len) or top_k (0..kMaxReplayTopK).
   // Defined in replay.cc.
-  Result<ReplayOutput> Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k);
+  // When a pre-replay of exactly this request (prompt, steps, top_k) is valid for the current
+  // install generation (see PreReplay / AdoptPreReplay), its result is returned instead, marked
+  // precomputed (computed_on "staged_image"), after the same argument and pause checks; with
+  // allow_precomputed=false it is always computed now.
+  Result<ReplayOutput> Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k,
+                              bool allow_precomputed = true);
+
+  // Pre-replay (docs/engine.md "Pre-replay on the staged image"): runs `probes` greedily, as
+  // Replay would, on `image` (a staged refit image in the live layout and dtype, WeightImage in
+  // parameters.h) while the engine may be serving — not paused. Takes step_mu_ for each forward
+  // step only (requests keep running between steps), so it never runs inside a Step; borrows KV
+  // blocks from the pool's free list only (never evicting a cached prefix; when the free list
+  // cannot spare prompt + steps positions for every probe it does not run) and returns them
+  // unhashed: no cached prefix is read and nothing is registered in the prefix cache. Probes run
+  // as one batch per step (Forward is batch-invariant: replay_test.cc checks batched ==
+  // one-by-one, bit for bit). Best effort: never fails; the report says whether it ran and why not
+  // (bad probe, no blocks, `deadline` passed between steps, forward error). When it ran, its results
+  // replace the cache, tagged `image_id` and not yet valid for any install generation.
+  // The caller keeps every byte of `image` alive and unchanged for the call (the receiver's shadow
+  // is read-only from its digest until it is swapped in).
+  PreReplayReport PreReplay(const WeightImage& image, uint64_t image_id, const std::vector<ReplayProbeRequest>& probes,
+                            std::chrono::steady_clock::time_point deadline);
+  // Declares that the image tagged `image_id` became the live weights at install generation
+  // `generation` (an install that exchanged storage: the live bytes are the image's bytes): the
+  // cached results become valid for exactly that generation, if they were computed on that image,
+  // `generation` is the current one, every live weight pointer is the image's (the storage the
+  // pre-replay read is the live storage now) and they were never adopted before. Returns whether
+  // they did. The caller vouches that those bytes did not change in between (the receiver's
+  // shadow is read-only from its digest until swapped in). Every install and
+  // WriteLiveForTesting invalidates them (InstallWeights before writing anything); a new image's
+  // pre-replay replaces them; DropPreReplay forgets them.
+  bool AdoptPreReplay(uint64_t image_id, int64_t generation);
+  void DropPreReplay();
 
   // Read access to a rank's live parameters (for digests). Callers must not race InstallWeights.
   const ParameterStore& Parameters(int rank) const;
@@ -325,6 +382,19 @@ class Engine {
   SamplerRng seed_rng_ GUARDED_BY(mu_){0};
   EngineMetrics metrics_ GUARDED_BY(mu_);
   bool notified_ GUARDED_BY(mu_) = false;
+  // Pre-replay results (replay.cc): computed on image `image_id`, valid for Replay only while
+  // live_generation (>= 0) equals generation_.
+  struct PreReplayCache {
+    uint64_t image_id = 0;
+    int64_t live_generation = -1;
+    bool adopted = false;  // AdoptPreReplay succeeded once: never again (an invalidation is final)
+    double ms = 0;
+    std::vector<std::pair<ReplayProbeRequest, ReplayOutput>> entries;
+    std::shared_ptr<const WeightBinding> image;  // the pointers it read (compared with the live ones)
+  };
+  PreReplayCache prereplay_ GUARDED_BY(mu_);
+  // KV blocks a pre-replay holds (outside any request, never hashed).
+  int64_t prereplay_blocks_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace rc::engine

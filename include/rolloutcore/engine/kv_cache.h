@@ -96,8 +96,12 @@ class KvCacheManager {
   // Registers blocks[i] under hashes[i] for i in [first, hashes.size()) when the hash is new.
   void RegisterFullBlocks(std::span<const int32_t> blocks, std::span<const uint64_t> hashes, size_t first);
 
-  // Drops all cached hashes; refuses (success=false, nothing changed) while any block is in use.
-  KvResetEvidence ResetPrefixCache();
+  // Drops all cached hashes; refuses (success=false, nothing changed) while any block is in use,
+  // except `unhashed_borrowed` blocks the caller holds outside any request and never registers
+  // (a pre-replay's borrowed KV: no hash of theirs exists, so dropping every hash is complete).
+  KvResetEvidence ResetPrefixCache(int64_t unhashed_borrowed = 0);
+  // Free blocks that hold no cached prefix (taking them evicts nothing).
+  int64_t NumUnhashedFreeBlocks() const { return static_cast<int64_t>(free_.size()); }
   // Drops every hash, those of blocks in use included (their holders keep them; released, they
   // become free, not evictable): afterwards no lookup can hit any block that exists now. Used
   // when requests keep their (stale) KV across a weight swap. Always succeeds.

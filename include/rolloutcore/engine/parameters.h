@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,5 +102,11 @@ class ParameterStore {
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape);
+
+// A set of weights in the engine layout outside the live ParameterStores (a staged refit image):
+// per rank, parameter name -> its bytes in the live dtype and size. Aliases (a tied lm_head) may
+// be absent; they follow their target. Borrowed: the owner keeps the bytes alive and unchanged
+// while a consumer (Engine::PreReplay) reads them.
+using WeightImage = std::vector<std::map<std::string, std::span<const std::byte>>>;
 
 }  // namespace rc::engine

@@ -32,6 +32,16 @@
 // (O(changed)). Every full_verify_every-th delta install digests all live weights (anchor check).
 // Otherwise Stage pulls in full. The stage evidence says which (`mode`, `mode_reason`,
 // `delta_apply`, `staging_from`, `delta_apply_why`).
+// Pre-replay (docs/lifecycle.md "Replay validation"): after a stage succeeded with a staging
+// image that an install will swap in (full, or delta applied to the staging image) and the
+// manifest carries probes, Stage replays them on that image (read-only since its digest) through
+// Engine::PreReplay while the old version still serves, within what is left of the stage's
+// deadline; the stage evidence says `prereplay: {probes, ms, ran, why, batched}`. A pre-replay
+// that cannot run (no free KV blocks, deadline, ...) never fails the stage. Only an install that
+// swaps that very image in (Engine::AdoptPreReplay, right after the install succeeded and its
+// digest matched) makes the results servable, for exactly the install generation it produced;
+// every other install, WriteLiveForTesting and every new Stage (which reuses the shadow) drop or
+// invalidate them, and Engine::Replay computes on the live weights as before.
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
 //
@@ -229,6 +239,10 @@ class RefitReceiver {
   // and builds the evidence (install_mode = mode).
   Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, const refit::TensorDigests& live,
                                  uint64_t bytes, Json stages, const char* mode) REQUIRES(mu_);
+  // Pre-replay (Stage, after a successful stage): runs the staged version's probes on the staged
+  // image through Engine::PreReplay, bounded by `deadline`; returns the stage evidence's
+  // "prereplay" and records the image id in staged_ when the results were cached.
+  Json PreReplayLocked(std::chrono::steady_clock::time_point deadline) REQUIRES(mu_);
 
   Engine* engine_;
   refit::ModelConfig config_;
@@ -281,6 +295,7 @@ class RefitReceiver {
   std::unique_ptr<internal::DeltaChain> delta_chain_ GUARDED_BY(mu_);             // guarded by mu_
   std::atomic<bool> corrupt_previous_delta_{false};                 // test-only fault
   bool swap_q_heads_ GUARDED_BY(mu_) = false;                                       // guarded by mu_; test-only fault
+  uint64_t prereplay_seq_ GUARDED_BY(mu_) = 0;  // ids of the staged images pre-replayed (Engine::PreReplay)
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable rc::Mutex metrics_mu_;
   Json last_stage_ms_ GUARDED_BY(metrics_mu_) = Json::object();                             // guarded by metrics_mu_

@@ -56,8 +56,16 @@ struct ReplayStep {
 struct ReplayEvidence {
   std::vector<ReplayStep> steps;
   double engine_ms = 0;  // time the engine spent on it, as it reports
+  // Where the numbers were computed, as the engine reports: "live" (now, on the live weights, in
+  // the pause) or "staged_image" (precomputed: before the pause, on the staged image that the
+  // install swapped in, byte for byte the live weights; staged_ms is that pre-replay's time).
+  bool precomputed = false;
+  std::string computed_on = "live";
+  double staged_ms = 0;
 };
-// {"steps": [{"token", "logprob", "top": [[id, lp], ...]}], "engine_ms"}.
+// {"steps": [{"token", "logprob", "top": [[id, lp], ...]}], "engine_ms", "precomputed",
+// "computed_on", "staged_ms"} (the last three optional when parsed: an engine that does not send
+// them computed live).
 Json ToJson(const ReplayEvidence& e);
 [[nodiscard]] Result<ReplayEvidence> ReplayEvidenceFromJson(const Json& j, std::string_view path);
 
@@ -99,6 +107,11 @@ struct ReplayOutcome {
   int64_t tokens = 0;    // steps replayed over all probes
   int64_t ties = 0;  // probes whose greedy paths parted on a tie for first place (accept_ties)
   double engine_ms = 0;  // summed over probes, as the engine reports
+  // Probes whose numbers the engine computed before the pause on the staged image that became
+  // live (ReplayEvidence::precomputed), and that pre-replay's time (the largest reported: one
+  // batch covers every probe).
+  int64_t precomputed = 0;
+  double staged_ms = 0;
   int64_t wall_ms = 0;   // from the first replay call to the last answer, by the Runner's clock
 };
 Json ToJson(const ReplayOutcome& o);
