@@ -251,7 +251,7 @@ std::unique_ptr<lifecycle::EngineAdapter> EmbeddedEngine::MakeAdapter(EmbeddedAd
   return std::make_unique<EmbeddedEngineAdapter>(state_, std::move(options));
 }
 
-std::function<Result<Json>(const Json&)> EmbeddedEngine::MakeCompleter(std::string model_name) {
+std::function<Result<Json>(const Json&)> EmbeddedEngine::MakeCompleter(const std::string& model_name) {
   return [s = state_, model_name](const Json& body) -> Result<Json> {
     RC_ASSIGN_OR_RETURN(engine::CompletionRequest cr, engine::ParseCompletionRequest(body.dump(), *s->tokenizer));
     if (cr.stream) return InvalidArgument("stream: the embedded completer returns whole completions only");

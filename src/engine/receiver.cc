@@ -1035,6 +1035,7 @@ Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadli
     for (const auto& [name, bytes] : shadow_buffers_[r]) image[r].emplace(name, std::span<const std::byte>(bytes));
   }
   std::vector<ReplayProbeRequest> requests;
+  requests.reserve(probes.size());
   for (const refit::Probe& p : probes) {
     requests.push_back(ReplayProbeRequest{p.prompt, static_cast<int64_t>(p.steps.size()), p.top_k});
   }

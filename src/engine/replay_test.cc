@@ -281,6 +281,7 @@ TEST(EnginePreReplayTest, WhileServingChangesNoOutputAndNoPrefixCacheEntry) {
       EXPECT_FALSE(e->IsPaused());
     }
     std::vector<RequestStream::Snapshot> out;
+    out.reserve(streams.size());
     for (auto& s : streams) out.push_back(s->Wait());
     // More requests after it: the prefix cache holds what the first ones registered, no more.
     GenerateRequest g;

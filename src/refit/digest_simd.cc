@@ -289,7 +289,7 @@ RC_AVX512 uint64_t Avx512CopyStream(unsigned char* dst, const unsigned char* src
       }
 #pragma GCC unroll 4
       for (int k = 0; k < kGroups; ++k) {
-        const int g = q * kGroups + k;
+        const int64_t g = int64_t{q} * kGroups + k;
         const __m512i bits = Group8<ES>(v, k);
         const __m512i x = _mm512_ternarylogic_epi64(bits, kh, _mm512_load_si512(kPos.a + 8 * g), 0x96);
         const __m512i b = _mm512_add_epi64(k0, _mm512_load_si512(mul + 8 * g));

@@ -195,7 +195,7 @@ TEST(DigestSimd, AnyNonFiniteBf16SeesEveryPositionOnEveryIsa) {
 TEST(DigestSimd, CopyDigestAndScanCopiesDigestsAndFindsNonFiniteEverywhereInEveryIsa) {
   const std::vector<unsigned char> data = RandomBytes(4 * 1300 + 128, 11);
   for (DigestIsa isa : Isas()) {
-    for (int es : {2, 4}) {
+    for (int64_t es : {2, 4}) {
       // Finite values: clear the exponent's top bit of every element (bf16 0x4000, f32 0x40000000).
       std::vector<unsigned char> src = data;
       for (size_t j = 0; j + static_cast<size_t>(es) <= src.size(); j += static_cast<size_t>(es)) {
@@ -207,11 +207,12 @@ TEST(DigestSimd, CopyDigestAndScanCopiesDigestsAndFindsNonFiniteEverywhereInEver
             alignas(64) static unsigned char dst[4 * 1300 + 256];
             std::memset(dst, 0xee, sizeof dst);
             bool bad = false;
-            const uint64_t got = CopyDigestAndScan(isa, es, dst + dst_off, src.data() + 3 * es, base, n, &bad);
+            const uint64_t got =
+                CopyDigestAndScan(isa, static_cast<int>(es), dst + dst_off, src.data() + 3 * es, base, n, &bad);
             const std::string what = std::string(DigestIsaName(isa)) + " es " + std::to_string(es) + " n " +
                                      std::to_string(n) + " dst offset " + std::to_string(dst_off) + " base " +
                                      std::to_string(base);
-            EXPECT_EQ(got, Reference(es, src.data() + 3 * es, base, n, false)) << what;
+            EXPECT_EQ(got, Reference(static_cast<int>(es), src.data() + 3 * es, base, n, false)) << what;
             EXPECT_EQ(std::memcmp(dst + dst_off, src.data() + 3 * es, static_cast<size_t>(n * es)), 0) << what;
             EXPECT_EQ(dst[dst_off + static_cast<size_t>(n * es)], 0xee) << what << ": wrote past the run";
             if (dst_off > 0) {
@@ -224,7 +225,7 @@ TEST(DigestSimd, CopyDigestAndScanCopiesDigestsAndFindsNonFiniteEverywhereInEver
               s2[static_cast<size_t>(at * es + es - 1)] |= 0x7f;  // exponent's high bits
               s2[static_cast<size_t>(at * es + es - 2)] |= 0x80;  // and its low bit: all ones
               bool bad2 = false;
-              (void)CopyDigestAndScan(isa, es, dst + dst_off, s2.data(), base, n, &bad2);
+              (void)CopyDigestAndScan(isa, static_cast<int>(es), dst + dst_off, s2.data(), base, n, &bad2);
               EXPECT_TRUE(bad2) << what << " non-finite at " << at;
             }
           }

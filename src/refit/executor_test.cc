@@ -24,7 +24,7 @@ TEST(ExecutorTest, BatchesPerSourceRankAndInstalls) {
   w.AddTensor("w", DType::kF32, {8, 4}, SplitShards({8, 4}, 0, 4));
   auto plan = PlanWhole(w, "w", {8, 4}, DType::kF32);
   ASSERT_TRUE(plan.ok());
-  std::vector<std::byte> out(8 * 4 * 4);
+  std::vector<std::byte> out(size_t{8} * 4 * 4);
   DestinationBuffers bufs{{"out", std::span<std::byte>(out)}};
   auto stats = ExecutePlan(*plan, w.transport(), bufs);
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
@@ -121,7 +121,7 @@ TEST(ExecutorTest, OneWaveLoopServesAnyMemoryAndHonoursTheStagingBudget) {
   ASSERT_GE(plan->installs.size(), 3u);
 
   // The reference: ExecutePlan, one wave.
-  std::vector<std::byte> one(3 * 64 * 32 * 4);
+  std::vector<std::byte> one(size_t{3} * 64 * 32 * 4);
   auto views = [](std::vector<std::byte>& all) {
     DestinationBuffers b;
     for (size_t i = 0; i < 3; ++i) {

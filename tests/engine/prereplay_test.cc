@@ -31,7 +31,7 @@ struct EngineSetup {
 
 class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
  protected:
-  void Start(EngineSetup setup) {
+  void Start(const EngineSetup& setup) {
     store_ = directory::NewMemoryStore(SystemClock::Default());
     server_ = std::make_unique<directory::DirectoryServer>(store_.get(), directory::ServerOptions{});
     ASSERT_TRUE(server_->Start().ok());

@@ -66,7 +66,7 @@ class EmbeddedEngine {
 
   std::unique_ptr<lifecycle::EngineAdapter> MakeAdapter(EmbeddedAdapterOptions options);
   // OpenAI completions request body -> response body, in process.
-  std::function<Result<Json>(const Json&)> MakeCompleter(std::string model_name = "rolloutcore");
+  std::function<Result<Json>(const Json&)> MakeCompleter(const std::string& model_name = "rolloutcore");
 
   struct State;
 
