@@ -19,6 +19,7 @@
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
 #include "rolloutcore/transport/shm.h"
+#include "engine/whole_model_shards.h"
 
 namespace rc::engine {
 namespace {
@@ -59,28 +60,8 @@ class PreReplayReceiverTest : public ::testing::TestWithParam<int> {
   // `probes` attached. The probes' expected steps are placeholders: only the request (prompt,
   // steps, top_k) matters to the engine.
   void Publish(const std::string& version, int64_t step, const std::vector<refit::Probe>& probes) {
-    auto config = refit::ModelPreset(model_).value();
-    auto specs = refit::ListSourceTensors(config).value();
-    trainer::SyntheticWeights w{7, 1e-3f};
-    for (auto spec : specs) {
-      spec.dtype = refit::DType::kBF16;
-      refit::Box box;
-      box.start = refit::Shape(spec.shape.size(), 0);
-      box.extent = spec.shape;
-      std::vector<uint16_t> bits = trainer::ComputeBf16(w, spec, box, step);
-      auto buf = std::make_shared<transport::ShmBuffer>(transport::ShmBuffer::Create(bits.size() * 2).value());
-      std::memcpy(buf->data(), bits.data(), bits.size() * 2);
-      trainer::ShardSource s;
-      s.name = spec.name;
-      s.dtype = refit::DType::kBF16;
-      s.global_shape = spec.shape;
-      s.offset = box.start;
-      s.local_shape = spec.shape;
-      s.data = buf->data();
-      s.keep_alive = buf;
-      published_[version + "/" + spec.name] = buf;
-      ASSERT_TRUE(publisher_->AddShard(version, std::move(s)).ok());
-    }
+    test_util::AddWholeModelShards(publisher_.get(), model_, version, step, &published_);
+    if (::testing::Test::HasFatalFailure()) return;
     if (!probes.empty()) {
       ASSERT_TRUE(publisher_->AttachProbes(version, probes).ok());
     }

@@ -29,6 +29,7 @@
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
 #include "rolloutcore/transport/shm.h"
+#include "engine/whole_model_shards.h"
 
 namespace rc::engine {
 namespace {
@@ -63,32 +64,11 @@ class ReceiverFaultTest : public ::testing::Test {
   // with element `element` of `bad_tensor` (if any) replaced by the bf16 bits `bad_bits`.
   void Publish(const std::string& version, int64_t step, const std::string& bad_tensor = "", size_t element = 0,
                uint16_t bad_bits = 0) {
-    auto config = refit::ModelPreset("tiny").value();
-    auto specs = refit::ListSourceTensors(config).value();
-    trainer::SyntheticWeights w{7, 1e-3f};
-    for (auto spec : specs) {
-      spec.dtype = refit::DType::kBF16;
-      refit::Box box;
-      box.start = refit::Shape(spec.shape.size(), 0);
-      box.extent = spec.shape;
-      std::vector<uint16_t> bits = trainer::ComputeBf16(w, spec, box, step);
-      if (spec.name == bad_tensor) bits[element] = bad_bits;
-      auto buf = std::make_shared<transport::ShmBuffer>(transport::ShmBuffer::Create(bits.size() * 2).value());
-      std::memcpy(buf->data(), bits.data(), bits.size() * 2);
-      trainer::ShardSource s;
-      s.name = spec.name;
-      s.dtype = refit::DType::kBF16;
-      s.global_shape = spec.shape;
-      s.offset = box.start;
-      s.local_shape = spec.shape;
-      s.data = buf->data();
-      s.keep_alive = buf;
-      std::string key = version;
-      key += "/";
-      key += spec.name;
-      published_[key] = buf;
-      ASSERT_TRUE(publisher_->AddShard(version, std::move(s)).ok());
-    }
+    test_util::AddWholeModelShards(publisher_.get(), "tiny", version, step, &published_,
+                                 [&](const std::string& tensor, std::vector<uint16_t>* bits) {
+                                   if (tensor == bad_tensor) (*bits)[element] = bad_bits;
+                                 });
+    if (::testing::Test::HasFatalFailure()) return;
     auto r = publisher_->Publish(version);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_EQ(r->result.state, directory::VersionState::kCommitted);
