@@ -399,6 +399,12 @@ std::string ControllerService::CompletionMismatch(EngineSlot* slot, const lifecy
 
 // ---- Driver ---------------------------------------------------------------------------------
 
+namespace {
+// How long a driver waits for an op's update_requested to be synced before journaling its start
+// (the sync normally takes well under a millisecond; a journal that hangs longer fails the op).
+constexpr int64_t kRequestJournalWaitMs = 60'000;
+}  // namespace
+
 void ControllerService::Drive(EngineSlot* slot) {
   int64_t next_expiry_check = 0;
   // While an operation runs the driver blocks on the call in flight (Runner::WaitForProgress) and
@@ -454,11 +460,18 @@ void ControllerService::Drive(EngineSlot* slot) {
           if (op.recovery && st == State::kReady) why = "engine is READY: nothing to recover";
           if (!op.recovery && st == State::kTainted) why = "engine is TAINTED: recover it first";
           if (!why.empty()) {
-            ops_[op.id].errors[slot->index] = why;
             slot->queue.pop_front();
-            Status j =
-                JournalOpLocked("update_not_started", Json{{"id", op.id}, {"engine", slot->index}, {"reason", why}});
-            if (!j.ok()) RC_LOG_ERROR("update {}: {}", op.id, j.ToString());
+            // After its update_requested (Enqueue syncs it without holding mu_, so this wait is short).
+            const bool op_journaled =
+                !op.target.request_journaled ||
+                (op.target.request_journaled->WaitFor(std::chrono::milliseconds(kRequestJournalWaitMs)) &&
+                 op.target.request_journaled->Get().ok());
+            if (op_journaled && ops_.count(op.id)) {
+              ops_[op.id].errors[slot->index] = why;
+              Status j =
+                  JournalOpLocked("update_not_started", Json{{"id", op.id}, {"engine", slot->index}, {"reason", why}});
+              if (!j.ok()) RC_LOG_ERROR("update {}: {}", op.id, j.ToString());
+            }
           }
           // Otherwise wait (e.g. UNINITIALIZED, or a restore in progress).
         } else {
@@ -482,9 +495,26 @@ void ControllerService::Drive(EngineSlot* slot) {
             rc::MutexLock id_lock(slot->id_mu);
             slot->id.generation_settled = was_settled;
           }
+          // This op's update_requested goes first in the update journal (Enqueue syncs it while
+          // the update starts): wait for it before journaling anything of the op.
+          bool op_journaled = true;
+          if (op.target.request_journaled) {
+            (void)op.target.request_journaled->WaitFor(std::chrono::milliseconds(kRequestJournalWaitMs));
+            op_journaled = op.target.request_journaled->Ready() && op.target.request_journaled->Get().ok();
+          }
           lock.lock();
           Status j;
-          if (started.ok()) {
+          if (!op_journaled) {
+            // Enqueue refused the request (its caller got the error) and forgot the op; a started
+            // update rejects itself before the pause (UpdateTarget::request_journaled).
+            RC_LOG_WARN("update {}: the update journal did not record the request; not journaling its start", op.id);
+            if (!started.ok()) {
+              slot->running_op.clear();
+              slot->holds_update_place = false;
+              --updating_;
+              slot->settling = false;
+            }
+          } else if (started.ok()) {
             ops_[op.id].ordinals[slot->index] = started->ordinal;
             j = JournalOpLocked("update_started",
                                 Json{{"id", op.id}, {"engine", slot->index}, {"ordinal", started->ordinal}});
@@ -586,6 +616,11 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   op.id = "u-" + std::to_string(next_op_);
   op.recovery = recovery;
   op.target = target;
+  // The request is synced below, after it is queued: the engine's update starts meanwhile (the
+  // stage, which changes nothing served), and its Runner waits for this before anything is
+  // paused (UpdateTarget::request_journaled); the id is handed out only once it is durable.
+  Pending<bool> journaled;
+  op.target.request_journaled = journaled;
   OpRecord rec;
   rec.id = op.id;
   rec.model = model;
@@ -596,20 +631,39 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   rec.only = only;
   Json live = Json::array();
   for (size_t e : already_live) live.push_back(e);
-  // Durable before the id is handed out: GET /v1/updates/<id> must work after a restart.
-  RC_RETURN_IF_ERROR(JournalOpLocked("update_requested", Json{{"id", op.id},
-                                                              {"model", model},
-                                                              {"version", version},
-                                                              {"recovery", recovery},
-                                                              {"requested_wall_ms", rec.requested_wall_ms},
-                                                              {"already_live", live},
-                                                              {"only", only ? Json(*only) : Json()}}));
+  lifecycle::JournalRecord requested;
+  requested.t_ms = SteadyMs();
+  requested.event = "update_requested";
+  requested.detail = Json{{"id", op.id},
+                          {"model", model},
+                          {"version", version},
+                          {"recovery", recovery},
+                          {"requested_wall_ms", rec.requested_wall_ms},
+                          {"already_live", live},
+                          {"only", only ? Json(*only) : Json()}};
   ++next_op_;
   ops_[op.id] = rec;
   for (auto& slot : engines_) {
     if ((!only || slot->index == *only) && !already_live.count(slot->index)) slot->queue.push_back(op);
   }
   cv_.notify_all();
+  lock.unlock();
+  // Durable before the id is handed out: GET /v1/updates/<id> must work after a restart. The
+  // update journal serializes its own appends; a driver journals nothing of this op before this
+  // answers (Drive waits for `journaled`), so update_requested comes first.
+  Status j = ops_journal_->Append(requested)
+                 .WithContext("update journal " + options_.state_dir + "/updates.journal.db");
+  journaled.Fulfill(j.ok() ? Result<bool>(true) : Result<bool>(j));
+  if (!j.ok()) {
+    // Never handed out: forget it. A driver that already started it rejects it before the pause.
+    lock.lock();
+    ops_.erase(op.id);
+    for (auto& slot : engines_) {
+      std::erase_if(slot->queue, [&](const Op& q) { return q.id == op.id; });
+    }
+    cv_.notify_all();
+    return j;
+  }
   return op.id;
 }
 
@@ -1182,7 +1236,12 @@ lifecycle::JournalAppendStats ControllerService::JournalAppendTotals() const {
     total.appends += s.appends;
     total.syncs += s.syncs;
     total.append_ms += s.append_ms;
+    total.recent.insert(total.recent.end(), s.recent.begin(), s.recent.end());
   }
+  std::sort(total.recent.begin(), total.recent.end(),
+            [](const lifecycle::JournalAppendInterval& a, const lifecycle::JournalAppendInterval& b) {
+              return a.start < b.start;
+            });
   return total;
 }
 

@@ -415,17 +415,25 @@ Counters Controller::counters() const {
 // Helpers
 
 Status Controller::AppendLocked(JournalRecord& rec) {
+  std::vector<JournalRecord*> recs{&rec};
+  return AppendRecordsLocked(recs);
+}
+
+Status Controller::AppendRecordsLocked(const std::vector<JournalRecord*>& recs) {
+  const std::string what = recs.size() == 1 ? "'" + recs.front()->event + "'"
+                                            : "'" + recs.front()->event + "' .. '" + recs.back()->event + "'";
   if (deferred_.empty()) {
-    Status s = journal_->Append(rec);
-    if (!s.ok()) return s.WithContext("journal refused '" + rec.event + "', nothing changed");
+    Status s = recs.size() == 1 ? journal_->Append(*recs.front()) : journal_->AppendBatch(recs);
+    if (!s.ok()) return s.WithContext("journal refused " + what + ", nothing changed");
     return OkStatus();
   }
   std::vector<JournalRecord*> batch;
+  batch.reserve(deferred_.size() + recs.size());
   for (auto& d : deferred_) batch.push_back(&d.first);
-  batch.push_back(&rec);
+  batch.insert(batch.end(), recs.begin(), recs.end());
   Status s = journal_->AppendBatch(batch);
   if (!s.ok()) {
-    return s.WithContext("journal refused '" + rec.event + "' (with " + std::to_string(deferred_.size()) +
+    return s.WithContext("journal refused " + what + " (with " + std::to_string(deferred_.size()) +
                          " held record(s)), nothing changed");
   }
   for (const auto& [held, type] : deferred_) ApplyRecordLocked(held, type);
@@ -442,19 +450,43 @@ Status Controller::CheckLegalLocked(Event event) const {
 }
 
 Status Controller::TransitionLocked(Event event, Json detail) {
-  RC_RETURN_IF_ERROR(CheckLegalLocked(event));
-  JournalRecord rec;
-  rec.t_ms = clock_->NowMs();
-  rec.event = std::string(EventName(event));
-  rec.from = std::string(StateName(state_));
-  rec.to = std::string(StateName(*NextState(state_, event)));
-  rec.update = pending_ ? pending_->ordinal : 0;
-  if (event == Event::kRequestUpdate || event == Event::kBeginRecovery) {
-    rec.update = detail["target"].value("ordinal", int64_t{0});
+  std::vector<Step> steps;
+  steps.push_back(Step{event, std::move(detail)});
+  return TransitionsLocked(std::move(steps));
+}
+
+Status Controller::TransitionsLocked(std::vector<Step> steps) {
+  std::vector<JournalRecord> recs(steps.size());
+  State at = state_;
+  const int64_t now = clock_->NowMs();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Event event = steps[i].event;
+    const auto next = NextState(at, event);
+    if (!next) {
+      return FailedPrecondition("illegal transition: '" + std::string(EventName(event)) + "' in state " +
+                                std::string(StateName(at)));
+    }
+    JournalRecord& rec = recs[i];
+    // A step's own time (when its transition happened: the pause issued, the last reset
+    // answered) when the caller gives one; never later than now, never before the previous step.
+    int64_t t = steps[i].t_ms >= 0 ? std::min(steps[i].t_ms, now) : now;
+    if (i > 0) t = std::max(t, recs[i - 1].t_ms);
+    rec.t_ms = t;
+    rec.event = std::string(EventName(event));
+    rec.from = std::string(StateName(at));
+    rec.to = std::string(StateName(*next));
+    rec.update = pending_ ? pending_->ordinal : 0;
+    if (event == Event::kRequestUpdate || event == Event::kBeginRecovery) {
+      rec.update = steps[i].detail["target"].value("ordinal", int64_t{0});
+    }
+    rec.detail = std::move(steps[i].detail);
+    at = *next;
   }
-  rec.detail = std::move(detail);
-  RC_RETURN_IF_ERROR(AppendLocked(rec));
-  ApplyRecordLocked(rec, Transition(event));
+  std::vector<JournalRecord*> ptrs;
+  ptrs.reserve(recs.size());
+  for (auto& r : recs) ptrs.push_back(&r);
+  RC_RETURN_IF_ERROR(AppendRecordsLocked(ptrs));
+  for (size_t i = 0; i < recs.size(); ++i) ApplyRecordLocked(recs[i], Transition(steps[i].event));
   return OkStatus();
 }
 
@@ -538,18 +570,31 @@ Status Controller::AbortForDrain(const std::vector<std::string>& rollout_ids, co
 // ---------------------------------------------------------------------------------------------
 // Update path
 
-Result<UpdateTarget> Controller::RequestUpdate(UpdateTarget target) {
-  rc::MutexLock lock(mu_);
+Result<UpdateTarget> Controller::PrepareUpdateLocked(UpdateTarget target) const {
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kRequestUpdate));
   if (target.label.empty()) return InvalidArgument("update: the target label is empty");
   target.ordinal = last_ordinal_ + 1;
+  return target;
+}
+
+Result<UpdateTarget> Controller::PrepareUpdate(UpdateTarget target) const {
+  rc::MutexLock lock(mu_);
+  return PrepareUpdateLocked(std::move(target));
+}
+
+Result<UpdateTarget> Controller::RequestUpdate(UpdateTarget target) {
+  rc::MutexLock lock(mu_);
+  const int64_t asked = target.ordinal;
+  RC_ASSIGN_OR_RETURN(target, PrepareUpdateLocked(std::move(target)));
+  if (asked != 0 && asked != target.ordinal) {
+    return FailedPrecondition("update: prepared as ordinal " + std::to_string(asked) + ", but the next ordinal is " +
+                              std::to_string(target.ordinal));
+  }
   RC_RETURN_IF_ERROR(TransitionLocked(Event::kRequestUpdate, Json{{"target", ToJson(target)}}));
   return target;
 }
 
-Status Controller::DrainComplete(const DrainStatus& engine) {
-  rc::MutexLock lock(mu_);
-  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
+Result<Json> Controller::DrainCompleteDetailLocked(const DrainStatus& engine) const {
   if (!engine.idle()) {
     return FailedPrecondition("drain not complete: the engine reports " + std::to_string(engine.running) +
                               " running and " + std::to_string(engine.waiting) + " waiting requests");
@@ -558,10 +603,31 @@ Status Controller::DrainComplete(const DrainStatus& engine) {
     return FailedPrecondition("drain not complete: " + std::to_string(active_.size()) +
                               " admitted rollouts are still active (first: " + active_.begin()->first + ")");
   }
-  return TransitionLocked(Event::kDrainComplete,
-                          Json{{"evidence", {{"engine_running", engine.running},
-                                             {"engine_waiting", engine.waiting},
-                                             {"active_bindings", 0}}}});
+  return Json{{"evidence", {{"engine_running", engine.running}, {"engine_waiting", engine.waiting}, {"active_bindings", 0}}}};
+}
+
+Status Controller::DrainComplete(const DrainStatus& engine, int64_t drained_ms) {
+  rc::MutexLock lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
+  RC_ASSIGN_OR_RETURN(Json detail, DrainCompleteDetailLocked(engine));
+  std::vector<Step> steps;
+  steps.push_back(Step{Event::kDrainComplete, std::move(detail), drained_ms});
+  return TransitionsLocked(std::move(steps));
+}
+
+Status Controller::QuiesceAndBeginInstall(const DrainStatus& drain, int64_t pause_issued_ms, const PauseEvidence& pause) {
+  rc::MutexLock lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
+  if (pending_ && pending_->mode != PolicyMode::kStrict) {
+    return FailedPrecondition("quiesce and begin install: update " + std::to_string(pending_->ordinal) + " is " +
+                              std::string(PolicyModeName(pending_->mode)) + ", not strict: it quiesces in flight");
+  }
+  RC_ASSIGN_OR_RETURN(Json drained, DrainCompleteDetailLocked(drain));
+  RC_ASSIGN_OR_RETURN(Json install, BeginInstallDetailLocked(pause));
+  std::vector<Step> steps;
+  steps.push_back(Step{Event::kDrainComplete, std::move(drained), pause_issued_ms});
+  steps.push_back(Step{Event::kBeginInstall, std::move(install)});
+  return TransitionsLocked(std::move(steps));
 }
 
 Result<std::vector<std::string>> Controller::QuiesceInFlight(const DrainStatus& engine, int64_t max_staleness) {
@@ -610,9 +676,7 @@ std::optional<InFlightRecord> Controller::InFlight(const std::string& rollout_id
   return it->second;
 }
 
-Status Controller::BeginInstall(const PauseEvidence& pause) {
-  rc::MutexLock lock(mu_);
-  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginInstall));
+Result<Json> Controller::BeginInstallDetailLocked(const PauseEvidence& pause) const {
   if (!pause.paused) return FailedPrecondition("install refused: the engine does not report itself paused");
   if (pending_ && pending_->mode != PolicyMode::kStrict) {
     // In flight: keep/recompute install under frozen requests; abort mode ended them all.
@@ -623,7 +687,7 @@ Status Controller::BeginInstall(const PauseEvidence& pause) {
     Json ev{{"paused", pause.paused}, {"running", pause.running}, {"mode", PolicyModeName(pending_->mode)},
             {"active_bindings", active_.size()}};
     if (!pause.detail.is_null()) ev["detail"] = pause.detail;
-    return TransitionLocked(Event::kBeginInstall, Json{{"evidence", ev}});
+    return Json{{"evidence", ev}};
   }
   if (pause.running != 0) {
     return FailedPrecondition("install refused: the paused engine still reports " + std::to_string(pause.running) +
@@ -634,7 +698,14 @@ Status Controller::BeginInstall(const PauseEvidence& pause) {
   }
   Json ev{{"paused", pause.paused}, {"running", pause.running}};
   if (!pause.detail.is_null()) ev["detail"] = pause.detail;
-  return TransitionLocked(Event::kBeginInstall, Json{{"evidence", ev}});
+  return Json{{"evidence", ev}};
+}
+
+Status Controller::BeginInstall(const PauseEvidence& pause) {
+  rc::MutexLock lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kBeginInstall));
+  RC_ASSIGN_OR_RETURN(Json detail, BeginInstallDetailLocked(pause));
+  return TransitionLocked(Event::kBeginInstall, std::move(detail));
 }
 
 Status Controller::InstallComplete(const InstallEvidence& install) {
@@ -655,9 +726,8 @@ Status Controller::InstallComplete(const InstallEvidence& install) {
                                             {"detail", install.detail}}}});
 }
 
-Status Controller::CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required) {
-  rc::MutexLock lock(mu_);
-  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
+Result<Json> Controller::CachesResetDetailLocked(const std::vector<CacheResetResult>& results,
+                                                 const std::vector<CacheKind>& required) const {
   for (CacheKind kind : required) {
     auto it = std::find_if(results.begin(), results.end(), [&](const CacheResetResult& r) { return r.kind == kind; });
     if (it == results.end()) {
@@ -676,14 +746,21 @@ Status Controller::CachesReset(const std::vector<CacheResetResult>& results, con
   for (const auto& r : results) {
     if (!r.verified) unverified.push_back(CacheKindName(r.kind));
   }
-  return TransitionLocked(Event::kCachesReset,
-                          Json{{"evidence", ResetResultsJson(results)}, {"unverified", unverified}});
+  return Json{{"evidence", ResetResultsJson(results)}, {"unverified", unverified}};
 }
 
-Status Controller::Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
-                             bool digest_offered, const ReplayOutcome& replay) {
+Status Controller::CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
+                               int64_t reset_ms) {
   rc::MutexLock lock(mu_);
-  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kValidated));
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
+  RC_ASSIGN_OR_RETURN(Json detail, CachesResetDetailLocked(results, required));
+  std::vector<Step> steps;
+  steps.push_back(Step{Event::kCachesReset, std::move(detail), reset_ms});
+  return TransitionsLocked(std::move(steps));
+}
+
+Result<Json> Controller::ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
+                                               bool digest_offered, const ReplayOutcome& replay) const {
   if (label.label != pending_->label) {
     return FailedPrecondition("validation failed: the engine reports label '" + label.label + "', target is '" +
                               pending_->label + "'");
@@ -708,7 +785,37 @@ Status Controller::Validated(const LabelEvidence& label, const std::optional<Dig
   if (digest) ev["content_digest"] = digest->content_digest;
   ev["digest_checked"] = digest_offered && !want.empty();
   ev["replay"] = ToJson(replay);
-  return TransitionLocked(Event::kValidated, Json{{"evidence", ev}});
+  return Json{{"evidence", ev}};
+}
+
+Status Controller::Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
+                             bool digest_offered, const ReplayOutcome& replay) {
+  rc::MutexLock lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kValidated));
+  RC_ASSIGN_OR_RETURN(Json detail, ValidatedDetailLocked(label, digest, digest_offered, replay));
+  return TransitionLocked(Event::kValidated, std::move(detail));
+}
+
+Status Controller::ResetAndValidated(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
+                                     int64_t reset_ms, const LabelEvidence& label,
+                                     const std::optional<DigestEvidence>& digest, bool digest_offered,
+                                     const ReplayOutcome& replay) {
+  rc::MutexLock lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
+  RC_ASSIGN_OR_RETURN(Json reset, CachesResetDetailLocked(results, required));
+  auto validated = ValidatedDetailLocked(label, digest, digest_offered, replay);
+  if (!validated.ok()) {
+    // The caches were reset; the validation failed: record the reset (VALIDATING) on its own and
+    // return the validation's failure, for the caller to taint from VALIDATING.
+    std::vector<Step> steps;
+    steps.push_back(Step{Event::kCachesReset, std::move(reset), reset_ms});
+    RC_RETURN_IF_ERROR(TransitionsLocked(std::move(steps)));
+    return validated.status();
+  }
+  std::vector<Step> steps;
+  steps.push_back(Step{Event::kCachesReset, std::move(reset), reset_ms});
+  steps.push_back(Step{Event::kValidated, std::move(validated).value()});
+  return TransitionsLocked(std::move(steps));
 }
 
 Status Controller::Resumed(const ResumeEvidence& resume) {

@@ -230,7 +230,10 @@ Status SqliteJournal::AppendBatch(const std::vector<JournalRecord*>& recs) {
   head_ = head;
   stats_.appends += static_cast<int64_t>(recs.size());
   ++stats_.syncs;
-  stats_.append_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto t1 = std::chrono::steady_clock::now();
+  stats_.append_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (stats_.recent.size() == kRecentAppendIntervals) stats_.recent.erase(stats_.recent.begin());
+  stats_.recent.push_back(JournalAppendInterval{t0, t1});
   return OkStatus();
 }
 

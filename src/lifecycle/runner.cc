@@ -24,15 +24,27 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
     Status supported = adapter_->SupportsPolicyMode(target.mode);
     if (!supported.ok()) return FailedPrecondition(supported.message());
   }
-  RC_ASSIGN_OR_RETURN(target_, controller_->RequestUpdate(std::move(target)));
+  // The prefetch changes nothing the engine serves, so it is issued before RequestUpdate is
+  // synced and the sync runs while it stages (issue 15); if the sync fails the stage is dropped
+  // (its image waits in staging for the next stage to replace it) and nothing else happened.
+  RC_ASSIGN_OR_RETURN(UpdateTarget prepared, controller_->PrepareUpdate(std::move(target)));
+  const int64_t issued_ms = Now();
+  if (options_.prefetch) stage_call_.Start(adapter_->Stage(prepared), issued_ms + options_.deadlines.stage_ms);
+  auto requested = controller_->RequestUpdate(std::move(prepared));
+  if (!requested.ok()) {
+    stage_call_.Clear();
+    return requested.status();
+  }
+  target_ = std::move(requested).value();
   notes_.clear();
   phase_ = Phase::kDraining;
-  started_ms_ = Now();
+  started_ms_ = issued_ms;
   next_drain_poll_ms_ = started_ms_;
   drain_deadline_noted_ = false;
   abort_issued_ = false;
+  drained_.reset();
+  resets_held_ = false;
   stage_done_ = !options_.prefetch;
-  if (options_.prefetch) stage_call_.Start(adapter_->Stage(target_), Now() + options_.deadlines.stage_ms);
   Poll();
   return target_;
 }
@@ -41,6 +53,17 @@ Result<UpdateTarget> Runner::StartRecovery(UpdateTarget target) {
   if (busy()) return FailedPrecondition("operation " + std::to_string(target_.ordinal) + " is still in progress");
   RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
   target.probes_fetch.reset();  // a recovery proves label and digest; it replays nothing
+  if (target.request_journaled) {
+    // A recovery pauses at once: the request must be durable first.
+    (void)target.request_journaled->WaitFor(std::chrono::milliseconds(options_.deadlines.stage_ms));
+    auto journaled = target.request_journaled->Ready() ? target.request_journaled->Get()
+                                                       : Result<bool>(DeadlineExceeded("not synced in time"));
+    if (!journaled.ok()) {
+      return FailedPrecondition("the recovery request for " + target.label +
+                                " was not journaled: " + journaled.status().ToString());
+    }
+    target.request_journaled.reset();
+  }
   RC_ASSIGN_OR_RETURN(target_, controller_->BeginRecovery(std::move(target)));
   notes_.clear();
   started_ms_ = Now();
@@ -63,6 +86,8 @@ void Runner::ResumeBestEffort(const std::string& why) {
 
 void Runner::Finish() {
   phase_ = Phase::kIdle;
+  drained_.reset();
+  resets_held_ = false;
   drain_call_.Clear();
   stage_call_.Clear();
   abort_call_.Clear();
@@ -94,6 +119,17 @@ void Runner::RejectAndResume(const std::string& reason, bool install_refused) {
 }
 
 void Runner::TaintWith(const std::string& reason) {
+  if (resets_held_) {
+    // The caches were reset and that is not journaled yet: record it first (at the time the last
+    // reset answered), so the journal says what happened before the taint.
+    resets_held_ = false;
+    std::vector<CacheResetResult> results;
+    for (auto& r : reset_results_) {
+      if (r) results.push_back(*r);
+    }
+    Status recorded = controller_->CachesReset(results, description_.caches, resets_done_ms_);
+    if (!recorded.ok()) Note("recording the held cache resets failed: " + recorded.ToString());
+  }
   Status s = controller_->Taint(reason);
   if (!s.ok()) Note("taint failed: " + s.ToString());
   Note("tainted: " + reason);
@@ -140,6 +176,11 @@ bool Runner::WaitForProgress(std::chrono::microseconds max) {
     (void)target_.probes_fetch->WaitFor(max);
     return true;
   }
+  if (phase_ == Phase::kDraining && target_.request_journaled && !target_.request_journaled->Ready() &&
+      !stage_call_.active()) {
+    (void)target_.request_journaled->WaitFor(max);
+    return true;
+  }
   if (stage_call_.WaitIfUnanswered(max) || drain_call_.WaitIfUnanswered(max) || abort_call_.WaitIfUnanswered(max) ||
       pause_call_.WaitIfUnanswered(max) || install_call_.WaitIfUnanswered(max)) {
     return true;
@@ -179,6 +220,24 @@ void Runner::StepDraining() {
     } else if (now > started_ms_ + options_.deadlines.stage_ms) {
       target_.probes_fetch.reset();
       return RejectAndResume("fetching the replay probes of " + target_.label + " overran the " +
+                                 std::to_string(options_.deadlines.stage_ms) + " ms stage deadline",
+                             false);
+    }
+  }
+  if (target_.request_journaled) {
+    // The requester's record of the request (types.h): durable before anything is paused.
+    if (target_.request_journaled->Ready()) {
+      auto journaled = target_.request_journaled->Get();
+      target_.request_journaled.reset();
+      if (!journaled.ok()) {
+        return RejectAndResume("the request for " + target_.label + " was not journaled: " +
+                                   journaled.status().ToString(),
+                               false);
+      }
+      next_drain_poll_ms_ = now;
+    } else if (now > started_ms_ + options_.deadlines.stage_ms) {
+      target_.request_journaled.reset();
+      return RejectAndResume("journaling the request for " + target_.label + " overran the " +
                                  std::to_string(options_.deadlines.stage_ms) + " ms stage deadline",
                              false);
     }
@@ -246,13 +305,15 @@ void Runner::StepDraining() {
       auto r = drain_call_.pending->Get();
       drain_call_.Clear();
       if (!r.ok()) return RejectAndResume("drain status failed: " + r.status().ToString(), false);
-      if (r->idle() && controller_->active_count() == 0 && stage_done_ && !target_.probes_fetch) {
-        Status s = controller_->DrainComplete(*r);
-        if (s.ok()) {
-          phase_ = Phase::kPausing;
-          pause_call_.Start(adapter_->Pause(options_.pause_mode), now + options_.deadlines.pause_ms);
-          return;
-        }
+      if (r->idle() && controller_->active_count() == 0 && stage_done_ && !target_.probes_fetch &&
+          !target_.request_journaled) {
+        // Drained: the pause is the drain's last step; QUIESCED and UPDATING are synced together
+        // once it answers (StepPausing), before the install.
+        drained_ = *r;
+        pause_issued_ms_ = now;
+        phase_ = Phase::kPausing;
+        pause_call_.Start(adapter_->Pause(options_.pause_mode), now + options_.deadlines.pause_ms);
+        return;
       }
       next_drain_poll_ms_ = now + options_.drain_poll_interval_ms;
     } else if (now > drain_call_.deadline_ms) {
@@ -269,7 +330,7 @@ void Runner::StepDraining() {
 // ---- In-flight modes -----------------------------------------------------------------------
 
 void Runner::StepQuiescingInFlight(int64_t now) {
-  if (!stage_done_ || target_.probes_fetch) return;
+  if (!stage_done_ || target_.probes_fetch || target_.request_journaled) return;
   if (!drain_call_.active()) {
     drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);
     return;
@@ -327,6 +388,13 @@ void Runner::StepPausing(bool recovery) {
       std::string why = "pause overran its " + std::to_string(options_.deadlines.pause_ms) + " ms deadline";
       return recovery ? TaintWith("recovery: " + why) : RejectAndResume(why, false);
     }
+    if (drained_ && now - pause_issued_ms_ >= options_.group_commit_window_ms) {
+      // A pause that takes longer than the group-commit window: journal QUIESCED on its own now
+      // (timed at the pause), so /v1/status and a restart see it; UPDATING follows alone.
+      Status s = controller_->DrainComplete(*drained_, pause_issued_ms_);
+      drained_.reset();
+      if (!s.ok()) return RejectAndResume(s.message(), false);
+    }
     return;
   }
   auto r = pause_call_.pending->Get();
@@ -339,7 +407,9 @@ void Runner::StepPausing(bool recovery) {
     if (!r->paused || r->running != 0) return TaintWith("recovery: the engine did not confirm it is paused and idle");
     phase_ = Phase::kRecoverInstalling;
   } else {
-    Status s = controller_->BeginInstall(*r);
+    Status s = drained_ ? controller_->QuiesceAndBeginInstall(*drained_, pause_issued_ms_, *r)
+                        : controller_->BeginInstall(*r);
+    drained_.reset();
     if (!s.ok()) return RejectAndResume(s.message(), false);
     phase_ = Phase::kInstalling;
   }
@@ -377,6 +447,9 @@ void Runner::StepInstalling(bool recovery) {
     install_evidence_ = *r;
     phase_ = Phase::kRecoverResetting;
   } else {
+    // The validation reads change nothing: they go out now and run while INVALIDATING is synced
+    // and the caches reset (a replay, which does depend on the resets, waits for them).
+    IssueValidation();
     Status s = controller_->InstallComplete(*r);
     if (!s.ok()) return TaintWith(s.message());
     phase_ = Phase::kResetting;
@@ -443,12 +516,14 @@ void Runner::StepResetting(bool recovery) {
   for (auto& r : reset_results_) results.push_back(*r);
   if (recovery) {
     phase_ = Phase::kRecoverValidating;
-  } else {
-    Status s = controller_->CachesReset(results, description_.caches);
-    if (!s.ok()) return TaintWith(s.message());
-    phase_ = Phase::kValidating;
+    IssueValidation();
+    return;
   }
-  IssueValidation();
+  // Held, not synced: caches_reset goes in one batch with validated (ResetAndValidated), or alone
+  // before a taint (TaintWith). The validation reads are already in flight (StepInstalling).
+  resets_held_ = true;
+  resets_done_ms_ = now;
+  phase_ = Phase::kValidating;
 }
 
 void Runner::IssueValidation() {
@@ -490,6 +565,15 @@ void Runner::StepValidating(bool recovery) {
                        " ms deadline");
     }
   }
+  if (!recovery && resets_held_ && now - resets_done_ms_ >= options_.group_commit_window_ms) {
+    // Validation that takes longer than the group-commit window: journal VALIDATING on its own
+    // now (timed when the last reset answered), so /v1/status and a restart see it.
+    resets_held_ = false;
+    std::vector<CacheResetResult> results;
+    for (auto& r : reset_results_) results.push_back(*r);
+    Status s = controller_->CachesReset(results, description_.caches, resets_done_ms_);
+    if (!s.ok()) return TaintWith(s.message());
+  }
   if (label_call_.active() || digest_call_.active()) return;
   if (!label_evidence_) return;
   if (recovery) {
@@ -504,8 +588,17 @@ void Runner::StepValidating(bool recovery) {
     phase_ = Phase::kRecoverResuming;
   } else {
     if (!StepReplay()) return;
-    Status s = controller_->Validated(*label_evidence_, digest_evidence_, description_.offers_content_digest,
-                                      MakeReplayOutcome());
+    Status s;
+    if (resets_held_) {
+      std::vector<CacheResetResult> results;
+      for (auto& r : reset_results_) results.push_back(*r);
+      s = controller_->ResetAndValidated(results, description_.caches, resets_done_ms_, *label_evidence_,
+                                         digest_evidence_, description_.offers_content_digest, MakeReplayOutcome());
+      if (controller_->state() != State::kInvalidating) resets_held_ = false;  // journaled, with or without validated
+    } else {
+      s = controller_->Validated(*label_evidence_, digest_evidence_, description_.offers_content_digest,
+                                 MakeReplayOutcome());
+    }
     if (!s.ok()) return TaintWith(s.message());
     phase_ = Phase::kResuming;
   }

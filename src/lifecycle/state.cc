@@ -84,7 +84,8 @@ bool MutationMayHaveBegun(State s) {
 }
 
 bool EngineMayBePaused(State s) {
-  return s == State::kQuiesced || s == State::kUpdating || s == State::kInvalidating ||
+  // DRAINING too: a strict drain ends with the pause, before QUIESCED is journaled.
+  return s == State::kDraining || s == State::kQuiesced || s == State::kUpdating || s == State::kInvalidating ||
          s == State::kValidating || s == State::kResuming || s == State::kRecovering ||
          s == State::kTainted;
 }

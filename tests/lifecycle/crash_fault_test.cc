@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "rolloutcore/lifecycle/runner.h"
@@ -143,41 +145,54 @@ TEST(CrashFaultTest, SqliteJournalCrashMidInstallComesBackTainted) {
 
 // ---- Group commit (issue 15) ------------------------------------------------------------------
 
-// Forwards to a ScriptedEngine and, at each Stage and Pause call, looks at what the journal holds:
-// the effect a record authorizes must find that record already synced.
+// Forwards to a ScriptedEngine and, at each call, looks at what the journal holds: the effect a
+// record authorizes must find that record already synced.
 class JournalWatchingAdapter final : public EngineAdapter {
  public:
+  struct Seen {
+    std::vector<JournalRecord> records;  // the journal when the call was issued
+    int64_t syncs = 0;
+  };
   JournalWatchingAdapter(ScriptedEngine* inner, MemoryJournal* journal) : inner_(inner), journal_(journal) {}
   Result<EngineDescription> Describe() override { return inner_->Describe(); }
   Pending<DrainStatus> GetDrainStatus() override { return inner_->GetDrainStatus(); }
   Pending<PauseEvidence> Pause(PauseMode m) override {
-    ++pauses;
-    records_at_pause = journal_->ReadAll().value();
-    syncs_at_pause = journal_->syncs();
+    Look("pause");
+    if (crash_at_pause) journal_->FailAfter(0);  // the controller dies before its next sync
     return inner_->Pause(m);
   }
   Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override { return inner_->AbortRequests(ids); }
   Pending<StageEvidence> Stage(const UpdateTarget& t) override {
-    records_at_stage = journal_->size();
-    syncs_at_stage = journal_->syncs();
-    if (crash_at_stage) journal_->FailAfter(0);  // the controller dies before its next sync
+    Look("stage");
     return inner_->Stage(t);
   }
-  Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override { return inner_->Install(t, full); }
-  Pending<CacheResetResult> ResetCache(CacheKind k) override { return inner_->ResetCache(k); }
-  Pending<LabelEvidence> ReadLabel() override { return inner_->ReadLabel(); }
-  Pending<DigestEvidence> ReadContentDigest() override { return inner_->ReadContentDigest(); }
-  Pending<ResumeEvidence> Resume() override { return inner_->Resume(); }
+  Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override {
+    Look("install");
+    return inner_->Install(t, full);
+  }
+  Pending<CacheResetResult> ResetCache(CacheKind k) override {
+    Look("reset");
+    return inner_->ResetCache(k);
+  }
+  Pending<LabelEvidence> ReadLabel() override {
+    Look("read_label");
+    return inner_->ReadLabel();
+  }
+  Pending<DigestEvidence> ReadContentDigest() override {
+    Look("read_digest");
+    return inner_->ReadContentDigest();
+  }
+  Pending<ResumeEvidence> Resume() override {
+    Look("resume");
+    return inner_->Resume();
+  }
   Pending<IdentityEvidence> ProbeIdentity() override { return inner_->ProbeIdentity(); }
 
-  bool crash_at_stage = false;
-  int pauses = 0;
-  size_t records_at_stage = 0;
-  int64_t syncs_at_stage = 0;
-  std::vector<JournalRecord> records_at_pause;
-  int64_t syncs_at_pause = 0;
+  bool crash_at_pause = false;
+  std::map<std::string, std::vector<Seen>> seen;  // by call, in the order issued
 
  private:
+  void Look(const std::string& call) { seen[call].push_back(Seen{journal_->ReadAll().value(), journal_->syncs()}); }
   ScriptedEngine* inner_;
   MemoryJournal* journal_;
 };
@@ -187,12 +202,26 @@ ScriptedEngineConfig StageAndPauseEngine() {
   cfg.label = "rc-0";
   cfg.digest = "d0";
   cfg.ops["stage"] = {OpScript{5, "ok", 0}};
+  cfg.ops["pause"] = {OpScript{2, "ok", 0}};
   return cfg;
 }
 
-// The stage evidence authorizes no engine call, so it is not synced alone: it goes into one batch
-// with drain_complete, and that batch is synced before the pause it authorizes is issued.
-TEST(CrashFaultTest, StageEvidenceIsGroupCommittedWithDrainCompleteBeforeThePause) {
+std::vector<std::string> Events(const std::vector<JournalRecord>& records) {
+  std::vector<std::string> out;
+  out.reserve(records.size());
+  for (const auto& r : records) out.push_back(r.event);
+  return out;
+}
+
+// Issue 15's group commits, seen from the engine: every call that changes something finds the
+// record that authorizes it synced, and the records between those effects share one sync each.
+//   stage (prefetch, changes nothing): issued before request_update is synced;
+//   pause: request_update (DRAINING) synced; the drain's last step, nothing more is recorded yet;
+//   install: staged, drain_complete, begin_install synced in ONE sync after the pause answered;
+//   reset: install_complete synced (its own sync);
+//   label/digest reads (change nothing): issued before install_complete is synced;
+//   resume: caches_reset, validated synced in ONE sync.
+TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneSync) {
   ManualClock clock;
   MemoryJournal journal;
   ScriptedEngine engine(&clock, StageAndPauseEngine());
@@ -207,43 +236,171 @@ TEST(CrashFaultTest, StageEvidenceIsGroupCommittedWithDrainCompleteBeforeThePaus
   }
   ASSERT_EQ(c->state(), State::kReady);
   EXPECT_EQ(c->version().label, "rc-1");
-  ASSERT_EQ(adapter.pauses, 1);
-  // At the pause: exactly two more records than at the stage call (staged, drain_complete), in
-  // that order, written by one sync.
-  const auto& at_pause = adapter.records_at_pause;
-  ASSERT_EQ(at_pause.size(), adapter.records_at_stage + 2);
-  EXPECT_EQ(at_pause[at_pause.size() - 2].event, "staged");
-  EXPECT_EQ(at_pause.back().event, "drain_complete");
-  EXPECT_EQ(adapter.syncs_at_pause, adapter.syncs_at_stage + 1);
-  EXPECT_LT(at_pause[at_pause.size() - 2].seq, at_pause.back().seq);
-  // The evidence is in the update record, and a restart from the journal at the pause (the crash
-  // after the group's sync, before its effect completed) comes back READY on the old version
-  // with the engine possibly paused (to be resumed), the staging evidence restored with it.
+  for (const char* call : {"stage", "pause", "install", "read_label", "read_digest", "resume"}) {
+    ASSERT_EQ(adapter.seen[call].size(), 1u) << call;
+  }
+  ASSERT_EQ(adapter.seen["reset"].size(), 3u) << "prefix, encoder and multimodal caches";
+  for (const auto& r : adapter.seen["reset"]) EXPECT_EQ(r.syncs, adapter.seen["reset"][0].syncs);
+  const auto& stage = adapter.seen["stage"][0];
+  const auto& pause = adapter.seen["pause"][0];
+  const auto& install = adapter.seen["install"][0];
+  const auto& reset = adapter.seen["reset"][0];
+  const auto& label = adapter.seen["read_label"][0];
+  const auto& resume = adapter.seen["resume"][0];
+
+  EXPECT_EQ(Events(stage.records), (std::vector<std::string>{"initialize"}));
+  EXPECT_EQ(Events(pause.records), (std::vector<std::string>{"initialize", "request_update"}));
+  EXPECT_EQ(pause.syncs, stage.syncs + 1);
+  EXPECT_EQ(Events(install.records), (std::vector<std::string>{"initialize", "request_update", "staged",
+                                                                "drain_complete", "begin_install"}));
+  EXPECT_EQ(install.syncs, pause.syncs + 1) << "staged, drain_complete and begin_install: one sync";
+  EXPECT_EQ(Events(label.records), Events(install.records)) << "the reads go out before install_complete's sync";
+  EXPECT_EQ(adapter.seen["read_digest"][0].syncs, install.syncs);
+  EXPECT_EQ(Events(reset.records).back(), "install_complete");
+  EXPECT_EQ(reset.syncs, install.syncs + 1);
+  const auto resumed_at = Events(resume.records);
+  ASSERT_EQ(resumed_at.size(), reset.records.size() + 2);
+  EXPECT_EQ(resumed_at[resumed_at.size() - 2], "caches_reset");
+  EXPECT_EQ(resumed_at.back(), "validated");
+  EXPECT_EQ(resume.syncs, reset.syncs + 1) << "caches_reset and validated: one sync";
+
+  // The records are true about when: drain_complete is timed at the pause (QUIESCED and the pause
+  // window begin there), caches_reset when the last reset answered.
+  const auto all = journal.ReadAll().value();
+  auto find = [&](const std::string& e) {
+    for (const auto& r : all) {
+      if (r.event == e) return r;
+    }
+    ADD_FAILURE() << "no " << e;
+    return JournalRecord{};
+  };
+  const JournalRecord drained = find("drain_complete"), begin = find("begin_install");
+  EXPECT_LT(drained.t_ms, begin.t_ms) << "the pause took 2 ms between them";
+  EXPECT_LE(find("staged").t_ms, drained.t_ms);
+  EXPECT_LE(find("caches_reset").t_ms, find("validated").t_ms);
   auto u = c->Update(1);
   ASSERT_TRUE(u);
+  EXPECT_GE(u->phases_ms["QUIESCED"], 2) << "the pause is in the pause window";
   ASSERT_TRUE(u->evidence.contains("staged"));
   EXPECT_EQ(u->evidence["staged"]["label"], "rc-1");
-  MemoryJournal at_crash;
-  for (JournalRecord r : at_pause) ASSERT_TRUE(at_crash.Append(r).ok());
-  RestoreSummary summary;
-  auto restarted = std::move(Controller::Open(&clock, &at_crash, &summary)).value();
-  EXPECT_EQ(summary.state_at_crash, State::kQuiesced);
-  EXPECT_TRUE(summary.engine_may_be_paused);
-  EXPECT_EQ(restarted->state(), State::kReady);
-  EXPECT_EQ(restarted->version().label, "rc-0");
-  ASSERT_TRUE(restarted->Update(1));
-  EXPECT_TRUE(restarted->Update(1)->evidence.contains("staged"));
+  ASSERT_TRUE(u->evidence.contains("drain_complete"));
+  ASSERT_TRUE(u->evidence.contains("begin_install"));
+  EXPECT_TRUE(u->evidence["begin_install"]["paused"].get<bool>());
+  ASSERT_TRUE(u->evidence.contains("caches_reset"));
+  ASSERT_TRUE(u->evidence.contains("validated"));
+
+  // A crash after the first batch's sync (at the install call) restarts TAINTED: mutation may have
+  // begun; a crash at the pause (only request_update synced) restarts READY on the old version
+  // with the engine to be resumed.
+  for (const auto* at : {&pause, &install}) {
+    MemoryJournal at_crash;
+    for (JournalRecord r : at->records) ASSERT_TRUE(at_crash.Append(r).ok());
+    RestoreSummary summary;
+    auto restarted = std::move(Controller::Open(&clock, &at_crash, &summary)).value();
+    EXPECT_TRUE(summary.engine_may_be_paused);
+    EXPECT_EQ(restarted->version().label, "rc-0");
+    EXPECT_EQ(restarted->state(), at == &pause ? State::kReady : State::kTainted);
+  }
 }
 
-// A crash before the batch's sync: neither the stage evidence nor drain_complete is in the
-// journal, the pause they would authorize is never issued, and the restart comes back READY on
-// the old version with nothing to resume.
-TEST(CrashFaultTest, CrashBeforeTheGroupCommitLeavesNeitherRecordAndIssuesNoPause) {
+// Work that outlasts the group-commit window gets its state journaled on its own, so /v1/status
+// and a restart see it: a 20 ms pause shows QUIESCED while it runs, a 20 ms digest read shows
+// VALIDATING; each is still synced before the next effect (install; resume).
+TEST(CrashFaultTest, SlowPauseAndSlowValidationAreJournaledOnTheirOwnOnceTheWindowPasses) {
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngineConfig cfg = StageAndPauseEngine();
+  cfg.ops["pause"] = {OpScript{20, "ok", 0}};
+  cfg.ops["content_digest"] = {OpScript{20, "ok", 0}};
+  ScriptedEngine engine(&clock, cfg);
+  JournalWatchingAdapter adapter(&engine, &journal);
+  auto c = std::move(Controller::Open(&clock, &journal)).value();
+  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  RunnerOptions options;
+  ASSERT_EQ(options.group_commit_window_ms, 5);
+  Runner runner(c.get(), &adapter, &clock, options);
+  ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
+  std::set<State> seen;
+  while (runner.Poll()) {
+    seen.insert(c->state());
+    clock.AdvanceMs(1);
+    engine.Tick();
+  }
+  ASSERT_EQ(c->state(), State::kReady);
+  EXPECT_TRUE(seen.count(State::kQuiesced)) << "QUIESCED shows while the slow pause runs";
+  EXPECT_TRUE(seen.count(State::kValidating)) << "VALIDATING shows while the slow digest read runs";
+  ASSERT_EQ(adapter.seen["install"].size(), 1u);
+  ASSERT_EQ(adapter.seen["resume"].size(), 1u);
+  const auto at_install = Events(adapter.seen["install"][0].records);
+  EXPECT_EQ(at_install.back(), "begin_install");
+  const auto at_resume = Events(adapter.seen["resume"][0].records);
+  EXPECT_EQ(at_resume.back(), "validated");
+  // Separate syncs: drain_complete (with the held stage evidence) at the window, begin_install at
+  // the pause's answer; caches_reset at the window, validated at the digest's answer.
+  const int64_t pause_syncs = adapter.seen["pause"][0].syncs;
+  EXPECT_EQ(adapter.seen["install"][0].syncs, pause_syncs + 2);
+  EXPECT_EQ(adapter.seen["resume"][0].syncs, adapter.seen["reset"][0].syncs + 2);
+  const auto all = journal.ReadAll().value();
+  int64_t drained_t = -1, begin_t = -1;
+  for (const auto& r : all) {
+    if (r.event == "drain_complete") drained_t = r.t_ms;
+    if (r.event == "begin_install") begin_t = r.t_ms;
+  }
+  EXPECT_GE(begin_t - drained_t, 20) << "drain_complete is timed at the pause, begin_install at its answer";
+  EXPECT_GE(c->Update(1)->phases_ms["QUIESCED"], 20);
+  EXPECT_GE(c->Update(1)->phases_ms["VALIDATING"], 15);
+}
+
+// The requester's own record of the request (the service's update_requested) is synced while the
+// update starts: the Runner holds the pause until it is durable, and a failed sync rejects the
+// update before anything is paused (the stage ran; it changed nothing served).
+TEST(CrashFaultTest, TheRequestersRecordGatesThePauseAndItsFailureRejectsWithNothingPaused) {
+  for (const bool fails : {false, true}) {
+    SCOPED_TRACE(fails ? "the requester's sync fails" : "the requester's sync is slow");
+    ManualClock clock;
+    MemoryJournal journal;
+    ScriptedEngine engine(&clock, StageAndPauseEngine());
+    JournalWatchingAdapter adapter(&engine, &journal);
+    auto c = std::move(Controller::Open(&clock, &journal)).value();
+    ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+    Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+    UpdateTarget t = Target("rc-1", "d1");
+    Pending<bool> journaled;
+    t.request_journaled = journaled;
+    ASSERT_TRUE(runner.StartUpdate(t).ok());
+    for (int ms = 0; ms < 30; ++ms) {  // the stage (5 ms) is long done; the request is not durable
+      ASSERT_TRUE(runner.Poll());
+      clock.AdvanceMs(1);
+      engine.Tick();
+    }
+    EXPECT_EQ(adapter.seen["stage"].size(), 1u);
+    EXPECT_EQ(adapter.seen["pause"].size(), 0u) << "no pause before the request is durable";
+    EXPECT_EQ(c->state(), State::kDraining);
+    journaled.Fulfill(fails ? Result<bool>(Unavailable("update journal: disk I/O error")) : Result<bool>(true));
+    while (runner.Poll()) {
+      clock.AdvanceMs(1);
+      engine.Tick();
+    }
+    EXPECT_EQ(c->state(), State::kReady);
+    EXPECT_EQ(c->version().label, fails ? "rc-0" : "rc-1");
+    EXPECT_EQ(adapter.seen["pause"].size(), fails ? 0u : 1u);
+    EXPECT_FALSE(engine.paused());
+    if (fails) {
+      EXPECT_EQ(c->Update(1)->outcome, UpdateOutcome::kRejected);
+      EXPECT_NE(c->Update(1)->reason.find("was not journaled"), std::string::npos) << c->Update(1)->reason;
+    }
+  }
+}
+
+// A crash between the pause and the batch that records its end: nothing but request_update is in
+// the journal, the install the batch would authorize is never issued, the engine is resumed, and
+// the restart comes back READY on the old version knowing the engine may be paused.
+TEST(CrashFaultTest, CrashBeforeTheQuiesceBatchIssuesNoInstallAndRestartsReadyToResume) {
   ManualClock clock;
   MemoryJournal journal;
   ScriptedEngine engine(&clock, StageAndPauseEngine());
   JournalWatchingAdapter adapter(&engine, &journal);
-  adapter.crash_at_stage = true;
+  adapter.crash_at_pause = true;
   auto c = std::move(Controller::Open(&clock, &journal)).value();
   ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
   Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
@@ -252,25 +409,55 @@ TEST(CrashFaultTest, CrashBeforeTheGroupCommitLeavesNeitherRecordAndIssuesNoPaus
     clock.AdvanceMs(1);
     engine.Tick();
   }
-  EXPECT_EQ(adapter.pauses, 0);
+  EXPECT_EQ(adapter.seen["pause"].size(), 1u);
+  EXPECT_EQ(adapter.seen["install"].size(), 0u);
+  EXPECT_EQ(adapter.seen["resume"].size(), 1u) << "the best-effort resume after the refused batch";
+  for (int ms = 0; ms < 50; ++ms) {
+    clock.AdvanceMs(1);
+    engine.Tick();
+  }
   EXPECT_FALSE(engine.paused());
-  EXPECT_EQ(c->state(), State::kDraining);
+  EXPECT_EQ(c->state(), State::kDraining) << "the dead journal refused the reject too";
   auto u = c->Update(1);
   ASSERT_TRUE(u);
   EXPECT_FALSE(u->evidence.contains("staged")) << "evidence shows only once it is durable";
-  const auto records = journal.ReadAll().value();
-  ASSERT_EQ(records.size(), adapter.records_at_stage);
-  for (const auto& r : records) {
-    EXPECT_NE(r.event, "staged");
-    EXPECT_NE(r.event, "drain_complete");
-  }
+  EXPECT_EQ(Events(journal.ReadAll().value()), (std::vector<std::string>{"initialize", "request_update"}));
   journal.FailAfter(-1);  // the restarted controller's journal works again
   RestoreSummary summary;
   auto restarted = std::move(Controller::Open(&clock, &journal, &summary)).value();
   EXPECT_EQ(summary.state_at_crash, State::kDraining);
-  EXPECT_FALSE(summary.engine_may_be_paused);
+  EXPECT_TRUE(summary.engine_may_be_paused);
   EXPECT_EQ(restarted->state(), State::kReady);
   EXPECT_EQ(restarted->version().label, "rc-0");
+}
+
+// A validation that fails after the resets: caches_reset is journaled on its own (what happened),
+// then the taint, and the resume is never issued.
+TEST(CrashFaultTest, AFailedValidationRecordsTheResetThenTaintsAndNeverResumes) {
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngineConfig cfg = StageAndPauseEngine();
+  cfg.ops["content_digest"] = {OpScript{1, "wrong", 0}};
+  ScriptedEngine engine(&clock, cfg);
+  JournalWatchingAdapter adapter(&engine, &journal);
+  auto c = std::move(Controller::Open(&clock, &journal)).value();
+  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
+  while (runner.Poll()) {
+    clock.AdvanceMs(1);
+    engine.Tick();
+  }
+  EXPECT_EQ(c->state(), State::kTainted);
+  EXPECT_EQ(adapter.seen["resume"].size(), 0u);
+  const auto events = Events(journal.ReadAll().value());
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[events.size() - 3], "install_complete");
+  EXPECT_EQ(events[events.size() - 2], "caches_reset");
+  EXPECT_EQ(events.back(), "taint");
+  const auto taint = journal.ReadAll().value().back();
+  EXPECT_EQ(taint.from, "VALIDATING");
+  EXPECT_NE(taint.detail.value("reason", "").find("digest"), std::string::npos) << taint.detail.dump();
 }
 
 // SqliteJournal's batch is one transaction: one commit for all its records, the chain verified

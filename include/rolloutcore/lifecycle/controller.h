@@ -15,7 +15,11 @@
 //  * Group commit: a record that authorizes nothing (the stage evidence) is not synced on its
 //    own; it is held and written in one batch (one sync) with the next record, before that
 //    record's effect, and applied (visible in the update record) only then. A crash before the
-//    batch loses only evidence of an update that has not paused the engine (it comes back READY).
+//    batch loses only evidence of an update that has not mutated anything (it comes back READY).
+//    Transitions into a state that has no effect of its own go in one batch with the next one:
+//    DRAINING → QUIESCED → UPDATING (the pause is the strict drain's last step, QuiesceAndBeginInstall)
+//    and INVALIDATING → VALIDATING → RESUMING (validation only reads, ResetAndValidated); every
+//    batch is durable before the effect of its last state (the install; the resume).
 //  * Open() rebuilds from the journal: an update that began UPDATING (or a recovery) without a
 //    commit record comes back TAINTED; one still DRAINING/QUIESCED comes back READY on the old
 //    version; bindings active at the crash are journaled as interrupted, never dropped.
@@ -143,8 +147,14 @@ class Controller {
   std::optional<InFlightRecord> InFlight(const std::string& rollout_id) const;
 
   // ---- Update path (each needs the evidence of its postcondition) ----
-  Result<UpdateTarget> RequestUpdate(UpdateTarget target);        // READY → DRAINING
-  Status DrainComplete(const DrainStatus& engine);                // DRAINING → QUIESCED
+  // The target RequestUpdate would record (its ordinal assigned), checked as RequestUpdate checks
+  // it, without recording anything: the Runner issues the prefetch with it before the sync.
+  Result<UpdateTarget> PrepareUpdate(UpdateTarget target) const;
+  // READY → DRAINING. A target that already carries an ordinal (from PrepareUpdate) must still
+  // be the next one (FailedPrecondition otherwise: another update was requested in between).
+  Result<UpdateTarget> RequestUpdate(UpdateTarget target);
+  // DRAINING → QUIESCED; drained_ms >= 0: when it happened (the pause was issued), else now.
+  Status DrainComplete(const DrainStatus& engine, int64_t drained_ms = -1);
   // DRAINING → QUIESCED for an update whose mode is not strict: admissions are closed, the
   // active rollouts stay. Each is recorded as living through this update, or as ended by it
   // (every one in abort mode; in keep/recompute mode those that already lived through
@@ -152,13 +162,33 @@ class Controller {
   // them on the engine before the install. FailedPrecondition for a strict update.
   Result<std::vector<std::string>> QuiesceInFlight(const DrainStatus& engine, int64_t max_staleness);
   Status BeginInstall(const PauseEvidence& pause);                // QUIESCED → UPDATING
+  // Group commit of a strict drain's end (issue 15): DRAINING → QUIESCED → UPDATING in one batch
+  // (one sync, with the held stage evidence), once the engine answered the pause that ended the
+  // drain: the pause is the drain's last step, QUIESCED has no effect of its own, and the batch is
+  // durable before the install it authorizes. `drain` is the idle drain status on which the pause
+  // was issued at `pause_issued_ms` (the drain_complete record's time, so QUIESCED and the pause
+  // window begin at the pause); `pause` is its answer. Checked as DrainComplete and BeginInstall
+  // check their evidence; FailedPrecondition for an update that is not strict. On error nothing
+  // was appended.
+  Status QuiesceAndBeginInstall(const DrainStatus& drain, int64_t pause_issued_ms, const PauseEvidence& pause);
   Status InstallComplete(const InstallEvidence& install);         // UPDATING → INVALIDATING
-  // INVALIDATING → VALIDATING: every cache in `required` reset with success.
-  Status CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required);
+  // INVALIDATING → VALIDATING: every cache in `required` reset with success. reset_ms >= 0: when
+  // the last reset answered (the record's time), else now.
+  Status CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
+                     int64_t reset_ms = -1);
   // VALIDATING → RESUMING: label == target; digest == target when the engine offers one; and
   // the replay of the version's probes matched (or was skipped, which the evidence says).
   Status Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                    bool digest_offered, const ReplayOutcome& replay = {});
+  // Group commit of INVALIDATING → VALIDATING → RESUMING (issue 15): the validation reads change
+  // nothing, so VALIDATING has no effect of its own; caches_reset (timed `reset_ms`, when the last
+  // reset answered) and validated go in one batch, durable before the resume they authorize. When
+  // the resets' evidence holds and the validation's does not, caches_reset alone is appended and
+  // the validation's error returned (the caller taints from VALIDATING, as after Validated). When
+  // the resets' evidence fails, nothing is appended.
+  Status ResetAndValidated(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
+                           int64_t reset_ms, const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
+                           bool digest_offered, const ReplayOutcome& replay = {});
   Status Resumed(const ResumeEvidence& resume);                   // RESUMING → READY (commit)
   // DRAINING | QUIESCED | UPDATING → READY on the old version. From UPDATING only when the
   // engine refused the install before mutating (install_refused_before_mutation).
@@ -185,10 +215,30 @@ class Controller {
 
   // Appends a transition record and applies it. Caller holds mu_ and has checked evidence.
   Status TransitionLocked(Event event, Json detail) REQUIRES(mu_);
+  // One transition of a batch; t_ms < 0: now (else when it happened, clamped to [previous, now]).
+  struct Step {
+    Event event;
+    Json detail;
+    int64_t t_ms = -1;
+  };
+  // Appends the steps' records as one batch (with the held records) and applies them in order.
+  // Each must be legal from the state the previous one leads to; on error nothing changed.
+  Status TransitionsLocked(std::vector<Step> steps) REQUIRES(mu_);
+  Result<UpdateTarget> PrepareUpdateLocked(UpdateTarget target) const REQUIRES(mu_);
+  // The evidence checks of DrainComplete, BeginInstall, CachesReset and Validated: the record's
+  // detail, or the FailedPrecondition naming what the evidence lacks (legality is the caller's).
+  Result<Json> DrainCompleteDetailLocked(const DrainStatus& engine) const REQUIRES(mu_);
+  Result<Json> BeginInstallDetailLocked(const PauseEvidence& pause) const REQUIRES(mu_);
+  Result<Json> CachesResetDetailLocked(const std::vector<CacheResetResult>& results,
+                                       const std::vector<CacheKind>& required) const REQUIRES(mu_);
+  Result<Json> ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
+                                     bool digest_offered, const ReplayOutcome& replay) const REQUIRES(mu_);
   Status CheckLegalLocked(Event event) const REQUIRES(mu_);
-  // Appends rec, together with the held records (deferred_) in one batch, and applies the held
-  // ones; the caller applies rec. On error nothing was appended or applied.
+  // Appends rec (AppendRecordsLocked: recs, in order), together with the held records
+  // (deferred_) in one batch, and applies the held ones; the caller applies rec. On error nothing
+  // was appended or applied.
   Status AppendLocked(JournalRecord& rec) REQUIRES(mu_);
+  Status AppendRecordsLocked(const std::vector<JournalRecord*>& recs) REQUIRES(mu_);
   // Applies a record of a known kind (live operations know it; Restore parses each record once).
   void ApplyRecordLocked(const JournalRecord& rec, RecordEvent type) REQUIRES(mu_);
   void ApplyTransitionLocked(const JournalRecord& rec, RecordEvent type) REQUIRES(mu_);

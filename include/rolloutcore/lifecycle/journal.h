@@ -13,6 +13,7 @@
 // seq numbers are dense and increasing from 1.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -42,11 +43,18 @@ Json ToJson(const JournalRecord& r);
 
 // What appending cost so far (bench cycle reports it per cycle): records appended and the wall
 // time spent inside Append (for SqliteJournal: statement, commit and the WAL fsync).
+struct JournalAppendInterval {
+  std::chrono::steady_clock::time_point start, end;  // one commit, from BEGIN to the synced COMMIT
+};
 struct JournalAppendStats {
   int64_t appends = 0;  // records
   int64_t syncs = 0;    // commits (a batch is one)
   double append_ms = 0;
+  // The last kRecentAppendIntervals commits, oldest first (bench cycle: which of them the update's
+  // critical path waited for, and which ran while an engine call was in flight anyway).
+  std::vector<JournalAppendInterval> recent;
 };
+inline constexpr size_t kRecentAppendIntervals = 64;
 
 class Journal {
  public:

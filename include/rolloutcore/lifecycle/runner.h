@@ -7,14 +7,18 @@
 // hung call is detected at its deadline to within one poll interval, and the controller reaches
 // TAINTED (mutation may have begun) or READY on the old version (provably no mutation) then.
 //
-// Update sequence: RequestUpdate (DRAINING; Stage() prefetches meanwhile, non-mutating) → poll
-// drain status until the engine is idle AND no binding is active (drain policy after the drain
-// deadline: wait | abort | cancel) → QUIESCED → Pause (read back) → UPDATING → Install →
-// INVALIDATING → every cache reset confirmed (refusals retried within the reset deadline) →
-// VALIDATING: label == target, content digest == target when offered, then every probe of the
-// version replayed on the engine (still paused) and compared with the trainer's numbers
-// (replay.h; skipped, and the evidence says so, without probes or a replay path) → RESUMING →
-// Resume (read back) → READY on the new version. A replay that differs taints the engine.
+// Update sequence: Stage() (the prefetch, non-mutating) is issued first and RequestUpdate
+// (DRAINING) is synced while it runs → poll drain status until the engine is idle AND no binding
+// is active (drain policy after the drain deadline: wait | abort | cancel) → Pause (read back; the
+// drain's last step) → QUIESCED and UPDATING in one sync (Controller::QuiesceAndBeginInstall) →
+// Install → the label and content-digest reads are issued (they only read) and INVALIDATING is
+// synced meanwhile → every cache reset confirmed (refusals retried within the reset deadline) →
+// label == target, content digest == target when offered, then every probe of the version
+// replayed on the engine (still paused) and compared with the trainer's numbers (replay.h;
+// skipped, and the evidence says so, without probes or a replay path) → VALIDATING and RESUMING
+// in one sync (Controller::ResetAndValidated) → Resume (read back) → READY on the new version. A
+// replay that differs taints the engine. Every engine call that changes something (pause,
+// install, reset, resume) is issued only once the record that authorizes it is synced.
 // Failure classes: stage/drain/pause failure or an install refused with FailedPrecondition ⇒
 // READY on the old version (plus a best-effort resume); any other failure after the install was
 // issued ⇒ TAINTED.
@@ -57,6 +61,11 @@ struct RunnerOptions {
   int64_t max_staleness = -1;
   // Replay validation (replay.h): < 0 uses the engine's own bound (EngineDescription).
   double replay_tolerance = -1;
+  // Group commit (issue 15): QUIESCED is journaled with UPDATING, and VALIDATING with RESUMING, in
+  // one sync, when the work between them (the pause; the validation reads and replay) answers
+  // within this window; work that takes longer gets its state journaled on its own once the
+  // window has passed, so /v1/status and a restart see QUIESCED or VALIDATING while it runs.
+  int64_t group_commit_window_ms = 5;
 };
 
 class Runner {
@@ -146,6 +155,12 @@ class Runner {
   int64_t reset_deadline_ms_ = 0;
   std::vector<int> reset_attempts_;
   std::vector<std::optional<CacheResetResult>> reset_results_;
+  // A strict drain ends with the pause: the idle drain status it was issued on, and when.
+  std::optional<DrainStatus> drained_;
+  int64_t pause_issued_ms_ = 0;
+  // Every cache reset answered, not journaled yet (it goes with validated): when the last answered.
+  bool resets_held_ = false;
+  int64_t resets_done_ms_ = 0;
   std::optional<InstallEvidence> install_evidence_;
   std::optional<LabelEvidence> label_evidence_;
   std::optional<DigestEvidence> digest_evidence_;

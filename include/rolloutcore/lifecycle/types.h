@@ -71,6 +71,12 @@ struct UpdateTarget {
   // before the drain completes, and rejects the update there (nothing paused, nothing touched)
   // when the fetch failed or did not answer within the stage deadline. Not journaled.
   std::optional<Pending<std::vector<ReplayProbe>>> probes_fetch{};
+  // The requester's own record of this request, still being synced when the update starts
+  // (ControllerService: the update journal's update_requested, synced while the stage runs). The
+  // Runner waits for it before the drain can complete, and rejects the update there (nothing
+  // paused, nothing touched) when it failed or did not answer within the stage deadline. Not
+  // journaled.
+  std::optional<Pending<bool>> request_journaled{};
 };
 
 enum class PauseMode { kAbort, kWait, kKeep };
