@@ -43,6 +43,7 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
   drain_deadline_noted_ = false;
   abort_issued_ = false;
   drained_.reset();
+  idle_seen_.reset();
   resets_held_ = false;
   stage_done_ = !options_.prefetch;
   Poll();
@@ -87,6 +88,7 @@ void Runner::ResumeBestEffort(const std::string& why) {
 void Runner::Finish() {
   phase_ = Phase::kIdle;
   drained_.reset();
+  idle_seen_.reset();
   resets_held_ = false;
   drain_call_.Clear();
   stage_call_.Clear();
@@ -305,15 +307,13 @@ void Runner::StepDraining() {
       auto r = drain_call_.pending->Get();
       drain_call_.Clear();
       if (!r.ok()) return RejectAndResume("drain status failed: " + r.status().ToString(), false);
-      if (r->idle() && controller_->active_count() == 0 && stage_done_ && !target_.probes_fetch &&
-          !target_.request_journaled) {
-        // Drained: the pause is the drain's last step; QUIESCED and UPDATING are synced together
-        // once it answers (StepPausing), before the install.
-        drained_ = *r;
-        pause_issued_ms_ = now;
-        phase_ = Phase::kPausing;
-        pause_call_.Start(adapter_->Pause(options_.pause_mode), now + options_.deadlines.pause_ms);
-        return;
+      // DRAINING admits nothing, so an engine seen idle with no binding active stays drained of
+      // rollouts: that answer ends the drain once the stage (and the probes, and the request's
+      // record) are in, without asking again (the pause's read-back is what BeginInstall checks).
+      if (r->idle() && controller_->active_count() == 0) {
+        idle_seen_ = *r;
+      } else {
+        idle_seen_.reset();
       }
       next_drain_poll_ms_ = now + options_.drain_poll_interval_ms;
     } else if (now > drain_call_.deadline_ms) {
@@ -321,6 +321,17 @@ void Runner::StepDraining() {
       return RejectAndResume("drain status overran its " + std::to_string(options_.deadlines.poll_ms) + " ms deadline",
                              false);
     }
+  }
+  if (idle_seen_ && !drain_call_.active() && controller_->active_count() == 0 && stage_done_ &&
+      !target_.probes_fetch && !target_.request_journaled) {
+    // Drained: the pause is the drain's last step; QUIESCED and UPDATING are synced together once
+    // it answers (StepPausing), before the install.
+    drained_ = *idle_seen_;
+    idle_seen_.reset();
+    pause_issued_ms_ = now;
+    phase_ = Phase::kPausing;
+    pause_call_.Start(adapter_->Pause(options_.pause_mode), now + options_.deadlines.pause_ms);
+    return;
   }
   if (!drain_call_.active() && now >= next_drain_poll_ms_ && controller_->active_count() == 0) {
     drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);

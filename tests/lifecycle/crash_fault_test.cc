@@ -152,10 +152,15 @@ class JournalWatchingAdapter final : public EngineAdapter {
   struct Seen {
     std::vector<JournalRecord> records;  // the journal when the call was issued
     int64_t syncs = 0;
+    int64_t t_ms = 0;  // the clock when the call was issued
   };
-  JournalWatchingAdapter(ScriptedEngine* inner, MemoryJournal* journal) : inner_(inner), journal_(journal) {}
+  JournalWatchingAdapter(ScriptedEngine* inner, MemoryJournal* journal, const Clock* clock)
+      : inner_(inner), journal_(journal), clock_(clock) {}
   Result<EngineDescription> Describe() override { return inner_->Describe(); }
-  Pending<DrainStatus> GetDrainStatus() override { return inner_->GetDrainStatus(); }
+  Pending<DrainStatus> GetDrainStatus() override {
+    Look("drain_status");
+    return inner_->GetDrainStatus();
+  }
   Pending<PauseEvidence> Pause(PauseMode m) override {
     Look("pause");
     if (crash_at_pause) journal_->FailAfter(0);  // the controller dies before its next sync
@@ -192,9 +197,12 @@ class JournalWatchingAdapter final : public EngineAdapter {
   std::map<std::string, std::vector<Seen>> seen;  // by call, in the order issued
 
  private:
-  void Look(const std::string& call) { seen[call].push_back(Seen{journal_->ReadAll().value(), journal_->syncs()}); }
+  void Look(const std::string& call) {
+    seen[call].push_back(Seen{journal_->ReadAll().value(), journal_->syncs(), clock_->NowMs()});
+  }
   ScriptedEngine* inner_;
   MemoryJournal* journal_;
+  const Clock* clock_;
 };
 
 ScriptedEngineConfig StageAndPauseEngine() {
@@ -225,7 +233,7 @@ TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneS
   ManualClock clock;
   MemoryJournal journal;
   ScriptedEngine engine(&clock, StageAndPauseEngine());
-  JournalWatchingAdapter adapter(&engine, &journal);
+  JournalWatchingAdapter adapter(&engine, &journal, &clock);
   auto c = std::move(Controller::Open(&clock, &journal)).value();
   ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
   Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
@@ -249,6 +257,11 @@ TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneS
   const auto& resume = adapter.seen["resume"][0];
 
   EXPECT_EQ(Events(stage.records), (std::vector<std::string>{"initialize"}));
+  // The drain status seen idle while the stage ran ends the drain: the pause goes out in the poll
+  // that takes the stage's answer (5 ms after it was issued), with no drain status asked after it.
+  EXPECT_LE(pause.t_ms, stage.t_ms + 6);
+  ASSERT_FALSE(adapter.seen["drain_status"].empty());
+  EXPECT_LT(adapter.seen["drain_status"].back().t_ms, stage.t_ms + 5);
   EXPECT_EQ(Events(pause.records), (std::vector<std::string>{"initialize", "request_update"}));
   EXPECT_EQ(pause.syncs, stage.syncs + 1);
   EXPECT_EQ(Events(install.records), (std::vector<std::string>{"initialize", "request_update", "staged",
@@ -313,7 +326,7 @@ TEST(CrashFaultTest, SlowPauseAndSlowValidationAreJournaledOnTheirOwnOnceTheWind
   cfg.ops["pause"] = {OpScript{20, "ok", 0}};
   cfg.ops["content_digest"] = {OpScript{20, "ok", 0}};
   ScriptedEngine engine(&clock, cfg);
-  JournalWatchingAdapter adapter(&engine, &journal);
+  JournalWatchingAdapter adapter(&engine, &journal, &clock);
   auto c = std::move(Controller::Open(&clock, &journal)).value();
   ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
   RunnerOptions options;
@@ -360,7 +373,7 @@ TEST(CrashFaultTest, TheRequestersRecordGatesThePauseAndItsFailureRejectsWithNot
     ManualClock clock;
     MemoryJournal journal;
     ScriptedEngine engine(&clock, StageAndPauseEngine());
-    JournalWatchingAdapter adapter(&engine, &journal);
+    JournalWatchingAdapter adapter(&engine, &journal, &clock);
     auto c = std::move(Controller::Open(&clock, &journal)).value();
     ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
     Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
@@ -399,7 +412,7 @@ TEST(CrashFaultTest, CrashBeforeTheQuiesceBatchIssuesNoInstallAndRestartsReadyTo
   ManualClock clock;
   MemoryJournal journal;
   ScriptedEngine engine(&clock, StageAndPauseEngine());
-  JournalWatchingAdapter adapter(&engine, &journal);
+  JournalWatchingAdapter adapter(&engine, &journal, &clock);
   adapter.crash_at_pause = true;
   auto c = std::move(Controller::Open(&clock, &journal)).value();
   ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
@@ -439,7 +452,7 @@ TEST(CrashFaultTest, AFailedValidationRecordsTheResetThenTaintsAndNeverResumes) 
   ScriptedEngineConfig cfg = StageAndPauseEngine();
   cfg.ops["content_digest"] = {OpScript{1, "wrong", 0}};
   ScriptedEngine engine(&clock, cfg);
-  JournalWatchingAdapter adapter(&engine, &journal);
+  JournalWatchingAdapter adapter(&engine, &journal, &clock);
   auto c = std::move(Controller::Open(&clock, &journal)).value();
   ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
   Runner runner(c.get(), &adapter, &clock, RunnerOptions{});

@@ -155,6 +155,8 @@ class Runner {
   int64_t reset_deadline_ms_ = 0;
   std::vector<int> reset_attempts_;
   std::vector<std::optional<CacheResetResult>> reset_results_;
+  // The last drain status of this drain, when it saw the engine idle with no binding active.
+  std::optional<DrainStatus> idle_seen_;
   // A strict drain ends with the pause: the idle drain status it was issued on, and when.
   std::optional<DrainStatus> drained_;
   int64_t pause_issued_ms_ = 0;
