@@ -286,6 +286,7 @@ TEST_F(PublisherTest, ConcurrentVersionsOnOnePublisher) {
   const std::vector<uint16_t> d = Pattern(32, 5);
   Publisher p(transport_.get(), store_.get(), "m", 0, 1);
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::vector<Status> results(8);
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {

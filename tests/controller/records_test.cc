@@ -197,6 +197,7 @@ TEST(ControllerRecordsTest, IdenticalUpdateRequestsAreMerged) {
   auto svc = std::move(ControllerService::Create(std::move(handles), &versions, Options(dir))).value();
   std::vector<std::string> ids(4);
   std::vector<std::thread> clients;
+  clients.reserve(4);
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&, i] { ids[i] = svc->RequestUpdate("m", "v1").value(); });
   }

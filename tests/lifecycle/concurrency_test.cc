@@ -73,6 +73,7 @@ TEST(LifecycleConcurrencyTest, NoBindingSpansAMutation) {
   };
 
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int i = 0; i < kThreads; ++i) threads.emplace_back(worker, i);
 
   int updates = 0;

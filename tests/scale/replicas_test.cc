@@ -61,7 +61,7 @@ struct ReadySampler {
   void Start(int ctl) {
     th = std::thread([this, ctl] {
       while (!stop) {
-        auto engines = ReplicasTest_Engines(ctl);
+        auto engines = StatusEngines(ctl);
         if (engines.size() == kReplicas) {
           int ready = 0, out = 0;
           for (const auto& e : engines) {
@@ -83,7 +83,7 @@ struct ReadySampler {
     stop = true;
     if (th.joinable()) th.join();
   }
-  static std::vector<Json> ReplicasTest_Engines(int ctl) {
+  static std::vector<Json> StatusEngines(int ctl) {
     Reply r = SystemTest::Http(ctl, "GET", "/v1/status", Json(), 5);
     std::vector<Json> out;
     if (r.status == 200 && r.json.contains("engines")) {
