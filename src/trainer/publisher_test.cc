@@ -286,10 +286,12 @@ TEST_F(PublisherTest, ConcurrentVersionsOnOnePublisher) {
   const std::vector<uint16_t> d = Pattern(32, 5);
   Publisher p(transport_.get(), store_.get(), "m", 0, 1);
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::vector<Status> results(8);
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
-      const std::string v = "v" + std::to_string(i);
+      // (Built with append: GCC 12 at -O3 reports a false -Wrestrict for "literal" + std::string, GCC PR 105329.)
+      const std::string v = std::string("v").append(std::to_string(i));
       Status s = p.AddShard(v, Rows("w", {8, 4}, 0, 8, d.data()));
       if (s.ok()) s = p.Publish(v).status();
       results[static_cast<size_t>(i)] = s;

@@ -61,7 +61,7 @@ struct ReadySampler {
   void Start(int ctl) {
     th = std::thread([this, ctl] {
       while (!stop) {
-        auto engines = ReplicasTest_Engines(ctl);
+        auto engines = StatusEngines(ctl);
         if (engines.size() == kReplicas) {
           int ready = 0, out = 0;
           for (const auto& e : engines) {
@@ -83,7 +83,7 @@ struct ReadySampler {
     stop = true;
     if (th.joinable()) th.join();
   }
-  static std::vector<Json> ReplicasTest_Engines(int ctl) {
+  static std::vector<Json> StatusEngines(int ctl) {
     Reply r = SystemTest::Http(ctl, "GET", "/v1/status", Json(), 5);
     std::vector<Json> out;
     if (r.status == 200 && r.json.contains("engines")) {
@@ -129,7 +129,11 @@ TEST_F(ReplicasTest, EightReplicasUpdateTwoAtATimeWhileRolloutsNeverStop) {
   const int trainer_port = StartTrainer(dir, "shm", &trainer);
   Json v0 = WaitCommitted(dir, "v0");
   std::string engines;
-  for (int p : ports) engines += (engines.empty() ? "" : ",") + Url(p);
+  // (Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict for "literal" + std::string, GCC PR 105329.)
+  for (int p : ports) {
+    if (!engines.empty()) engines += ',';
+    engines += Url(p);
+  }
   const int ctl = apps::FreePort().value();
   ChildProcess* c = Start("controller", {"controller", "serve", "--engine", engines, "--directory", Url(dir), "--model",
                                          system_test::kModelName, "--state-dir", dir_ + "/controller", "--port",

@@ -114,18 +114,19 @@ class DeltaChainTest : public DeltaRefitTest,
 TEST_P(DeltaChainTest, FiveDeltaUpdatesMatchTheManifestAndAFreshEngine) {
   const auto [transport, tp] = GetParam();
   Stack s = StartDeltaStack(transport, tp);
+  // (Names built with append: GCC 12 at -O3 reports a false -Wrestrict for "literal" + std::string, GCC PR 105329.)
   for (int k = 1; k <= 5; ++k) {
-    const std::string v = "v" + std::to_string(k);
+    const std::string v = std::string("v").append(std::to_string(k));
     SCOPED_TRACE(v);
     Json step = DeltaStep(s, v);
-    EXPECT_EQ(step["delta_base"], "v" + std::to_string(k - 1));
+    EXPECT_EQ(step["delta_base"], std::string("v").append(std::to_string(k - 1)));
     Json manifest = WaitCommitted(s.dir, v);
     Json entry = UpdateAndWait(s.ctl, v);
     EXPECT_EQ(entry.value("phase", std::string()), "READY") << entry.dump();
     Json staged = StagedEvidence(s.ctl, v);
     EXPECT_EQ(staged["mode"], "delta") << staged.dump();
     EXPECT_EQ(staged["delta_apply"], "live") << "loaded from disk, no full stage: no staging image to apply to";
-    EXPECT_EQ(staged["delta_base"], "v" + std::to_string(k - 1));
+    EXPECT_EQ(staged["delta_base"], std::string("v").append(std::to_string(k - 1)));
     EXPECT_EQ(staged["changed_published"], step["delta_changed"]);
     ASSERT_EQ(staged["ranks"].size(), static_cast<size_t>(tp));
     for (const Json& r : staged["ranks"]) {
@@ -282,8 +283,9 @@ TEST_F(DeltaRefitTest, DeltasAreAppliedToTheStagingImageAndSwappedIn) {
   ASSERT_EQ(UpdateAndWait(s.ctl, "v2").value("phase", std::string()), "READY");
   ASSERT_EQ(StagedEvidence(s.ctl, "v2")["mode"], "full");
   const char* want_from[] = {"copy_of_live", "reapply_previous_delta", "reapply_previous_delta"};
+  // (Names built with append: GCC 12 at -O3 reports a false -Wrestrict for "literal" + std::string, GCC PR 105329.)
   for (int k = 3; k <= 5; ++k) {
-    const std::string v = "v" + std::to_string(k);
+    const std::string v = std::string("v").append(std::to_string(k));
     SCOPED_TRACE(v);
     DeltaStep(s, v);
     Json m = WaitCommitted(s.dir, v);
