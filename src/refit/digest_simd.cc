@@ -116,8 +116,7 @@ inline constexpr bool kWideX = ES == 8 || kBf16;
 // linear in the 16 bits h = K >> 48 (A_j & 0xffff0000 is (h ^ hi16(j * kDigestPositionKey)) << 16),
 // so it is read from tables per byte of h. With P_i = y'_{2i} + y'_{2i+1} (vpmaddwd by ones) and
 // o_i = y'_{2i+1}, sum_j c_j y'_j = sum_i c_{2i} P_i + (M - 1) sum_i o_i, since c_{2i+1} - c_{2i} is
-// M - 1. The 32-bit lane sums grow by at most 2^16 a block and are flushed into 64-bit arithmetic
-// every kFlushBlocks16 blocks.
+// M - 1. The 32-bit lane sums are flushed into 64-bit arithmetic every kFlushBlocks16 blocks.
 //
 // 32-bit elements (f32): x_j is the dword lane itself. A qword lane holds x_{2k} + 2^32 x_{2k+1};
 // summing qword lanes wraps modulo 2^64 but keeps both halves recoverable once the high dwords are
