@@ -5,10 +5,15 @@
 // shared machine steals CPU time).
 //   build/release/src/refit/refit_benchmark --benchmark_filter=Digest
 // BM_DigestInCache: the same loops on an L2-resident run (cycles per element, no memory).
+// BM_LandingCopyAllThreads / BM_MemcpyAllThreads: the shm receiver's landing copy on every hardware
+// thread against a plain memcpy of the same bytes split the same way.
 #include <benchmark/benchmark.h>
 #include <x86intrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <new>
+#include <thread>
 #include <vector>
 
 #include "refit/digest_simd.h"
@@ -106,6 +111,83 @@ BENCHMARK(BM_DigestInCache)
                    {0}})
     ->Args({static_cast<int>(DigestIsa::kAvx2), 2, 1})
     ->Args({static_cast<int>(DigestIsa::kAvx512), 2, 1});
+
+// A 64-byte-aligned destination of kBytes, touched once (the landing copy's streaming stores need
+// the alignment; the staged image is page-aligned).
+unsigned char* AlignedDestination() {
+  static unsigned char* d = [] {
+    auto* p = static_cast<unsigned char*>(::operator new(kBytes, std::align_val_t{64}));
+    std::memset(p, 1, kBytes);
+    return p;
+  }();
+  return d;
+}
+
+int AllThreads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// Runs f(begin, end) for every thread's even share of [0, kBytes) on its own thread.
+template <typename F>
+void OnAllThreads(const F& f) {
+  const int threads = AllThreads();
+  const size_t share = (kBytes + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
+  std::vector<std::thread> ts;
+  ts.reserve(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    const size_t begin = std::min(kBytes, share * static_cast<size_t>(t));
+    const size_t end = std::min(kBytes, begin + share);
+    ts.emplace_back([&f, begin, end] { f(begin, end); });
+  }
+  for (auto& t : ts) t.join();
+}
+
+// The reference of bench refit's ratios (apps/bench_util.h MemcpyPairing): one memcpy per thread.
+void BM_MemcpyAllThreads(benchmark::State& state) {
+  const unsigned char* src = Source().data();
+  unsigned char* dst = AlignedDestination();
+  for (auto _ : state) {
+    OnAllThreads([&](size_t begin, size_t end) { std::memcpy(dst + begin, src + begin, end - begin); });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBytes));
+  state.SetLabel(std::to_string(AllThreads()) + " threads");
+}
+BENCHMARK(BM_MemcpyAllThreads)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The landing copy (CopyDigestAndScan: copy, digest and NaN/Inf check in one pass) as the shm
+// copy threads run it: each thread's share in 256 KiB chunks, one global index running through
+// the buffer. range(0): DigestIsa; range(1): element size (2 = bf16, 4 = f32).
+void BM_LandingCopyAllThreads(benchmark::State& state) {
+  const auto isa = static_cast<DigestIsa>(state.range(0));
+  const int es = static_cast<int>(state.range(1));
+  if (!DigestIsaSupported(isa)) {
+    state.SkipWithError("ISA not supported on this CPU");
+    return;
+  }
+  constexpr size_t kChunk = 256 << 10;
+  const unsigned char* src = Source().data();
+  unsigned char* dst = AlignedDestination();
+  for (auto _ : state) {
+    OnAllThreads([&](size_t begin, size_t end) {
+      uint64_t sum = 0;
+      bool nonfinite = false;
+      for (size_t at = begin; at < end; at += kChunk) {
+        const size_t bytes = std::min(kChunk, end - at);
+        sum += CopyDigestAndScan(isa, es, dst + at, src + at, at / static_cast<size_t>(es),
+                                 static_cast<int64_t>(bytes) / es, &nonfinite);
+      }
+      benchmark::DoNotOptimize(sum);
+      benchmark::DoNotOptimize(nonfinite);
+    });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBytes));
+  state.SetLabel(std::string(DigestIsaName(isa)) + (es == 2 ? " bf16 " : " f32 ") + std::to_string(AllThreads()) +
+                 " threads");
+}
+BENCHMARK(BM_LandingCopyAllThreads)
+    ->ArgsProduct({{static_cast<int>(DigestIsa::kAvx2), static_cast<int>(DigestIsa::kAvx512)}, {2, 4}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace rc::refit::internal

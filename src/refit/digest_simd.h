@@ -7,11 +7,15 @@
 // the *Bf16AsF32 variants, the source bits of an f32 installed from a bf16 source: u >> 16 when
 // the low 16 bits of u are zero, (1 << 40) | u otherwise (the header of digest.h explains why).
 // The vector versions run over whole 64-element blocks of the global index (one DigestBlockKey per
-// block, 4 (AVX2) or 8 (AVX-512) lanes of x * B from two 32x32->64 multiplies, vpmuludq) and do the
-// elements before the first block boundary and after the last in scalar code; addition mod 2^64 is
-// associative and commutative, so every ISA returns the same sum for the same bytes
+// block) and do the elements before the first block boundary and after the last in scalar code.
+// For 2- and 4-byte elements they evaluate each block's terms in a factored form, the same value
+// mod 2^64 (digest_simd.cc, "the factored form"): per element an XOR and a few adds into per-lane
+// sums, and per block one multiply of those sums by K | 1 per lane; the position-dependent
+// weights are applied once per run. 1- and 8-byte elements and the *Bf16AsF32 variants compute
+// x * B per lane (4 (AVX2) or 8 (AVX-512) lanes, two 32x32->64 multiplies, vpmuludq). Addition
+// mod 2^64 is associative and commutative, so every ISA returns the same sum for the same bytes
 // (digest_simd_test checks it for every dtype size, length, start index modulo 64, memory offset
-// and tail).
+// and tail, and for runs long and lopsided enough to overflow any 32-bit lane sum left unflushed).
 //
 // CopyAndDigest* copy the n elements from src to dst and digest the values they copied (the same
 // registers that are stored are mixed), so an install proves what it wrote without a second pass

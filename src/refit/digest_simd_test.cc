@@ -235,6 +235,124 @@ TEST(DigestSimd, CopyDigestAndScanCopiesDigestsAndFindsNonFiniteEverywhereInEver
   }
 }
 
+// Elements whose bits make x = b ^ A the same chosen value at every position of every block: the
+// vector kernels' per-lane sums then all move in one direction, block after block, as far as any
+// data can push them (for 16-bit elements y' = -32768 or 32767 in every lane).
+std::vector<unsigned char> ConstantX(int es, uint64_t index, int64_t n, uint32_t x) {
+  std::vector<unsigned char> out(static_cast<size_t>(n * es));
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t i = index + static_cast<uint64_t>(j);
+    const auto a = static_cast<uint32_t>(DigestPositionKey(DigestBlockKey(i >> 6), static_cast<uint32_t>(i & 63)));
+    const uint32_t b = a ^ x;
+    std::memcpy(out.data() + j * es, &b, static_cast<size_t>(es));  // little-endian: the low es bytes
+  }
+  return out;
+}
+
+// Long runs (> 2^15 whole blocks: several times the interval at which the 16-bit kernels fold their
+// 32-bit lane sums into 64-bit ones) of the most lopsided data, through every kernel and ISA, with a
+// head and a tail and unaligned source and destination.
+TEST(DigestSimd, LongRunsOfExtremeValuesEqualTheReferenceInEveryKernelAndIsa) {
+  constexpr int64_t kBlocks = (int64_t{1} << 15) + (int64_t{1} << 13) + 5;
+  const uint64_t base = 5;
+  const int64_t n = kBlocks * 64 + 29;  // 59 head elements, kBlocks - 1 whole blocks, 34 tail elements
+  for (int es : {2, 4}) {
+    const uint32_t all_ones = es == 2 ? 0xffffu : 0xffffffffu;
+    for (uint32_t x : {uint32_t{0}, all_ones, es == 2 ? 0x8000u : 0x80000000u, es == 2 ? 0x7fffu : 0x7fffffffu}) {
+      const std::vector<unsigned char> data = ConstantX(es, base, n, x);
+      std::vector<unsigned char> src(data.size() + 3), dst(data.size() + 67);
+      std::memcpy(src.data() + 1, data.data(), data.size());
+      const uint64_t want = Reference(es, data.data(), base, n, false);
+      for (DigestIsa isa : Isas()) {
+        const std::string what = std::string(DigestIsaName(isa)) + " es " + std::to_string(es) + " x " + std::to_string(x);
+        EXPECT_EQ(DigestContiguous(isa, es, src.data() + 1, base, n), want) << what;
+        EXPECT_EQ(CopyAndDigestContiguous(isa, es, dst.data() + 3, src.data() + 1, base, n), want) << what;
+        EXPECT_EQ(std::memcmp(dst.data() + 3, data.data(), data.size()), 0) << what;
+        bool nonfinite = false;
+        // 64-byte aligned destination too (the streaming stores); any 64-byte boundary of the vector.
+        const size_t aligned = (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
+        for (size_t off : {size_t{3}, aligned}) {
+          std::memset(dst.data(), 0, dst.size());
+          EXPECT_EQ(CopyDigestAndScan(isa, es, dst.data() + off, src.data() + 1, base, n, &nonfinite), want) << what;
+          EXPECT_EQ(std::memcmp(dst.data() + off, data.data(), data.size()), 0) << what;
+        }
+      }
+    }
+  }
+}
+
+// Every bit pattern class the 16-bit kernels treat specially (values >= 0x8000 for the signed
+// offset, all zeros, all ones, NaN and Inf encodings) in runs of 1 to 40 whole blocks, so that the
+// 8-block key batches end at every position, at every start position within a block.
+TEST(DigestSimd, ExtremeBitPatternsEqualTheReferenceForEveryBlockCountAndStart) {
+  const uint16_t patterns16[] = {0x0000, 0xffff, 0x8000, 0x7fff, 0x7f80, 0xff80, 0x7fc1, 0x8001, 0x00ff, 0xff00};
+  const uint32_t patterns32[] = {0x00000000u, 0xffffffffu, 0x80000000u, 0x7fffffffu, 0x7f800000u,
+                                 0xff800000u, 0x7fc00001u, 0x0000ffffu, 0xffff0000u, 0x80008000u};
+  for (int es : {2, 4}) {
+    for (size_t k = 0; k < 10; ++k) {
+      std::vector<unsigned char> data(static_cast<size_t>(es) * (64 * 41 + 8));
+      for (size_t e = 0; e * static_cast<size_t>(es) < data.size(); ++e) {
+        // Uniform in even k, the pattern alternating with the next one in odd k.
+        const size_t which = (k % 2 == 0 || e % 2 == 0) ? k : (k + 1) % 10;
+        if (es == 2) {
+          std::memcpy(data.data() + 2 * e, &patterns16[which], 2);
+        } else {
+          std::memcpy(data.data() + 4 * e, &patterns32[which], 4);
+        }
+      }
+      for (DigestIsa isa : Isas()) {
+        for (int64_t blocks = 1; blocks <= 40; blocks += (blocks < 18 ? 1 : 7)) {
+          for (uint64_t base : {uint64_t{0}, uint64_t{64}, uint64_t{1}, uint64_t{63}, uint64_t{100}}) {
+            const int64_t n = blocks * 64 - static_cast<int64_t>(base % 64 == 0 ? 0 : 3);
+            const unsigned char* p = data.data() + es;  // not vector-aligned
+            const uint64_t want = Reference(es, p, base, n, false);
+            ASSERT_EQ(DigestContiguous(isa, es, p, base, n), want)
+                << DigestIsaName(isa) << " es " << es << " pattern " << k << " blocks " << blocks << " base " << base;
+            std::vector<unsigned char> dst(data.size() + 64);
+            bool nonfinite = false;
+            ASSERT_EQ(CopyDigestAndScan(isa, es, dst.data() + 64 - reinterpret_cast<uintptr_t>(dst.data()) % 64, p, base,
+                                        n, &nonfinite),
+                      want)
+                << DigestIsaName(isa) << " es " << es << " pattern " << k << " blocks " << blocks << " base " << base;
+            // The patterns with every exponent bit set are NaN or Inf (es 2: 0x7f80, 0xff80, 0x7fc1, 0xffff;
+            // es 4: 0x7f800000, 0xff800000, 0x7fc00001, 0xffffffff, 0xffff0000).
+            bool expect_nonfinite = false;
+            for (size_t w : {k, (k + 1) % 10}) {
+              if (w != k && k % 2 == 0) continue;
+              if (es == 2) expect_nonfinite = expect_nonfinite || (patterns16[w] & 0x7f80) == 0x7f80;
+              if (es == 4) expect_nonfinite = expect_nonfinite || (patterns32[w] & 0x7f800000u) == 0x7f800000u;
+            }
+            ASSERT_EQ(nonfinite, expect_nonfinite)
+                << DigestIsaName(isa) << " es " << es << " pattern " << k << " blocks " << blocks << " base " << base;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Random contents over thousands of blocks (past a 32-bit lane flush) from odd addresses, starting
+// at every kind of position in a block and near the wrap of the global index.
+TEST(DigestSimd, LongRandomRunsEqualTheReferenceInEveryIsa) {
+  const int64_t n = 64 * 9000 + 45;
+  const std::vector<unsigned char> data = RandomBytes(static_cast<size_t>(4 * n + 8), 23);
+  for (int es : {2, 4}) {
+    for (uint64_t base : {uint64_t{0}, uint64_t{33}, uint64_t{1} << 40, ~uint64_t{0} - uint64_t{64} * 4000}) {
+      const unsigned char* p = data.data() + 3;
+      const uint64_t want = Reference(es, p, base, n, false);
+      for (DigestIsa isa : Isas()) {
+        EXPECT_EQ(DigestContiguous(isa, es, p, base, n), want) << DigestIsaName(isa) << " es " << es << " base " << base;
+        std::vector<unsigned char> dst(static_cast<size_t>(es * n + 1));
+        bool nonfinite = false;
+        EXPECT_EQ(CopyDigestAndScan(isa, es, dst.data() + 1, p, base, n, &nonfinite), want)
+            << DigestIsaName(isa) << " es " << es << " base " << base;
+        EXPECT_EQ(std::memcmp(dst.data() + 1, p, static_cast<size_t>(es * n)), 0) << DigestIsaName(isa);
+        EXPECT_TRUE(nonfinite) << "random bits hold NaN / Inf encodings";
+      }
+    }
+  }
+}
+
 TEST(DigestSimd, TheDispatchedKernelIsASupportedOne) {
   EXPECT_TRUE(DigestIsaSupported(BestDigestIsa())) << DigestIsaName(BestDigestIsa());
 }
