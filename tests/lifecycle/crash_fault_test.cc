@@ -221,6 +221,37 @@ std::vector<std::string> Events(const std::vector<JournalRecord>& records) {
   return out;
 }
 
+// One controller at rc-0 (digest d0) over a MemoryJournal, driving a ScriptedEngine through the
+// watching adapter in virtual time (1 ms a poll).
+struct WatchedUpdate {
+  explicit WatchedUpdate(ScriptedEngineConfig cfg, RunnerOptions options = {})
+      : engine(&clock, std::move(cfg)),
+        adapter(&engine, &journal, &clock),
+        c(std::move(Controller::Open(&clock, &journal)).value()),
+        runner(c.get(), &adapter, &clock, options) {
+    EXPECT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
+  }
+  // One millisecond: the clock moves and the engine answers what is due.
+  void Tick() {
+    clock.AdvanceMs(1);
+    engine.Tick();
+  }
+  // Polls until the operation ends (or max_ms passed); every state the controller was in at a
+  // poll goes into `states` when given.
+  void Run(int max_ms = 100000, std::set<State>* states = nullptr) {
+    for (int ms = 0; ms < max_ms && runner.Poll(); ++ms) {
+      if (states != nullptr) states->insert(c->state());
+      Tick();
+    }
+  }
+  ManualClock clock;
+  MemoryJournal journal;
+  ScriptedEngine engine;
+  JournalWatchingAdapter adapter;
+  std::unique_ptr<Controller> c;
+  Runner runner;
+};
+
 // Issue 15's group commits, seen from the engine: every call that changes something finds the
 // record that authorizes it synced, and the records between those effects share one sync each.
 //   stage (prefetch, changes nothing): issued before request_update is synced;
@@ -230,18 +261,10 @@ std::vector<std::string> Events(const std::vector<JournalRecord>& records) {
 //   label/digest reads (change nothing): issued before install_complete is synced;
 //   resume: caches_reset, validated synced in ONE sync.
 TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneSync) {
-  ManualClock clock;
-  MemoryJournal journal;
-  ScriptedEngine engine(&clock, StageAndPauseEngine());
-  JournalWatchingAdapter adapter(&engine, &journal, &clock);
-  auto c = std::move(Controller::Open(&clock, &journal)).value();
-  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
-  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  WatchedUpdate w(StageAndPauseEngine());
+  auto& [clock, journal, engine, adapter, c, runner] = w;
   ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
-  while (runner.Poll()) {
-    clock.AdvanceMs(1);
-    engine.Tick();
-  }
+  w.Run();
   ASSERT_EQ(c->state(), State::kReady);
   EXPECT_EQ(c->version().label, "rc-1");
   for (const char* call : {"stage", "pause", "install", "read_label", "read_digest", "resume"}) {
@@ -320,25 +343,15 @@ TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneS
 // and a restart see it: a 20 ms pause shows QUIESCED while it runs, a 20 ms digest read shows
 // VALIDATING; each is still synced before the next effect (install; resume).
 TEST(CrashFaultTest, SlowPauseAndSlowValidationAreJournaledOnTheirOwnOnceTheWindowPasses) {
-  ManualClock clock;
-  MemoryJournal journal;
   ScriptedEngineConfig cfg = StageAndPauseEngine();
   cfg.ops["pause"] = {OpScript{20, "ok", 0}};
   cfg.ops["content_digest"] = {OpScript{20, "ok", 0}};
-  ScriptedEngine engine(&clock, cfg);
-  JournalWatchingAdapter adapter(&engine, &journal, &clock);
-  auto c = std::move(Controller::Open(&clock, &journal)).value();
-  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
-  RunnerOptions options;
-  ASSERT_EQ(options.group_commit_window_ms, 5);
-  Runner runner(c.get(), &adapter, &clock, options);
+  ASSERT_EQ(RunnerOptions{}.group_commit_window_ms, 5);
+  WatchedUpdate w(cfg);
+  auto& [clock, journal, engine, adapter, c, runner] = w;
   ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
   std::set<State> seen;
-  while (runner.Poll()) {
-    seen.insert(c->state());
-    clock.AdvanceMs(1);
-    engine.Tick();
-  }
+  w.Run(100000, &seen);
   ASSERT_EQ(c->state(), State::kReady);
   EXPECT_TRUE(seen.count(State::kQuiesced)) << "QUIESCED shows while the slow pause runs";
   EXPECT_TRUE(seen.count(State::kValidating)) << "VALIDATING shows while the slow digest read runs";
@@ -370,30 +383,21 @@ TEST(CrashFaultTest, SlowPauseAndSlowValidationAreJournaledOnTheirOwnOnceTheWind
 TEST(CrashFaultTest, TheRequestersRecordGatesThePauseAndItsFailureRejectsWithNothingPaused) {
   for (const bool fails : {false, true}) {
     SCOPED_TRACE(fails ? "the requester's sync fails" : "the requester's sync is slow");
-    ManualClock clock;
-    MemoryJournal journal;
-    ScriptedEngine engine(&clock, StageAndPauseEngine());
-    JournalWatchingAdapter adapter(&engine, &journal, &clock);
-    auto c = std::move(Controller::Open(&clock, &journal)).value();
-    ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
-    Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+    WatchedUpdate w(StageAndPauseEngine());
+    auto& [clock, journal, engine, adapter, c, runner] = w;
     UpdateTarget t = Target("rc-1", "d1");
     Pending<bool> journaled;
     t.request_journaled = journaled;
     ASSERT_TRUE(runner.StartUpdate(t).ok());
     for (int ms = 0; ms < 30; ++ms) {  // the stage (5 ms) is long done; the request is not durable
       ASSERT_TRUE(runner.Poll());
-      clock.AdvanceMs(1);
-      engine.Tick();
+      w.Tick();
     }
     EXPECT_EQ(adapter.seen["stage"].size(), 1u);
     EXPECT_EQ(adapter.seen["pause"].size(), 0u) << "no pause before the request is durable";
     EXPECT_EQ(c->state(), State::kDraining);
     journaled.Fulfill(fails ? Result<bool>(Unavailable("update journal: disk I/O error")) : Result<bool>(true));
-    while (runner.Poll()) {
-      clock.AdvanceMs(1);
-      engine.Tick();
-    }
+    w.Run();
     EXPECT_EQ(c->state(), State::kReady);
     EXPECT_EQ(c->version().label, fails ? "rc-0" : "rc-1");
     EXPECT_EQ(adapter.seen["pause"].size(), fails ? 0u : 1u);
@@ -409,26 +413,15 @@ TEST(CrashFaultTest, TheRequestersRecordGatesThePauseAndItsFailureRejectsWithNot
 // the journal, the install the batch would authorize is never issued, the engine is resumed, and
 // the restart comes back READY on the old version knowing the engine may be paused.
 TEST(CrashFaultTest, CrashBeforeTheQuiesceBatchIssuesNoInstallAndRestartsReadyToResume) {
-  ManualClock clock;
-  MemoryJournal journal;
-  ScriptedEngine engine(&clock, StageAndPauseEngine());
-  JournalWatchingAdapter adapter(&engine, &journal, &clock);
+  WatchedUpdate w(StageAndPauseEngine());
+  auto& [clock, journal, engine, adapter, c, runner] = w;
   adapter.crash_at_pause = true;
-  auto c = std::move(Controller::Open(&clock, &journal)).value();
-  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
-  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
   ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
-  for (int ms = 0; ms < 2000 && runner.Poll(); ++ms) {
-    clock.AdvanceMs(1);
-    engine.Tick();
-  }
+  w.Run(2000);
   EXPECT_EQ(adapter.seen["pause"].size(), 1u);
   EXPECT_EQ(adapter.seen["install"].size(), 0u);
   EXPECT_EQ(adapter.seen["resume"].size(), 1u) << "the best-effort resume after the refused batch";
-  for (int ms = 0; ms < 50; ++ms) {
-    clock.AdvanceMs(1);
-    engine.Tick();
-  }
+  for (int ms = 0; ms < 50; ++ms) w.Tick();
   EXPECT_FALSE(engine.paused());
   EXPECT_EQ(c->state(), State::kDraining) << "the dead journal refused the reject too";
   auto u = c->Update(1);
@@ -447,20 +440,12 @@ TEST(CrashFaultTest, CrashBeforeTheQuiesceBatchIssuesNoInstallAndRestartsReadyTo
 // A validation that fails after the resets: caches_reset is journaled on its own (what happened),
 // then the taint, and the resume is never issued.
 TEST(CrashFaultTest, AFailedValidationRecordsTheResetThenTaintsAndNeverResumes) {
-  ManualClock clock;
-  MemoryJournal journal;
   ScriptedEngineConfig cfg = StageAndPauseEngine();
   cfg.ops["content_digest"] = {OpScript{1, "wrong", 0}};
-  ScriptedEngine engine(&clock, cfg);
-  JournalWatchingAdapter adapter(&engine, &journal, &clock);
-  auto c = std::move(Controller::Open(&clock, &journal)).value();
-  ASSERT_TRUE(c->Initialize({"rc-0", 0}, {"d0", "", "", 0}).ok());
-  Runner runner(c.get(), &adapter, &clock, RunnerOptions{});
+  WatchedUpdate w(cfg);
+  auto& [clock, journal, engine, adapter, c, runner] = w;
   ASSERT_TRUE(runner.StartUpdate(Target("rc-1", "d1")).ok());
-  while (runner.Poll()) {
-    clock.AdvanceMs(1);
-    engine.Tick();
-  }
+  w.Run();
   EXPECT_EQ(c->state(), State::kTainted);
   EXPECT_EQ(adapter.seen["resume"].size(), 0u);
   const auto events = Events(journal.ReadAll().value());
