@@ -174,14 +174,16 @@ bool Runner::Poll() {
 
 bool Runner::WaitForProgress(std::chrono::microseconds max) {
   if (phase_ == Phase::kIdle) return false;
-  if (phase_ == Phase::kDraining && target_.probes_fetch && !target_.probes_fetch->Ready() && !stage_call_.active()) {
-    (void)target_.probes_fetch->WaitFor(max);
-    return true;
-  }
-  if (phase_ == Phase::kDraining && target_.request_journaled && !target_.request_journaled->Ready() &&
-      !stage_call_.active()) {
-    (void)target_.request_journaled->WaitFor(max);
-    return true;
+  if (phase_ == Phase::kDraining && !stage_call_.active()) {
+    // Nothing else in flight may answer first: wait on what the drain still needs.
+    if (target_.probes_fetch && !target_.probes_fetch->Ready()) {
+      (void)target_.probes_fetch->WaitFor(max);
+      return true;
+    }
+    if (target_.request_journaled && !target_.request_journaled->Ready()) {
+      (void)target_.request_journaled->WaitFor(max);
+      return true;
+    }
   }
   if (stage_call_.WaitIfUnanswered(max) || drain_call_.WaitIfUnanswered(max) || abort_call_.WaitIfUnanswered(max) ||
       pause_call_.WaitIfUnanswered(max) || install_call_.WaitIfUnanswered(max)) {
@@ -204,45 +206,43 @@ Result<UpdateRecord> Runner::RunToCompletion() {
 
 // ---- Draining ------------------------------------------------------------------------------
 
+template <typename T>
+bool Runner::TakeBeforeTheDrainEnds(std::optional<Pending<T>>& pending, int64_t now, T* value,
+                                    const std::string& failed, const std::string& what) {
+  if (!pending) return true;
+  if (pending->Ready()) {
+    auto r = pending->Get();
+    pending.reset();
+    if (!r.ok()) {
+      RejectAndResume(failed + r.status().ToString(), false);
+      return false;
+    }
+    *value = std::move(r).value();
+    next_drain_poll_ms_ = now;  // it may be what the drain waited for
+  } else if (now > started_ms_ + options_.deadlines.stage_ms) {
+    pending.reset();
+    RejectAndResume(what + " overran the " + std::to_string(options_.deadlines.stage_ms) + " ms stage deadline",
+                    false);
+    return false;
+  }
+  return true;
+}
+
 void Runner::StepDraining() {
   const int64_t now = Now();
-  if (target_.probes_fetch) {
-    // The probes come from a fetch that started with the update (types.h); they are taken here,
-    // before the drain can complete, so a failed fetch rejects with nothing paused.
-    if (target_.probes_fetch->Ready()) {
-      auto probes = target_.probes_fetch->Get();
-      target_.probes_fetch.reset();
-      if (!probes.ok()) {
-        return RejectAndResume("fetching the replay probes of " + target_.label + " failed: " +
-                                   probes.status().ToString(),
-                               false);
-      }
-      target_.probes = std::move(probes).value();
-      next_drain_poll_ms_ = now;  // they may be what the drain waited for
-    } else if (now > started_ms_ + options_.deadlines.stage_ms) {
-      target_.probes_fetch.reset();
-      return RejectAndResume("fetching the replay probes of " + target_.label + " overran the " +
-                                 std::to_string(options_.deadlines.stage_ms) + " ms stage deadline",
-                             false);
-    }
+  // The probes come from a fetch that started with the update, the requester's record of the
+  // request is synced while the update starts (types.h); both are taken here, before the drain can
+  // complete, so a failure rejects with nothing paused.
+  if (!TakeBeforeTheDrainEnds(target_.probes_fetch, now, &target_.probes,
+                              "fetching the replay probes of " + target_.label + " failed: ",
+                              "fetching the replay probes of " + target_.label)) {
+    return;
   }
-  if (target_.request_journaled) {
-    // The requester's record of the request (types.h): durable before anything is paused.
-    if (target_.request_journaled->Ready()) {
-      auto journaled = target_.request_journaled->Get();
-      target_.request_journaled.reset();
-      if (!journaled.ok()) {
-        return RejectAndResume("the request for " + target_.label + " was not journaled: " +
-                                   journaled.status().ToString(),
-                               false);
-      }
-      next_drain_poll_ms_ = now;
-    } else if (now > started_ms_ + options_.deadlines.stage_ms) {
-      target_.request_journaled.reset();
-      return RejectAndResume("journaling the request for " + target_.label + " overran the " +
-                                 std::to_string(options_.deadlines.stage_ms) + " ms stage deadline",
-                             false);
-    }
+  bool journaled = false;
+  if (!TakeBeforeTheDrainEnds(target_.request_journaled, now, &journaled,
+                              "the request for " + target_.label + " was not journaled: ",
+                              "journaling the request for " + target_.label)) {
+    return;
   }
   if (stage_call_.active()) {
     if (stage_call_.pending->Ready()) {

@@ -126,6 +126,12 @@ class Runner {
   void IssueResets();
   void IssueValidation();
   void StepDraining();
+  // A value the drain waits for (UpdateTarget::probes_fetch, request_journaled): moved into
+  // *value once it answered. A failure (`failed` + the error) or no answer within the stage
+  // deadline (`what` overran ...) rejects the update, nothing paused, and returns false.
+  template <typename T>
+  bool TakeBeforeTheDrainEnds(std::optional<Pending<T>>& pending, int64_t now, T* value, const std::string& failed,
+                              const std::string& what);
   void StepQuiescingInFlight(int64_t now);
   void StepAbortingInFlight();
   void StepPausing(bool recovery);
