@@ -420,11 +420,14 @@ Status Controller::AppendLocked(JournalRecord& rec) {
 }
 
 Status Controller::AppendRecordsLocked(const std::vector<JournalRecord*>& recs) {
-  const std::string what = recs.size() == 1 ? "'" + recs.front()->event + "'"
-                                            : "'" + recs.front()->event + "' .. '" + recs.back()->event + "'";
+  // Named only when the journal refused (not on every append).
+  auto what = [&recs] {
+    return recs.size() == 1 ? "'" + recs.front()->event + "'"
+                            : "'" + recs.front()->event + "' .. '" + recs.back()->event + "'";
+  };
   if (deferred_.empty()) {
     Status s = recs.size() == 1 ? journal_->Append(*recs.front()) : journal_->AppendBatch(recs);
-    if (!s.ok()) return s.WithContext("journal refused " + what + ", nothing changed");
+    if (!s.ok()) return s.WithContext("journal refused " + what() + ", nothing changed");
     return OkStatus();
   }
   std::vector<JournalRecord*> batch;
@@ -433,7 +436,7 @@ Status Controller::AppendRecordsLocked(const std::vector<JournalRecord*>& recs) 
   batch.insert(batch.end(), recs.begin(), recs.end());
   Status s = journal_->AppendBatch(batch);
   if (!s.ok()) {
-    return s.WithContext("journal refused " + what + " (with " + std::to_string(deferred_.size()) +
+    return s.WithContext("journal refused " + what() + " (with " + std::to_string(deferred_.size()) +
                          " held record(s)), nothing changed");
   }
   for (const auto& [held, type] : deferred_) ApplyRecordLocked(held, type);
