@@ -196,7 +196,14 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
       tok_seq.push_back(static_cast<int64_t>(s));
       tok_pos.push_back(fs.start_pos + i);
     }
-    if (fs.want_logits && fs.num_tokens > 0) logit_rows.push_back(static_cast<int64_t>(tok_id.size()) - 1);
+    if (fs.want_logits && fs.num_tokens > 0) {
+      if (fs.logit_tokens < 1 || fs.logit_tokens > fs.num_tokens) {
+        return Internal("forward: sequence " + std::to_string(s) + " asks for " + std::to_string(fs.logit_tokens) +
+                        " logits rows of " + std::to_string(fs.num_tokens) + " new tokens");
+      }
+      const auto last = static_cast<int64_t>(tok_id.size());
+      for (int64_t k = fs.logit_tokens; k >= 1; --k) logit_rows.push_back(last - k);
+    }
   }
   const int64_t T = static_cast<int64_t>(tok_id.size());
   if (T == 0) return OkStatus();

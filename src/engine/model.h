@@ -42,7 +42,12 @@ struct ForwardSeq {
   int64_t num_tokens = 0;
   int64_t start_pos = 0;
   const std::vector<int32_t>* block_table = nullptr;  // covers positions [0, start_pos + n)
-  bool want_logits = false;                           // logits of the last new token
+  bool want_logits = false;                           // logits of the last new token(s)
+  // With want_logits: how many of the last new tokens get a logits row (1..num_tokens), in
+  // position order: a teacher-forced replay scores every step of a recorded continuation in one
+  // forward. Each row is bit for bit what a forward ending at that token computes (the kernels
+  // are row-invariant and attention reads the KV slots the same way).
+  int64_t logit_tokens = 1;
 };
 
 // Resolved weight pointers of every rank for one set of parameters (live or a staged image).

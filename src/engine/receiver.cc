@@ -1037,13 +1037,19 @@ Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadli
   std::vector<ReplayProbeRequest> requests;
   requests.reserve(probes.size());
   for (const refit::Probe& p : probes) {
-    requests.push_back(ReplayProbeRequest{p.prompt, static_cast<int64_t>(p.steps.size()), p.top_k});
+    ReplayProbeRequest r{p.prompt, static_cast<int64_t>(p.steps.size()), p.top_k};
+    // The trainer's recorded tokens: scored teacher-forced, one forward for every step.
+    for (const refit::ProbeStep& st : p.steps) r.forced.push_back(st.token);
+    requests.push_back(std::move(r));
   }
   const uint64_t id = ++prereplay_seq_;
   const PreReplayReport rep = engine_->PreReplay(image, id, requests, deadline);
   j["ms"] = rep.ms;
   j["ran"] = rep.ran;
   j["batched"] = rep.batched;
+  j["forced"] = rep.forced;
+  j["diverged"] = rep.diverged;
+  j["forwards"] = rep.forwards;
   j["why"] = rep.ran ? "ran on the staged image while the old version served" : rep.why;
   if (rep.ran) staged_->prereplay_image = id;
   return j;

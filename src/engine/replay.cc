@@ -3,6 +3,8 @@
 // the KV pool and the locks.
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <span>
 #include <string>
 
 #include "rolloutcore/base/mutex.h"
@@ -189,20 +191,22 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
   std::vector<ReplayOutput> outs(n);
   std::vector<SamplerRng> rngs(n, SamplerRng(0));
   for (size_t i = 0; i < n; ++i) tokens[i] = probes[i].prompt;
-  int64_t max_steps = 0;
-  for (const ReplayProbeRequest& p : probes) max_steps = std::max(max_steps, p.steps);
   std::string why;
-  // One forward step: the probes in `who`, as one batch. step_mu_ is held for this step only, so
-  // user requests' steps run between ours.
-  auto step = [&](int64_t k, const std::vector<size_t>& who) -> bool {
+  // One forward: the probes in `who`, as one batch, each from its first uncomputed position,
+  // with `logit_tokens[j]` logits rows for who[j]. step_mu_ is held for this forward only, so user
+  // requests' steps run between ours. Appends each probe's rows' sample results via `take`.
+  auto forward = [&](const std::string& what, const std::vector<size_t>& who, const std::vector<int64_t>& logit_tokens,
+                     const std::function<void(size_t, std::span<const float>)>& take) -> bool {
     std::vector<ForwardSeq> batch;
-    for (size_t i : who) {
+    for (size_t j = 0; j < who.size(); ++j) {
+      const size_t i = who[j];
       ForwardSeq f;
       f.tokens = tokens[i].data() + computed[i];
       f.num_tokens = static_cast<int64_t>(tokens[i].size()) - computed[i];
       f.start_pos = computed[i];
       f.block_table = &blocks[i];
       f.want_logits = true;
+      f.logit_tokens = logit_tokens[j];
       batch.push_back(f);
     }
     std::vector<float> logits;
@@ -211,42 +215,108 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
       rc::MutexLock sl(step_mu_);
       st = model_->Forward(binding, batch, &logits);
     }
+    ++rep.forwards;
     if (!st.ok()) {
-      why = "forward step " + std::to_string(k) + ": " + std::string(st.message());
+      why = what + ": " + std::string(st.message());
       return false;
     }
+    size_t row = 0;
     for (size_t j = 0; j < who.size(); ++j) {
       const size_t i = who[j];
       computed[i] = static_cast<int64_t>(tokens[i].size());
-      const std::span<const float> row(logits.data() + j * static_cast<size_t>(s.vocab_size),
-                                       static_cast<size_t>(s.vocab_size));
-      SampleResult r = Sample(row, GreedyWithTopK(probes[i].top_k), &rngs[i]);
-      tokens[i].push_back(r.token);
-      outs[i].steps.push_back(std::move(r));
+      for (int64_t k = 0; k < logit_tokens[j]; ++k, ++row) {
+        take(i, std::span<const float>(logits.data() + row * static_cast<size_t>(s.vocab_size),
+                                       static_cast<size_t>(s.vocab_size)));
+      }
     }
     return true;
   };
+  auto past_deadline = [&](const std::string& at) {
+    if (std::chrono::steady_clock::now() < deadline) return false;
+    why = "the stage's deadline passed " + at;
+    return true;
+  };
   bool ok = true;
-  for (int64_t k = 0; k < max_steps && ok; ++k) {
+
+  // Teacher forcing: prompt + the recorded continuation (all but its last token) in one forward
+  // scores every step at once. Up to the first step whose greedy token differs from the hint the
+  // rows are exactly the decode's (same prefix, same kernels); from there the probe decodes on.
+  std::vector<size_t> forced;
+  for (size_t i = 0; i < n; ++i) {
+    const ReplayProbeRequest& p = probes[i];
+    const bool usable = static_cast<int64_t>(p.forced.size()) == p.steps &&
+                        std::all_of(p.forced.begin(), p.forced.end(), [&](int32_t t) { return t >= 0 && t < s.vocab_size; });
+    if (usable) forced.push_back(i);
+  }
+  for (size_t g = 0; g < forced.size() && ok;) {
+    std::vector<size_t> who;
+    std::vector<int64_t> rows;
+    int64_t positions = 0;
+    while (g < forced.size()) {
+      const ReplayProbeRequest& p = probes[forced[g]];
+      const int64_t len = static_cast<int64_t>(p.prompt.size()) + p.steps - 1;
+      if (!who.empty() && positions + len > kPreReplayForcedTokens) break;
+      who.push_back(forced[g]);
+      rows.push_back(p.steps);
+      positions += len;
+      tokens[forced[g]].insert(tokens[forced[g]].end(), p.forced.begin(), p.forced.end() - 1);
+      ++g;
+    }
+    if (past_deadline("before the teacher-forced forward of probe " + std::to_string(who.front()))) {
+      ok = false;
+      break;
+    }
+    std::vector<bool> diverged(n, false);
+    ok = forward("teacher-forced forward of probe " + std::to_string(who.front()), who, rows,
+                 [&](size_t i, std::span<const float> row) {
+                   if (diverged[i]) return;  // rows after the divergence are of another prefix
+                   SampleResult r = Sample(row, GreedyWithTopK(probes[i].top_k), &rngs[i]);
+                   const size_t k = outs[i].steps.size();
+                   diverged[i] = k + 1 < static_cast<size_t>(probes[i].steps) && r.token != probes[i].forced[k];
+                   outs[i].steps.push_back(std::move(r));
+                 });
+    for (size_t i : who) {
+      if (!diverged[i]) {
+        ++rep.forced;
+        continue;
+      }
+      // Decode on from the divergence: the prefix up to it is the engine's own (it equals the
+      // hint there), the diverging token is the engine's; its KV slot and those after it are
+      // written again by the decode steps.
+      ++rep.diverged;
+      const size_t k = outs[i].steps.size() - 1;
+      tokens[i].resize(probes[i].prompt.size() + k);
+      tokens[i].push_back(outs[i].steps[k].token);
+      computed[i] = static_cast<int64_t>(probes[i].prompt.size() + k);
+    }
+  }
+
+  // Decoding: one batch per step of every probe not done yet (probes without a hint from the
+  // prompt, diverged ones from their divergence).
+  for (int64_t k = 0; ok; ++k) {
     std::vector<size_t> who;
     for (size_t i = 0; i < n; ++i) {
-      if (k < probes[i].steps) who.push_back(i);
+      if (static_cast<int64_t>(outs[i].steps.size()) < probes[i].steps) who.push_back(i);
     }
+    if (who.empty()) break;
+    auto take = [&](size_t i, std::span<const float> row) {
+      SampleResult r = Sample(row, GreedyWithTopK(probes[i].top_k), &rngs[i]);
+      tokens[i].push_back(r.token);
+      outs[i].steps.push_back(std::move(r));
+    };
     if (kPreReplayBatched) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        why = "the stage's deadline passed after " + std::to_string(k) + " of " + std::to_string(max_steps) + " steps";
+      if (past_deadline("after " + std::to_string(k) + " decode steps")) {
         ok = false;
         break;
       }
-      ok = step(k, who);
+      ok = forward("forward step " + std::to_string(k), who, std::vector<int64_t>(who.size(), 1), take);
     } else {
       for (size_t i : who) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-          why = "the stage's deadline passed at step " + std::to_string(k);
+        if (past_deadline("at decode step " + std::to_string(k))) {
           ok = false;
           break;
         }
-        ok = step(k, {i});
+        ok = forward("forward step " + std::to_string(k), {i}, {1}, take);
         if (!ok) break;
       }
     }

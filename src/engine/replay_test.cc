@@ -196,6 +196,106 @@ TEST_P(PreReplayTest, StagedImageReplayEqualsLiveReplayAfterTheSwapExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Tp, PreReplayTest, ::testing::Values(1, 2));
 
+// The greedy continuation of each probe on the live weights (what a trainer that computes the
+// same numbers records as the probe's expected tokens).
+std::vector<std::vector<int32_t>> LiveTokens(Engine* e, const std::vector<ReplayProbeRequest>& probes) {
+  std::vector<std::vector<int32_t>> out;
+  EXPECT_TRUE(e->Pause(PauseMode::kAbort).ok());
+  for (const auto& p : probes) {
+    auto r = ReplayOf(e, p, /*allow_precomputed=*/false);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<int32_t> t;
+    if (r.ok()) {
+      for (const auto& st : r->steps) t.push_back(st.token);
+    }
+    out.push_back(t);
+  }
+  e->Resume();
+  return out;
+}
+
+// Pre-replays `probes` on a copy of the live weights, swaps it in, adopts it, and checks every
+// probe's precomputed answer against a live replay bit for bit; returns the report.
+PreReplayReport PreReplayAndCompare(Engine* e, uint64_t id, const std::vector<ReplayProbeRequest>& probes,
+                                    const std::string& what) {
+  Image img = CopyLive(*e);
+  const PreReplayReport rep = e->PreReplay(img.view(), id, probes, std::chrono::steady_clock::now() + kFar);
+  EXPECT_TRUE(rep.ran) << what << ": " << rep.why;
+  EXPECT_EQ(e->State().blocks_in_use, 0) << what << ": every borrowed block went back";
+  EXPECT_TRUE(e->Pause(PauseMode::kAbort).ok());
+  EXPECT_TRUE(SwapIn(e, &img, what).ok());
+  EXPECT_TRUE(e->AdoptPreReplay(id, e->State().install_generation)) << what;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    auto pre = ReplayOf(e, probes[i]);
+    auto live = ReplayOf(e, probes[i], /*allow_precomputed=*/false);
+    EXPECT_TRUE(pre.ok() && live.ok()) << what;
+    if (!pre.ok() || !live.ok()) continue;
+    EXPECT_TRUE(pre->precomputed) << what << " probe " << i;
+    ExpectSame(*pre, *live, what + ", probe " + std::to_string(i));
+  }
+  e->Resume();
+  return rep;
+}
+
+// Teacher forcing (ReplayProbeRequest::forced): with the recorded continuation every step comes
+// from one forward and equals the step-by-step decode bit for bit; a hint that diverges at step k
+// keeps steps 0..k and decodes the rest, and the answer is still the decode's, bit for bit; a hint
+// of the wrong length or with an id outside the vocabulary is not used.
+TEST_P(PreReplayTest, TeacherForcedStepsEqualTheDecodeAndADivergenceDecodesOn) {
+  auto e = Make(GetParam());
+  const std::string tp = std::to_string(GetParam()) + "-way tp";
+  std::vector<ReplayProbeRequest> probes = Probes();
+  const auto live = LiveTokens(e.get(), probes);
+  for (size_t i = 0; i < probes.size(); ++i) probes[i].forced = live[i];
+
+  const PreReplayReport all = PreReplayAndCompare(e.get(), 21, probes, tp + ", the recorded tokens");
+  EXPECT_EQ(all.forced, 3);
+  EXPECT_EQ(all.diverged, 0);
+  EXPECT_EQ(all.forwards, 1) << "3 probes of 64 positions together: one forward scores every step";
+
+  // Probe 2 (12 steps) diverges at step 4: the hint's token there is another one, so the
+  // engine's own token 4 continues and steps 5..11 are decoded (7 decode forwards).
+  std::vector<ReplayProbeRequest> wrong = probes;
+  wrong[2].forced[4] = (wrong[2].forced[4] + 1) % 256;
+  const PreReplayReport d = PreReplayAndCompare(e.get(), 22, wrong, tp + ", a hint diverging at step 4");
+  EXPECT_EQ(d.forced, 2);
+  EXPECT_EQ(d.diverged, 1);
+  EXPECT_EQ(d.forwards, 1 + 7);
+
+  // A divergence at the last step changes nothing: no later step reads that token.
+  std::vector<ReplayProbeRequest> last = probes;
+  last[1].forced.back() = (last[1].forced.back() + 1) % 256;
+  const PreReplayReport l = PreReplayAndCompare(e.get(), 23, last, tp + ", a hint differing at its last step");
+  EXPECT_EQ(l.forced, 3);
+  EXPECT_EQ(l.forwards, 1);
+
+  // Unusable hints: decoded from the prompt as without one.
+  std::vector<ReplayProbeRequest> bad = probes;
+  bad[0].forced.pop_back();
+  bad[1].forced[0] = 1 << 30;
+  const PreReplayReport b = PreReplayAndCompare(e.get(), 24, bad, tp + ", unusable hints");
+  EXPECT_EQ(b.forced, 1);
+  EXPECT_EQ(b.diverged, 0);
+  EXPECT_EQ(b.forwards, 1 + 8) << "probe 2 forced; probes 0 (8 steps) and 1 (5 steps) decode together";
+}
+
+// Teacher-forced forwards hold at most kPreReplayForcedTokens positions (a bounded stall for the
+// requests served beside them): probes are grouped in order.
+TEST(EnginePreReplayTest, TeacherForcedForwardsAreBoundedInPositions) {
+  auto e = Make();
+  std::vector<ReplayProbeRequest> probes;
+  for (int p = 0; p < 3; ++p) {
+    std::vector<int32_t> prompt;
+    for (int k = 0; k < 120; ++k) prompt.push_back((p * 37 + k * 11) % 250 + 1);
+    probes.push_back(ReplayProbeRequest{prompt, 8, 2});  // 127 positions each
+  }
+  const auto live = LiveTokens(e.get(), probes);
+  for (size_t i = 0; i < probes.size(); ++i) probes[i].forced = live[i];
+  const PreReplayReport rep = PreReplayAndCompare(e.get(), 31, probes, "three 127-position probes");
+  EXPECT_EQ(rep.forced, 3);
+  EXPECT_EQ(rep.forwards, 2) << "254 positions in the first forward, the third probe alone";
+}
+
 // Whatever changes the live weights after the adoption ends it, for good.
 TEST(EnginePreReplayTest, ServedOnlyAtTheGenerationItsImageBecameLive) {
   auto e = Make();

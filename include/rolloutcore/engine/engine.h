@@ -194,7 +194,16 @@ struct ReplayProbeRequest {
   std::vector<int32_t> prompt;
   int64_t steps = 0;
   int64_t top_k = 0;
-  bool operator==(const ReplayProbeRequest&) const = default;
+  // A hint, not part of the request: the continuation the trainer recorded (the probe's expected
+  // greedy tokens, `steps` of them; empty when unknown). PreReplay feeds it teacher-forced — every
+  // step scored in one forward — and falls back to decoding from the first step where the engine's
+  // greedy token differs, so the result is the same either way (docs/engine.md).
+  std::vector<int32_t> forced = {};
+  // Two requests are the same request when prompt, steps and top_k are (the hint is not compared:
+  // Replay is asked without it).
+  bool operator==(const ReplayProbeRequest& o) const {
+    return prompt == o.prompt && steps == o.steps && top_k == o.top_k;
+  }
 };
 
 // What Engine::PreReplay did (the stage evidence's "prereplay").
@@ -204,8 +213,16 @@ struct PreReplayReport {
   std::string why;        // when !ran: the reason (no KV blocks to spare, deadline, bad probe, ...)
   double ms = 0;
   bool batched = false;   // the probes ran as one batch per step
+  // Teacher forcing (ReplayProbeRequest::forced): probes whose every step came from the one
+  // forced forward, probes that diverged from the hint (decoded on from there), forwards run.
+  int64_t forced = 0;
+  int64_t diverged = 0;
+  int64_t forwards = 0;
 };
 inline constexpr int64_t kMaxReplaySteps = 64;
+// Positions one teacher-forced pre-replay forward may hold (step_mu_ is held for a forward: a
+// bounded stall for the requests being served beside it).
+inline constexpr int64_t kPreReplayForcedTokens = 256;
 inline constexpr int64_t kMaxReplayTopK = 20;
 
 // Fills one rank's parameters (all of them) from some source: a model folder, seeded random
@@ -311,9 +328,12 @@ class Engine {
   // step only (requests keep running between steps), so it never runs inside a Step; borrows KV
   // blocks from the pool's free list only (never evicting a cached prefix; when the free list
   // cannot spare prompt + steps positions for every probe it does not run) and returns them
-  // unhashed: no cached prefix is read and nothing is registered in the prefix cache. Probes run
-  // as one batch per step (Forward is batch-invariant: replay_test.cc checks batched ==
-  // one-by-one, bit for bit). Best effort: never fails; the report says whether it ran and why not
+  // unhashed: no cached prefix is read and nothing is registered in the prefix cache. Probes with
+  // a `forced` hint are scored teacher-forced first: prompt + hint in one forward (grouped so a
+  // forward holds at most kPreReplayForcedTokens positions), every step's logits at once; a probe
+  // whose greedy token differs from the hint at step k keeps steps 0..k and decodes on from there.
+  // Probes still decoding run as one batch per step (Forward is batch-invariant and row-invariant:
+  // replay_test.cc checks forced == batched == one-by-one, bit for bit). Best effort: never fails; the report says whether it ran and why not
   // (bad probe, no blocks, `deadline` passed between steps, forward error). When it ran, its results
   // replace the cache, tagged `image_id` and not yet valid for any install generation.
   // The caller keeps every byte of `image` alive and unchanged for the call (the receiver's shadow
