@@ -20,23 +20,21 @@ struct HttpEngineAdapter::Shared {
   std::unique_ptr<internal::VllmFlavor> vllm;  // set at construction; used once flavor is kVllm
   bool IsVllm() const { return flavor.load() == EngineFlavor::kVllm; }
 
-  std::unique_ptr<httplib::Client> Client() const {
-    auto c = net::MakeClient(options.base_url);  // the process's API key and TLS CA (rolloutcore/net)
-    auto secs = options.http_timeout_ms / 1000;
-    auto usecs = (options.http_timeout_ms % 1000) * 1000;
-    c->set_connection_timeout(5, 0);
-    c->set_read_timeout(secs, usecs);
-    c->set_write_timeout(secs, usecs);
-    return c;
-  }
+  // Kept-alive connections to the engine (net::ClientPool), made once options are set.
+  std::unique_ptr<net::ClientPool> pool;
 
   std::string Where(const std::string& path) const { return options.base_url + path; }
 
-  // Performs one request; transport failures are Unavailable naming the URL.
+  // Performs one request on a kept-alive connection (the process's API key and TLS CA,
+  // rolloutcore/net); transport failures are Unavailable naming the URL.
   Result<httplib::Response> Do(const std::string& method, const std::string& path, const std::string& body = "") const {
-    auto c = Client();
-    httplib::Result r = method == "GET" ? c->Get(path.c_str())
-                                        : c->Post(path.c_str(), body, body.empty() ? "text/plain" : "application/json");
+    const int64_t ms = options.http_timeout_ms;
+    httplib::Result r = pool->Request(method, path, body, body.empty() ? "text/plain" : "application/json",
+                                      [ms](httplib::Client& c) {
+                                        c.set_connection_timeout(5, 0);
+                                        c.set_read_timeout(ms / 1000, (ms % 1000) * 1000);
+                                        c.set_write_timeout(ms / 1000, (ms % 1000) * 1000);
+                                      });
     if (!r) {
       return Unavailable(method + " " + Where(path) + ": " + httplib::to_string(r.error()));
     }
@@ -167,6 +165,7 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
     for (int i = 0; i < 64; ++i) options.canary_prompt.push_back(100 + (i * 37) % 200);
   }
   s_->options = std::move(options);
+  s_->pool = std::make_unique<net::ClientPool>(s_->options.base_url);
   internal::VllmOptions vo;
   vo.base_url = s_->options.base_url;
   vo.directory_url = s_->options.directory_url;

@@ -28,17 +28,16 @@ std::string VersionPath(std::string_view model, std::string_view version) {
 }  // namespace
 
 DirectoryClient::DirectoryClient(std::string base_url, ClientOptions options)
-    : base_url_(std::move(base_url)), options_(options) {}
+    : base_url_(std::move(base_url)),
+      options_(options),
+      pool_(std::make_shared<net::ClientPool>(base_url_, options_.auth)) {}
 
 Result<Json> DirectoryClient::Call(const std::string& method, const std::string& path, const std::string& body,
                                    int64_t extra_wait_ms) {
-  httplib::Client client(base_url_);
-  if (!client.is_valid()) return InvalidArgument(fmt::format("directory URL '{}' is not valid", base_url_));
-  net::ApplyClientPolicy(client, options_.auth);
-  SetTimeout(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
-  httplib::Result res = method == "GET"      ? client.Get(path)
-                        : method == "DELETE" ? client.Delete(path)
-                                             : client.Post(path, body, "application/json");
+  if (!pool_->valid()) return InvalidArgument(fmt::format("directory URL '{}' is not valid", base_url_));
+  httplib::Result res = pool_->Request(method, path, body, "application/json", [&](httplib::Client& client) {
+    SetTimeout(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
+  });
   if (!res) {
     return Unavailable(fmt::format("directory at {} did not answer {} {}: {}", base_url_, method, path,
                                    httplib::to_string(res.error())));

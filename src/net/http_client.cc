@@ -46,4 +46,89 @@ std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url, const C
   return c;
 }
 
+namespace {
+// cpp-httplib's Client throws for a scheme it does not speak ("ftp://...").
+bool IsValidUrl(const std::string& url) {
+  try {
+    return httplib::Client(url).is_valid();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+}  // namespace
+
+ClientPool::ClientPool(std::string base_url, ClientConfig config, int64_t max_idle_ms, size_t max_idle)
+    : base_url_(std::move(base_url)),
+      config_(std::move(config)),
+      max_idle_ms_(max_idle_ms),
+      max_idle_(max_idle),
+      valid_(IsValidUrl(base_url_)) {}
+
+ClientPool::~ClientPool() = default;
+
+int64_t ClientPool::clients_made() const {
+  rc::MutexLock lock(mu_);
+  return made_;
+}
+
+int64_t ClientPool::reused() const {
+  rc::MutexLock lock(mu_);
+  return reused_;
+}
+
+std::unique_ptr<httplib::Client> ClientPool::Take(bool* reused) {
+  {
+    rc::MutexLock lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    while (!idle_.empty()) {
+      Idle last = std::move(idle_.back());
+      idle_.pop_back();
+      if (now - last.since <= std::chrono::milliseconds(max_idle_ms_)) {
+        ++reused_;
+        *reused = true;
+        return std::move(last.client);
+      }
+      // Idle too long: the server may be closing it; dropping it closes the socket.
+    }
+    ++made_;
+  }
+  *reused = false;
+  auto c = MakeClient(base_url_, config_);
+  c->set_keep_alive(true);
+  // A kept connection carries request after request: without TCP_NODELAY a request or answer
+  // written in two pieces waits for the peer's delayed ACK (40 ms) behind Nagle's algorithm.
+  c->set_tcp_nodelay(true);
+  return c;
+}
+
+void ClientPool::GiveBack(std::unique_ptr<httplib::Client> c) {
+  rc::MutexLock lock(mu_);
+  if (idle_.size() < max_idle_) idle_.push_back(Idle{std::move(c), std::chrono::steady_clock::now()});
+}
+
+httplib::Result ClientPool::Request(const std::string& method, const std::string& path, const std::string& body,
+                                    const std::string& content_type,
+                                    const std::function<void(httplib::Client&)>& prepare) {
+  if (!valid_) return httplib::Result(nullptr, httplib::Error::Connection);
+  const bool idempotent = method == "GET" || method == "DELETE" || method == "HEAD";
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    std::unique_ptr<httplib::Client> c = Take(&reused);
+    if (prepare) prepare(*c);
+    httplib::Result r = method == "GET"      ? c->Get(path)
+                        : method == "HEAD"   ? c->Head(path)
+                        : method == "DELETE" ? c->Delete(path)
+                        : method == "PUT"    ? c->Put(path, body, content_type)
+                                             : c->Post(path, body, content_type);
+    if (r) {
+      GiveBack(std::move(c));
+      return r;
+    }
+    // A kept connection the server closed meanwhile: once more on a new one, when sending again
+    // cannot run the request twice.
+    const bool unsent = r.error() == httplib::Error::Write || r.error() == httplib::Error::Connection;
+    if (attempt > 0 || !reused || !(idempotent || unsent)) return r;
+  }
+}
+
 }  // namespace rc::net

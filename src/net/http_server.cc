@@ -143,6 +143,9 @@ HttpServer::HttpServer(HttpServerOptions options) : options_(std::move(options))
   http_->set_payload_max_length(options_.max_body_bytes);
   SetTimeout(*http_, options_.read_timeout_ms, true);
   SetTimeout(*http_, options_.write_timeout_ms, false);
+  // Kept-alive connections (net::ClientPool) carry many requests: an answer written in pieces must
+  // not wait for the client's delayed ACK behind Nagle's algorithm.
+  http_->set_tcp_nodelay(true);
   http_->set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(options_.keep_alive_timeout_ms / 1000)));
   http_->set_pre_routing_handler([this](const httplib::Request& q, httplib::Response& r) { return PreRouting(q, r); });
   http_->set_error_handler(httplib::Server::HandlerWithResponse(

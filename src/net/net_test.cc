@@ -9,6 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include "rolloutcore/net/http.h"
 #include "rolloutcore/net/http_status.h"
@@ -73,6 +77,85 @@ HttpServerOptions Options(std::string key = "") {
   o.name = "test";
   o.security.api_key = std::move(key);
   return o;
+}
+
+// ClientPool: one kept-alive connection serves consecutive requests (the server sees the same
+// peer port); an idle client older than max_idle_ms is not reused; a connection the server
+// closed (its keep-alive timeout) is replaced without failing the request; the key is sent;
+// concurrent callers each get a client of their own.
+TEST(ClientPoolTest, ReusesKeptConnectionsAndSurvivesTheirClosing) {
+  HttpServerOptions o = Options("k3y");
+  o.keep_alive_timeout_ms = 1000;
+  TestServer s(o);
+  std::mutex mu;
+  std::set<int> peers;
+  s.http.Get("/peer", [&](const httplib::Request& q, httplib::Response& r) {
+    std::lock_guard<std::mutex> l(mu);
+    peers.insert(q.remote_port);
+    r.set_content("{}", "application/json");
+  });
+  ASSERT_TRUE(s.http.Start().ok());
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.http.port());
+  ClientConfig key;
+  key.api_key = "k3y";
+  ClientPool pool(url, key, /*max_idle_ms=*/5000);
+  ASSERT_TRUE(pool.valid());
+  EXPECT_FALSE(ClientPool("ftp://127.0.0.1:1").valid());
+  auto get = [&](const std::string& path) { return pool.Request("GET", path, "", "", nullptr); };
+  for (int i = 0; i < 5; ++i) {
+    auto r = get("/peer");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+  }
+  EXPECT_EQ(pool.clients_made(), 1);
+  EXPECT_EQ(pool.reused(), 4);
+  EXPECT_EQ(peers.size(), 1u) << "five requests, one connection";
+  auto post = pool.Request("POST", "/thing", "{}", "application/json", nullptr);
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 200) << "the key went with the POST on the kept connection";
+  EXPECT_EQ(s.posts.load(), 1);
+
+  // The server closes the idle connection after 1 s; the pool still holds it (5 s): the next
+  // GET and POST answer, the POST runs once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  auto again = get("/peer");
+  ASSERT_TRUE(again) << httplib::to_string(again.error());
+  EXPECT_EQ(again->status, 200);
+  EXPECT_EQ(peers.size(), 2u) << "a new connection";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  auto post2 = pool.Request("POST", "/thing", "{}", "application/json", nullptr);
+  ASSERT_TRUE(post2) << httplib::to_string(post2.error());
+  EXPECT_EQ(s.posts.load(), 2) << "the POST ran exactly once";
+
+  // A pool that drops clients idle for more than 50 ms makes a new one after 100 ms.
+  ClientPool brief(url, key, /*max_idle_ms=*/50);
+  ASSERT_TRUE(brief.Request("GET", "/thing", "", "", nullptr));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(brief.Request("GET", "/thing", "", "", nullptr));
+  EXPECT_EQ(brief.clients_made(), 2);
+  EXPECT_EQ(brief.reused(), 0);
+
+  // Concurrent callers: every request answers; at most one client per caller at a time.
+  ClientPool shared(url, key, 5000, /*max_idle=*/4);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        auto r = shared.Request("GET", "/thing", "", "", nullptr);
+        if (r && r->status == 200) ++ok;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 100);
+  EXPECT_LE(shared.clients_made(), 4);
+  EXPECT_GE(shared.reused(), 96);
+
+  // A server that is gone: the error comes back (no retry loop on a new connection).
+  s.http.Stop();
+  auto gone = get("/peer");
+  EXPECT_FALSE(gone);
 }
 
 TEST(HttpServerTest, MutatingRequestsNeedTheKeyReadsDoNot) {

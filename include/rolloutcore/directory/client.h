@@ -9,13 +9,17 @@
 // LeaseKeeper renews one lease on a background thread until destroyed, for ranks that publish and
 // then wait for the other ranks.
 //
-// Thread safety: all DirectoryClient methods may be called concurrently from any thread (each
-// request uses its own connection). LeaseKeeper's methods may be called from any thread.
+// Connections are kept alive and reused (net::ClientPool: a few idle connections, each used by
+// one request at a time; a GET on a kept connection the directory closed meanwhile is sent again
+// on a new one).
+//
+// Thread safety: all DirectoryClient methods may be called concurrently from any thread. LeaseKeeper's methods may be called from any thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -23,6 +27,10 @@
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/store.h"
 #include "rolloutcore/net/security.h"
+
+namespace rc::net {
+class ClientPool;
+}
 
 namespace rc::directory {
 
@@ -57,6 +65,7 @@ class DirectoryClient final : public DirectoryStore {
 
   const std::string base_url_;
   const ClientOptions options_;
+  std::shared_ptr<net::ClientPool> pool_;  // kept-alive connections to base_url_
 };
 
 class LeaseKeeper {

@@ -29,6 +29,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/net/security.h"
 
@@ -138,5 +140,54 @@ void ApplyClientPolicy(httplib::Client& client, const ClientConfig& config = Cli
 // A client for base_url ("http://h:p" or "https://h:p") with the policy applied.
 std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url,
                                             const ClientConfig& config = ClientConfig::Default());
+
+// Keep-alive clients of one base URL, reused across requests (issue 15: no TCP handshake and no
+// new server worker per call). Request() takes an idle client (one that answered within
+// max_idle_ms, well inside the servers' 2 s keep-alive timeout, so the server has not closed it)
+// or makes one, sends, and keeps the client for the next request when the call got an answer; a
+// client whose call failed is dropped (its connection state is unknown). A request on a reused
+// connection that failed before an answer is sent again once on a new connection when that is
+// safe: always for GET and DELETE, for other methods only when the request could not be written
+// (the server never saw it). `prepare` sets per-call options (timeouts) on the client before it
+// sends. At most max_idle clients are kept.
+// Thread safety: any thread; each client is used by one request at a time.
+class ClientPool {
+ public:
+  explicit ClientPool(std::string base_url, ClientConfig config = ClientConfig::Default(), int64_t max_idle_ms = 1000,
+                      size_t max_idle = 4);
+  ~ClientPool();
+  ClientPool(const ClientPool&) = delete;
+  ClientPool& operator=(const ClientPool&) = delete;
+
+  // True when base_url parses (cpp-httplib's Client::is_valid); an invalid pool's requests fail
+  // with Error::Connection.
+  bool valid() const { return valid_; }
+  const std::string& base_url() const { return base_url_; }
+
+  httplib::Result Request(const std::string& method, const std::string& path, const std::string& body,
+                          const std::string& content_type, const std::function<void(httplib::Client&)>& prepare);
+
+  // Counters (for tests and benchmarks): clients made, requests sent on a reused connection.
+  int64_t clients_made() const;
+  int64_t reused() const;
+
+ private:
+  struct Idle {
+    std::unique_ptr<httplib::Client> client;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::unique_ptr<httplib::Client> Take(bool* reused);
+  void GiveBack(std::unique_ptr<httplib::Client> c);
+
+  const std::string base_url_;
+  const ClientConfig config_;
+  const int64_t max_idle_ms_;
+  const size_t max_idle_;
+  const bool valid_;
+  mutable rc::Mutex mu_;
+  std::vector<Idle> idle_ GUARDED_BY(mu_);
+  int64_t made_ GUARDED_BY(mu_) = 0;
+  int64_t reused_ GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace rc::net
