@@ -121,7 +121,10 @@ httplib::Result ClientPool::Request(const std::string& method, const std::string
                         : method == "PUT"    ? c->Put(path, body, content_type)
                                              : c->Post(path, body, content_type);
     if (r) {
-      GiveBack(std::move(c));
+      // Kept only after an answer that leaves the connection open: a server may close it after an
+      // error (uvicorn closes the transport when the app raised after its 500 went out, as vLLM's
+      // collective_rpc does), and a request written into a closing socket fails unanswered.
+      if (r->status < 500 && r->get_header_value("Connection") != "close") GiveBack(std::move(c));
       return r;
     }
     // A kept connection the server closed meanwhile: once more on a new one, when sending again

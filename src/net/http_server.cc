@@ -146,6 +146,9 @@ HttpServer::HttpServer(HttpServerOptions options) : options_(std::move(options))
   // Kept-alive connections (net::ClientPool) carry many requests: an answer written in pieces must
   // not wait for the client's delayed ACK behind Nagle's algorithm.
   http_->set_tcp_nodelay(true);
+  // cpp-httplib closes a kept connection after 5 requests by default: a client pool would then
+  // reconnect every fifth call. The keep-alive timeout below still frees idle ones.
+  http_->set_keep_alive_max_count(10000);
   http_->set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(options_.keep_alive_timeout_ms / 1000)));
   http_->set_pre_routing_handler([this](const httplib::Request& q, httplib::Response& r) { return PreRouting(q, r); });
   http_->set_error_handler(httplib::Server::HandlerWithResponse(

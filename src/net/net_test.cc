@@ -94,6 +94,10 @@ TEST(ClientPoolTest, ReusesKeptConnectionsAndSurvivesTheirClosing) {
     peers.insert(q.remote_port);
     r.set_content("{}", "application/json");
   });
+  s.http.Get("/fail", [](const httplib::Request&, httplib::Response& r) {
+    r.status = 500;
+    r.set_content("{}", "application/json");
+  });
   ASSERT_TRUE(s.http.Start().ok());
   const std::string url = "http://127.0.0.1:" + std::to_string(s.http.port());
   ClientConfig key;
@@ -126,6 +130,14 @@ TEST(ClientPoolTest, ReusesKeptConnectionsAndSurvivesTheirClosing) {
   auto post2 = pool.Request("POST", "/thing", "{}", "application/json", nullptr);
   ASSERT_TRUE(post2) << httplib::to_string(post2.error());
   EXPECT_EQ(s.posts.load(), 2) << "the POST ran exactly once";
+
+  // A connection that answered 5xx is not kept (servers may close it after an error).
+  const int64_t made = pool.clients_made();
+  auto failed = get("/fail");
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, 500);
+  ASSERT_TRUE(get("/peer"));
+  EXPECT_EQ(pool.clients_made(), made + 1) << "the request after the 500 went on a new connection";
 
   // A pool that drops clients idle for more than 50 ms makes a new one after 100 ms.
   ClientPool brief(url, key, /*max_idle_ms=*/50);

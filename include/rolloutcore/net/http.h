@@ -144,8 +144,9 @@ std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url,
 // Keep-alive clients of one base URL, reused across requests (issue 15: no TCP handshake and no
 // new server worker per call). Request() takes an idle client (one that answered within
 // max_idle_ms, well inside the servers' 2 s keep-alive timeout, so the server has not closed it)
-// or makes one, sends, and keeps the client for the next request when the call got an answer; a
-// client whose call failed is dropped (its connection state is unknown). A request on a reused
+// or makes one, sends, and keeps the client for the next request when the call got an answer below
+// 500 without "Connection: close"; a client whose call failed, or got a 5xx (servers may close the
+// connection after an error: uvicorn does when the app raised), is dropped. A request on a reused
 // connection that failed before an answer is sent again once on a new connection when that is
 // safe: always for GET and DELETE, for other methods only when the request could not be written
 // (the server never saw it). `prepare` sets per-call options (timeouts) on the client before it
