@@ -153,7 +153,11 @@ Result<double> PrometheusValue(const std::string& text, const std::string& name)
       sum += std::stod(line.substr(sp + 1));
       found = true;
     } catch (...) {
-      return InvalidArgument("metric " + name + ": unparsable sample '" + line + "'");
+      std::string msg = "metric " + name;
+      msg += ": unparsable sample '";
+      msg += line;
+      msg += "'";
+      return InvalidArgument(msg);
     }
   }
   if (!found) return NotFound("metric " + name + " not found");
@@ -448,7 +452,7 @@ Result<EngineUrl> ParseEngineUrl(const std::string& url) {
   return out;
 }
 
-std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms) {
+std::function<Result<Json>(const Json&)> MakeHttpCompleter(const std::string& base_url, int64_t timeout_ms) {
   return [base_url, timeout_ms](const Json& body) -> Result<Json> {
     httplib::Client c(base_url);
     net::ApplyClientPolicy(c);

@@ -29,7 +29,7 @@ std::string VersionPath(std::string_view model, std::string_view version) {
 
 DirectoryClient::DirectoryClient(std::string base_url, ClientOptions options)
     : base_url_(std::move(base_url)),
-      options_(options),
+      options_(std::move(options)),
       pool_(std::make_shared<net::ClientPool>(base_url_, options_.auth)) {}
 
 Result<Json> DirectoryClient::Call(const std::string& method, const std::string& path, const std::string& body,

@@ -219,7 +219,7 @@ std::vector<std::vector<int32_t>> LiveTokens(Engine* e, const std::vector<Replay
 PreReplayReport PreReplayAndCompare(Engine* e, uint64_t id, const std::vector<ReplayProbeRequest>& probes,
                                     const std::string& what) {
   Image img = CopyLive(*e);
-  const PreReplayReport rep = e->PreReplay(img.view(), id, probes, std::chrono::steady_clock::now() + kFar);
+  PreReplayReport rep = e->PreReplay(img.view(), id, probes, std::chrono::steady_clock::now() + kFar);
   EXPECT_TRUE(rep.ran) << what << ": " << rep.why;
   EXPECT_EQ(e->State().blocks_in_use, 0) << what << ": every borrowed block went back";
   EXPECT_TRUE(e->Pause(PauseMode::kAbort).ok());
@@ -286,6 +286,7 @@ TEST(EnginePreReplayTest, TeacherForcedForwardsAreBoundedInPositions) {
   std::vector<ReplayProbeRequest> probes;
   for (int p = 0; p < 3; ++p) {
     std::vector<int32_t> prompt;
+    prompt.reserve(120);
     for (int k = 0; k < 120; ++k) prompt.push_back((p * 37 + k * 11) % 250 + 1);
     probes.push_back(ReplayProbeRequest{prompt, 8, 2});  // 127 positions each
   }

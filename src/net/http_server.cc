@@ -153,7 +153,7 @@ HttpServer::HttpServer(HttpServerOptions options) : options_(std::move(options))
   http_->set_pre_routing_handler([this](const httplib::Request& q, httplib::Response& r) { return PreRouting(q, r); });
   http_->set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& q, httplib::Response& r) { return OnError(q, r); }));
-  http_->set_exception_handler([this](const httplib::Request&, httplib::Response& r, std::exception_ptr) {
+  http_->set_exception_handler([this](const httplib::Request&, httplib::Response& r, const std::exception_ptr&) {
     SendPolicyError(r, 500, Internal(options_.name + ": unexpected error while answering"));
   });
 }
@@ -178,11 +178,17 @@ HttpServer& HttpServer::Add(const std::string& method, const std::string& patter
     }
     h(q, r);
   };
-  if (method == "GET") http_->Get(pattern, std::move(handler));
-  if (method == "POST") http_->Post(pattern, std::move(handler));
-  if (method == "PUT") http_->Put(pattern, std::move(handler));
-  if (method == "PATCH") http_->Patch(pattern, std::move(handler));
-  if (method == "DELETE") http_->Delete(pattern, std::move(handler));
+  if (method == "GET") {
+    http_->Get(pattern, std::move(handler));
+  } else if (method == "POST") {
+    http_->Post(pattern, std::move(handler));
+  } else if (method == "PUT") {
+    http_->Put(pattern, std::move(handler));
+  } else if (method == "PATCH") {
+    http_->Patch(pattern, std::move(handler));
+  } else if (method == "DELETE") {
+    http_->Delete(pattern, std::move(handler));
+  }
   return *this;
 }
 HttpServer& HttpServer::Get(const std::string& p, Handler h) { return Add("GET", p, std::move(h)); }

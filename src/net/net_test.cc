@@ -151,6 +151,7 @@ TEST(ClientPoolTest, ReusesKeptConnectionsAndSurvivesTheirClosing) {
   ClientPool shared(url, key, 5000, /*max_idle=*/4);
   std::atomic<int> ok{0};
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 25; ++i) {

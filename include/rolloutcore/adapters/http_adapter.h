@@ -99,7 +99,7 @@ class HttpEngineAdapter final : public lifecycle::EngineAdapter {
 // A completion function for the controller's rollout proxy: POSTs the body to
 // base_url/v1/completions and returns the response JSON; non-2xx answers become errors carrying
 // the engine's message (400 → InvalidArgument, 503 → Unavailable, others → Internal).
-std::function<Result<Json>(const Json&)> MakeHttpCompleter(std::string base_url, int64_t timeout_ms = 600000);
+std::function<Result<Json>(const Json&)> MakeHttpCompleter(const std::string& base_url, int64_t timeout_ms = 600000);
 
 // Parses a controller --engine URL: "vllm+http://H:P" (vLLM, checked at Describe),
 // "rolloutcore+http://H:P" (a rolloutcore engine, checked), "http://H:P" / "https://H:P"
