@@ -30,11 +30,7 @@ struct HttpEngineAdapter::Shared {
   Result<httplib::Response> Do(const std::string& method, const std::string& path, const std::string& body = "") const {
     const int64_t ms = options.http_timeout_ms;
     httplib::Result r = pool->Request(method, path, body, body.empty() ? "text/plain" : "application/json",
-                                      [ms](httplib::Client& c) {
-                                        c.set_connection_timeout(5, 0);
-                                        c.set_read_timeout(ms / 1000, (ms % 1000) * 1000);
-                                        c.set_write_timeout(ms / 1000, (ms % 1000) * 1000);
-                                      });
+                                      [ms](httplib::Client& c) { net::SetClientTimeouts(c, 5000, ms); });
     if (!r) {
       return Unavailable(method + " " + Where(path) + ": " + httplib::to_string(r.error()));
     }
@@ -193,9 +189,7 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
                        const std::string& method, const std::string& path,
                        const std::string& body) -> Result<internal::HttpReply> {
       auto c = net::MakeClient(url);
-      c->set_connection_timeout(5, 0);
-      c->set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
-      c->set_write_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+      net::SetClientTimeouts(*c, 5000, timeout_ms);
       httplib::Result r = method == "GET" ? c->Get(path.c_str()) : c->Post(path.c_str(), body, "application/json");
       if (!r) return Unavailable(method + " " + url + path + ": " + httplib::to_string(r.error()));
       return internal::HttpReply{r->status, r->body};

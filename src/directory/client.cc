@@ -10,12 +10,6 @@
 namespace rc::directory {
 namespace {
 
-void SetTimeout(httplib::Client& c, int64_t connect_ms, int64_t rw_ms) {
-  c.set_connection_timeout(static_cast<time_t>(connect_ms / 1000), static_cast<time_t>((connect_ms % 1000) * 1000));
-  c.set_read_timeout(static_cast<time_t>(rw_ms / 1000), static_cast<time_t>((rw_ms % 1000) * 1000));
-  c.set_write_timeout(static_cast<time_t>(rw_ms / 1000), static_cast<time_t>((rw_ms % 1000) * 1000));
-}
-
 Status CheckNames(std::string_view model, std::string_view version) {
   RC_RETURN_IF_ERROR(ValidateName(model, "model"));
   return ValidateName(version, "version");
@@ -36,7 +30,7 @@ Result<Json> DirectoryClient::Call(const std::string& method, const std::string&
                                    int64_t extra_wait_ms) {
   if (!pool_->valid()) return InvalidArgument(fmt::format("directory URL '{}' is not valid", base_url_));
   httplib::Result res = pool_->Request(method, path, body, "application/json", [&](httplib::Client& client) {
-    SetTimeout(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
+    net::SetClientTimeouts(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
   });
   if (!res) {
     return Unavailable(fmt::format("directory at {} did not answer {} {}: {}", base_url_, method, path,

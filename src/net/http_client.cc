@@ -46,6 +46,14 @@ std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url, const C
   return c;
 }
 
+void SetClientTimeouts(httplib::Client& client, int64_t connect_ms, int64_t read_write_ms) {
+  auto sec = [](int64_t ms) { return static_cast<time_t>(ms / 1000); };
+  auto usec = [](int64_t ms) { return static_cast<time_t>((ms % 1000) * 1000); };
+  client.set_connection_timeout(sec(connect_ms), usec(connect_ms));
+  client.set_read_timeout(sec(read_write_ms), usec(read_write_ms));
+  client.set_write_timeout(sec(read_write_ms), usec(read_write_ms));
+}
+
 namespace {
 // cpp-httplib's Client throws for a scheme it does not speak ("ftp://...").
 bool IsValidUrl(const std::string& url) {

@@ -141,6 +141,9 @@ void ApplyClientPolicy(httplib::Client& client, const ClientConfig& config = Cli
 std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url,
                                             const ClientConfig& config = ClientConfig::Default());
 
+// Sets the connect timeout and the read and write timeouts of `client`, in milliseconds.
+void SetClientTimeouts(httplib::Client& client, int64_t connect_ms, int64_t read_write_ms);
+
 // Keep-alive clients of one base URL, reused across requests (issue 15: no TCP handshake and no
 // new server worker per call). Request() takes an idle client (one that answered within
 // max_idle_ms, well inside the servers' 2 s keep-alive timeout, so the server has not closed it)
