@@ -71,6 +71,7 @@ struct BenchCycleOptions {
   std::string engine = "embedded";  // cycle only: embedded | vllm
   int probes = 2;        // replay probes per version (docs/lifecycle.md "Replay validation")
   int probe_tokens = 8;
+  bool trace = false;  // each cycle's timeline: engine calls and journal commits, ms from the request
 };
 
 // Replaces this process with the vLLM bench (see the header). Returns only when exec failed.
@@ -417,6 +418,22 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     // Calls that ended after the cycle (none expected: WaitForUpdate waits for the identity
     // check) are not this cycle's.
     std::erase_if(intervals, [&](const CallInterval& c) { return c.end > t1; });
+    if (o.trace) {
+      // Where the cycle's time went, call by call: each engine call (issued -> answer seen) and
+      // each journal commit (BEGIN -> synced COMMIT), in ms from the request.
+      std::vector<std::tuple<double, double, std::string>> events;
+      auto rel = [&](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration<double, std::milli>(t - t0).count();
+      };
+      for (const auto& c : intervals) events.emplace_back(rel(c.start), rel(c.end), c.name);
+      for (const auto& a : journal_after.recent) {
+        if (a.end > t0 && a.start < t1) events.emplace_back(rel(a.start), rel(a.end), "journal commit");
+      }
+      std::sort(events.begin(), events.end());
+      std::cerr << fmt::format("  trace of {} (ms from the request):\n", version);
+      for (const auto& [s0, s1, n] : events) std::cerr << fmt::format("    {:8.3f} .. {:8.3f}  {}\n", s0, s1, n);
+      std::cerr << fmt::format("    {:8.3f}            committed\n", rel(t1));
+    }
     const std::map<std::string, double> calls = CallMs(intervals);
     auto call = [&](const std::string& n) { return calls.count(n) ? calls.at(n) : 0.0; };
     const Json& e = done["engines"][0];
@@ -709,6 +726,8 @@ void RegisterBenchCycleCommands(CLI::App& app, int* exit_code) {
   cycle->add_option("--probes", o->probes, "Replay probes the trainer attaches to every version (0: none)")
       ->check(CLI::Range(0, 16))
       ->capture_default_str();
+  cycle->add_flag("--trace", o->trace,
+                  "Print each cycle's timeline: every engine call and journal commit, ms from the request");
   cycle->add_option("--probe-tokens", o->probe_tokens, "Greedy tokens per probe")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace rc::engine {
 namespace internal {
@@ -58,17 +59,42 @@ bool KernelsUseAvx2() {
   return kAvx2;
 }
 
+bool KernelsUseAvx512() {
+  static const bool kAvx512 = [] {
+    __builtin_cpu_init();
+    return KernelsUseAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }();
+  return kAvx512;
+}
+
 void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef wr, int64_t N, float* y) {
   const bool bf16 = wr.type == WeightType::kBF16;
   const float* wf = static_cast<const float*>(wr.data);
   const uint16_t* wb = static_cast<const uint16_t*>(wr.data);
   const bool avx2 = KernelsUseAvx2();
+  // The row-pair kernel pays a pack of x per call and half a register per odd row: from 4 rows
+  // on (prefill, batched decode, replay) it is the faster one; a single decode row stays AVX2.
+  const bool avx512 = M >= kAvx512MinRows && K >= 8 && KernelsUseAvx512();
+  // Packed once here, read by every thread (grows to the largest M x K seen, then stays).
+  thread_local std::vector<float> packed;
+  if (avx512) {
+    packed.resize(static_cast<size_t>((M + 1) / 2 * internal::PackedPairStride(K)));
+    internal::PackRowPairs(x, M, K, packed.data());
+  }
+  const float* xp = packed.data();
   // Column groups of 16 keep threads' output columns apart.
   const int64_t group = 16;
   const int64_t groups = (N + group - 1) / group;
   auto run = [&](int64_t gb, int64_t ge) {
     const int64_t n0 = gb * group, n1 = ge * group < N ? ge * group : N;
-    if (avx2) {
+    if (avx512) {
+      if (bf16) {
+        internal::MatMulColumnsAvx512(xp, x, M, K, wb, n0, n1, y, N);
+      } else {
+        internal::MatMulColumnsAvx512(xp, x, M, K, wf, n0, n1, y, N);
+      }
+    } else if (avx2) {
       if (bf16) {
         internal::MatMulColumnsAvx2(x, M, K, wb, n0, n1, y, N);
       } else {

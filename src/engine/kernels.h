@@ -11,7 +11,9 @@
 // count. Dot() is that same dot product. So a token's logits do not depend on which other
 // tokens share its batch, on chunked prefill, or on prefix caching: greedy decoding is bitwise
 // reproducible. An AVX2+FMA path is chosen at run time; the portable path emulates the same
-// lane order with std::fma and gives identical bits.
+// lane order with std::fma and gives identical bits. On a CPU with AVX-512 (F, BW, DQ, VL),
+// MatMulNT with M >= 4 runs an AVX-512 kernel that keeps that lane order too, two rows to a
+// register (kernels_avx512.cc): the same bits again, so results do not depend on the CPU either.
 //
 // Thread safety: pure functions; MatMulNT uses the given pool (one caller at a time).
 #pragma once
@@ -62,6 +64,9 @@ void AddRow(WeightRef w, int64_t n, float* y);
 // head_dim at position pos. inv_freq has head_dim/2 entries.
 void ApplyRope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const float* inv_freq);
 bool KernelsUseAvx2();
+// AVX-512 F, BW, DQ and VL with FMA (MatMulNT's row-pair kernel for M >= kAvx512MinRows).
+bool KernelsUseAvx512();
+inline constexpr int64_t kAvx512MinRows = 4;
 
 namespace internal {
 // Implementations (kernels_avx2.cc is compiled with -mavx2 -mfma; kernels.cc is portable).
@@ -75,6 +80,16 @@ void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const float* w,
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy);
 float DotPortable(const float* a, const float* b, int64_t k);
+// kernels_avx512.cc (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma). x packed by row pairs:
+// pair p occupies PackedPairStride(K) floats, block b of it 16 floats (row 2p's k 8b..8b+7, then
+// row 2p+1's; zeros for the row past M when M is odd); the k past the last whole block are read
+// from x itself. PackRowPairs writes ((M + 1) / 2) * PackedPairStride(K) floats.
+int64_t PackedPairStride(int64_t K);
+void PackRowPairs(const float* x, int64_t M, int64_t K, float* xp);
+void MatMulColumnsAvx512(const float* xp, const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsAvx512(const float* xp, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy);
 }  // namespace internal
 
 }  // namespace rc::engine

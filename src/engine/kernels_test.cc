@@ -138,6 +138,37 @@ TEST(KernelsTest, Bf16WeightsGiveTheBitsOfTheWidenedF32Path) {
   }
 }
 
+// The AVX-512 row-pair kernel keeps the AVX2 lane order: bit for bit the portable path, for f32
+// and bf16 weights, odd M (a padded pair), K with and without a lane tail (and K < 8: no block),
+// N with column remainders, a column range that starts inside the matrix, and MatMulNT's
+// dispatch (which packs x itself).
+TEST(KernelsTest, Avx512RowPairsEqualThePortablePathBitwise) {
+  if (!KernelsUseAvx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  ThreadPool pool(2);
+  for (int64_t K : {3, 8, 45, 64, 1027}) {
+    for (int64_t N : {1, 5, 18, 131}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 9, 30, 31}) {
+        auto x = Random(static_cast<size_t>(M * K), static_cast<uint32_t>(21 + K + M));
+        Bf16Weights w = RandomBf16(static_cast<size_t>(N * K), static_cast<uint32_t>(22 + N));
+        std::vector<float> xp(static_cast<size_t>((M + 1) / 2 * internal::PackedPairStride(K)));
+        internal::PackRowPairs(x.data(), M, K, xp.data());
+        const int64_t n0 = N > 3 ? 2 : 0;  // a range that starts inside: the kernel indexes columns, not ranges
+        std::vector<float> ref(static_cast<size_t>(M * N), -1.f), a(ref.size(), -1.f), b(ref.size(), -1.f);
+        internal::MatMulColumnsPortable(x.data(), M, K, w.bits.data(), n0, N, ref.data(), N);
+        internal::MatMulColumnsAvx512(xp.data(), x.data(), M, K, w.bits.data(), n0, N, a.data(), N);
+        internal::MatMulColumnsAvx512(xp.data(), x.data(), M, K, w.widened.data(), n0, N, b.data(), N);
+        ASSERT_EQ(0, std::memcmp(ref.data(), a.data(), ref.size() * 4)) << "bf16 " << M << "x" << K << "x" << N;
+        ASSERT_EQ(0, std::memcmp(ref.data(), b.data(), ref.size() * 4)) << "f32 " << M << "x" << K << "x" << N;
+        std::vector<float> d(ref.size());
+        MatMulNT(&pool, x.data(), M, K, w.bits.data(), N, d.data());
+        std::vector<float> full(ref.size());
+        internal::MatMulColumnsPortable(x.data(), M, K, w.bits.data(), 0, N, full.data(), N);
+        ASSERT_EQ(0, std::memcmp(full.data(), d.data(), d.size() * 4)) << "MatMulNT " << M << "x" << K << "x" << N;
+      }
+    }
+  }
+}
+
 TEST(KernelsTest, Bf16NormEmbeddingAndBiasEqualTheWidenedF32) {
   const int64_t dim = 37;
   auto x = Random(dim, 11);

@@ -711,9 +711,7 @@ Status Controller::BeginInstall(const PauseEvidence& pause) {
   return TransitionLocked(Event::kBeginInstall, std::move(detail));
 }
 
-Status Controller::InstallComplete(const InstallEvidence& install) {
-  rc::MutexLock lock(mu_);
-  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
+Result<Json> Controller::InstallCompleteDetailLocked(const InstallEvidence& install) const {
   if (install.outcome != InstallOutcome::kInstalled) {
     return FailedPrecondition("install evidence says " + std::string(InstallOutcomeName(install.outcome)) +
                               ", not installed: " + install.error);
@@ -722,11 +720,19 @@ Status Controller::InstallComplete(const InstallEvidence& install) {
     return FailedPrecondition("install evidence is for '" + install.label + "', not the target '" +
                               pending_->label + "'");
   }
-  return TransitionLocked(Event::kInstallComplete,
-                          Json{{"evidence", {{"label", install.label},
-                                            {"bytes", install.bytes},
-                                            {"install_outcome", InstallOutcomeName(install.outcome)},
-                                            {"detail", install.detail}}}});
+  return Json{{"evidence", {{"label", install.label},
+                            {"bytes", install.bytes},
+                            {"install_outcome", InstallOutcomeName(install.outcome)},
+                            {"detail", install.detail}}}};
+}
+
+Status Controller::InstallComplete(const InstallEvidence& install, int64_t install_ms) {
+  rc::MutexLock lock(mu_);
+  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
+  RC_ASSIGN_OR_RETURN(Json detail, InstallCompleteDetailLocked(install));
+  std::vector<Step> steps;
+  steps.push_back(Step{Event::kInstallComplete, std::move(detail), install_ms});
+  return TransitionsLocked(std::move(steps));
 }
 
 Result<Json> Controller::CachesResetDetailLocked(const std::vector<CacheResetResult>& results,
@@ -799,24 +805,29 @@ Status Controller::Validated(const LabelEvidence& label, const std::optional<Dig
   return TransitionLocked(Event::kValidated, std::move(detail));
 }
 
-Status Controller::ResetAndValidated(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
+Status Controller::ResetAndValidated(const std::optional<InstallEvidence>& install, int64_t install_ms,
+                                     const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
                                      int64_t reset_ms, const LabelEvidence& label,
                                      const std::optional<DigestEvidence>& digest, bool digest_offered,
                                      const ReplayOutcome& replay) {
   rc::MutexLock lock(mu_);
-  RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
+  std::vector<Step> steps;
+  if (install) {
+    RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
+    RC_ASSIGN_OR_RETURN(Json installed, InstallCompleteDetailLocked(*install));
+    steps.push_back(Step{Event::kInstallComplete, std::move(installed), install_ms});
+  } else {
+    RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
+  }
   RC_ASSIGN_OR_RETURN(Json reset, CachesResetDetailLocked(results, required));
+  steps.push_back(Step{Event::kCachesReset, std::move(reset), reset_ms});
   auto validated = ValidatedDetailLocked(label, digest, digest_offered, replay);
   if (!validated.ok()) {
-    // The caches were reset; the validation failed: record the reset (VALIDATING) on its own and
-    // return the validation's failure, for the caller to taint from VALIDATING.
-    std::vector<Step> steps;
-    steps.push_back(Step{Event::kCachesReset, std::move(reset), reset_ms});
+    // The caches were reset; the validation failed: record the install and the reset (VALIDATING)
+    // and return the validation's failure, for the caller to taint from VALIDATING.
     RC_RETURN_IF_ERROR(TransitionsLocked(std::move(steps)));
     return validated.status();
   }
-  std::vector<Step> steps;
-  steps.push_back(Step{Event::kCachesReset, std::move(reset), reset_ms});
   steps.push_back(Step{Event::kValidated, std::move(validated).value()});
   return TransitionsLocked(std::move(steps));
 }

@@ -93,6 +93,62 @@ TEST_F(ControllerTest, InstallNeedsConfirmedPause) {
   EXPECT_EQ(c_->state(), State::kUpdating);
 }
 
+// The held install goes in the resume's batch: install_complete, caches_reset and validated in
+// one sync, each timed when it happened; evidence that fails (another label, a reset refused)
+// appends nothing and leaves the state where it was; a failed validation still records the
+// install and the reset (the caller taints from VALIDATING).
+TEST_F(ControllerTest, ResetAndValidatedCarriesTheHeldInstallInOneSync) {
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  const std::vector<CacheResetResult> resets = {{CacheKind::kPrefix, true, 1, 0, true}};
+  const std::vector<CacheKind> required = {CacheKind::kPrefix};
+  const size_t before = journal_.size();
+  const int64_t syncs = journal_.syncs();
+  Status s = c_->ResetAndValidated(InstallEvidence{"rc-9", 1, Json::object()}, 3, resets, required, 4,
+                                   LabelEvidence{"rc-1"}, DigestEvidence{"d1"}, true);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("rc-9"), std::string::npos) << s.message();
+  s = c_->ResetAndValidated(InstallEvidence{"rc-1", 1, Json::object()}, 3,
+                            {{CacheKind::kPrefix, false, 0, 2, true}}, required, 4, LabelEvidence{"rc-1"},
+                            DigestEvidence{"d1"}, true);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(journal_.size(), before) << "refused evidence appends nothing";
+  EXPECT_EQ(c_->state(), State::kUpdating);
+
+  clock_.AdvanceMs(10);
+  ASSERT_TRUE(c_->ResetAndValidated(InstallEvidence{"rc-1", 100, Json::object()}, 3, resets, required, 4,
+                                    LabelEvidence{"rc-1"}, DigestEvidence{"d1"}, true)
+                  .ok());
+  EXPECT_EQ(c_->state(), State::kResuming);
+  EXPECT_EQ(journal_.syncs(), syncs + 1) << "one sync for the three records";
+  const auto records = journal_.ReadAll().value();
+  ASSERT_EQ(records.size(), before + 3);
+  EXPECT_EQ(records[before].event, "install_complete");
+  EXPECT_EQ(records[before].t_ms, 3) << "timed when the install answered";
+  EXPECT_EQ(records[before + 1].event, "caches_reset");
+  EXPECT_EQ(records[before + 1].t_ms, 4);
+  EXPECT_EQ(records[before + 2].event, "validated");
+  EXPECT_EQ(records[before + 2].t_ms, 10);
+  auto u = c_->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->evidence["install_complete"]["bytes"], 100);
+}
+
+TEST_F(ControllerTest, AFailedValidationStillRecordsTheHeldInstallAndTheReset) {
+  ToQuiesced();
+  ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());
+  Status s = c_->ResetAndValidated(InstallEvidence{"rc-1", 100, Json::object()}, -1,
+                                   {{CacheKind::kPrefix, true, 1, 0, true}}, {CacheKind::kPrefix}, -1,
+                                   LabelEvidence{"rc-1"}, DigestEvidence{"not-d1"}, true);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("not-d1"), std::string::npos) << s.message();
+  EXPECT_EQ(c_->state(), State::kValidating);
+  const auto records = journal_.ReadAll().value();
+  ASSERT_GE(records.size(), 2u);
+  EXPECT_EQ(records[records.size() - 2].event, "install_complete");
+  EXPECT_EQ(records.back().event, "caches_reset");
+}
+
 TEST_F(ControllerTest, EveryCacheMustConfirmItsReset) {
   ToQuiesced();
   ASSERT_TRUE(c_->BeginInstall({true, 0}).ok());

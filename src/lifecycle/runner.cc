@@ -44,6 +44,7 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
   abort_issued_ = false;
   drained_.reset();
   idle_seen_.reset();
+  install_held_.reset();
   resets_held_ = false;
   stage_done_ = !options_.prefetch;
   Poll();
@@ -89,6 +90,7 @@ void Runner::Finish() {
   phase_ = Phase::kIdle;
   drained_.reset();
   idle_seen_.reset();
+  install_held_.reset();
   resets_held_ = false;
   drain_call_.Clear();
   stage_call_.Clear();
@@ -120,7 +122,24 @@ void Runner::RejectAndResume(const std::string& reason, bool install_refused) {
   if (paused) ResumeBestEffort("update rejected before mutation");
 }
 
+Status Runner::JournalHeldInstall() {
+  if (!install_held_) return OkStatus();
+  const InstallEvidence held = std::move(*install_held_);
+  install_held_.reset();
+  return controller_->InstallComplete(held, install_done_ms_);
+}
+
 void Runner::TaintWith(const std::string& reason) {
+  if (install_held_) {
+    // The install answered installed and that is not journaled yet: record it first (at the time
+    // it answered), so the journal says what happened before the taint. Evidence the controller
+    // refuses (another label) stays out: the taint then comes from UPDATING, its reason says why.
+    Status recorded = JournalHeldInstall();
+    if (!recorded.ok()) {
+      Note("recording the held install failed: " + recorded.ToString());
+      resets_held_ = false;  // caches_reset is not legal from UPDATING; the taint's reason stands
+    }
+  }
   if (resets_held_) {
     // The caches were reset and that is not journaled yet: record it first (at the time the last
     // reset answered), so the journal says what happened before the taint.
@@ -458,11 +477,12 @@ void Runner::StepInstalling(bool recovery) {
     install_evidence_ = *r;
     phase_ = Phase::kRecoverResetting;
   } else {
-    // The validation reads change nothing: they go out now and run while INVALIDATING is synced
-    // and the caches reset (a replay, which does depend on the resets, waits for them).
+    // The validation reads change nothing and the cache resets are part of the mutation
+    // begin_install authorized: both go out now, and install_complete is held for the batch
+    // that authorizes the resume (a replay, which does depend on the resets, waits for them).
     IssueValidation();
-    Status s = controller_->InstallComplete(*r);
-    if (!s.ok()) return TaintWith(s.message());
+    install_held_ = *r;
+    install_done_ms_ = now;
     phase_ = Phase::kResetting;
   }
   IssueResets();
@@ -482,6 +502,12 @@ void Runner::IssueResets() {
 
 void Runner::StepResetting(bool recovery) {
   const int64_t now = Now();
+  if (!recovery && install_held_ && now - install_done_ms_ >= options_.group_commit_window_ms) {
+    // Resets that take longer than the group-commit window: journal INVALIDATING on its own now
+    // (timed when the install answered), so /v1/status and a restart see it.
+    Status s = JournalHeldInstall();
+    if (!s.ok()) return TaintWith(s.message());
+  }
   bool all_done = true;
   for (size_t i = 0; i < reset_calls_.size(); ++i) {
     if (reset_results_[i] && reset_results_[i]->success) continue;
@@ -576,9 +602,15 @@ void Runner::StepValidating(bool recovery) {
                        " ms deadline");
     }
   }
+  if (!recovery && install_held_ && now - install_done_ms_ >= options_.group_commit_window_ms) {
+    Status s = JournalHeldInstall();  // as in StepResetting: INVALIDATING on its own
+    if (!s.ok()) return TaintWith(s.message());
+  }
   if (!recovery && resets_held_ && now - resets_done_ms_ >= options_.group_commit_window_ms) {
     // Validation that takes longer than the group-commit window: journal VALIDATING on its own
     // now (timed when the last reset answered), so /v1/status and a restart see it.
+    Status installed = JournalHeldInstall();
+    if (!installed.ok()) return TaintWith(installed.message());
     resets_held_ = false;
     std::vector<CacheResetResult> results;
     for (auto& r : reset_results_) results.push_back(*r);
@@ -603,10 +635,15 @@ void Runner::StepValidating(bool recovery) {
     if (resets_held_) {
       std::vector<CacheResetResult> results;
       for (auto& r : reset_results_) results.push_back(*r);
-      s = controller_->ResetAndValidated(results, description_.caches, resets_done_ms_, *label_evidence_,
-                                         digest_evidence_, description_.offers_content_digest, MakeReplayOutcome());
-      if (controller_->state() != State::kInvalidating) resets_held_ = false;  // journaled, with or without validated
+      s = controller_->ResetAndValidated(install_held_, install_done_ms_, results, description_.caches,
+                                         resets_done_ms_, *label_evidence_, digest_evidence_,
+                                         description_.offers_content_digest, MakeReplayOutcome());
+      // Journaled (with or without validated) unless the install's or the resets' evidence failed.
+      const State at = controller_->state();
+      if (at != State::kUpdating) install_held_.reset();
+      if (at != State::kUpdating && at != State::kInvalidating) resets_held_ = false;
     } else {
+      // VALIDATING was journaled on its own (the window passed): so was INVALIDATING before it.
       s = controller_->Validated(*label_evidence_, digest_evidence_, description_.offers_content_digest,
                                  MakeReplayOutcome());
     }

@@ -257,9 +257,10 @@ struct WatchedUpdate {
 //   stage (prefetch, changes nothing): issued before request_update is synced;
 //   pause: request_update (DRAINING) synced; the drain's last step, nothing more is recorded yet;
 //   install: staged, drain_complete, begin_install synced in ONE sync after the pause answered;
-//   reset: install_complete synced (its own sync);
-//   label/digest reads (change nothing): issued before install_complete is synced;
-//   resume: caches_reset, validated synced in ONE sync.
+//   reset (part of the mutation begin_install authorized): issued with the install's answer, no
+//     sync between;
+//   label/digest reads (change nothing): issued with the install's answer too;
+//   resume: install_complete, caches_reset, validated synced in ONE sync.
 TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneSync) {
   WatchedUpdate w(StageAndPauseEngine());
   auto& [clock, journal, engine, adapter, c, runner] = w;
@@ -292,13 +293,14 @@ TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneS
   EXPECT_EQ(install.syncs, pause.syncs + 1) << "staged, drain_complete and begin_install: one sync";
   EXPECT_EQ(Events(label.records), Events(install.records)) << "the reads go out before install_complete's sync";
   EXPECT_EQ(adapter.seen["read_digest"][0].syncs, install.syncs);
-  EXPECT_EQ(Events(reset.records).back(), "install_complete");
-  EXPECT_EQ(reset.syncs, install.syncs + 1);
+  EXPECT_EQ(Events(reset.records), Events(install.records)) << "begin_install authorizes the resets";
+  EXPECT_EQ(reset.syncs, install.syncs) << "no sync between the install's answer and the resets";
   const auto resumed_at = Events(resume.records);
-  ASSERT_EQ(resumed_at.size(), reset.records.size() + 2);
+  ASSERT_EQ(resumed_at.size(), reset.records.size() + 3);
+  EXPECT_EQ(resumed_at[resumed_at.size() - 3], "install_complete");
   EXPECT_EQ(resumed_at[resumed_at.size() - 2], "caches_reset");
   EXPECT_EQ(resumed_at.back(), "validated");
-  EXPECT_EQ(resume.syncs, reset.syncs + 1) << "caches_reset and validated: one sync";
+  EXPECT_EQ(resume.syncs, reset.syncs + 1) << "install_complete, caches_reset and validated: one sync";
 
   // The records are true about when: drain_complete is timed at the pause (QUIESCED and the pause
   // window begin there), caches_reset when the last reset answered.
@@ -313,6 +315,7 @@ TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneS
   const JournalRecord drained = find("drain_complete"), begin = find("begin_install");
   EXPECT_LT(drained.t_ms, begin.t_ms) << "the pause took 2 ms between them";
   EXPECT_LE(find("staged").t_ms, drained.t_ms);
+  EXPECT_LE(find("install_complete").t_ms, find("caches_reset").t_ms);
   EXPECT_LE(find("caches_reset").t_ms, find("validated").t_ms);
   auto u = c->Update(1);
   ASSERT_TRUE(u);
@@ -325,10 +328,10 @@ TEST(CrashFaultTest, EveryEffectFindsItsRecordSyncedAndTheStatesBetweenShareOneS
   ASSERT_TRUE(u->evidence.contains("caches_reset"));
   ASSERT_TRUE(u->evidence.contains("validated"));
 
-  // A crash after the first batch's sync (at the install call) restarts TAINTED: mutation may have
-  // begun; a crash at the pause (only request_update synced) restarts READY on the old version
-  // with the engine to be resumed.
-  for (const auto* at : {&pause, &install}) {
+  // A crash after the first batch's sync (at the install call, or at a reset) restarts TAINTED:
+  // mutation may have begun; a crash at the pause (only request_update synced) restarts READY on
+  // the old version with the engine to be resumed.
+  for (const auto* at : {&pause, &install, &reset}) {
     MemoryJournal at_crash;
     for (JournalRecord r : at->records) ASSERT_TRUE(at_crash.Append(r).ok());
     RestoreSummary summary;
@@ -354,6 +357,7 @@ TEST(CrashFaultTest, SlowPauseAndSlowValidationAreJournaledOnTheirOwnOnceTheWind
   w.Run(100000, &seen);
   ASSERT_EQ(c->state(), State::kReady);
   EXPECT_TRUE(seen.count(State::kQuiesced)) << "QUIESCED shows while the slow pause runs";
+  EXPECT_TRUE(seen.count(State::kInvalidating)) << "INVALIDATING shows once the window passed";
   EXPECT_TRUE(seen.count(State::kValidating)) << "VALIDATING shows while the slow digest read runs";
   ASSERT_EQ(adapter.seen["install"].size(), 1u);
   ASSERT_EQ(adapter.seen["resume"].size(), 1u);
@@ -362,10 +366,12 @@ TEST(CrashFaultTest, SlowPauseAndSlowValidationAreJournaledOnTheirOwnOnceTheWind
   const auto at_resume = Events(adapter.seen["resume"][0].records);
   EXPECT_EQ(at_resume.back(), "validated");
   // Separate syncs: drain_complete (with the held stage evidence) at the window, begin_install at
-  // the pause's answer; caches_reset at the window, validated at the digest's answer.
+  // the pause's answer; install_complete and caches_reset each at its window, validated at the
+  // digest's answer.
   const int64_t pause_syncs = adapter.seen["pause"][0].syncs;
   EXPECT_EQ(adapter.seen["install"][0].syncs, pause_syncs + 2);
-  EXPECT_EQ(adapter.seen["resume"][0].syncs, adapter.seen["reset"][0].syncs + 2);
+  EXPECT_EQ(adapter.seen["reset"][0].syncs, adapter.seen["install"][0].syncs);
+  EXPECT_EQ(adapter.seen["resume"][0].syncs, adapter.seen["reset"][0].syncs + 3);
   const auto all = journal.ReadAll().value();
   int64_t drained_t = -1, begin_t = -1;
   for (const auto& r : all) {

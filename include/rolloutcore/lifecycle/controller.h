@@ -18,8 +18,9 @@
 //    batch loses only evidence of an update that has not mutated anything (it comes back READY).
 //    Transitions into a state that has no effect of its own go in one batch with the next one:
 //    DRAINING → QUIESCED → UPDATING (the pause is the strict drain's last step, QuiesceAndBeginInstall)
-//    and INVALIDATING → VALIDATING → RESUMING (validation only reads, ResetAndValidated); every
-//    batch is durable before the effect of its last state (the install; the resume).
+//    and UPDATING → INVALIDATING → VALIDATING → RESUMING (the cache resets are part of the
+//    mutation begin_install authorized, validation only reads: ResetAndValidated); every batch is
+//    durable before the effect of its last state (the install; the resume).
 //  * Open() rebuilds from the journal: an update that began UPDATING (or a recovery) without a
 //    commit record comes back TAINTED; one still DRAINING/QUIESCED comes back READY on the old
 //    version; bindings active at the crash are journaled as interrupted, never dropped.
@@ -171,7 +172,9 @@ class Controller {
   // check their evidence; FailedPrecondition for an update that is not strict. On error nothing
   // was appended.
   Status QuiesceAndBeginInstall(const DrainStatus& drain, int64_t pause_issued_ms, const PauseEvidence& pause);
-  Status InstallComplete(const InstallEvidence& install);         // UPDATING → INVALIDATING
+  // UPDATING → INVALIDATING: the install evidence says installed, for the target label.
+  // install_ms >= 0: when the install answered (the record's time), else now.
+  Status InstallComplete(const InstallEvidence& install, int64_t install_ms = -1);
   // INVALIDATING → VALIDATING: every cache in `required` reset with success. reset_ms >= 0: when
   // the last reset answered (the record's time), else now.
   Status CachesReset(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
@@ -180,13 +183,17 @@ class Controller {
   // the replay of the version's probes matched (or was skipped, which the evidence says).
   Status Validated(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                    bool digest_offered, const ReplayOutcome& replay = {});
-  // Group commit of INVALIDATING → VALIDATING → RESUMING (issue 15): the validation reads change
-  // nothing, so VALIDATING has no effect of its own; caches_reset (timed `reset_ms`, when the last
-  // reset answered) and validated go in one batch, durable before the resume they authorize. When
-  // the resets' evidence holds and the validation's does not, caches_reset alone is appended and
-  // the validation's error returned (the caller taints from VALIDATING, as after Validated). When
-  // the resets' evidence fails, nothing is appended.
-  Status ResetAndValidated(const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
+  // Group commit of [UPDATING →] INVALIDATING → VALIDATING → RESUMING (issue 15). The cache
+  // resets belong to the mutation begin_install authorized (a crash anywhere after it restarts
+  // TAINTED, whatever of install_complete was synced), and the validation reads change nothing:
+  // so install_complete (when `install` is given: held by the Runner, timed `install_ms`),
+  // caches_reset (timed `reset_ms`, when the last reset answered) and validated go in one batch,
+  // durable before the resume they authorize. When the install's and the resets' evidence holds
+  // and the validation's does not, install_complete and caches_reset are appended and the
+  // validation's error returned (the caller taints from VALIDATING, as after Validated). When the
+  // install's or the resets' evidence fails, nothing is appended.
+  Status ResetAndValidated(const std::optional<InstallEvidence>& install, int64_t install_ms,
+                           const std::vector<CacheResetResult>& results, const std::vector<CacheKind>& required,
                            int64_t reset_ms, const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                            bool digest_offered, const ReplayOutcome& replay = {});
   Status Resumed(const ResumeEvidence& resume);                   // RESUMING → READY (commit)
@@ -225,10 +232,11 @@ class Controller {
   // Each must be legal from the state the previous one leads to; on error nothing changed.
   Status TransitionsLocked(std::vector<Step> steps) REQUIRES(mu_);
   Result<UpdateTarget> PrepareUpdateLocked(UpdateTarget target) const REQUIRES(mu_);
-  // The evidence checks of DrainComplete, BeginInstall, CachesReset and Validated: the record's
+  // The evidence checks of DrainComplete, BeginInstall, InstallComplete, CachesReset and Validated: the record's
   // detail, or the FailedPrecondition naming what the evidence lacks (legality is the caller's).
   Result<Json> DrainCompleteDetailLocked(const DrainStatus& engine) const REQUIRES(mu_);
   Result<Json> BeginInstallDetailLocked(const PauseEvidence& pause) const REQUIRES(mu_);
+  Result<Json> InstallCompleteDetailLocked(const InstallEvidence& install) const REQUIRES(mu_);
   Result<Json> CachesResetDetailLocked(const std::vector<CacheResetResult>& results,
                                        const std::vector<CacheKind>& required) const REQUIRES(mu_);
   Result<Json> ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,

@@ -11,14 +11,17 @@
 // (DRAINING) is synced while it runs → poll drain status until the engine is idle AND no binding
 // is active (drain policy after the drain deadline: wait | abort | cancel) → Pause (read back; the
 // drain's last step) → QUIESCED and UPDATING in one sync (Controller::QuiesceAndBeginInstall) →
-// Install → the label and content-digest reads are issued (they only read) and INVALIDATING is
-// synced meanwhile → every cache reset confirmed (refusals retried within the reset deadline) →
-// label == target, content digest == target when offered, then every probe of the version
-// replayed on the engine (still paused) and compared with the trainer's numbers (replay.h;
-// skipped, and the evidence says so, without probes or a replay path) → VALIDATING and RESUMING
-// in one sync (Controller::ResetAndValidated) → Resume (read back) → READY on the new version. A
+// Install → the label and content-digest reads and the cache resets are issued at once (the
+// reads only read; the resets are part of the mutation UPDATING authorized) with install_complete
+// held → every cache reset confirmed (refusals retried within the reset deadline) → label ==
+// target, content digest == target when offered, then every probe of the version replayed on the
+// engine (still paused) and compared with the trainer's numbers (replay.h; skipped, and the
+// evidence says so, without probes or a replay path) → INVALIDATING, VALIDATING and RESUMING in
+// one sync (Controller::ResetAndValidated) → Resume (read back) → READY on the new version. A
 // replay that differs taints the engine. Every engine call that changes something (pause,
-// install, reset, resume) is issued only once the record that authorizes it is synced.
+// install, reset, resume) is issued only once the record that authorizes it is synced (the
+// resets: begin_install's). A held record whose phase outlasts the group-commit window is
+// journaled on its own then, so /v1/status and a restart see INVALIDATING or VALIDATING.
 // Failure classes: stage/drain/pause failure or an install refused with FailedPrecondition ⇒
 // READY on the old version (plus a best-effort resume); any other failure after the install was
 // issued ⇒ TAINTED.
@@ -122,6 +125,9 @@ class Runner {
   void Finish();
   void RejectAndResume(const std::string& reason, bool install_refused);
   void TaintWith(const std::string& reason);
+  // Journals the held install_complete on its own (the group-commit window passed, or a taint
+  // follows); OK when none is held.
+  Status JournalHeldInstall();
   void Note(const std::string& text);
   void IssueResets();
   void IssueValidation();
@@ -166,6 +172,10 @@ class Runner {
   // A strict drain ends with the pause: the idle drain status it was issued on, and when.
   std::optional<DrainStatus> drained_;
   int64_t pause_issued_ms_ = 0;
+  // The install's evidence, not journaled yet (install_complete goes with caches_reset and
+  // validated): when it answered.
+  std::optional<InstallEvidence> install_held_;
+  int64_t install_done_ms_ = 0;
   // Every cache reset answered, not journaled yet (it goes with validated): when the last answered.
   bool resets_held_ = false;
   int64_t resets_done_ms_ = 0;
