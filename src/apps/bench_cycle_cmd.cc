@@ -422,6 +422,7 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
       // Where the cycle's time went, call by call: each engine call (issued -> answer seen) and
       // each journal commit (BEGIN -> synced COMMIT), in ms from the request.
       std::vector<std::tuple<double, double, std::string>> events;
+      events.reserve(intervals.size() + journal_after.recent.size());
       auto rel = [&](std::chrono::steady_clock::time_point t) {
         return std::chrono::duration<double, std::milli>(t - t0).count();
       };
@@ -451,6 +452,9 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     const Json prereplay = staged.value("prereplay", Json::object());
     const double prereplay_ms = Num(prereplay, {"ms"});
     const double wire = Num(staged, {"stages_ms", "wire"});
+    if (o.trace && staged.contains("stages_ms")) {
+      std::cerr << "  stage parts of " << version << " (ms, engine): " << staged["stages_ms"].dump() << "\n";
+    }
     const double install = Num(installed, {"stages_ms", "install"});
     const double install_digest = Num(installed, {"stages_ms", "post_install"});
     // Validation: the engine's reads that prove the bytes (label, content digest, replay

@@ -48,6 +48,7 @@ TEST(ParallelFor, ReusesItsThreadsInsteadOfStartingThemPerCall) {
 TEST(ParallelFor, NestedAndConcurrentCallsFinish) {
   std::atomic<int> total{0};
   std::vector<std::thread> callers;
+  callers.reserve(3);
   for (int c = 0; c < 3; ++c) {
     callers.emplace_back([&] {
       ParallelFor(8, 4, [&](size_t) { ParallelFor(10, 4, [&](size_t) { total.fetch_add(1); }); });
@@ -90,6 +91,40 @@ TEST(RunDetached, ReusesParkedWorkersAndAHungCallDelaysNoOther) {
   EXPECT_FALSE(hung.Ready());
   hold->set_value();
   EXPECT_TRUE(hung.WaitFor(std::chrono::seconds(5)));
+}
+
+// SpinFor answers without a lock or a sleep: at once when the value is in, false after about
+// `max` when it is not, and true as soon as another thread fulfills it while it spins. AwaitPending
+// (which spins first) still waits for a slow answer and times out on a missing one.
+TEST(PendingSpin, SpinForSeesTheAnswerWithoutWaitingAndGivesUpAfterMax) {
+  EXPECT_TRUE(Pending<int>::Completed(7).SpinFor(std::chrono::nanoseconds(0)));
+  Pending<int> never;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(never.SpinFor(std::chrono::microseconds(300)));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::microseconds(300));
+  EXPECT_FALSE(never.Ready());
+
+  Pending<int> soon;
+  std::thread t([soon] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    soon.Fulfill(42);
+  });
+  EXPECT_TRUE(soon.SpinFor(std::chrono::seconds(10)));
+  t.join();
+  EXPECT_EQ(soon.Get().value(), 42);
+
+  Pending<int> slow;
+  std::thread u([slow] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: the sleep path
+    slow.Fulfill(5);
+  });
+  auto r = AwaitPending(slow, 10000, "slow");
+  u.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 5);
+  auto missing = AwaitPending(Pending<int>(), 5, "missing");
+  EXPECT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(missing.status().message().find("missing did not answer within 5 ms"), std::string::npos);
 }
 
 }  // namespace

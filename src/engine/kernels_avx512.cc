@@ -30,7 +30,7 @@ namespace {
 inline void HalfLaneSums(__m512 v, float halves[2]) {
   alignas(64) float a[16];
   _mm512_store_ps(a, v);
-  for (int h = 0; h < 2; ++h) {
+  for (int64_t h = 0; h < 2; ++h) {
     const float* b = a + 8 * h;
     halves[h] = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
   }
@@ -46,6 +46,7 @@ inline __m512 LoadW2(const uint16_t* p) {
   const __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, raw));
 }
+// (kernels_avx2.cc has the same two: each ISA file includes nothing shared, see its header.)
 inline float WidenW(float v) { return v; }
 inline float WidenW(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -133,7 +134,7 @@ int64_t PackedPairStride(int64_t K) { return (K / 8) * 16; }
 void PackRowPairs(const float* x, int64_t M, int64_t K, float* xp) {
   const int64_t blocks = K / 8, stride = PackedPairStride(K);
   for (int64_t p = 0; p < (M + 1) / 2; ++p) {
-    for (int h = 0; h < 2; ++h) {
+    for (int64_t h = 0; h < 2; ++h) {
       const int64_t r = 2 * p + h;
       for (int64_t b = 0; b < blocks; ++b) {
         float* dst = xp + p * stride + b * 16 + h * 8;

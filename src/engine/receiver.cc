@@ -337,7 +337,10 @@ Json SourcesEvidence(const std::vector<refit::TransferPlan>& plans, const Merged
 
 RefitReceiver::RefitReceiver(Engine* engine, int threads)
     : engine_(engine), config_(RefitConfigFromSpec(engine->spec())), threads_(DefaultThreads(threads)) {}
-RefitReceiver::~RefitReceiver() = default;
+RefitReceiver::~RefitReceiver() {
+  rc::MutexLock lock(mu_);
+  if (retiring_.joinable()) retiring_.join();
+}
 
 std::string RefitReceiver::staged_version() const {
   rc::MutexLock lock(mu_);
@@ -607,7 +610,18 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   RC_ASSIGN_OR_RETURN(transport_name, refit::ManifestTransport(sources.manifest));
   const bool transport_cached = transport_ != nullptr && imports_ != nullptr && transport_name == transport_name_ &&
                                 transport_topology_ == topo;
+  // A new source topology (a new version's buffers) replaces the shm transport and its imports.
+  // Unmapping the old sources is no part of this pull: they are kept until the pull is done, then
+  // released on a thread of their own (while the pre-replay computes). Released during the pull,
+  // the unmapping would hold the address space's lock the new imports and the protect need.
+  std::unique_ptr<refit::ImportCache> retired_imports;
+  std::unique_ptr<transport::Transport> retired_transport;
   if (!transport_cached) {
+    if (retiring_.joinable()) retiring_.join();
+    if (transport_ != nullptr && transport_name_ == "shm") {
+      retired_imports = std::move(imports_);
+      retired_transport = std::move(transport_);
+    }
     imports_.reset();  // released through the old transport, before it goes
     transport_.reset();
     RC_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(transport_name));
@@ -671,6 +685,12 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     import_ns += st->import_ns + st->staging_ns;
     wire_ns += st->wire_ns;
     transform_ns += st->transform_ns;
+  }
+  if (retired_transport != nullptr) {
+    retiring_ = std::thread([imports = std::move(retired_imports), old = std::move(retired_transport)]() mutable {
+      imports.reset();  // through the old transport, before it goes
+      old.reset();
+    });
   }
   stages["registration"] = registration_ms + static_cast<double>(import_ns) / 1e6;
   const double wire_ms = static_cast<double>(wire_ns) / 1e6;

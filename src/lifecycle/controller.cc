@@ -458,6 +458,12 @@ Status Controller::TransitionLocked(Event event, Json detail) {
   return TransitionsLocked(std::move(steps));
 }
 
+Status Controller::TransitionAtLocked(Event event, Json detail, int64_t t_ms) {
+  std::vector<Step> steps;
+  steps.push_back(Step{event, std::move(detail), t_ms});
+  return TransitionsLocked(std::move(steps));
+}
+
 Status Controller::TransitionsLocked(std::vector<Step> steps) {
   std::vector<JournalRecord> recs(steps.size());
   State at = state_;
@@ -613,9 +619,7 @@ Status Controller::DrainComplete(const DrainStatus& engine, int64_t drained_ms) 
   rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kDrainComplete));
   RC_ASSIGN_OR_RETURN(Json detail, DrainCompleteDetailLocked(engine));
-  std::vector<Step> steps;
-  steps.push_back(Step{Event::kDrainComplete, std::move(detail), drained_ms});
-  return TransitionsLocked(std::move(steps));
+  return TransitionAtLocked(Event::kDrainComplete, std::move(detail), drained_ms);
 }
 
 Status Controller::QuiesceAndBeginInstall(const DrainStatus& drain, int64_t pause_issued_ms, const PauseEvidence& pause) {
@@ -730,9 +734,7 @@ Status Controller::InstallComplete(const InstallEvidence& install, int64_t insta
   rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kInstallComplete));
   RC_ASSIGN_OR_RETURN(Json detail, InstallCompleteDetailLocked(install));
-  std::vector<Step> steps;
-  steps.push_back(Step{Event::kInstallComplete, std::move(detail), install_ms});
-  return TransitionsLocked(std::move(steps));
+  return TransitionAtLocked(Event::kInstallComplete, std::move(detail), install_ms);
 }
 
 Result<Json> Controller::CachesResetDetailLocked(const std::vector<CacheResetResult>& results,
@@ -763,9 +765,7 @@ Status Controller::CachesReset(const std::vector<CacheResetResult>& results, con
   rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kCachesReset));
   RC_ASSIGN_OR_RETURN(Json detail, CachesResetDetailLocked(results, required));
-  std::vector<Step> steps;
-  steps.push_back(Step{Event::kCachesReset, std::move(detail), reset_ms});
-  return TransitionsLocked(std::move(steps));
+  return TransitionAtLocked(Event::kCachesReset, std::move(detail), reset_ms);
 }
 
 Result<Json> Controller::ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,

@@ -6,6 +6,12 @@
 
 namespace rc::lifecycle {
 
+namespace {
+// WaitForProgress's spin: at most kSpinUs per call, only in the first kSpinPhaseUs of a phase.
+constexpr int64_t kSpinUs = 250;
+constexpr int64_t kSpinPhaseUs = 3000;
+}  // namespace
+
 Runner::Runner(Controller* controller, EngineAdapter* adapter, Clock* clock, RunnerOptions options)
     : controller_(controller), adapter_(adapter), clock_(clock), options_(options) {}
 
@@ -191,8 +197,38 @@ bool Runner::Poll() {
   return busy();
 }
 
+bool Runner::AnyAnswered() const {
+  if (stage_call_.AnsweredNow() || drain_call_.AnsweredNow() || abort_call_.AnsweredNow() ||
+      pause_call_.AnsweredNow() || install_call_.AnsweredNow() || label_call_.AnsweredNow() ||
+      digest_call_.AnsweredNow() || replay_call_.AnsweredNow() || resume_call_.AnsweredNow()) {
+    return true;
+  }
+  for (const auto& c : reset_calls_) {
+    if (c.AnsweredNow()) return true;
+  }
+  return false;
+}
+
 bool Runner::WaitForProgress(std::chrono::microseconds max) {
   if (phase_ == Phase::kIdle) return false;
+  // From the pause to the resume the engine's calls (pause, reset, reads, replay of precomputed
+  // probes, resume) answer in microseconds, and each answer would otherwise cost a thread wake-up
+  // (tens to hundreds of microseconds on a virtual machine) inside the pause window: spin for it
+  // during the first milliseconds of each phase (a long install sleeps after that).
+  if (phase_ != Phase::kDraining && phase_ != Phase::kInFlightAborting) {
+    const auto now = std::chrono::steady_clock::now();
+    if (phase_ != spin_phase_) {
+      spin_phase_ = phase_;
+      phase_since_ = now;
+    }
+    if (now - phase_since_ < std::chrono::microseconds(kSpinPhaseUs)) {
+      const auto until = now + std::min<std::chrono::microseconds>(max, std::chrono::microseconds(kSpinUs));
+      while (std::chrono::steady_clock::now() < until) {
+        if (AnyAnswered()) return true;
+        for (int i = 0; i < 16; ++i) internal::CpuRelax();
+      }
+    }
+  }
   if (phase_ == Phase::kDraining && !stage_call_.active()) {
     // Nothing else in flight may answer first: wait on what the drain still needs.
     if (target_.probes_fetch && !target_.probes_fetch->Ready()) {

@@ -9,6 +9,8 @@
 // Invariant: once Ready() is true the value never changes.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -23,6 +25,15 @@
 #include "rolloutcore/base/mutex.h"
 
 namespace rc {
+
+namespace internal {
+// A spin-wait hint to the CPU (x86 `pause`); nothing elsewhere.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace internal
 
 template <typename T>
 class Pending {
@@ -42,9 +53,22 @@ class Pending {
       rc::MutexLock lock(state_->mu);
       if (state_->value.has_value()) return false;
       state_->value.emplace(std::move(value));
+      state_->ready.store(true, std::memory_order_release);
     }
     state_->cv.notify_all();
     return true;
+  }
+
+  // Spins (no sleep, no lock) up to `max` for the answer; true when ready. For a consumer that
+  // expects an answer within microseconds and would otherwise pay a thread wake-up (tens to
+  // hundreds of microseconds on a virtual machine) to learn of it.
+  bool SpinFor(std::chrono::nanoseconds max) const {
+    const auto until = std::chrono::steady_clock::now() + max;
+    for (;;) {
+      if (state_->ready.load(std::memory_order_acquire)) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      for (int i = 0; i < 16; ++i) internal::CpuRelax();
+    }
   }
 
   bool Ready() const {
@@ -70,6 +94,7 @@ class Pending {
     rc::Mutex mu;
     rc::CondVar cv;
     std::optional<Result<T>> value GUARDED_BY(mu);  // guarded by mu
+    std::atomic<bool> ready{false};                 // value is set (SpinFor reads it without mu)
   };
   std::shared_ptr<State> state_;
 };
@@ -79,9 +104,12 @@ class Pending {
 // and its result is dropped; fn must own everything it touches (capture shared_ptrs, not
 // references).
 // Blocks for the result up to timeout_ms; DeadlineExceeded naming `what` when it did not come.
+// It spins the first kAwaitSpinUs (a quick call answers without a wake-up), then sleeps.
+inline constexpr int64_t kAwaitSpinUs = 200;
 template <typename T>
 Result<T> AwaitPending(Pending<T> p, int64_t timeout_ms, const std::string& what) {
-  if (!p.WaitFor(std::chrono::milliseconds(timeout_ms))) {
+  const int64_t spin_us = std::min<int64_t>(kAwaitSpinUs, timeout_ms * 1000);
+  if (!p.SpinFor(std::chrono::microseconds(spin_us)) && !p.WaitFor(std::chrono::milliseconds(timeout_ms))) {
     return DeadlineExceeded(what + " did not answer within " + std::to_string(timeout_ms) + " ms");
   }
   return p.Get();
@@ -91,6 +119,8 @@ namespace internal {
 // Runs `task` on a worker of a process-wide elastic pool: an idle worker takes it at once; when
 // none is idle a new worker is started, so a task that hangs never delays another (it only keeps
 // its own worker). Workers are kept parked for reuse (issue 15: no thread start per adapter call).
+// (Workers that spin before parking were tried: on 2 cores the spinners delayed the calls they
+// waited for, 3.8 ms of controller overhead against 3.1–3.6 ms parked.)
 void RunOnDetachedWorker(std::function<void()> task);
 // Workers started so far (for tests).
 int64_t DetachedWorkersStarted();

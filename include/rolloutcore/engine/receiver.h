@@ -90,6 +90,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rolloutcore/base/json.h"
@@ -275,6 +276,9 @@ class RefitReceiver {
   uint64_t transport_topology_ GUARDED_BY(mu_) = 0;                                 // guarded by mu_
   std::unique_ptr<refit::ImportCache> imports_ GUARDED_BY(mu_);                     // guarded by mu_
   int64_t transports_built_ GUARDED_BY(mu_) = 0;                                    // guarded by mu_
+  // Releases a replaced shm transport and its imports (unmapping the old sources: ~40 ms per GB
+  // of 4 KiB pages) off the stage's path; joined before the next one starts and at destruction.
+  std::thread retiring_ GUARDED_BY(mu_);                                            // guarded by mu_
   refit::TensorDigests live_cache_ GUARDED_BY(mu_);                                 // guarded by mu_
   int64_t live_cache_generation_ GUARDED_BY(mu_) = -1;                              // guarded by mu_
   bool live_cache_valid_ GUARDED_BY(mu_) = false;                                   // guarded by mu_

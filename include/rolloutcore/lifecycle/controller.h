@@ -231,6 +231,8 @@ class Controller {
   // Appends the steps' records as one batch (with the held records) and applies them in order.
   // Each must be legal from the state the previous one leads to; on error nothing changed.
   Status TransitionsLocked(std::vector<Step> steps) REQUIRES(mu_);
+  // One step timed t_ms (the time its transition happened; < 0: now).
+  Status TransitionAtLocked(Event event, Json detail, int64_t t_ms) REQUIRES(mu_);
   Result<UpdateTarget> PrepareUpdateLocked(UpdateTarget target) const REQUIRES(mu_);
   // The evidence checks of DrainComplete, BeginInstall, InstallComplete, CachesReset and Validated: the record's
   // detail, or the FailedPrecondition naming what the evidence lacks (legality is the caller's).

@@ -117,11 +117,14 @@ class Runner {
       (void)pending->WaitFor(max);
       return true;
     }
+    bool AnsweredNow() const { return pending && pending->SpinFor(std::chrono::nanoseconds(0)); }
     void Start(Pending<T> p, int64_t deadline) { pending = std::move(p); deadline_ms = deadline; }
     void Clear() { pending.reset(); }
   };
 
   int64_t Now() const { return clock_->NowMs(); }
+  // True when a call in flight has answered (no lock, no wait).
+  bool AnyAnswered() const;
   void Finish();
   void RejectAndResume(const std::string& reason, bool install_refused);
   void TaintWith(const std::string& reason);
@@ -186,6 +189,9 @@ class Runner {
   int64_t replay_started_ms_ = -1;
   int64_t replay_ended_ms_ = -1;
   std::vector<std::string> notes_;
+  // When Poll last saw the phase change (real time: WaitForProgress spins only early in a phase).
+  Phase spin_phase_ = Phase::kIdle;
+  std::chrono::steady_clock::time_point phase_since_{};
 
   Call<DrainStatus> drain_call_;
   Call<StageEvidence> stage_call_;
