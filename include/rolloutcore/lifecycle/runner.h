@@ -131,6 +131,9 @@ class Runner {
   // Journals the held install_complete on its own (the group-commit window passed, or a taint
   // follows); OK when none is held.
   Status JournalHeldInstall();
+  // Journals the held install once the group-commit window since it answered has passed; false
+  // (and the runner tainted) when journaling it failed.
+  bool JournalHeldInstallAfterWindow(int64_t now);
   void Note(const std::string& text);
   void IssueResets();
   void IssueValidation();
