@@ -128,4 +128,42 @@ TEST(PendingSpin, SpinForSeesTheAnswerWithoutWaitingAndGivesUpAfterMax) {
 }
 
 }  // namespace
-}  // namespace rc
+// OnReady runs each callback exactly once: on the fulfilling thread after the value is in (a
+// callback sees Ready()), or at once when registered on a completed Pending; a second Fulfill runs
+// nothing again, and a Pending never fulfilled runs nothing (and frees the callback with it).
+TEST(PendingOnReady, RunsEachCallbackOnceOnTheFulfillingThreadOrAtOnce) {
+  Pending<int> p;
+  std::atomic<int> calls{0};
+  std::thread::id ran_on;
+  bool saw_value = false;
+  p.OnReady([&] {
+    ++calls;
+    ran_on = std::this_thread::get_id();
+    saw_value = p.Ready() && p.Get().value() == 9;
+  });
+  p.OnReady([&] { ++calls; });
+  EXPECT_EQ(calls.load(), 0);
+  std::thread::id producer;
+  std::thread t([p, &producer] {
+    producer = std::this_thread::get_id();
+    p.Fulfill(9);
+  });
+  t.join();
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(ran_on, producer);
+  EXPECT_TRUE(saw_value);
+  EXPECT_FALSE(p.Fulfill(10));
+  EXPECT_EQ(calls.load(), 2);
+  p.OnReady([&] { calls += 10; });  // already complete: runs here, now
+  EXPECT_EQ(calls.load(), 12);
+
+  auto owned = std::make_shared<int>(1);
+  {
+    Pending<int> never;
+    never.OnReady([owned] {});
+    EXPECT_EQ(owned.use_count(), 2);
+  }
+  EXPECT_EQ(owned.use_count(), 1);
+}
+
+}  // namespace

@@ -453,7 +453,8 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
     return InvalidArgument("timeout_ms: must be in [1, " + std::to_string(kMaxStageTimeoutMs) + "], got " +
                            std::to_string(req.timeout_ms));
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  const auto t_call = std::chrono::steady_clock::now();
+  const auto deadline = t_call + std::chrono::milliseconds(req.timeout_ms);
   bool got_gate = false;
   {
     rc::MutexLock g(gate_mu_);
@@ -503,6 +504,9 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   auto result = StageLocked(left);
   if (result.ok() && staged_) {
     staged_->evidence["prereplay"] = PreReplayLocked(deadline);
+    // The whole call on the engine's side (gate, stage, pre-replay): a caller's wall time beyond
+    // it is dispatch (bench cycle's accounting).
+    staged_->evidence["call_ms"] = MsSince(t_call);
     result = staged_->evidence;
   }
   rc::MutexLock metrics_lock(metrics_mu_);
@@ -891,6 +895,7 @@ std::string_view InstallOutcomeName(InstallOutcome o) {
 }
 
 InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache_reset) {
+  const auto t_call = std::chrono::steady_clock::now();
   rc::MutexLock lock(mu_);
   std::atomic<bool> touched{false};
   auto result = InstallLocked(version, skip_cache_reset, &touched);
@@ -899,6 +904,9 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
     out.outcome = InstallOutcome::kInstalled;
     out.evidence = std::move(result).value();
     out.evidence["install_outcome"] = InstallOutcomeName(out.outcome);
+    // The whole call on the engine's side (lock, install, protect, live digest, pre-replay
+    // adoption), as for the stage.
+    out.evidence["call_ms"] = MsSince(t_call);
   } else {
     // The fact comes from the copy itself, not from the error's code.
     out.outcome = touched.load() ? InstallOutcome::kFailedAfterMutation : InstallOutcome::kRefusedUntouched;

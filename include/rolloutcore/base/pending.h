@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/base/mutex.h"
@@ -47,16 +48,35 @@ class Pending {
     return p;
   }
 
-  // Completes the operation; later calls are ignored (returns false).
+  // Completes the operation; later calls are ignored (returns false). Runs the OnReady callbacks
+  // on this thread, after waking the waiters.
   bool Fulfill(Result<T> value) const {
+    std::vector<std::function<void()>> callbacks;
     {
       rc::MutexLock lock(state_->mu);
       if (state_->value.has_value()) return false;
       state_->value.emplace(std::move(value));
       state_->ready.store(true, std::memory_order_release);
+      callbacks.swap(state_->on_ready);
     }
     state_->cv.notify_all();
+    for (auto& fn : callbacks) fn();
     return true;
+  }
+
+  // Runs `fn` once the operation completes: on the thread that fulfills it, or here at once when
+  // it is complete already. For observers (timing, logging) that would otherwise keep a thread
+  // blocked on the answer; `fn` must be quick, must not block, and must not hold a copy of this
+  // Pending (the state would keep itself alive until fulfilled).
+  void OnReady(std::function<void()> fn) const {
+    {
+      rc::MutexLock lock(state_->mu);
+      if (!state_->value.has_value()) {
+        state_->on_ready.push_back(std::move(fn));
+        return;
+      }
+    }
+    fn();
   }
 
   // Spins (no sleep, no lock) up to `max` for the answer; true when ready. For a consumer that
@@ -95,6 +115,7 @@ class Pending {
     rc::CondVar cv;
     std::optional<Result<T>> value GUARDED_BY(mu);  // guarded by mu
     std::atomic<bool> ready{false};                 // value is set (SpinFor reads it without mu)
+    std::vector<std::function<void()>> on_ready GUARDED_BY(mu);  // run once, by Fulfill
   };
   std::shared_ptr<State> state_;
 };
