@@ -451,7 +451,19 @@ void ControllerService::Drive(EngineSlot* slot) {
         --updating_;
         cv_.notify_all();
       }
+      if (slot->prefetch && slot->queue.empty()) {
+        // A request for this engine is being resolved: stage it meanwhile.
+        lifecycle::UpdateTarget ahead;
+        ahead.model = slot->prefetch->first;
+        ahead.label = slot->prefetch->second;
+        slot->prefetch.reset();
+        lock.unlock();
+        Status s = slot->runner->Prefetch(std::move(ahead));
+        if (!s.ok()) RC_LOG_DEBUG("engine {}: no stage ahead of the request: {}", slot->handle.name, s.ToString());
+        continue;
+      }
       if (!slot->queue.empty() && updating_ < options_.max_updating) {
+        slot->prefetch.reset();  // the op itself is here: its StartUpdate stages (or adopts)
         Op op = slot->queue.front();
         State st = slot->controller->state();
         bool can = op.recovery ? st == State::kTainted : st == State::kReady;
@@ -577,7 +589,28 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
       if (!ok.ok()) return FailedPrecondition("mode: engine " + slot->handle.name + ": " + ok.message());
     }
   }
-  RC_ASSIGN_OR_RETURN(lifecycle::UpdateTarget target, versions_->Resolve(model, version));
+  if (!recovery && options_.runner.prefetch) {
+    // Idle engines that do not serve this version start staging it now, while the directory
+    // resolves it: their update adopts the stage (Runner::Prefetch). A request the directory
+    // refuses leaves a staged image nothing installs (the next stage replaces it).
+    rc::MutexLock lock(mu_);
+    bool any = false;
+    for (auto& slot : engines_) {
+      if (only && slot->index != *only) continue;
+      if (!slot->queue.empty() || !slot->running_op.empty()) continue;
+      if (slot->controller->state() != State::kReady || slot->controller->version().label == version) continue;
+      slot->prefetch = std::make_pair(model, version);
+      any = true;
+    }
+    if (any) cv_.notify_all();
+  }
+  auto resolved = versions_->Resolve(model, version);
+  if (!resolved.ok()) {
+    rc::MutexLock lock(mu_);
+    DropPrefetchLocked(version);
+    return resolved.status();
+  }
+  lifecycle::UpdateTarget target = std::move(resolved).value();
   target.mode = mode;
   rc::MutexLock lock(mu_);
   std::set<size_t> already_live;
@@ -587,7 +620,10 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
     const OpRecord* latest = nullptr;
     for (const auto& [id, rec] : ops_) {
       if (rec.recovery || rec.model != model || rec.version != version) continue;
-      if (!OpJson(rec)["done"].get<bool>()) return id;
+      if (!OpJson(rec)["done"].get<bool>()) {
+        DropPrefetchLocked(version);
+        return id;
+      }
       if (latest == nullptr || OpNumber(id) > OpNumber(latest->id)) latest = &rec;
     }
     for (const auto& slot : engines_) {
@@ -610,7 +646,10 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
       if (live) already_live.insert(slot->index);
     }
     // Live everywhere already: the update that installed it, if this controller ran one.
-    if (already_live.size() == engines_.size() && latest != nullptr) return latest->id;
+    if (already_live.size() == engines_.size() && latest != nullptr) {
+      DropPrefetchLocked(version);
+      return latest->id;
+    }
   }
   Op op;
   op.id = "u-" + std::to_string(next_op_);
@@ -665,6 +704,13 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
     return j;
   }
   return op.id;
+}
+
+void ControllerService::DropPrefetchLocked(const std::string& version) {
+  // A stage the driver already issued stays (nothing installs it; the next stage replaces it).
+  for (auto& slot : engines_) {
+    if (slot->prefetch && slot->prefetch->second == version) slot->prefetch.reset();
+  }
 }
 
 Status ControllerService::JournalOpLocked(const std::string& event, Json detail) {

@@ -35,7 +35,16 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
   // (its image waits in staging for the next stage to replace it) and nothing else happened.
   RC_ASSIGN_OR_RETURN(UpdateTarget prepared, controller_->PrepareUpdate(std::move(target)));
   const int64_t issued_ms = Now();
-  if (options_.prefetch) stage_call_.Start(adapter_->Stage(prepared), issued_ms + options_.deadlines.stage_ms);
+  // A stage Prefetch issued for exactly this update (same label, model and ordinal) is adopted:
+  // in flight or answered, it is this update's stage. Any other is dropped.
+  const bool adopt = options_.prefetch && prefetched_ && stage_call_.active() &&
+                     prefetched_->label == prepared.label && prefetched_->model == prepared.model &&
+                     prefetched_->ordinal == prepared.ordinal;
+  prefetched_.reset();
+  if (!adopt) {
+    stage_call_.Clear();
+    if (options_.prefetch) stage_call_.Start(adapter_->Stage(prepared), issued_ms + options_.deadlines.stage_ms);
+  }
   auto requested = controller_->RequestUpdate(std::move(prepared));
   if (!requested.ok()) {
     stage_call_.Clear();
@@ -57,8 +66,22 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
   return target_;
 }
 
+Status Runner::Prefetch(UpdateTarget target) {
+  if (busy()) return FailedPrecondition("update " + std::to_string(target_.ordinal) + " is still in progress");
+  if (!options_.prefetch) return OkStatus();
+  RC_ASSIGN_OR_RETURN(UpdateTarget prepared, controller_->PrepareUpdate(std::move(target)));
+  prepared.probes_fetch.reset();
+  prepared.request_journaled.reset();
+  stage_call_.Clear();
+  stage_call_.Start(adapter_->Stage(prepared), Now() + options_.deadlines.stage_ms);
+  prefetched_ = Prefetched{prepared.label, prepared.model, prepared.ordinal};
+  return OkStatus();
+}
+
 Result<UpdateTarget> Runner::StartRecovery(UpdateTarget target) {
   if (busy()) return FailedPrecondition("operation " + std::to_string(target_.ordinal) + " is still in progress");
+  prefetched_.reset();
+  stage_call_.Clear();  // a prefetched stage (a recovery stages inside its full install)
   RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
   target.probes_fetch.reset();  // a recovery proves label and digest; it replays nothing
   if (target.request_journaled) {

@@ -68,6 +68,44 @@ TEST_F(RunnerTest, HappyPathCommitsAndResumes) {
   EXPECT_EQ(u->evidence["staged"]["label"], "rc-1");
 }
 
+// A stage issued ahead of the request (Runner::Prefetch, while the directory resolves it) is the
+// update's stage when the update is for the same label, model and ordinal: staged once, and the
+// staged evidence is that call's. An update for another label drops it and stages its own; a
+// prefetch while an update runs is refused.
+TEST_F(RunnerTest, APrefetchedStageIsAdoptedByItsUpdateAndDroppedByAnother) {
+  Build({});
+  UpdateTarget ahead;
+  ahead.label = "rc-1";
+  ASSERT_TRUE(runner_->Prefetch(ahead).ok());
+  EXPECT_FALSE(runner_->busy()) << "a prefetch is no operation: nothing is paused or journaled";
+  EXPECT_EQ(c_->state(), State::kReady);
+  clock_.AdvanceMs(3);
+  engine_->Tick();  // the stage answers before the update starts: its answer is adopted too
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(engine_->stage_calls(), (std::vector<std::string>{"rc-1"}));
+  auto u = c_->Update(1);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->outcome, UpdateOutcome::kCommitted);
+  EXPECT_EQ(u->evidence["staged"]["label"], "rc-1");
+
+  UpdateTarget other;
+  other.label = "rc-9";
+  ASSERT_TRUE(runner_->Prefetch(other).ok());
+  UpdateTarget next = Target();
+  next.label = "rc-2";
+  next.identity.content_digest = "d2";
+  ASSERT_TRUE(runner_->StartUpdate(next).ok());
+  EXPECT_EQ(runner_->Prefetch(other).code(), StatusCode::kFailedPrecondition) << "an update is running";
+  Run();
+  EXPECT_EQ(engine_->stage_calls(), (std::vector<std::string>{"rc-1", "rc-9", "rc-2"}));
+  u = c_->Update(2);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->outcome, UpdateOutcome::kCommitted);
+  EXPECT_EQ(u->evidence["staged"]["label"], "rc-2");
+  EXPECT_EQ(engine_->label(), "rc-2");
+}
+
 // Probes resolved in the background (UpdateTarget::probes_fetch, issue 15): the drain does not
 // complete before they are in, and the update uses them.
 TEST_F(RunnerTest, ProbesFetchedInTheBackgroundAreTakenBeforeTheDrainCompletes) {

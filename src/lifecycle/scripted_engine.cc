@@ -199,6 +199,7 @@ Pending<AbortEvidence> ScriptedEngine::AbortRequests(const std::vector<std::stri
 
 Pending<StageEvidence> ScriptedEngine::Stage(const UpdateTarget& target) {
   current_update_ = target.ordinal;
+  stage_calls_.push_back(target.label);
   const OpScript& s = ScriptFor("stage");
   return Schedule<StageEvidence>(s, [target, b = s.behavior]() -> Result<StageEvidence> {
     if (b == "fail") return Unavailable("stage: trainer rank 0 unreachable");

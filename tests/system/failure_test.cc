@@ -239,7 +239,9 @@ TEST_F(FailureTest, TrainerThatStopsAnsweringMidPullLeavesTheEngineReadyOnTheOld
   ASSERT_TRUE(request && reject);
   EXPECT_EQ((*reject)["from"], "DRAINING") << "rejected before anything was paused or installed";
   int64_t took = (*reject)["t_ms"].get<int64_t>() - (*request)["t_ms"].get<int64_t>();
-  EXPECT_GE(took, kStageDeadline) << "the pull stalled (it did not fail fast): " << (*reject).dump();
+  // The stage starts while the directory resolves the request, before request_update is
+  // journaled (Runner::Prefetch), and its deadline runs from there: a few ms before the record.
+  EXPECT_GE(took, kStageDeadline - 100) << "the pull stalled (it did not fail fast): " << (*reject).dump();
   EXPECT_LE(took, kStageDeadline + 100) << "READY within the stage deadline + 100 ms";
   Figure("stalled_pull_request_to_ready_ms", took);
   EXPECT_FALSE(Find(j, "begin_install").has_value()) << "nothing live was touched";

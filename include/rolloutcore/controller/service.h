@@ -192,6 +192,9 @@ class ControllerService {
     // object's mutex from a nested struct reached through a pointer, so they stay unchecked)
     std::deque<Op> queue;
     std::string running_op;                     // guarded by ControllerService::mu_
+    // A request being resolved (Enqueue) for this idle engine: the driver stages it ahead
+    // (Runner::Prefetch) while the directory answers; its StartUpdate adopts that stage.
+    std::optional<std::pair<std::string, std::string>> prefetch;  // {model, version}, guarded by mu_
     bool running_recovery = false;              // driver thread only
     int64_t generation_before_op = 0;           // driver thread only
     int64_t next_verify_ms = 0;                 // driver thread only (steady clock)
@@ -259,6 +262,9 @@ class ControllerService {
   bool IdentityVerified(const EngineSlot* slot) const;
   // Journals an update-id event (update_requested / update_started / update_not_started).
   Status JournalOpLocked(const std::string& event, Json detail) REQUIRES(mu_);
+  // Withdraws the stage-ahead requests for `version` that no driver took yet (its request was
+  // refused or answered without a new op).
+  void DropPrefetchLocked(const std::string& version) REQUIRES(mu_);
   Status RestoreOps();  // at Create, before the drivers start
   void ExpireLeases(size_t engine);
 

@@ -78,6 +78,13 @@ class Runner {
 
   // READY → DRAINING and starts the update. FailedPrecondition while another runs.
   Result<UpdateTarget> StartUpdate(UpdateTarget target);
+  // Issues the stage of `target` (its label and model) ahead of its update, while the request is
+  // still being resolved (the directory lookup): StartUpdate of the same label, model and ordinal
+  // adopts the stage in flight (or its answer) instead of staging again; any other StartUpdate,
+  // StartRecovery or a later Prefetch drops it. The stage changes nothing the engine serves.
+  // Nothing is issued (OK) with prefetch off; FailedPrecondition while an operation runs or when
+  // the controller is not READY.
+  Status Prefetch(UpdateTarget target);
   // TAINTED → RECOVERING and starts a verified full re-install of `target`.
   Result<UpdateTarget> StartRecovery(UpdateTarget target);
   // Issues a resume whose outcome nobody waits for (after a restart that came back READY from
@@ -168,6 +175,12 @@ class Runner {
   int64_t next_drain_poll_ms_ = 0;
   bool drain_deadline_noted_ = false;
   bool stage_done_ = false;
+  // The stage Prefetch issued while idle (stage_call_), for the StartUpdate that may adopt it.
+  struct Prefetched {
+    std::string label, model;
+    int64_t ordinal = 0;
+  };
+  std::optional<Prefetched> prefetched_;
   bool abort_issued_ = false;
   std::vector<std::string> abort_ids_;
   int64_t reset_deadline_ms_ = 0;

@@ -76,6 +76,8 @@ class ScriptedEngine final : public EngineAdapter {
   const std::string& label() const { return label_; }
   const std::string& digest() const { return digest_; }
   bool paused() const { return paused_; }
+  // The label of every Stage call, in call order.
+  const std::vector<std::string>& stage_calls() const { return stage_calls_; }
   // [start, end) of every window in which live weights were being written; end = -1 when the
   // write never finished (a hung install).
   const std::vector<std::pair<int64_t, int64_t>>& mutation_windows() const { return mutations_; }
@@ -99,6 +101,7 @@ class ScriptedEngine final : public EngineAdapter {
   std::map<std::string, int64_t> running_;  // id → remaining ms of generation
   int64_t last_tick_ms_ = 0;
   std::set<std::string> aborted_;
+  std::vector<std::string> stage_calls_;
   std::vector<std::pair<int64_t, int64_t>> mutations_;
   struct Due {
     int64_t at_ms;
