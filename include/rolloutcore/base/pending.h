@@ -49,25 +49,34 @@ class Pending {
   }
 
   // Completes the operation; later calls are ignored (returns false). Runs the OnReady callbacks
-  // on this thread, after waking the waiters.
+  // on this thread just before the value is published: a time taken in one is never later than
+  // the moment any consumer can see the answer.
   bool Fulfill(Result<T> value) const {
     std::vector<std::function<void()>> callbacks;
     {
       rc::MutexLock lock(state_->mu);
-      if (state_->value.has_value()) return false;
+      if (state_->value.has_value() || state_->claimed) return false;
+      state_->claimed = true;  // a concurrent Fulfill loses from here on
+      callbacks.swap(state_->on_ready);
+    }
+    for (auto& fn : callbacks) fn();
+    callbacks.clear();
+    {
+      rc::MutexLock lock(state_->mu);
       state_->value.emplace(std::move(value));
       state_->ready.store(true, std::memory_order_release);
-      callbacks.swap(state_->on_ready);
+      callbacks.swap(state_->on_ready);  // registered while the first ones ran
     }
     state_->cv.notify_all();
     for (auto& fn : callbacks) fn();
     return true;
   }
 
-  // Runs `fn` once the operation completes: on the thread that fulfills it, or here at once when
-  // it is complete already. For observers (timing, logging) that would otherwise keep a thread
-  // blocked on the answer; `fn` must be quick, must not block, and must not hold a copy of this
-  // Pending (the state would keep itself alive until fulfilled).
+  // Runs `fn` once when the operation completes: on the fulfilling thread just before the answer
+  // is published (so `fn` does not see it yet), or here at once when it is complete already. For
+  // observers (timing, logging) that would otherwise keep a thread blocked on the answer; `fn`
+  // must be quick, must not block, and must not hold a copy of this Pending (the state would keep
+  // itself alive until fulfilled).
   void OnReady(std::function<void()> fn) const {
     {
       rc::MutexLock lock(state_->mu);
@@ -116,6 +125,7 @@ class Pending {
     std::optional<Result<T>> value GUARDED_BY(mu);  // guarded by mu
     std::atomic<bool> ready{false};                 // value is set (SpinFor reads it without mu)
     std::vector<std::function<void()>> on_ready GUARDED_BY(mu);  // run once, by Fulfill
+    bool claimed GUARDED_BY(mu) = false;                          // a Fulfill is completing it
   };
   std::shared_ptr<State> state_;
 };
