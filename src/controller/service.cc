@@ -593,14 +593,19 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
     // Idle engines that do not serve this version start staging it now, while the directory
     // resolves it: their update adopts the stage (Runner::Prefetch). A request the directory
     // refuses leaves a staged image nothing installs (the next stage replaces it).
+    // At most as many as may update now (--max-updating): a stage can hold an engine's serving
+    // briefly (vLLM stages between scheduler steps), so a rolling update keeps the rest serving.
     rc::MutexLock lock(mu_);
     bool any = false;
+    int64_t places = static_cast<int64_t>(options_.max_updating) - static_cast<int64_t>(updating_);
     for (auto& slot : engines_) {
+      if (places <= 0) break;
       if (only && slot->index != *only) continue;
       if (!slot->queue.empty() || !slot->running_op.empty()) continue;
       if (slot->controller->state() != State::kReady || slot->controller->version().label == version) continue;
       slot->prefetch = std::make_pair(model, version);
       any = true;
+      --places;
     }
     if (any) cv_.notify_all();
   }

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <atomic>
 #include <thread>
 #include <unistd.h>
 
@@ -19,7 +20,10 @@ namespace fs = std::filesystem;
 
 class StaticVersions : public VersionSource {
  public:
+  // How long each lookup takes (a directory across a network).
+  std::atomic<int64_t> resolve_delay_ms{0};
   Result<lifecycle::UpdateTarget> Resolve(const std::string& model, const std::string& version) override {
+    if (resolve_delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(resolve_delay_ms.load()));
     if (version.rfind("v", 0) != 0) return NotFound("version " + version + " of " + model + " is not committed");
     lifecycle::UpdateTarget t;
     t.label = version;

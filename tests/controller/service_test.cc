@@ -173,6 +173,39 @@ TEST(ControllerServiceTest, MaxUpdatingKeepsOtherEnginesServing) {
   fs::remove_all(dir);
 }
 
+// A requested version is staged while the directory resolves the request (Runner::Prefetch),
+// on at most --max-updating idle engines, and the update adopts that stage: every engine stages
+// the version once. A request the directory refuses stages ahead and installs nothing.
+TEST(ControllerServiceTest, AVersionIsStagedWhileItsRequestResolvesAndOnlyOnce) {
+  auto dir = TempDir("ahead");
+  StaticVersions versions;
+  versions.resolve_delay_ms = 200;  // long enough for the idle drivers to take the stage ahead
+  Engines e;
+  auto svc = std::move(ControllerService::Create(e.Make(2), &versions, Options(dir))).value();
+  auto stages = [&](size_t i) { return e.fakes[i]->shared()->stages.load(); };
+  auto done = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ((*done)["outcome"], "committed") << done->dump();
+  EXPECT_EQ(stages(0), 1) << "engine 0 staged ahead and its update adopted that stage";
+  EXPECT_EQ(stages(1), 1) << "engine 1 (no update place at the request: --max-updating 1) staged at its turn";
+
+  auto refused = svc->RequestUpdate("m", "x-2");
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(stages(0) + stages(1), 3) << "one engine (--max-updating 1) staged the refused version ahead";
+  auto st = svc->StatusJson();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(st["engines"][i]["state"], "READY");
+    EXPECT_EQ(st["engines"][i]["label"], "v1") << "nothing installed the refused version";
+  }
+  // The next update stages its own version (the image staged ahead is dropped, not installed).
+  done = svc->WaitForUpdate(svc->RequestUpdate("m", "v3").value(), 10000);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ((*done)["outcome"], "committed") << done->dump();
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["label"], "v3");
+  EXPECT_EQ(stages(0) + stages(1), 5);
+  fs::remove_all(dir);
+}
+
 TEST(ControllerServiceTest, TaintedEngineRefusesRolloutsUntilRecovered) {
   auto dir = TempDir("taint");
   StaticVersions versions;

@@ -63,6 +63,7 @@ class FakeEngine final : public EngineAdapter {
     std::atomic<int64_t> mutations_started{0};
     std::atomic<int64_t> mutations_finished{0};
     std::atomic<bool> mutating{false};
+    std::atomic<int64_t> stages{0};  // Stage calls
   };
 
   FakeEngine(std::string label, std::string digest, std::chrono::microseconds latency = std::chrono::microseconds(200))
@@ -133,6 +134,7 @@ class FakeEngine final : public EngineAdapter {
     return Async<AbortEvidence>([n = ids.size()]() -> Result<AbortEvidence> { return AbortEvidence{static_cast<int64_t>(n)}; });
   }
   Pending<StageEvidence> Stage(const UpdateTarget& t) override {
+    s_->stages.fetch_add(1);
     return Async<StageEvidence>([t]() -> Result<StageEvidence> { return StageEvidence{t.label, 0, Json::object()}; });
   }
   Pending<InstallEvidence> Install(const UpdateTarget& t, bool) override {
