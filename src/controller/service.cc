@@ -597,7 +597,10 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
     // briefly (vLLM stages between scheduler steps), so a rolling update keeps the rest serving.
     rc::MutexLock lock(mu_);
     bool any = false;
-    int64_t places = static_cast<int64_t>(options_.max_updating) - static_cast<int64_t>(updating_);
+    // (Counted by the operations running, not by updating_: an engine whose update ended holds its
+    // place until its identity check settled, but stages nothing.)
+    int64_t places = options_.max_updating;
+    for (const auto& slot : engines_) places -= slot->running_op.empty() ? 0 : 1;
     for (auto& slot : engines_) {
       if (places <= 0) break;
       if (only && slot->index != *only) continue;
