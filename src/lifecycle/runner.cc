@@ -70,8 +70,6 @@ Status Runner::Prefetch(UpdateTarget target) {
   if (busy()) return FailedPrecondition("update " + std::to_string(target_.ordinal) + " is still in progress");
   if (!options_.prefetch) return OkStatus();
   RC_ASSIGN_OR_RETURN(UpdateTarget prepared, controller_->PrepareUpdate(std::move(target)));
-  prepared.probes_fetch.reset();
-  prepared.request_journaled.reset();
   stage_call_.Clear();
   stage_call_.Start(adapter_->Stage(prepared), Now() + options_.deadlines.stage_ms);
   prefetched_ = Prefetched{prepared.label, prepared.model, prepared.ordinal};

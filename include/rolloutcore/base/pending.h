@@ -56,8 +56,18 @@ class Pending {
     {
       rc::MutexLock lock(state_->mu);
       if (state_->value.has_value() || state_->claimed) return false;
-      state_->claimed = true;  // a concurrent Fulfill loses from here on
-      callbacks.swap(state_->on_ready);
+      if (state_->on_ready.empty()) {
+        // No observer (the usual case): publish at once, one lock.
+        state_->value.emplace(std::move(value));
+        state_->ready.store(true, std::memory_order_release);
+      } else {
+        state_->claimed = true;  // a concurrent Fulfill loses from here on
+        callbacks.swap(state_->on_ready);
+      }
+    }
+    if (callbacks.empty()) {
+      state_->cv.notify_all();
+      return true;
     }
     for (auto& fn : callbacks) fn();
     callbacks.clear();
@@ -94,11 +104,14 @@ class Pending {
   bool SpinFor(std::chrono::nanoseconds max) const {
     const auto until = std::chrono::steady_clock::now() + max;
     for (;;) {
-      if (state_->ready.load(std::memory_order_acquire)) return true;
+      if (ReadyNow()) return true;
       if (std::chrono::steady_clock::now() >= until) return false;
       for (int i = 0; i < 16; ++i) internal::CpuRelax();
     }
   }
+
+  // Ready() without the lock (an atomic load): for a caller that polls in a spin.
+  bool ReadyNow() const { return state_->ready.load(std::memory_order_acquire); }
 
   bool Ready() const {
     rc::MutexLock lock(state_->mu);

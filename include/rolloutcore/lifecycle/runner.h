@@ -124,7 +124,7 @@ class Runner {
       (void)pending->WaitFor(max);
       return true;
     }
-    bool AnsweredNow() const { return pending && pending->SpinFor(std::chrono::nanoseconds(0)); }
+    bool AnsweredNow() const { return pending && pending->ReadyNow(); }
     void Start(Pending<T> p, int64_t deadline) { pending = std::move(p); deadline_ms = deadline; }
     void Clear() { pending.reset(); }
   };
