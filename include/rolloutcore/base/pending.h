@@ -53,30 +53,21 @@ class Pending {
   // the moment any consumer can see the answer.
   bool Fulfill(Result<T> value) const {
     std::vector<std::function<void()>> callbacks;
-    {
-      rc::MutexLock lock(state_->mu);
-      if (state_->value.has_value() || state_->claimed) return false;
-      if (state_->on_ready.empty()) {
-        // No observer (the usual case): publish at once, one lock.
-        state_->value.emplace(std::move(value));
-        state_->ready.store(true, std::memory_order_release);
-      } else {
-        state_->claimed = true;  // a concurrent Fulfill loses from here on
-        callbacks.swap(state_->on_ready);
-      }
-    }
-    if (callbacks.empty()) {
-      state_->cv.notify_all();
-      return true;
-    }
-    for (auto& fn : callbacks) fn();
-    callbacks.clear();
-    {
-      rc::MutexLock lock(state_->mu);
-      state_->value.emplace(std::move(value));
-      state_->ready.store(true, std::memory_order_release);
+    rc::MutexLock lock(state_->mu);
+    if (state_->value.has_value() || state_->claimed) return false;
+    if (!state_->on_ready.empty()) {
+      // Observers: run them unlocked before publishing (without any, one lock publishes).
+      state_->claimed = true;  // a concurrent Fulfill loses from here on
+      callbacks.swap(state_->on_ready);
+      lock.unlock();
+      for (auto& fn : callbacks) fn();
+      callbacks.clear();
+      lock.lock();
       callbacks.swap(state_->on_ready);  // registered while the first ones ran
     }
+    state_->value.emplace(std::move(value));
+    state_->ready.store(true, std::memory_order_release);
+    lock.unlock();
     state_->cv.notify_all();
     for (auto& fn : callbacks) fn();
     return true;
