@@ -165,6 +165,9 @@ HttpEngineAdapter::HttpEngineAdapter(HttpAdapterOptions options) : s_(std::make_
     for (int i = 0; i < 64; ++i) options.canary_prompt.push_back(100 + (i * 37) % 200);
   }
   s_->options = std::move(options);
+  // A flavour the URL names (vllm+http://, rolloutcore+http://) holds from the start, so a call
+  // made before Describe goes to the right API; Describe still checks what answers.
+  if (s_->options.expected_flavor != EngineFlavor::kUnknown) s_->flavor = s_->options.expected_flavor;
   s_->pool = std::make_unique<net::ClientPool>(s_->options.base_url);
   internal::VllmOptions vo;
   vo.base_url = s_->options.base_url;

@@ -69,6 +69,10 @@ Result<UpdateTarget> Runner::StartUpdate(UpdateTarget target) {
 Status Runner::Prefetch(UpdateTarget target) {
   if (busy()) return FailedPrecondition("update " + std::to_string(target_.ordinal) + " is still in progress");
   if (!options_.prefetch) return OkStatus();
+  // Before anything is asked of the engine, as StartUpdate does: an adapter learns there what it
+  // talks to (a controller restarted just before the request has not asked yet: the HTTP adapter
+  // sent vLLM the rolloutcore engine's stage, a 404, and the update was refused).
+  RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
   RC_ASSIGN_OR_RETURN(UpdateTarget prepared, controller_->PrepareUpdate(std::move(target)));
   stage_call_.Clear();
   stage_call_.Start(adapter_->Stage(prepared), Now() + options_.deadlines.stage_ms);

@@ -524,7 +524,7 @@ TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {
 // Through the real Controller and Runner: vLLM's refusals are never a commit.
 class VllmRunnerTest : public ::testing::Test {
  protected:
-  Result<lifecycle::UpdateRecord> RunUpdate(FakeVllm& vllm, bool prefetch = true) {
+  Result<lifecycle::UpdateRecord> RunUpdate(FakeVllm& vllm, bool prefetch = true, bool stage_ahead = false) {
     adapter_ = std::make_unique<HttpEngineAdapter>(Options(vllm.url()));
     c_ = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal_)).value();
     RC_RETURN_IF_ERROR(c_->Initialize({"v7", 3}, {"", "", "", 0}));
@@ -534,6 +534,12 @@ class VllmRunnerTest : public ::testing::Test {
     runner_ = std::make_unique<lifecycle::Runner>(c_.get(), adapter_.get(), SystemClock::Default(), ro);
     lifecycle::UpdateTarget t = Target();
     t.identity.content_digest = "0123456789abcdef";
+    if (stage_ahead) {
+      // As the controller service stages while a request resolves: label and model only.
+      lifecycle::UpdateTarget ahead;
+      ahead.label = t.label;
+      RC_RETURN_IF_ERROR(runner_->Prefetch(ahead));
+    }
     RC_RETURN_IF_ERROR(runner_->StartUpdate(t).status());
     return runner_->RunToCompletion();
   }
@@ -560,6 +566,35 @@ TEST_F(VllmRunnerTest, UpdateCommitsWithEveryPieceOfEvidenceJournaled) {
   EXPECT_TRUE(encoder_unverified) << u->evidence.dump();
   EXPECT_EQ(u->evidence["validated"]["digest_checked"], true);
   EXPECT_EQ(u->evidence["resumed"]["detail"]["canary"]["verified"], true) << u->evidence.dump();
+}
+
+// The first thing a fresh adapter is asked (a controller restarted just before the request) is
+// the stage ahead of the update: it reaches the workers' rc_stage (not the rolloutcore engine's
+// /rc/refit/stage, a 404 on vLLM), once, and the update adopts it.
+TEST_F(VllmRunnerTest, AStageAheadOnAFreshAdapterStagesOnTheWorkersAndIsAdopted) {
+  FakeVllm vllm;
+  auto u = RunUpdate(vllm, /*prefetch=*/true, /*stage_ahead=*/true);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->reason << " " << u->evidence.dump();
+  EXPECT_EQ(u->evidence["staged"]["label"], "v8") << u->evidence.dump();
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  int stages = 0;
+  for (const Json& c : vllm.rpc_calls_) stages += c["method"] == "rc_stage" ? 1 : 0;
+  EXPECT_EQ(stages, 1) << "the update adopted the stage ahead";
+}
+
+// A URL that names the flavour sets it before Describe: a stage sent first goes to the workers.
+TEST(HttpAdapterVllmTest, AVllmUrlStagesOnTheWorkersBeforeAnyDescribe) {
+  FakeVllm vllm;
+  HttpAdapterOptions o = Options(vllm.url());
+  o.expected_flavor = EngineFlavor::kVllm;
+  HttpEngineAdapter a(o);
+  auto st = Await(a.Stage(Target()));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->label, "v8");
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  ASSERT_FALSE(vllm.rpc_calls_.empty());
+  EXPECT_EQ(vllm.rpc_calls_.back()["method"], "rc_stage");
 }
 
 TEST_F(VllmRunnerTest, WithoutPrefetchTheCanaryIsWarmedBeforeThePauseAndTheInstallStages) {

@@ -535,7 +535,8 @@ def test_first_request_after_an_update_is_fresh_and_the_second_hits(env, ctl):
     trainer.make("v5", seed=5)
     trainer.publish("v5")
     eng = update(ctl.url, "v5")
-    assert eng["outcome"] == "committed", eng
+    assert eng["outcome"] == "committed", json.dumps({"result": {k: x for k, x in eng.items() if k != "evidence"},
+                                                      "journal": journal(ctl.url)[-8:]})[:6000]
     st, first = rollout(ctl.url, p, 16, "fresh-1")
     st2, second = rollout(ctl.url, p, 16, "fresh-2")
     assert cached_tokens(first) == 0 and cached_tokens(second) > 0
