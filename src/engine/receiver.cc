@@ -2,6 +2,10 @@
 
 #include "engine/delta_apply.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 #include <atomic>
@@ -509,6 +513,7 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
     staged_->evidence["call_ms"] = MsSince(t_call);
     result = staged_->evidence;
   }
+  StartRetiringLocked();
   rc::MutexLock metrics_lock(metrics_mu_);
   if (result.ok()) {
     ++stages_ok_;
@@ -618,8 +623,9 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   // Unmapping the old sources is no part of this pull: they are kept until the pull is done, then
   // released on a thread of their own (while the pre-replay computes). Released during the pull,
   // the unmapping would hold the address space's lock the new imports and the protect need.
-  std::unique_ptr<refit::ImportCache> retired_imports;
+  // (Declared transport first: on a failed stage the imports, destroyed first, release through it.)
   std::unique_ptr<transport::Transport> retired_transport;
+  std::unique_ptr<refit::ImportCache> retired_imports;
   if (!transport_cached) {
     if (retiring_.joinable()) retiring_.join();
     if (transport_ != nullptr && transport_name_ == "shm") {
@@ -689,12 +695,6 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     import_ns += st->import_ns + st->staging_ns;
     wire_ns += st->wire_ns;
     transform_ns += st->transform_ns;
-  }
-  if (retired_transport != nullptr) {
-    retiring_ = std::thread([imports = std::move(retired_imports), old = std::move(retired_transport)]() mutable {
-      imports.reset();  // through the old transport, before it goes
-      old.reset();
-    });
   }
   stages["registration"] = registration_ms + static_cast<double>(import_ns) / 1e6;
   const double wire_ms = static_cast<double>(wire_ns) / 1e6;
@@ -778,6 +778,12 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
   protect_ms += MsSince(t_protect);
   stages["protect"] = protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
+  // The replaced sources go once the stage call is done (Stage: StartRetiringLocked): unmapping a
+  // version's segments (a page table entry per 4 KiB) holds the address space's lock for tens of
+  // ms, which the protect above needs too (released right after the pull, it made the protect
+  // wait 40-80 ms), and takes a core from the pre-replay's forward.
+  retired_imports_ = std::move(retired_imports);
+  retired_transport_ = std::move(retired_transport);
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
@@ -1081,6 +1087,17 @@ Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadli
   j["why"] = rep.ran ? "ran on the staged image while the old version served" : rep.why;
   if (rep.ran) staged_->prereplay_image = id;
   return j;
+}
+
+void RefitReceiver::StartRetiringLocked() {
+  if (retired_transport_ == nullptr && retired_imports_ == nullptr) return;
+  if (retiring_.joinable()) retiring_.join();
+  retiring_ = std::thread([imports = std::move(retired_imports_), old = std::move(retired_transport_)]() mutable {
+    // Lowest priority (this thread only): the unmapping yields the cores to the engine's work.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+    imports.reset();  // through the old transport, before it goes
+    old.reset();
+  });
 }
 
 bool RefitReceiver::SwapCoversLive() {
