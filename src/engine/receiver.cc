@@ -2,10 +2,6 @@
 
 #include "engine/delta_apply.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <set>
 #include <atomic>
@@ -513,7 +509,6 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
     staged_->evidence["call_ms"] = MsSince(t_call);
     result = staged_->evidence;
   }
-  StartRetiringLocked();
   rc::MutexLock metrics_lock(metrics_mu_);
   if (result.ok()) {
     ++stages_ok_;
@@ -696,6 +691,16 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     wire_ns += st->wire_ns;
     transform_ns += st->transform_ns;
   }
+  // (Measured in session 13 and kept here: the unmapping holds the address space's lock, so the
+  // protect below waits for it (~60 ms for qwen3-0.6b); unmapping 64 MiB at a time did not let the
+  // protect in (the unmapping thread takes the lock back first), and deferring it past the stage
+  // call moved it into the pause window (3 -> 23-32 ms). Mapping nothing per version is the fix.)
+  if (retired_transport != nullptr) {
+    retiring_ = std::thread([imports = std::move(retired_imports), old = std::move(retired_transport)]() mutable {
+      imports.reset();  // through the old transport, before it goes
+      old.reset();
+    });
+  }
   stages["registration"] = registration_ms + static_cast<double>(import_ns) / 1e6;
   const double wire_ms = static_cast<double>(wire_ns) / 1e6;
   stages["wire"] = wire_ms;
@@ -778,12 +783,6 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
   protect_ms += MsSince(t_protect);
   stages["protect"] = protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
-  // The replaced sources go once the stage call is done (Stage: StartRetiringLocked): unmapping a
-  // version's segments (a page table entry per 4 KiB) holds the address space's lock for tens of
-  // ms, which the protect above needs too (released right after the pull, it made the protect
-  // wait 40-80 ms), and takes a core from the pre-replay's forward.
-  retired_imports_ = std::move(retired_imports);
-  retired_transport_ = std::move(retired_transport);
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
@@ -1087,17 +1086,6 @@ Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadli
   j["why"] = rep.ran ? "ran on the staged image while the old version served" : rep.why;
   if (rep.ran) staged_->prereplay_image = id;
   return j;
-}
-
-void RefitReceiver::StartRetiringLocked() {
-  if (retired_transport_ == nullptr && retired_imports_ == nullptr) return;
-  if (retiring_.joinable()) retiring_.join();
-  retiring_ = std::thread([imports = std::move(retired_imports_), old = std::move(retired_transport_)]() mutable {
-    // Lowest priority (this thread only): the unmapping yields the cores to the engine's work.
-    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
-    imports.reset();  // through the old transport, before it goes
-    old.reset();
-  });
 }
 
 bool RefitReceiver::SwapCoversLive() {

@@ -235,8 +235,6 @@ class RefitReceiver {
   // True when the staged image can be swapped in: every live parameter (aliases aside) has a
   // staged buffer of its size and dtype, read-only since the stage's digest.
   bool SwapCoversLive() REQUIRES(mu_);
-  // Starts retiring_ on what the last stage parked in retired_* (nothing parked: nothing to do).
-  void StartRetiringLocked() REQUIRES(mu_);
   [[nodiscard]] Status SetShadowReadOnly(bool read_only) REQUIRES(mu_);
   // The end of a full install (swap or copy): checks `live` against the manifest, caches it,
   // and builds the evidence (install_mode = mode).
@@ -280,12 +278,7 @@ class RefitReceiver {
   int64_t transports_built_ GUARDED_BY(mu_) = 0;                                    // guarded by mu_
   // Releases a replaced shm transport and its imports (unmapping the old sources: ~40 ms per GB
   // of 4 KiB pages) off the stage's path; joined before the next one starts and at destruction.
-  // The stage parks them in retired_* and Stage starts the thread once its work is done (after
-  // the protect and the pre-replay: the unmapping holds the address space's lock the protect
-  // needs, and would take a core from the pre-replay's forward).
   std::thread retiring_ GUARDED_BY(mu_);                                            // guarded by mu_
-  std::unique_ptr<refit::ImportCache> retired_imports_ GUARDED_BY(mu_);             // guarded by mu_
-  std::unique_ptr<transport::Transport> retired_transport_ GUARDED_BY(mu_);         // guarded by mu_
   refit::TensorDigests live_cache_ GUARDED_BY(mu_);                                 // guarded by mu_
   int64_t live_cache_generation_ GUARDED_BY(mu_) = -1;                              // guarded by mu_
   bool live_cache_valid_ GUARDED_BY(mu_) = false;                                   // guarded by mu_
