@@ -741,7 +741,7 @@ class FakeSender {
   explicit FakeSender(FakeVllm* vllm) : vllm_(vllm) {
     svr_.Get("/rc/native/state", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(Json{{"ok", true},
-                         {"joined", joined_.load()},
+                         {"joined", joined.load()},
                          {"master_address", "127.0.0.1"},
                          {"master_port", 29555},
                          {"versions", {"v8"}}}
@@ -768,8 +768,8 @@ class FakeSender {
     // Like the rendezvous, the sender's init waits (up to 5 s) for vLLM's side to join.
     svr_.Post("/rc/native/init", [this](const httplib::Request& q, httplib::Response& r) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        init_bodies_.push_back(Json::parse(q.body));
+        std::lock_guard<std::mutex> lock(mu);
+        init_bodies.push_back(Json::parse(q.body));
       }
       for (int i = 0; i < 5000 && !vllm_->wt_group_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (!vllm_->wt_group_) {
@@ -778,19 +778,19 @@ class FakeSender {
                       "application/json");
         return;
       }
-      joined_ = true;
+      joined = true;
       r.set_content(R"({"ok":true,"init_ms":1})", "application/json");
     });
     svr_.Post("/rc/native/send", [this](const httplib::Request& q, httplib::Response& r) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        send_bodies_.push_back(Json::parse(q.body));
+        std::lock_guard<std::mutex> lock(mu);
+        send_bodies.push_back(Json::parse(q.body));
       }
       for (int i = 0; i < 2000 && !vllm_->update_arrived_; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      if (!vllm_->update_arrived_ || fail_send_) {
-        joined_ = false;
+      if (!vllm_->update_arrived_ || fail_send) {
+        joined = false;
         r.status = 500;
         r.set_content(R"({"ok":false,"code":"Unavailable","error":"broadcast: peer never joined"})",
                       "application/json");
@@ -809,11 +809,11 @@ class FakeSender {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
-  std::mutex mu_;
-  std::vector<Json> init_bodies_;  // guarded by mu_
-  std::vector<Json> send_bodies_;  // guarded by mu_
-  std::atomic<bool> joined_{false};
-  std::atomic<bool> fail_send_{false};
+  std::mutex mu;
+  std::vector<Json> init_bodies;  // guarded by mu
+  std::vector<Json> send_bodies;  // guarded by mu
+  std::atomic<bool> joined{false};
+  std::atomic<bool> fail_send{false};
 
  private:
   FakeVllm* vllm_;
@@ -870,11 +870,11 @@ TEST(HttpAdapterVllmNativeTest, RunsInitStartConcurrentSendAndUpdateFinishThenAd
     EXPECT_EQ(adopt["kwargs"]["specs"][0], Json::array({"a.weight", "bfloat16", {4, 8}}));
   }
   {
-    std::lock_guard<std::mutex> lock(sender.mu_);
-    ASSERT_EQ(sender.init_bodies_.size(), 1u);
-    EXPECT_EQ(sender.init_bodies_[0]["world_size"], 2);
-    ASSERT_EQ(sender.send_bodies_.size(), 1u);
-    EXPECT_EQ(sender.send_bodies_[0]["version"], "v8");
+    std::lock_guard<std::mutex> lock(sender.mu);
+    ASSERT_EQ(sender.init_bodies.size(), 1u);
+    EXPECT_EQ(sender.init_bodies[0]["world_size"], 2);
+    ASSERT_EQ(sender.send_bodies.size(), 1u);
+    EXPECT_EQ(sender.send_bodies[0]["version"], "v8");
   }
   ASSERT_TRUE(Await(a.ResetCache(lifecycle::CacheKind::kPrefix)).ok());
   auto label = Await(a.ReadLabel());
@@ -1012,20 +1012,20 @@ TEST(HttpAdapterVllmNativeTest, ASenderThatFailsMidSendTaintsAndTheNextUpdateFor
   FakeSender sender(&vllm);
   HttpEngineAdapter a(NativeOptions(vllm.url(), sender.url()));
   ASSERT_TRUE(a.Describe().ok());
-  sender.fail_send_ = true;  // e.g. a NCCL error on the trainer's side: it leaves the group
+  sender.fail_send = true;  // e.g. a NCCL error on the trainer's side: it leaves the group
   auto inst = Await(a.Install(NativeTarget(), false));
   ASSERT_TRUE(inst.ok()) << inst.status().ToString();
   EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kFailedAfterMutation) << inst->error;
   EXPECT_NE(inst->error.find("peer never joined"), std::string::npos) << inst->error;
-  sender.fail_send_ = false;
+  sender.fail_send = false;
   vllm.update_arrived_ = false;
   vllm.sender_sent_ = false;
   ASSERT_TRUE(a.Describe().ok());
   inst = Await(a.Install(NativeTarget(), true));  // the recovery re-installs through the same session
   ASSERT_TRUE(inst.ok()) << inst.status().ToString();
   EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kInstalled) << inst->error;
-  std::lock_guard<std::mutex> lock(sender.mu_);
-  EXPECT_EQ(sender.init_bodies_.size(), 2u) << "the sender left the group: it is formed again";
+  std::lock_guard<std::mutex> lock(sender.mu);
+  EXPECT_EQ(sender.init_bodies.size(), 2u) << "the sender left the group: it is formed again";
 }
 
 // Through the real Controller and Runner: the native session commits only by rc_adopt's proof.
