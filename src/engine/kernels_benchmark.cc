@@ -1,10 +1,10 @@
 // MatMulNT's kernels side by side (not run by ctest): the AVX2 kernel and the AVX-512 row-pair
 // kernel (kernels_avx512.cc) over the same x and bf16 weights, split over the same threads the
 // way MatMulNT splits them, for the qwen3-0.6b-shaped projections at the pre-replay's M = 30 (two
-// probes of 7 prompt + 8 forced tokens) and a 128-token prefill. Arguments: kernel, M, K, N, threads. Prints GFLOPS per kernel;
-// compare the rows of one shape, measured in the same run. The AVX-512 rows skip on a CPU without
-// AVX-512 (F, BW, DQ, VL). BM_LayerSweep: the same projections layer after layer, from the caches
-// or streamed from memory.
+// probes of 7 prompt + 8 forced tokens) and a 128-token prefill. Arguments: kernel, M, K, N,
+// threads. Prints GFLOPS per kernel; compare the rows of one shape, measured in the same run. The
+// AVX-512 rows skip on a CPU without AVX-512 (F, BW, DQ, VL). BM_LayerSweep: the same projections
+// layer after layer, from the caches or streamed from memory.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>

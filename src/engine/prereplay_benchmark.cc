@@ -1,7 +1,7 @@
 // Engine::PreReplay on a qwen3-0.6b-shaped engine (dummy bf16 weights, all threads), the work a
 // refit's stage does after the wire when the version carries probes (not run by ctest). The
-// image is a copy of the live weights in other weight buffers (as a staged image is), the probes' forced
-// tokens are the engine's own greedy tokens (recorded once, first), so every run is one
+// image is a copy of the live weights in other weight buffers (as a staged image is), the probes'
+// forced tokens are the engine's own greedy tokens (recorded once, first), so every run is one
 // teacher-forced forward over probes x (prompt + steps - 1) positions with steps logits rows per
 // probe. Arguments: probes, steps. Prints ms per pre-replay and the forward's GFLOPS (2 x the
 // multiply-adds of every projection and of lm_head's rows).
@@ -34,28 +34,23 @@ struct Fixture {
     image.resize(static_cast<size_t>(engine->tensor_parallel_size()));
     for (int r = 0; r < engine->tensor_parallel_size(); ++r) {
       for (const auto& [name, p] : engine->Parameters(r).all()) {
+        // Every matrix but the embedding is a projection of each position, but lm_head (tied: an
+        // alias of the embedding, not copied) of each logits row only.
+        const double flops = p.shape.size() == 2 ? 2 * static_cast<double>(p.numel) : 0;
+        if (name.find("lm_head") != std::string::npos) {
+          flops_per_logits_row += flops;
+        } else if (name.find("embed_tokens") == std::string::npos) {
+          flops_per_position += flops;
+        }
         if (!p.alias_of.empty()) continue;
         auto buf = WeightBuffer::Allocate(p.nbytes());
-        if (!buf.ok()) return;
+        if (!buf.ok()) {
+          engine.reset();  // no whole image: the benchmark skips
+          return;
+        }
         std::memcpy((*buf)->data(), p.bytes(), p.nbytes());
         image[static_cast<size_t>(r)].emplace(name, std::span<const std::byte>((*buf)->data(), p.nbytes()));
         copies.push_back(std::move(buf).value());
-        const bool matrix = p.shape.size() == 2;
-        if (!matrix) continue;
-        const double macs = static_cast<double>(p.numel);
-        if (name.find("embed_tokens") != std::string::npos) continue;
-        if (name.find("lm_head") != std::string::npos) {
-          flops_per_logits_row += 2 * macs;
-        } else {
-          flops_per_position += 2 * macs;
-        }
-      }
-      if (engine->Parameters(r).Find("lm_head.weight") == nullptr ||
-          !engine->Parameters(r).Find("lm_head.weight")->alias_of.empty()) {
-        // Tied: lm_head reads the embedding.
-        if (const Parameter* emb = engine->Parameters(r).Find("model.embed_tokens.weight")) {
-          flops_per_logits_row += 2 * static_cast<double>(emb->numel);
-        }
       }
     }
   }
@@ -86,7 +81,7 @@ std::vector<ReplayProbeRequest> Probes(Engine& e, int64_t n, int64_t steps) {
 void BM_PreReplay(benchmark::State& state) {
   Fixture& f = Shared();
   if (f.engine == nullptr) {
-    state.SkipWithError("cannot create the qwen3-0.6b-like engine");
+    state.SkipWithError("cannot create the qwen3-0.6b-like engine and a copy of its weights");
     return;
   }
   const int64_t n = state.range(0), steps = state.range(1);
