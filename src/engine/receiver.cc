@@ -691,16 +691,6 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     wire_ns += st->wire_ns;
     transform_ns += st->transform_ns;
   }
-  // (Measured in session 13 and kept here: the unmapping holds the address space's lock, so the
-  // protect below waits for it (~60 ms for qwen3-0.6b); unmapping 64 MiB at a time did not let the
-  // protect in (the unmapping thread takes the lock back first), and deferring it past the stage
-  // call moved it into the pause window (3 -> 23-32 ms). Mapping nothing per version is the fix.)
-  if (retired_transport != nullptr) {
-    retiring_ = std::thread([imports = std::move(retired_imports), old = std::move(retired_transport)]() mutable {
-      imports.reset();  // through the old transport, before it goes
-      old.reset();
-    });
-  }
   stages["registration"] = registration_ms + static_cast<double>(import_ns) / 1e6;
   const double wire_ms = static_cast<double>(wire_ns) / 1e6;
   stages["wire"] = wire_ms;
@@ -783,6 +773,17 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
   protect_ms += MsSince(t_protect);
   stages["protect"] = protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
+  // The replaced sources are unmapped on a thread of their own from here, while the pre-replay
+  // computes. Not earlier: the unmapping holds the address space's lock for ~60 ms (1.2 GB of
+  // small pages for qwen3-0.6b), and the protect above waited for it all when it started right
+  // after the pull (session 13; in 64 MiB pieces too: the unmapping thread takes the lock back
+  // first). Not later: past the stage call it ran into the pause window (3 -> 23-32 ms).
+  if (retired_transport != nullptr) {
+    retiring_ = std::thread([imports = std::move(retired_imports), old = std::move(retired_transport)]() mutable {
+      imports.reset();  // through the old transport, before it goes
+      old.reset();
+    });
+  }
   stages["total"] = MsSince(t_total);
   auto staged = std::make_unique<Staged>();
   staged->model = req.model;
