@@ -1,6 +1,7 @@
 #include "engine/kernels.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -16,15 +17,33 @@ inline float Widen(uint16_t b) {
   return f;
 }
 
-template <typename W>
-float DotPortableT(const float* a, const W* b, int64_t k) {
+// Dot: 8 lanes of fmas over k, a pairwise lane sum, a scalar fma tail.
+float DotPortableT(const float* a, const float* b, int64_t k) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], Widen(b[i + l]), acc[l]);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   }
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) s = std::fma(a[i], Widen(b[i]), s);
+  for (; i < k; ++i) s = std::fma(a[i], b[i], s);
+  return s;
+}
+
+// MatMulNT's dot product (kernels.h): 16 lanes, lane l taking k = c + 2l then c + 2l + 1 of each
+// whole chunk of 32 at c, the fixed pairwise sum of the lanes, a scalar fma tail.
+template <typename W>
+float ChunkDot(const float* a, const W* b, int64_t k) {
+  float acc[16] = {};
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    for (int64_t l = 0; l < 16; ++l) {
+      acc[l] = std::fma(a[c + 2 * l], Widen(b[c + 2 * l]), acc[l]);
+      acc[l] = std::fma(a[c + 2 * l + 1], Widen(b[c + 2 * l + 1]), acc[l]);
+    }
+  }
+  float s = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) +
+            (((acc[8] + acc[9]) + (acc[10] + acc[11])) + ((acc[12] + acc[13]) + (acc[14] + acc[15])));
+  for (; c < k; ++c) s = std::fma(a[c], Widen(b[c]), s);
   return s;
 }
 
@@ -32,7 +51,7 @@ template <typename W>
 void MatMulColumnsPortableT(const float* x, int64_t M, int64_t K, const W* w, int64_t n0, int64_t n1, float* y,
                             int64_t ldy) {
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = DotPortableT(x + m * K, w + n * K, K);
+    for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = ChunkDot(x + m * K, w + n * K, K);
 }
 
 }  // namespace
@@ -47,6 +66,22 @@ void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const float* w,
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy) {
   MatMulColumnsPortableT(x, M, K, w, n0, n1, y, ldy);
+}
+
+int64_t PackedRowStride(int64_t K) { return (K / 32) * 32; }
+
+void PackEvenOdd(const float* x, int64_t M, int64_t K, float* xq) {
+  const int64_t stride = PackedRowStride(K);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* src = x + m * K;
+    float* dst = xq + m * stride;
+    for (int64_t c = 0; c < stride; c += 32) {
+      for (int64_t i = 0; i < 16; ++i) {
+        dst[c + i] = src[c + 2 * i];
+        dst[c + 16 + i] = src[c + 2 * i + 1];
+      }
+    }
+  }
 }
 
 }  // namespace internal
@@ -72,17 +107,18 @@ void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef 
   const bool bf16 = wr.type == WeightType::kBF16;
   const float* wf = static_cast<const float*>(wr.data);
   const uint16_t* wb = static_cast<const uint16_t*>(wr.data);
-  const bool avx2 = KernelsUseAvx2();
-  // The row-pair kernel pays a pack of x per call and half a register per odd row: from 4 rows
-  // on (prefill, batched decode, replay) it is the faster one; a single decode row stays AVX2.
-  const bool avx512 = M >= kAvx512MinRows && K >= 8 && KernelsUseAvx512();
-  // Packed once here, read by every thread (grows to the largest M x K seen, then stays).
+  const bool avx512 = KernelsUseAvx512();
+  const bool avx2 = !avx512 && KernelsUseAvx2();
+  // Packed once here, read by every thread (grows to the largest M x K seen, then stays), from a
+  // 64-byte boundary: the kernels' 64-byte loads of it then never straddle two cache lines.
   thread_local std::vector<float> packed;
-  if (avx512) {
-    packed.resize(static_cast<size_t>((M + 1) / 2 * internal::PackedPairStride(K)));
-    internal::PackRowPairs(x, M, K, packed.data());
+  float* xp = nullptr;
+  if (avx512 || avx2) {
+    packed.resize(static_cast<size_t>(M * internal::PackedRowStride(K) + 16));
+    const auto addr = reinterpret_cast<uintptr_t>(packed.data());
+    xp = packed.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    internal::PackEvenOdd(x, M, K, xp);
   }
-  const float* xp = packed.data();
   // Column groups of 16 keep threads' output columns apart.
   const int64_t group = 16;
   const int64_t groups = (N + group - 1) / group;
@@ -96,9 +132,9 @@ void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef 
       }
     } else if (avx2) {
       if (bf16) {
-        internal::MatMulColumnsAvx2(x, M, K, wb, n0, n1, y, N);
+        internal::MatMulColumnsAvx2(xp, x, M, K, wb, n0, n1, y, N);
       } else {
-        internal::MatMulColumnsAvx2(x, M, K, wf, n0, n1, y, N);
+        internal::MatMulColumnsAvx2(xp, x, M, K, wf, n0, n1, y, N);
       }
     } else if (bf16) {
       internal::MatMulColumnsPortable(x, M, K, wb, n0, n1, y, N);

@@ -6,14 +6,20 @@
 // f32 path over the same weights widened to f32 (kernels_test.cc asserts it for both paths).
 //
 // Batch invariance is the contract that matters here: MatMulNT computes every output element
-// as the same fixed-order dot product (8 lanes of fused multiply-adds over k, a fixed pairwise
-// lane sum, then a scalar fma tail), whatever M, the tile an element falls in, or the thread
-// count. Dot() is that same dot product. So a token's logits do not depend on which other
-// tokens share its batch, on chunked prefill, or on prefix caching: greedy decoding is bitwise
-// reproducible. An AVX2+FMA path is chosen at run time; the portable path emulates the same
-// lane order with std::fma and gives identical bits. On a CPU with AVX-512 (F, BW, DQ, VL),
-// MatMulNT with M >= 4 runs an AVX-512 kernel that keeps that lane order too, two rows to a
-// register (kernels_avx512.cc): the same bits again, so results do not depend on the CPU either.
+// as the same fixed-order dot product whatever M, the tile an element falls in, or the thread
+// count: k in chunks of 32; 16 lane accumulators, lane i taking k = 32c + 2i and then 32c + 2i + 1
+// of every whole chunk c (fused multiply-adds, chunk after chunk); a fixed pairwise sum of the 16
+// lanes; then a scalar fma tail over the k past the last whole chunk. So a token's logits do not
+// depend on which other tokens share its batch, on chunked prefill, or on prefix caching: greedy
+// decoding is bitwise reproducible. The order is the one bf16 weights give for free: 32 bf16
+// loaded as 16 32-bit words hold element 2i in the low half of word i (<< 16 makes it an f32) and
+// element 2i + 1 in the high half (masking the low half makes it one), so widening costs a shift
+// and an AND on the FMA ports' neighbours instead of a cross-lane permute; x is packed once per
+// call into the same even / odd order (PackEvenOdd). An AVX-512 (F, BW, DQ, VL) kernel is chosen
+// at run time, else AVX2+FMA, else the portable path, which computes that order with std::fma:
+// identical bits on every path (kernels_test.cc), so results do not depend on the CPU either.
+// Dot() (attention's q.k, f32 by f32) is a separate fixed-order dot product: 8 lanes over k, a
+// fixed pairwise lane sum, a scalar fma tail.
 //
 // Thread safety: pure functions; MatMulNT uses the given pool (one caller at a time).
 #pragma once
@@ -64,32 +70,33 @@ void AddRow(WeightRef w, int64_t n, float* y);
 // head_dim at position pos. inv_freq has head_dim/2 entries.
 void ApplyRope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const float* inv_freq);
 bool KernelsUseAvx2();
-// AVX-512 F, BW, DQ and VL with FMA (MatMulNT's row-pair kernel for M >= kAvx512MinRows).
+// AVX-512 F, BW, DQ and VL with FMA (MatMulNT's kernel wherever the CPU has them).
 bool KernelsUseAvx512();
-inline constexpr int64_t kAvx512MinRows = 4;
 
 namespace internal {
-// Implementations (kernels_avx2.cc is compiled with -mavx2 -mfma; kernels.cc is portable).
-void MatMulColumnsAvx2(const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
-                       int64_t n1, float* y, int64_t ldy);
-void MatMulColumnsAvx2(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
-                       int64_t n1, float* y, int64_t ldy);
-float DotAvx2(const float* a, const float* b, int64_t k);
+// x packed for the matmul kernels: row m occupies PackedRowStride(K) = 32 * (K / 32) floats,
+// chunk c of it 32 floats: x[m, 32c + 2i] for i = 0..15, then x[m, 32c + 2i + 1] for i = 0..15.
+// The k past the last whole chunk are read from x itself. PackEvenOdd writes M rows.
+int64_t PackedRowStride(int64_t K);
+void PackEvenOdd(const float* x, int64_t M, int64_t K, float* xq);
+// The kernels, each computing columns [n0, n1) of y = x w^T in the order above (ldy: y's row
+// stride). kernels.cc: portable (reads x directly); kernels_avx2.cc (-mavx2 -mfma) and
+// kernels_avx512.cc (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma): from xq, x for the tail.
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy);
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsAvx2(const float* xq, const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
+                       int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsAvx2(const float* xq, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                       int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsAvx512(const float* xq, const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy);
+void MatMulColumnsAvx512(const float* xq, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy);
+// Dot's two paths (8 lanes).
+float DotAvx2(const float* a, const float* b, int64_t k);
 float DotPortable(const float* a, const float* b, int64_t k);
-// kernels_avx512.cc (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma). x packed by row pairs:
-// pair p occupies PackedPairStride(K) floats, block b of it 16 floats (row 2p's k 8b..8b+7, then
-// row 2p+1's; zeros for the row past M when M is odd); the k past the last whole block are read
-// from x itself. PackRowPairs writes ((M + 1) / 2) * PackedPairStride(K) floats.
-int64_t PackedPairStride(int64_t K);
-void PackRowPairs(const float* x, int64_t M, int64_t K, float* xp);
-void MatMulColumnsAvx512(const float* xp, const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
-                         int64_t n1, float* y, int64_t ldy);
-void MatMulColumnsAvx512(const float* xp, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
-                         int64_t n1, float* y, int64_t ldy);
 }  // namespace internal
 
 }  // namespace rc::engine

@@ -2,15 +2,16 @@
 // -mavx512vl -mfma and includes nothing that could leak those instructions into inline functions
 // shared with other translation units; it runs only after a run-time CPU check.
 //
-// The lane order is the AVX2 path's, exactly (kernels.h): every output is 8 lanes of fused
-// multiply-adds over k, the same pairwise lane sum, then the same scalar fma tail. A zmm holds
-// TWO such 8-lane accumulators, one per row: rows 2p and 2p+1 of x sit in its halves (x is
-// packed once per call so one 64-byte load gives both rows' 8 k), and one column's 8 weights are
-// widened into both halves by one word permute (the bf16 bits into the high half of each f32,
-// zeros below: exact). So each half computes what the AVX2 kernel computes for its row, in the
-// same order, and the results are bit for bit the AVX2 and portable paths' (kernels_test.cc).
-// What it gains: one weight widening per 8 k serves 2 rows per register, and the FMAs are 16
-// wide — about 1.4-1.6x the AVX2 kernel at M = 30 on 2 cores (docs/performance.md).
+// MatMulNT's order (kernels.h): a zmm is one output's 16 lane accumulators; per whole chunk of 32
+// k, lane i takes the fma of k = 32c + 2i (the "even" vector) and then of 32c + 2i + 1 (the "odd"
+// one). x comes packed in that order (PackEvenOdd). bf16 weights: one 64-byte load is the chunk's
+// 32 elements as 16 words, element 2i in the low half of word i, 2i + 1 in the high half; a shift
+// left by 16 gives the even f32s and an AND with 0xFFFF0000 the odd ones, both exact. f32 weights:
+// two loads and two two-source permutes split the chunk into its even and odd elements. A tile is
+// up to 5 rows x 4 columns (20 accumulators, 8 weight vectors and 2 x vectors of the 32 zmm), so
+// each widened weight vector serves up to 5 fmas; then the 16 lanes are summed in the fixed
+// pairwise order and the tail's k are added with scalar fmas, as the portable path does. The
+// results are its bits exactly (kernels_test.cc).
 // GCC 12's AVX-512 intrinsics fill unused lanes from _mm512_undefined_ps(), which its own
 // -Wmaybe-uninitialized then reports at every inlined use (a known false positive).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -22,31 +23,24 @@
 
 namespace rc::engine::internal {
 
-int64_t PackedPairStride(int64_t K);  // defined below (kernels.h declares it for the callers)
+int64_t PackedRowStride(int64_t K);  // kernels.cc
 
 namespace {
 
-// The two 8-lane sums of a zmm, each in the AVX2 path's pairwise order (halves[0]: lanes 0-7).
-inline void HalfLaneSums(__m512 v, float halves[2]) {
-  alignas(64) float a[16];
-  _mm512_store_ps(a, v);
-  for (int64_t h = 0; h < 2; ++h) {
-    const float* b = a + 8 * h;
-    halves[h] = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
-  }
+// The chunk's even and odd weights of one column, widened to f32.
+inline void LoadChunk(const uint16_t* p, __m512* even, __m512* odd) {
+  const __m512i v = _mm512_loadu_si512(p);
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
-
-// One column's 8 weights at p, widened to f32 in both 256-bit halves. (Plain loads: a masked
-// load costs an extra ALU uop on the ports the FMAs need, about 40 % of the kernel's speed.)
-inline __m512 LoadW2(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
-inline __m512 LoadW2(const uint16_t* p) {
-  // Word 2i+1 (the high half of f32 lane i) takes bf16 element i mod 8; the even words are zeroed.
-  const __m512i idx = _mm512_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0,  //
-                                       7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, raw));
+inline void LoadChunk(const float* p, __m512* even, __m512* odd) {
+  const __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
+  const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  *even = _mm512_permutex2var_ps(lo, ie, hi);
+  *odd = _mm512_permutex2var_ps(lo, io, hi);
 }
-// (kernels_avx2.cc has the same two: each ISA file includes nothing shared, see its header.)
+// (kernels_avx2.cc has the same: each ISA file includes nothing shared, see its header.)
 inline float WidenW(float v) { return v; }
 inline float WidenW(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -55,104 +49,106 @@ inline float WidenW(uint16_t b) {
   return f;
 }
 
-// PR row pairs x NR columns. xp: this tile's first pair in the packed layout (pair stride
-// `pair_stride` floats; block b of a pair = 16 floats: its even row's k 8b..8b+7, then its odd
-// row's). x: the same rows unpacked (row-major, K per row), for the scalar tail. rows: the real
-// rows of the tile (2 * PR, or one less when the last pair's odd row is padding).
-template <int PR, int NR, typename W>
-inline void Tile(const float* xp, int64_t pair_stride, const float* x, int64_t K, const W* w, float* y, int64_t ldy,
-                 int64_t rows) {
-  __m512 acc[PR][NR];
-  for (int i = 0; i < PR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  const int64_t blocks = K / 8;
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = LoadW2(w + j * K + b * 8);
-    for (int i = 0; i < PR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(xp + i * pair_stride + b * 16);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+// The fixed pairwise sum of the 16 lanes (kernels.cc's ChunkDot).
+inline float LaneSum16(__m512 v) {
+  alignas(64) float a[16];
+  _mm512_store_ps(a, v);
+  return (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) +
+         (((a[8] + a[9]) + (a[10] + a[11])) + ((a[12] + a[13]) + (a[14] + a[15])));
+}
+
+// R rows x C columns. xq: the tile's first packed row (row stride `stride` = 32 * chunks); x: the
+// same rows unpacked (row stride K) for the tail; w: the first column's weights (row stride K).
+// next: when not null, the next tile's first column, fetched into L1 chunk by chunk alongside
+// (the first row tile of a column block reads its weights from memory; the prefetch keeps the
+// next columns' streams ahead of it: lm_head's 151936 columns, 20-30 % faster at M = 16).
+template <int R, int C, typename W>
+inline void Tile(const float* xq, int64_t stride, const float* x, int64_t K, const W* w, const W* next, float* y,
+                 int64_t ldy) {
+  __m512 acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < stride; c += 32) {
+    __m512 we[C], wo[C];
+    for (int j = 0; j < C; ++j) LoadChunk(w + j * K + c, &we[j], &wo[j]);
+    if (next != nullptr) {
+      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + c), _MM_HINT_T0);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 xe = _mm512_loadu_ps(xq + i * stride + c);
+      const __m512 xo = _mm512_loadu_ps(xq + i * stride + c + 16);
+      for (int j = 0; j < C; ++j) acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+      for (int j = 0; j < C; ++j) acc[i][j] = _mm512_fmadd_ps(xo, wo[j], acc[i][j]);
     }
   }
-  const int64_t k = blocks * 8;
-  float sums[PR][NR][2];
-  for (int i = 0; i < PR; ++i)
-    for (int j = 0; j < NR; ++j) HalfLaneSums(acc[i][j], sums[i][j]);
-  for (int i = 0; i < PR; ++i) {
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = 2 * i + h;
-      if (r >= rows) break;
-      for (int j = 0; j < NR; ++j) {
-        float s = sums[i][j][h];
-        for (int64_t kk = k; kk < K; ++kk) s = __builtin_fmaf(x[r * K + kk], WidenW(w[j * K + kk]), s);
-        y[r * ldy + j] = s;
-      }
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < C; ++j) {
+      float s = LaneSum16(acc[i][j]);
+      for (int64_t k = stride; k < K; ++k) s = __builtin_fmaf(x[i * K + k], WidenW(w[j * K + k]), s);
+      y[i * ldy + j] = s;
     }
   }
 }
 
-template <int PR, typename W>
-inline void PairTile(const float* xp, int64_t pair_stride, const float* x, int64_t K, const W* w, int64_t n0,
-                     int64_t n1, float* y, int64_t ldy, int64_t rows) {
+// Columns [n0, n1) for R rows. prefetch: fetch each next tile's columns while computing one, as
+// long as that tile lies before n_end (the caller's last column + 1; past the block's end it is
+// the next block's first tile).
+template <int R, typename W>
+inline void RowTile(const float* xq, int64_t stride, const float* x, int64_t K, const W* w, int64_t n0, int64_t n1,
+                    int64_t n_end, bool prefetch, float* y, int64_t ldy) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) Tile<PR, 4>(xp, pair_stride, x, K, w + n * K, y + n, ldy, rows);
+  for (; n + 4 <= n1; n += 4) {
+    const W* next = prefetch && n + 8 <= n_end ? w + (n + 4) * K : nullptr;
+    Tile<R, 4>(xq, stride, x, K, w + n * K, next, y + n, ldy);
+  }
   switch (n1 - n) {
-    case 3: Tile<PR, 3>(xp, pair_stride, x, K, w + n * K, y + n, ldy, rows); break;
-    case 2: Tile<PR, 2>(xp, pair_stride, x, K, w + n * K, y + n, ldy, rows); break;
-    case 1: Tile<PR, 1>(xp, pair_stride, x, K, w + n * K, y + n, ldy, rows); break;
+    case 3: Tile<R, 3>(xq, stride, x, K, w + n * K, static_cast<const W*>(nullptr), y + n, ldy); break;
+    case 2: Tile<R, 2>(xq, stride, x, K, w + n * K, static_cast<const W*>(nullptr), y + n, ldy); break;
+    case 1: Tile<R, 1>(xq, stride, x, K, w + n * K, static_cast<const W*>(nullptr), y + n, ldy); break;
     default: break;
   }
 }
 
 template <typename W>
-void MatMulColumnsAvx512T(const float* xp, const float* x, int64_t M, int64_t K, const W* w, int64_t n0, int64_t n1,
+void MatMulColumnsAvx512T(const float* xq, const float* x, int64_t M, int64_t K, const W* w, int64_t n0, int64_t n1,
                           float* y, int64_t ldy) {
-  const int64_t pairs = (M + 1) / 2;
-  const int64_t stride = PackedPairStride(K);
+  const int64_t stride = PackedRowStride(K);
+  // Rows in tiles of at most 5, as even as can be (M = 16: 4 x 4; 28: 5,5,5,5,4,4; 30: 6 x 5).
+  const int64_t tiles = (M + 4) / 5;
   // Block the columns so a block of w stays in L2 while all rows of x stream past it.
   int64_t block = int64_t{256} * 1024 / (K * static_cast<int64_t>(sizeof(W)));
   block = block < 4 ? 4 : (block / 4) * 4;
   for (int64_t nb = n0; nb < n1; nb += block) {
     const int64_t ne = nb + block < n1 ? nb + block : n1;
-    int64_t p = 0;
-    auto rows = [&](int64_t first_pair, int64_t npairs) {
-      const int64_t r = M - 2 * first_pair;
-      return r < 2 * npairs ? r : 2 * npairs;
-    };
-    for (; p + 3 <= pairs; p += 3) {
-      PairTile<3>(xp + p * stride, stride, x + 2 * p * K, K, w, nb, ne, y + 2 * p * ldy, ldy, rows(p, 3));
+    int64_t m = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t rows = (M - m) / (tiles - t);  // the larger tiles last
+      const float* tq = xq + m * stride;
+      const float* tx = x + m * K;
+      float* ty = y + m * ldy;
+      const bool first = t == 0;  // reads this block of w from memory: prefetches
+      switch (rows) {
+        case 5: RowTile<5>(tq, stride, tx, K, w, nb, ne, n1, first, ty, ldy); break;
+        case 4: RowTile<4>(tq, stride, tx, K, w, nb, ne, n1, first, ty, ldy); break;
+        case 3: RowTile<3>(tq, stride, tx, K, w, nb, ne, n1, first, ty, ldy); break;
+        case 2: RowTile<2>(tq, stride, tx, K, w, nb, ne, n1, first, ty, ldy); break;
+        default: RowTile<1>(tq, stride, tx, K, w, nb, ne, n1, first, ty, ldy); break;
+      }
+      m += rows;
     }
-    if (pairs - p == 2) PairTile<2>(xp + p * stride, stride, x + 2 * p * K, K, w, nb, ne, y + 2 * p * ldy, ldy, rows(p, 2));
-    if (pairs - p == 1) PairTile<1>(xp + p * stride, stride, x + 2 * p * K, K, w, nb, ne, y + 2 * p * ldy, ldy, rows(p, 1));
   }
 }
 
 }  // namespace
 
-int64_t PackedPairStride(int64_t K) { return (K / 8) * 16; }
-
-void PackRowPairs(const float* x, int64_t M, int64_t K, float* xp) {
-  const int64_t blocks = K / 8, stride = PackedPairStride(K);
-  for (int64_t p = 0; p < (M + 1) / 2; ++p) {
-    for (int64_t h = 0; h < 2; ++h) {
-      const int64_t r = 2 * p + h;
-      for (int64_t b = 0; b < blocks; ++b) {
-        float* dst = xp + p * stride + b * 16 + h * 8;
-        const __m256 v = r < M ? _mm256_loadu_ps(x + r * K + b * 8) : _mm256_setzero_ps();
-        _mm256_storeu_ps(dst, v);
-      }
-    }
-  }
+void MatMulColumnsAvx512(const float* xq, const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy) {
+  MatMulColumnsAvx512T(xq, x, M, K, w, n0, n1, y, ldy);
 }
 
-void MatMulColumnsAvx512(const float* xp, const float* x, int64_t M, int64_t K, const float* w, int64_t n0,
+void MatMulColumnsAvx512(const float* xq, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                          int64_t n1, float* y, int64_t ldy) {
-  MatMulColumnsAvx512T(xp, x, M, K, w, n0, n1, y, ldy);
-}
-
-void MatMulColumnsAvx512(const float* xp, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
-                         int64_t n1, float* y, int64_t ldy) {
-  MatMulColumnsAvx512T(xp, x, M, K, w, n0, n1, y, ldy);
+  MatMulColumnsAvx512T(xq, x, M, K, w, n0, n1, y, ldy);
 }
 
 }  // namespace rc::engine::internal

@@ -1,5 +1,5 @@
-// MatMulNT's kernels side by side (not run by ctest): the AVX2 kernel and the AVX-512 row-pair
-// kernel (kernels_avx512.cc) over the same x and bf16 weights, split over the same threads the
+// MatMulNT's kernels side by side (not run by ctest): the AVX2 kernel and the AVX-512 kernel
+// (kernels_avx512.cc) over the same x and bf16 weights, split over the same threads the
 // way MatMulNT splits them, for the qwen3-0.6b-shaped projections at the pre-replay's M = 30 (two
 // probes of 7 prompt + 8 forced tokens) and a 128-token prefill. Arguments: kernel, M, K, N,
 // threads. Prints GFLOPS per kernel; compare the rows of one shape, measured in the same run. The
@@ -32,7 +32,7 @@ struct Operands {
       std::memcpy(&u, &f, 4);
       v = static_cast<uint16_t>(u >> 16);
     }
-    xp.resize(static_cast<size_t>((m + 1) / 2 * internal::PackedPairStride(k)));
+    xp.resize(static_cast<size_t>(m * internal::PackedRowStride(k)));
   }
 };
 
@@ -43,7 +43,7 @@ void Split(ThreadPool& pool, int64_t N, Fn&& fn) {
   pool.ParallelForRange(groups, [&](int64_t gb, int64_t ge) { fn(gb * 16, ge * 16 < N ? ge * 16 : N); });
 }
 
-// Argument 0: the kernel (0: AVX2, 1: AVX-512 row pairs); then M, K, N, threads.
+// Argument 0: the kernel (0: AVX2, 1: AVX-512); then M, K, N, threads.
 void BM_MatMul(benchmark::State& state) {
   const bool avx512 = state.range(0) == 1;
   if (avx512 ? !KernelsUseAvx512() : !KernelsUseAvx2()) {
@@ -53,19 +53,17 @@ void BM_MatMul(benchmark::State& state) {
   Operands o(state.range(1), state.range(2), state.range(3));
   ThreadPool pool(static_cast<int>(state.range(4)));
   for (auto _ : state) {
-    if (avx512) {
-      internal::PackRowPairs(o.x.data(), o.M, o.K, o.xp.data());  // MatMulNT packs once per call
-      Split(pool, o.N, [&](int64_t n0, int64_t n1) {
+    internal::PackEvenOdd(o.x.data(), o.M, o.K, o.xp.data());  // MatMulNT packs once per call
+    Split(pool, o.N, [&](int64_t n0, int64_t n1) {
+      if (avx512) {
         internal::MatMulColumnsAvx512(o.xp.data(), o.x.data(), o.M, o.K, o.w.data(), n0, n1, o.y.data(), o.N);
-      });
-    } else {
-      Split(pool, o.N, [&](int64_t n0, int64_t n1) {
-        internal::MatMulColumnsAvx2(o.x.data(), o.M, o.K, o.w.data(), n0, n1, o.y.data(), o.N);
-      });
-    }
+      } else {
+        internal::MatMulColumnsAvx2(o.xp.data(), o.x.data(), o.M, o.K, o.w.data(), n0, n1, o.y.data(), o.N);
+      }
+    });
     benchmark::DoNotOptimize(o.y.data());
   }
-  state.SetLabel(avx512 ? "avx512 row pairs" : "avx2");
+  state.SetLabel(avx512 ? "avx512" : "avx2");
   state.counters["GFLOPS"] =
       benchmark::Counter(2.0 * static_cast<double>(o.M * o.N * o.K) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }

@@ -2,11 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <span>
+#include <thread>
 #include <vector>
 
 namespace rc::engine {
@@ -58,19 +61,86 @@ TEST(KernelsTest, BatchAndThreadInvariantBitwise) {
     MatMulNT(&three, x.data() + m * K, 1, K, w.data(), N, row.data());
     for (int64_t n = 0; n < N; ++n) {
       EXPECT_EQ(row[n], big[m * N + n]);
-      EXPECT_EQ(Dot(x.data() + m * K, w.data() + n * K, K), big[m * N + n]);
+      float alone;  // the element alone: one row, one column, the portable path
+      internal::MatMulColumnsPortable(x.data() + m * K, 1, K, w.data() + n * K, 0, 1, &alone, 1);
+      EXPECT_EQ(alone, big[m * N + n]);
     }
   }
 }
 
+// x packed for the AVX2 and AVX-512 kernels, as MatMulNT packs it.
+std::vector<float> Packed(const std::vector<float>& x, int64_t M, int64_t K) {
+  std::vector<float> xq(static_cast<size_t>(M * internal::PackedRowStride(K)));
+  internal::PackEvenOdd(x.data(), M, K, xq.data());
+  return xq;
+}
+
 TEST(KernelsTest, PortablePathEqualsAvx2Bitwise) {
   if (!KernelsUseAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
-  const int64_t M = 4, K = 45, N = 9;
-  auto x = Random(static_cast<size_t>(M * K), 5), w = Random(static_cast<size_t>(N * K), 6);
-  std::vector<float> a(static_cast<size_t>(M * N)), b(static_cast<size_t>(M * N));
-  internal::MatMulColumnsAvx2(x.data(), M, K, w.data(), 0, N, a.data(), N);
-  internal::MatMulColumnsPortable(x.data(), M, K, w.data(), 0, N, b.data(), N);
-  EXPECT_EQ(a, b);
+  for (int64_t K : {45, 64, 100}) {  // one chunk + a tail, two whole chunks, three + a tail
+    const int64_t M = 5, N = 9;
+    auto x = Random(static_cast<size_t>(M * K), 5), w = Random(static_cast<size_t>(N * K), 6);
+    std::vector<float> a(static_cast<size_t>(M * N)), b(static_cast<size_t>(M * N));
+    internal::MatMulColumnsAvx2(Packed(x, M, K).data(), x.data(), M, K, w.data(), 0, N, a.data(), N);
+    internal::MatMulColumnsPortable(x.data(), M, K, w.data(), 0, N, b.data(), N);
+    EXPECT_EQ(a, b) << K;
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_EQ(internal::DotAvx2(x.data(), w.data() + n * K, K), internal::DotPortable(x.data(), w.data() + n * K, K));
+    }
+  }
+}
+
+// The order is the documented one (kernels.h), not merely the same on every path: an element
+// computed by hand in that order equals the kernels' bit for bit, and summing the same products
+// in plain k order gives other bits for these inputs (so the check can fail).
+TEST(KernelsTest, MatMulFollowsTheDocumentedLaneOrder) {
+  const int64_t K = 70;  // two whole chunks and a tail of 6
+  auto x = Random(static_cast<size_t>(K), 31), w = Random(static_cast<size_t>(K), 32);
+  float lanes[16] = {};
+  for (int64_t c = 0; c + 32 <= K; c += 32) {
+    for (int64_t l = 0; l < 16; ++l) {
+      lanes[l] = std::fma(x[c + 2 * l], w[c + 2 * l], lanes[l]);
+      lanes[l] = std::fma(x[c + 2 * l + 1], w[c + 2 * l + 1], lanes[l]);
+    }
+  }
+  float want = (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) +
+               (((lanes[8] + lanes[9]) + (lanes[10] + lanes[11])) + ((lanes[12] + lanes[13]) + (lanes[14] + lanes[15])));
+  for (int64_t k = 64; k < K; ++k) want = std::fma(x[k], w[k], want);
+  float plain = 0;
+  for (int64_t k = 0; k < K; ++k) plain = std::fma(x[k], w[k], plain);
+  ASSERT_NE(std::bit_cast<uint32_t>(want), std::bit_cast<uint32_t>(plain)) << "inputs that do not tell orders apart";
+  ThreadPool pool(2);
+  float got = 0;
+  MatMulNT(&pool, x.data(), 1, K, w.data(), 1, &got);
+  EXPECT_EQ(std::bit_cast<uint32_t>(want), std::bit_cast<uint32_t>(got));
+  internal::MatMulColumnsPortable(x.data(), 1, K, w.data(), 0, 1, &got, 1);
+  EXPECT_EQ(std::bit_cast<uint32_t>(want), std::bit_cast<uint32_t>(got));
+}
+
+// ThreadPool hands out pieces as threads come free: while one call is held up (its thread
+// preempted), the other thread runs every remaining piece. A static split would have given the
+// held call [0, 8), its whole half.
+TEST(ThreadPoolTest, AHeldUpThreadLeavesItsRemainingPiecesToTheOthers) {
+  ThreadPool pool(2);
+  const int64_t n = 16;
+  std::vector<std::atomic<int>> hits(n);
+  std::atomic<int64_t> others{0};
+  std::atomic<bool> held_saw_all{false};
+  std::atomic<int64_t> held_size{0};
+  pool.ParallelForRange(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+    if (b == 0) {
+      held_size = e - b;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (others.load() < n - (e - b) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      held_saw_all = others.load() == n - (e - b);
+    } else {
+      others.fetch_add(e - b);
+    }
+  });
+  EXPECT_LT(held_size.load(), n / 2) << "the held call was given a whole thread's share";
+  EXPECT_TRUE(held_saw_all) << "the other thread did not take the held thread's remaining pieces";
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
 }
 
 TEST(KernelsTest, RmsNormAndRope) {
@@ -128,8 +198,9 @@ TEST(KernelsTest, Bf16WeightsGiveTheBitsOfTheWidenedF32Path) {
         ASSERT_EQ(0, std::memcmp(pa.data(), f32.data(), pa.size() * 4)) << "portable vs dispatched";
         if (KernelsUseAvx2()) {
           std::vector<float> aa(f32.size()), ab(f32.size());
-          internal::MatMulColumnsAvx2(x.data(), M, K, w.widened.data(), 0, N, aa.data(), N);
-          internal::MatMulColumnsAvx2(x.data(), M, K, w.bits.data(), 0, N, ab.data(), N);
+          const std::vector<float> xq = Packed(x, M, K);
+          internal::MatMulColumnsAvx2(xq.data(), x.data(), M, K, w.widened.data(), 0, N, aa.data(), N);
+          internal::MatMulColumnsAvx2(xq.data(), x.data(), M, K, w.bits.data(), 0, N, ab.data(), N);
           ASSERT_EQ(0, std::memcmp(aa.data(), ab.data(), aa.size() * 4)) << "avx2 " << M << "x" << K << "x" << N;
           ASSERT_EQ(0, std::memcmp(aa.data(), pb.data(), aa.size() * 4)) << "avx2 bf16 vs portable bf16";
         }
@@ -138,20 +209,19 @@ TEST(KernelsTest, Bf16WeightsGiveTheBitsOfTheWidenedF32Path) {
   }
 }
 
-// The AVX-512 row-pair kernel keeps the AVX2 lane order: bit for bit the portable path, for f32
-// and bf16 weights, odd M (a padded pair), K with and without a lane tail (and K < 8: no block),
-// N with column remainders, a column range that starts inside the matrix, and MatMulNT's
-// dispatch (which packs x itself).
-TEST(KernelsTest, Avx512RowPairsEqualThePortablePathBitwise) {
+// The AVX-512 kernel keeps the lane order: bit for bit the portable path, for f32 and bf16
+// weights, every row-tile split (M 1..31: tiles of 5, 4, 3, 2, 1 rows), K with and without a tail
+// (and K < 32: no whole chunk), N with column remainders, a column range that starts inside the
+// matrix, and MatMulNT's dispatch (which packs x itself).
+TEST(KernelsTest, Avx512EqualsThePortablePathBitwise) {
   if (!KernelsUseAvx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
   ThreadPool pool(2);
   for (int64_t K : {3, 8, 45, 64, 1027}) {
     for (int64_t N : {1, 5, 18, 131}) {
-      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 9, 30, 31}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 9, 11, 16, 28, 30, 31}) {
         auto x = Random(static_cast<size_t>(M * K), static_cast<uint32_t>(21 + K + M));
         Bf16Weights w = RandomBf16(static_cast<size_t>(N * K), static_cast<uint32_t>(22 + N));
-        std::vector<float> xp(static_cast<size_t>((M + 1) / 2 * internal::PackedPairStride(K)));
-        internal::PackRowPairs(x.data(), M, K, xp.data());
+        const std::vector<float> xp = Packed(x, M, K);
         const int64_t n0 = N > 3 ? 2 : 0;  // a range that starts inside: the kernel indexes columns, not ranges
         std::vector<float> ref(static_cast<size_t>(M * N), -1.f), a(ref.size(), -1.f), b(ref.size(), -1.f);
         internal::MatMulColumnsPortable(x.data(), M, K, w.bits.data(), n0, N, ref.data(), N);

@@ -1,14 +1,18 @@
 // ThreadPool: a fixed set of worker threads running ParallelFor over an index range.
 //
 // ParallelFor(n, fn) calls fn(i) for every i in [0, n) exactly once and returns when all calls
-// finished; the caller's thread takes part. Work is split statically into contiguous chunks so
-// that a given kernel always assigns an output element to exactly one call; results never
-// depend on the thread count (reductions stay inside one call).
+// finished; the caller's thread takes part. [0, n) is cut into up to kPiecesPerThread contiguous
+// pieces per thread, which the threads take in turn as they finish the previous one: a thread
+// the OS preempts (another process, the receiver's unmapping thread) leaves its remaining pieces
+// to the others instead of holding the whole call up by its share. A given kernel still assigns
+// each output element to exactly one call, so results never depend on the thread count or on
+// which thread ran a piece (reductions stay inside one call).
 //
 // Thread safety: ParallelFor may be called from one thread at a time (the engine's step
 // thread); concurrent callers are serialized by an internal mutex.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,7 +42,9 @@ class ThreadPool {
   }
 
  private:
-  void WorkerLoop(int index);
+  static constexpr int kPiecesPerThread = 8;
+  void WorkerLoop();
+  void RunPieces(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t pieces);
 
   rc::Mutex call_mu_;  // serializes ParallelForRange callers
   rc::Mutex mu_;
@@ -50,6 +56,8 @@ class ThreadPool {
   // guarded by mu_:
   const std::function<void(int64_t, int64_t)>* job_ GUARDED_BY(mu_) = nullptr;
   int64_t job_n_ GUARDED_BY(mu_) = 0;
+  int64_t job_pieces_ GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> next_piece_{0};  // the job's next piece to take (reset with the job, under mu_)
   uint64_t job_seq_ GUARDED_BY(mu_) = 0;
   int pending_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
