@@ -245,6 +245,44 @@ double UnionMs(const std::vector<CallInterval>& calls, std::initializer_list<con
   return ms;
 }
 
+// The pause window measured on the adapter calls (the first pause call's start to the last resume
+// call's end; the phase times are whole ms) and how much of it no engine call covered: the union
+// of the calls inside it is subtracted, not their sum (the prefix reset and the digest read run
+// at the same time). Both 0 when the cycle has no pause or no resume call.
+struct PauseGaps {
+  double window_ms = 0;
+  double between_ms = 0;
+};
+PauseGaps PauseWindowGaps(const std::vector<CallInterval>& calls) {
+  std::optional<std::chrono::steady_clock::time_point> a, b;
+  for (const auto& c : calls) {
+    if (c.name == "pause" && (!a || c.start < *a)) a = c.start;
+    if (c.name == "resume" && (!b || c.end > *b)) b = c.end;
+  }
+  PauseGaps out;
+  if (!a || !b || *b <= *a) return out;
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> in;
+  for (const auto& c : calls) {
+    const auto s = std::max(c.start, *a), e = std::min(c.end, *b);
+    if (e > s) in.emplace_back(s, e);
+  }
+  std::sort(in.begin(), in.end());
+  double covered = 0;
+  std::optional<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> cur;
+  for (const auto& piece : in) {
+    if (cur && piece.first <= cur->second) {
+      cur->second = std::max(cur->second, piece.second);
+      continue;
+    }
+    if (cur) covered += std::chrono::duration<double, std::milli>(cur->second - cur->first).count();
+    cur = piece;
+  }
+  if (cur) covered += std::chrono::duration<double, std::milli>(cur->second - cur->first).count();
+  out.window_ms = std::chrono::duration<double, std::milli>(*b - *a).count();
+  out.between_ms = std::max(0.0, out.window_ms - covered);
+  return out;
+}
+
 class TimedAdapter final : public lifecycle::EngineAdapter {
  public:
   TimedAdapter(std::unique_ptr<lifecycle::EngineAdapter> inner, std::shared_ptr<CallTimes> times)
@@ -486,7 +524,8 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
     // unnamed work inside its stage and install calls counted as the controller's).
     const double overhead_named = total - stage - prereplay_ms - drain_wait - install - install_digest - validate;
     // The pause window's parts: each engine call inside it, and what is left (the controller's
-    // journal writes and polling between the calls).
+    // journal writes and polling between the calls: the window on the call clock minus the
+    // union of the calls in it, PauseWindowGaps).
     Json pause_parts{{"pause_call", call("pause")},
                      {"install", install},
                      {"install_live_digest", install_digest},
@@ -495,15 +534,12 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
                      {"validation_digest", call("read_digest")},
                      {"validation_replay", call("replay")},
                      {"resume_call", call("resume")}};
-    double in_calls =
-        call("pause") + call("install") + call("read_label") + call("read_digest") + call("replay") + call("resume");
     for (const auto& [n, ms] : calls) {
-      if (n.rfind("reset_", 0) == 0) {
-        pause_parts["cache_" + n] = ms;
-        in_calls += ms;
-      }
+      if (n.rfind("reset_", 0) == 0) pause_parts["cache_" + n] = ms;
     }
-    pause_parts["controller_between_calls"] = pause - in_calls;
+    const PauseGaps pause_gaps = PauseWindowGaps(intervals);
+    pause_parts["window_on_calls"] = pause_gaps.window_ms;
+    pause_parts["controller_between_calls"] = pause_gaps.between_ms;
     // Controller overhead, split precisely: the gaps in which no engine call was in flight (by
     // the calls around them), the journal appends (count and time, all of them, and the part of
     // their time no engine call overlapped: what the cycle waited for; issue 15's group commits
