@@ -185,6 +185,30 @@ Json IdleGaps(std::vector<CallInterval> calls, std::chrono::steady_clock::time_p
   return gaps;
 }
 
+// The union of call intervals as disjoint [start, end) pieces in time order, and how much of
+// [s, e) those pieces cover.
+using TimePoint = std::chrono::steady_clock::time_point;
+std::vector<std::pair<TimePoint, TimePoint>> BusyPieces(std::vector<CallInterval> calls) {
+  std::sort(calls.begin(), calls.end(), [](const CallInterval& a, const CallInterval& b) { return a.start < b.start; });
+  std::vector<std::pair<TimePoint, TimePoint>> busy;
+  for (const auto& c : calls) {
+    if (!busy.empty() && c.start <= busy.back().second) {
+      busy.back().second = std::max(busy.back().second, c.end);
+    } else {
+      busy.emplace_back(c.start, c.end);
+    }
+  }
+  return busy;
+}
+double CoveredMs(const std::vector<std::pair<TimePoint, TimePoint>>& busy, TimePoint s, TimePoint e) {
+  double covered = 0;
+  for (const auto& [bs, be] : busy) {
+    const auto os = std::max(s, bs), oe = std::min(e, be);
+    if (oe > os) covered += std::chrono::duration<double, std::milli>(oe - os).count();
+  }
+  return covered;
+}
+
 // The journal commits of one cycle against its engine calls: the commit time spent while no
 // engine call was in flight (what the cycle waited for), and how many commits were mostly there.
 // A commit that overlaps a call in flight (the request's sync while the stage runs) costs the
@@ -194,27 +218,13 @@ struct JournalInGaps {
   int64_t commits = 0;
 };
 JournalInGaps JournalOutsideCalls(const std::vector<lifecycle::JournalAppendInterval>& appends,
-                                  std::vector<CallInterval> calls, std::chrono::steady_clock::time_point t0,
-                                  std::chrono::steady_clock::time_point t1) {
-  std::sort(calls.begin(), calls.end(), [](const CallInterval& a, const CallInterval& b) { return a.start < b.start; });
-  // The union of the call intervals, as disjoint [start, end) pieces.
-  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> busy;
-  for (const auto& c : calls) {
-    if (!busy.empty() && c.start <= busy.back().second) {
-      busy.back().second = std::max(busy.back().second, c.end);
-    } else {
-      busy.emplace_back(c.start, c.end);
-    }
-  }
+                                  const std::vector<CallInterval>& calls, TimePoint t0, TimePoint t1) {
+  const auto busy = BusyPieces(calls);
   JournalInGaps out;
   for (const auto& a : appends) {
     const auto s = std::max(a.start, t0), e = std::min(a.end, t1);
     if (e <= s) continue;
-    double len = std::chrono::duration<double, std::milli>(e - s).count(), covered = 0;
-    for (const auto& [bs, be] : busy) {
-      const auto os = std::max(s, bs), oe = std::min(e, be);
-      if (oe > os) covered += std::chrono::duration<double, std::milli>(oe - os).count();
-    }
+    const double len = std::chrono::duration<double, std::milli>(e - s).count(), covered = CoveredMs(busy, s, e);
     out.ms += len - covered;
     if (len - covered > covered) ++out.commits;
   }
@@ -229,19 +239,8 @@ double UnionMs(const std::vector<CallInterval>& calls, std::initializer_list<con
       if (c.name == n) sel.push_back(c);
     }
   }
-  std::sort(sel.begin(), sel.end(), [](const CallInterval& a, const CallInterval& b) { return a.start < b.start; });
   double ms = 0;
-  std::optional<std::chrono::steady_clock::time_point> s, e;
-  for (const auto& c : sel) {
-    if (e && c.start <= *e) {
-      e = std::max(*e, c.end);
-      continue;
-    }
-    if (s) ms += std::chrono::duration<double, std::milli>(*e - *s).count();
-    s = c.start;
-    e = c.end;
-  }
-  if (s) ms += std::chrono::duration<double, std::milli>(*e - *s).count();
+  for (const auto& [s, e] : BusyPieces(std::move(sel))) ms += std::chrono::duration<double, std::milli>(e - s).count();
   return ms;
 }
 
@@ -254,32 +253,15 @@ struct PauseGaps {
   double between_ms = 0;
 };
 PauseGaps PauseWindowGaps(const std::vector<CallInterval>& calls) {
-  std::optional<std::chrono::steady_clock::time_point> a, b;
+  std::optional<TimePoint> a, b;
   for (const auto& c : calls) {
     if (c.name == "pause" && (!a || c.start < *a)) a = c.start;
     if (c.name == "resume" && (!b || c.end > *b)) b = c.end;
   }
   PauseGaps out;
   if (!a || !b || *b <= *a) return out;
-  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> in;
-  for (const auto& c : calls) {
-    const auto s = std::max(c.start, *a), e = std::min(c.end, *b);
-    if (e > s) in.emplace_back(s, e);
-  }
-  std::sort(in.begin(), in.end());
-  double covered = 0;
-  std::optional<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> cur;
-  for (const auto& piece : in) {
-    if (cur && piece.first <= cur->second) {
-      cur->second = std::max(cur->second, piece.second);
-      continue;
-    }
-    if (cur) covered += std::chrono::duration<double, std::milli>(cur->second - cur->first).count();
-    cur = piece;
-  }
-  if (cur) covered += std::chrono::duration<double, std::milli>(cur->second - cur->first).count();
   out.window_ms = std::chrono::duration<double, std::milli>(*b - *a).count();
-  out.between_ms = std::max(0.0, out.window_ms - covered);
+  out.between_ms = std::max(0.0, out.window_ms - CoveredMs(BusyPieces(calls), *a, *b));
   return out;
 }
 
