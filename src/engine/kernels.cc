@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 namespace rc::engine {
@@ -104,19 +105,25 @@ bool KernelsUseAvx512() {
 }
 
 void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef wr, int64_t N, float* y) {
+  // Packed into a buffer of this thread's (grows to the largest M x K seen, then stays).
+  thread_local std::vector<float> packed;
+  MatMulNT(pool, x, M, K, wr, N, y, &packed);
+}
+
+void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef wr, int64_t N, float* y,
+              std::vector<float>* pack) {
   const bool bf16 = wr.type == WeightType::kBF16;
   const float* wf = static_cast<const float*>(wr.data);
   const uint16_t* wb = static_cast<const uint16_t*>(wr.data);
   const bool avx512 = KernelsUseAvx512();
   const bool avx2 = !avx512 && KernelsUseAvx2();
-  // Packed once here, read by every thread (grows to the largest M x K seen, then stays), from a
-  // 64-byte boundary: the kernels' 64-byte loads of it then never straddle two cache lines.
-  thread_local std::vector<float> packed;
+  // Packed once here, read by every thread, from a 64-byte boundary: the kernels' 64-byte loads
+  // of it then never straddle two cache lines.
   float* xp = nullptr;
   if (avx512 || avx2) {
-    packed.resize(static_cast<size_t>(M * internal::PackedRowStride(K) + 16));
-    const auto addr = reinterpret_cast<uintptr_t>(packed.data());
-    xp = packed.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    pack->resize(static_cast<size_t>(M * internal::PackedRowStride(K) + 16));
+    const auto addr = reinterpret_cast<uintptr_t>(pack->data());
+    xp = pack->data() + ((64 - addr % 64) % 64) / sizeof(float);
     internal::PackEvenOdd(x, M, K, xp);
   }
   // Column groups of 16 keep threads' output columns apart.
@@ -146,7 +153,7 @@ void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef 
   if (pool == nullptr || flops < 2e5) {
     run(0, groups);
   } else {
-    pool->ParallelForRange(groups, run);
+    pool->ParallelForRange(groups, std::ref(run));  // a reference: std::function allocates nothing
   }
 }
 

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/thread_pool.h"
 
@@ -59,6 +60,11 @@ struct WeightRef {
 
 // y[m, n] = sum_k x[m, k] * w[n, k]  (x: [M, K] row-major, w: [N, K] row-major, y: [M, N]).
 void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef w, int64_t N, float* y);
+// The same, packing x into `pack` (grown as needed, kept by the caller) instead of a buffer of the
+// calling thread's own: a caller that keeps one (Model's forward scratch) allocates nothing once
+// warm, whichever thread it runs on.
+void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef w, int64_t N, float* y,
+              std::vector<float>* pack);
 float Dot(const float* a, const float* b, int64_t k);
 // y = x / sqrt(mean(x^2) + eps) * w over one row of `dim` (y may alias x).
 void RmsNorm(const float* x, WeightRef w, int64_t dim, float eps, float* y);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "engine/kernels.h"
 
@@ -171,13 +172,35 @@ Result<WeightBinding> Model::BindImage(const WeightImage& image) const {
   });
 }
 
+size_t Model::Scratch::Bytes() const {
+  size_t b = (tok_id.capacity()) * sizeof(int32_t) +
+             (tok_seq.capacity() + tok_pos.capacity() + logit_rows.capacity()) * sizeof(int64_t);
+  for (const auto* v : {&x, &hbuf, &qkv, &attn, &gu, &act, &normed, &pack}) b += v->capacity() * sizeof(float);
+  for (const auto& v : partials) b += v.capacity() * sizeof(float);
+  return b;
+}
+
 Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seqs, std::vector<float>* logits) {
   if (w.layers.size() != ranks_.size()) return Internal("forward: the weight binding does not match the model's ranks");
   const int64_t H = spec_.hidden_size, D = spec_.head_dim, V = spec_.vocab_size;
+  // The scratch of the last forward, kept (class comment); freed again when this one grew it
+  // past kKeepScratchBytes.
+  Scratch& sc = scratch_;
+  struct TrimScratch {
+    Scratch* sc;
+    ~TrimScratch() {
+      if (sc->Bytes() > kKeepScratchBytes) *sc = Scratch{};
+    }
+  } trim{&sc};
   // Flatten the batch: token t belongs to seq tok_seq[t] at position tok_pos[t].
-  std::vector<int32_t> tok_id;
-  std::vector<int64_t> tok_seq, tok_pos;
-  std::vector<int64_t> logit_rows;
+  std::vector<int32_t>& tok_id = sc.tok_id;
+  std::vector<int64_t>& tok_seq = sc.tok_seq;
+  std::vector<int64_t>& tok_pos = sc.tok_pos;
+  std::vector<int64_t>& logit_rows = sc.logit_rows;
+  tok_id.clear();
+  tok_seq.clear();
+  tok_pos.clear();
+  logit_rows.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
     const ForwardSeq& fs = seqs[s];
     const int64_t need_blocks = (fs.start_pos + fs.num_tokens + block_size_ - 1) / block_size_;
@@ -212,12 +235,19 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
     return static_cast<int64_t>(bt[static_cast<size_t>(pos / block_size_)]) * block_size_ + pos % block_size_;
   };
 
-  std::vector<float> x(static_cast<size_t>(T * H));
+  // Every element of x, hbuf, qkv, gu, act, the partials and normed is written before it is read
+  // (the embedding rows, RmsNorm, the matmuls, the SiLU loop); attn accumulates and is zeroed.
+  std::vector<float>& x = sc.x;
+  x.resize(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) {
     WidenRow(w.embed.Row(tok_id[t], H), H, &x[t * H]);
   }
-  std::vector<float> hbuf(static_cast<size_t>(T * H));
-  std::vector<float> qkv, attn, gu, act;
+  std::vector<float>& hbuf = sc.hbuf;
+  hbuf.resize(static_cast<size_t>(T * H));
+  std::vector<float>& qkv = sc.qkv;
+  std::vector<float>& attn = sc.attn;
+  std::vector<float>& gu = sc.gu;
+  std::vector<float>& act = sc.act;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float eps = static_cast<float>(spec_.rms_norm_eps);
 
@@ -229,7 +259,9 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
       x[i] += s;
     }
   };
-  std::vector<std::vector<float>> partials(ranks_.size(), std::vector<float>(static_cast<size_t>(T * H)));
+  std::vector<std::vector<float>>& partials = sc.partials;
+  partials.resize(ranks_.size());
+  for (std::vector<float>& p : partials) p.resize(static_cast<size_t>(T * H));
 
   for (int64_t li = 0; li < spec_.num_layers; ++li) {
     for (int64_t t = 0; t < T; ++t) RmsNorm(&x[t * H], w.layers[0][static_cast<size_t>(li)].in_norm, H, eps, &hbuf[t * H]);
@@ -239,7 +271,7 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
       const int64_t hq = rank.layout.q_heads, hk = rank.layout.kv_heads;
       const int64_t W = (hq + 2 * hk) * D;
       qkv.resize(static_cast<size_t>(T * W));
-      MatMulNT(pool_, hbuf.data(), T, H, L.qkv, W, qkv.data());
+      MatMulNT(pool_, hbuf.data(), T, H, L.qkv, W, qkv.data(), &sc.pack);
       float* kc = rank.k_cache[static_cast<size_t>(li)].data();
       float* vc = rank.v_cache[static_cast<size_t>(li)].data();
       for (int64_t t = 0; t < T; ++t) {
@@ -282,8 +314,8 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
         const float inv = 1.0f / sum;
         for (int64_t dd = 0; dd < D; ++dd) out[dd] *= inv;
       };
-      pool_->ParallelFor(T * hq, attend);
-      MatMulNT(pool_, attn.data(), T, hq * D, L.o, H, partials[r].data());
+      pool_->ParallelFor(T * hq, std::ref(attend));
+      MatMulNT(pool_, attn.data(), T, hq * D, L.o, H, partials[r].data(), &sc.pack);
     }
     all_reduce_into_x(partials);
 
@@ -294,25 +326,26 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
       const int64_t I = rank.layout.intermediate;
       gu.resize(static_cast<size_t>(T * 2 * I));
       act.resize(static_cast<size_t>(T * I));
-      MatMulNT(pool_, hbuf.data(), T, H, L.gate_up, 2 * I, gu.data());
+      MatMulNT(pool_, hbuf.data(), T, H, L.gate_up, 2 * I, gu.data(), &sc.pack);
       for (int64_t t = 0; t < T; ++t) {
         const float* g = &gu[t * 2 * I];
         const float* u = g + I;
         float* a = &act[t * I];
         for (int64_t j = 0; j < I; ++j) a[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
       }
-      MatMulNT(pool_, act.data(), T, I, L.down, H, partials[r].data());
+      MatMulNT(pool_, act.data(), T, I, L.down, H, partials[r].data(), &sc.pack);
     }
     all_reduce_into_x(partials);
   }
 
   const int64_t S = static_cast<int64_t>(logit_rows.size());
   if (S == 0) return OkStatus();
-  std::vector<float> normed(static_cast<size_t>(S * H));
+  std::vector<float>& normed = sc.normed;
+  normed.resize(static_cast<size_t>(S * H));
   for (int64_t s = 0; s < S; ++s) RmsNorm(&x[logit_rows[s] * H], w.final_norm, H, eps, &normed[s * H]);
   const size_t base = logits->size();
   logits->resize(base + static_cast<size_t>(S * V));
-  MatMulNT(pool_, normed.data(), S, H, w.lm_head, V, logits->data() + base);
+  MatMulNT(pool_, normed.data(), S, H, w.lm_head, V, logits->data() + base, &sc.pack);
   return OkStatus();
 }
 

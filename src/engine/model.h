@@ -13,8 +13,12 @@
 // bit-identical results whether they are live or not (model_test.cc checks it, tp 1 and 2).
 //
 // Thread safety: not synchronized; the engine calls Forward under its step lock only, and
-// mutates parameters only while paused. A binding stays valid while the buffers it points into
-// are neither freed nor exchanged (the caller's contract; the engine re-binds after installs).
+// mutates parameters only while paused. Forward's scratch (activations, the flattened batch) is
+// the model's own and kept from one call to the next, up to kKeepScratchBytes: a forward
+// allocates, faults in and zeroes no memory once a batch of its size ran before (no heap growth,
+// so a forward never waits on the address-space lock another thread's munmap holds). A binding
+// stays valid while the buffers it points into are neither freed nor exchanged (the caller's
+// contract; the engine re-binds after installs).
 #pragma once
 
 #include <cstdint>
@@ -110,6 +114,19 @@ class Model {
   Model(const ModelSpec& spec, int64_t num_blocks, int64_t block_size, ThreadPool* pool)
       : spec_(spec), num_blocks_(num_blocks), block_size_(block_size), pool_(pool) {}
 
+  // Forward's scratch, reused across calls (Forward runs under the engine's step lock only).
+  struct Scratch {
+    std::vector<int32_t> tok_id;
+    std::vector<int64_t> tok_seq, tok_pos, logit_rows;
+    std::vector<float> x, hbuf, qkv, attn, gu, act, normed;
+    std::vector<float> pack;  // MatMulNT's packed input
+    std::vector<std::vector<float>> partials;  // per rank
+    size_t Bytes() const;
+  };
+  // Scratch beyond this is freed after the forward that needed it (a long prefill), so a model
+  // never holds more than this between calls.
+  static constexpr size_t kKeepScratchBytes = size_t{64} << 20;
+
   ModelSpec spec_;
   int64_t num_blocks_;
   int64_t block_size_;
@@ -122,6 +139,7 @@ class Model {
                                                     const std::vector<int64_t>& shape)>;
   Result<WeightBinding> BindWith(const RefLookup& lookup) const;
   WeightBinding live_;
+  Scratch scratch_;
 };
 
 }  // namespace rc::engine

@@ -143,6 +143,22 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
     return rep;
   };
   if (probes.empty()) return not_run("no probes");
+  // The logits buffer of the last pre-replay (engine.h), given back on every return unless this
+  // run grew it past kKeepPreReplayLogitsBytes.
+  std::vector<float> logits;
+  {
+    rc::MutexLock l(prereplay_logits_mu_);
+    logits.swap(prereplay_logits_);
+  }
+  struct GiveBackLogits {
+    Engine* e;
+    std::vector<float>* v;
+    ~GiveBackLogits() {
+      if (v->capacity() * sizeof(float) > kKeepPreReplayLogitsBytes) return;
+      rc::MutexLock l(e->prereplay_logits_mu_);
+      if (v->capacity() > e->prereplay_logits_.capacity()) e->prereplay_logits_.swap(*v);
+    }
+  } give_back_logits{this, &logits};
   const ModelSpec& s = model_->spec();
   for (size_t i = 0; i < probes.size(); ++i) {
     Status st = CheckReplayArgs(s, max_model_len_, probes[i].prompt, probes[i].steps, probes[i].top_k);
@@ -189,14 +205,14 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
   std::vector<std::vector<int32_t>> tokens(n);
   std::vector<int64_t> computed(n, 0);
   std::vector<ReplayOutput> outs(n);
-  std::vector<SamplerRng> rngs(n, SamplerRng(0));
   for (size_t i = 0; i < n; ++i) tokens[i] = probes[i].prompt;
   std::string why;
   // One forward: the probes in `who`, as one batch, each from its first uncomputed position,
   // with `logit_tokens[j]` logits rows for who[j]. step_mu_ is held for this forward only, so user
-  // requests' steps run between ours. Appends each probe's rows' sample results via `take`.
+  // requests' steps run between ours. Samples every row (greedy, with the probe's top-k; rows in
+  // parallel on the engine's pool, outside step_mu_) and hands each probe's rows to `take` in order.
   auto forward = [&](const std::string& what, const std::vector<size_t>& who, const std::vector<int64_t>& logit_tokens,
-                     const std::function<void(size_t, std::span<const float>)>& take) -> bool {
+                     const std::function<void(size_t, SampleResult)>& take) -> bool {
     std::vector<ForwardSeq> batch;
     for (size_t j = 0; j < who.size(); ++j) {
       const size_t i = who[j];
@@ -209,7 +225,7 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
       f.logit_tokens = logit_tokens[j];
       batch.push_back(f);
     }
-    std::vector<float> logits;
+    logits.clear();  // keeps its capacity
     Status st;
     {
       rc::MutexLock sl(step_mu_);
@@ -220,15 +236,21 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
       why = what + ": " + std::string(st.message());
       return false;
     }
-    size_t row = 0;
-    for (size_t j = 0; j < who.size(); ++j) {
-      const size_t i = who[j];
-      computed[i] = static_cast<int64_t>(tokens[i].size());
-      for (int64_t k = 0; k < logit_tokens[j]; ++k, ++row) {
-        take(i, std::span<const float>(logits.data() + row * static_cast<size_t>(s.vocab_size),
-                                       static_cast<size_t>(s.vocab_size)));
-      }
-    }
+    // Row r belongs to probe row_probe[r]. Greedy sampling draws no random number (the rng is
+    // never read at temperature 0), so every row is sampled on its own, in any order, with the
+    // same result as one after the other.
+    std::vector<size_t> row_probe;
+    for (size_t j = 0; j < who.size(); ++j) row_probe.insert(row_probe.end(), static_cast<size_t>(logit_tokens[j]), who[j]);
+    std::vector<SampleResult> sampled(row_probe.size());
+    pool_->ParallelFor(static_cast<int64_t>(row_probe.size()), [&](int64_t r) {
+      SamplerRng unused(0);
+      sampled[static_cast<size_t>(r)] =
+          Sample(std::span<const float>(logits.data() + static_cast<size_t>(r) * static_cast<size_t>(s.vocab_size),
+                                        static_cast<size_t>(s.vocab_size)),
+                 GreedyWithTopK(probes[row_probe[static_cast<size_t>(r)]].top_k), &unused);
+    });
+    for (size_t i : who) computed[i] = static_cast<int64_t>(tokens[i].size());
+    for (size_t r = 0; r < row_probe.size(); ++r) take(row_probe[r], std::move(sampled[r]));
     return true;
   };
   auto past_deadline = [&](const std::string& at) {
@@ -268,9 +290,8 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
     }
     std::vector<bool> diverged(n, false);
     ok = forward("teacher-forced forward of probe " + std::to_string(who.front()), who, rows,
-                 [&](size_t i, std::span<const float> row) {
+                 [&](size_t i, SampleResult r) {
                    if (diverged[i]) return;  // rows after the divergence are of another prefix
-                   SampleResult r = Sample(row, GreedyWithTopK(probes[i].top_k), &rngs[i]);
                    const size_t k = outs[i].steps.size();
                    diverged[i] = k + 1 < static_cast<size_t>(probes[i].steps) && r.token != probes[i].forced[k];
                    outs[i].steps.push_back(std::move(r));
@@ -299,8 +320,7 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
       if (static_cast<int64_t>(outs[i].steps.size()) < probes[i].steps) who.push_back(i);
     }
     if (who.empty()) break;
-    auto take = [&](size_t i, std::span<const float> row) {
-      SampleResult r = Sample(row, GreedyWithTopK(probes[i].top_k), &rngs[i]);
+    auto take = [&](size_t i, SampleResult r) {
       tokens[i].push_back(r.token);
       outs[i].steps.push_back(std::move(r));
     };

@@ -415,6 +415,14 @@ class Engine {
   PreReplayCache prereplay_ GUARDED_BY(mu_);
   // KV blocks a pre-replay holds (outside any request, never hashed).
   int64_t prereplay_blocks_ GUARDED_BY(mu_) = 0;
+  // The pre-replay's logits buffer, kept between pre-replays (up to kKeepPreReplayLogitsBytes):
+  // the stage's pre-replay then maps no memory, so it never waits on the address-space lock the
+  // receiver's unmapping thread holds beside it. A pre-replay takes it at its start and gives it
+  // back at its end (a concurrent one starts with an empty buffer); the lock is held only for the
+  // exchange (a leaf: nothing is taken under it).
+  rc::Mutex prereplay_logits_mu_;
+  std::vector<float> prereplay_logits_ GUARDED_BY(prereplay_logits_mu_);
+  static constexpr size_t kKeepPreReplayLogitsBytes = size_t{64} << 20;
 };
 
 }  // namespace rc::engine
