@@ -17,7 +17,9 @@
 namespace rc::engine {
 namespace {
 
-constexpr double kLogprobTol = 2e-3;
+// Issue 15's bound ("top-5 logprobs equal Hugging Face within 1e-4"); the committed fixtures
+// differ by at most ~1e-5 at tp 1 and 2.
+constexpr double kLogprobTol = 1e-4;
 constexpr double kMinMargin = 1e-3;
 
 class ParityTest : public ::testing::TestWithParam<std::string> {};
