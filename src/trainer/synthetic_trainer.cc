@@ -168,7 +168,10 @@ struct SyntheticTrainer::Rank {
   std::unique_ptr<Publisher> publisher;
   std::vector<Shard> shards;
   int64_t master_step = -1;  // the step `master` holds; -1: none yet
-  std::map<std::string, std::shared_ptr<transport::ShmBuffer>> arenas;  // by version (fault injection)
+  // Each version's buffer by version, for fault injection (CorruptByte) only: weak, so a released
+  // version's memory goes when the publisher lets go of it (a strong reference here kept every
+  // version's buffer for the trainer's lifetime, whatever --keep said).
+  std::map<std::string, std::weak_ptr<transport::ShmBuffer>> arenas;
 };
 
 SyntheticTrainer::SyntheticTrainer(SyntheticTrainerOptions options, directory::DirectoryStore* store)
@@ -254,6 +257,7 @@ Status SyntheticTrainer::RunRank(Rank& rank, int64_t step, VersionStatus* out) {
           fmt::format("trainer rank {} allocating {} bytes for version {}", rank.index, total, label));
     }
     auto arena = std::make_shared<transport::ShmBuffer>(std::move(created).value());
+    std::erase_if(rank.arenas, [](const auto& kv) { return kv.second.expired(); });
     rank.arenas[label] = arena;
     for (size_t i = 0; i < rank.shards.size(); ++i) {
       const Rank::Shard& s = rank.shards[i];
@@ -315,11 +319,15 @@ Status SyntheticTrainer::CorruptByte(std::string_view version, int32_t rank, uin
   }
   auto& arenas = ranks_[static_cast<size_t>(rank)]->arenas;
   auto it = arenas.find(std::string(version));
-  if (it == arenas.end()) return NotFound(fmt::format("rank {} holds no buffer of version {}", rank, version));
-  if (byte >= it->second->size()) {
-    return InvalidArgument(fmt::format("byte {} is past the {} bytes of rank {}'s buffer", byte, it->second->size(), rank));
+  const std::shared_ptr<transport::ShmBuffer> buf = it == arenas.end() ? nullptr : it->second.lock();
+  if (buf == nullptr) {
+    return NotFound(fmt::format("rank {} holds no buffer of version {} (never published by it, or released)", rank,
+                                version));
   }
-  it->second->data()[byte] = static_cast<std::byte>(static_cast<uint8_t>(it->second->data()[byte]) ^ 0x01);
+  if (byte >= buf->size()) {
+    return InvalidArgument(fmt::format("byte {} is past the {} bytes of rank {}'s buffer", byte, buf->size(), rank));
+  }
+  buf->data()[byte] = static_cast<std::byte>(static_cast<uint8_t>(buf->data()[byte]) ^ 0x01);
   RC_LOG_WARN("fault injection: flipped bit 0 of byte {} of rank {}'s buffer of {}", byte, rank, version);
   return OkStatus();
 }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -35,7 +36,9 @@ TEST(SyntheticWeightsTest, AdvancingStepByStepEqualsComputingFromScratch) {
   for (int64_t k = 0; k < 5; ++k) AdvanceMaster(w, spec, box, k, incremental.data());
   std::vector<float> scratch(28);
   ComputeMaster(w, spec, box, 5, scratch.data());
-  EXPECT_EQ(std::memcmp(incremental.data(), scratch.data(), 28 * sizeof(float)), 0);
+  for (size_t i = 0; i < 28; ++i) {  // the same bits, not merely equal values
+    EXPECT_EQ(std::bit_cast<uint32_t>(incremental[i]), std::bit_cast<uint32_t>(scratch[i])) << i;
+  }
 
   // A sub-box holds exactly the elements of the full tensor at the same global positions.
   std::vector<float> full(60);
@@ -57,7 +60,7 @@ TEST(SyntheticWeightsTest, AdvancingStepByStepEqualsComputingFromScratch) {
 TEST(SyntheticWeightsTest, InitialisationStatisticsAndSeeds) {
   const TensorSpec dense = Spec("model.embed_tokens.weight", {256, 64});
   const TensorSpec norm = Spec("model.layers.1.input_layernorm.weight", {64});
-  std::vector<float> d(256 * 64), n(64), other(256 * 64);
+  std::vector<float> d(size_t{256} * 64), n(64), other(size_t{256} * 64);
   ComputeMaster({1, 1e-3f}, dense, refit::FullBox(dense.shape), 0, d.data());
   ComputeMaster({1, 1e-3f}, norm, refit::FullBox(norm.shape), 0, n.data());
   ComputeMaster({2, 1e-3f}, dense, refit::FullBox(dense.shape), 0, other.data());
@@ -74,7 +77,7 @@ TEST(SyntheticWeightsTest, InitialisationStatisticsAndSeeds) {
   EXPECT_NE(std::memcmp(d.data(), other.data(), d.size() * sizeof(float)), 0);
 
   const std::vector<uint16_t> bf = ComputeBf16({1, 1e-3f}, dense, Box{{3, 0}, {1, 64}}, 0);
-  for (size_t i = 0; i < 64; ++i) EXPECT_EQ(bf[i], refit::F32ToBf16Bits(d[3 * 64 + i]));
+  for (size_t i = 0; i < 64; ++i) EXPECT_EQ(bf[i], refit::F32ToBf16Bits(d[size_t{3} * 64 + i]));
 }
 
 TEST(SyntheticWeightsTest, VersionLabels) {
@@ -239,6 +242,38 @@ TEST_F(SyntheticTrainerTest, KeepReleasesOldVersionsAndFailRankNeverCommits) {
   auto info = store_->GetInfo("failing", "v0");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->published_ranks, std::vector<int32_t>{0});
+}
+
+// The memfds this process holds (each ShmBuffer is one).
+int OpenMemfds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (!ec && target.string().rfind("/memfd:", 0) == 0) ++n;
+  }
+  return n;
+}
+
+// --keep frees the memory of what it releases: the trainer's buffers stay at `keep` versions'
+// worth however many steps run (a map of every version's buffer, kept for fault injection, once
+// held them all), and a released version's bytes can no longer be corrupted (they are gone).
+TEST_F(SyntheticTrainerTest, KeepFreesTheBuffersOfReleasedVersions) {
+  auto o = Options("fsdp:2", "keepmem");
+  o.keep = 2;
+  auto t = SyntheticTrainer::Create(o, store_.get());
+  ASSERT_TRUE(t.ok());
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE((*t)->Step().ok());
+  const int steady = OpenMemfds();
+  for (int k = 2; k < 7; ++k) {
+    ASSERT_TRUE((*t)->Step().ok());
+    EXPECT_EQ(OpenMemfds(), steady) << "after v" << k;
+  }
+  EXPECT_EQ((*t)->CorruptByte("v0", 0, 0).code(), StatusCode::kNotFound);
+  EXPECT_TRUE((*t)->CorruptByte("v6", 0, 0).ok());
+  ASSERT_TRUE((*t)->Release("v6").ok());
+  EXPECT_EQ(OpenMemfds(), steady - 2);  // one buffer per rank
+  EXPECT_EQ((*t)->CorruptByte("v6", 1, 0).code(), StatusCode::kNotFound);
 }
 
 TEST_F(SyntheticTrainerTest, BadOptionsAreRefused) {
