@@ -20,6 +20,7 @@
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
+#include "testing/fake_engine.h"
 
 namespace rc::adapters {
 namespace {
@@ -244,6 +245,99 @@ TEST_F(EmbeddedAdapterTest, ProbeReportsTheEngineAndAnInstallBehindTheServiceTai
   ASSERT_EQ(service_->controller(0)->state(), lifecycle::State::kTainted);
   EXPECT_EQ(service_->Rollout(Json{{"prompt_token_ids", {1, 2}}, {"max_tokens", 2}}).status().code(),
             StatusCode::kUnavailable);
+}
+
+// Issue 36 #2: a keep update that fails validation (the live digest read back is wrong) taints
+// while the engine is paused with rollouts frozen inside; the taint ends them: their proxies are
+// answered in bounded time (aborted_at_update, reason update_tainted, tokens all from the bound
+// version), they hold nothing, and a recovery is accepted at once and brings the engine back.
+TEST_F(EmbeddedAdapterTest, AKeepUpdateThatFailsValidationEndsItsFrozenRolloutsAndRecovers) {
+  Step();  // v0
+  Step();  // v1
+  auto inner = engine_->MakeAdapter({server_->url(), "m"});
+  auto faulty = std::make_unique<rc::testing::FaultInjectingAdapter>(inner.get());
+  auto* fault = faulty.get();
+  versions_ = std::make_unique<controller::DirectoryVersionSource>(store_.get());
+  {
+    std::vector<controller::EngineHandle> engines;
+    controller::EngineHandle h;
+    h.name = "embedded";
+    h.adapter = std::move(faulty);
+    h.complete = engine_->MakeCompleter();
+    engines.push_back(std::move(h));
+    controller::ServiceOptions so;
+    so.state_dir = state_dir_;
+    auto s = controller::ControllerService::Create(std::move(engines), versions_.get(), so);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    service_ = std::move(s).value();
+  }
+  auto first = service_->WaitForUpdate(service_->RequestUpdate("m", "v0").value(), 60000);
+  ASSERT_EQ((*first)["outcome"], "committed") << first->dump(2);
+
+  engine::Engine* eng = engine_->engine();
+  std::vector<std::future<Result<Json>>> rollouts;
+  // Two long greedy rollouts, frozen (pause keep) once both are generating. The tiny model is
+  // fast: a freeze that came too late (one already finished) is retried with new rollouts.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    rollouts.clear();
+    for (int i = 0; i < 2; ++i) {
+      const std::string id = "frozen-" + std::to_string(attempt) + "-" + std::to_string(i);
+      rollouts.push_back(std::async(std::launch::async, [this, id, i] {
+        return service_->Rollout(Json{{"prompt_token_ids", {3 + i, 14, 15, 92}}, {"max_tokens", 480},
+                                      {"temperature", 0.0}, {"ignore_eos", true}, {"rollout_id", id}});
+      }));
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (eng->State().num_running < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    ASSERT_TRUE(eng->Pause(engine::PauseMode::kKeep, engine::InFlightKv::kKeep).ok());
+    if (eng->State().num_running == 2) break;
+    eng->Resume();
+    for (auto& r : rollouts) r.wait();
+  }
+  ASSERT_EQ(eng->State().num_running, 2) << "two rollouts frozen mid-generation";
+
+  rc::testing::Fault corrupt;
+  corrupt.kind = rc::testing::Fault::Kind::kCorruptDigest;
+  fault->Set("digest", corrupt);
+  auto failed = service_->WaitForUpdate(service_->RequestUpdate("m", "v1", lifecycle::PolicyMode::kKeep).value(), 60000);
+  ASSERT_TRUE(failed.ok());
+  ASSERT_EQ((*failed)["outcome"], "tainted") << failed->dump(2);
+  EXPECT_EQ((*failed)["engines"][0]["reason"].get<std::string>().find("digest") != std::string::npos, true)
+      << failed->dump(2);
+
+  // The frozen rollouts are answered now, not at a call timeout.
+  for (auto& r : rollouts) {
+    ASSERT_EQ(r.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "a frozen rollout was never answered";
+  }
+  for (auto& f : rollouts) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const Json& a = (*r)["aborted_at_update"];
+    ASSERT_TRUE(a.is_object()) << r->dump();
+    EXPECT_EQ(a["reason"], "update_tainted");
+    EXPECT_EQ(a["target"], "v1");
+    EXPECT_EQ((*r)["choices"][0]["finish_reason"], "abort");
+    ASSERT_EQ((*r)["version_spans"].size(), 1u) << (*r)["version_spans"].dump();
+    EXPECT_EQ((*r)["version_spans"][0]["label"], "v0") << "every token it kept is the bound version's";
+  }
+  EXPECT_EQ(service_->controller(0)->active_count(), 0);
+  const std::vector<controller::Trajectory> rows = service_->trajectories()->List("v0").value();
+  for (const auto& t : rows) {
+    if (t.binding.rollout_id.rfind("frozen-", 0) == 0 && t.finish_reason == "abort") {
+      EXPECT_EQ(t.aborted_at_update["reason"], "update_tainted");
+    }
+  }
+
+  // Recovery is accepted at once (nothing holds it) and proves v0 live again.
+  fault->Set("digest", rc::testing::Fault{});
+  auto rec_id = service_->RequestRecovery("m", "v0");
+  ASSERT_TRUE(rec_id.ok()) << rec_id.status().ToString();
+  auto rec = service_->WaitForUpdate(*rec_id, 60000);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ((*rec)["outcome"], "committed") << rec->dump(2);
+  EXPECT_FALSE(eng->IsPaused());
+  Json after = Rollout("after-recovery");
+  EXPECT_EQ(after["binding"]["label"], "v0");
 }
 
 // Forwards to the embedded adapter, except that Pause can be made to claim a pause that did not

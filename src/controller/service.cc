@@ -415,9 +415,14 @@ void ControllerService::Drive(EngineSlot* slot) {
   State last_state = slot->controller->state();
   int64_t hot_until_ms = 0;
   while (!stop_) {
-    if (options_.lease_timeout_ms > 0 && SteadyMs() >= next_expiry_check) {
-      ExpireLeases(slot->index);
-      next_expiry_check = SteadyMs() + std::min<int64_t>(50, options_.lease_timeout_ms);
+    if (open_leases_.load() > 0) {
+      // Leases an update ended are closed at once, so the next drain never waits for them.
+      EndLeasesOfUpdates(slot->index);
+      if (SteadyMs() >= next_expiry_check) {
+        ExpireLeases(slot->index);
+        next_expiry_check =
+            SteadyMs() + (options_.lease_timeout_ms > 0 ? std::min<int64_t>(50, options_.lease_timeout_ms) : 50);
+      }
     }
     bool busy = slot->runner->Poll();
     if (!busy) {
@@ -425,7 +430,9 @@ void ControllerService::Drive(EngineSlot* slot) {
       {
         rc::MutexLock lock(mu_);
         if (!slot->running_op.empty()) {
+          const std::string ended_op = slot->running_op;
           slot->running_op.clear();
+          StopOpIfTaintedLocked(slot, ended_op);
           cv_.notify_all();
           slot->after_op_pending = just_ended = true;
         }
@@ -612,6 +619,15 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
     }
     if (any) cv_.notify_all();
   }
+  {
+    rc::MutexLock lock(mu_);
+    auto failed = failed_versions_.find(VersionKey(model, version));
+    if (failed != failed_versions_.end()) {
+      DropPrefetchLocked(version);
+      return FailedPrecondition("version " + version + " of " + model + " is marked failed: " + failed->second +
+                                "; it is not rolled to any engine (publish a new version)");
+    }
+  }
   auto resolved = versions_->Resolve(model, version);
   if (!resolved.ok()) {
     rc::MutexLock lock(mu_);
@@ -630,6 +646,15 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
       if (rec.recovery || rec.model != model || rec.version != version) continue;
       if (!OpJson(rec)["done"].get<bool>()) {
         DropPrefetchLocked(version);
+        if (rec.mode != mode) {
+          // The caller asked for a mode that would not run: say so rather than hand out an id
+          // whose update runs another (issue 36 #5).
+          return FailedPrecondition(fmt::format(
+              "update {} of {} {} is already in progress in mode {}; this request asks for mode {}: wait for {} to "
+              "end, or request mode {}",
+              id, model, version, lifecycle::PolicyModeName(rec.mode), lifecycle::PolicyModeName(mode), id,
+              lifecycle::PolicyModeName(rec.mode)));
+        }
         return id;
       }
       if (latest == nullptr || OpNumber(id) > OpNumber(latest->id)) latest = &rec;
@@ -673,6 +698,7 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
   rec.model = model;
   rec.version = version;
   rec.recovery = recovery;
+  rec.mode = mode;
   rec.already_live = already_live;
   rec.requested_wall_ms = WallTimeMs();
   rec.only = only;
@@ -685,6 +711,7 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
                           {"model", model},
                           {"version", version},
                           {"recovery", recovery},
+                          {"mode", lifecycle::PolicyModeName(mode)},
                           {"requested_wall_ms", rec.requested_wall_ms},
                           {"already_live", live},
                           {"only", only ? Json(*only) : Json()}};
@@ -721,6 +748,39 @@ void ControllerService::DropPrefetchLocked(const std::string& version) {
   }
 }
 
+void ControllerService::StopOpIfTaintedLocked(EngineSlot* slot, const std::string& op_id) {
+  auto it = ops_.find(op_id);
+  if (it == ops_.end() || it->second.recovery) return;
+  OpRecord& rec = it->second;
+  auto ord = rec.ordinals.find(slot->index);
+  if (ord == rec.ordinals.end()) return;
+  auto u = slot->controller->Update(ord->second);
+  if (!u || u->outcome != UpdateOutcome::kTainted) return;
+  // The new version's own evidence failed (label, digest or replay read while paused): the
+  // version is what is wrong, not this engine's call, so no engine gets it (issue 36 #4). Any
+  // other taint stops this update too (a canary that failed), without marking the version.
+  const bool validation = u->tainted_from == lifecycle::StateName(State::kValidating);
+  const std::string why = fmt::format("update {} stopped: engine {} was tainted {}: {}", op_id, slot->handle.name,
+                                      validation ? "in validation" : "from " + u->tainted_from, u->reason);
+  rec.stopped = why;
+  for (auto& other : engines_) {
+    const size_t n = other->queue.size();
+    std::erase_if(other->queue, [&](const Op& q) { return q.id == op_id; });
+    if (other->queue.size() == n) continue;
+    rec.errors[other->index] = why;
+    Status j = JournalOpLocked("update_not_started", Json{{"id", op_id}, {"engine", other->index}, {"reason", why}});
+    if (!j.ok()) RC_LOG_ERROR("update {}: {}", op_id, j.ToString());
+  }
+  DropPrefetchLocked(rec.version);
+  Status j = JournalOpLocked("update_stopped", Json{{"id", op_id},
+                                                    {"engine", slot->index},
+                                                    {"reason", why},
+                                                    {"version_failed", validation}});
+  if (!j.ok()) RC_LOG_ERROR("update {}: {}", op_id, j.ToString());
+  if (validation) failed_versions_[VersionKey(rec.model, rec.version)] = why;
+  RC_LOG_ERROR("{}{}", why, validation ? "; the version is marked failed" : "");
+}
+
 Status ControllerService::JournalOpLocked(const std::string& event, Json detail) {
   lifecycle::JournalRecord r;
   r.t_ms = SteadyMs();
@@ -750,6 +810,11 @@ Status ControllerService::RestoreOps() {
       rec.model = d.value("model", "");
       rec.version = d.value("version", "");
       rec.recovery = d.value("recovery", false);
+      if (d.contains("mode") && d["mode"].is_string()) {
+        auto m = lifecycle::PolicyModeFromName(d["mode"].get<std::string>(), "mode");
+        if (!m.ok()) return DataLoss(where + ": " + m.status().message());
+        rec.mode = *m;
+      }
       rec.requested_wall_ms = d.value("requested_wall_ms", int64_t{0});
       for (const auto& e : d.value("already_live", Json::array())) {
         if (e.is_number_unsigned()) rec.already_live.insert(e.get<size_t>());
@@ -766,6 +831,11 @@ Status ControllerService::RestoreOps() {
       it->second.ordinals[engine] = d.value("ordinal", int64_t{0});
     } else if (r.event == "update_not_started") {
       it->second.errors[engine] = d.value("reason", "");
+    } else if (r.event == "update_stopped") {
+      it->second.stopped = d.value("reason", "");
+      if (d.value("version_failed", false)) {
+        failed_versions_[VersionKey(it->second.model, it->second.version)] = it->second.stopped;
+      }
     }
   }
   // Updates still queued on an engine when the controller stopped never started there.
@@ -842,6 +912,8 @@ Json ControllerService::OpJson(const OpRecord& rec) const {
               {"model", rec.model},
               {"version", rec.version},
               {"recovery", rec.recovery},
+              {"mode", lifecycle::PolicyModeName(rec.mode)},
+              {"stopped", rec.stopped.empty() ? Json() : Json(rec.stopped)},
               {"done", all_done},
               {"outcome", all_done ? overall : "in_progress"},
               {"requested_wall_ms", rec.requested_wall_ms},
@@ -880,7 +952,8 @@ Result<Json> ControllerService::WaitForUpdate(const std::string& id, int64_t tim
 
 // ---- Rollouts ---------------------------------------------------------------------------------
 
-Result<std::pair<size_t, lifecycle::RolloutBinding>> ControllerService::AdmitSomewhere(const std::string& rollout_id) {
+Result<std::pair<size_t, lifecycle::RolloutBinding>> ControllerService::AdmitSomewhere(const std::string& rollout_id,
+                                                                                       bool lease) {
   RC_RETURN_IF_ERROR(ValidateRolloutId(rollout_id));
   size_t n = engines_.size();
   size_t start = round_robin_.fetch_add(1) % n;
@@ -900,7 +973,7 @@ Result<std::pair<size_t, lifecycle::RolloutBinding>> ControllerService::AdmitSom
       reasons += (reasons.empty() ? "" : "; ") + slot->handle.name + " is finishing an operation (identity re-check)";
       continue;
     }
-    auto b = slot->controller->Admit(rollout_id);
+    auto b = slot->controller->Admit(rollout_id, lease);
     if (b.ok()) return std::make_pair(slot->index, *b);
     if (b.status().code() == StatusCode::kAlreadyExists) return b.status();
     reasons += (reasons.empty() ? "" : "; ") + slot->handle.name + ": " + b.status().message();
@@ -991,7 +1064,8 @@ Result<Json> ControllerService::Rollout(const Json& request) {
                                 : Json::object();
   t.version_spans = VersionSpans(slot, binding, first_choice,
                                  static_cast<int64_t>(first_choice.value("token_ids", Json::array()).size()), &span_why);
-  const Json checked = inflight ? InFlightAdjusted(slot, resp, admitted_install_generation, &inflight_why) : resp;
+  const Json checked =
+      inflight ? InFlightAdjusted(slot, resp, admitted_install_generation, binding, *inflight, &inflight_why) : resp;
   std::string mismatch = CompletionMismatch(slot, binding, checked);
   for (const std::string* w : {&span_why, &inflight_why}) {
     if (!w->empty()) mismatch += (mismatch.empty() ? "" : "; ") + *w;
@@ -1069,7 +1143,6 @@ Result<Json> ControllerService::Rollout(const Json& request) {
   RC_RETURN_IF_ERROR(slot->controller->Finish(rollout_id, finish_detail));
   rollouts_ok_.fetch_add(1);
   CountSpanTokens(t.version_spans);
-  if (!t.aborted_at_update.is_null()) rollouts_aborted_at_update_.fetch_add(1);
   resp["version_spans"] = t.version_spans;
   resp["aborted_at_update"] = t.aborted_at_update;
   resp["binding"] = lifecycle::ToJson(binding);
@@ -1080,16 +1153,25 @@ Result<Json> ControllerService::Rollout(const Json& request) {
 Result<Json> ControllerService::Admit(const std::string& rollout_id_in) {
   std::string rollout_id = rollout_id_in;
   if (rollout_id.empty()) rollout_id = "ro-" + std::to_string(WallTimeMs()) + "-" + std::to_string(next_rollout_++);
-  RC_ASSIGN_OR_RETURN(auto admitted, AdmitSomewhere(rollout_id));
+  {
+    rc::MutexLock lock(mu_);
+    if (closing_leases_.count(rollout_id) || leases_.count(rollout_id)) {
+      return AlreadyExists("rollout " + rollout_id + " is already active");
+    }
+  }
+  RC_ASSIGN_OR_RETURN(auto admitted, AdmitSomewhere(rollout_id, /*lease=*/true));
   auto [index, binding] = admitted;
   Lease lease;
   lease.engine = index;
   lease.admitted_wall_ms = WallTimeMs();
+  lease.binding = binding;
   if (options_.lease_timeout_ms > 0) lease.expires_ms = SteadyMs() + options_.lease_timeout_ms;
   {
     rc::MutexLock lock(mu_);
     leases_[rollout_id] = lease;
     expired_leases_.erase(rollout_id);
+    ended_leases_.erase(rollout_id);
+    open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
   }
   Json j = lifecycle::ToJson(binding);
   j["engine"] = engines_[index]->handle.name;
@@ -1097,21 +1179,48 @@ Result<Json> ControllerService::Admit(const std::string& rollout_id_in) {
   return j;
 }
 
+std::optional<Status> ControllerService::ClosedLeaseStatusLocked(const std::string& rollout_id) const {
+  if (auto e = ended_leases_.find(rollout_id); e != ended_leases_.end()) {
+    const Json& why = e->second;
+    return FailedPrecondition(fmt::format(
+        "the lease of rollout '{}' was ended by update {} (to '{}', reason {}): it is recorded with aborted_at_update "
+        "and without the output reported after it ended; admit a new rollout",
+        rollout_id, why.value("update", int64_t{0}), why.value("target", ""), why.value("reason", "")));
+  }
+  if (auto e = expired_leases_.find(rollout_id); e != expired_leases_.end()) {
+    return FailedPrecondition("the lease of rollout '" + rollout_id + "' expired at wall ms " +
+                              std::to_string(e->second) + " (no finish or heartbeat within " +
+                              std::to_string(options_.lease_timeout_ms) +
+                              " ms); it is recorded with finish_reason expired");
+  }
+  return std::nullopt;
+}
+
+namespace {
+// Why an update (or a strict update's drain policy) ended `rollout_id`, or null while it lives.
+Json EndedByUpdate(const lifecycle::Controller& c, const std::string& rollout_id) {
+  if (auto inflight = c.InFlight(rollout_id); inflight && !inflight->aborted_at_update.is_null()) {
+    return inflight->aborted_at_update;
+  }
+  if (!c.Binding(rollout_id) && c.AbortedByDrain(rollout_id)) {
+    const auto pending = c.pending_target();
+    return Json{{"update", pending ? pending->ordinal : 0},
+                {"target", pending ? pending->label : ""},
+                {"reason", "drain_abort"}};
+  }
+  return Json();
+}
+}  // namespace
+
 Status ControllerService::FinishLease(const std::string& rollout_id, const Json& body) {
   Lease lease;
   {
     rc::MutexLock lock(mu_);
+    if (auto closed = ClosedLeaseStatusLocked(rollout_id)) return *closed;
     auto it = leases_.find(rollout_id);
-    if (it == leases_.end()) {
-      if (auto e = expired_leases_.find(rollout_id); e != expired_leases_.end()) {
-        return FailedPrecondition("the lease of rollout '" + rollout_id + "' expired at wall ms " +
-                                  std::to_string(e->second) + " (no finish or heartbeat within " +
-                                  std::to_string(options_.lease_timeout_ms) +
-                                  " ms); it is recorded with finish_reason expired");
-      }
-      return NotFound("no lease for rollout '" + rollout_id + "'");
-    }
-    // Taken out while it is finished: a concurrent finish or the expiry cannot write a second row.
+    if (it == leases_.end()) return NotFound("no lease for rollout '" + rollout_id + "'");
+    // Taken out while it is finished: a concurrent finish, the expiry or an update's end cannot
+    // write a second row.
     lease = it->second;
     leases_.erase(it);
   }
@@ -1121,6 +1230,19 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
     leases_[rollout_id] = lease;
   };
   EngineSlot* slot = engines_[lease.engine].get();
+  if (const Json why = EndedByUpdate(*slot->controller, rollout_id); !why.is_null()) {
+    // An update ended it before this finish arrived (the sweep had not run yet): the client's
+    // output may hold tokens of the new weights, so it is not stored as a bound rollout.
+    {
+      rc::MutexLock lock(mu_);
+      ended_leases_[rollout_id] = why;
+    }
+    Status recorded = RecordLeaseEndedByUpdate(slot, rollout_id, lease, why);
+    rc::MutexLock lock(mu_);
+    if (!recorded.ok()) closing_leases_[rollout_id] = Closing{lease, why};  // the driver retries the record
+    open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+    return *ClosedLeaseStatusLocked(rollout_id);
+  }
   auto binding = slot->controller->Binding(rollout_id);
   if (!binding) return NotFound("rollout '" + rollout_id + "' is not active on " + slot->handle.name);
   Trajectory t;
@@ -1138,6 +1260,33 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
   t.admitted_ms = lease.admitted_wall_ms;
   t.finished_ms = WallTimeMs();
   t.extra = body.value("extra", Json::object());
+  if (!t.extra.is_object()) t.extra = Json{{"client_extra", t.extra}};
+  Json finish_detail{{"lease", true}, {"finish_reason", t.finish_reason}};
+  if (auto inflight = slot->controller->InFlight(rollout_id); inflight && !inflight->spanned.empty()) {
+    // It lived through in-flight updates: only the engine knows where its tokens' weights
+    // changed. Spans the client passes on are checked as a proxied rollout's; without them the
+    // row says which updates it spanned and records no spans (never a single bound span).
+    Json spanned = Json::array();
+    for (int64_t u : inflight->spanned) spanned.push_back(u);
+    t.extra["spanned_updates"] = spanned;
+    finish_detail["spanned_updates"] = spanned;
+    if (body.contains("version_spans") && !body["version_spans"].is_null()) {
+      std::string why;
+      Json spans = VersionSpans(slot, *binding, Json{{"version_spans", body["version_spans"]}},
+                                static_cast<int64_t>(t.output_token_ids.size()), &why);
+      if (!body["version_spans"].is_array() || body["version_spans"].empty()) why = "expected a non-empty list";
+      if (!why.empty()) {
+        put_back(lease.row_written);
+        return InvalidArgument("version_spans: " + why + " (lease " + rollout_id +
+                               " lived through in-flight updates; pass the engine's per-choice version_spans, or "
+                               "none); the lease stays open");
+      }
+      t.version_spans = spans;
+      if (spans.size() > 1) finish_detail["version_spans"] = spans;
+    } else {
+      t.extra["version_spans"] = "not reported by the client";
+    }
+  }
   // Row first, then the finish (service.h): a crash between the two leaves the rollout admitted
   // in the journal (recorded interrupted at restart) with its row kept, never finished and lost.
   if (!lease.row_written) {
@@ -1147,28 +1296,104 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
                                 "retry the finish");
     }
   }
-  if (Status finished = slot->controller->Finish(rollout_id, Json{{"lease", true}, {"finish_reason", t.finish_reason}});
-      !finished.ok()) {
+  if (Status finished = slot->controller->Finish(rollout_id, finish_detail); !finished.ok()) {
     if (!slot->controller->Binding(rollout_id)) return finished;  // ended meanwhile (drain abort)
     put_back(true);
     return finished.WithContext("lease " + rollout_id + ": the trajectory is stored but the finish was not journaled; "
                                 "retry the finish");
+  }
+  {
+    rc::MutexLock lock(mu_);
+    open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
   }
   return OkStatus();
 }
 
 Result<Json> ControllerService::ExtendLease(const std::string& rollout_id) {
   rc::MutexLock lock(mu_);
+  if (auto closed = ClosedLeaseStatusLocked(rollout_id)) return *closed;
   auto it = leases_.find(rollout_id);
-  if (it == leases_.end()) {
-    if (expired_leases_.count(rollout_id)) {
-      return FailedPrecondition("the lease of rollout '" + rollout_id + "' already expired; admit a new rollout");
-    }
-    return NotFound("no lease for rollout '" + rollout_id + "'");
+  if (it == leases_.end()) return NotFound("no lease for rollout '" + rollout_id + "'");
+  if (const Json why = EndedByUpdate(*engines_[it->second.engine]->controller, rollout_id); !why.is_null()) {
+    // Ended by an update; the driver's sweep records it. The client hears it now.
+    ended_leases_[rollout_id] = why;
+    closing_leases_[rollout_id] = Closing{it->second, why};
+    leases_.erase(it);
+    open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+    return *ClosedLeaseStatusLocked(rollout_id);
   }
   if (options_.lease_timeout_ms > 0) it->second.expires_ms = SteadyMs() + options_.lease_timeout_ms;
   return Json{{"rollout_id", rollout_id},
               {"expires_in_ms", options_.lease_timeout_ms > 0 ? Json(options_.lease_timeout_ms) : Json()}};
+}
+
+Status ControllerService::RecordLeaseEndedByUpdate(EngineSlot* slot, const std::string& rollout_id, const Lease& lease,
+                                                   const Json& why) {
+  auto binding = slot->controller->Binding(rollout_id);
+  if (!binding) {
+    // Aborted by the drain (the journal's aborted_by_drain record ends it): its row says so.
+    // Otherwise recorded already (a retry after the finish went through).
+    if (!slot->controller->AbortedByDrain(rollout_id) || lease.row_written) return OkStatus();
+    Trajectory t;
+    t.binding = lease.binding;
+    t.engine = slot->handle.name;
+    t.finish_reason = "abort";
+    t.admitted_ms = lease.admitted_wall_ms;
+    t.finished_ms = WallTimeMs();
+    t.extra = Json{{"lease", true}, {"aborted_by_drain", why}};
+    return trajectories_->Insert(t);
+  }
+  Trajectory t;
+  t.binding = *binding;
+  t.engine = slot->handle.name;
+  t.finish_reason = "abort";
+  t.aborted_at_update = why;
+  t.admitted_ms = lease.admitted_wall_ms;
+  t.finished_ms = WallTimeMs();
+  t.extra = Json{{"lease", true}};
+  if (!lease.row_written) RC_RETURN_IF_ERROR(trajectories_->Insert(t));
+  return slot->controller->Finish(rollout_id,
+                                  Json{{"lease", true}, {"finish_reason", "abort"}, {"aborted_at_update", why}});
+}
+
+void ControllerService::EndLeasesOfUpdates(size_t engine) {
+  EngineSlot* slot = engines_[engine].get();
+  auto ended = slot->controller->LeasesEndedByUpdate();
+  std::vector<std::pair<std::string, Closing>> todo;
+  {
+    rc::MutexLock lock(mu_);
+    // A strict update's drain policy (abort) ended the binding itself (journaled aborted_by_drain):
+    // the lease is over too, the same way.
+    for (const auto& [id, lease] : leases_) {
+      if (lease.engine != engine || !slot->controller->AbortedByDrain(id)) continue;
+      if (Json why = EndedByUpdate(*slot->controller, id); !why.is_null()) ended.emplace_back(id, std::move(why));
+    }
+    for (const auto& [id, why] : ended) {
+      auto it = leases_.find(id);
+      if (it == leases_.end() || it->second.engine != engine) continue;  // a finish holds it, or closing
+      ended_leases_[id] = why;
+      closing_leases_[id] = Closing{it->second, why};
+      leases_.erase(it);
+    }
+    for (const auto& [id, c] : closing_leases_) {
+      if (c.lease.engine == engine && !c.why.is_null()) todo.emplace_back(id, c);
+    }
+  }
+  for (auto& [id, c] : todo) {
+    Status s = RecordLeaseEndedByUpdate(slot, id, c.lease, c.why);
+    rc::MutexLock lock(mu_);
+    if (s.ok()) {
+      RC_LOG_WARN("lease of rollout {} on {} ended by update {} ({})", id, slot->handle.name,
+                  c.why.value("update", int64_t{0}), c.why.value("reason", ""));
+      closing_leases_.erase(id);
+      if (ended_leases_.size() > 100000) ended_leases_.erase(ended_leases_.begin());
+    } else {
+      RC_LOG_ERROR("lease of rollout {} was ended by an update but could not be recorded ({}); retrying", id,
+                   s.ToString());
+    }
+  }
+  rc::MutexLock lock(mu_);
+  open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
 }
 
 void ControllerService::ExpireLeases(size_t engine) {
@@ -1178,44 +1403,59 @@ void ControllerService::ExpireLeases(size_t engine) {
     const int64_t now = SteadyMs();
     for (auto it = leases_.begin(); it != leases_.end();) {
       if (it->second.engine == engine && it->second.expires_ms != 0 && now >= it->second.expires_ms) {
-        due.emplace_back(it->first, it->second);
+        // Closed for the client from this moment (a finish racing the record gets 409 expired,
+        // not 404), recorded below and retried while that fails.
+        expired_leases_[it->first] = WallTimeMs();
+        if (expired_leases_.size() > 100000) expired_leases_.erase(expired_leases_.begin());
+        closing_leases_[it->first] = Closing{it->second, Json()};
         it = leases_.erase(it);
       } else {
         ++it;
       }
     }
+    for (const auto& [id, c] : closing_leases_) {
+      if (c.lease.engine == engine && c.why.is_null() && now >= c.lease.expires_ms) due.emplace_back(id, c.lease);
+    }
   }
   EngineSlot* slot = engines_[engine].get();
   for (auto& [id, lease] : due) {
     auto binding = slot->controller->Binding(id);
-    if (!binding) continue;  // ended another way (drain abort); nothing holds the drain
-    Trajectory t;
-    t.binding = *binding;
-    t.engine = slot->handle.name;
-    t.finish_reason = "expired";
-    t.admitted_ms = lease.admitted_wall_ms;
-    t.finished_ms = WallTimeMs();
-    t.extra = Json{{"lease_timeout_ms", options_.lease_timeout_ms}};
-    Status s = lease.row_written ? OkStatus() : trajectories_->Insert(t);
-    if (s.ok()) lease.row_written = true;
-    if (s.ok()) {
-      s = slot->controller->Finish(id, Json{{"lease", true},
-                                            {"expired", true},
-                                            {"finish_reason", "expired"},
-                                            {"lease_timeout_ms", options_.lease_timeout_ms}});
-    }
+    Status s = OkStatus();
+    if (binding) {
+      Trajectory t;
+      t.binding = *binding;
+      t.engine = slot->handle.name;
+      t.finish_reason = "expired";
+      t.admitted_ms = lease.admitted_wall_ms;
+      t.finished_ms = WallTimeMs();
+      t.extra = Json{{"lease_timeout_ms", options_.lease_timeout_ms}};
+      s = lease.row_written ? OkStatus() : trajectories_->Insert(t);
+      if (s.ok()) lease.row_written = true;
+      if (s.ok()) {
+        s = slot->controller->Finish(id, Json{{"lease", true},
+                                              {"expired", true},
+                                              {"finish_reason", "expired"},
+                                              {"lease_timeout_ms", options_.lease_timeout_ms}});
+      }
+    }  // else ended another way (drain abort); nothing holds the drain
     rc::MutexLock lock(mu_);
     if (s.ok()) {
-      RC_LOG_WARN("lease of rollout {} on {} expired after {} ms without a finish or heartbeat", id,
-                  slot->handle.name, options_.lease_timeout_ms);
-      expired_leases_[id] = WallTimeMs();
-      if (expired_leases_.size() > 100000) expired_leases_.erase(expired_leases_.begin());
+      if (binding) {
+        RC_LOG_WARN("lease of rollout {} on {} expired after {} ms without a finish or heartbeat", id,
+                    slot->handle.name, options_.lease_timeout_ms);
+      }
+      closing_leases_.erase(id);
     } else {
       RC_LOG_ERROR("lease of rollout {} expired but could not be recorded ({}); retrying", id, s.ToString());
-      lease.expires_ms = SteadyMs() + 1000;
-      leases_[id] = lease;
+      auto it = closing_leases_.find(id);
+      if (it != closing_leases_.end()) {
+        it->second.lease.row_written = lease.row_written;
+        it->second.lease.expires_ms = SteadyMs() + 1000;
+      }
     }
   }
+  rc::MutexLock lock(mu_);
+  open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
 }
 
 // ---- Observation --------------------------------------------------------------------------------
@@ -1350,9 +1590,22 @@ std::string ControllerService::Metrics() const {
       w.Sample("rolloutcore_rollout_tokens_by_kv_total", {{"kv", kv}}, it == tokens_by_kv_.end() ? 0 : it->second);
     }
   }
-  w.Metric("rolloutcore_rollouts_aborted_at_update_total", kCounter,
-           "Proxied rollouts an in-flight update ended (abort mode, max staleness).", {},
-           rollouts_aborted_at_update_.load());
+  // Outcomes from the engines' finish records (the counters /v1/status shows per engine), so
+  // metrics, status and the trajectory rows agree, also across a restart (issue 36 #6).
+  {
+    int64_t aborted = 0, spans = 0;
+    for (const auto& slot : engines_) {
+      const auto c = slot->controller->counters();
+      aborted += c.aborted_at_update;
+      spans += c.inflight_spans;
+    }
+    w.Metric("rolloutcore_rollouts_aborted_at_update_total", kCounter,
+             "Finished rollouts and leases whose record says an in-flight update ended them (abort mode, max "
+             "staleness, a lease under keep/recompute, a tainted in-flight update); = rows with aborted_at_update.",
+             {}, aborted);
+    w.Metric("rolloutcore_inflight_spans_total", kCounter,
+             "Version boundaries inside finished rollouts' outputs (sum over rows of version_spans - 1).", {}, spans);
+  }
   w.Family("rolloutcore_phase_ms_total", kCounter, "Milliseconds spent in each lifecycle phase during updates.");
   for (const auto& slot : engines_) {
     auto c = slot->controller->counters();

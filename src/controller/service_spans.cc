@@ -51,6 +51,9 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
                    std::to_string(expect_from));
     }
     expect_from = to;
+    // An empty span attributes no token (the engine opened it at a swap the rollout produced
+    // nothing after: e.g. a tainted update's install, after which its taint aborted it).
+    if (from == to && from >= 0 && reported.size() > 1) continue;
     Json span{{"from_token", from},
               {"to_token", to},
               {"label", label},
@@ -91,14 +94,25 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
 }
 
 Json ControllerService::InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
-                                         std::string* why) const {
+                                         const lifecycle::RolloutBinding& binding,
+                                         const lifecycle::InFlightRecord& inflight, std::string* why) const {
   Json out = resp;
   // The labels the engine may report when it answers: the binding's, every update the rollout
-  // lived through or that ended it, and the update in progress now (the answer may be built after
-  // the next pause began).
+  // lived through or that ended it (a tainted update's install may have changed the engine's
+  // label before its taint aborted the rollout), and the update in progress now (the answer may
+  // be built after the next pause began).
   std::set<std::string> allowed;
   if (auto p = slot->controller->pending_target()) allowed.insert(p->label);
   allowed.insert(slot->controller->version().label);
+  allowed.insert(binding.version.label);
+  if (inflight.aborted_at_update.is_object()) allowed.insert(inflight.aborted_at_update.value("target", ""));
+  if (!inflight.spanned.empty()) {
+    for (const auto& u : slot->controller->Updates()) {
+      if (std::find(inflight.spanned.begin(), inflight.spanned.end(), u.ordinal) != inflight.spanned.end()) {
+        allowed.insert(u.target.label);
+      }
+    }
+  }
   if (out.contains("choices") && out["choices"].is_array()) {
     for (size_t i = 0; i < out["choices"].size(); ++i) {
       Json& c = out["choices"][i];

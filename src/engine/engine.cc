@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -106,6 +107,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
     return InvalidArgument("num-kv-blocks * block-size (" + std::to_string(o.num_kv_blocks * o.block_size) +
                            ") cannot hold one sequence of max-model-len " + std::to_string(e->max_model_len_));
   }
+  // The replay reserve (engine.h, Replay): one max_model_len sequence's blocks outside the pool.
+  const int64_t replay_reserve = (e->max_model_len_ + o.block_size - 1) / o.block_size;
   // What the machine can hold: the f32 parameters (NumParameters * 4 bytes is a lower bound over
   // all ranks; replicated tensors come on top) and the KV pool must fit in physical memory, or
   // the allocation below grows until the kernel kills the process.
@@ -119,22 +122,29 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
     const long double gib = 1024.0L * 1024.0L * 1024.0L;
     const long double params = static_cast<long double>(spec.NumParameters()) *
                                static_cast<long double>(DTypeSize(o.weight_dtype));
-    const long double kv = static_cast<long double>(o.num_kv_blocks) * static_cast<long double>(o.block_size) *
+    const long double kv = static_cast<long double>(o.num_kv_blocks + replay_reserve) *
+                           static_cast<long double>(o.block_size) *
                            static_cast<long double>(spec.num_layers * kv_heads_total * spec.head_dim) * 2.0L * 4.0L;
     const long double have = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) *
                              static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
     if (have > 0 && params + kv > have) {
       return InvalidArgument(fmt::format(
           "model of {} parameters (num_hidden_layers {}, hidden_size {}, vocab_size {}) needs {:.1f} GiB for its {} "
-          "parameters and {:.1f} GiB for the KV cache ({} blocks); this machine has {:.1f} GiB of memory",
+          "parameters and {:.1f} GiB for the KV cache ({} blocks, and {} for replay validation); this machine has "
+          "{:.1f} GiB of memory",
           spec.NumParameters(), spec.num_layers, spec.hidden_size, spec.vocab_size, static_cast<double>(params / gib),
           DTypeName(o.weight_dtype),
-          static_cast<double>(kv / gib), o.num_kv_blocks, static_cast<double>(have / gib)));
+          static_cast<double>(kv / gib), o.num_kv_blocks, replay_reserve, static_cast<double>(have / gib)));
     }
   }
   e->pool_ = std::make_unique<ThreadPool>(o.num_threads);
-  RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks, o.block_size,
-                                               e->pool_.get(), o.weight_dtype));
+  if (o.num_kv_blocks + replay_reserve > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument("num-kv-blocks " + std::to_string(o.num_kv_blocks) + " is too large (block ids are 32-bit)");
+  }
+  e->replay_reserve_first_ = static_cast<int32_t>(o.num_kv_blocks);
+  e->replay_reserve_blocks_ = static_cast<int32_t>(replay_reserve);
+  RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks + replay_reserve,
+                                               o.block_size, e->pool_.get(), o.weight_dtype));
   for (int r = 0; r < o.tensor_parallel_size; ++r) {
     RC_RETURN_IF_ERROR(fill(r, e->model_->layout(r), &e->model_->params(r)));
     // Live weights are read-only outside an install (InstallWeights).

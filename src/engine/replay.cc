@@ -86,18 +86,16 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
         return out;
       }
     }
-    KvPlan plan;
-    KvDemand d;
-    d.seq_id = -1;  // not a sequence; never registered
-    d.need_tokens = plen + steps;
-    if (!kv_->PlanDemand(d, &plan)) {
-      return Unavailable("replay needs " +
-                         std::to_string((plen + steps + options_.block_size - 1) / options_.block_size) +
-                         " KV blocks; " + std::to_string(kv_->NumFreeBlocks()) + " are free");
-    }
-    kv_->Apply(plan);
-    blocks = plan.grants[0].new_blocks;
   }
+  // The replay reserve (engine.h): blocks outside the pool, held only under step_mu_, so frozen
+  // requests filling the pool never make a proven install fail validation for lack of KV.
+  const int64_t need = (plen + steps + options_.block_size - 1) / options_.block_size;
+  if (need > replay_reserve_blocks_) {
+    return Internal("replay needs " + std::to_string(need) + " KV blocks, the replay reserve has " +
+                    std::to_string(replay_reserve_blocks_) + " (max_model_len " + std::to_string(max_model_len_) + ")");
+  }
+  blocks.resize(static_cast<size_t>(need));
+  for (int64_t i = 0; i < need; ++i) blocks[static_cast<size_t>(i)] = replay_reserve_first_ + static_cast<int32_t>(i);
 
   ReplayOutput out;
   std::vector<int32_t> tokens = prompt;
@@ -119,10 +117,6 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
     SampleResult r = Sample(std::span<const float>(logits.data(), static_cast<size_t>(s.vocab_size)), greedy, &rng);
     tokens.push_back(r.token);
     out.steps.push_back(std::move(r));
-  }
-  {
-    rc::MutexLock l(mu_);
-    kv_->Release(blocks);  // unhashed: back to the free list, nothing enters the prefix cache
   }
   if (!st.ok()) return st.WithContext("replay forward");
   out.elapsed_ms = MsSince(t0);

@@ -81,6 +81,44 @@ TEST(EngineReplayTest, MatchesAGreedyRequestAndTouchesNoCache) {
   loop.Stop();
 }
 
+// Issue 36 #3: frozen (pause keep) requests that hold every block of the pool do not make the
+// replay fail for lack of KV: it runs on the replay reserve, computes what it computes on an idle
+// engine, and the frozen requests keep their blocks and continue after the resume.
+TEST(EngineReplayTest, RunsWhenFrozenRequestsHoldTheWholePool) {
+  auto idle = Make(1, /*num_kv_blocks=*/4);  // 64 positions, max_model_len 64
+  ASSERT_TRUE(idle->Pause(PauseMode::kAbort).ok());
+  auto want = idle->Replay(Prompt(), 12, 3);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+
+  // No loop: the test steps the engine itself, so the request is frozen at a known point.
+  auto e = Make(1, /*num_kv_blocks=*/4);
+  GenerateRequest g;
+  g.prompt = Prompt();
+  g.sampling.temperature = 0;
+  g.sampling.max_tokens = 64 - static_cast<int64_t>(g.prompt.size());
+  g.sampling.ignore_eos = true;
+  auto stream = e->AddRequest(g);
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  for (int i = 0; i < 200 && e->State().blocks_in_use < 4; ++i) e->Step();
+  ASSERT_TRUE(e->Pause(PauseMode::kKeep, InFlightKv::kKeep).ok());
+  const EngineState frozen = e->State();
+  ASSERT_EQ(frozen.blocks_in_use, 4) << "the frozen request holds every block of the pool";
+  ASSERT_EQ(frozen.num_running, 1);
+
+  auto r = e->Replay(Prompt(), 12, 3, /*allow_precomputed=*/false);
+  ASSERT_TRUE(r.ok()) << "no KV block is free, yet the replay runs: " << r.status().ToString();
+  ASSERT_EQ(r->steps.size(), want->steps.size());
+  for (size_t i = 0; i < r->steps.size(); ++i) {
+    EXPECT_EQ(r->steps[i].token, want->steps[i].token) << "step " << i;
+    EXPECT_EQ(r->steps[i].logprob, want->steps[i].logprob) << "step " << i << ": the reserve's KV is KV like any other";
+  }
+  EXPECT_EQ(e->State().blocks_in_use, 4) << "the frozen request kept its blocks";
+  e->Resume();
+  for (int i = 0; i < 200 && !(*stream)->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0)).finished; ++i) e->Step();
+  RequestStream::Snapshot done = (*stream)->Wait();
+  EXPECT_EQ(done.tokens.size(), 64 - Prompt().size()) << "the frozen request continued to its end";
+}
+
 // A copy of the live weights in buffers of their own (what a staged image is to the engine).
 struct Image {
   std::vector<std::map<std::string, std::shared_ptr<WeightBuffer>>> buffers;

@@ -30,7 +30,8 @@ Json ToJson(const UpdateRecord& u) {
               {"phases_ms", phases},
               {"requested_ms", u.requested_ms},
               {"ended_ms", u.ended_ms},
-              {"evidence", u.evidence}};
+              {"evidence", u.evidence},
+              {"tainted_from", u.tainted_from.empty() ? Json() : Json(u.tainted_from)}};
 }
 
 Json ToJson(const Counters& c) {
@@ -197,6 +198,7 @@ void Controller::ApplyRecordLocked(const JournalRecord& r, RecordEvent type) {
         if (id.ok()) b.identity = *id;
       }
       b.admitted_at_ms = r.t_ms;
+      b.lease = r.detail.value("lease", false);
       active_[r.rollout] = b;
       ++counters_.admissions;
       // Keep generated ids unique across restarts.
@@ -208,11 +210,21 @@ void Controller::ApplyRecordLocked(const JournalRecord& r, RecordEvent type) {
       }
       return;
     }
-    case RecordKind::kFinish:
+    case RecordKind::kFinish: {
       active_.erase(r.rollout);
       inflight_.erase(r.rollout);
       ++counters_.finishes;
+      // Outcomes, as the finish (and the trajectory row written before it) says them.
+      // (A finish whose row could not be written, trajectory_error, has no row to agree with.)
+      if (!r.detail.contains("trajectory_error")) {
+        if (r.detail.contains("aborted_at_update") && !r.detail["aborted_at_update"].is_null()) {
+          ++counters_.aborted_at_update;
+        }
+        const Json spans = r.detail.value("version_spans", Json());
+        if (spans.is_array() && spans.size() > 1) counters_.inflight_spans += static_cast<int64_t>(spans.size()) - 1;
+      }
       return;
+    }
     case RecordKind::kAbortedByDrain:
       active_.erase(r.rollout);
       inflight_.erase(r.rollout);
@@ -269,6 +281,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
       u->outcome = outcome;
       u->reason = reason;
       u->ended_ms = r.t_ms;
+      if (outcome == UpdateOutcome::kTainted) u->tainted_from = std::string(StateName(prev));
       switch (outcome) {
         case UpdateOutcome::kCommitted: ++counters_.updates_committed; break;
         case UpdateOutcome::kRejected: ++counters_.updates_rejected; break;
@@ -324,7 +337,6 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
         for (const auto& id : r.detail["in_flight"]) {
           if (!id.is_string() || !active_.count(id.get<std::string>())) continue;
           inflight_[id.get<std::string>()].spanned.push_back(pending_->ordinal);
-          ++counters_.inflight_spans;
         }
         for (const auto& a : r.detail.value("abort", Json::array())) {
           const std::string id = a.value("rollout", "");
@@ -332,7 +344,6 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
           Json why = a;
           why.erase("rollout");
           inflight_[id].aborted_at_update = why;
-          ++counters_.aborted_at_update;
         }
       }
       return;
@@ -349,6 +360,14 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
       close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
       return;
     case Event::kTaint:
+      // An in-flight update tainted after its pause: the frozen rollouts it ends (Taint).
+      for (const auto& a : r.detail.value("abort", Json::array())) {
+        const std::string id = a.value("rollout", "");
+        if (!active_.count(id)) continue;
+        Json why = a;
+        why.erase("rollout");
+        inflight_[id].aborted_at_update = why;
+      }
       close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
       return;
     case Event::kBeginInstall:
@@ -510,7 +529,7 @@ Status Controller::Initialize(const WeightVersion& version, const WeightIdentity
                           Json{{"version", ToJson(version)}, {"identity", ToJson(identity)}});
 }
 
-Result<RolloutBinding> Controller::Admit(const std::string& rollout_id) {
+Result<RolloutBinding> Controller::Admit(const std::string& rollout_id, bool lease) {
   rc::MutexLock lock(mu_);
   if (state_ != State::kReady) {
     ++counters_.refusals;
@@ -529,6 +548,7 @@ Result<RolloutBinding> Controller::Admit(const std::string& rollout_id) {
   rec.event = std::string(RecordEventName(Kind(RecordKind::kAdmit)));
   rec.rollout = id;
   rec.detail = Json{{"label", version_.label}, {"generation", version_.generation}, {"identity", ToJson(identity_)}};
+  if (lease) rec.detail["lease"] = true;
   RC_RETURN_IF_ERROR(AppendLocked(rec));
   ApplyRecordLocked(rec, Kind(RecordKind::kAdmit));
   return active_.at(id);
@@ -872,7 +892,50 @@ Status Controller::RecordStageEvidence(const StageEvidence& stage) {
 Status Controller::Taint(const std::string& reason) {
   rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kTaint));
-  return TransitionLocked(Event::kTaint, Json{{"reason", reason}});
+  Json detail{{"reason", reason}};
+  std::vector<std::string> ends;
+  // An in-flight update paused with rollouts frozen inside the engine: nothing will resume them
+  // on proven weights, so the taint ends them (the runner aborts them on the engine) instead of
+  // leaving them to hold the engine, and a recovery, until a call timeout.
+  const bool frozen = state_ == State::kUpdating || state_ == State::kInvalidating ||
+                      state_ == State::kValidating || state_ == State::kResuming;
+  if (frozen && pending_ && pending_->mode != PolicyMode::kStrict) {
+    Json abort = Json::array();
+    for (const auto& [id, b] : active_) {
+      auto it = inflight_.find(id);
+      if (it != inflight_.end() && !it->second.aborted_at_update.is_null()) continue;  // ended already
+      abort.push_back(Json{{"rollout", id},
+                           {"update", pending_->ordinal},
+                           {"target", pending_->label},
+                           {"reason", "update_tainted"}});
+      ends.push_back(id);
+    }
+    if (!abort.empty()) detail["abort"] = abort;
+  }
+  RC_RETURN_IF_ERROR(TransitionLocked(Event::kTaint, detail));
+  ended_by_last_taint_ = std::move(ends);
+  return OkStatus();
+}
+
+std::vector<std::string> Controller::EndedByLastTaint() const {
+  rc::MutexLock lock(mu_);
+  return ended_by_last_taint_;
+}
+
+bool Controller::AbortedByDrain(const std::string& rollout_id) const {
+  rc::MutexLock lock(mu_);
+  return aborted_.count(rollout_id) > 0;
+}
+
+std::vector<std::pair<std::string, Json>> Controller::LeasesEndedByUpdate() const {
+  rc::MutexLock lock(mu_);
+  std::vector<std::pair<std::string, Json>> out;
+  for (const auto& [id, rec] : inflight_) {
+    if (rec.aborted_at_update.is_null()) continue;
+    auto b = active_.find(id);
+    if (b != active_.end() && b->second.lease) out.emplace_back(id, rec.aborted_at_update);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -886,8 +949,19 @@ Result<UpdateTarget> Controller::BeginRecovery(UpdateTarget target) {
     return InvalidArgument("recovery to '" + target.label +
                            "' needs the version's content digest: recovery is proven byte for byte");
   }
-  if (!active_.empty()) {
-    return FailedPrecondition("recovery refused: " + std::to_string(active_.size()) + " rollouts still active");
+  // Rollouts an update ended (the taint of an in-flight update ends those it froze) are over on
+  // proven-or-not weights alike: their proxies are answered by the engine's abort, or by the
+  // recovery's own pause (abort), and finish whenever that arrives. Only others hold a recovery.
+  int64_t live = 0;
+  std::string first;
+  for (const auto& [id, b] : active_) {
+    auto it = inflight_.find(id);
+    if (it != inflight_.end() && !it->second.aborted_at_update.is_null()) continue;
+    if (live++ == 0) first = id;
+  }
+  if (live > 0) {
+    return FailedPrecondition("recovery refused: " + std::to_string(live) + " rollouts still active (first: " + first +
+                              ")");
   }
   target.ordinal = last_ordinal_ + 1;
   RC_RETURN_IF_ERROR(TransitionLocked(Event::kBeginRecovery, Json{{"target", ToJson(target)}}));

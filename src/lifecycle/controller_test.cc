@@ -431,7 +431,7 @@ TEST_F(ControllerTest, InFlightUpdateKeepsRolloutsRecordsWhatTheySpannedAndEnfor
   EXPECT_EQ(why["target"], "v2");
   EXPECT_EQ(why["update"], 3);
   EXPECT_EQ(c_->InFlight("r2")->spanned, std::vector<int64_t>{3});
-  EXPECT_EQ(c_->counters().aborted_at_update, 1);
+  EXPECT_EQ(c_->counters().aborted_at_update, 0) << "an intent, not an outcome: r1 has not finished (issue 36 #6)";
 
   // The journal alone rebuilds the same records.
   {
@@ -445,12 +445,32 @@ TEST_F(ControllerTest, InFlightUpdateKeepsRolloutsRecordsWhatTheySpannedAndEnfor
     auto again = Controller::Open(&clock_, &copy);
     ASSERT_TRUE(again.ok());
     // (A restart mid-update records the active rollouts interrupted; the counters replay.)
-    EXPECT_EQ((*again)->counters().inflight_spans, 2);
-    EXPECT_EQ((*again)->counters().aborted_at_update, 1);
+    EXPECT_EQ((*again)->counters().inflight_spans, 0) << "no rollout finished yet";
+    EXPECT_EQ((*again)->counters().aborted_at_update, 0);
     EXPECT_EQ((*again)->counters().updates_by_mode.at("keep"), 1);
   }
-  ASSERT_TRUE(c_->Finish("r1").ok());
+  // Outcomes come from the finish records (written after the trajectory rows): r1 ended by the
+  // update with two spans, r2 finished normally with one.
+  const Json spans = Json::array({Json{{"from_token", 0}, {"to_token", 3}}, Json{{"from_token", 3}, {"to_token", 5}}});
+  ASSERT_TRUE(c_->Finish("r1", Json{{"aborted_at_update", why}, {"version_spans", spans}}).ok());
   EXPECT_FALSE(c_->InFlight("r1")) << "a finished rollout's record goes with it";
+  // r2's row could not be written: a finish with no row to agree with is not counted.
+  ASSERT_TRUE(c_->Finish("r2", Json{{"aborted_at_update", why}, {"version_spans", spans}, {"trajectory_error", "disk full"}})
+                  .ok());
+  EXPECT_EQ(c_->counters().aborted_at_update, 1);
+  EXPECT_EQ(c_->counters().inflight_spans, 1);
+  {
+    MemoryJournal copy;
+    const std::vector<JournalRecord> records = journal_.ReadAll().value();
+    for (const auto& r : records) {
+      JournalRecord c = r;
+      ASSERT_TRUE(copy.Append(c).ok());
+    }
+    auto again = Controller::Open(&clock_, &copy);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ((*again)->counters().aborted_at_update, 1) << "the journal rebuilds the outcomes";
+    EXPECT_EQ((*again)->counters().inflight_spans, 1);
+  }
 }
 
 TEST_F(ControllerTest, AbortModeInstallNeedsTheEngineIdle) {

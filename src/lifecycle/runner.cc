@@ -185,6 +185,15 @@ void Runner::TaintWith(const std::string& reason) {
   Status s = controller_->Taint(reason);
   if (!s.ok()) Note("taint failed: " + s.ToString());
   Note("tainted: " + reason);
+  if (s.ok()) {
+    // The rollouts frozen inside the engine that the taint ended (an in-flight update): abort
+    // them now so their proxies are answered, instead of at a call timeout (issue 36 #2).
+    std::vector<std::string> ended = controller_->EndedByLastTaint();
+    if (!ended.empty()) {
+      Note("aborting the " + std::to_string(ended.size()) + " frozen rollouts the taint ended");
+      background_aborts_.push_back(adapter_->AbortRequests(ended));
+    }
+  }
   Finish();
 }
 
@@ -195,6 +204,16 @@ bool Runner::Poll() {
       auto r = it->Get();
       Note(std::string("best-effort resume ") + (r.ok() && !r->paused_after ? "confirmed" : "not confirmed"));
       it = background_resumes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = background_aborts_.begin(); it != background_aborts_.end();) {
+    if (it->Ready()) {
+      auto r = it->Get();
+      Note(r.ok() ? "aborted " + std::to_string(r->aborted) + " frozen rollouts after the taint"
+                  : "aborting the frozen rollouts after the taint failed: " + r.status().ToString());
+      it = background_aborts_.erase(it);
     } else {
       ++it;
     }

@@ -62,11 +62,13 @@ Json ToJson(const WeightIdentity& id) {
 }
 
 Json ToJson(const RolloutBinding& b) {
-  return Json{{"rollout_id", b.rollout_id},
-              {"label", b.version.label},
-              {"generation", b.version.generation},
-              {"identity", ToJson(b.identity)},
-              {"admitted_at_ms", b.admitted_at_ms}};
+  Json j{{"rollout_id", b.rollout_id},
+         {"label", b.version.label},
+         {"generation", b.version.generation},
+         {"identity", ToJson(b.identity)},
+         {"admitted_at_ms", b.admitted_at_ms}};
+  if (b.lease) j["lease"] = true;
+  return j;
 }
 
 Json ToJson(const UpdateTarget& t) {

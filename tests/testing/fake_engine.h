@@ -64,6 +64,11 @@ class FakeEngine final : public EngineAdapter {
     std::atomic<int64_t> mutations_finished{0};
     std::atomic<bool> mutating{false};
     std::atomic<int64_t> stages{0};  // Stage calls
+    // Policy modes: every mode is accepted; PauseForUpdate(abort) reports the running requests
+    // ended (the engine aborted them; a completion still in progress answers as it likes, as one
+    // that finished just before the abort reached it would). Counted per mode.
+    std::atomic<int64_t> pauses_for_update{0};
+    std::atomic<int64_t> aborts{0};  // AbortRequests calls
   };
 
   FakeEngine(std::string label, std::string digest, std::chrono::microseconds latency = std::chrono::microseconds(200))
@@ -131,7 +136,17 @@ class FakeEngine final : public EngineAdapter {
     });
   }
   Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
+    s_->aborts.fetch_add(1);
     return Async<AbortEvidence>([n = ids.size()]() -> Result<AbortEvidence> { return AbortEvidence{static_cast<int64_t>(n)}; });
+  }
+  Status SupportsPolicyMode(PolicyMode) override { return OkStatus(); }
+  Pending<PauseEvidence> PauseForUpdate(PolicyMode mode) override {
+    s_->pauses_for_update.fetch_add(1);
+    return Async<PauseEvidence>([s = s_, mode]() -> Result<PauseEvidence> {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->paused = true;
+      return PauseEvidence{true, mode == PolicyMode::kAbort ? 0 : s->running};
+    });
   }
   Pending<StageEvidence> Stage(const UpdateTarget& t) override {
     s_->stages.fetch_add(1);
@@ -233,6 +248,13 @@ class FaultInjectingAdapter final : public EngineAdapter {
   Pending<PauseEvidence> Pause(PauseMode m) override { return Wrap("pause", [&] { return inner_->Pause(m); }); }
   Pending<AbortEvidence> AbortRequests(const std::vector<std::string>& ids) override {
     return Wrap("abort", [&] { return inner_->AbortRequests(ids); });
+  }
+  Status SupportsPolicyMode(PolicyMode mode) override { return inner_->SupportsPolicyMode(mode); }
+  Pending<PauseEvidence> PauseForUpdate(PolicyMode mode) override {
+    return Wrap("pause_for_update", [&] { return inner_->PauseForUpdate(mode); });
+  }
+  Pending<ReplayEvidence> Replay(const ReplayRequest& request) override {
+    return Wrap("replay", [&] { return inner_->Replay(request); });
   }
   Pending<StageEvidence> Stage(const UpdateTarget& t) override { return Wrap("stage", [&] { return inner_->Stage(t); }); }
   Pending<InstallEvidence> Install(const UpdateTarget& t, bool full) override {

@@ -38,7 +38,18 @@
 //  * An update starts on an engine only from READY; engines update independently, at most
 //    max_updating at once, so the rest keep serving.
 //  * A request for a version already being installed (an update of the same model and version
-//    not yet done) returns that update's id; engines already READY on it are not cycled again.
+//    not yet done, in the same mode) returns that update's id; engines already READY on it are
+//    not cycled again. In another mode it is refused (409 naming both modes).
+//  * An update tainted on one engine stops: the engines it had not started on are not updated
+//    (update_not_started, naming the taint), and a version whose validation failed (tainted from
+//    VALIDATING) is marked failed in the update journal: later requests for it are refused.
+//  * Leases an update ended (abort mode, max staleness) are ended at once: a row with
+//    aborted_at_update, then the finish; their heartbeat and finish answer 409 naming the update,
+//    and they hold no drain. A lease that lived through keep/recompute updates is finished with the
+//    engine's version_spans the client passes on (checked as a proxied rollout's are; 400 and the
+//    lease stays open when they do not hold), or, without them, a row that names the updates it
+//    spanned and records no spans. An expired lease answers 409 from the moment it is due, also
+//    while its row is written.
 //    Update ids are journaled (updates.journal.db) before they are returned, so they survive a
 //    restart and new ids continue after the highest.
 //
@@ -138,15 +149,24 @@ class ControllerService {
   // Lease mode: a binding on some READY engine; the client generates and calls FinishLease.
   Result<Json> Admit(const std::string& rollout_id);
   // Writes the trajectory row, then journals the finish. NotFound for an unknown lease,
-  // FailedPrecondition for an expired one.
+  // FailedPrecondition (409) for an expired one, and for one an update ended (naming the update;
+  // its row says aborted_at_update and holds none of the output reported after it ended).
+  // body: token_ids, prompt_token_ids, logprobs, finish_reason, cached_tokens, extra, and for a
+  // lease that lived through an in-flight update the engine's version_spans (InvalidArgument when
+  // they do not cover the tokens or name a version no update installed; the lease stays open).
   Status FinishLease(const std::string& rollout_id, const Json& body);
   // Extends a live lease by lease_timeout_ms from now; returns {rollout_id, expires_in_ms}.
+  // FailedPrecondition (409) for an expired lease or one an update ended, as FinishLease.
   Result<Json> ExtendLease(const std::string& rollout_id);
 
   // ---- Updates ----
   // Queues an update of every engine to the committed (model, version); returns its id. `mode`
   // (default: options.default_mode) must be one every engine supports (FailedPrecondition naming
-  // the engine and why otherwise, e.g. recompute on vLLM).
+  // the engine and why otherwise, e.g. recompute on vLLM). FailedPrecondition (409) too for a
+  // request that conflicts with an update of the same version still in progress in another mode
+  // (naming both), and for a version that failed validation on an engine (naming the update, the
+  // engine and why): an update tainted on one engine is not rolled to the others (docs/controller.md,
+  // "A failed update stops").
   Result<std::string> RequestUpdate(const std::string& model, const std::string& version,
                                     std::optional<lifecycle::PolicyMode> mode = std::nullopt);
   // FailedPrecondition (HTTP 409) when no engine is TAINTED: there is nothing to recover.
@@ -215,6 +235,8 @@ class ControllerService {
     std::string model;
     std::string version;
     bool recovery = false;
+    lifecycle::PolicyMode mode = lifecycle::PolicyMode::kStrict;
+    std::string stopped;                   // why it stopped rolling (a taint on one engine); "" while not
     std::map<size_t, int64_t> ordinals;  // engine → ordinal once started
     std::map<size_t, std::string> errors;  // engine → why it did not start
     std::set<size_t> already_live;         // engines READY on the version when it was requested
@@ -226,6 +248,7 @@ class ControllerService {
     int64_t admitted_wall_ms = 0;
     int64_t expires_ms = 0;  // steady clock; 0: never
     bool row_written = false;  // the trajectory row exists; only the finish record is missing
+    lifecycle::RolloutBinding binding;  // as admitted (the row of a lease the drain aborted needs it)
   };
 
   ControllerService() = default;
@@ -245,9 +268,11 @@ class ControllerService {
   // labels it may have (CompletionMismatch checks those only for rollouts no update touched) and
   // returns the response with those fields moved under "rolloutcore_inflight" for that check.
   Json InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
+                        const lifecycle::RolloutBinding& binding, const lifecycle::InFlightRecord& inflight,
                         std::string* why) const;
   void CountSpanTokens(const Json& spans);
-  Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id);
+  Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id,
+                                                                      bool lease = false);
   Json OpJson(const OpRecord& rec) const REQUIRES(mu_);
   // Reads the engine's identity and checks it against the committed version and what was
   // verified before; taints on a mismatch. after_op: right after an operation ended (a committed
@@ -266,7 +291,22 @@ class ControllerService {
   // refused or answered without a new op).
   void DropPrefetchLocked(const std::string& version) REQUIRES(mu_);
   Status RestoreOps();  // at Create, before the drivers start
+  // Leases of `engine` past their deadline: closed for the client at once (expired_leases_), then
+  // recorded (row, then finish; retried while that fails).
   void ExpireLeases(size_t engine);
+  // Leases of `engine` that an update ended (Controller::LeasesEndedByUpdate): closed for the
+  // client at once (ended_leases_), then recorded as EndLeaseForUpdate does.
+  void EndLeasesOfUpdates(size_t engine);
+  // Row (aborted_at_update = why), then the finish. OK when both are recorded.
+  Status RecordLeaseEndedByUpdate(EngineSlot* slot, const std::string& rollout_id, const Lease& lease,
+                                  const Json& why);
+  // The 409 a client gets for a lease closed by expiry or by an update; nullopt when it is not.
+  std::optional<Status> ClosedLeaseStatusLocked(const std::string& rollout_id) const REQUIRES(mu_);
+  // After an operation ended on `slot`: a tainted update stops rolling (see the class comment).
+  void StopOpIfTaintedLocked(EngineSlot* slot, const std::string& op_id) REQUIRES(mu_);
+  static std::string VersionKey(const std::string& model, const std::string& version) {
+    return model + '\n' + version;
+  }
 
   VersionSource* versions_ = nullptr;
   ServiceOptions options_;
@@ -279,6 +319,16 @@ class ControllerService {
   std::unique_ptr<lifecycle::Journal> ops_journal_;           // appends under mu_
   std::map<std::string, Lease> leases_ GUARDED_BY(mu_);       // rollout → lease, guarded by mu_
   std::map<std::string, int64_t> expired_leases_ GUARDED_BY(mu_);  // rollout → wall ms, guarded by mu_
+  // Leases closed for the client but not yet recorded (row + finish), retried by the driver.
+  struct Closing {
+    Lease lease;
+    Json why;  // aborted_at_update; null: expired
+  };
+  std::map<std::string, Closing> closing_leases_ GUARDED_BY(mu_);  // guarded by mu_
+  std::map<std::string, Json> ended_leases_ GUARDED_BY(mu_);  // rollout → aborted_at_update, guarded by mu_
+  std::atomic<int64_t> open_leases_{0};  // leases_.size() + closing_leases_.size(), read without mu_
+  // Versions whose validation failed on an engine (VersionKey → why), from the update journal.
+  std::map<std::string, std::string> failed_versions_ GUARDED_BY(mu_);  // guarded by mu_
   int updating_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
   int64_t next_op_ GUARDED_BY(mu_) = 1;                                       // guarded by mu_
   std::atomic<int64_t> next_rollout_{1};
@@ -290,7 +340,6 @@ class ControllerService {
   std::atomic<int64_t> rollouts_failed_{0};
   std::atomic<int64_t> rollouts_mismatched_{0};
   std::map<std::string, int64_t> tokens_by_kv_ GUARDED_BY(mu_);   // guarded by mu_: proxied output tokens per span kv
-  std::atomic<int64_t> rollouts_aborted_at_update_{0};
 };
 
 }  // namespace rc::controller

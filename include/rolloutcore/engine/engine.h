@@ -307,12 +307,12 @@ class Engine {
   // /rc/validate/replay): the greedy continuation of `steps`
   // tokens after `prompt` with the top_k raw log-probabilities of every step, computed on the
   // live weights. Only while paused (FailedPrecondition otherwise, nothing run), so it runs in
-  // the controller's VALIDATING window and no user request is admitted; it holds step_mu_, borrows
-  // KV blocks for prompt + steps positions from the pool (when the pool cannot
-  // spare them: Unavailable) and returns them unhashed: no cached prefix is read and nothing is
-  // registered in the prefix cache (like any allocation it may evict least-recently-used cached
-  // blocks when no free block is left; in VALIDATING the cache was just reset), and frozen (pause
-  // keep) requests keep their blocks. InvalidArgument naming the field for a bad
+  // the controller's VALIDATING window and no user request is admitted; it holds step_mu_ and
+  // runs on the replay reserve: KV blocks outside the pool (one max_model_len sequence's worth,
+  // allocated with the pool at Create, never granted to a request), so a replay never waits for,
+  // evicts or preempts anything and never fails for lack of blocks, however full frozen (pause
+  // keep) requests hold the pool (issue 36: a proven install was tainted for "0 blocks free").
+  // Nothing is read from or registered in the prefix cache. InvalidArgument naming the field for a bad
   // prompt, steps (1..kMaxReplaySteps, within max_model_len) or top_k (0..kMaxReplayTopK).
   // Defined in replay.cc.
   // When a pre-replay of exactly this request (prompt, steps, top_k) is valid for the current
@@ -382,6 +382,11 @@ class Engine {
   EngineOptions options_;
   std::string boot_id_;
   int64_t max_model_len_ = 0;
+  // The replay reserve (Replay): KV block ids [replay_reserve_first_, + replay_reserve_blocks_)
+  // exist in the model's KV storage but not in the pool (kv_); only Replay uses them, under
+  // step_mu_. Immutable after Create.
+  int32_t replay_reserve_first_ = 0;
+  int32_t replay_reserve_blocks_ = 0;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Model> model_;  // touched only under step_mu_
   Scheduler scheduler_{SchedulerConfig{}};  // immutable after Create

@@ -63,6 +63,9 @@ struct UpdateRecord {
   int64_t requested_ms = 0;
   int64_t ended_ms = -1;
   Json evidence = Json::object();      // evidence accepted, by event name
+  // For a tainted update: the state it was tainted from ("VALIDATING": the new version's evidence
+  // failed — its label, digest or replay — not the call that carried it).
+  std::string tainted_from;
 };
 Json ToJson(const UpdateRecord& u);
 
@@ -77,8 +80,10 @@ struct Counters {
   int64_t updates_tainted = 0;
   int64_t recoveries = 0;
   std::map<std::string, int64_t> updates_by_mode;   // committed updates by PolicyModeName
-  int64_t inflight_spans = 0;        // (rollout, in-flight update) pairs: a rollout lived through it
-  int64_t aborted_at_update = 0;     // rollouts an in-flight update ended (abort mode, max staleness)
+  // Outcomes, counted from finish records (what the trajectory rows say), never from an update's
+  // intent: a rollout the update meant to end may have finished first (issue 36 #6).
+  int64_t inflight_spans = 0;        // version boundaries inside finished rollouts' outputs (spans - 1)
+  int64_t aborted_at_update = 0;     // finished rollouts whose record says an update ended them
   std::map<std::string, int64_t> phase_ms_total;  // by state name
   std::map<std::string, int64_t> phase_count;
 };
@@ -137,8 +142,9 @@ class Controller {
   // ---- Rollouts ----
   // UNINITIALIZED → READY with the version the engine serves at start.
   Status Initialize(const WeightVersion& version, const WeightIdentity& identity);
-  // Binds a rollout to the committed version; empty id → a fresh "r-<n>" id.
-  Result<RolloutBinding> Admit(const std::string& rollout_id);
+  // Binds a rollout to the committed version; empty id → a fresh "r-<n>" id. `lease`: the
+  // client generates itself (RolloutBinding::lease; journaled with the admission).
+  Result<RolloutBinding> Admit(const std::string& rollout_id, bool lease = false);
   // Ends a binding. NotFound for an unknown (or interrupted) rollout.
   Status Finish(const std::string& rollout_id, const Json& detail = Json::object());
   // Ends bindings because the drain policy aborted them on the engine (DRAINING only).
@@ -146,6 +152,11 @@ class Controller {
 
   // What in-flight updates did to an active rollout; nullopt when none touched it.
   std::optional<InFlightRecord> InFlight(const std::string& rollout_id) const;
+  // Active leases (RolloutBinding::lease) that an update ended (InFlightRecord::aborted_at_update
+  // set): each with that record. The service ends them (row, then finish) as it finds them.
+  std::vector<std::pair<std::string, Json>> LeasesEndedByUpdate() const;
+  // True when the drain policy aborted `rollout_id` (AbortForDrain): it is no longer active.
+  bool AbortedByDrain(const std::string& rollout_id) const;
 
   // ---- Update path (each needs the evidence of its postcondition) ----
   // The target RequestUpdate would record (its ordinal assigned), checked as RequestUpdate checks
@@ -208,7 +219,13 @@ class Controller {
   // → TAINTED from UPDATING..RESUMING or RECOVERING (an update or recovery failed after
   // mutation may have begun), or from READY (the engine's identity no longer matches the
   // committed version: it restarted, or its label or weights changed behind the controller).
+  // An in-flight update (keep | recompute | abort) tainted after its pause ends, in the same
+  // record, every active rollout it had not ended yet (aborted_at_update, reason
+  // "update_tainted"): they were frozen on an engine whose weights are now unproven; the runner
+  // then aborts them on the engine, and a recovery does not wait for them.
   Status Taint(const std::string& reason);
+  // The rollouts Taint ended for the update it closed (empty unless the last taint did).
+  std::vector<std::string> EndedByLastTaint() const;
 
   // ---- Recovery ----
   Result<UpdateTarget> BeginRecovery(UpdateTarget target);        // TAINTED → RECOVERING
@@ -266,6 +283,7 @@ class Controller {
   std::set<std::string> interrupted_ GUARDED_BY(mu_);                   // guarded by mu_
   std::set<std::string> aborted_ GUARDED_BY(mu_);                       // guarded by mu_
   std::map<std::string, InFlightRecord> inflight_ GUARDED_BY(mu_);      // guarded by mu_ (active rollouts only)
+  std::vector<std::string> ended_by_last_taint_ GUARDED_BY(mu_);         // guarded by mu_
   std::map<int64_t, UpdateRecord> updates_ GUARDED_BY(mu_);             // guarded by mu_
   int64_t last_ordinal_ GUARDED_BY(mu_) = 0;                            // guarded by mu_
   int64_t next_rollout_ GUARDED_BY(mu_) = 1;                            // guarded by mu_

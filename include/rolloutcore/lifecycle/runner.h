@@ -220,6 +220,9 @@ class Runner {
   Call<ReplayEvidence> replay_call_;
   Call<ResumeEvidence> resume_call_;
   std::vector<Pending<ResumeEvidence>> background_resumes_;
+  // Aborts of the rollouts a taint ended (Controller::Taint), issued after the taint is journaled;
+  // nobody waits for them (a recovery's own pause aborts whatever is left).
+  std::vector<Pending<AbortEvidence>> background_aborts_;
 };
 
 }  // namespace rc::lifecycle

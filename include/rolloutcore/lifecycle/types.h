@@ -42,6 +42,9 @@ struct RolloutBinding {
   WeightVersion version;
   WeightIdentity identity;
   int64_t admitted_at_ms = 0;
+  // A lease (the client generates on the engine itself and reports the output; docs/lifecycle.md,
+  // "Leases under each mode"). Journaled with the admission.
+  bool lease = false;
 };
 
 // The policy mode of one update (docs/lifecycle.md, "Policy modes"). kStrict drains: no rollout
