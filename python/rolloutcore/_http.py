@@ -37,7 +37,8 @@ class JsonHttp:
     """A base URL plus a timeout; every call is one request on a fresh connection.
 
     ``api_key`` (default: the ``ROLLOUTCORE_API_KEY`` environment variable) is sent as
-    ``Authorization: Bearer <key>`` on every request, as the servers' ``--api-key`` expects.
+    ``Authorization: Bearer <key>`` on every request, as servers started with a key
+    (``--api-key-file`` or ``$ROLLOUTCORE_API_KEY``) expect.
     For ``https://`` URLs the server certificate is verified against ``ROLLOUTCORE_TLS_CA_FILE``
     when set, else the system's CAs.
     """

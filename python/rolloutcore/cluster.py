@@ -156,8 +156,9 @@ class LocalCluster:
         api_key: Optional[str] = None,
     ) -> None:
         self.model = model
-        # With api_key, every server requires it for mutating requests (--api-key through the
-        # environment) and every client here sends it; None: whatever $ROLLOUTCORE_API_KEY says.
+        # With api_key, every server requires it for mutating requests (given through
+        # $ROLLOUTCORE_API_KEY, never on a command line, where `ps` would show it) and every client
+        # here sends it; None: whatever $ROLLOUTCORE_API_KEY says.
         self.api_key = api_key
         self._env = None if api_key is None else {**os.environ, "ROLLOUTCORE_API_KEY": api_key}
         self.binary = binary or find_binary()

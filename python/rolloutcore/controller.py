@@ -103,6 +103,14 @@ class ControllerClient:
                 rec = self.update(update_id, wait_ms=min(max(left_ms, 1), 10_000))
             except DeadlineExceededError:
                 rec = self.update(update_id)  # the controller's own wait timed out: ask once more
+            except UnavailableError as e:
+                if e.http_status != 503:
+                    raise
+                # Every long-poll slot of the controller is taken (docs/controller.md, "HTTP
+                # limits"): ask without waiting, and wait here before the next long-poll.
+                rec = self.update(update_id)
+                if not rec.get("done"):
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             if rec.get("done"):
                 return rec
             if time.monotonic() >= deadline:

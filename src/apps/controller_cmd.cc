@@ -54,6 +54,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     int64_t verify_interval_ms = 1000;
     bool auto_recover = false;
     double lease_timeout_s = 300;
+    int64_t max_wait_ms = 120'000;
     std::string pause_mode = "wait";
     std::string update_mode = "strict";
     int64_t max_staleness = -1;
@@ -106,6 +107,11 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_flag("--auto-recover", o->auto_recover,
                   "After an identity mismatch taints an engine, recover it to the committed version right away "
                   "(needs --directory and --model)");
+  serve
+      ->add_option("--max-wait-ms", o->max_wait_ms,
+                   "Longest long-poll GET /v1/updates/{id}?wait_ms= may ask for; a larger wait_ms is clamped to it")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
   serve->add_option("--lease-timeout", o->lease_timeout_s,
                     "Seconds a lease (POST /v1/rollouts:admit) may stay open without a finish or a heartbeat "
                     "(POST /v1/rollouts/{id}:heartbeat) before it is recorded expired and stops holding a drain; "
@@ -186,7 +192,11 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->callback([o, exit_code] {
     // The key is checked first (before engines start) and is also the key of every call the
     // controller makes (engines, directory).
-    ResolveServerSecurity(&o->security);
+    if (Status s = ResolveServerSecurity(&o->security); !s.ok()) {
+      std::cerr << "controller serve: " << s.ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
     if (Status s = net::CheckBindSecurity("controller", o->host, o->security); !s.ok()) {
       std::cerr << "controller serve: " << s.ToString() << "\n";
       *exit_code = 2;
@@ -288,8 +298,12 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    controller::ControllerHttpServer server(svc->get(),
-                                            controller::ControllerHttpOptions{o->host, o->port, o->security});
+    controller::ControllerHttpOptions http_options;
+    http_options.host = o->host;
+    http_options.port = o->port;
+    http_options.security = o->security;
+    http_options.max_wait_ms = o->max_wait_ms;
+    controller::ControllerHttpServer server(svc->get(), http_options);
     Status s = server.Start();
     if (!s.ok()) {
       std::cerr << "controller serve: " << s.ToString() << "\n";

@@ -82,7 +82,11 @@ void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddServerSecurityFlags(serve, &serve_opts->security);
   serve->callback([serve_opts, exit_code] {
-    ResolveServerSecurity(&serve_opts->security);
+    if (Status s = ResolveServerSecurity(&serve_opts->security); !s.ok()) {
+      std::cerr << "directory serve: " << s.ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
     *exit_code = Serve(*serve_opts);
   });
 

@@ -127,7 +127,11 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddServerSecurityFlags(serve, &flags->security);
   serve->callback([flags, exit_code] {
-    ResolveServerSecurity(&flags->security);
+    if (Status s = ResolveServerSecurity(&flags->security); !s.ok()) {
+      std::cerr << "engine serve: " << s.ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
     if (Status s = net::CheckBindSecurity("engine", flags->host, flags->security); !s.ok()) {
       std::cerr << "engine serve: " << s.ToString() << "\n";
       *exit_code = 2;

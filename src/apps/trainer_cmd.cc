@@ -297,7 +297,11 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddServerSecurityFlags(serve, &so->security);
   serve->callback([so, exit_code] {
-    ResolveServerSecurity(&so->security);
+    if (Status s = ResolveServerSecurity(&so->security); !s.ok()) {
+      fmt::print(stderr, "trainer serve: {}\n", s.ToString());
+      *exit_code = 2;
+      return;
+    }
     if (Status s = net::CheckBindSecurity("trainer", so->host, so->security); !s.ok()) {
       fmt::print(stderr, "trainer serve: {}\n", s.ToString());
       *exit_code = 2;

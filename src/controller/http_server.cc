@@ -1,5 +1,10 @@
 #include "rolloutcore/controller/http_server.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/net/http.h"
 
@@ -33,25 +38,33 @@ Result<int64_t> IntParam(const httplib::Request& q, const std::string& name, int
     if (used != v.size() || x < 0) throw std::invalid_argument(v);
     return x;
   } catch (...) {
-    return InvalidArgument(name + ": expected a non-negative integer, got '" + v + "'");
+    return InvalidArgument(name + ": expected a non-negative integer (at most 9223372036854775807), got '" + v + "'");
   }
 }
+
+// A long-poll waits in slices this long, checking between them whether its client is still
+// connected and whether the server is stopping.
+constexpr int64_t kWaitSliceMs = 100;
+// No max_wait_ms beyond a day: now + wait stays far from the clock's range whatever is configured.
+constexpr int64_t kLongestWaitMs = 86'400'000;
 
 }  // namespace
 
 class ControllerHttpServer::Impl {
  public:
-  Impl(ControllerService* s, const ControllerHttpOptions& o) : svc_(s), svr_([&o] {
-    net::HttpServerOptions h;
-    h.name = "controller";
-    h.host = o.host;
-    h.port = o.port;
-    h.security = o.security;
-    h.error_body = [](int, const Status& st) {
-      return net::DumpJson(Json{{"error", st.message()}, {"code", StatusCodeName(st.code())}});
-    };
-    return h;
-  }()) {}
+  Impl(ControllerService* s, const ControllerHttpOptions& o)
+      : svc_(s), max_wait_ms_(std::clamp<int64_t>(o.max_wait_ms, 0, kLongestWaitMs)), svr_([&o] {
+          net::HttpServerOptions h;
+          h.name = "controller";
+          h.host = o.host;
+          h.port = o.port;
+          h.security = o.security;
+          h.max_long_polls = o.max_long_polls;
+          h.error_body = [](int, const Status& st) {
+            return net::DumpJson(Json{{"error", st.message()}, {"code", StatusCodeName(st.code())}});
+          };
+          return h;
+        }()) {}
 
   template <typename F>
   httplib::Server::Handler Guard(F f) {
@@ -137,10 +150,9 @@ class ControllerHttpServer::Impl {
     svr_.Get(R"(/v1/updates/([^/]+))", Guard([this](const httplib::Request& q, httplib::Response& r) {
       auto wait = IntParam(q, "wait_ms", 0);
       if (!wait.ok()) return SendError(r, wait.status());
-      auto out = *wait > 0 ? svc_->WaitForUpdate(q.matches[1], *wait) : svc_->UpdateStatus(q.matches[1]);
-      if (!out.ok() && out.status().code() == StatusCode::kDeadlineExceeded) {
-        out = svc_->UpdateStatus(q.matches[1]);
-      }
+      const std::string id = q.matches[1];
+      Result<Json> out = *wait > 0 ? LongPoll(id, std::min(*wait, max_wait_ms_)) : svc_->UpdateStatus(id);
+      if (!out.ok() && out.status().code() == StatusCode::kDeadlineExceeded) out = svc_->UpdateStatus(id);
       if (!out.ok()) return SendError(r, out.status());
       SendJson(r, 200, *out);
     }));
@@ -180,6 +192,34 @@ class ControllerHttpServer::Impl {
     svr_.Get("/health", Guard([](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, Json{{"status", "ok"}}); }));
   }
 
+  // GET /v1/updates/{id}?wait_ms: WaitForUpdate in slices of kWaitSliceMs up to wait_ms (already
+  // capped, so the deadline cannot overflow), returning early when the client closed its
+  // connection (its worker is free again at once, not after wait_ms) or the server is stopping.
+  // Holds one of the server's long-poll slots; without one it is Unavailable (503 + Retry-After):
+  // an unauthenticated wait must not take the workers authenticated writes need.
+  Result<Json> LongPoll(const std::string& id, int64_t wait_ms) {
+    net::HttpServer::LongPollSlot slot = svr_.TryLongPoll();
+    if (!slot) {
+      return Unavailable(fmt::format(
+          "controller: {} long-polls are waiting already (the most at once); retry after Retry-After, or ask "
+          "without wait_ms",
+          svr_.max_long_polls()));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      const int64_t left = std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(deadline - start).count());
+      const int64_t slice = std::min(left, kWaitSliceMs);
+      Result<Json> out = svc_->WaitForUpdate(id, slice);
+      // Done is returned at once once the engines settled; a done answer that took the whole
+      // slice may still be settling (service.h), so it is asked again while time is left, as
+      // one long WaitForUpdate would have waited for the settling.
+      const bool used_slice = std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(slice);
+      const bool waiting = out.ok() ? used_slice : out.status().code() == StatusCode::kDeadlineExceeded;
+      if (!waiting || left <= slice || svr_.stopping() || net::HttpServer::ClientGone()) return out;
+    }
+  }
+
   Status Start() {
     Routes();
     return svr_.Start();
@@ -190,13 +230,19 @@ class ControllerHttpServer::Impl {
 
  private:
   ControllerService* svc_;
+  const int64_t max_wait_ms_;
   net::HttpServer svr_;
 };
 
-ControllerHttpServer::ControllerHttpServer(ControllerService* service, ControllerHttpOptions options)
+ControllerHttpServer::ControllerHttpServer(ControllerService* service, const ControllerHttpOptions& options)
     : impl_(std::make_unique<Impl>(service, options)) {}
 ControllerHttpServer::ControllerHttpServer(ControllerService* service, std::string host, int port)
-    : ControllerHttpServer(service, ControllerHttpOptions{std::move(host), port, {}}) {}
+    : ControllerHttpServer(service, [&] {
+        ControllerHttpOptions o;
+        o.host = std::move(host);
+        o.port = port;
+        return o;
+      }()) {}
 ControllerHttpServer::~ControllerHttpServer() { impl_->Stop(); }
 Status ControllerHttpServer::Start() { return impl_->Start(); }
 int ControllerHttpServer::port() const { return impl_->port(); }

@@ -19,6 +19,10 @@ net::HttpServerOptions HttpOptions(const ServerOptions& o) {
   h.security = o.security;
   h.max_threads = std::max(4, o.threads);
   h.max_body_bytes = o.max_body_bytes;
+  // A publish body is one rank's manifest, which grows with the model (docs/directory.md: 256 MiB);
+  // it needs the key, and api.cc refuses nesting deeper than 64 before parsing. GET bodies are
+  // refused unread by rc::net.
+  h.max_json_body_bytes = o.max_body_bytes;
   h.read_timeout_ms = 30'000;
   h.write_timeout_ms = 30'000;
   h.error_body = [](int, const Status& s) { return net::DumpJson(internal::ErrorToJson(s)); };
@@ -54,14 +58,14 @@ Status DirectoryServer::Start() {
     internal::ApiResponse out = internal::HandleApiRequest(*store_, api, limits, &stopping_);
     res.status = out.status;
     if (!out.allow.empty()) res.set_header("Allow", out.allow);
-    res.set_content(std::move(out.body), "application/json");
+    res.set_content(out.body, "application/json");  // cpp-httplib 0.11 copies either way
   };
   http.Get(".*", handler);
   http.Post(".*", handler);
   http.Delete(".*", handler);
   http.Put(".*", handler);
   http.Patch(".*", handler);
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, const std::exception_ptr&) {
     res.status = 500;
     res.set_content(R"({"error":{"code":"Internal","message":"directory: unexpected error"}})", "application/json");
   });

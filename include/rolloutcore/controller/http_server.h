@@ -4,7 +4,10 @@
 //   POST /v1/rollouts:admit           lease mode: a binding for a client that generates itself
 //   POST /v1/rollouts/{id}:finish     lease mode: finish with {token_ids, logprobs, finish_reason, ...}
 //   POST /v1/updates {model, version} queue an update of every engine → {"id"}
-//   GET  /v1/updates/{id}             phase, per-phase ms, outcome and evidence per engine
+//   GET  /v1/updates/{id}             phase, per-phase ms, outcome and evidence per engine;
+//                                     ?wait_ms=T long-polls up to min(T, max_wait_ms) (issue 36: clamped,
+//                                     never overflows; 503 + Retry-After when max_long_polls wait
+//                                     already; ends early when the client closes its connection)
 //   POST /v1/recover {model, version} recover TAINTED engines to a committed version
 //   GET  /v1/status, GET /v1/journal?since=SEQ&engine=I, GET /v1/trajectories?label=L&format=jsonl|json,
 //   GET  /metrics, GET /health
@@ -31,11 +34,17 @@ struct ControllerHttpOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port
   net::ServerSecurity security;  // API key, TLS, the non-loopback rule
+  // The longest wait a GET /v1/updates/{id}?wait_ms= may ask for; a larger wait_ms is clamped to
+  // it (the answer is then the update's status at that time, done or not, as for any wait).
+  // At most a day (a larger value is taken as a day), so no deadline can overflow.
+  int64_t max_wait_ms = 120'000;
+  // Long-polls waiting at once; 0: rc::net's default (a quarter of the HTTP workers).
+  int max_long_polls = 0;
 };
 
 class ControllerHttpServer {
  public:
-  ControllerHttpServer(ControllerService* service, ControllerHttpOptions options);
+  ControllerHttpServer(ControllerService* service, const ControllerHttpOptions& options);
   ControllerHttpServer(ControllerService* service, std::string host, int port);  // no key, no TLS
   ~ControllerHttpServer();
   // Binds and starts serving on a background thread; Unavailable when the port is taken,

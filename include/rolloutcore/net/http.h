@@ -13,6 +13,22 @@
 //   - Slow clients: read/write timeouts, a worker pool that grows on demand up to max_threads
 //     (idle or trickling sockets each hold one worker, so many are needed), and a listen backlog
 //     of listen_backlog instead of cpp-httplib's compiled-in 5.
+//   - Header block (issue 36): the request line and headers of every request (each request of a
+//     kept-alive connection) get at most max_header_bytes bytes and max_header_count header lines.
+//     The connection's stream stops handing bytes to cpp-httplib's parser at the bound, so no more
+//     than that is ever parsed; the answer is 431 and the connection is closed. (cpp-httplib 0.11,
+//     Debian's, bounds only each line (8 KiB, compiled into the shared library, so no macro of ours
+//     could change it) and parses any number of lines.)
+//   - Bodies (issue 36): every route of the four servers parses its body as JSON, which takes
+//     8-30x the text in memory, so a body over max_json_body_bytes is answered 413 naming the
+//     limit — before it is read when Content-Length says so (then the connection is closed),
+//     after it otherwise (chunked; max_body_bytes still bounds what is read). GET and HEAD carry
+//     no body: one that announces one is answered 413 unread, so open routes read nothing.
+//   - Long-polls (issue 36): a handler that waits (a long-poll) takes one of max_long_polls slots
+//     (TryLongPoll; default a quarter of max_threads) and answers 503 + Retry-After when none is
+//     free, so open, unauthenticated waits can never hold the workers authenticated writes need.
+//     It waits in short slices and returns early when its client closed the connection
+//     (ClientGone) or the server is stopping (stopping()).
 //   - TLS: with tls_cert_file and tls_key_file the server speaks HTTPS (cpp-httplib's OpenSSL
 //     support, which Debian's libcpp-httplib is built with).
 // Error bodies are made by HttpServerOptions::error_body, so each server keeps its own shape.
@@ -23,12 +39,15 @@
 // before it starts threads; every client in the project uses it unless given another.
 //
 // Thread safety: HttpServer's route registration, Start and Stop from one owning thread before /
-// after serving; handlers run on the pool's threads. ClientConfig::Default may be called from
+// after serving; handlers run on the pool's threads, each serving one connection at a time
+// (ClientGone is about that connection, so it is called on the handler's thread only);
+// TryLongPoll, long_polls and stopping from any thread. ClientConfig::Default may be called from
 // any thread; SetDefaultClientConfig is meant for start-up.
 #pragma once
 
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -37,6 +56,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "rolloutcore/base/json.h"
@@ -56,8 +76,15 @@ struct HttpServerOptions {
   int64_t write_timeout_ms = 10'000;
   int64_t keep_alive_timeout_ms = 2'000;  // an idle keep-alive connection gives its worker back after this
   int listen_backlog = 1024;
-  size_t max_body_bytes = size_t{64} << 20;
-  // The body of an error this layer answers (401, 405, 400 for UTF-8, 404 for no route), in the
+  size_t max_body_bytes = size_t{64} << 20;  // cpp-httplib's bound on what it reads of a body (413)
+  // The largest body a handler gets (all routes parse theirs as JSON: 8-30x the text in memory).
+  size_t max_json_body_bytes = size_t{8} << 20;
+  // Request line plus header block of one request, and the number of header lines in it; 431 beyond.
+  size_t max_header_bytes = size_t{64} << 10;
+  int max_header_count = 100;
+  // Handlers waiting in a long-poll at once (TryLongPoll); 0: max_threads / 4, at least 1.
+  int max_long_polls = 0;
+  // The body of an error this layer answers (401, 405, 400 for UTF-8, 404 for no route, 413, 431), in the
   // server's own shape; default {"error": {"code": Name, "message": msg}}.
   std::function<std::string(int http_status, const Status& status)> error_body;
 };
@@ -112,6 +139,33 @@ class HttpServer {
   // Blocks until the serving thread ends (Stop from another thread, or a fatal listener error).
   void Wait();
 
+  // A claim on one of max_long_polls slots, held by a handler while it waits; given back when
+  // destroyed. False when every slot was taken: the handler answers 503 + Retry-After instead.
+  class LongPollSlot {
+   public:
+    LongPollSlot() = default;
+    ~LongPollSlot();
+    LongPollSlot(LongPollSlot&& o) noexcept : count_(std::exchange(o.count_, nullptr)) {}
+    LongPollSlot& operator=(LongPollSlot&&) = delete;
+    explicit operator bool() const { return count_ != nullptr; }
+
+   private:
+    friend class HttpServer;
+    explicit LongPollSlot(std::atomic<int>* count) : count_(count) {}
+    std::atomic<int>* count_ = nullptr;
+  };
+  // Any handler thread.
+  LongPollSlot TryLongPoll();
+  int long_polls() const { return long_polls_.load(); }  // slots held now
+  int max_long_polls() const;
+
+  // From a handler: true when the client of the request this thread is answering has closed (or
+  // reset) its connection, so waiting for it is pointless. A client that only shut down its
+  // sending side counts as gone too (no HTTP client does that while awaiting an answer).
+  static bool ClientGone();
+  // True from the start of Stop(): waiting handlers return at their next slice.
+  bool stopping() const { return stopping_.load(); }
+
   int port() const { return port_; }
   bool tls() const;
   // "http://HOST:PORT" or "https://HOST:PORT".
@@ -127,12 +181,15 @@ class HttpServer {
   httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) const;
   httplib::Server::HandlerResponse OnError(const httplib::Request& req, httplib::Response& res) const;
   void SendPolicyError(httplib::Response& res, int http_status, const Status& status) const;
+  void SendBodyTooLarge(httplib::Response& res, uint64_t bytes) const;
 
   const HttpServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::vector<Route> routes_;  // written before Start only
   std::thread thread_;
   int port_ = 0;
+  std::atomic<int> long_polls_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 // Sets the bearer key and, for https, certificate verification against tls_ca_file.

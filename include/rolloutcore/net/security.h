@@ -13,10 +13,12 @@ namespace rc::net {
 inline constexpr const char* kApiKeyEnv = "ROLLOUTCORE_API_KEY";
 inline constexpr const char* kTlsCaFileEnv = "ROLLOUTCORE_TLS_CA_FILE";
 
-// What a server demands of its callers. Set from `--api-key` (or ROLLOUTCORE_API_KEY),
-// `--insecure-no-auth`, `--tls-cert`, `--tls-key`.
+// What a server demands of its callers. Set from `--api-key-file` (or ROLLOUTCORE_API_KEY, or
+// `--api-key`, which other local users can read in `ps`), `--insecure-no-auth`, `--tls-cert`,
+// `--tls-key`.
 struct ServerSecurity {
   std::string api_key;            // empty: no authentication (loopback only, unless insecure_no_auth)
+  std::string api_key_file;       // --api-key-file: read into api_key by the command (servers ignore it)
   bool insecure_no_auth = false;  // allow a non-loopback bind without a key (warns)
   std::string tls_cert_file;      // PEM; with tls_key_file: HTTPS
   std::string tls_key_file;
