@@ -134,7 +134,16 @@ class ControllerHttpServer::Impl {
         if (!m.ok()) return SendError(r, m.status());
         mode = *m;
       }
-      auto id = svc_->RequestUpdate(mv->first, mv->second, mode);
+      // retry_failed: ask again for a version marked failed (docs/controller.md, "A failed update stops").
+      bool retry_failed = false;
+      if (body->contains("retry_failed") && !(*body)["retry_failed"].is_null()) {
+        if (!(*body)["retry_failed"].is_boolean()) {
+          return SendError(r, InvalidArgument("retry_failed: expected true or false, got " +
+                                              JsonTypeName((*body)["retry_failed"])));
+        }
+        retry_failed = (*body)["retry_failed"].get<bool>();
+      }
+      auto id = svc_->RequestUpdate(mv->first, mv->second, mode, retry_failed);
       if (!id.ok()) return SendError(r, id.status());
       SendJson(r, 202, Json{{"id", *id}});
     }));

@@ -588,7 +588,8 @@ void ControllerService::FollowDirectory() {
 // ---- Updates ----------------------------------------------------------------------------------
 
 Result<std::string> ControllerService::Enqueue(const std::string& model, const std::string& version, bool recovery,
-                                               std::optional<size_t> only, lifecycle::PolicyMode mode) {
+                                               std::optional<size_t> only, lifecycle::PolicyMode mode,
+                                               bool retry_failed) {
   if (versions_ == nullptr) return FailedPrecondition("controller has no directory (--directory) to resolve versions");
   if (mode != lifecycle::PolicyMode::kStrict) {
     for (const auto& slot : engines_) {
@@ -619,13 +620,19 @@ Result<std::string> ControllerService::Enqueue(const std::string& model, const s
     }
     if (any) cv_.notify_all();
   }
-  {
+  if (!recovery) {
     rc::MutexLock lock(mu_);
     auto failed = failed_versions_.find(VersionKey(model, version));
-    if (failed != failed_versions_.end()) {
+    if (failed != failed_versions_.end() && !retry_failed) {
       DropPrefetchLocked(version);
       return FailedPrecondition("version " + version + " of " + model + " is marked failed: " + failed->second +
-                                "; it is not rolled to any engine (publish a new version)");
+                                "; it is not rolled to any engine (publish a new version, or request it again with "
+                                "retry_failed: true once the cause is fixed)");
+    }
+    if (failed != failed_versions_.end()) {
+      RC_RETURN_IF_ERROR(JournalOpLocked("version_retry", Json{{"id", ""}, {"model", model}, {"version", version}}));
+      RC_LOG_WARN("version {} of {}: the failed mark is cleared on request (retry_failed)", version, model);
+      failed_versions_.erase(failed);
     }
   }
   auto resolved = versions_->Resolve(model, version);
@@ -800,6 +807,10 @@ Status ControllerService::RestoreOps() {
   for (const auto& r : records) {
     if (r.event == "created") continue;
     const Json& d = r.detail;
+    if (r.event == "version_retry") {
+      failed_versions_.erase(VersionKey(d.value("model", ""), d.value("version", "")));
+      continue;
+    }
     const std::string id = d.value("id", "");
     const std::string where =
         "update journal '" + options_.state_dir + "/updates.journal.db' record " + std::to_string(r.seq);
@@ -853,8 +864,8 @@ Status ControllerService::RestoreOps() {
 }
 
 Result<std::string> ControllerService::RequestUpdate(const std::string& model, const std::string& version,
-                                                     std::optional<lifecycle::PolicyMode> mode) {
-  return Enqueue(model, version, false, std::nullopt, mode.value_or(options_.default_mode));
+                                                     std::optional<lifecycle::PolicyMode> mode, bool retry_failed) {
+  return Enqueue(model, version, false, std::nullopt, mode.value_or(options_.default_mode), retry_failed);
 }
 
 Result<std::string> ControllerService::RequestRecovery(const std::string& model, const std::string& version) {

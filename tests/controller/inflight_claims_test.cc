@@ -229,10 +229,18 @@ TEST(InFlightClaimsTest, AVersionThatFailedValidationIsNotRolledToTheNextEngine)
     EXPECT_NE(again.status().message().find("marked failed"), std::string::npos) << again.status().message();
     EXPECT_TRUE(svc->Rollout(Json{{"prompt", {1}}}).ok()) << "the untouched engine still serves";
   }
-  // The update journal keeps the mark.
+  // The update journal keeps the mark; retry_failed clears it (journaled), and that too survives.
+  {
+    auto svc = std::move(ControllerService::Create(e.Make(2), &versions, Options(dir))).value();
+    EXPECT_EQ(svc->RequestUpdate("m", "v1").status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(svc->UpdateStatus(id).value()["stopped"].is_string());
+    auto retried = svc->RequestUpdate("m", "v1", std::nullopt, /*retry_failed=*/true);
+    ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+    (void)svc->WaitForUpdate(*retried, 10000);
+  }
   auto svc = std::move(ControllerService::Create(e.Make(2), &versions, Options(dir))).value();
-  EXPECT_EQ(svc->RequestUpdate("m", "v1").status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(svc->UpdateStatus(id).value()["stopped"].is_string());
+  auto again = svc->RequestUpdate("m", "v1");
+  EXPECT_NE(again.status().code(), StatusCode::kFailedPrecondition) << again.status().ToString();
   fs::remove_all(dir);
 }
 

@@ -165,10 +165,14 @@ class ControllerService {
   // the engine and why otherwise, e.g. recompute on vLLM). FailedPrecondition (409) too for a
   // request that conflicts with an update of the same version still in progress in another mode
   // (naming both), and for a version that failed validation on an engine (naming the update, the
-  // engine and why): an update tainted on one engine is not rolled to the others (docs/controller.md,
-  // "A failed update stops").
+  // engine and why; retry_failed below): an update tainted on one engine is not rolled to the
+  // others (docs/controller.md, "A failed update stops"). A recovery may name a failed version
+  // (an explicit re-install, proven byte for byte).
+  // retry_failed: the caller fixed what made the version fail (e.g. an engine fault) and asks for
+  // it again: the mark is cleared (journaled version_retry) and the update proceeds.
   Result<std::string> RequestUpdate(const std::string& model, const std::string& version,
-                                    std::optional<lifecycle::PolicyMode> mode = std::nullopt);
+                                    std::optional<lifecycle::PolicyMode> mode = std::nullopt,
+                                    bool retry_failed = false);
   // FailedPrecondition (HTTP 409) when no engine is TAINTED: there is nothing to recover.
   Result<std::string> RequestRecovery(const std::string& model, const std::string& version);
   Result<Json> UpdateStatus(const std::string& id) const;
@@ -258,7 +262,7 @@ class ControllerService {
   // Queues on every engine, or only on engine `only` when given.
   Result<std::string> Enqueue(const std::string& model, const std::string& version, bool recovery,
                               std::optional<size_t> only = std::nullopt,
-                              lifecycle::PolicyMode mode = lifecycle::PolicyMode::kStrict);
+                              lifecycle::PolicyMode mode = lifecycle::PolicyMode::kStrict, bool retry_failed = false);
   // Policy modes (service_spans.cc): the trajectory's version spans from the engine's per-choice
   // spans, each mapped to the controller's version (label, generation, digest, update ordinal).
   // Empty `why` when they are consistent with the binding and the in-flight record; else why not.
