@@ -302,6 +302,18 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
     }
   };
 
+  // The record's `abort` entries ({rollout, update, target, reason, ...}): the active rollouts an
+  // update ends (QuiesceInFlight, or the Taint of an in-flight update).
+  auto apply_abort_list = [&]() REQUIRES(mu_) {
+    for (const auto& a : r.detail.value("abort", Json::array())) {
+      const std::string id = a.value("rollout", "");
+      if (!active_.count(id)) continue;
+      Json why = a;
+      why.erase("rollout");
+      inflight_[id].aborted_at_update = why;
+    }
+  };
+
   if (type.kind == RecordKind::kRestart) {
     if (next == State::kTainted && prev != State::kTainted) {
       close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
@@ -338,13 +350,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
           if (!id.is_string() || !active_.count(id.get<std::string>())) continue;
           inflight_[id.get<std::string>()].spanned.push_back(pending_->ordinal);
         }
-        for (const auto& a : r.detail.value("abort", Json::array())) {
-          const std::string id = a.value("rollout", "");
-          if (!active_.count(id)) continue;
-          Json why = a;
-          why.erase("rollout");
-          inflight_[id].aborted_at_update = why;
-        }
+        apply_abort_list();
       }
       return;
     case Event::kResumed:
@@ -361,13 +367,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
       return;
     case Event::kTaint:
       // An in-flight update tainted after its pause: the frozen rollouts it ends (Taint).
-      for (const auto& a : r.detail.value("abort", Json::array())) {
-        const std::string id = a.value("rollout", "");
-        if (!active_.count(id)) continue;
-        Json why = a;
-        why.erase("rollout");
-        inflight_[id].aborted_at_update = why;
-      }
+      apply_abort_list();
       close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
       return;
     case Event::kBeginInstall:

@@ -434,20 +434,24 @@ TEST_F(ControllerTest, InFlightUpdateKeepsRolloutsRecordsWhatTheySpannedAndEnfor
   EXPECT_EQ(c_->counters().aborted_at_update, 0) << "an intent, not an outcome: r1 has not finished (issue 36 #6)";
 
   // The journal alone rebuilds the same records.
-  {
-    MemoryJournal copy;
-    auto records = journal_.ReadAll();
-    ASSERT_TRUE(records.ok());
-    for (const auto& r : *records) {
+  // A controller restarted from a copy of the journal so far.
+  std::vector<std::shared_ptr<MemoryJournal>> copies;  // outlive the controllers opened on them
+  auto reopen = [&]() -> std::unique_ptr<Controller> {
+    auto copy = std::make_shared<MemoryJournal>();
+    copies.push_back(copy);
+    const std::vector<JournalRecord> records = journal_.ReadAll().value();
+    for (const JournalRecord& r : records) {
       JournalRecord c = r;
-      ASSERT_TRUE(copy.Append(c).ok());
+      EXPECT_TRUE(copy->Append(c).ok());
     }
-    auto again = Controller::Open(&clock_, &copy);
-    ASSERT_TRUE(again.ok());
+    return Controller::Open(&clock_, copy.get()).value();
+  };
+  {
+    auto again = reopen();
     // (A restart mid-update records the active rollouts interrupted; the counters replay.)
-    EXPECT_EQ((*again)->counters().inflight_spans, 0) << "no rollout finished yet";
-    EXPECT_EQ((*again)->counters().aborted_at_update, 0);
-    EXPECT_EQ((*again)->counters().updates_by_mode.at("keep"), 1);
+    EXPECT_EQ(again->counters().inflight_spans, 0) << "no rollout finished yet";
+    EXPECT_EQ(again->counters().aborted_at_update, 0);
+    EXPECT_EQ(again->counters().updates_by_mode.at("keep"), 1);
   }
   // Outcomes come from the finish records (written after the trajectory rows): r1 ended by the
   // update with two spans, r2 finished normally with one.
@@ -460,16 +464,9 @@ TEST_F(ControllerTest, InFlightUpdateKeepsRolloutsRecordsWhatTheySpannedAndEnfor
   EXPECT_EQ(c_->counters().aborted_at_update, 1);
   EXPECT_EQ(c_->counters().inflight_spans, 1);
   {
-    MemoryJournal copy;
-    const std::vector<JournalRecord> records = journal_.ReadAll().value();
-    for (const auto& r : records) {
-      JournalRecord c = r;
-      ASSERT_TRUE(copy.Append(c).ok());
-    }
-    auto again = Controller::Open(&clock_, &copy);
-    ASSERT_TRUE(again.ok());
-    EXPECT_EQ((*again)->counters().aborted_at_update, 1) << "the journal rebuilds the outcomes";
-    EXPECT_EQ((*again)->counters().inflight_spans, 1);
+    auto again = reopen();
+    EXPECT_EQ(again->counters().aborted_at_update, 1) << "the journal rebuilds the outcomes";
+    EXPECT_EQ(again->counters().inflight_spans, 1);
   }
 }
 

@@ -2,12 +2,12 @@
 // probe found (the number in its comment) and fails on the code before the fix: ControllerService
 // with real threads and SQLite state over FakeEngine adapters (which accept every policy mode).
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 
 #include <future>
 #include <set>
 
 #include "controller/service_fixture.h"
+#include "controller/sqlite_write_lock.h"
 
 namespace rc::controller {
 namespace {
@@ -16,6 +16,7 @@ using testing::Engines;
 using testing::Options;
 using testing::StaticVersions;
 using testing::TempDir;
+using testing::WriteLock;
 namespace fs = std::filesystem;
 
 rc::testing::FaultInjectingAdapter* Faulty(EngineHandle& h) {
@@ -330,26 +331,6 @@ TEST(InFlightClaimsTest, CountersCountOutcomesNotIntents) {
   EXPECT_EQ(svc->controller(0)->counters().aborted_at_update, 1);
   fs::remove_all(dir);
 }
-
-// Holds SQLite's write lock on the trajectory store from a second connection (a store that is
-// slow or failing at the moment a lease expires).
-class WriteLock {
- public:
-  explicit WriteLock(const std::string& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-    EXPECT_EQ(sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-  }
-  ~WriteLock() { Release(); }
-  void Release() {
-    if (db_ == nullptr) return;
-    (void)sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    sqlite3_close(db_);
-    db_ = nullptr;
-  }
-
- private:
-  sqlite3* db_ = nullptr;
-};
 
 // #8: a finish racing the lease's expiry is answered 409 expired (never 404 "no lease", never a
 // stored finish), while the expiry's record is still being written; the record then lands once.

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "controller/service_fixture.h"
+#include "controller/sqlite_write_lock.h"
 #include "rolloutcore/controller/http_server.h"
 
 namespace rc::controller {
@@ -18,27 +19,8 @@ using testing::Engines;
 using testing::Options;
 using testing::StaticVersions;
 using testing::TempDir;
+using testing::WriteLock;
 namespace fs = std::filesystem;
-
-// Holds SQLite's write lock on a database from a second connection: every write of the
-// service's own connection fails (SQLITE_BUSY) until Release — a store failure at a chosen point.
-class WriteLock {
- public:
-  explicit WriteLock(const std::string& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-    EXPECT_EQ(sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-  }
-  ~WriteLock() { Release(); }
-  void Release() {
-    if (db_ == nullptr) return;
-    (void)sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    sqlite3_close(db_);
-    db_ = nullptr;
-  }
-
- private:
-  sqlite3* db_ = nullptr;
-};
 
 bool JournalHas(ControllerService* svc, const std::string& event, const std::string& rollout) {
   auto j = svc->Journal(0, 0).value();
