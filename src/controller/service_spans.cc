@@ -74,7 +74,8 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
         if (found == nullptr || u.ordinal > found->ordinal) found = &u;
       }
       if (found == nullptr) {
-        Why(why, at + " was generated under label '" + label + "', which no update of this controller installed");
+        Why(why, std::string(at).append(" was generated under label '").append(label).append(
+                     "', which no update of this controller installed"));
         span["generation"] = nullptr;
         span["content_digest"] = nullptr;
       } else {

@@ -200,6 +200,7 @@ TEST(InFlightClaimsTest, AVersionThatFailedValidationIsNotRolledToTheNextEngine)
   {
     auto handles = e.Make(2);
     std::vector<rc::testing::FaultInjectingAdapter*> faulty;
+    faulty.reserve(handles.size());
     for (auto& h : handles) faulty.push_back(Faulty(h));
     auto svc = std::move(ControllerService::Create(std::move(handles), &versions, Options(dir))).value();
     rc::testing::Fault corrupt;

@@ -53,7 +53,7 @@ TEST_F(InFlightSoakTest, ModesRacingLeasesRolloutsAndKillsKeepEveryRecordTrue) {
   o.controller_args = {"--lease-timeout", "3", "--max-staleness", "2"};
   Stack s = StartStack(o);
   ASSERT_NE(s.ctl, 0);
-  const char* kModes[] = {"strict", "keep", "recompute", "abort"};
+  static constexpr const char* kModes[] = {"strict", "keep", "recompute", "abort"};
   std::mutex told_mu;
   std::map<std::string, Told> told;
   std::string committed = "v0";
