@@ -413,11 +413,19 @@ void ControllerService::Drive(EngineSlot* slot) {
   // drain waits for rollouts, a refused reset waits for its retry slot) it sleeps 1 ms, or 100 us
   // for 20 ms after each state change.
   State last_state = slot->controller->state();
+  State last_sweep_state = State::kUninitialized;  // sweep once at start (a restart's leases)
   int64_t hot_until_ms = 0;
   while (!stop_) {
     if (open_leases_.load() > 0) {
-      // Leases an update ended are closed at once, so the next drain never waits for them.
-      EndLeasesOfUpdates(slot->index);
+      // Leases an update ended are closed at once, so the next drain never waits for them. Only
+      // an operation (quiesce, drain abort, taint) ends one: sweep while the engine is not READY,
+      // once more when it is back, and while a closed lease's record is still to be written
+      // (heartbeat and finish check for themselves). Nothing is scanned per pass while serving.
+      const State now_state = slot->controller->state();
+      if (now_state != State::kReady || last_sweep_state != State::kReady || closing_leases_pending_.load() > 0) {
+        EndLeasesOfUpdates(slot->index);
+        last_sweep_state = now_state;
+      }
       if (SteadyMs() >= next_expiry_check) {
         ExpireLeases(slot->index);
         next_expiry_check =
@@ -1183,6 +1191,7 @@ Result<Json> ControllerService::Admit(const std::string& rollout_id_in) {
     expired_leases_.erase(rollout_id);
     ended_leases_.erase(rollout_id);
     open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+    closing_leases_pending_.store(static_cast<int64_t>(closing_leases_.size()));
   }
   Json j = lifecycle::ToJson(binding);
   j["engine"] = engines_[index]->handle.name;
@@ -1252,6 +1261,7 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
     rc::MutexLock lock(mu_);
     if (!recorded.ok()) closing_leases_[rollout_id] = Closing{lease, why};  // the driver retries the record
     open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+    closing_leases_pending_.store(static_cast<int64_t>(closing_leases_.size()));
     return *ClosedLeaseStatusLocked(rollout_id);
   }
   auto binding = slot->controller->Binding(rollout_id);
@@ -1316,6 +1326,7 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
   {
     rc::MutexLock lock(mu_);
     open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+    closing_leases_pending_.store(static_cast<int64_t>(closing_leases_.size()));
   }
   return OkStatus();
 }
@@ -1331,6 +1342,7 @@ Result<Json> ControllerService::ExtendLease(const std::string& rollout_id) {
     closing_leases_[rollout_id] = Closing{it->second, why};
     leases_.erase(it);
     open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+    closing_leases_pending_.store(static_cast<int64_t>(closing_leases_.size()));
     return *ClosedLeaseStatusLocked(rollout_id);
   }
   if (options_.lease_timeout_ms > 0) it->second.expires_ms = SteadyMs() + options_.lease_timeout_ms;
@@ -1405,6 +1417,7 @@ void ControllerService::EndLeasesOfUpdates(size_t engine) {
   }
   rc::MutexLock lock(mu_);
   open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+  closing_leases_pending_.store(static_cast<int64_t>(closing_leases_.size()));
 }
 
 void ControllerService::ExpireLeases(size_t engine) {
@@ -1467,6 +1480,7 @@ void ControllerService::ExpireLeases(size_t engine) {
   }
   rc::MutexLock lock(mu_);
   open_leases_.store(static_cast<int64_t>(leases_.size() + closing_leases_.size()));
+  closing_leases_pending_.store(static_cast<int64_t>(closing_leases_.size()));
 }
 
 // ---- Observation --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/loopback_socket.h"
 #include "rolloutcore/net/http.h"
 #include "rolloutcore/net/http_status.h"
 
@@ -257,18 +258,7 @@ TEST(HttpServerTest, InvalidUtf8Is400NamingTheField) {
   EXPECT_EQ(s.posts.load(), 0);
 }
 
-int ConnectLoopback(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+using rc::testing::ConnectLoopback;
 
 // 64 idle sockets and 32 that trickle a header byte at a time: a normal request still answers
 // at once. With cpp-httplib's fixed pool of max(8, cores - 1) workers it waits for the read

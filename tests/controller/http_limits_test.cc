@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/loopback_socket.h"
 #include "controller/service_fixture.h"
 #include "rolloutcore/controller/http_server.h"
 #include "rolloutcore/controller/service.h"
@@ -39,18 +40,7 @@ int64_t MsSince(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
 }
 
-int ConnectLoopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+using rc::testing::ConnectLoopback;
 
 // A raw connection that sent an (unauthenticated) long-poll and is waiting for its answer.
 int OpenLongPoll(int port, const std::string& id, int64_t wait_ms) {

@@ -331,6 +331,7 @@ class ControllerService {
   std::map<std::string, Closing> closing_leases_ GUARDED_BY(mu_);  // guarded by mu_
   std::map<std::string, Json> ended_leases_ GUARDED_BY(mu_);  // rollout → aborted_at_update, guarded by mu_
   std::atomic<int64_t> open_leases_{0};  // leases_.size() + closing_leases_.size(), read without mu_
+  std::atomic<int64_t> closing_leases_pending_{0};  // closing_leases_.size(), read without mu_
   // Versions whose validation failed on an engine (VersionKey → why), from the update journal.
   std::map<std::string, std::string> failed_versions_ GUARDED_BY(mu_);  // guarded by mu_
   int updating_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
