@@ -6,8 +6,7 @@
 
 #include "apps/commands.h"
 #include "apps/server_flags.h"
-#include "rolloutcore/adapters/embedded_adapter.h"
-#include "rolloutcore/adapters/http_adapter.h"
+#include "rolloutcore/adapters/registry.h"
 #include "rolloutcore/controller/directory_versions.h"
 #include "rolloutcore/controller/http_server.h"
 #include "rolloutcore/directory/client.h"
@@ -65,6 +64,7 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
     std::string vllm_native_init = "controller";
     std::string vllm_pause_call = "sleep";
     int vllm_reset_attempts = 5;
+    bool vllm_allow_untested_version = false;
     int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
             validate_ms = 60000, resume_ms = 5000;
     net::ServerSecurity security;
@@ -72,10 +72,8 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<Opts>();
   serve
       ->add_option("--engine", o->engines,
-                   "Engine base URL(s), comma-separated: http://HOST:PORT (flavour detected: a rolloutcore engine "
-                   "answers /rc/engine/state, otherwise vLLM), vllm+http://HOST:PORT (vLLM with rolloutcore's worker "
-                   "extension, docs/vllm.md), rolloutcore+http://HOST:PORT; 'embedded' runs an engine in this "
-                   "process (see --embedded-*)")
+                   "Engine URL(s), comma-separated, one kind each (docs/architecture.md, \"a new engine\"):\n" +
+                       adapters::EngineKindsHelp())
       ->required();
   serve->add_option("--embedded-model", o->embedded_model, "Embedded engine: preset name or Hugging Face folder")
       ->capture_default_str();
@@ -181,6 +179,10 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                    "doubling); the controller retries refused resets within --reset-deadline-ms on top")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  serve->add_flag("--vllm-allow-untested-version", o->vllm_allow_untested_version,
+                  "vLLM engines: start even when GET /version names a release other than 0.26.x or 0.33.x (refused "
+                  "otherwise); it runs with the behaviour of the nearest supported release and every validation "
+                  "journals vllm_version_untested");
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
   serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
   serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
@@ -220,54 +222,40 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
       versions = std::make_unique<controller::DirectoryVersionSource>(dir.get());
     }
     std::vector<controller::EngineHandle> engines;
-    std::vector<std::unique_ptr<adapters::EmbeddedEngine>> embedded;  // outlive the service
+    std::vector<std::shared_ptr<void>> owned;  // outlive the service (embedded engines)
     for (const auto& url : SplitCommas(o->engines)) {
-      if (url == "embedded") {
-        adapters::EmbeddedEngine::Options eo;
-        eo.model = o->embedded_model;
-        eo.load_format = o->embedded_load_format;
-        eo.seed = o->embedded_seed;
-        eo.tensor_parallel_size = o->embedded_tp;
-        eo.weight_version = o->embedded_label;
-        auto e = adapters::EmbeddedEngine::Create(eo);
-        if (!e.ok()) {
-          std::cerr << "controller serve: embedded engine: " << e.status().ToString() << "\n";
-          *exit_code = 2;
-          return;
-        }
-        controller::EngineHandle h;
-        h.name = "embedded";
-        h.adapter = (*e)->MakeAdapter({o->directory, o->model});
-        h.complete = (*e)->MakeCompleter(o->embedded_model);
-        engines.push_back(std::move(h));
-        embedded.push_back(std::move(e).value());
-        continue;
-      }
-      auto parsed = adapters::ParseEngineUrl(url);
-      if (!parsed.ok()) {
-        std::cerr << "controller serve: --engine: " << parsed.status().message() << "\n";
+      adapters::EngineSpec spec;
+      spec.url = url;
+      spec.directory_url = o->directory;
+      spec.model = o->model;
+      spec.stage_timeout_ms = o->stage_ms;
+      spec.embedded.model = o->embedded_model;
+      spec.embedded.load_format = o->embedded_load_format;
+      spec.embedded.seed = o->embedded_seed;
+      spec.embedded.tensor_parallel_size = o->embedded_tp;
+      spec.embedded.weight_version = o->embedded_label;
+      adapters::VllmOptions& vo = spec.http.vllm;
+      vo.reset_attempts = o->vllm_reset_attempts;
+      vo.pause_via_sleep = o->vllm_pause_call == "sleep";
+      vo.native_transfer = o->vllm_transfer == "native-nccl";
+      vo.native_trainer_url = o->vllm_native_trainer;
+      vo.native_init = o->vllm_native_init == "controller";
+      // Each join (group init, send/update) gets half the install deadline, so a refusal before
+      // the start still lands inside it (the Runner taints an install that overruns).
+      vo.native_timeout_ms = std::max<int64_t>(1, o->install_ms / 2);
+      vo.allow_untested_version = o->vllm_allow_untested_version;
+      auto made = adapters::MakeEngine(spec);
+      if (!made.ok()) {
+        std::cerr << "controller serve: --engine " << url << ": " << made.status().message() << "\n";
         *exit_code = 2;
         return;
       }
-      adapters::HttpAdapterOptions ao;
-      ao.base_url = parsed->base_url;
-      ao.expected_flavor = parsed->flavor;
-      ao.directory_url = o->directory;
-      ao.model = o->model;
-      ao.stage_timeout_ms = o->stage_ms;
-      ao.reset_attempts = o->vllm_reset_attempts;
-      ao.vllm_pause_via_sleep = o->vllm_pause_call == "sleep";
-      ao.vllm_native_transfer = o->vllm_transfer == "native-nccl";
-      ao.vllm_native_trainer_url = o->vllm_native_trainer;
-      ao.vllm_native_init = o->vllm_native_init == "controller";
-      // Each join (group init, send/update) gets half the install deadline, so a refusal before
-      // the start still lands inside it (the Runner taints an install that overruns).
-      ao.vllm_native_timeout_ms = std::max<int64_t>(1, o->install_ms / 2);
       controller::EngineHandle h;
-      h.name = url;
-      h.adapter = std::make_unique<adapters::HttpEngineAdapter>(ao);
-      h.complete = adapters::MakeHttpCompleter(parsed->base_url);
+      h.name = made->name;
+      h.adapter = std::move(made->adapter);
+      h.complete = std::move(made->complete);
       engines.push_back(std::move(h));
+      if (made->owned) owned.push_back(std::move(made->owned));
     }
     controller::ServiceOptions so;
     so.state_dir = o->state_dir;

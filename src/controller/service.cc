@@ -1063,6 +1063,13 @@ Result<Json> ControllerService::Rollout(const Json& request) {
     // journaled leaves the rollout admitted (recorded interrupted at the next restart).
     t.finish_reason = "error";
     finish_detail["error"] = result.status().ToString();
+    // An engine that turns requests away while paused (vLLM 0.33 answers 503 in wait/abort
+    // pauses): the rollout produced nothing; its record names the update that paused the engine.
+    if (auto pending = slot->controller->pending_target()) {
+      finish_detail["update_in_progress"] = pending->label;
+      t.extra = Json{{"update_in_progress", pending->label},
+                     {"engine_state", lifecycle::StateName(slot->controller->state())}};
+    }
     Status stored = trajectories_->Insert(t);
     if (!stored.ok()) finish_detail["trajectory_error"] = stored.ToString();
     Status finished = slot->controller->Finish(rollout_id, finish_detail);
@@ -1082,7 +1089,8 @@ Result<Json> ControllerService::Rollout(const Json& request) {
                                 ? resp["choices"][0]
                                 : Json::object();
   t.version_spans = VersionSpans(slot, binding, first_choice,
-                                 static_cast<int64_t>(first_choice.value("token_ids", Json::array()).size()), &span_why);
+                                 static_cast<int64_t>(first_choice.value("token_ids", Json::array()).size()),
+                                 inflight ? &*inflight : nullptr, &span_why);
   const Json checked =
       inflight ? InFlightAdjusted(slot, resp, admitted_install_generation, binding, *inflight, &inflight_why) : resp;
   std::string mismatch = CompletionMismatch(slot, binding, checked);

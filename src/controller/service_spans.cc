@@ -19,7 +19,8 @@ void Why(std::string* why, const std::string& text) {
 }  // namespace
 
 Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
-                                     int64_t output_tokens, std::string* why) const {
+                                     int64_t output_tokens, const lifecycle::InFlightRecord* inflight,
+                                     std::string* why) const {
   Json out = Json::array();
   const Json reported = choice.value("version_spans", Json());
   if (!reported.is_array() || reported.empty()) {
@@ -46,6 +47,7 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
     const int64_t from = s.value("from_token", int64_t{-1});
     const int64_t to = s.value("to_token", int64_t{-1});
     const std::string label = s.value("label", "");
+    if (s.contains("error")) Why(why, at + ": the engine's spans are malformed: " + s["error"].dump());
     if (from != expect_from || to < from) {
       Why(why, at + " covers [" + std::to_string(from) + ", " + std::to_string(to) + "), expected it to start at " +
                    std::to_string(expect_from));
@@ -58,10 +60,30 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
               {"to_token", to},
               {"label", label},
               {"kv", s.value("kv", "")},
-              {"install_generation", s.value("install_generation", int64_t{-1})}};
+              {"install_generation", s.value("install_generation", int64_t{-1})},
+              {"reported_by_engine", true}};
+    if (s.contains("swap_index_reported")) {
+      // The engine's worker counted this request's output tokens when the update paused it: the
+      // weights changed exactly there, or the spans are not what happened.
+      span["swap_index_reported"] = s["swap_index_reported"];
+      if (!s["swap_index_reported"].is_number_integer() || s["swap_index_reported"].get<int64_t>() != from) {
+        Why(why, at + " starts at token " + std::to_string(from) + ", but the engine's worker reported " +
+                     (s["swap_index_reported"].is_number_integer()
+                          ? std::to_string(s["swap_index_reported"].get<int64_t>()) + " output tokens"
+                          : std::string("no count for this request")) +
+                     " when the update to '" + label + "' paused it");
+      }
+    }
+    if (label != binding.version.label && (inflight == nullptr || inflight->spanned.empty())) {
+      // No in-flight update touched this rollout (strict, or it was admitted after the last one):
+      // every token must be the binding's.
+      Why(why, at + " was generated under label '" + label + "', the binding is '" + binding.version.label +
+                   "' and no in-flight update touched this rollout");
+    }
     if (label == binding.version.label) {
       span["generation"] = binding.version.generation;
       span["content_digest"] = binding.identity.content_digest;
+      if (span["kv"] == "") span["kv"] = "fresh";
     } else {
       // A version an update of this controller installed while the rollout ran: the newest update
       // to that label (committed, or the one still in progress when the rollout answered).
@@ -83,6 +105,9 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
         span["content_digest"] = found->target.identity.content_digest;
         span["update"] = found->ordinal;
         span["update_mode"] = lifecycle::PolicyModeName(found->target.mode);
+        if (span["kv"] == "") {
+          span["kv"] = found->target.mode == lifecycle::PolicyMode::kRecompute ? "recomputed" : "stale";
+        }
       }
     }
     out.push_back(span);

@@ -68,6 +68,7 @@ Json ResetResultsJson(const std::vector<CacheResetResult>& results) {
                        {"blocks_in_use", r.blocks_in_use},
                        {"verified", r.verified},
                        {"attempts", r.attempts}});
+    if (!r.isolation.empty()) arr.back()["isolation"] = r.isolation;
   }
   return arr;
 }
@@ -764,7 +765,7 @@ Result<Json> Controller::CachesResetDetailLocked(const std::vector<CacheResetRes
     if (it == results.end()) {
       return FailedPrecondition("no reset result for the " + std::string(CacheKindName(kind)) + " cache");
     }
-    if (!it->success) {
+    if (!it->done()) {
       return FailedPrecondition("the " + std::string(CacheKindName(kind)) + " cache reset was refused (" +
                                 std::to_string(it->blocks_in_use) + " blocks in use)");
     }
@@ -795,6 +796,7 @@ Result<Json> Controller::ValidatedDetailLocked(const LabelEvidence& label, const
                               pending_->label + "'");
   }
   Json ev{{"label", label.label}};
+  if (!label.detail.is_null()) ev["label_evidence"] = label.detail;
   const std::string& want = pending_->identity.content_digest;
   if (digest_offered && !want.empty()) {
     if (!digest) return FailedPrecondition("validation failed: the engine offers a content digest but none was read");
@@ -988,6 +990,7 @@ Status Controller::Recovered(const InstallEvidence& install, const LabelEvidence
   }
   WeightVersion v{pending_->label, version_.generation + 1};
   Json evidence{{"label", label.label}, {"content_digest", digest.content_digest}, {"bytes", install.bytes}};
+  if (!label.detail.is_null()) evidence["label_evidence"] = label.detail;
   // The engine's refit mode (delta | full, and why) and anchor check, journaled when it reports them.
   for (const char* key : {"mode", "mode_reason", "anchor_check"}) {
     if (install.detail.is_object() && install.detail.contains(key)) evidence[key] = install.detail[key];

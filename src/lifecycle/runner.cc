@@ -590,7 +590,7 @@ void Runner::StepResetting(bool recovery) {
   }
   bool all_done = true;
   for (size_t i = 0; i < reset_calls_.size(); ++i) {
-    if (reset_results_[i] && reset_results_[i]->success) continue;
+    if (reset_results_[i] && reset_results_[i]->done()) continue;
     auto& call = reset_calls_[i];
     std::string cache(CacheKindName(description_.caches[i]));
     if (!call.active()) {
@@ -618,7 +618,7 @@ void Runner::StepResetting(bool recovery) {
     call.Clear();
     if (!r.ok()) return TaintWith("the " + cache + " cache reset failed: " + r.status().ToString());
     reset_results_[i] = *r;
-    if (!r->success) {
+    if (!r->done()) {
       all_done = false;
       if (reset_attempts_[i] >= options_.max_reset_attempts) {
         return TaintWith("the " + cache + " cache reset was refused " + std::to_string(reset_attempts_[i]) +

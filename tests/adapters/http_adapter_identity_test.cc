@@ -21,6 +21,9 @@ class FakeVllmWithExtension {
  public:
   FakeVllmWithExtension() {
     svr_.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+    svr_.Get("/version", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content(R"({"version":"0.26.0"})", "application/json");
+    });
     svr_.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
     svr_.Get("/weight_info", [](const httplib::Request&, httplib::Response& r) {
       r.set_content(R"({"weight_version":"v7"})", "application/json");
@@ -83,7 +86,8 @@ TEST(HttpAdapterIdentityTest, VllmWorkersThatAgreeAreOneIdentity) {
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_EQ(e->label, "v3");
   EXPECT_EQ(e->install_generation, 2);
-  EXPECT_EQ(e->boot_id, "b-1,b-2") << "every worker process's boot id: any worker's restart changes it";
+  EXPECT_EQ(e->boot_id, "b-1,b-2,vllm=0.26.0")
+      << "every worker process's boot id (any worker's restart changes it) and vLLM's release";
   EXPECT_EQ(e->content_digest, "00000000000000aa");
   Json sent = Json::parse(vllm.last_body());
   EXPECT_EQ(sent["method"], "rc_label");

@@ -26,8 +26,8 @@ HttpAdapterOptions Options(const std::string& url) {
   o.base_url = url;
   o.directory_url = "http://127.0.0.1:8200";
   o.model = "tiny";
-  o.reset_backoff_ms = 1;
-  o.gauge_probe_after_ms = 50;
+  o.vllm.reset_backoff_ms = 1;
+  o.vllm.gauge_probe_after_ms = 50;
   return o;
 }
 
@@ -313,7 +313,7 @@ TEST(HttpAdapterVllmTest, AnInstallReplyWithoutTheDigestFieldsFallsBackToRcLabel
 TEST(HttpAdapterVllmTest, PauseViaSleepUsesSleepLevelZeroAndWakeUpScheduling) {
   FakeVllm vllm;
   HttpAdapterOptions o = Options(vllm.url());
-  o.vllm_pause_via_sleep = true;
+  o.vllm.pause_via_sleep = true;
   HttpEngineAdapter a(o);
   ASSERT_TRUE(a.Describe().ok());
   ASSERT_TRUE(Await(a.Stage(Target())).ok());
@@ -349,7 +349,7 @@ TEST(HttpAdapterVllmTest, AlwaysRefusedPrefixResetIsNeverSuccess) {
   FakeVllm vllm;
   vllm.Script([&] { vllm.reset_answers_ = {false}; });
   HttpAdapterOptions o = Options(vllm.url());
-  o.reset_attempts = 4;
+  o.vllm.reset_attempts = 4;
   HttpEngineAdapter a(o);
   ASSERT_TRUE(a.Describe().ok());
   auto r = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
@@ -824,9 +824,9 @@ class FakeSender {
 
 HttpAdapterOptions NativeOptions(const std::string& url, const std::string& sender) {
   HttpAdapterOptions o = Options(url);
-  o.vllm_native_transfer = true;
-  o.vllm_native_trainer_url = sender;
-  o.vllm_native_timeout_ms = 3000;
+  o.vllm.native_transfer = true;
+  o.vllm.native_trainer_url = sender;
+  o.vllm.native_timeout_ms = 3000;
   return o;
 }
 
@@ -977,7 +977,7 @@ TEST(HttpAdapterVllmNativeTest, FailuresBeforeStartAreRefusalsWithNothingTouched
     FakeVllm vllm(cfg);
     FakeSender sender(&vllm);
     HttpAdapterOptions o = NativeOptions(vllm.url(), sender.url());
-    o.vllm_native_timeout_ms = 10000;
+    o.vllm.native_timeout_ms = 10000;
     HttpEngineAdapter a(o);
     ASSERT_TRUE(a.Describe().ok());
     const auto t0 = std::chrono::steady_clock::now();
@@ -996,7 +996,7 @@ TEST(HttpAdapterVllmNativeTest, FailuresBeforeStartAreRefusalsWithNothingTouched
     FakeVllm vllm(cfg);
     FakeSender sender(&vllm);
     HttpAdapterOptions o = NativeOptions(vllm.url(), sender.url());
-    o.vllm_native_init = false;
+    o.vllm.native_init = false;
     HttpEngineAdapter a(o);
     ASSERT_TRUE(a.Describe().ok());
     auto inst = Await(a.Install(NativeTarget(), false));

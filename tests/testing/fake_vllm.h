@@ -1,10 +1,14 @@
-// FakeVllm: a fake vLLM 0.26 on loopback (cpp-httplib, in the test process) that speaks vLLM's
+// FakeVllm: a fake vLLM 0.26 or 0.33 (FakeVllmConfig::version) on loopback (cpp-httplib, in the test process) that speaks vLLM's
 // endpoints as ../shared/vllm/VLLM_RL_SURFACE.md describes them — /pause?mode&clear_cache,
 // /is_paused, /resume, /reset_prefix_cache answering {"success"}, empty-200 mm/encoder resets,
 // usage.prompt_tokens_details.cached_tokens, /metrics gauges that nothing refreshes while paused,
 // /v1/models, dev routes 404 without dev mode — and rolloutcore's worker-extension protocol over
 // POST /collective_rpc (docs/vllm.md): rc_describe, rc_stage, rc_install, rc_label, rc_digest, one
-// result per worker; "Method 'x' is not implemented." (500) without the extension.
+// result per worker; "Method 'x' is not implemented." (500) without the extension. As 0.33
+// (../shared/vllm/VLLM_033_NOTES.md, section 6): GET /version, new requests answered 503 while
+// paused in wait/abort mode (queued under keep), /update_weight_version + /weight_info (initially
+// "default"), choices[i].weight_versions when return_weight_versions is asked, JSON replies of
+// /sleep and /wake_up; 0.26 answers 404 to the 0.33-only routes.
 //
 // Behaviour is scripted through Script() (handlers read it under mu_); observations are read
 // under mu_ too. Thread safety: the server's handler threads and the test thread share state only
@@ -38,6 +42,7 @@ struct FakeVllmConfig {
   // /start_weight_update, /update_weights, /finish_weight_update with vLLM 0.26's session rules
   // (docs/vllm.md "vLLM's own transfer"), plus the extension's rc_adopt / rc_native_state.
   bool weight_transfer = true;
+  std::string version = "0.26.0";  // GET /version; "0.33.x" switches on 0.33's behaviour
 };
 
 class FakeVllm {
@@ -47,6 +52,23 @@ class FakeVllm {
     labels_.assign(cfg_.workers, "v7");
     generations_.assign(cfg_.workers, 3);
     svr_.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+    svr_.Get("/version", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(Json{{"version", cfg_.version}}.dump(), "application/json");
+    });
+    svr_.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
+      if (!Dev(r) || !V033(r)) return;
+      Json body = Json::parse(q.body);
+      std::lock_guard<std::mutex> lock(mu_);
+      weight_version_calls_.push_back(body.value("new_version", std::string()));
+      if (!ignore_weight_version_) weight_version_ = body.value("new_version", std::string());
+      r.set_content(Json{{"success", true}, {"new_version", body.value("new_version", std::string())}}.dump(),
+                    "application/json");
+    });
+    svr_.Get("/weight_info", [this](const httplib::Request&, httplib::Response& r) {
+      if (!Dev(r) || !V033(r)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      r.set_content(Json{{"weight_version", weight_version_}}.dump(), "application/json");
+    });
     svr_.Get("/rc/engine/state", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
     svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& r) {
       r.set_content(R"({"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]})", "application/json");
@@ -63,6 +85,7 @@ class FakeVllm {
       pause_queries_.push_back("mode=" + q.get_param_value("mode") +
                                "&clear_cache=" + q.get_param_value("clear_cache"));
       paused_ = true;
+      reject_new_ = is033() && q.get_param_value("mode") != "keep";
       r.set_content(R"({"status":"paused"})", "application/json");
     });
     // /sleep?level=0&mode=M pauses the scheduler like /pause; /wake_up?tags=scheduling resumes it.
@@ -72,18 +95,30 @@ class FakeVllm {
       std::lock_guard<std::mutex> lock(mu_);
       pause_queries_.push_back("sleep level=" + q.get_param_value("level") + "&mode=" + q.get_param_value("mode"));
       if (q.get_param_value("level") == "0") paused_ = true;
-      r.status = 200;
+      reject_new_ = is033() && q.get_param_value("mode") != "keep";
+      if (is033()) {
+        r.set_content(Json{{"status", "sleeping"}, {"level", std::stoi("0" + q.get_param_value("level"))}}.dump(),
+                      "application/json");
+      } else {
+        r.status = 200;
+      }
     });
     svr_.Post("/wake_up", [this](const httplib::Request& q, httplib::Response& r) {
       if (!Dev(r)) return;
       std::lock_guard<std::mutex> lock(mu_);
       pause_queries_.push_back("wake_up tags=" + q.get_param_value("tags"));
       paused_ = false;
-      r.status = 200;
+      reject_new_ = false;
+      if (is033()) {
+        r.set_content(Json{{"status", "awake"}, {"tags", q.get_param_value("tags")}}.dump(), "application/json");
+      } else {
+        r.status = 200;
+      }
     });
     svr_.Post("/resume", [this](const httplib::Request&, httplib::Response& r) {
       if (!Dev(r)) return;
       paused_ = false;
+      reject_new_ = false;
       r.set_content(R"({"status":"resumed"})", "application/json");
     });
     svr_.Get("/is_paused", [this](const httplib::Request&, httplib::Response& r) {
@@ -114,6 +149,17 @@ class FakeVllm {
     svr_.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
       Json body = Json::parse(q.body);
       std::lock_guard<std::mutex> lock(mu_);
+      completion_bodies_.push_back(body);
+      if (reject_new_) {
+        // vLLM 0.33 (core.py:1796-1816): paused in wait/abort mode, new requests are turned away.
+        ++completions_refused_;
+        r.status = 503;
+        r.set_content(Json{{"error", {{"message", "The engine is paused: new requests are rejected until resume"},
+                                      {"type", "ServiceUnavailableError"},
+                                      {"code", 503}}}}.dump(),
+                      "application/json");
+        return;
+      }
       if (stale_gauges_) running_ = 0;  // the step this request causes refreshes the gauges to the truth
       if (paused_) ++completions_while_paused_;
       ++completions_;
@@ -121,7 +167,17 @@ class FakeVllm {
       int64_t n = static_cast<int64_t>(body["prompt"].size());
       int64_t hit = cfg_.prefix_caching && cached_ ? n : 0;
       cached_ = true;
-      r.set_content(Json{{"usage", {{"prompt_tokens", n}, {"prompt_tokens_details", {{"cached_tokens", hit}}}}}}.dump(),
+      const int64_t max_tokens = body.value("max_tokens", int64_t{16});
+      Json choice{{"index", 0}, {"text", ""}, {"finish_reason", "length"},
+                  {"token_ids", std::vector<int64_t>(static_cast<size_t>(max_tokens), 7)}};
+      if (is033() && body.value("return_weight_versions", false)) {
+        choice["weight_versions"] = weight_versions_.is_null()
+                                        ? Json::array({Json{{"version", weight_version_}, {"start", 0}, {"end", max_tokens}}})
+                                        : weight_versions_;
+      }
+      r.set_content(Json{{"choices", Json::array({choice})},
+                         {"usage", {{"prompt_tokens", n}, {"prompt_tokens_details", {{"cached_tokens", hit}}}}}}
+                        .dump(),
                     "application/json");
     });
     svr_.Post("/collective_rpc", [this](const httplib::Request& q, httplib::Response& r) {
@@ -236,6 +292,12 @@ class FakeVllm {
   std::atomic<bool> wt_group_{false};             // the weight-transfer group is formed
   std::atomic<bool> sender_sent_{false};          // the trainer's /send arrived (the test's fake sender sets it)
   std::atomic<bool> update_arrived_{false};       // /update_weights arrived (the fake sender waits for it)
+  // 0.33: vLLM's own label, whether /update_weight_version is ignored (a fault), the weight_versions
+  // a completion reports (null: one span of the current label), rc_frozen's requests.
+  std::string weight_version_ = "default";
+  bool ignore_weight_version_ = false;
+  Json weight_versions_;
+  Json frozen_ = Json::array();
 
   // Observations.
   std::mutex mu_;
@@ -251,8 +313,18 @@ class FakeVllm {
   std::vector<Json> init_infos_;
   std::vector<Json> update_infos_;
   bool wt_session_ = false;
+  std::vector<std::string> weight_version_calls_;  // /update_weight_version's new_version, in order
+  std::vector<Json> completion_bodies_;             // every /v1/completions body
+  int completions_refused_ = 0;                     // answered 503 (0.33 paused in wait/abort)
 
  private:
+  bool is033() const { return cfg_.version.rfind("0.33.", 0) == 0; }
+  bool V033(httplib::Response& r) {
+    if (is033()) return true;
+    r.status = 404;
+    r.set_content(R"({"detail":"Not Found"})", "application/json");
+    return false;
+  }
   bool Dev(httplib::Response& r) {
     if (cfg_.dev_mode) return true;
     r.status = 404;
@@ -338,6 +410,7 @@ class FakeVllm {
       Json st{{"session_active", wt_session_}, {"layers_in_reload", 0}, {"meta_parameters", 0}};
       return Json{{"ok", true}, {"before", st}, {"restored", false}, {"after", st}};
     }
+    if (method == "rc_frozen") return Json{{"ok", true}, {"requests", frozen_}};
     if (method == "rc_label") {
       return Json{{"ok", true},
                   {"label", labels_[rank]},
@@ -357,6 +430,7 @@ class FakeVllm {
   std::thread thread_;
   int port_ = 0;
   std::atomic<bool> paused_{false};
+  std::atomic<bool> reject_new_{false};  // 0.33 paused in wait/abort mode
   bool cached_ = false;  // guarded by mu_
 };
 

@@ -266,8 +266,11 @@ class ControllerService {
   // Policy modes (service_spans.cc): the trajectory's version spans from the engine's per-choice
   // spans, each mapped to the controller's version (label, generation, digest, update ordinal).
   // Empty `why` when they are consistent with the binding and the in-flight record; else why not.
+  // `inflight`: the in-flight record of the rollout (nullptr when no in-flight update touched it:
+  // then every span must carry the binding's label). A span with swap_index_reported (the tokens
+  // the engine's worker counted when the update paused the request) must start there.
   Json VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
-                    int64_t output_tokens, std::string* why) const;
+                    int64_t output_tokens, const lifecycle::InFlightRecord* inflight, std::string* why) const;
   // For a rollout an in-flight update touched: checks the answer-time identity against the
   // labels it may have (CompletionMismatch checks those only for rollouts no update touched) and
   // returns the response with those fields moved under "rolloutcore_inflight" for that check.

@@ -100,6 +100,7 @@ struct EngineDescription {
   // Accept a tie for first place (replay.h): for engines whose kernels round differently from
   // the trainer's reference (vLLM bf16); exact-arithmetic engines (f32) leave it off.
   bool replay_accepts_ties = false;
+  std::string version;  // the engine's release as it reports it (vLLM: GET /version); "" when it reports none
 };
 
 // Engine-side work observed at one moment.
@@ -159,10 +160,18 @@ struct CacheResetResult {
   int64_t blocks_in_use = 0;
   bool verified = false;
   int64_t attempts = 1;  // reset calls the adapter made for this result (it may retry refusals)
+  // Non-empty when the cache could not be cleared (success false) but every request that may read
+  // it after the resume is kept apart from what the old weights computed, and how: vLLM in keep
+  // mode, whose frozen requests hold their blocks, with every controller rollout's prefix blocks
+  // keyed by its version (cache_salt; docs/vllm.md). The lifecycle accepts it as the reset of
+  // that cache and journals it as it is (success false, isolation).
+  std::string isolation;
+  bool done() const { return success || !isolation.empty(); }
 };
 
 struct LabelEvidence {
   std::string label;
+  Json detail = nullptr;  // what else the adapter read (e.g. vLLM 0.33's own label); journaled with the validation
 };
 
 struct DigestEvidence {

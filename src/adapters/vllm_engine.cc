@@ -1,7 +1,8 @@
-#include "adapters/vllm_flavor.h"
+#include "adapters/vllm_engine.h"
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -11,6 +12,7 @@
 
 #include "rolloutcore/adapters/http_adapter.h"
 #include "rolloutcore/base/hash.h"
+#include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/refit/digest.h"
 
@@ -21,6 +23,7 @@ using lifecycle::CacheResetResult;
 using lifecycle::DigestEvidence;
 using lifecycle::DrainStatus;
 using lifecycle::EngineDescription;
+using lifecycle::IdentityEvidence;
 using lifecycle::InstallEvidence;
 using lifecycle::InstallOutcome;
 using lifecycle::LabelEvidence;
@@ -35,18 +38,6 @@ namespace {
 constexpr const char* kServeFlags =
     "start vLLM with --worker-extension-cls rolloutcore.vllm.Extension and VLLM_SERVER_DEV_MODE=1 "
     "(plus --enable-prompt-tokens-details --enable-prefix-caching; see docs/vllm.md)";
-
-// vLLM's error bodies: {"error": {"message": ...}} (routers, collective_rpc) or {"error": "..."}
-// (/pause, /resume); anything else is returned as is.
-std::string ErrorMessage(const std::string& body) {
-  auto j = ParseJson(body, "error body");
-  if (j.ok() && j->is_object() && j->contains("error")) {
-    const Json& e = (*j)["error"];
-    if (e.is_string()) return e.get<std::string>();
-    if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
-  }
-  return body;
-}
 
 Result<uint64_t> ParseHex64(const Json& v, const std::string& what) {
   if (!v.is_string()) return DataLoss(what + ": expected a 16-digit hex string, got " + JsonTypeName(v));
@@ -281,10 +272,90 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
 
 // ---------------------------------------------------------------------------------------------
 
-VllmFlavor::VllmFlavor(VllmOptions options, HttpCall call, HttpCall trainer_call)
+VllmConfig VllmConfigFrom(const HttpAdapterOptions& o) {
+  VllmConfig c;
+  c.base_url = o.base_url;
+  c.directory_url = o.directory_url;
+  c.model = o.model;
+  c.canary_prompt = o.vllm.canary_prompt;
+  if (c.canary_prompt.empty()) {
+    for (int i = 0; i < 64; ++i) c.canary_prompt.push_back(100 + (i * 37) % 200);
+  }
+  c.stage_timeout_ms = o.stage_timeout_ms;
+  c.reset_attempts = o.vllm.reset_attempts;
+  c.reset_backoff_ms = o.vllm.reset_backoff_ms;
+  c.gauge_probe_after_ms = o.vllm.gauge_probe_after_ms;
+  c.pause_via_sleep = o.vllm.pause_via_sleep;
+  c.replay_tolerance = o.vllm.replay_tolerance;
+  c.native_transfer = o.vllm.native_transfer;
+  c.native_trainer_url = o.vllm.native_trainer_url;
+  c.native_init = o.vllm.native_init;
+  c.native_timeout_ms = o.vllm.native_timeout_ms;
+  c.allow_untested_version = o.vllm.allow_untested_version;
+  c.completion_timeout_ms = o.completion_timeout_ms;
+  return c;
+}
+
+Result<VllmRelease> VllmReleaseOf(const std::string& version, bool allow_untested, const std::string& where) {
+  if (version.rfind("0.26.", 0) == 0) return VllmRelease::k026;
+  if (version.rfind("0.33.", 0) == 0) return VllmRelease::k033;
+  if (!allow_untested) {
+    return FailedPrecondition("vLLM at " + where + " is version '" + version +
+                              "'; rolloutcore supports vLLM 0.26.x and 0.33.x (--vllm-allow-untested-version "
+                              "starts anyway, with the behaviour of the nearest supported release)");
+  }
+  // major.minor of "X.Y.Z[...]": below 0.33 behaves as 0.26 (no label, no spans), else as 0.33.
+  int major = 0, minor = 0;
+  if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2) return VllmRelease::k026;
+  return (major > 0 || minor >= 33) ? VllmRelease::k033 : VllmRelease::k026;
+}
+
+std::string RolloutIdOfVllmRequest(const std::string& internal) {
+  // "cmpl-" R "-0" (0.26) or "cmpl-" R "-0-" + 8 random characters (0.33, input_processor.py:371).
+  if (internal.rfind("cmpl-", 0) != 0) return "";
+  std::string rest = internal.substr(5);
+  auto strip_index = [](std::string& r) {
+    if (r.size() > 2 && r.compare(r.size() - 2, 2, "-0") == 0) {
+      r.resize(r.size() - 2);
+      return true;
+    }
+    return false;
+  };
+  if (rest.size() > 9 && rest[rest.size() - 9] == '-') {
+    std::string without = rest.substr(0, rest.size() - 9);
+    if (strip_index(without)) return without;
+  }
+  if (strip_index(rest)) return rest;
+  return "";
+}
+
+Result<Json> SpansFromWeightVersions(const Json& weight_versions) {
+  if (!weight_versions.is_array()) {
+    return InvalidArgument("weight_versions: expected a list of {version, start, end}, got " +
+                           JsonTypeName(weight_versions));
+  }
+  Json out = Json::array();
+  for (size_t i = 0; i < weight_versions.size(); ++i) {
+    const Json& w = weight_versions[i];
+    const std::string at = "weight_versions[" + std::to_string(i) + "]";
+    if (!w.is_object()) return InvalidArgument(at + ": expected an object, got " + JsonTypeName(w));
+    RC_ASSIGN_OR_RETURN(std::string version, GetString(w, "version", at));
+    RC_ASSIGN_OR_RETURN(int64_t start, GetNonNegativeInt(w, "start", at));
+    RC_ASSIGN_OR_RETURN(int64_t end, GetNonNegativeInt(w, "end", at));
+    out.push_back(Json{{"from_token", start}, {"to_token", end}, {"label", version}, {"reported_by_engine", true}});
+  }
+  return out;
+}
+
+VllmEngine::VllmEngine(VllmConfig options, HttpCall call, HttpCall trainer_call)
     : options_(std::move(options)), call_(std::move(call)), trainer_call_(std::move(trainer_call)) {}
 
-Result<Json> VllmFlavor::PostJson(const std::string& path, const std::string& body) {
+bool VllmEngine::Is033() const {
+  rc::MutexLock lock(mu_);
+  return release_ == VllmRelease::k033;
+}
+
+Result<Json> VllmEngine::PostJson(const std::string& path, const std::string& body) {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", path, body));
   if (r.status != 200) {
     std::string msg =
@@ -297,7 +368,7 @@ Result<Json> VllmFlavor::PostJson(const std::string& path, const std::string& bo
   return ParseJson(r.body, "POST " + options_.base_url + path);
 }
 
-Result<bool> VllmFlavor::IsPaused() {
+Result<bool> VllmEngine::IsPaused() {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/is_paused", ""));
   if (r.status != 200) {
     return Unavailable("GET " + options_.base_url + "/is_paused answered " + std::to_string(r.status) + ": " +
@@ -307,7 +378,7 @@ Result<bool> VllmFlavor::IsPaused() {
   return GetBool(j, "is_paused", "is_paused");
 }
 
-Result<std::vector<Json>> VllmFlavor::CollectiveRpc(const std::string& method, const Json& kwargs, int64_t timeout_ms) {
+Result<std::vector<Json>> VllmEngine::CollectiveRpc(const std::string& method, const Json& kwargs, int64_t timeout_ms) {
   Json body{{"method", method}, {"args", Json::array()}, {"kwargs", kwargs.is_null() ? Json::object() : kwargs}};
   body["timeout"] = timeout_ms > 0 ? Json(static_cast<double>(timeout_ms) / 1000.0) : Json();
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", "/collective_rpc", body.dump()));
@@ -341,7 +412,18 @@ Result<std::vector<Json>> VllmFlavor::CollectiveRpc(const std::string& method, c
   return out;
 }
 
-Result<EngineDescription> VllmFlavor::Describe() {
+Result<std::string> VllmEngine::ReadVersion() {
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/version", ""));
+  const std::string where = "GET " + options_.base_url + "/version";
+  if (r.status != 200) {
+    return FailedPrecondition(where + " answered " + std::to_string(r.status) + ": " + ErrorMessage(r.body) +
+                              " (is it vLLM?)");
+  }
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(r.body, where));
+  return GetString(j, "version", where);
+}
+
+Result<EngineDescription> VllmEngine::Describe() {
   {
     rc::MutexLock lock(mu_);
     warmup_.reset();
@@ -349,6 +431,33 @@ Result<EngineDescription> VllmFlavor::Describe() {
     install_replies_.reset();
     staged_version_.clear();
     native_preflight_.reset();
+    cycle_mode_ = lifecycle::PolicyMode::kStrict;
+    cycle_frozen_ = Json();
+  }
+  // A rolloutcore engine answers GET /rc/engine/state; vLLM does not (404).
+  RC_ASSIGN_OR_RETURN(HttpReply state, call_("GET", "/rc/engine/state", ""));
+  if (state.status == 200) {
+    return FailedPrecondition("engine at " + options_.base_url +
+                              " was given as vllm+http:// but answers GET /rc/engine/state: it is a rolloutcore engine");
+  }
+  RC_ASSIGN_OR_RETURN(HttpReply health, call_("GET", "/health", ""));
+  if (health.status != 200) {
+    return Unavailable("engine at " + options_.base_url + " is not healthy (GET /health answered " +
+                       std::to_string(health.status) + ")");
+  }
+  RC_ASSIGN_OR_RETURN(std::string version, ReadVersion());
+  RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.allow_untested_version, options_.base_url));
+  const bool untested = version.rfind("0.26.", 0) != 0 && version.rfind("0.33.", 0) != 0;
+  {
+    rc::MutexLock lock(mu_);
+    if (untested && version != version_) {
+      RC_LOG_WARN("vLLM at {} is version {}, not 0.26.x or 0.33.x: running anyway (--vllm-allow-untested-version) "
+                  "with the behaviour of {}; every validation records it",
+                  options_.base_url, version, release == VllmRelease::k033 ? "0.33" : "0.26");
+    }
+    version_ = version;
+    release_ = release;
+    untested_ = untested;
   }
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_describe", Json::object(), 30000));
   {
@@ -363,6 +472,22 @@ Result<EngineDescription> VllmFlavor::Describe() {
                                 " reports tp_size " + std::to_string(tp_size) + " but " +
                                 std::to_string(workers.size()) + " workers answered");
     }
+  }
+  // The label the workers hold; on 0.33 vLLM's own label follows it. A vLLM that was never
+  // labelled reports "default" (core.py:147): it is given the workers' label (the same weights;
+  // nothing else sets it). Any other disagreement is left for ReadLabel / ProbeIdentity to report.
+  if (release == VllmRelease::k033) {
+    RC_ASSIGN_OR_RETURN(std::vector<Json> labels, CollectiveRpc("rc_label", Json::object(), 30000));
+    std::string label;
+    if (!labels.empty() && labels[0].is_object() && labels[0].value("label", Json()).is_string()) {
+      label = labels[0]["label"].get<std::string>();
+    }
+    if (!label.empty()) {
+      RC_ASSIGN_OR_RETURN(std::string info, ReadWeightInfo());
+      if (info == "default") RC_RETURN_IF_ERROR(SetWeightVersion(label));
+    }
+    rc::MutexLock lock(mu_);
+    current_label_ = label;
   }
   // The served model name for the canary (vLLM refuses a name it does not serve).
   auto models = call_("GET", "/v1/models", "");
@@ -386,10 +511,11 @@ Result<EngineDescription> VllmFlavor::Describe() {
   for (const Json& w : workers) d.offers_replay = d.offers_replay && w.value("offers_replay", false);
   d.replay_tolerance = options_.replay_tolerance;
   d.replay_accepts_ties = true;
+  d.version = version;
   return d;
 }
 
-Result<lifecycle::ReplayEvidence> VllmFlavor::Replay(const lifecycle::ReplayRequest& request) {
+Result<lifecycle::ReplayEvidence> VllmEngine::Replay(const lifecycle::ReplayRequest& request) {
   Json kwargs{{"prompt", request.prompt}, {"steps", request.steps}, {"top_k", request.top_k},
               {"probe", request.probe}};
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_replay", kwargs, 60000));
@@ -422,7 +548,7 @@ Result<lifecycle::ReplayEvidence> VllmFlavor::Replay(const lifecycle::ReplayRequ
 // gauge_probe_after_ms. The probe is synchronous on purpose: it has finished inside vLLM before
 // this call returns, so it can never wait out a pause and land after the resume (where it would
 // warm the canary's blocks under the new weights). Never while paused: it would block.
-Result<DrainStatus> VllmFlavor::Drain() {
+Result<DrainStatus> VllmEngine::Drain() {
   RC_ASSIGN_OR_RETURN(DrainStatus d, Gauges());
   const auto now = std::chrono::steady_clock::now();
   const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.gauge_probe_after_ms));
@@ -447,7 +573,7 @@ Result<DrainStatus> VllmFlavor::Drain() {
   return fresh;
 }
 
-Result<DrainStatus> VllmFlavor::Gauges() {
+Result<DrainStatus> VllmEngine::Gauges() {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/metrics", ""));
   if (r.status != 200) {
     return Unavailable("GET " + options_.base_url + "/metrics answered " + std::to_string(r.status));
@@ -460,7 +586,7 @@ Result<DrainStatus> VllmFlavor::Gauges() {
   return d;
 }
 
-Result<int64_t> VllmFlavor::Canary() {
+Result<int64_t> VllmEngine::Canary() {
   Json body{{"prompt", options_.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
   {
     rc::MutexLock lock(mu_);
@@ -478,7 +604,7 @@ Result<int64_t> VllmFlavor::Canary() {
   return GetNonNegativeInt(usage["prompt_tokens_details"], "cached_tokens", "usage.prompt_tokens_details", 0);
 }
 
-Result<Json> VllmFlavor::WarmCanary(const std::string& where) {
+Result<Json> VllmEngine::WarmCanary(const std::string& where) {
   RC_ASSIGN_OR_RETURN(int64_t first, Canary());
   RC_ASSIGN_OR_RETURN(int64_t second, Canary());
   Json ev{{"warmed_in", where},
@@ -502,7 +628,7 @@ Result<Json> VllmFlavor::WarmCanary(const std::string& where) {
 // them: they refresh only on engine steps, so a paused engine keeps the last step's values,
 // possibly non-zero, forever. mode=keep freezes in-flight requests in place, so there running
 // is the gauge (a stale value only errs towards refusing the install, which is safe).
-Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
+Result<PauseEvidence> VllmEngine::Pause(PauseMode mode) {
   Json detail = Json::object();
   bool warm = false;
   {
@@ -542,9 +668,23 @@ Result<PauseEvidence> VllmFlavor::Pause(PauseMode mode) {
   return e;
 }
 
-Status VllmFlavor::SupportsPolicyMode(lifecycle::PolicyMode mode) const {
+Status VllmEngine::SupportsPolicyMode(lifecycle::PolicyMode mode) {
   using lifecycle::PolicyMode;
   if (mode == PolicyMode::kStrict || mode == PolicyMode::kAbort) return OkStatus();
+  std::string version;
+  {
+    rc::MutexLock lock(mu_);
+    if (release_ == VllmRelease::k033) {
+      if (!options_.native_transfer) return OkStatus();
+    }
+    version = version_.empty() ? "(not described yet)" : version_;
+  }
+  if (options_.native_transfer) {
+    return Unimplemented("mode '" + std::string(lifecycle::PolicyModeName(mode)) + "' is not available on vLLM at " +
+                         options_.base_url +
+                         " with --vllm-transfer native-nccl: vLLM's start_weight_update moves the layers while "
+                         "requests are frozen; use strict or abort");
+  }
   const std::string why =
       mode == PolicyMode::kRecompute
           ? "vLLM 0.26 cannot re-prefill running requests under the new weights at a reported token index "
@@ -552,20 +692,76 @@ Status VllmFlavor::SupportsPolicyMode(lifecycle::PolicyMode mode) const {
           : "vLLM 0.26 reports no per-request token index at which the weights changed under a keep pause "
             "(/pause?mode=keep&clear_cache=false), so the version spans could not be exact";
   return Unimplemented("mode '" + std::string(lifecycle::PolicyModeName(mode)) + "' is not available on vLLM at " +
-                       options_.base_url + ": " + why + "; use strict or abort");
+                       options_.base_url + " (version " + version + "): " + why +
+                       "; use strict or abort, or vLLM 0.33 for keep and recompute");
 }
 
-Result<PauseEvidence> VllmFlavor::PauseForUpdate(lifecycle::PolicyMode mode) {
+Result<Json> VllmEngine::Frozen() {
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_frozen", Json::object(), 30000));
+  // Every rank runs every request (tensor parallel): rank 0 speaks for the engine; the others must
+  // report the same counts.
+  Json out = Json::array();
+  std::map<std::string, int64_t> first;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_frozen", options_.base_url));
+    const std::string at = "rc_frozen rank " + std::to_string(i);
+    if (!workers[i].contains("requests") || !workers[i]["requests"].is_array()) {
+      return DataLoss("vLLM at " + options_.base_url + ": " + at + " has no requests list");
+    }
+    std::map<std::string, int64_t> counts;
+    for (const Json& r : workers[i]["requests"]) {
+      if (!r.is_object()) return DataLoss("vLLM at " + options_.base_url + ": " + at + ": a request is not an object");
+      RC_ASSIGN_OR_RETURN(std::string id, GetString(r, "request_id", at));
+      RC_ASSIGN_OR_RETURN(int64_t n, GetNonNegativeInt(r, "output_tokens", at));
+      counts[id] = n;
+      if (i == 0) {
+        const std::string rollout = RolloutIdOfVllmRequest(id);
+        out.push_back(Json{{"request_id", id}, {"rollout_id", rollout.empty() ? Json() : Json(rollout)},
+                           {"output_tokens", n}});
+      }
+    }
+    if (i == 0) {
+      first = std::move(counts);
+    } else if (counts != first) {
+      return DataLoss("vLLM at " + options_.base_url + ": rc_frozen: rank " + std::to_string(i) +
+                      " reports other requests or counts than rank 0");
+    }
+  }
+  return out;
+}
+
+Result<PauseEvidence> VllmEngine::PauseForUpdate(lifecycle::PolicyMode mode) {
+  using lifecycle::PolicyMode;
   RC_RETURN_IF_ERROR(SupportsPolicyMode(mode));
-  if (mode != lifecycle::PolicyMode::kAbort) return InvalidArgument("PauseForUpdate: strict updates drain (Pause)");
-  // /pause?mode=abort finishes every request with finish_reason "abort"; their tokens all came
-  // from the old weights, which is what their single span says.
-  RC_ASSIGN_OR_RETURN(PauseEvidence e, Pause(PauseMode::kAbort));
-  e.detail["policy_mode"] = "abort";
+  if (mode == PolicyMode::kStrict) return InvalidArgument("PauseForUpdate: strict updates drain (Pause)");
+  if (mode == PolicyMode::kAbort) {
+    // /pause?mode=abort finishes every request with finish_reason "abort"; their tokens all came
+    // from the old weights, which is what their single span says.
+    RC_ASSIGN_OR_RETURN(PauseEvidence e, Pause(PauseMode::kAbort));
+    e.detail["policy_mode"] = "abort";
+    {
+      rc::MutexLock lock(mu_);
+      cycle_mode_ = mode;
+    }
+    return e;
+  }
+  // keep and recompute (0.33): freeze the running requests in place (clear_cache=false: their KV
+  // stays), then read from the worker how many output tokens each has: the index at which its
+  // weights change. keep resumes them on their old KV ("stale"); recompute has the prefix reset
+  // preempt them (reset_running_requests), so they re-prefill prompt + output under the new
+  // weights after the resume ("recomputed").
+  RC_ASSIGN_OR_RETURN(PauseEvidence e, Pause(PauseMode::kKeep));
+  RC_ASSIGN_OR_RETURN(Json frozen, Frozen());
+  e.detail["policy_mode"] = lifecycle::PolicyModeName(mode);
+  e.detail["frozen"] = frozen;
+  // e.running stays the gauge: the frozen requests (an in-flight install goes ahead under them).
+  rc::MutexLock lock(mu_);
+  cycle_mode_ = mode;
+  cycle_frozen_ = frozen;
   return e;
 }
 
-Result<Json> VllmFlavor::StageWorkers(const UpdateTarget& target, int64_t* bytes) {
+Result<Json> VllmEngine::StageWorkers(const UpdateTarget& target, int64_t* bytes) {
   if (options_.directory_url.empty()) {
     return InvalidArgument("staging on vLLM at " + options_.base_url + " needs the directory URL (--directory)");
   }
@@ -600,7 +796,7 @@ Result<Json> VllmFlavor::StageWorkers(const UpdateTarget& target, int64_t* bytes
   return detail;
 }
 
-Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
+Result<StageEvidence> VllmEngine::Stage(const UpdateTarget& target) {
   RC_ASSIGN_OR_RETURN(Json warm, WarmCanary("stage"));
   StageEvidence e;
   e.label = target.label;
@@ -622,8 +818,64 @@ Result<StageEvidence> VllmFlavor::Stage(const UpdateTarget& target) {
   return e;
 }
 
-Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool full) {
-  if (options_.native_transfer) return NativeInstall(target, full);
+Result<InstallEvidence> VllmEngine::Install(const UpdateTarget& target, bool full) {
+  RC_ASSIGN_OR_RETURN(InstallEvidence e, options_.native_transfer ? NativeInstall(target, full)
+                                                                  : ExtensionInstall(target, full));
+  if (e.outcome != InstallOutcome::kInstalled) return e;
+  // The weights are the target's: remember what this update did to the frozen requests (their
+  // spans), and on 0.33 set vLLM's own label while still paused (vLLM stamps every step's output
+  // with it; relabelling while generating would stamp a step with the wrong one: core.py:658).
+  {
+    rc::MutexLock lock(mu_);
+    if (cycle_mode_ == lifecycle::PolicyMode::kKeep || cycle_mode_ == lifecycle::PolicyMode::kRecompute) {
+      LabelChange change;
+      change.mode = cycle_mode_;
+      if (cycle_frozen_.is_array()) {
+        for (const Json& f : cycle_frozen_) {
+          if (f.value("rollout_id", Json()).is_string()) {
+            change.swap_index[f["rollout_id"].get<std::string>()] = f.value("output_tokens", int64_t{0});
+          }
+        }
+      }
+      if (!label_changes_.count(target.label)) label_order_.push_back(target.label);
+      label_changes_[target.label] = std::move(change);
+      constexpr size_t kMaxLabelChanges = 64;
+      while (label_order_.size() > kMaxLabelChanges) {
+        label_changes_.erase(label_order_.front());
+        label_order_.erase(label_order_.begin());
+      }
+    }
+  }
+  {
+    rc::MutexLock lock(mu_);
+    current_label_ = target.label;
+  }
+  if (Is033()) {
+    Status set = SetWeightVersion(target.label);
+    // Not an install failure (the weights are in): VALIDATING reads /weight_info back and fails
+    // the update when vLLM does not report the label.
+    e.detail["vllm_weight_version_set"] = set.ok() ? Json(target.label) : Json(set.ToString());
+  }
+  return e;
+}
+
+Status VllmEngine::SetWeightVersion(const std::string& label) {
+  RC_ASSIGN_OR_RETURN(Json reply, PostJson("/update_weight_version", Json{{"new_version", label}}.dump()));
+  if (!reply.is_object() || !reply.value("success", false)) {
+    return DataLoss("POST " + options_.base_url + "/update_weight_version answered " + reply.dump());
+  }
+  return OkStatus();
+}
+
+Result<std::string> VllmEngine::ReadWeightInfo() {
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("GET", "/weight_info", ""));
+  const std::string where = "GET " + options_.base_url + "/weight_info";
+  if (r.status != 200) return Unavailable(where + " answered " + std::to_string(r.status) + ": " + ErrorMessage(r.body));
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(r.body, where));
+  return GetString(j, "weight_version", where);
+}
+
+Result<InstallEvidence> VllmEngine::ExtensionInstall(const UpdateTarget& target, bool full) {
   Json staged;
   bool staged_this_cycle = false;
   {
@@ -670,7 +922,7 @@ Result<InstallEvidence> VllmFlavor::Install(const UpdateTarget& target, bool ful
   return e;
 }
 
-Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
+Result<CacheResetResult> VllmEngine::ResetCache(CacheKind kind) {
   CacheResetResult r;
   r.kind = kind;
   if (kind != CacheKind::kPrefix) {
@@ -683,16 +935,28 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
     r.blocks_in_use = -1;  // unknown
     return r;
   }
-  // success:false means blocks are still held (a running or frozen request): retry with bounded
-  // backoff; never take it as success. reset_running_requests stays false: preempting would
-  // hide the refusal (and drop a frozen request's KV).
-  const int attempts = std::max(1, options_.reset_attempts);
+  lifecycle::PolicyMode mode;
+  int64_t frozen = 0;
+  {
+    rc::MutexLock lock(mu_);
+    mode = cycle_mode_;
+    frozen = cycle_frozen_.is_array() ? static_cast<int64_t>(cycle_frozen_.size()) : 0;
+  }
+  // recompute: reset_running_requests preempts the frozen requests (their blocks are freed, they
+  // re-prefill prompt + output under the new weights after the resume) and clears the cache.
+  // Otherwise it stays false: preempting would hide a refusal (and drop a frozen request's KV).
+  const std::string path = mode == lifecycle::PolicyMode::kRecompute
+                               ? "/reset_prefix_cache?reset_running_requests=true"
+                               : "/reset_prefix_cache";
+  // keep with frozen requests: their blocks are held, so vLLM refuses the reset however often it
+  // is asked (block_pool.py: any block in use). One attempt, then isolation (see below).
+  const bool keep_frozen = mode == lifecycle::PolicyMode::kKeep && frozen > 0;
+  const int attempts = keep_frozen ? 1 : std::max(1, options_.reset_attempts);
   int64_t backoff = std::max<int64_t>(1, options_.reset_backoff_ms);
   for (int i = 1; i <= attempts; ++i) {
-    RC_ASSIGN_OR_RETURN(Json j, PostJson("/reset_prefix_cache", ""));
+    RC_ASSIGN_OR_RETURN(Json j, PostJson(path, ""));
     if (!j.is_object() || !j.contains("success") || !j["success"].is_boolean()) {
-      return DataLoss("POST " + options_.base_url + "/reset_prefix_cache answered " + j.dump() +
-                      ", not {\"success\": bool}");
+      return DataLoss("POST " + options_.base_url + path + " answered " + j.dump() + ", not {\"success\": bool}");
     }
     r.attempts = i;
     r.verified = true;  // vLLM's own success flag
@@ -709,10 +973,20 @@ Result<CacheResetResult> VllmFlavor::ResetCache(CacheKind kind) {
     }
   }
   r.blocks_in_use = -1;  // vLLM does not say how many
+  if (keep_frozen) {
+    // Not cleared, and recorded so. Every rollout through the controller carries cache_salt
+    // "rc:<label it was sent under>" (Complete), and vLLM keys a request's prefix blocks by its
+    // salt: no rollout sent after this update can reuse a block the old weights computed. The
+    // frozen requests go on on their own (stale) KV, which is what keep means and what their
+    // version spans say ("kv": "stale"). Requests sent to vLLM directly, without a salt, are not
+    // covered until the next reset that succeeds (docs/vllm.md, "Policy modes").
+    r.isolation = "keep: vLLM refused the reset while " + std::to_string(frozen) +
+                  " requests are frozen; controller rollouts are isolated by cache_salt rc:<version>";
+  }
   return r;
 }
 
-Result<LabelEvidence> VllmFlavor::ReadLabel() {
+Result<LabelEvidence> VllmEngine::ReadLabel() {
   std::optional<std::vector<Json>> from_install;
   {
     rc::MutexLock lock(mu_);
@@ -740,10 +1014,29 @@ Result<LabelEvidence> VllmFlavor::ReadLabel() {
                       label + "' generation " + std::to_string(gen));
     }
   }
+  std::string version;
+  bool untested = false;
+  {
+    rc::MutexLock lock(mu_);
+    version = version_;
+    untested = untested_;
+  }
+  e.detail = Json{{"extension_label", e.label}, {"extension_generation", generation}, {"vllm_version", version}};
+  if (untested) e.detail["vllm_version_untested"] = true;
+  if (Is033()) {
+    // vLLM's own label must say the same: it is what vLLM stamps on every output (weight_versions).
+    RC_ASSIGN_OR_RETURN(std::string info, ReadWeightInfo());
+    e.detail["vllm_weight_version"] = info;
+    if (info != e.label) {
+      return DataLoss("vLLM at " + options_.base_url + " reports weight_version '" + info +
+                      "' (GET /weight_info) but its workers hold '" + e.label +
+                      "': vLLM's own label was not set to the installed version");
+    }
+  }
   return e;
 }
 
-Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
+Result<DigestEvidence> VllmEngine::ReadContentDigest() {
   // Not fresh: right after an install (VALIDATING, still paused) the extension serves the digest
   // that rc_install computed by reading the live parameters after its copies, so the pause window
   // does not pay for a second pass over the weights (27 ms for 16.4 GB on an H200). Without a
@@ -764,7 +1057,7 @@ Result<DigestEvidence> VllmFlavor::ReadContentDigest() {
   return e;
 }
 
-Result<ResumeEvidence> VllmFlavor::Resume() {
+Result<ResumeEvidence> VllmEngine::Resume() {
   {
     rc::MutexLock lock(mu_);
     install_replies_.reset();
@@ -818,7 +1111,7 @@ Result<ResumeEvidence> VllmFlavor::Resume() {
 
 // ---- vLLM's own transfer (--vllm-transfer native-nccl) ---------------------------------------
 
-Result<Json> VllmFlavor::NativePreflight(const UpdateTarget& target) {
+Result<Json> VllmEngine::NativePreflight(const UpdateTarget& target) {
   const std::string sender = "native sender at " + options_.native_trainer_url;
   RC_ASSIGN_OR_RETURN(Json state, SenderJson(trainer_call_ ? trainer_call_("GET", "/rc/native/state", "")
                                                            : Result<HttpReply>(FailedPrecondition("no sender URL")),
@@ -844,7 +1137,7 @@ Result<Json> VllmFlavor::NativePreflight(const UpdateTarget& target) {
 // Forms vLLM's weight-transfer group: the sender's /rc/native/init (rank 0) on a detached thread
 // and vLLM's /init_weight_transfer_engine (rank_offset 1) here, at the same time: each blocks
 // until the other side joined. Nothing of the weights is touched, whatever happens.
-Result<Json> VllmFlavor::NativeInitGroup(const Json& trainer_state, int64_t workers, Json* calls) {
+Result<Json> VllmEngine::NativeInitGroup(const Json& trainer_state, int64_t workers, Json* calls) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t world = 1 + workers;
   Json init_info{{"master_address", trainer_state.value("master_address", std::string("127.0.0.1"))},
@@ -914,7 +1207,7 @@ std::string CallTrail(const Json& calls) {
 }
 }  // namespace
 
-Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bool full) {
+Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bool full) {
   const auto t0 = std::chrono::steady_clock::now();
   Json calls = Json::array();
   Json detail{{"transfer", "vllm_native_nccl"}, {"sender", options_.native_trainer_url}};
@@ -1093,6 +1386,156 @@ Result<InstallEvidence> VllmFlavor::NativeInstall(const UpdateTarget& target, bo
     install_replies_ = *adopt;
   }
   return e;
+}
+
+// ---- Identity, rollouts, aborts -------------------------------------------------------------
+
+// rolloutcore's worker extension inside every vLLM worker answers the collective RPC "rc_label"
+// with {label, generation (its install counter), boot_id, content_digest (hex or null)}; every
+// worker must agree, or the engine is not one identity. The release (GET /version) is part of the
+// boot id, and on 0.33 vLLM's own label must be the extension's.
+Result<IdentityEvidence> VllmEngine::ProbeIdentity() {
+  const Json body{{"method", "rc_label"}, {"args", Json::array()}, {"kwargs", Json::object()}};
+  RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", "/collective_rpc", body.dump()));
+  const std::string where = "POST " + options_.base_url + "/collective_rpc rc_label";
+  if (r.status == 404) {
+    return Unimplemented("vLLM at " + options_.base_url +
+                         " has no /collective_rpc (or no rolloutcore worker extension): it cannot report its identity");
+  }
+  if (r.status != 200) return Unavailable(where + " answered " + std::to_string(r.status) + ": " + ErrorMessage(r.body));
+  RC_ASSIGN_OR_RETURN(Json j, ParseJson(r.body, where));
+  if (!j.is_object() || !j.contains("results") || !j["results"].is_array() || j["results"].empty()) {
+    return DataLoss(where + ": expected {\"results\": [one object per worker]}, got " + j.dump());
+  }
+  const Json& results = j["results"];
+  IdentityEvidence first;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Json& w = results[i];
+    const std::string at = where + " results[" + std::to_string(i) + "]";
+    if (!w.is_object()) return DataLoss(at + ": expected an object, got " + JsonTypeName(w));
+    IdentityEvidence e;
+    RC_ASSIGN_OR_RETURN(e.label, GetString(w, "label", at));
+    RC_ASSIGN_OR_RETURN(e.install_generation, GetNonNegativeInt(w, "generation", at));
+    RC_ASSIGN_OR_RETURN(e.boot_id, GetString(w, "boot_id", at));
+    if (w.contains("content_digest") && !w["content_digest"].is_null()) {
+      RC_ASSIGN_OR_RETURN(e.content_digest, GetString(w, "content_digest", at));
+    }
+    if (i == 0) {
+      first = e;
+    } else if (e.label != first.label || e.install_generation != first.install_generation ||
+               e.content_digest != first.content_digest) {
+      return DataLoss(where + ": workers disagree: worker 0 reports label '" + first.label + "' generation " +
+                      std::to_string(first.install_generation) + " boot " + first.boot_id + " digest '" +
+                      first.content_digest + "', worker " + std::to_string(i) + " reports label '" + e.label +
+                      "' generation " + std::to_string(e.install_generation) + " boot " + e.boot_id + " digest '" +
+                      e.content_digest + "'");
+    } else {
+      // Each worker is its own process with its own boot id: the engine's is all of them, so a
+      // restart of any worker changes it.
+      first.boot_id += "," + e.boot_id;
+    }
+  }
+  // The release: a vLLM restarted on another release is another engine even if its workers'
+  // state looked the same.
+  RC_ASSIGN_OR_RETURN(std::string version, ReadVersion());
+  first.boot_id += ",vllm=" + version;
+  auto release = VllmReleaseOf(version, /*allow_untested=*/true, options_.base_url);
+  if (release.ok() && *release == VllmRelease::k033) {
+    RC_ASSIGN_OR_RETURN(std::string info, ReadWeightInfo());
+    if (info != first.label) {
+      // Reported as the label the engine holds, so the controller's check names both and taints.
+      first.label = first.label + " (vLLM's own label, GET /weight_info: '" + info + "')";
+    }
+  }
+  return first;
+}
+
+Result<lifecycle::AbortEvidence> VllmEngine::AbortRequests(const std::vector<std::string>& rollout_ids) {
+  lifecycle::AbortEvidence e;
+  if (rollout_ids.empty()) return e;  // vLLM aborts every request on an empty list
+  Json ids = Json::array();
+  for (const auto& id : rollout_ids) ids.push_back("cmpl-" + id + "-0");
+  RC_ASSIGN_OR_RETURN(Json j, PostJson("/abort_requests", Json{{"request_ids", ids}}.dump()));
+  e.aborted = j.is_object() ? j.value("aborted", static_cast<int64_t>(rollout_ids.size()))
+                            : static_cast<int64_t>(rollout_ids.size());
+  return e;
+}
+
+Result<Json> VllmEngine::Complete(const Json& request) {
+  Json body = request;
+  std::string label;
+  {
+    rc::MutexLock lock(mu_);
+    label = current_label_;
+  }
+  const bool v033 = Is033();
+  if (v033) {
+    body["return_weight_versions"] = true;
+    // Prefix blocks keyed by the label the rollout is sent under (see ResetCache: keep mode).
+    if (!label.empty()) {
+      std::string salt = "rc:" + label;
+      if (request.contains("cache_salt") && request["cache_salt"].is_string()) {
+        salt += ":" + request["cache_salt"].get<std::string>();
+      }
+      body["cache_salt"] = salt;
+    }
+  }
+  RC_ASSIGN_OR_RETURN(Json resp, PostCompletion(options_.base_url, body, options_.completion_timeout_ms));
+  if (!v033 || !resp.contains("choices") || !resp["choices"].is_array()) return resp;
+  const std::string rollout = request.value("request_id", std::string());
+  for (Json& c : resp["choices"]) {
+    if (!c.is_object()) continue;
+    if (!c.contains("weight_versions") || c["weight_versions"].is_null()) {
+      // Asked for and not given: the controller cannot check the tokens' versions, so it refuses
+      // the rollout (never stores it as bound).
+      c["version_spans"] = Json::array({Json{{"from_token", -1}, {"to_token", -1}, {"label", ""},
+                                             {"error", "vLLM answered without weight_versions though the request "
+                                                       "asked for return_weight_versions"}}});
+      continue;
+    }
+    auto spans = SpansFromWeightVersions(c["weight_versions"]);
+    if (!spans.ok()) {
+      // Kept as a span the controller refuses (never silently dropped).
+      c["version_spans"] = Json::array({Json{{"from_token", -1}, {"to_token", -1}, {"label", ""},
+                                             {"error", spans.status().ToString()}}});
+      continue;
+    }
+    rc::MutexLock lock(mu_);
+    for (size_t i = 0; i < spans->size(); ++i) {
+      Json& span = (*spans)[i];
+      if (i == 0) {
+        span["kv"] = "fresh";
+        continue;
+      }
+      // A later span starts where vLLM's label changed: at an in-flight update of this engine.
+      auto it = label_changes_.find(span["label"].get<std::string>());
+      if (it == label_changes_.end()) continue;  // the controller names what it cannot place
+      span["kv"] = it->second.mode == lifecycle::PolicyMode::kRecompute ? "recomputed" : "stale";
+      auto at = it->second.swap_index.find(rollout);
+      span["swap_index_reported"] = at == it->second.swap_index.end() ? Json() : Json(at->second);
+    }
+    c["version_spans"] = std::move(*spans);
+  }
+  return resp;
+}
+
+std::shared_ptr<BlockingEngine> MakeVllmEngine(std::shared_ptr<EngineHttp> http, const HttpAdapterOptions& o) {
+  VllmConfig vo = VllmConfigFrom(o);
+  HttpCall trainer_call;
+  if (!vo.native_trainer_url.empty()) {
+    // Runs on detached threads too (the concurrent halves of the native session), so it owns
+    // copies of what it needs and never refers to the engine.
+    trainer_call = [url = vo.native_trainer_url, timeout_ms = std::max(o.http_timeout_ms, vo.native_timeout_ms + 5000)](
+                       const std::string& method, const std::string& path, const std::string& body) {
+      return EngineHttpOnce(url, timeout_ms, method, path, body);
+    };
+  }
+  return std::make_shared<VllmEngine>(
+      std::move(vo),
+      [http = std::move(http)](const std::string& method, const std::string& path, const std::string& body) {
+        return http->Call(method, path, body);
+      },
+      std::move(trainer_call));
 }
 
 }  // namespace rc::adapters::internal
