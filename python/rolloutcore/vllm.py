@@ -1,6 +1,6 @@
 """rolloutcore inside vLLM: a worker extension that stages, installs, labels and proves weights.
 
-Start vLLM 0.26 with::
+Start vLLM 0.26 or 0.33 with::
 
     VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.cli.main serve MODEL \\
         --worker-extension-cls rolloutcore.vllm.Extension \\
@@ -40,6 +40,13 @@ How it works, per worker (one tensor-parallel rank):
 
 Methods never raise to vLLM: failures return ``{"ok": False, "code": ..., "error": ...}`` with a
 rolloutcore status code name.
+
+Every attribute this class defines is named ``rc_*`` or ``_rc_*`` (its one instance attribute:
+``_rc_state_obj``): vLLM asserts that an extension redefines nothing its ``Worker`` has
+(``v1/worker/worker_base.py``, 0.26 and 0.33 alike) and 0.33 added worker methods such as
+``compute_weight_checksums``, ``reset_weights``, ``synchronize_device``, ``discard``; none of them,
+in either release, starts with ``rc_`` or ``_rc_`` (checked against both releases' ``Worker`` and
+``WorkerBase``; python/tests/test_vllm_extension.py keeps the rule).
 """
 
 from __future__ import annotations
@@ -780,6 +787,8 @@ class Extension:
             st = self._rc_state()
             params = self._rc_params()
             rank, size = self._rc_tp()
+            import vllm  # lazily, as every vLLM import of this module: the package imports without vLLM
+
             stable = None
             if st.first_ptrs is not None:
                 stable = all(params[n].data_ptr() == p for n, p in st.first_ptrs.items() if n in params)
@@ -787,6 +796,9 @@ class Extension:
                 "ok": True,
                 "extension": "rolloutcore.vllm",
                 "extension_version": EXTENSION_VERSION,
+                # The release this worker runs (the controller and the tests tell 0.26 from 0.33 by it:
+                # the pause, sleep and weight-version endpoints differ between them).
+                "vllm_version": str(getattr(vllm, "__version__", "unknown")),
                 "boot_id": _BOOT_ID,
                 "tp_rank": rank,
                 "tp_size": size,
@@ -1123,6 +1135,121 @@ class Extension:
         return {"ok": True, "label": st.label, "generation": st.generation, "boot_id": _BOOT_ID,
                 "content_digest": None if d is None else d["content_digest"]}
 
+    # ---- requests frozen by a keep pause (policy modes keep / recompute) ----------------------
+
+    def _rc_runner_requests(self) -> Tuple[str, Dict[str, Any]]:
+        """Which GPU model runner this worker has and the requests it holds, by vLLM's internal id.
+
+        * ``("v2", {req_id: slot})``: the V2 runner (``v1/worker/gpu/model_runner.py``), whose
+          per-request state is ``self.req_states`` (``v1/worker/gpu/states.py`` ``RequestState``:
+          ``req_id_to_index``, ``prompt_len``, ``total_len``). It is the default for dense models
+          in 0.26 (``config/vllm.py`` ``use_v2_model_runner``: every non-MoE generate model) and for
+          every configuration without a V2-unsupported feature in 0.33; ``VLLM_USE_V2_MODEL_RUNNER``
+          overrides both.
+        * ``("v1", {req_id: CachedRequestState})``: the V1 runner (``v1/worker/gpu_model_runner.py``
+          ``self.requests``).
+        """
+        runner = self.model_runner
+        live = getattr(runner, "requests", None)
+        if isinstance(live, dict):
+            return "v1", live
+        states = getattr(runner, "req_states", None)
+        index = getattr(states, "req_id_to_index", None)
+        if isinstance(index, dict):
+            return "v2", index
+        raise _Failure("Unimplemented", f"model runner {type(runner).__module__}.{type(runner).__name__} holds its "
+                       "requests neither in .requests (V1) nor in .req_states (V2)")
+
+    def rc_frozen(self) -> Dict[str, Any]:
+        """The requests the model runner holds and how many output tokens each has generated so far,
+        read while the engine is paused with ``/pause?mode=keep`` (or ``/sleep?level=0&mode=keep``).
+        For the keep and recompute policy modes: each count is that request's swap index, the
+        index of its first output token sampled after the pause (by the new weights).
+
+        ``{"ok": true, "runner": "v2"|"v1", "requests": [{"request_id", "output_tokens"}, ...]}``,
+        sorted by id; ``{"ok": false, "code": "Unimplemented", "error": why}`` when this runner
+        cannot give an exact count (never a guess). ``request_id`` is vLLM's internal id, as the
+        scheduler hands it to the worker: for ``/v1/completions`` with ``"request_id": R`` (and no
+        ``X-Request-Id`` header, which would replace R) it is ``cmpl-R-0-<8 lowercase hex>`` in both
+        0.26 and 0.33 (``entrypoints/openai/completion/serving.py:147,183``: ``cmpl-{R}``, then
+        ``-{prompt index}``; ``v1/engine/input_processor.py`` ``assign_request_id``, 0.26 :240,
+        0.33 :371: ``-{random_uuid():.8}``).
+
+        What the count is: the number of output tokens the sampler produced for the request and
+        the runner recorded, including those generated before a preemption (a resumed request is
+        re-added with prompt + outputs as its prefill).
+
+        * V2: ``total_len[slot] - prompt_len[slot]``. ``total_len`` starts at the prefill length
+          (``states.py`` ``add_request``) and only ``_post_update_kernel`` moves it, by the number
+          of tokens sampled and accepted in a step (``v1/worker/gpu/input_batch.py``, 0.26 :480-487,
+          0.33 :597-604; a partial prefill chunk samples none). It lives on the GPU, written by
+          kernels only (no placeholder tokens exist in V2), so it is read after a device
+          synchronize. ``prompt_len`` is the user prompt's length (CPU).
+        * V1: ``len(requests[id].output_token_ids)``: one entry per sampled token. With async
+          scheduling the entry is a ``-1`` placeholder (``gpu_model_runner.py`` 0.26 :3768, 0.33
+          :3529) until the next step fills it, but there is still exactly one per sampled token;
+          only the length is used. Refused with async scheduling plus speculative decoding: V1 then
+          appends one placeholder per step although several tokens may have been accepted, and
+          corrects the list only in the next step (0.33 :1364, :1409-1413).
+        * Pipeline parallelism is refused: the non-last stages learn the sampled tokens a step late.
+
+        Why it is exact while paused: a keep pause completes (``/pause`` or ``/sleep`` answers)
+        only when the engine core has no work left: ``_pause_complete()`` is ``not has_work()``,
+        and ``has_work`` includes the batch queue (``v1/engine/core.py`` 0.26 :1346-1352, :1797;
+        0.33 :1608-1614, :2217). Paused with keep the scheduler schedules nothing
+        (``token_budget = 0``, ``v1/core/sched/scheduler.py`` 0.26 :446, 0.33 :723) and counts no
+        unfinished request (0.26 :2290, 0.33 :3148), so by then every batch that async scheduling
+        had in flight has been sampled and its output processed (``update_from_output``): every
+        token counted here was
+        sent to the client before the pause, and in 0.33 under the label current then
+        (``_attach_weight_version``, core.py:657-660). A request that finished in those last steps
+        is removed from the runner by the step that carries its id in ``finished_req_ids``
+        (``has_requests`` counts finished requests) before the pause completes. Nothing steps
+        until the resume; this method runs in the worker's own loop, between steps. So the count
+        equals the output length the client has received, and 0.33's own ``weight_versions``
+        boundary for the request (``v1/engine/output_processor.py:531-536, 822``: a span starts at
+        the number of tokens already emitted when a step's label differs). Outside such a pause the numbers are
+        only a snapshot between two steps: the worker cannot see the scheduler's pause state, so
+        the caller must have paused first."""
+        try:
+            torch = _torch()
+            pc = self.vllm_config.parallel_config
+            pp = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+            if pp > 1:
+                raise _Failure("Unimplemented", f"rc_frozen: pipeline parallel size {pp}: the non-last stages learn "
+                               "the sampled tokens one step late, so their counts are not exact")
+            kind, live = self._rc_runner_requests()
+            runner = self.model_runner
+            out: List[Dict[str, Any]] = []
+            if kind == "v2":
+                states = runner.req_states
+                total_len = getattr(getattr(states, "total_len", None), "gpu", None)
+                prompt_len = getattr(getattr(states, "prompt_len", None), "np", None)
+                if total_len is None or prompt_len is None:
+                    raise _Failure("Unimplemented", "rc_frozen: the V2 runner's RequestState has no total_len.gpu / "
+                                   "prompt_len.np (another vLLM release?): the output length cannot be read")
+                torch.cuda.synchronize()  # every sampling kernel that moved total_len has finished
+                totals = total_len.detach().to("cpu").tolist()
+                for rid, slot in sorted(live.items()):
+                    n = int(totals[int(slot)]) - int(prompt_len[int(slot)])
+                    if n < 0:
+                        raise _Failure("Internal", f"rc_frozen: request {rid}: total length {totals[int(slot)]} < "
+                                       f"prompt length {int(prompt_len[int(slot)])} in slot {slot}")
+                    out.append({"request_id": str(rid), "output_tokens": n})
+            else:
+                spec = getattr(self.vllm_config, "speculative_config", None)
+                if spec is not None and getattr(runner, "use_async_scheduling", False):
+                    raise _Failure("Unimplemented", "rc_frozen: the V1 model runner with async scheduling and "
+                                   "speculative decoding keeps one placeholder per step, not per accepted token, "
+                                   "until the next step: the output length cannot be read exactly")
+                for rid, state in sorted(live.items()):
+                    out.append({"request_id": str(rid), "output_tokens": len(state.output_token_ids)})
+            return {"ok": True, "runner": kind, "tp_rank": self._rc_tp()[0], "boot_id": _BOOT_ID, "requests": out}
+        except _Failure as f:
+            return _fail(f.code, str(f))
+        except Exception as e:  # noqa: BLE001 - every failure is reported, typed
+            return _fail(_code_of(e), f"rc_frozen: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+
     # ---- replay validation (issue 18) -------------------------------------------------------
     def _rc_run_once(self, so: Any) -> Any:
         out = self.execute_model(so)
@@ -1148,10 +1275,10 @@ class Extension:
             from vllm.sampling_params import SamplingParams
             from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
             runner = self.model_runner
-            # V1 runner: .requests; V2 runner (vLLM 0.26's default for dense models): .req_states.
-            live = getattr(runner, "requests", None)
-            if live is None:
-                live = getattr(getattr(runner, "req_states", None), "req_id_to_index", None)
+            try:
+                _, live = self._rc_runner_requests()  # V1: .requests; V2 (the default): .req_states
+            except _Failure:
+                live = None  # a runner of neither shape: nothing to check here, as before
             if live:
                 raise _Failure("FailedPrecondition",
                                f"rc_replay: {len(live)} request(s) live in the model runner; "

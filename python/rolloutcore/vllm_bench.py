@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Hot update vs restart of a real vLLM 0.26 through rolloutcore's worker extension (GPU machine).
+"""Hot update vs restart of a real vLLM 0.26 or 0.33 through rolloutcore's worker extension (GPU machine).
 
     rolloutcore bench cycle --engine vllm --shape tiny|0.6b|8b [--cycles 5] [--controller] ...
     python3 -m rolloutcore.vllm_bench --shape ...          (the same; what the subcommand runs)
 
-Needs a GPU, torch, vLLM 0.26 importable from $VLLM_SITE (default /tmp/vb/site, see docs/vllm.md)
-and the CUDA build of rolloutcore's package ($RC_PYTHONPATH, default: this package's folder).
+Needs a GPU, torch, vLLM 0.26 or 0.33 importable from $VLLM_SITE (default: the kit $VLLM_KIT's folder,
+/tmp/vb/site for 0.26, /tmp/v33/site for 0.33; see docs/vllm.md) and the CUDA build of rolloutcore's
+package ($RC_PYTHONPATH, default: this package's folder).
 
 Per shape: a torch CUDA trainer publishes fsdp:2-style shards over cuda_ipc; vLLM (started with
 `--load-format dummy` for the 0.6b/8b shapes: their weights arrive by refit) takes `--cycles` hot
 updates, each: stage while serving -> pause(wait) -> install (one fused copy+digest launch; its
-reply carries the label and the live digest) -> reset_prefix_cache -> resume -> first token. The
+reply carries the label and the live digest) -> [0.33: POST /update_weight_version, vLLM's own
+label, set while paused as the controller does] -> reset_prefix_cache -> resume -> first token. The
 pause is vLLM's /pause (which sleeps 20 ms before answering) or /sleep?level=0 + /wake_up?tags=
-scheduling (`--pause-call`; `both`, the default, alternates them cycle by cycle). Then vLLM is
+scheduling (`--pause-call`; `both`, the default, alternates them cycle by cycle). Nothing is sent
+to vLLM while it is paused (0.33 answers a request that arrives during /pause in wait mode with 503
+instead of queueing it), and no reply body of /pause, /sleep, /wake_up or /resume is parsed (0.33
+answers /sleep and /wake_up with JSON, 0.26 with an empty 200): only their status. Then vLLM is
 restarted on the same checkpoint: process start -> /health -> first token. Prints the split of a
 hot cycle (medians), the pause window, the restart / hot-cycle ratio, and the GPU digest against a
 plain read of the same bytes (rc_bench_digest), and writes them to $OUT/bench_vllm_<shape>.json.
@@ -118,6 +123,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     v = Vllm(cfg, a.port, f"bench_{a.shape}", extra=extra, gpu_util=util, max_len=1024)
     cold_healthy = v.wait_healthy(600)
+    vllm_version = v.version()
+    # 0.33 has its own weight label (GET /weight_info, POST /update_weight_version); a control plane
+    # sets it inside the pause after every install (the controller does), so the cycle does too.
+    own_label = v.is_033()
     cold_first = first_token_ms(v)
     cold_total = time.time() - t0
     trainer = shapes_trainer(cfg, durl, model) if dummy else Trainer(cfg, durl, model)
@@ -153,6 +162,11 @@ def main(argv=None) -> int:
             # The install's reply is what rc_label would answer (the label rc_install set) and what
             # rc_digest(fresh=false) would: no further round trip inside the pause.
             assert inst["label"] == ver and inst["content_digest"], inst
+            c_installed = time.perf_counter()
+            label_ms = None
+            if own_label:
+                v.set_weight_version(ver)
+                label_ms = (time.perf_counter() - c_installed) * 1e3
             c3 = time.perf_counter()
             st, body = v.post("/reset_prefix_cache")
             assert body == {"success": True}, body
@@ -162,10 +176,12 @@ def main(argv=None) -> int:
             c5 = time.perf_counter()
             st, paused = http("GET", v.base + "/is_paused")
             assert paused == {"is_paused": False}, paused
+            if own_label:
+                assert v.weight_info() == ver
             row.update(stage_ms=(c1 - c0) * 1e3, stage_wire_ms=ev["stage_ms"].get("wire"),
                        stage_digest_ms=ev["stage_ms"].get("digest"), pause_via=("sleep" if via_sleep else "pause"),
-                       pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c3 - c2) * 1e3,
-                       install_ms=inst["install_ms"], install_path=inst.get("install_path"),
+                       pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c_installed - c2) * 1e3,
+                       install_ms=inst["install_ms"], install_path=inst.get("install_path"), label_ms=label_ms,
                        install_kernel_ms=inst.get("kernel_ms"), live_digest_ms=inst.get("digest_ms"),
                        reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
                        bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
@@ -198,6 +214,7 @@ def main(argv=None) -> int:
     hot = [r["hot_cycle_ms"] for r in rows[1:]] or [r["hot_cycle_ms"] for r in rows]
     summary = {
         "shape": a.shape, "bytes": total_bytes, "cycles": a.cycles, "controller": bool(ctl),
+        "vllm_version": vllm_version,
         "cold_start_s": round(cold_total, 2), "cold_healthy_s": round(cold_healthy, 2),
         "cold_first_token_ms": round(cold_first, 2),
         "restart_s": restart_s and round(restart_s, 2), "restart_healthy_s": healthy and round(healthy, 2),
@@ -208,7 +225,7 @@ def main(argv=None) -> int:
         "rows": rows,
     }
     for key in ("stage_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
-                "install_kernel_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
+                "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
         vals = [r[key] for r in rows[1:] if r.get(key) is not None]
         if vals:
             summary[key + "_median"] = median(vals)

@@ -1,8 +1,9 @@
-"""Harness for the GPU tests against a real vLLM 0.26 (tests/vllm/test_vllm.py).
+"""Harness for the GPU tests against a real vLLM 0.26 or 0.33 (tests/vllm/test_vllm*.py).
 
-Everything here runs on the GPU machine: vLLM from the stripped bundle (../shared/vllm/, unpacked
-at $VLLM_SITE), the CUDA build of rolloutcore's Python package ($RC_PYTHONPATH), the `rolloutcore`
-binary ($ROLLOUTCORE_BIN). A trainer stand-in holds the model in torch CUDA tensors, makes new
+Everything here runs on the GPU machine: vLLM from the stripped bundle of the kit $VLLM_KIT
+(0.26 or 0.33, default 0.33; ../shared/vllm/, unpacked at $VLLM_SITE, by default /tmp/vb/site for
+0.26 and /tmp/v33/site for 0.33: scripts/gpu/vllm_env.sh sets both), the CUDA build of
+rolloutcore's Python package ($RC_PYTHONPATH), the `rolloutcore` binary ($ROLLOUTCORE_BIN). A trainer stand-in holds the model in torch CUDA tensors, makes new
 versions by perturbing them, exports each version to disk (safetensors + config + tokenizer, so a
 fresh vLLM can be started on it) and publishes it as fsdp:2-style row shards from the same GPU
 over cuda_ipc (no host copy).
@@ -22,7 +23,27 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-VLLM_SITE = os.environ.get("VLLM_SITE", "/tmp/vb/site")
+# The kit the tests run against (scripts/gpu/vllm_env.sh exports it) and where it is unpacked. The
+# tests read the running server's release from GET /version (Vllm.release()); VLLM_KIT only says
+# which one was asked for.
+VLLM_KIT = os.environ.get("VLLM_KIT", "0.33")
+KIT_SITES = {"0.26": "/tmp/vb/site", "0.33": "/tmp/v33/site"}
+VLLM_SITE = os.environ.get("VLLM_SITE") or KIT_SITES.get(VLLM_KIT, KIT_SITES["0.33"])
+# The other kit's site/, when it is unpacked too (the restart-on-another-release test); "" if not.
+VLLM_OTHER_SITE = os.environ.get("VLLM_OTHER_SITE", "")
+
+
+def site_version(site: str) -> str:
+    """The vLLM release unpacked in `site` (its generated vllm/_version.py: `__version__ = version =
+    '0.33.0'`), without importing it; "" when there is none."""
+    try:
+        with open(os.path.join(site, "vllm", "_version.py")) as f:
+            for line in f:
+                if line.startswith("__version__ =") or line.startswith("__version__="):
+                    return line.split("=")[-1].strip().strip("'\"")
+    except OSError:
+        pass
+    return ""
 RC_PYTHONPATH = os.environ.get("RC_PYTHONPATH", "")
 OUT = Path(os.environ.get("OUT", "/tmp/rc_vllm_out"))
 
@@ -51,17 +72,21 @@ class Vllm:
     """One `vllm serve` process with rolloutcore's worker extension."""
 
     def __init__(self, model_dir: str, port: int, name: str, extra: Optional[List[str]] = None,
-                 gpu_util: float = 0.25, max_len: int = 1024) -> None:
+                 gpu_util: float = 0.25, max_len: int = 1024, site: Optional[str] = None,
+                 env_extra: Optional[Dict[str, str]] = None) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.log_path = OUT / f"vllm_{name}.log"
+        self.site = site or VLLM_SITE  # another kit's site/ starts that release
+        self._version: Optional[str] = None
         env = dict(os.environ)
         env.update(
-            PYTHONPATH=":".join(p for p in (RC_PYTHONPATH, VLLM_SITE, env.get("PYTHONPATH", "")) if p),
+            PYTHONPATH=":".join(p for p in (RC_PYTHONPATH, self.site, env.get("PYTHONPATH", "")) if p),
             VLLM_USE_FLASHINFER_SAMPLER="0", VLLM_SERVER_DEV_MODE="1", HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1", VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", GLOO_SOCKET_IFNAME="lo",
             NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", VLLM_ALLREDUCE_USE_SYMM_MEM="0",
             VLLM_ENGINE_READY_TIMEOUT_S="300", ROLLOUTCORE_VLLM_FAULT_INJECTION="1")
+        env.update(env_extra or {})
         args = ["python3", "-m", "vllm.entrypoints.cli.main", "serve", model_dir, "--served-model-name", "m",
                 "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "TRITON_ATTN", "--enforce-eager",
                 "--gpu-memory-utilization", str(gpu_util), "--max-model-len", str(max_len), "--max-num-seqs", "16",
@@ -86,6 +111,33 @@ class Vllm:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"vLLM not healthy within {timeout_s} s; log tail:\n{self.tail()}")
+
+    def version(self) -> str:
+        """The release this server runs: GET /version answers {"version": "0.33.0"} (0.26 and 0.33
+        alike, entrypoints/serve/instrumentator/basic.py:53)."""
+        if self._version is None:
+            st, body = http("GET", self.base + "/version", timeout=10)
+            assert st == 200 and isinstance(body, dict) and body.get("version"), f"GET /version: {st} {body}"
+            self._version = str(body["version"])
+        return self._version
+
+    def release(self) -> str:
+        """"0.26" or "0.33" (major.minor of version())."""
+        return ".".join(self.version().split(".")[:2])
+
+    def is_033(self) -> bool:
+        return self.release() == "0.33"
+
+    def weight_info(self) -> str:
+        """vLLM 0.33's own label (GET /weight_info {"weight_version": s}; "default" until set)."""
+        st, body = http("GET", self.base + "/weight_info", timeout=10)
+        assert st == 200 and isinstance(body, dict), f"GET /weight_info: {st} {body}"
+        return str(body["weight_version"])
+
+    def set_weight_version(self, label: str) -> None:
+        """vLLM 0.33's POST /update_weight_version {"new_version": s} (labels, touches no weight)."""
+        st, body = self.post("/update_weight_version", {"new_version": label})
+        assert st == 200 and body == {"success": True, "new_version": label}, f"update_weight_version: {st} {body}"
 
     def tail(self, n: int = 60) -> str:
         self.log.flush()

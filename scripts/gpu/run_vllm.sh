@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Runs the vLLM tests (tests/vllm, labels gpu + vllm) on the GPU machine against a real vLLM 0.26
-# from the stripped bundle of ../shared/vllm/ (unpacked at $VB/site, default /tmp/vb), with the
-# CUDA build of rolloutcore's Python package carried in build/cuda-py-bundle (PYTHON=1
+# Runs the vLLM tests (tests/vllm, labels gpu + vllm) on the GPU machine against a real vLLM 0.26 or
+# 0.33 from the stripped bundles of ../shared/vllm/ (VLLM_KIT=0.26|0.33, default 0.33; the kit
+# unpacked at $VB/site, default /tmp/vb for 0.26 and /tmp/v33 for 0.33: vllm_env.sh), with the CUDA
+# build of rolloutcore's Python package carried in build/cuda-py-bundle (PYTHON=1
 # scripts/gpu/make_bundle.sh build/cuda-py build/cuda-py-bundle; docs/vllm.md).
 #
-#   scripts/gpu/run_vllm.sh [PYTEST_ARGS...]     logs and figures in $OUT (default ./out-vllm)
+#   [VLLM_KIT=0.26|0.33] scripts/gpu/run_vllm.sh [PYTEST_ARGS...]
+# Logs and figures in $OUT/kit-$VLLM_KIT (OUT default ./out-vllm), so both kits can run in one call:
+#   VLLM_KIT=0.33 scripts/gpu/run_vllm.sh; VLLM_KIT=0.26 scripts/gpu/run_vllm.sh
 # Exit 77 (CTest's skip code for the test vllm_gpu_tests, labels gpu + vllm) when there is no GPU,
 # no vLLM bundle or no CUDA build of the package: nothing to run here.
 set -uo pipefail
-export OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/out-vllm}
-mkdir -p "$OUT"
 source "$(dirname "$0")/vllm_env.sh"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -m pytest -x -q -s -p no:cacheprovider "$ROOT/tests/vllm" "$@" 2>&1 | tee "$OUT/pytest.log"

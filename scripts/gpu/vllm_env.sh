@@ -1,20 +1,56 @@
-# Sourced by run_vllm.sh and run_vllm_bench.sh (GPU machine): unpacks the vLLM bundle of
-# ../shared/vllm/ at $VB/site (default /tmp/vb) if needed, checks the carried CUDA build of the
-# package (build/cuda-py-bundle) and exports the environment the tests and benches use. Exits 77
-# (CTest's skip code) when there is no GPU, no bundle or no CUDA build.
+# Sourced by run_vllm.sh and run_vllm_bench.sh (GPU machine): selects the vLLM kit, unpacks its
+# bundle (../shared/vllm/) at $VB/site if needed, checks that it is the release asked for, checks the
+# carried CUDA build of the package (build/cuda-py-bundle) and exports the environment the tests and
+# benches use. Exits 77 (CTest's skip code) when there is no GPU, no bundle or no CUDA build.
+#
+#   VLLM_KIT=0.26|0.33   the release (default 0.33); exported for the tests, which also read the
+#                        running server's GET /version
+#   VB=DIR               the kit's folder (default /tmp/vb for 0.26, /tmp/v33 for 0.33; an explicit
+#                        VB wins): the pieces vllm_bundle.tar.xz.part-* + SHA256SUMS, or site/
+#   OUT=DIR              results; this script moves them into $OUT/kit-$VLLM_KIT so that runs of
+#                        both kits in one GPU call keep their logs apart
+#   VLLM_OTHER_SITE=DIR  the other kit's site/ (only for the restart-on-another-release test);
+#                        default: the other kit's default folder's site/ when it is unpacked there
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VLLM_KIT=${VLLM_KIT:-0.33}
+case "$VLLM_KIT" in
+  0.26) kit_default_vb=/tmp/vb; other_default_vb=/tmp/v33; other_kit=0.33 ;;
+  0.33) kit_default_vb=/tmp/v33; other_default_vb=/tmp/vb; other_kit=0.26 ;;
+  *) echo "VLLM_KIT must be 0.26 or 0.33, got '$VLLM_KIT'" >&2; exit 2 ;;
+esac
+export VLLM_KIT
+OUT=${OUT:-$ROOT/out-vllm}
+case "$OUT" in */kit-"$VLLM_KIT") ;; *) OUT="$OUT/kit-$VLLM_KIT" ;; esac
+export OUT
+mkdir -p "$OUT"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "skipped: no NVIDIA GPU on this machine (the vLLM tests run on the GPU machine)"; exit 77
 fi
-VB=${VB:-/tmp/vb}
+VB=${VB:-$kit_default_vb}
+# The release an unpacked site/ holds, from the version file the wheel generated
+# (vllm/_version.py: __version__ = version = '0.33.0'); empty when there is none.
+kit_version() {
+  sed -n "s/^__version__ = version = '\([^']*\)'.*/\1/p" "$1/vllm/_version.py" 2>/dev/null | head -1
+}
 if [[ ! -d "$VB/site" ]]; then
   if ls "$VB"/vllm_bundle.tar.xz.part-* >/dev/null 2>&1; then
-    (cd "$VB" && sha256sum -c SHA256SUMS >/dev/null) || { echo "vLLM bundle pieces missing or checksum mismatch" >&2; exit 3; }
+    (cd "$VB" && sha256sum -c SHA256SUMS >/dev/null) || { echo "vLLM bundle pieces in $VB missing or checksum mismatch" >&2; exit 3; }
     cat "$VB"/vllm_bundle.tar.xz.part-* | xz -dc | tar -x -C "$VB"
   else
-    echo "skipped: no vLLM bundle at $VB (see ../shared/vllm/README.md)" >&2; exit 77
+    echo "skipped: no vLLM $VLLM_KIT bundle at $VB (see ../shared/vllm/README.md)" >&2; exit 77
   fi
 fi
+got=$(kit_version "$VB/site")
+case "$got" in
+  "$VLLM_KIT".*) ;;
+  *) echo "VLLM_KIT=$VLLM_KIT but $VB/site holds vLLM '${got:-(no vllm/_version.py)}': point VB at the $VLLM_KIT kit" >&2
+     exit 4 ;;
+esac
+echo "vLLM kit $VLLM_KIT: $got at $VB/site; results in $OUT"
+if [[ -z "${VLLM_OTHER_SITE:-}" && -d "$other_default_vb/site" ]]; then
+  case "$(kit_version "$other_default_vb/site")" in "$other_kit".*) VLLM_OTHER_SITE="$other_default_vb/site" ;; esac
+fi
+[[ -n "${VLLM_OTHER_SITE:-}" ]] && export VLLM_OTHER_SITE
 B="$ROOT/build/cuda-py-bundle"
 [[ -f "$B/bin/rolloutcore" ]] || { echo "skipped: no $B: build it with PYTHON=1 scripts/gpu/make_bundle.sh" >&2; exit 77; }
 chmod +x "$B/bin/rolloutcore"

@@ -311,7 +311,8 @@ Result<VllmRelease> VllmReleaseOf(const std::string& version, bool allow_unteste
 }
 
 std::string RolloutIdOfVllmRequest(const std::string& internal) {
-  // "cmpl-" R "-0" (0.26) or "cmpl-" R "-0-" + 8 random characters (0.33, input_processor.py:371).
+  // "cmpl-" R "-0-" + 8 random characters (0.26 input_processor.py:240, 0.33 :371; serving.py builds
+  // "cmpl-R-0"); a bare "cmpl-R-0" is accepted too.
   if (internal.rfind("cmpl-", 0) != 0) return "";
   std::string rest = internal.substr(5);
   auto strip_index = [](std::string& r) {
@@ -448,6 +449,13 @@ Result<EngineDescription> VllmEngine::Describe() {
   RC_ASSIGN_OR_RETURN(std::string version, ReadVersion());
   RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.allow_untested_version, options_.base_url));
   const bool untested = version.rfind("0.26.", 0) != 0 && version.rfind("0.33.", 0) != 0;
+  if (release == VllmRelease::k033 && options_.native_transfer) {
+    return FailedPrecondition(
+        "vLLM at " + options_.base_url + " is " + version +
+        ": --vllm-transfer native-nccl drives vLLM 0.26's NCCL weight-transfer trainer API "
+        "(NCCLWeightTransferEngine.trainer_init / trainer_send_weights), which 0.33 no longer has; use the default "
+        "transfer (--vllm-transfer rolloutcore) on 0.33");
+  }
   {
     rc::MutexLock lock(mu_);
     if (untested && version != version_) {
@@ -1503,16 +1511,23 @@ Result<Json> VllmEngine::Complete(const Json& request) {
     rc::MutexLock lock(mu_);
     for (size_t i = 0; i < spans->size(); ++i) {
       Json& span = (*spans)[i];
-      if (i == 0) {
-        span["kv"] = "fresh";
-        continue;
-      }
-      // A later span starts where vLLM's label changed: at an in-flight update of this engine.
+      // A span whose label an in-flight update set, for a request that update froze: the weights
+      // changed under it there (also a first span, for a request frozen before its first token:
+      // vLLM opens no span for the old label then, but its prompt's KV is the old weights').
       auto it = label_changes_.find(span["label"].get<std::string>());
-      if (it == label_changes_.end()) continue;  // the controller names what it cannot place
-      span["kv"] = it->second.mode == lifecycle::PolicyMode::kRecompute ? "recomputed" : "stale";
-      auto at = it->second.swap_index.find(rollout);
-      span["swap_index_reported"] = at == it->second.swap_index.end() ? Json() : Json(at->second);
+      const bool frozen_there = it != label_changes_.end() && it->second.swap_index.count(rollout) > 0;
+      if (frozen_there) {
+        span["kv"] = it->second.mode == lifecycle::PolicyMode::kRecompute ? "recomputed" : "stale";
+        span["swap_index_reported"] = it->second.swap_index.at(rollout);
+      } else if (i == 0) {
+        span["kv"] = "fresh";
+      } else if (it != label_changes_.end()) {
+        // A later span of an in-flight update that did not report this request frozen: the
+        // controller refuses it (no count to check the boundary against).
+        span["kv"] = it->second.mode == lifecycle::PolicyMode::kRecompute ? "recomputed" : "stale";
+        span["swap_index_reported"] = nullptr;
+      }
+      // Otherwise: a label no update of this engine set; the controller names it.
     }
     c["version_spans"] = std::move(*spans);
   }

@@ -14,7 +14,7 @@
 //    weight_versions become the rollout's version spans (the controller checks them against the
 //    binding); keep and recompute updates run (PauseForUpdate), with the swap index of every
 //    frozen request read from the worker (rc_frozen) and cross-checked against vLLM's spans.
-//    A request that reaches a 0.33 paused in wait/abort mode is refused by vLLM with 503 (0.26
+//    A request that reaches a 0.33 paused by /pause in wait/abort mode is refused with 503 (0.26
 //    queued it): the rollout fails with Unavailable and is recorded so (never served late).
 //
 // Evidence is observed, never assumed:
@@ -210,7 +210,7 @@ class VllmEngine final : public BlockingEngine {
 };
 
 // vLLM's internal id of a rollout's request (/v1/completions with "request_id": R): "cmpl-R-0"
-// followed, on 0.33, by "-" and 8 random characters (docs/vllm.md). The rollout id, or "" when
+// followed by "-" and 8 random characters (0.26 and 0.33; docs/vllm.md). The rollout id, or "" when
 // `internal` is not of that form.
 std::string RolloutIdOfVllmRequest(const std::string& internal);
 

@@ -1302,7 +1302,7 @@ Status ControllerService::FinishLease(const std::string& rollout_id, const Json&
     if (body.contains("version_spans") && !body["version_spans"].is_null()) {
       std::string why;
       Json spans = VersionSpans(slot, *binding, Json{{"version_spans", body["version_spans"]}},
-                                static_cast<int64_t>(t.output_token_ids.size()), &why);
+                                static_cast<int64_t>(t.output_token_ids.size()), &*inflight, &why);
       if (!body["version_spans"].is_array() || body["version_spans"].empty()) why = "expected a non-empty list";
       if (!why.empty()) {
         put_back(lease.row_written);

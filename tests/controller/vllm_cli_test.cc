@@ -83,6 +83,78 @@ TEST_F(VllmCliTest, ServeInitializesAVllmEngineThroughTheExtension) {
   EXPECT_NE(std::find(methods.begin(), methods.end(), "rc_digest"), methods.end());
 }
 
+// Polls GET /v1/status until the controller answers (or 60 s).
+Json WaitStatus(ChildProcess* ctl, int port) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_connection_timeout(1, 0);
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < end && ctl->Alive()) {
+    auto r = cli.Get("/v1/status");
+    if (r && r->status == 200) return Json::parse(r->body);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Json();
+}
+
+TEST_F(VllmCliTest, ServeRefusesAnUnsupportedVllmReleaseNamingBothVersions) {
+  FakeVllm::Config cfg;
+  cfg.version = "0.31.2";
+  FakeVllm vllm(cfg);
+  ctl_ = Start({"--engine", "vllm+" + vllm.url()}, apps::FreePort().value());
+  ASSERT_TRUE(ctl_);
+  EXPECT_EQ(WaitExit(ctl_.get()), 1) << ctl_->LogTail();
+  for (const char* want : {"0.31.2", "0.26.x", "0.33.x", "--vllm-allow-untested-version"}) {
+    EXPECT_NE(ctl_->LogTail().find(want), std::string::npos) << want << "\n" << ctl_->LogTail();
+  }
+  int port = apps::FreePort().value();
+  ctl_ = Start({"--engine", "vllm+" + vllm.url(), "--vllm-allow-untested-version"}, port);
+  ASSERT_TRUE(ctl_);
+  EXPECT_FALSE(WaitStatus(ctl_.get(), port).is_null()) << "starts anyway: " << ctl_->LogTail();
+}
+
+// On 0.33 every rollout through the controller carries vLLM's own per-token versions: one span of
+// the bound label is stored (reported by the engine); a span of another label is an identity
+// mismatch (502), the output is not stored as bound and the engine is tainted.
+TEST_F(VllmCliTest, On033RolloutSpansComeFromVllmAndADisagreeingSpanTaints) {
+  FakeVllm::Config cfg;
+  cfg.version = "0.33.0";
+  cfg.install_reports_digest = true;
+  FakeVllm vllm(cfg);
+  int port = apps::FreePort().value();
+  ctl_ = Start({"--engine", "vllm+" + vllm.url(), "--verify-interval-ms", "0"}, port);
+  ASSERT_TRUE(ctl_);
+  ASSERT_FALSE(WaitStatus(ctl_.get(), port).is_null()) << ctl_->LogTail();
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(30, 0);
+  auto ok = cli.Post("/v1/rollouts", R"({"rollout_id":"r-1","prompt":[1,2,3],"max_tokens":6})", "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body << ctl_->LogTail();
+  const Json spans = Json::parse(ok->body)["version_spans"];
+  ASSERT_EQ(spans.size(), 1u) << ok->body;
+  EXPECT_EQ(spans[0]["label"], "v7");
+  EXPECT_EQ(spans[0]["to_token"], 6);
+  EXPECT_EQ(spans[0]["reported_by_engine"], true) << ok->body;
+  auto t = cli.Get("/v1/trajectories?format=json");
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200) << t->body;
+  EXPECT_NE(t->body.find("\"reported_by_engine\":true"), std::string::npos) << "stored as reported: " << t->body;
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completion_bodies_.back()["return_weight_versions"], true);
+    EXPECT_EQ(vllm.weight_version_, "v7") << "vLLM's own label was set from the workers' at start";
+  }
+  vllm.Script([&] {
+    vllm.weight_versions_ = Json::array({Json{{"version", "v7"}, {"start", 0}, {"end", 3}},
+                                         Json{{"version", "v-other"}, {"start", 3}, {"end", 6}}});
+  });
+  auto bad = cli.Post("/v1/rollouts", R"({"rollout_id":"r-2","prompt":[1,2,3],"max_tokens":6})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 502) << bad->body;
+  EXPECT_NE(bad->body.find("v-other"), std::string::npos) << bad->body;
+  Json status = WaitStatus(ctl_.get(), port);
+  EXPECT_NE(status.dump().find("TAINTED"), std::string::npos) << status.dump();
+}
+
 TEST_F(VllmCliTest, ServeRefusesAVllmWithoutTheExtensionNamingTheFlags) {
   FakeVllm::Config cfg;
   cfg.extension = false;

@@ -6,7 +6,7 @@
 // POST /collective_rpc (docs/vllm.md): rc_describe, rc_stage, rc_install, rc_label, rc_digest, one
 // result per worker; "Method 'x' is not implemented." (500) without the extension. As 0.33
 // (../shared/vllm/VLLM_033_NOTES.md, section 6): GET /version, new requests answered 503 while
-// paused in wait/abort mode (queued under keep), /update_weight_version + /weight_info (initially
+// paused by /pause in wait/abort mode (queued under keep, and under /sleep?level=0 on both), /update_weight_version + /weight_info (initially
 // "default"), choices[i].weight_versions when return_weight_versions is asked, JSON replies of
 // /sleep and /wake_up; 0.26 answers 404 to the 0.33-only routes.
 //
@@ -94,8 +94,7 @@ class FakeVllm {
       if (!Dev(r)) return;
       std::lock_guard<std::mutex> lock(mu_);
       pause_queries_.push_back("sleep level=" + q.get_param_value("level") + "&mode=" + q.get_param_value("mode"));
-      if (q.get_param_value("level") == "0") paused_ = true;
-      reject_new_ = is033() && q.get_param_value("mode") != "keep";
+      if (q.get_param_value("level") == "0") paused_ = true;  // 0.33 too queues (no reject flag on /sleep)
       if (is033()) {
         r.set_content(Json{{"status", "sleeping"}, {"level", std::stoi("0" + q.get_param_value("level"))}}.dump(),
                       "application/json");

@@ -1,7 +1,12 @@
-"""rolloutcore's vLLM worker extension against a real vLLM 0.26 (labels gpu, vllm).
+"""rolloutcore's vLLM worker extension against a real vLLM 0.26 or 0.33 (labels gpu, vllm).
 
-Run on the GPU machine with scripts/gpu/run_vllm.sh (it sets VLLM_SITE, RC_PYTHONPATH,
-ROLLOUTCORE_BIN, MAKE_TINY, OUT). Skips cleanly without a GPU, vLLM or the CUDA build.
+Run on the GPU machine with scripts/gpu/run_vllm.sh (VLLM_KIT=0.26|0.33; it sets VLLM_SITE,
+RC_PYTHONPATH, ROLLOUTCORE_BIN, MAKE_TINY, OUT). Skips cleanly without a GPU, vLLM or the CUDA build.
+Every test passes on both releases; where they differ (a request sent while /pause holds the
+engine, the replies of /sleep and /wake_up) the test reads the running server's release (GET
+/version) and asserts that release's behaviour, so the difference itself is tested both ways.
+The tests that only 0.33 can run (its own label, weight_versions, keep and recompute through the
+controller) are in test_vllm_033.py.
 
 Figures (stage/install/digest times, start-up times) are printed and written to
 $OUT/vllm_figures.json.
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +31,9 @@ if not torch.cuda.is_available():
 try:
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None and not os.path.isdir(os.environ.get("VLLM_SITE", "/tmp/vb/site")):
+    from vllm_harness import VLLM_SITE
+
+    if importlib.util.find_spec("vllm") is None and not os.path.isdir(VLLM_SITE):
         pytest.skip("vLLM is not available (VLLM_SITE)", allow_module_level=True)
     from rolloutcore import _core
 
@@ -34,7 +42,8 @@ try:
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"rolloutcore not importable: {e}", allow_module_level=True)
 
-from vllm_harness import OUT, Background, Trainer, Vllm, cached_tokens, http, manifest_digests, tokens_of  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    OUT, VLLM_KIT, Background, Trainer, Vllm, cached_tokens, http, manifest_digests, tokens_of)
 
 from rolloutcore.cluster import Server, find_binary  # noqa: E402
 
@@ -50,23 +59,38 @@ def figure(name: str, value) -> None:
     (OUT / "vllm_figures.json").write_text(json.dumps(FIG, indent=1, sort_keys=True))
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def start_env(tmp_path_factory, name: str, port: int, vllm_name: str, directory_log: str):
+    """A module's setup: a random tiny Qwen3 (seed 0), a directory, the torch trainer and vLLM with
+    rolloutcore's extension on `port`. Returns (env, stop, seconds to healthy); stop stops whatever
+    env["vllm"] is then (a test may have restarted it)."""
     OUT.mkdir(parents=True, exist_ok=True)
-    work = tmp_path_factory.mktemp("vllm")
+    work = tmp_path_factory.mktemp(name)
     tiny = str(work / "tiny")
     subprocess.run([sys.executable, os.environ["MAKE_TINY"], tiny, "--seed", "0"], check=True,
                    stdout=subprocess.DEVNULL)
-    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"], OUT / "directory.log",
+    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"], OUT / directory_log,
                find_binary())
     durl = d.wait_url(30)
     trainer = Trainer(tiny, durl, MODEL)
-    v = Vllm(tiny, 8100, "main")
-    figure("vllm_start_to_healthy_s", round(v.wait_healthy(), 1))
-    yield {"work": work, "tiny": tiny, "directory": durl, "trainer": trainer, "vllm": v}
-    v.stop()
-    trainer.close()
-    d.stop()
+    v = Vllm(tiny, port, vllm_name)
+    e = {"work": work, "tiny": tiny, "directory": durl, "trainer": trainer, "vllm": v, "port": port}
+
+    def stop() -> None:
+        e["vllm"].stop()
+        trainer.close()
+        d.stop()
+
+    healthy = v.wait_healthy()
+    figure(f"{vllm_name}_vllm_version", v.version())
+    return e, stop, healthy
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    e, stop, healthy = start_env(tmp_path_factory, "vllm", 8100, "main", "directory.log")
+    figure("vllm_start_to_healthy_s", round(healthy, 1))
+    yield e
+    stop()
 
 
 def stage_install(env, version: str, reset: bool = True):
@@ -86,8 +110,13 @@ def stage_install(env, version: str, reset: bool = True):
 
 
 def test_describe_reports_the_live_parameters(env):
-    d = env["vllm"].rpc1("rc_describe")
+    v = env["vllm"]
+    d = v.rpc1("rc_describe")
     assert d["ok"], d
+    # The release the workers import is the one the server reports, and the kit asked for.
+    assert d["vllm_version"] == v.version(), (d["vllm_version"], v.version())
+    if "VLLM_KIT" in os.environ:
+        assert v.release() == VLLM_KIT, f"VLLM_KIT={VLLM_KIT} but the server runs vLLM {v.version()}"
     assert d["tp_size"] == 1 and d["tp_rank"] == 0
     names = {p["name"] for p in d["parameters"]}
     assert any("qkv_proj" in n for n in names) and any("gate_up_proj" in n for n in names), sorted(names)[:8]
@@ -200,40 +229,70 @@ def test_stale_cache_negative_control_and_reset(env):
 
 
 def test_reset_prefix_cache_answers_false_while_a_request_is_frozen(env):
+    """A request frozen by /pause?mode=keep holds its blocks: the prefix reset is refused. Meanwhile
+    the extension's rc_frozen names it by vLLM's internal id (cmpl-R-0-<8 hex> for the body's
+    request_id R, in 0.26 and 0.33 alike) with its output length so far, which does not move while
+    the engine is paused (nothing steps). test_vllm_033.py checks the count against vLLM's own
+    weight_versions boundary."""
     v = env["vllm"]
-    bg = Background(v.complete, list(range(500, 540)), max_tokens=600, ignore_eos=True)
+    bg = Background(v.complete, list(range(500, 540)), max_tokens=600, ignore_eos=True, request_id="frozen-probe")
     deadline = time.time() + 30
     while time.time() < deadline and v.metric("vllm:num_requests_running") < 1:
         time.sleep(0.05)
+    time.sleep(0.05)  # a few tokens
     st, body = v.post("/pause?mode=keep&clear_cache=false")
     assert st == 200, body
-    st, body = v.post("/reset_prefix_cache")
-    figure("reset_while_frozen", body)
-    assert st == 200 and body == {"success": False}, body
-    v.post("/resume")
+    try:
+        st, body = v.post("/reset_prefix_cache")
+        figure("reset_while_frozen", body)
+        assert st == 200 and body == {"success": False}, body
+        f1 = v.rpc1("rc_frozen")
+        time.sleep(0.3)
+        f2 = v.rpc1("rc_frozen")
+        figure("rc_frozen_while_kept", f1)
+        assert f1["ok"], f1
+        assert f1["runner"] in ("v1", "v2"), f1
+        (req,) = f1["requests"]
+        assert re.fullmatch(r"cmpl-frozen-probe-0-[0-9a-f]{8}", req["request_id"]), req
+        assert 0 < req["output_tokens"] < 600, req
+        assert f2["requests"] == f1["requests"], ("the count moved while paused", f1, f2)
+    finally:
+        v.post("/resume")
     out = bg.join(120)
     assert out["usage"]["completion_tokens"] == 600
+    deadline = time.time() + 5  # the step after the last one removes the finished request
+    while (after := v.rpc1("rc_frozen"))["requests"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert after["ok"] and after["requests"] == [], after
 
 
 def test_sleep_level0_pauses_the_scheduler_and_wake_up_scheduling_resumes_it(env):
     """--vllm-pause-call sleep: /sleep?level=0&mode=wait is the scheduler pause without /pause's
-    trailing 20 ms sleep; requests sent meanwhile wait until /wake_up?tags=scheduling."""
+    trailing 20 ms sleep; requests sent meanwhile wait until /wake_up?tags=scheduling, in both
+    releases: 0.33's rejection of new requests (503) is set only by /pause (pause_generation,
+    v1/engine/core.py:2226-2233), while /sleep reaches EngineCore.sleep, which calls pause_scheduler
+    (core.py:1007) and leaves the queueing policy alone. The replies differ: 0.26 answers both
+    calls with an empty 200 (entrypoints/serve/dev/sleep/api_router.py:21-42), 0.33 with JSON
+    (the same file, :26-55)."""
     v = env["vllm"]
     t0 = time.perf_counter()
     st, body = v.post("/sleep?level=0&mode=wait")
     sleep_ms = (time.perf_counter() - t0) * 1e3
     assert st == 200, body
+    assert body == ({"status": "sleeping", "level": 0} if v.is_033() else None), (v.version(), body)
     assert http("GET", v.base + "/is_paused")[1] == {"is_paused": True}
-    bg = Background(v.complete, [5, 6, 7, 8], max_tokens=2)
+    bg = Background(http, "POST", v.base + "/v1/completions",
+                    {"model": "m", "prompt": [5, 6, 7, 8], "max_tokens": 2, "temperature": 0.0}, timeout=60)
     bg.thread.join(0.5)
-    assert bg.thread.is_alive(), "a request was served while paused"
+    assert bg.thread.is_alive(), f"a request was answered while asleep (level 0) on {v.version()}: {bg.result}"
     t1 = time.perf_counter()
     st, body = v.post("/wake_up?tags=scheduling")
     wake_ms = (time.perf_counter() - t1) * 1e3
     assert st == 200, body
+    assert body == ({"status": "awake", "tags": ["scheduling"]} if v.is_033() else None), (v.version(), body)
     assert http("GET", v.base + "/is_paused")[1] == {"is_paused": False}
-    out = bg.join(60)
-    assert out["usage"]["completion_tokens"] == 2
+    st, out = bg.join(60)
+    assert st == 200 and out["usage"]["completion_tokens"] == 2, (st, out)
     t2 = time.perf_counter()
     st, body = v.post("/pause?mode=wait&clear_cache=false")
     pause_ms = (time.perf_counter() - t2) * 1e3
@@ -241,6 +300,41 @@ def test_sleep_level0_pauses_the_scheduler_and_wake_up_scheduling_resumes_it(env
     figure("idle_sleep0_call_ms", round(sleep_ms, 2))
     figure("idle_pause_call_ms", round(pause_ms, 2))
     figure("idle_wake_up_call_ms", round(wake_ms, 2))
+
+
+@pytest.mark.parametrize("mode", ["wait", "abort", "keep"])
+def test_a_request_sent_while_paused_waits_on_026_and_gets_503_on_033_unless_keep(env, mode):
+    """/pause?mode=M: vLLM 0.26 queues a request that arrives while paused, in every mode, and
+    serves it after /resume. 0.33 rejects it at once in wait and abort mode (HTTP 503
+    ServiceUnavailableError "Generation is paused...", retryable: EngineCoreProc.pause_generation
+    sets reject_new_requests for mode != keep, v1/engine/core.py:2226-2233; the add is finished
+    with error code engine_paused, core.py:1796-1816; RetryableRequestError is 503,
+    exceptions.py:139-144) and queues it in keep mode, as 0.26 does; /resume clears the flag
+    (core.py:2235-2237)."""
+    v = env["vllm"]
+    rejects = v.is_033() and mode != "keep"
+    st, body = v.post(f"/pause?mode={mode}&clear_cache=false")
+    assert st == 200 and body == {"status": "paused"}, body
+    try:
+        bg = Background(http, "POST", v.base + "/v1/completions",
+                        {"model": "m", "prompt": [9, 10, 11, 12], "max_tokens": 2, "temperature": 0.0}, timeout=60)
+        bg.thread.join(3.0)
+        if rejects:
+            assert not bg.thread.is_alive(), f"0.33, /pause?mode={mode}: the request was not answered at once"
+            st, out = bg.join(1)
+            figure(f"request_while_paused_{mode}_033", [st, out])
+            assert st == 503, (st, out)
+            assert "paused" in json.dumps(out).lower(), out
+        else:
+            assert bg.thread.is_alive(), f"{v.version()}, /pause?mode={mode}: answered while paused: {bg.result}"
+    finally:
+        st, body = v.post("/resume")
+        assert st == 200 and body == {"status": "resumed"}, body
+    if not rejects:
+        st, out = bg.join(60)
+        assert st == 200 and out["usage"]["completion_tokens"] == 2, (st, out)
+    # After the resume a new request is served (0.33 cleared its reject flag).
+    assert v.complete([9, 10, 11, 12], max_tokens=2)["usage"]["completion_tokens"] == 2
 
 
 def test_install_without_stage_is_refused_untouched(env):
@@ -360,10 +454,12 @@ def test_replay_bf16_bound_measured_and_wrong_weights_caught(env):
 
 class Controller:
     """`rolloutcore controller serve --engine vllm+http://...` on one state dir; restartable with other flags
-    (a restart re-checks the journal's claim against the engine before admitting anything)."""
+    (a restart re-checks the journal's claim against the engine before admitting anything). `state`
+    names the state dir (and the logs): a test that must not inherit another's journal takes its own."""
 
-    def __init__(self, env) -> None:
+    def __init__(self, env, state: str = "controller") -> None:
         self.env = env
+        self.state = state
         self.server = None
         self.url = ""
         self.starts = 0
@@ -373,9 +469,9 @@ class Controller:
         self.starts += 1
         self.server = Server("controller", ["controller", "serve", "--engine", "vllm+" + env["vllm"].base,
                                             "--directory", env["directory"], "--model", MODEL,
-                                            "--state-dir", str(env["work"] / "controller"), "--port", "0",
+                                            "--state-dir", str(env["work"] / self.state), "--port", "0",
                                             "--install-deadline-ms", "3000", "--stage-deadline-ms", "20000", *extra],
-                             OUT / f"controller_{self.starts}.log", find_binary())
+                             OUT / f"{self.state}_{self.starts}.log", find_binary())
         self.url = self.server.wait_url(120)
         deadline = time.time() + 60
         while time.time() < deadline and status(self.url)["state"] != "READY":
@@ -396,8 +492,9 @@ def ctl(env):
     c.stop()
 
 
-def update(ctl_url: str, version: str, wait_ms: int = 120000):
-    st, body = http("POST", ctl_url + "/v1/updates", {"model": MODEL, "version": version})
+def update(ctl_url: str, version: str, wait_ms: int = 120000, **extra):
+    """POST /v1/updates (extra: e.g. mode="keep") and wait for its end; the first engine's result."""
+    st, body = http("POST", ctl_url + "/v1/updates", {"model": MODEL, "version": version, **extra})
     assert st == 202, body
     st, out = http("GET", f"{ctl_url}/v1/updates/{body['id']}?wait_ms={wait_ms}", timeout=wait_ms / 1e3 + 30)
     assert st == 200, out
@@ -410,10 +507,18 @@ def rollout(ctl_url: str, prompt, max_tokens: int, rollout_id: str, **extra):
     return http("POST", ctl_url + "/v1/rollouts", body, timeout=300)
 
 
-def journal(ctl_url: str):
-    st, body = http("GET", ctl_url + "/v1/journal")
+def journal(ctl_url: str, since: int = 0):
+    """The journal's records after seq `since` (all by default)."""
+    st, body = http("GET", ctl_url + "/v1/journal" + (f"?since={since}" if since else ""))
     assert st == 200, body
     return body["records"] if isinstance(body, dict) else body
+
+
+def trajectories(ctl_url: str):
+    """Every stored trajectory row (GET /v1/trajectories, JSON)."""
+    st, body = http("GET", ctl_url + "/v1/trajectories?format=json&limit=100000")
+    assert st == 200, body
+    return body["trajectories"] if isinstance(body, dict) else body
 
 
 def find(records, event, rollout=None):
@@ -555,9 +660,7 @@ def test_two_versions_same_shapes_each_trajectory_carries_its_own_digest(env, ct
     v5_digest, _ = manifest_digests(env["directory"], MODEL, "v5")
     v4_digest, _ = manifest_digests(env["directory"], MODEL, "v4")
     assert v5_digest != v4_digest
-    st, body = http("GET", ctl.url + "/v1/trajectories?format=json&limit=1000")
-    assert st == 200
-    rows = body["trajectories"] if isinstance(body, dict) else body
+    rows = trajectories(ctl.url)
     seen = {}
     for t in rows:
         b = t["binding"]

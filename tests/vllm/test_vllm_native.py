@@ -1,5 +1,5 @@
 """vLLM's own weight transfer (`controller serve --vllm-transfer native-nccl`) against a real
-vLLM 0.26 on ONE GPU (labels gpu, vllm; run by scripts/gpu/run_vllm.sh, e.g. `-k native`).
+vLLM 0.26 or 0.33 on ONE GPU (labels gpu, vllm; run by scripts/gpu/run_vllm.sh, e.g. `-k native`).
 
 NCCL puts one rank per GPU, so on one GPU the trainer-side sender (rolloutcore.vllm_native) and
 the vLLM worker cannot form a working NCCL communicator. What one GPU allows, against the real
@@ -35,9 +35,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
-VLLM_SITE = os.environ.get("VLLM_SITE", "/tmp/vb/site")
 try:
     import importlib.util
+
+    from vllm_harness import VLLM_SITE, site_version  # the kit's site/ (VLLM_KIT, VLLM_SITE)
+
+    if site_version(VLLM_SITE).startswith("0.33."):
+        # vLLM 0.33 replaced the trainer API rolloutcore.vllm_native.NativeSender calls
+        # (NCCLWeightTransferEngine.trainer_init / trainer_send_weights, static in 0.26:
+        # distributed/weight_transfer/nccl_engine.py:208, :267) by NCCLTrainerWeightTransferEngine with a
+        # client and a WeightSource (0.33 nccl_engine.py:248-330), and moved `packed` from the
+        # per-round update_info to the init info (:54-116): the sender and the controller's
+        # native-nccl session speak 0.26's protocol only.
+        pytest.skip("--vllm-transfer native-nccl is implemented for vLLM 0.26's weight-transfer API only; "
+                    f"{VLLM_SITE} holds {site_version(VLLM_SITE)}", allow_module_level=True)
 
     if importlib.util.find_spec("vllm") is None:
         if not os.path.isdir(VLLM_SITE):

@@ -27,7 +27,9 @@ if not torch.cuda.is_available():
 try:
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None and not os.path.isdir(os.environ.get("VLLM_SITE", "/tmp/vb/site")):
+    from vllm_harness import VLLM_SITE
+
+    if importlib.util.find_spec("vllm") is None and not os.path.isdir(VLLM_SITE):
         pytest.skip("vLLM is not available (VLLM_SITE)", allow_module_level=True)
     from rolloutcore import _core
 

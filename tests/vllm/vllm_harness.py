@@ -2,4 +2,6 @@
 `rolloutcore bench cycle --engine vllm` can use it too; this module keeps the tests' import."""
 
 from rolloutcore.vllm_harness import *  # noqa: F401,F403
-from rolloutcore.vllm_harness import OUT, Background, Trainer, Vllm, cached_tokens, http, manifest_digests, tokens_of  # noqa: F401
+from rolloutcore.vllm_harness import (  # noqa: F401
+    OUT, VLLM_KIT, VLLM_OTHER_SITE, VLLM_SITE, Background, Trainer, Vllm, cached_tokens, http, manifest_digests,
+    site_version, tokens_of)

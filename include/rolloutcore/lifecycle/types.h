@@ -100,7 +100,7 @@ struct EngineDescription {
   // Accept a tie for first place (replay.h): for engines whose kernels round differently from
   // the trainer's reference (vLLM bf16); exact-arithmetic engines (f32) leave it off.
   bool replay_accepts_ties = false;
-  std::string version;  // the engine's release as it reports it (vLLM: GET /version); "" when it reports none
+  std::string version{};  // the engine's release as it reports it (vLLM: GET /version); "" when it reports none
 };
 
 // Engine-side work observed at one moment.
@@ -165,7 +165,7 @@ struct CacheResetResult {
   // mode, whose frozen requests hold their blocks, with every controller rollout's prefix blocks
   // keyed by its version (cache_salt; docs/vllm.md). The lifecycle accepts it as the reset of
   // that cache and journals it as it is (success false, isolation).
-  std::string isolation;
+  std::string isolation{};
   bool done() const { return success || !isolation.empty(); }
 };
 
