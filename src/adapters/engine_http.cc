@@ -52,6 +52,16 @@ Result<Json> PostCompletion(const std::string& base_url, const Json& body, int64
   return ParseJson(r->body, "completion from " + base_url);
 }
 
+lifecycle::EngineDescription StagingEngineDescription(const std::string& name, const std::string& kind) {
+  lifecycle::EngineDescription d;
+  d.name = name;
+  d.kind = kind;
+  d.offers_content_digest = true;
+  d.supports_staging = true;
+  d.caches = {lifecycle::CacheKind::kPrefix, lifecycle::CacheKind::kEncoder, lifecycle::CacheKind::kMultimodal};
+  return d;
+}
+
 std::string ErrorMessage(const std::string& body) {
   auto j = ParseJson(body, "error body");
   if (j.ok() && j->is_object()) {

@@ -12,6 +12,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/lifecycle/types.h"
 
 namespace rc::net {
 class ClientPool;
@@ -57,6 +58,10 @@ Result<HttpReply> EngineHttpOnce(const std::string& base_url, int64_t timeout_ms
 // non-2xx answers become errors carrying the engine's message (400 → InvalidArgument,
 // 503 → Unavailable, others → Internal).
 Result<Json> PostCompletion(const std::string& base_url, const Json& body, int64_t timeout_ms);
+
+// What every HTTP engine kind that stages and proves weights is: a content digest of live weights,
+// staging, and the prefix, encoder and multimodal caches to reset. The kind adds the rest.
+lifecycle::EngineDescription StagingEngineDescription(const std::string& name, const std::string& kind);
 
 // vLLM's (and FastAPI's) error bodies: {"error": {"message": ...}}, {"error": "..."} or
 // {"detail": ...}; anything else is returned as is.

@@ -25,12 +25,7 @@ class RolloutcoreEngine final : public BlockingEngine {
                                 " was given as rolloutcore+http:// but does not answer GET /rc/engine/state (" +
                                 std::to_string(state.status) + ")");
     }
-    EngineDescription d;
-    d.name = o_.base_url;
-    d.kind = "rolloutcore";
-    d.offers_content_digest = true;
-    d.supports_staging = true;
-    d.caches = {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal};
+    EngineDescription d = StagingEngineDescription(o_.base_url, "rolloutcore");
     d.offers_replay = true;
     d.replay_tolerance = 1e-4;  // f32 compute (docs/lifecycle.md "Replay validation")
     return d;

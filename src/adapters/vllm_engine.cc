@@ -1,5 +1,7 @@
 #include "adapters/vllm_engine.h"
 
+#include "adapters/lifecycle_types.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -18,20 +20,7 @@
 
 namespace rc::adapters::internal {
 
-using lifecycle::CacheKind;
-using lifecycle::CacheResetResult;
-using lifecycle::DigestEvidence;
-using lifecycle::DrainStatus;
-using lifecycle::EngineDescription;
-using lifecycle::IdentityEvidence;
-using lifecycle::InstallEvidence;
 using lifecycle::InstallOutcome;
-using lifecycle::LabelEvidence;
-using lifecycle::PauseEvidence;
-using lifecycle::PauseMode;
-using lifecycle::ResumeEvidence;
-using lifecycle::StageEvidence;
-using lifecycle::UpdateTarget;
 
 namespace {
 
@@ -507,12 +496,7 @@ Result<EngineDescription> VllmEngine::Describe() {
       served_model_ = (*j)["data"][0]["id"].get<std::string>();
     }
   }
-  EngineDescription d;
-  d.name = options_.base_url;
-  d.kind = "vllm";
-  d.offers_content_digest = true;
-  d.supports_staging = true;
-  d.caches = {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal};
+  EngineDescription d = StagingEngineDescription(options_.base_url, "vllm");
   // An extension with rc_replay says so in rc_describe (older ones do not: the replay is skipped
   // and the evidence says why).
   d.offers_replay = !workers.empty();
