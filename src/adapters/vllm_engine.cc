@@ -146,10 +146,13 @@ Result<InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& wor
       std::string outcome = w.is_object() ? w.value("outcome", std::string("<none>")) : "<none>";
       if (outcome == "installed" && w.value("ok", false) == true) continue;
       Status st = WorkerStatus(w, i, "rc_install", where);
-      return Internal("install of " + version + " on vLLM at " + where + ": rank " + std::to_string(i) +
-                      " reports outcome '" + outcome + "'" + (st.ok() ? "" : " (" + st.ToString() + ")") + "; " +
-                      std::to_string(installed) + " of " + std::to_string(workers.size()) +
-                      " ranks installed: the live weights are in an unknown state");
+      std::string msg = "install of " + version;
+      msg.append(" on vLLM at ").append(where).append(": rank ").append(std::to_string(i));
+      msg.append(" reports outcome '").append(outcome).append("'");
+      if (!st.ok()) msg.append(" (").append(st.ToString()).append(")");
+      msg.append("; ").append(std::to_string(installed)).append(" of ").append(std::to_string(workers.size()));
+      msg += " ranks installed: the live weights are in an unknown state";
+      return Internal(msg);
     }
   }
   InstallEvidence e;
@@ -161,9 +164,11 @@ Result<InstallEvidence> InstallEvidenceFromOutcomes(const std::vector<Json>& wor
     RC_ASSIGN_OR_RETURN(std::string label, GetString(workers[i], "label", where_i));
     RC_ASSIGN_OR_RETURN(int64_t gen, GetInt(workers[i], "generation", where_i));
     if (label != e.label || gen != generation) {
-      return DataLoss("install of " + version + " on vLLM at " + where + ": rank " + std::to_string(i) +
-                      " set label '" + label + "' generation " + std::to_string(gen) + ", rank 0 '" + e.label +
-                      "' generation " + std::to_string(generation));
+      std::string msg = "install of " + version;
+      msg.append(" on vLLM at ").append(where).append(": rank ").append(std::to_string(i));
+      msg.append(" set label '").append(label).append("' generation ").append(std::to_string(gen));
+      msg.append(", rank 0 '").append(e.label).append("' generation ").append(std::to_string(generation));
+      return DataLoss(msg);
     }
     RC_ASSIGN_OR_RETURN(int64_t bytes, GetNonNegativeInt(workers[i], "bytes_installed", where_i, 0));
     e.bytes += bytes;
@@ -201,7 +206,8 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
                       std::to_string(workers.size()) + " reports no tensor_sums");
     }
     for (const auto& [name, t] : w["tensor_sums"].items()) {
-      std::string what = rank + " tensor_sums[" + name + "]";
+      std::string what = rank + " tensor_sums[";
+      what.append(name).append("]");
       if (!t.is_object()) return DataLoss(what + ": not an object");
       Part p{i, 0, 0, false, std::nullopt};
       RC_ASSIGN_OR_RETURN(p.sum, ParseHex64(t.value("sum", Json()), what + ".sum"));
@@ -216,7 +222,8 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
   }
   refit::TensorDigests digests;
   for (const auto& [name, ps] : parts) {
-    const std::string what = "rc_digest on vLLM at " + where + ", tensor " + name;
+    std::string what = "rc_digest on vLLM at " + where;
+    what.append(", tensor ").append(name);
     bool all_full =
         ps.size() == workers.size() && std::all_of(ps.begin(), ps.end(), [](const Part& p) { return p.full; });
     if (all_full) {
@@ -1115,7 +1122,11 @@ Result<Json> VllmEngine::NativePreflight(const UpdateTarget& target) {
   }
   const Json& u = info["update_info"];
   for (const char* k : {"names", "dtype_names", "shapes"}) {
-    if (!u.contains(k) || !u[k].is_array()) return DataLoss("GET " + sender + path + ": update_info." + k + " missing");
+    if (!u.contains(k) || !u[k].is_array()) {
+      std::string msg = "GET " + sender;
+      msg.append(path).append(": update_info.").append(k).append(" missing");
+      return DataLoss(msg);
+    }
   }
   if (u["names"].empty() || u["names"].size() != u["dtype_names"].size() || u["names"].size() != u["shapes"].size()) {
     return DataLoss("GET " + sender + path + ": update_info lists are empty or of different lengths");

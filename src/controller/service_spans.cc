@@ -67,18 +67,21 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
       // weights changed exactly there, or the spans are not what happened.
       span["swap_index_reported"] = s["swap_index_reported"];
       if (!s["swap_index_reported"].is_number_integer() || s["swap_index_reported"].get<int64_t>() != from) {
-        Why(why, at + " starts at token " + std::to_string(from) + ", but the engine's worker reported " +
-                     (s["swap_index_reported"].is_number_integer()
-                          ? std::to_string(s["swap_index_reported"].get<int64_t>()) + " output tokens"
-                          : std::string("no count for this request")) +
-                     " when the update to '" + label + "' paused it");
+        std::string msg = at + " starts at token " + std::to_string(from) + ", but the engine's worker reported ";
+        msg += s["swap_index_reported"].is_number_integer()
+                   ? std::to_string(s["swap_index_reported"].get<int64_t>()) + " output tokens"
+                   : std::string("no count for this request");
+        msg.append(" when the update to '").append(label).append("' paused it");
+        Why(why, msg);
       }
     }
     if (label != binding.version.label && (inflight == nullptr || inflight->spanned.empty())) {
       // No in-flight update touched this rollout (strict, or it was admitted after the last one):
       // every token must be the binding's.
-      Why(why, at + " was generated under label '" + label + "', the binding is '" + binding.version.label +
-                   "' and no in-flight update touched this rollout");
+      std::string msg = at + " was generated under label '";
+      msg.append(label).append("', the binding is '").append(binding.version.label);
+      msg += "' and no in-flight update touched this rollout";
+      Why(why, msg);
     }
     if (label == binding.version.label) {
       span["generation"] = binding.version.generation;
