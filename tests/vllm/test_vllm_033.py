@@ -320,7 +320,7 @@ def test_fifty_rollouts_across_three_strict_updates_are_each_one_span_reported_b
     c = new_controller(env, "spans")
     start_label = status(c.url)["label"]
     rng = random.Random(7)
-    jobs = [(f"sp-r{i:02d}", [rng.randrange(16, 3000) for _ in range(rng.randrange(4, 40))], rng.randrange(8, 33))
+    jobs = [(f"sp-r{i:02d}", [rng.randrange(16, 1984) for _ in range(rng.randrange(4, 40))], rng.randrange(8, 33))
             for i in range(50)]
     done, lock = [], threading.Lock()
 
@@ -434,10 +434,12 @@ def test_inflight_update_splits_the_spans_at_the_frozen_output_length(env, mode)
     try:
         eng = update(c.url, base)  # the rollouts run on a label this controller installed
         assert eng["outcome"] == "committed", eng
-        prompts = {f"{mode}-r{i}": list(range(200 + 40 * i, 232 + 40 * i)) for i in range(3)}
+        # recompute compares tokens with a reference sent alone: one rollout, so the recomputed one
+        # also runs alone after the resume (vLLM's kernels are not batch-invariant); keep runs three.
+        prompts = {f"{mode}-r{i}": list(range(200 + 40 * i, 232 + 40 * i)) for i in range(3 if mode == "keep" else 1)}
         gen0 = v.metric("vllm:generation_tokens_total")
         bgs = {rid: Background(rollout, c.url, p, 256, rid, ignore_eos=True) for rid, p in prompts.items()}
-        mid = wait_generated(v, gen0, 3 * 8)
+        mid = wait_generated(v, gen0, len(prompts) * 8)
         since = last_seq(c.url)
         eng = update(c.url, target, mode=mode)
         outs = {rid: bg.join(300) for rid, bg in bgs.items()}
@@ -480,11 +482,26 @@ def test_inflight_update_splits_the_spans_at_the_frozen_output_length(env, mode)
             for rid, k in sorted(spanned.items()):
                 ids = [int(x) for x in rows[rid]["output_token_ids"]]
                 assert len(ids) == 256, len(ids)
-                ref = v.complete(prompts[rid] + ids[:k], max_tokens=256 - k, ignore_eos=True, return_token_ids=True)
+                ref = v.complete(prompts[rid] + ids[:k], max_tokens=256 - k, ignore_eos=True, return_token_ids=True,
+                                 logprobs=5, return_tokens_as_token_ids=True)
                 ref_ids = [int(x) for x in ref["choices"][0]["token_ids"]]
                 first = next((i for i, (x, y) in enumerate(zip(ids[k:], ref_ids)) if x != y), None)
                 figure(f"recompute_{rid}_first_difference_after_swap", first)
-                assert ref_ids == ids[k:], (rid, k, "first difference at", first)
+                if first is not None:
+                    # vLLM's bf16 kernels are not batch-invariant (the recomputed request ran beside the
+                    # post-resume canary): past a near-tie the two greedy paths may part. Accepted only
+                    # as such a flip: at the first difference the rollout's token is among the
+                    # reference's top 5, within the measured replay bound (0.15) of its best. A stale
+                    # or wrong swap differs at once and by far (random weights per version).
+                    top = ref["choices"][0]["logprobs"]["top_logprobs"][first]
+                    best = max(top.values())
+                    mine = ref["choices"][0]["logprobs"]["tokens"][first]
+                    got = ids[k + first]
+                    lp_got = top.get(f"token_id:{got}")
+                    figure(f"recompute_{rid}_flip", {"index": first, "best": best, "rollout_token": got,
+                                                     "rollout_token_lp": lp_got, "reference_token": mine})
+                    assert first >= 1, (rid, k, "the first token after the swap differs: not a recompute")
+                    assert lp_got is not None and best - lp_got <= 0.15, (rid, k, first, top, got)
     finally:
         c.stop()
 
@@ -513,7 +530,7 @@ def test_rollouts_sent_while_an_abort_update_pauses_vllm_are_never_lost_or_misla
         while not stop.is_set():
             rid = f"ab{pause_call[0]}-{k}-{i}"
             i += 1
-            prompt = [rng.randrange(16, 3000) for _ in range(rng.randrange(4, 40))]
+            prompt = [rng.randrange(16, 1984) for _ in range(rng.randrange(4, 40))]
             st, body = rollout(c.url, prompt, rng.randrange(16, 49), rid)
             with lock:
                 results.append((rid, st, body))
