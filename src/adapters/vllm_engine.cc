@@ -352,6 +352,28 @@ bool VllmEngine::Is033() const {
   return release_ == VllmRelease::k033;
 }
 
+Status VllmEngine::EnsureRelease() {
+  {
+    rc::MutexLock lock(mu_);
+    if (!version_.empty()) return OkStatus();
+  }
+  // Not described yet (a restarted controller serves and takes update requests before its first
+  // update describes the engine): the release and, on 0.33, the label the rollouts are salted by.
+  RC_ASSIGN_OR_RETURN(std::string version, ReadVersion());
+  RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.allow_untested_version, options_.base_url));
+  std::string label;
+  if (release == VllmRelease::k033) {
+    RC_ASSIGN_OR_RETURN(label, ReadWeightInfo());
+  }
+  rc::MutexLock lock(mu_);
+  if (!version_.empty()) return OkStatus();  // a Describe got there first
+  version_ = version;
+  release_ = release;
+  untested_ = version.rfind("0.26.", 0) != 0 && version.rfind("0.33.", 0) != 0;
+  current_label_ = label;
+  return OkStatus();
+}
+
 Result<Json> VllmEngine::PostJson(const std::string& path, const std::string& body) {
   RC_ASSIGN_OR_RETURN(HttpReply r, call_("POST", path, body));
   if (r.status != 200) {
@@ -670,6 +692,7 @@ Result<PauseEvidence> VllmEngine::Pause(PauseMode mode) {
 Status VllmEngine::SupportsPolicyMode(lifecycle::PolicyMode mode) {
   using lifecycle::PolicyMode;
   if (mode == PolicyMode::kStrict || mode == PolicyMode::kAbort) return OkStatus();
+  RC_RETURN_IF_ERROR(EnsureRelease());
   std::string version;
   {
     rc::MutexLock lock(mu_);
@@ -1465,6 +1488,7 @@ Result<lifecycle::AbortEvidence> VllmEngine::AbortRequests(const std::vector<std
 }
 
 Result<Json> VllmEngine::Complete(const Json& request) {
+  RC_RETURN_IF_ERROR(EnsureRelease());
   Json body = request;
   std::string label;
   {

@@ -169,6 +169,8 @@ class VllmEngine final : public BlockingEngine {
   Status SetWeightVersion(const std::string& label);  // 0.33: POST /update_weight_version
   Result<Json> Frozen();                      // rc_frozen on rank 0, rollout ids matched
   bool Is033() const;
+  // The release (GET /version) and, on 0.33, the served label, when no Describe read them yet.
+  Status EnsureRelease();
   // The native path (native_transfer). NativePreflight: GET the sender's state and the version's
   // update_info (nothing in vLLM touched). NativeInstall: the whole session, see the definition.
   Result<Json> NativePreflight(const lifecycle::UpdateTarget& target);

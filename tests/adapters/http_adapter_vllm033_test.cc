@@ -195,6 +195,21 @@ TEST(Vllm033Test, RolloutsAskForWeightVersionsAndGetThemAsSpans) {
   }
 }
 
+// A restarted controller takes update requests and rollouts before its first update describes the
+// engine: the release is read on demand, so keep is offered and rollouts carry their spans.
+TEST(Vllm033Test, BeforeAnyDescribeTheReleaseIsReadOnDemand) {
+  FakeVllm vllm(Release("0.33.0"));
+  vllm.Script([&] { vllm.weight_version_ = "v7"; });
+  HttpEngineAdapter a(Options(vllm.url()));
+  EXPECT_TRUE(a.SupportsPolicyMode(PolicyMode::kKeep).ok());
+  auto r = a.Completer()(Json{{"prompt", {1}}, {"max_tokens", 3}, {"request_id", "r1"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["choices"][0]["version_spans"][0]["label"], "v7");
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completion_bodies_.back()["return_weight_versions"], true);
+  EXPECT_EQ(vllm.completion_bodies_.back()["cache_salt"], "rc:v7");
+}
+
 TEST(Vllm033Test, KeepAndRecomputeRunOn033OnlyWithTheWorkersSwapIndex) {
   {
     FakeVllm old(Release("0.26.0"));
