@@ -155,6 +155,48 @@ TEST_F(VllmCliTest, On033RolloutSpansComeFromVllmAndADisagreeingSpanTaints) {
   EXPECT_NE(status.dump().find("TAINTED"), std::string::npos) << status.dump();
 }
 
+// A 0.33 paused behind the controller's back (POST /pause?mode=wait straight to vLLM) turns the
+// rollout away with 503: the client gets a 503 naming vLLM's answer, and the rollout is recorded
+// (trajectory row finish_reason "error", finish record) with none of its output bound; it is never
+// queued and served later under other weights. After /resume the next rollout is served.
+TEST_F(VllmCliTest, On033ARolloutThatMeetsAPausedVllmIsRefusedAndRecordedNeverQueued) {
+  FakeVllm::Config cfg;
+  cfg.version = "0.33.0";
+  FakeVllm vllm(cfg);
+  int port = apps::FreePort().value();
+  ctl_ = Start({"--engine", "vllm+" + vllm.url(), "--verify-interval-ms", "0"}, port);
+  ASSERT_TRUE(ctl_);
+  ASSERT_FALSE(WaitStatus(ctl_.get(), port).is_null()) << ctl_->LogTail();
+  httplib::Client fake("127.0.0.1", std::stoi(vllm.url().substr(vllm.url().rfind(':') + 1)));
+  ASSERT_EQ(fake.Post("/pause?mode=wait&clear_cache=false", "", "text/plain")->status, 200);
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(30, 0);
+  auto refused = cli.Post("/v1/rollouts", R"({"rollout_id":"p-1","prompt":[1,2,3],"max_tokens":4})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503) << refused->body;
+  EXPECT_NE(refused->body.find("paused"), std::string::npos) << refused->body;
+  auto rows = cli.Get("/v1/trajectories?format=json");
+  ASSERT_TRUE(rows);
+  Json all = Json::parse(rows->body);
+  const Json list = all.is_array() ? all : all.value("trajectories", Json::array());
+  bool recorded = false;
+  for (const Json& t : list) {
+    if (t["binding"]["rollout_id"] != "p-1") continue;
+    recorded = true;
+    EXPECT_EQ(t["finish_reason"], "error") << t.dump();
+    EXPECT_TRUE(t["output_token_ids"].empty()) << t.dump();
+  }
+  EXPECT_TRUE(recorded) << rows->body;
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.completions_refused_, 1);
+  }
+  ASSERT_EQ(fake.Post("/resume", "", "text/plain")->status, 200);
+  auto served = cli.Post("/v1/rollouts", R"({"rollout_id":"p-2","prompt":[1,2,3],"max_tokens":4})", "application/json");
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200) << served->body;
+}
+
 TEST_F(VllmCliTest, ServeRefusesAVllmWithoutTheExtensionNamingTheFlags) {
   FakeVllm::Config cfg;
   cfg.extension = false;
