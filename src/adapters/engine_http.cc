@@ -62,6 +62,18 @@ lifecycle::EngineDescription StagingEngineDescription(const std::string& name, c
   return d;
 }
 
+Result<lifecycle::IdentityEvidence> IdentityFromJson(const Json& j, const char* label_key, const char* generation_key,
+                                                     const std::string& where) {
+  lifecycle::IdentityEvidence e;
+  RC_ASSIGN_OR_RETURN(e.boot_id, GetString(j, "boot_id", where));
+  RC_ASSIGN_OR_RETURN(e.label, GetString(j, label_key, where));
+  RC_ASSIGN_OR_RETURN(e.install_generation, GetNonNegativeInt(j, generation_key, where));
+  if (j.contains("content_digest") && !j["content_digest"].is_null()) {
+    RC_ASSIGN_OR_RETURN(e.content_digest, GetString(j, "content_digest", where));
+  }
+  return e;
+}
+
 std::string ErrorMessage(const std::string& body) {
   auto j = ParseJson(body, "error body");
   if (j.ok() && j->is_object()) {

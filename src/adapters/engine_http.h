@@ -63,6 +63,12 @@ Result<Json> PostCompletion(const std::string& base_url, const Json& body, int64
 // staging, and the prefix, encoder and multimodal caches to reset. The kind adds the rest.
 lifecycle::EngineDescription StagingEngineDescription(const std::string& name, const std::string& kind);
 
+// An engine's identity as one JSON object reports it: boot_id, the label under `label_key`, the
+// install generation under `generation_key`, and content_digest (null or absent: none cached).
+// Errors name `where` and the missing or mistyped field.
+Result<lifecycle::IdentityEvidence> IdentityFromJson(const Json& j, const char* label_key, const char* generation_key,
+                                                     const std::string& where);
+
 // vLLM's (and FastAPI's) error bodies: {"error": {"message": ...}}, {"error": "..."} or
 // {"detail": ...}; anything else is returned as is.
 std::string ErrorMessage(const std::string& body);

@@ -208,8 +208,4 @@ Result<EngineUrl> ParseEngineUrl(const std::string& url) {
   return out;
 }
 
-std::function<Result<Json>(const Json&)> MakeHttpCompleter(const std::string& base_url, int64_t timeout_ms) {
-  return [base_url, timeout_ms](const Json& body) { return internal::PostCompletion(base_url, body, timeout_ms); };
-}
-
 }  // namespace rc::adapters

@@ -174,14 +174,7 @@ class RolloutcoreEngine final : public BlockingEngine {
     const std::string where = "GET " + http_->Where("/rc/engine/state");
     if (resp.status != 200) return Unavailable(where + " answered " + std::to_string(resp.status));
     RC_ASSIGN_OR_RETURN(Json state, ParseJson(resp.body, where));
-    IdentityEvidence e;
-    RC_ASSIGN_OR_RETURN(e.boot_id, GetString(state, "boot_id", where));
-    RC_ASSIGN_OR_RETURN(e.label, GetString(state, "weight_version", where));
-    RC_ASSIGN_OR_RETURN(e.install_generation, GetNonNegativeInt(state, "install_generation", where));
-    if (state.contains("content_digest") && !state["content_digest"].is_null()) {
-      RC_ASSIGN_OR_RETURN(e.content_digest, GetString(state, "content_digest", where));
-    }
-    return e;
+    return IdentityFromJson(state, "weight_version", "install_generation", where);
   }
 
   Result<Json> Complete(const Json& body) override {

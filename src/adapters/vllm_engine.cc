@@ -268,29 +268,17 @@ Result<std::string> CombineWorkerDigests(const std::vector<Json>& workers, const
 
 // ---------------------------------------------------------------------------------------------
 
-VllmConfig VllmConfigFrom(const HttpAdapterOptions& o) {
-  VllmConfig c;
-  c.base_url = o.base_url;
-  c.directory_url = o.directory_url;
-  c.model = o.model;
-  c.canary_prompt = o.vllm.canary_prompt;
-  if (c.canary_prompt.empty()) {
-    for (int i = 0; i < 64; ++i) c.canary_prompt.push_back(100 + (i * 37) % 200);
+namespace {
+
+// The options as given, with the default canary (64 fixed tokens) when none was.
+HttpAdapterOptions WithDefaults(HttpAdapterOptions o) {
+  if (o.vllm.canary_prompt.empty()) {
+    for (int i = 0; i < 64; ++i) o.vllm.canary_prompt.push_back(100 + (i * 37) % 200);
   }
-  c.stage_timeout_ms = o.stage_timeout_ms;
-  c.reset_attempts = o.vllm.reset_attempts;
-  c.reset_backoff_ms = o.vllm.reset_backoff_ms;
-  c.gauge_probe_after_ms = o.vllm.gauge_probe_after_ms;
-  c.pause_via_sleep = o.vllm.pause_via_sleep;
-  c.replay_tolerance = o.vllm.replay_tolerance;
-  c.native_transfer = o.vllm.native_transfer;
-  c.native_trainer_url = o.vllm.native_trainer_url;
-  c.native_init = o.vllm.native_init;
-  c.native_timeout_ms = o.vllm.native_timeout_ms;
-  c.allow_untested_version = o.vllm.allow_untested_version;
-  c.completion_timeout_ms = o.completion_timeout_ms;
-  return c;
+  return o;
 }
+
+}  // namespace
 
 Result<VllmRelease> VllmReleaseOf(const std::string& version, bool allow_untested, const std::string& where) {
   if (version.rfind("0.26.", 0) == 0) return VllmRelease::k026;
@@ -344,8 +332,8 @@ Result<Json> SpansFromWeightVersions(const Json& weight_versions) {
   return out;
 }
 
-VllmEngine::VllmEngine(VllmConfig options, HttpCall call, HttpCall trainer_call)
-    : options_(std::move(options)), call_(std::move(call)), trainer_call_(std::move(trainer_call)) {}
+VllmEngine::VllmEngine(HttpAdapterOptions options, HttpCall call, HttpCall trainer_call)
+    : options_(WithDefaults(std::move(options))), call_(std::move(call)), trainer_call_(std::move(trainer_call)) {}
 
 bool VllmEngine::Is033() const {
   rc::MutexLock lock(mu_);
@@ -360,7 +348,7 @@ Status VllmEngine::EnsureRelease() {
   // Not described yet (a restarted controller serves and takes update requests before its first
   // update describes the engine): the release and, on 0.33, the label the rollouts are salted by.
   RC_ASSIGN_OR_RETURN(std::string version, ReadVersion());
-  RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.allow_untested_version, options_.base_url));
+  RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.vllm.allow_untested_version, options_.base_url));
   std::string label;
   if (release == VllmRelease::k033) {
     RC_ASSIGN_OR_RETURN(label, ReadWeightInfo());
@@ -465,9 +453,9 @@ Result<EngineDescription> VllmEngine::Describe() {
                        std::to_string(health.status) + ")");
   }
   RC_ASSIGN_OR_RETURN(std::string version, ReadVersion());
-  RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.allow_untested_version, options_.base_url));
+  RC_ASSIGN_OR_RETURN(VllmRelease release, VllmReleaseOf(version, options_.vllm.allow_untested_version, options_.base_url));
   const bool untested = version.rfind("0.26.", 0) != 0 && version.rfind("0.33.", 0) != 0;
-  if (release == VllmRelease::k033 && options_.native_transfer) {
+  if (release == VllmRelease::k033 && options_.vllm.native_transfer) {
     return FailedPrecondition(
         "vLLM at " + options_.base_url + " is " + version +
         ": --vllm-transfer native-nccl drives vLLM 0.26's NCCL weight-transfer trainer API "
@@ -530,7 +518,7 @@ Result<EngineDescription> VllmEngine::Describe() {
   // and the evidence says why).
   d.offers_replay = !workers.empty();
   for (const Json& w : workers) d.offers_replay = d.offers_replay && w.value("offers_replay", false);
-  d.replay_tolerance = options_.replay_tolerance;
+  d.replay_tolerance = options_.vllm.replay_tolerance;
   d.replay_accepts_ties = true;
   d.version = version;
   return d;
@@ -572,7 +560,7 @@ Result<lifecycle::ReplayEvidence> VllmEngine::Replay(const lifecycle::ReplayRequ
 Result<DrainStatus> VllmEngine::Drain() {
   RC_ASSIGN_OR_RETURN(DrainStatus d, Gauges());
   const auto now = std::chrono::steady_clock::now();
-  const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.gauge_probe_after_ms));
+  const auto after = std::chrono::milliseconds(std::max<int64_t>(1, options_.vllm.gauge_probe_after_ms));
   {
     rc::MutexLock lock(mu_);
     if (d.idle() || d.running != last_gauges_.running || d.waiting != last_gauges_.waiting) {
@@ -608,7 +596,7 @@ Result<DrainStatus> VllmEngine::Gauges() {
 }
 
 Result<int64_t> VllmEngine::Canary() {
-  Json body{{"prompt", options_.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
+  Json body{{"prompt", options_.vllm.canary_prompt}, {"max_tokens", 1}, {"temperature", 0.0}};
   {
     rc::MutexLock lock(mu_);
     if (!served_model_.empty()) body["model"] = served_model_;
@@ -629,7 +617,7 @@ Result<Json> VllmEngine::WarmCanary(const std::string& where) {
   RC_ASSIGN_OR_RETURN(int64_t first, Canary());
   RC_ASSIGN_OR_RETURN(int64_t second, Canary());
   Json ev{{"warmed_in", where},
-          {"prompt_tokens", options_.canary_prompt.size()},
+          {"prompt_tokens", options_.vllm.canary_prompt.size()},
           {"first_cached_tokens", first},
           {"second_cached_tokens", second},
           {"verifiable", second > 0}};
@@ -663,7 +651,7 @@ Result<PauseEvidence> VllmEngine::Pause(PauseMode mode) {
   }
   // /sleep?level=0 is EngineCore.sleep: pause_scheduler(mode, clear_cache=false) and nothing else
   // (level 0 touches no memory), without AsyncLLM.pause_generation's trailing 20 ms sleep.
-  const std::string path = options_.pause_via_sleep
+  const std::string path = options_.vllm.pause_via_sleep
                                ? "/sleep?level=0&mode=" + std::string(lifecycle::PauseModeName(mode))
                                : "/pause?mode=" + std::string(lifecycle::PauseModeName(mode)) + "&clear_cache=false";
   RC_ASSIGN_OR_RETURN(Json reply, PostJson(path, ""));
@@ -697,11 +685,11 @@ Status VllmEngine::SupportsPolicyMode(lifecycle::PolicyMode mode) {
   {
     rc::MutexLock lock(mu_);
     if (release_ == VllmRelease::k033) {
-      if (!options_.native_transfer) return OkStatus();
+      if (!options_.vllm.native_transfer) return OkStatus();
     }
     version = version_.empty() ? "(not described yet)" : version_;
   }
-  if (options_.native_transfer) {
+  if (options_.vllm.native_transfer) {
     return Unimplemented("mode '" + std::string(lifecycle::PolicyModeName(mode)) + "' is not available on vLLM at " +
                          options_.base_url +
                          " with --vllm-transfer native-nccl: vLLM's start_weight_update moves the layers while "
@@ -822,7 +810,7 @@ Result<StageEvidence> VllmEngine::Stage(const UpdateTarget& target) {
   RC_ASSIGN_OR_RETURN(Json warm, WarmCanary("stage"));
   StageEvidence e;
   e.label = target.label;
-  if (options_.native_transfer) {
+  if (options_.vllm.native_transfer) {
     // vLLM's own transfer has nothing to prefetch: the bytes move inside the session, while
     // paused. The stage checks that the sender is alive and offers the version (nothing touched).
     RC_ASSIGN_OR_RETURN(Json pre, NativePreflight(target));
@@ -841,7 +829,7 @@ Result<StageEvidence> VllmEngine::Stage(const UpdateTarget& target) {
 }
 
 Result<InstallEvidence> VllmEngine::Install(const UpdateTarget& target, bool full) {
-  RC_ASSIGN_OR_RETURN(InstallEvidence e, options_.native_transfer ? NativeInstall(target, full)
+  RC_ASSIGN_OR_RETURN(InstallEvidence e, options_.vllm.native_transfer ? NativeInstall(target, full)
                                                                   : ExtensionInstall(target, full));
   if (e.outcome != InstallOutcome::kInstalled) return e;
   // The weights are the target's: remember what this update did to the frozen requests (their
@@ -973,8 +961,8 @@ Result<CacheResetResult> VllmEngine::ResetCache(CacheKind kind) {
   // keep with frozen requests: their blocks are held, so vLLM refuses the reset however often it
   // is asked (block_pool.py: any block in use). One attempt, then isolation (see below).
   const bool keep_frozen = mode == lifecycle::PolicyMode::kKeep && frozen > 0;
-  const int attempts = keep_frozen ? 1 : std::max(1, options_.reset_attempts);
-  int64_t backoff = std::max<int64_t>(1, options_.reset_backoff_ms);
+  const int attempts = keep_frozen ? 1 : std::max(1, options_.vllm.reset_attempts);
+  int64_t backoff = std::max<int64_t>(1, options_.vllm.reset_backoff_ms);
   for (int i = 1; i <= attempts; ++i) {
     RC_ASSIGN_OR_RETURN(Json j, PostJson(path, ""));
     if (!j.is_object() || !j.contains("success") || !j["success"].is_boolean()) {
@@ -1086,7 +1074,7 @@ Result<ResumeEvidence> VllmEngine::Resume() {
   }
   // /wake_up?tags=scheduling: EngineCore.wake_up with only the scheduling tag resumes the
   // scheduler and wakes no memory (the pair of /sleep?level=0).
-  const char* resume_path = options_.pause_via_sleep ? "/wake_up?tags=scheduling" : "/resume";
+  const char* resume_path = options_.vllm.pause_via_sleep ? "/wake_up?tags=scheduling" : "/resume";
   RC_ASSIGN_OR_RETURN(Json reply, PostJson(resume_path, ""));
   ResumeEvidence e;
   RC_ASSIGN_OR_RETURN(e.paused_after, IsPaused());
@@ -1134,7 +1122,7 @@ Result<ResumeEvidence> VllmEngine::Resume() {
 // ---- vLLM's own transfer (--vllm-transfer native-nccl) ---------------------------------------
 
 Result<Json> VllmEngine::NativePreflight(const UpdateTarget& target) {
-  const std::string sender = "native sender at " + options_.native_trainer_url;
+  const std::string sender = "native sender at " + options_.vllm.native_trainer_url;
   RC_ASSIGN_OR_RETURN(Json state, SenderJson(trainer_call_ ? trainer_call_("GET", "/rc/native/state", "")
                                                            : Result<HttpReply>(FailedPrecondition("no sender URL")),
                                              "GET " + sender + "/rc/native/state"));
@@ -1178,10 +1166,10 @@ Result<Json> VllmEngine::NativeInitGroup(const Json& trainer_state, int64_t work
                         {"error", vllm.ok() ? Json() : Json(vllm.status().ToString())}});
   // vLLM refused its half: the sender's rendezvous waits for a peer that will not come (vLLM's
   // store timeout is 300 s), so it gets a short grace only.
-  auto init_deadline = t0 + std::chrono::milliseconds(options_.native_timeout_ms);
+  auto init_deadline = t0 + std::chrono::milliseconds(options_.vllm.native_timeout_ms);
   if (!vllm.ok()) init_deadline = std::min(init_deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   auto joined = JoinBackground(*sender, init_deadline);
-  const std::string what = "POST native sender at " + options_.native_trainer_url + "/rc/native/init";
+  const std::string what = "POST native sender at " + options_.vllm.native_trainer_url + "/rc/native/init";
   if (!joined) {
     calls->push_back(Json{{"call", "sender init"}, {"ok", false}, {"error", "deadline"}});
     if (!vllm.ok()) {
@@ -1189,7 +1177,7 @@ Result<Json> VllmEngine::NativeInitGroup(const Json& trainer_state, int64_t work
           "forming vLLM's weight-transfer group (start vLLM with "
           "--weight-transfer-config '{\"backend\":\"nccl\"}')");
     }
-    return DeadlineExceeded(what + " did not finish within " + std::to_string(options_.native_timeout_ms) + " ms");
+    return DeadlineExceeded(what + " did not finish within " + std::to_string(options_.vllm.native_timeout_ms) + " ms");
   }
   auto s = SenderJson(*joined, what);
   calls->push_back(Json{{"call", "sender init"},
@@ -1236,7 +1224,7 @@ std::string CallTrail(const Json& calls) {
 Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bool full) {
   const auto t0 = std::chrono::steady_clock::now();
   Json calls = Json::array();
-  Json detail{{"transfer", "vllm_native_nccl"}, {"sender", options_.native_trainer_url}};
+  Json detail{{"transfer", "vllm_native_nccl"}, {"sender", options_.vllm.native_trainer_url}};
   auto refuse = [&](const std::string& why) -> Result<InstallEvidence> {
     if (full) return FailedPrecondition("recovery through vLLM's own transfer: " + why);
     InstallEvidence e;
@@ -1270,10 +1258,10 @@ Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bo
   const Json update_info = (*pre)["update_info"];
   detail["tensors"] = update_info["names"].size();
   detail["bytes"] = pre->value("bytes", int64_t{0});
-  if (options_.native_init) {
+  if (options_.vllm.native_init) {
     // The sender's state now (not the preflight's): it drops out of the group after a failed send.
     auto st = SenderJson(trainer_call_("GET", "/rc/native/state", ""),
-                         "GET native sender at " + options_.native_trainer_url + "/rc/native/state");
+                         "GET native sender at " + options_.vllm.native_trainer_url + "/rc/native/state");
     if (!st.ok()) return refuse(st.status().ToString());
     bool joined = st->value("joined", false);
     if (!joined || group_boot.empty() || group_boot != boot) {
@@ -1346,10 +1334,10 @@ Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bo
                        {"error", update.ok() ? Json() : Json(update.status().ToString())}});
   // A refused /update_weights never entered the broadcasts: the sender's half may wait for a
   // peer forever, so it gets a short grace only.
-  auto send_deadline = send->started + std::chrono::milliseconds(options_.native_timeout_ms);
+  auto send_deadline = send->started + std::chrono::milliseconds(options_.vllm.native_timeout_ms);
   if (!update.ok()) send_deadline = std::min(send_deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   auto sent = JoinBackground(*send, send_deadline);
-  const std::string what = "POST native sender at " + options_.native_trainer_url + "/rc/native/send";
+  const std::string what = "POST native sender at " + options_.vllm.native_trainer_url + "/rc/native/send";
   if (!sent) {
     calls.push_back(Json{{"call", "sender send"}, {"ok", false}, {"error", "deadline"}});
     update_answered = update.ok() || update.status().message().find(" answered ") != std::string::npos;
@@ -1439,13 +1427,7 @@ Result<IdentityEvidence> VllmEngine::ProbeIdentity() {
     const Json& w = results[i];
     const std::string at = where + " results[" + std::to_string(i) + "]";
     if (!w.is_object()) return DataLoss(at + ": expected an object, got " + JsonTypeName(w));
-    IdentityEvidence e;
-    RC_ASSIGN_OR_RETURN(e.label, GetString(w, "label", at));
-    RC_ASSIGN_OR_RETURN(e.install_generation, GetNonNegativeInt(w, "generation", at));
-    RC_ASSIGN_OR_RETURN(e.boot_id, GetString(w, "boot_id", at));
-    if (w.contains("content_digest") && !w["content_digest"].is_null()) {
-      RC_ASSIGN_OR_RETURN(e.content_digest, GetString(w, "content_digest", at));
-    }
+    RC_ASSIGN_OR_RETURN(IdentityEvidence e, IdentityFromJson(w, "label", "generation", at));
     if (i == 0) {
       first = e;
     } else if (e.label != first.label || e.install_generation != first.install_generation ||
@@ -1554,18 +1536,18 @@ Result<Json> VllmEngine::Complete(const Json& request) {
 }
 
 std::shared_ptr<BlockingEngine> MakeVllmEngine(std::shared_ptr<EngineHttp> http, const HttpAdapterOptions& o) {
-  VllmConfig vo = VllmConfigFrom(o);
   HttpCall trainer_call;
-  if (!vo.native_trainer_url.empty()) {
+  if (!o.vllm.native_trainer_url.empty()) {
     // Runs on detached threads too (the concurrent halves of the native session), so it owns
     // copies of what it needs and never refers to the engine.
-    trainer_call = [url = vo.native_trainer_url, timeout_ms = std::max(o.http_timeout_ms, vo.native_timeout_ms + 5000)](
+    trainer_call = [url = o.vllm.native_trainer_url,
+                    timeout_ms = std::max(o.http_timeout_ms, o.vllm.native_timeout_ms + 5000)](
                        const std::string& method, const std::string& path, const std::string& body) {
       return EngineHttpOnce(url, timeout_ms, method, path, body);
     };
   }
   return std::make_shared<VllmEngine>(
-      std::move(vo),
+      o,
       [http = std::move(http)](const std::string& method, const std::string& path, const std::string& body) {
         return http->Call(method, path, body);
       },

@@ -62,40 +62,6 @@ namespace rc::adapters::internal {
 // The vLLM releases with a behaviour of their own (see the header).
 enum class VllmRelease { k026, k033 };
 
-// The flat settings VllmEngine reads (HttpAdapterOptions + VllmOptions, see VllmConfigFrom).
-struct VllmConfig {
-  std::string base_url;
-  std::string directory_url;  // rc_stage's `directory`
-  std::string model;          // rc_stage's `model` (directory model name; defaults to the target's)
-  std::vector<int32_t> canary_prompt;
-  int64_t stage_timeout_ms = 120000;    // rc_stage's timeout_ms
-  int reset_attempts = 5;               // /reset_prefix_cache calls per ResetCache
-  int64_t reset_backoff_ms = 10;        // delay before the first retry; doubles per retry
-  int64_t gauge_probe_after_ms = 1000;  // a non-zero gauge reading unchanged this long is probed
-  bool pause_via_sleep = false;  // /sleep?level=0&mode=M + /wake_up?tags=scheduling instead of /pause + /resume
-  // Replay validation (docs/lifecycle.md): the log-probability bound proposed for vLLM's bf16
-  // kernels against the trainer's torch f32 reference. Measured on the H200 (vLLM 0.26, TP=1,
-  // tiny Qwen3, 3 versions x 4 probes x 16 steps, top-5: worst 0.060, p99 0.035, median 0.0076;
-  // docs/vllm.md "Replay validation"): 2.5x the worst measured difference.
-  // `controller serve --replay-tolerance` overrides it.
-  double replay_tolerance = 0.15;
-  // --vllm-transfer native-nccl (docs/vllm.md, "vLLM's own transfer"): Stage and Install move the
-  // weights through vLLM's start/update/finish_weight_update session while the trainer-side
-  // sender (rolloutcore.vllm_native.NativeSender at native_trainer_url) broadcasts, then prove
-  // them with rc_adopt.
-  bool native_transfer = false;
-  std::string native_trainer_url;  // for messages; the calls go through the trainer HttpCall
-  // true: the adapter forms vLLM's weight-transfer group itself (/init_weight_transfer_engine and
-  // the sender's /rc/native/init, concurrently) before the first native install of every vLLM
-  // boot (rc_describe's boot_id) and whenever the sender reports it is not joined. false: the
-  // user formed it ("external"); the adapter never calls init.
-  bool native_init = true;
-  int64_t native_timeout_ms = 60000;  // joins of the concurrent init / send+update pairs
-  bool allow_untested_version = false;      // VllmOptions::allow_untested_version
-  int64_t completion_timeout_ms = 600000;   // one rollout's /v1/completions
-};
-VllmConfig VllmConfigFrom(const HttpAdapterOptions& o);
-
 // The release a GET /version string names: 0.26.x and 0.33.x; another is FailedPrecondition naming
 // it and the supported ones, unless allow_untested (then the nearest: below 0.33 → 0.26, else 0.33).
 Result<VllmRelease> VllmReleaseOf(const std::string& version, bool allow_untested, const std::string& where);
@@ -104,7 +70,7 @@ class VllmEngine final : public BlockingEngine {
  public:
   // `trainer_call` reaches the native sender (native_transfer only; may be empty otherwise). It
   // is used from detached threads, so it must not refer to the engine (copy what it needs).
-  VllmEngine(VllmConfig options, HttpCall call, HttpCall trainer_call = nullptr);
+  VllmEngine(HttpAdapterOptions options, HttpCall call, HttpCall trainer_call = nullptr);
 
   // GET /version (the release), then rc_describe on every worker; FailedPrecondition naming the
   // `vllm serve` flags when the extension (or dev mode) is missing, naming the release when it is
@@ -179,7 +145,7 @@ class VllmEngine final : public BlockingEngine {
   Result<lifecycle::InstallEvidence> ExtensionInstall(const lifecycle::UpdateTarget& target, bool full);
   Result<Json> NativeInitGroup(const Json& trainer_state, int64_t workers, Json* calls);
 
-  VllmConfig options_;
+  const HttpAdapterOptions options_;  // vLLM-only settings in options_.vllm
   HttpCall call_;
   HttpCall trainer_call_;
 

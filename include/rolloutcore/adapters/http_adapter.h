@@ -85,11 +85,6 @@ class HttpEngineAdapter final : public DetachedAdapter {
   std::function<Result<Json>(const Json&)> Completer() const;
 };
 
-// A completion function for a rolloutcore engine or an OpenAI-compatible server: POSTs the body to
-// base_url/v1/completions and returns the response JSON; non-2xx answers become errors carrying
-// the engine's message (400 → InvalidArgument, 503 → Unavailable, others → Internal).
-std::function<Result<Json>(const Json&)> MakeHttpCompleter(const std::string& base_url, int64_t timeout_ms = 600000);
-
 // Parses a controller --engine URL: "vllm+http://H:P" (vLLM, checked at Describe),
 // "rolloutcore+http://H:P" (a rolloutcore engine, checked), "http://H:P" / "https://H:P"
 // (flavour detected). InvalidArgument naming the URL otherwise.
