@@ -135,12 +135,17 @@ TEST(CrashFaultTest, SqliteJournalCrashMidInstallComesBackTainted) {
     ASSERT_TRUE(c->BeginInstall({true, 0}).ok());
     // Crash: the objects go away without any goodbye.
   }
-  auto j = std::move(SqliteJournal::Open(path)).value();
-  RestoreSummary s;
-  auto c = std::move(Controller::Open(&clock, j.get(), &s)).value();
-  EXPECT_EQ(s.state_at_crash, State::kUpdating);
-  EXPECT_EQ(c->state(), State::kTainted);
+  {
+    auto j = std::move(SqliteJournal::Open(path)).value();
+    RestoreSummary s;
+    auto c = std::move(Controller::Open(&clock, j.get(), &s)).value();
+    EXPECT_EQ(s.state_at_crash, State::kUpdating);
+    EXPECT_EQ(c->state(), State::kTainted);
+  }
+  // Closed first, then every file SQLite made (WAL mode leaves -wal and -shm beside the database).
   std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
 }
 
 // ---- Group commit (issue 15) ------------------------------------------------------------------
