@@ -3,7 +3,6 @@
 #include "adapters/lifecycle_types.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +12,7 @@
 #include <utility>
 
 #include "rolloutcore/adapters/http_adapter.h"
+#include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
@@ -30,13 +30,9 @@ constexpr const char* kServeFlags =
 
 Result<uint64_t> ParseHex64(const Json& v, const std::string& what) {
   if (!v.is_string()) return DataLoss(what + ": expected a 16-digit hex string, got " + JsonTypeName(v));
-  const std::string s = v.get<std::string>();
-  uint64_t out = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out, 16);
-  if (s.size() != 16 || ec != std::errc() || ptr != s.data() + s.size()) {
-    return DataLoss(what + ": '" + s + "' is not 16 hex digits");
-  }
-  return out;
+  auto d = ContentDigest::ParseHex(v.get_ref<const std::string&>(), what);
+  if (!d.ok()) return DataLoss(d.status().message());  // the engine's reply is bad, not our input
+  return *d;
 }
 
 void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }

@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "directory/version_record.h"
+#include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/hash.h"
 
 namespace rc::directory::internal {
@@ -15,8 +16,8 @@ std::string Field(std::string_view path, std::string_view key) {
 }
 
 Result<uint64_t> GetDigest(const Json& obj, std::string_view key, std::string_view path) {
-  RC_ASSIGN_OR_RETURN(std::string hex, GetString(obj, key, path, std::string("0000000000000000")));
-  return ParseDigestHex(hex, Field(path, key));
+  RC_ASSIGN_OR_RETURN(std::string hex, GetString(obj, key, path, std::string(kZeroDigestHex)));
+  return ContentDigest::ParseHex(hex, Field(path, key));
 }
 
 Result<VersionState> GetState(const Json& obj, std::string_view key, std::string_view path) {
@@ -75,17 +76,6 @@ Result<int64_t> ParseDecimal(std::string_view text, std::string_view what, bool 
   auto [ptr, ec] = std::from_chars(begin, end, v, 10);
   if (ec != std::errc() || ptr != end) {
     return InvalidArgument(fmt::format("{}: expected a decimal integer, got '{}'", what, text.substr(0, 64)));
-  }
-  return v;
-}
-
-std::string DigestHex(uint64_t digest) { return Hex64(digest); }
-
-Result<uint64_t> ParseDigestHex(std::string_view text, std::string_view what) {
-  uint64_t v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
-  if (text.empty() || text.size() > 16 || ec != std::errc() || ptr != text.data() + text.size()) {
-    return InvalidArgument(fmt::format("{}: expected up to 16 hex digits, got '{}'", what, text.substr(0, 64)));
   }
   return v;
 }

@@ -57,7 +57,5 @@ using net::HttpStatusFor;
                                                std::optional<int64_t> dflt = std::nullopt);
 // Parses a whole decimal int64 (no sign unless allow_negative); InvalidArgument naming `what`.
 [[nodiscard]] Result<int64_t> ParseDecimal(std::string_view text, std::string_view what, bool allow_negative = false);
-std::string DigestHex(uint64_t digest);
-[[nodiscard]] Result<uint64_t> ParseDigestHex(std::string_view text, std::string_view what);
 
 }  // namespace rc::directory::internal

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "directory/codec.h"
+#include "rolloutcore/base/content_digest.h"
 #include "directory/etcd_client.h"
 #include "directory/version_record.h"
 
@@ -25,7 +26,7 @@ std::string MetaToJson(const VersionMeta& m) {
               {"expected_ranks", m.expected_ranks},
               {"ranks", ranks},
               {"commit_seq", m.commit_seq},
-              {"content_digest", internal::DigestHex(m.content_digest)},
+              {"content_digest", DigestHex(m.content_digest)},
               {"reason", m.reason}}
       .dump();
 }
@@ -61,9 +62,9 @@ Result<VersionMeta> MetaFromJson(std::string_view text) {
   auto seq = GetNonNegativeInt(j, "commit_seq", "", 0);
   if (!seq.ok()) return fail(seq.status());
   m.commit_seq = static_cast<uint64_t>(*seq);
-  auto digest = GetString(j, "content_digest", "", std::string("0"));
+  auto digest = GetString(j, "content_digest", "", std::string(kZeroDigestHex));
   if (!digest.ok()) return fail(digest.status());
-  auto d = internal::ParseDigestHex(*digest, "content_digest");
+  auto d = ContentDigest::ParseHex(*digest, "content_digest");
   if (!d.ok()) return fail(d.status());
   m.content_digest = *d;
   auto reason = GetString(j, "reason", "", std::string());
@@ -193,7 +194,7 @@ class EtcdStore final : public DirectoryStore {
         txn.Put(MetaKey(r.model, r.version), MetaToJson(meta))
             .Put(ManifestKey(r.model, r.version), refit::ManifestToJson(*manifest).dump())
             .Put(CommitKey(r.model, seq),
-                 Json{{"version", r.version}, {"content_digest", internal::DigestHex(meta.content_digest)}}.dump())
+                 Json{{"version", r.version}, {"content_digest", DigestHex(meta.content_digest)}}.dump())
             .Put(SeqKey(r.model), std::to_string(seq))
             .DeletePrefix(RanksPrefix(r.model, r.version));
         out.state = VersionState::kCommitted;
@@ -216,7 +217,7 @@ class EtcdStore final : public DirectoryStore {
         return fail(Unavailable(fmt::format("{}: the commit by rank {} (content digest {}) may or may not have been "
                                        "applied; no etcd member confirmed it: {}",
                                        internal::DescribeVersion(r.model, r.version), r.rank,
-                                       internal::DigestHex(sent_commit_digest), ok.status().message())));
+                                       DigestHex(sent_commit_digest), ok.status().message())));
       }
       if (*ok) return out;
     }
@@ -297,7 +298,7 @@ class EtcdStore final : public DirectoryStore {
           auto digest = GetString(*j, "content_digest", "commit");
           if (!version.ok() || !digest.ok()) return DataLoss("stored commit entry is malformed");
           e.version = *version;
-          auto d = internal::ParseDigestHex(*digest, "content_digest");
+          auto d = ContentDigest::ParseHex(*digest, "content_digest");
           if (!d.ok()) return DataLoss(d.status().message());
           e.content_digest = *d;
           out.push_back(std::move(e));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "python/array_memory.h"
+#include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
@@ -86,16 +87,10 @@ std::optional<refit::DType> DTypeArg(const py::object& dtype) {
   return Unwrap(refit::ParseDType(text));
 }
 
+// A tensor digest as Python hands it over: an int, or the one text form (16 hex digits).
 uint64_t ParseDigest(const py::handle& value, const std::string& name) {
   if (py::isinstance<py::int_>(value)) return value.cast<uint64_t>();
-  const std::string text = py::str(value).cast<std::string>();
-  try {
-    size_t used = 0;
-    const uint64_t v = std::stoull(text, &used, 16);
-    if (used == text.size() && !text.empty()) return v;
-  } catch (const std::exception&) {
-  }
-  Raise(InvalidArgument(fmt::format("digest of tensor {}: '{}' is not a 64-bit hex number", name, text)));
+  return Unwrap(ContentDigest::ParseHex(py::str(value).cast<std::string>(), "digest of tensor " + name));
 }
 
 py::list ShapeList(const refit::Shape& shape) {

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 
 #include "refit/geometry.h"
 #include "refit/shard_index.h"
+#include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/refit/digest.h"
 
@@ -175,13 +175,8 @@ Result<Shape> ShapeFromJson(const Json& obj, std::string_view key, const std::st
 }
 
 Result<uint64_t> HexFromJson(const Json& obj, std::string_view key, const std::string& path) {
-  RC_ASSIGN_OR_RETURN(std::string hex, GetString(obj, key, path, std::string("0000000000000000")));
-  uint64_t v = 0;
-  auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
-  if (ec != std::errc() || ptr != hex.data() + hex.size()) {
-    return InvalidArgument(fmt::format("{}.{}: expected 16 hex digits, got '{}'", path, key, hex));
-  }
-  return v;
+  RC_ASSIGN_OR_RETURN(std::string hex, GetString(obj, key, path, std::string(kZeroDigestHex)));
+  return ContentDigest::ParseHex(hex, path.empty() ? std::string(key) : fmt::format("{}.{}", path, key));
 }
 
 }  // namespace
