@@ -157,7 +157,7 @@ Result<Json> RolloutAdmission::Rollout(const Json& request) {
     }
   }
   if (t.prompt_token_ids.empty() && body["prompt"].is_array()) t.prompt_token_ids = IntArray(body["prompt"]);
-  return FinishRollout(slot, rollout_id, binding, std::move(resp), std::move(t), std::move(finish_detail));
+  return FinishRollout(slot, rollout_id, binding, std::move(resp), t, std::move(finish_detail));
 }
 
 Status RolloutAdmission::RecordFailedRollout(EngineSlot* slot, const std::string& rollout_id, const Status& error,
@@ -214,7 +214,7 @@ Status RolloutAdmission::RecordMismatchedRollout(EngineSlot* slot, const std::st
 }
 
 Result<Json> RolloutAdmission::FinishRollout(EngineSlot* slot, const std::string& rollout_id,
-                                             const lifecycle::RolloutBinding& binding, Json resp, Trajectory t,
+                                             const lifecycle::RolloutBinding& binding, Json resp, const Trajectory& t,
                                              Json finish_detail) {
   finish_detail["finish_reason"] = t.finish_reason;
   finish_detail["completion_tokens"] = t.output_token_ids.size();

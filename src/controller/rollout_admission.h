@@ -79,7 +79,7 @@ class RolloutAdmission {
                                  const std::string& mismatch, Trajectory t, Json finish_detail);
   // Row, then the finish of a rollout that completed; the answer is the completion plus binding.
   Result<Json> FinishRollout(EngineSlot* slot, const std::string& rollout_id, const lifecycle::RolloutBinding& binding,
-                             Json resp, Trajectory t, Json finish_detail);
+                             Json resp, const Trajectory& t, Json finish_detail);
 
   // Policy modes (rollout_checks.cc): the trajectory's version spans from the engine's per-choice
   // spans, each mapped to the controller's version (label, generation, digest, update ordinal).
