@@ -3,10 +3,16 @@
 // ran under, lease-mode admission for clients that talk to engines themselves, update and
 // recovery requests resolved against the directory, a trajectory store and metrics.
 //
+// Structure: this class is a thin front over three internal components (src/controller):
+// UpdateOrchestrator (update_orchestrator.h: op queues, drivers, update journal, update status),
+// RolloutAdmission (rollout_admission.h: admission, the rollout proxy, leases, version spans) and
+// IdentityMonitor (identity_monitor.h: engine identity checks and taints), sharing one
+// ServiceCore (service_core.h: the engines, the options, the one mutex).
+//
 // Threads: one driver thread per engine owns that engine's Runner (starts queued updates when
 // at most `max_updating` engines are updating, polls every millisecond); an optional auto-update
 // thread follows the directory's commits. Everything else (HTTP handlers) calls the thread-safe
-// Controller API and the queues under mu_.
+// Controller API and the queues under the service's one mutex.
 //
 // Invariants: a rollout is sent to an engine only after its Controller admitted it (READY) and the
 // engine's identity was verified; an update starts on an engine only from READY; engines update
@@ -132,6 +138,12 @@ std::string StateMarkerPath(const std::string& state_dir);
 Result<int64_t> ReadStateMarker(const std::string& state_dir);
 Status WriteStateMarker(const std::string& state_dir, int64_t engines);
 
+// The internal components of the service (src/controller).
+struct ServiceCore;
+class IdentityMonitor;
+class RolloutAdmission;
+class UpdateOrchestrator;
+
 class ControllerService {
  public:
   static Result<std::unique_ptr<ControllerService>> Create(std::vector<EngineHandle> engines, VersionSource* versions,
@@ -182,172 +194,22 @@ class ControllerService {
   // ---- Observation ----
   Json StatusJson() const;
   Result<Json> Journal(int64_t since, int engine) const;
-  TrajectoryStore* trajectories() { return trajectories_.get(); }
+  TrajectoryStore* trajectories();
   std::string Metrics() const;
-  lifecycle::Controller* controller(size_t engine) { return engines_[engine]->controller.get(); }
+  lifecycle::Controller* controller(size_t engine);
   // Journal appends so far, the update journal and every engine's journal together (bench cycle).
   lifecycle::JournalAppendStats JournalAppendTotals() const;
 
  private:
-  struct Op {
-    std::string id;
-    bool recovery = false;
-    lifecycle::UpdateTarget target;
-  };
-  // The identity the service verified for one engine (guarded by EngineSlot::id_mu).
-  struct VerifiedIdentity {
-    bool verified = false;           // checked against the committed version; admissions need it
-    std::string boot_id;             // empty: the engine reports none
-    int64_t install_generation = -1; // -1: the engine reports none
-    bool generation_settled = false; // false from the start of an operation to the check after it
-    std::string suspect;             // a mismatch seen while the state did not allow tainting
-    std::string last_error;          // last failed probe
-    int64_t checked_wall_ms = 0;
-    int64_t checks = 0;
-    int64_t mismatches = 0;
-  };
-  struct EngineSlot {
-    size_t index = 0;
-    EngineHandle handle;
-    std::unique_ptr<lifecycle::Journal> journal;
-    std::unique_ptr<lifecycle::Controller> controller;
-    std::unique_ptr<lifecycle::Runner> runner;  // touched only by the driver thread
-    // guarded by ControllerService::mu_ (these three: clang's analysis cannot name the enclosing
-    // object's mutex from a nested struct reached through a pointer, so they stay unchecked)
-    std::deque<Op> queue;
-    std::string running_op;                     // guarded by ControllerService::mu_
-    // A request being resolved (Enqueue) for this idle engine: the driver stages it ahead
-    // (Runner::Prefetch) while the directory answers; its StartUpdate adopts that stage.
-    std::optional<std::pair<std::string, std::string>> prefetch;  // {model, version}, guarded by mu_
-    bool running_recovery = false;              // driver thread only
-    int64_t generation_before_op = 0;           // driver thread only
-    int64_t next_verify_ms = 0;                 // driver thread only (steady clock)
-    bool after_op_pending = false;              // driver thread only: the post-operation check is due
-    // Set when an operation starts, cleared once its post-operation identity check ran: the
-    // operation's end makes the engine READY before that check re-reads its identity (a recovery
-    // changes the boot id), and nothing may be admitted against the identity verified before it.
-    std::atomic<bool> settling{false};
-    // The operation's place among --max-updating, held from its start until it settled (the
-    // engine admits nothing before that, so it counts as out of service).
-    bool holds_update_place = false;            // guarded by ControllerService::mu_
-    mutable rc::Mutex id_mu;
-    VerifiedIdentity id GUARDED_BY(id_mu);                        // guarded by id_mu
-    std::thread driver;
-  };
-  struct OpRecord {
-    std::string id;
-    std::string model;
-    std::string version;
-    bool recovery = false;
-    lifecycle::PolicyMode mode = lifecycle::PolicyMode::kStrict;
-    std::string stopped;                   // why it stopped rolling (a taint on one engine); "" while not
-    std::map<size_t, int64_t> ordinals;  // engine → ordinal once started
-    std::map<size_t, std::string> errors;  // engine → why it did not start
-    std::set<size_t> already_live;         // engines READY on the version when it was requested
-    int64_t requested_wall_ms = 0;
-    std::optional<size_t> only;            // the one engine it is for (an auto-recovery); else all
-  };
-  struct Lease {
-    size_t engine = 0;
-    int64_t admitted_wall_ms = 0;
-    int64_t expires_ms = 0;  // steady clock; 0: never
-    bool row_written = false;  // the trajectory row exists; only the finish record is missing
-    lifecycle::RolloutBinding binding;  // as admitted (the row of a lease the drain aborted needs it)
-  };
+  ControllerService();
 
-  ControllerService() = default;
-  Status InitEngine(EngineSlot* slot, bool must_exist);
-  void Drive(EngineSlot* slot);
-  void FollowDirectory();
-  // Queues on every engine, or only on engine `only` when given.
-  Result<std::string> Enqueue(const std::string& model, const std::string& version, bool recovery,
-                              std::optional<size_t> only = std::nullopt,
-                              lifecycle::PolicyMode mode = lifecycle::PolicyMode::kStrict, bool retry_failed = false);
-  // Policy modes (service_spans.cc): the trajectory's version spans from the engine's per-choice
-  // spans, each mapped to the controller's version (label, generation, digest, update ordinal).
-  // Empty `why` when they are consistent with the binding and the in-flight record; else why not.
-  // `inflight`: the in-flight record of the rollout (nullptr when no in-flight update touched it:
-  // then every span must carry the binding's label). A span with swap_index_reported (the tokens
-  // the engine's worker counted when the update paused the request) must start there.
-  Json VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
-                    int64_t output_tokens, const lifecycle::InFlightRecord* inflight, std::string* why) const;
-  // For a rollout an in-flight update touched: checks the answer-time identity against the
-  // labels it may have (CompletionMismatch checks those only for rollouts no update touched) and
-  // returns the response with those fields moved under "rolloutcore_inflight" for that check.
-  Json InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
-                        const lifecycle::RolloutBinding& binding, const lifecycle::InFlightRecord& inflight,
-                        std::string* why) const;
-  void CountSpanTokens(const Json& spans);
-  Result<std::pair<size_t, lifecycle::RolloutBinding>> AdmitSomewhere(const std::string& rollout_id,
-                                                                      bool lease = false);
-  Json OpJson(const OpRecord& rec) const REQUIRES(mu_);
-  // Reads the engine's identity and checks it against the committed version and what was
-  // verified before; taints on a mismatch. after_op: right after an operation ended (a committed
-  // one may move the install generation; a committed recovery may also change the boot id).
-  // claim: the first check of a (re)started controller, reading the digest when none is cached.
-  void VerifyIdentity(EngineSlot* slot, bool after_op, bool claim);
-  // Taints a READY engine for `reason` (or records it as suspect when the state does not allow
-  // it) and, with auto_recover, queues a recovery to the committed version.
-  void TaintForIdentity(EngineSlot* slot, const std::string& reason);
-  // Empty when the completion matches the binding and the verified identity; else why not.
-  std::string CompletionMismatch(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& resp) const;
-  bool IdentityVerified(const EngineSlot* slot) const;
-  // Journals an update-id event (update_requested / update_started / update_not_started).
-  Status JournalOpLocked(const std::string& event, Json detail) REQUIRES(mu_);
-  // Withdraws the stage-ahead requests for `version` that no driver took yet (its request was
-  // refused or answered without a new op).
-  void DropPrefetchLocked(const std::string& version) REQUIRES(mu_);
-  Status RestoreOps();  // at Create, before the drivers start
-  // Leases of `engine` past their deadline: closed for the client at once (expired_leases_), then
-  // recorded (row, then finish; retried while that fails).
-  void ExpireLeases(size_t engine);
-  // Leases of `engine` that an update ended (Controller::LeasesEndedByUpdate): closed for the
-  // client at once (ended_leases_), then recorded as EndLeaseForUpdate does.
-  void EndLeasesOfUpdates(size_t engine);
-  // Row (aborted_at_update = why), then the finish. OK when both are recorded.
-  Status RecordLeaseEndedByUpdate(EngineSlot* slot, const std::string& rollout_id, const Lease& lease,
-                                  const Json& why);
-  // The 409 a client gets for a lease closed by expiry or by an update; nullopt when it is not.
-  std::optional<Status> ClosedLeaseStatusLocked(const std::string& rollout_id) const REQUIRES(mu_);
-  // After an operation ended on `slot`: a tainted update stops rolling (see the class comment).
-  void StopOpIfTaintedLocked(EngineSlot* slot, const std::string& op_id) REQUIRES(mu_);
-  static std::string VersionKey(const std::string& model, const std::string& version) {
-    return model + '\n' + version;
-  }
-
-  VersionSource* versions_ = nullptr;
-  ServiceOptions options_;
-  std::vector<std::unique_ptr<EngineSlot>> engines_;
-  std::unique_ptr<TrajectoryStore> trajectories_;
-
-  mutable rc::Mutex mu_;
-  mutable rc::CondVar cv_;
-  std::map<std::string, OpRecord> ops_ GUARDED_BY(mu_);                       // guarded by mu_
-  std::unique_ptr<lifecycle::Journal> ops_journal_;           // appends under mu_
-  std::map<std::string, Lease> leases_ GUARDED_BY(mu_);       // rollout → lease, guarded by mu_
-  std::map<std::string, int64_t> expired_leases_ GUARDED_BY(mu_);  // rollout → wall ms, guarded by mu_
-  // Leases closed for the client but not yet recorded (row + finish), retried by the driver.
-  struct Closing {
-    Lease lease;
-    Json why;  // aborted_at_update; null: expired
-  };
-  std::map<std::string, Closing> closing_leases_ GUARDED_BY(mu_);  // guarded by mu_
-  std::map<std::string, Json> ended_leases_ GUARDED_BY(mu_);  // rollout → aborted_at_update, guarded by mu_
-  std::atomic<int64_t> open_leases_{0};  // leases_.size() + closing_leases_.size(), read without mu_
-  std::atomic<int64_t> closing_leases_pending_{0};  // closing_leases_.size(), read without mu_
-  // Versions whose validation failed on an engine (VersionKey → why), from the update journal.
-  std::map<std::string, std::string> failed_versions_ GUARDED_BY(mu_);  // guarded by mu_
-  int updating_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
-  int64_t next_op_ GUARDED_BY(mu_) = 1;                                       // guarded by mu_
-  std::atomic<int64_t> next_rollout_{1};
-  std::atomic<size_t> round_robin_{0};
-  std::atomic<bool> stop_{false};
-  std::thread follower_;
-  std::atomic<int64_t> rollouts_ok_{0};
-  std::atomic<int64_t> rollouts_refused_{0};
-  std::atomic<int64_t> rollouts_failed_{0};
-  std::atomic<int64_t> rollouts_mismatched_{0};
-  std::map<std::string, int64_t> tokens_by_kv_ GUARDED_BY(mu_);   // guarded by mu_: proxied output tokens per span kv
+  // The three components behind this front (src/controller; service_core.h describes them) and
+  // the state they share. Declared in that order: destroyed orchestrator first (its threads are
+  // joined in ~ControllerService before anything is destroyed).
+  std::unique_ptr<ServiceCore> core_;
+  std::unique_ptr<IdentityMonitor> identity_;
+  std::unique_ptr<RolloutAdmission> admission_;
+  std::unique_ptr<UpdateOrchestrator> updates_;
 };
 
 }  // namespace rc::controller

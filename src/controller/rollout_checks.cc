@@ -1,11 +1,14 @@
-// Policy modes in the controller service: a proxied rollout's version spans, mapped from what the
-// engine reported per choice to the versions this controller installed, and the identity checks
-// of a rollout that an in-flight update touched (docs/lifecycle.md, "Policy modes").
+// The checks of a proxied rollout in the controller service (rollout_admission.h): its completion
+// against the binding and the verified identity, and for policy modes its version spans, mapped
+// from what the engine reported per choice to the versions this controller installed, and the
+// identity checks of a rollout that an in-flight update touched (docs/lifecycle.md, "Policy modes").
 #include <algorithm>
 #include <set>
 
+#include <fmt/format.h>
+
+#include "controller/rollout_admission.h"
 #include "rolloutcore/base/mutex.h"
-#include "rolloutcore/controller/service.h"
 
 namespace rc::controller {
 
@@ -18,7 +21,7 @@ void Why(std::string* why, const std::string& text) {
 
 }  // namespace
 
-Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
+Json RolloutAdmission::VersionSpans(EngineSlot* slot, const lifecycle::RolloutBinding& binding, const Json& choice,
                                      int64_t output_tokens, const lifecycle::InFlightRecord* inflight,
                                      std::string* why) const {
   Json out = Json::array();
@@ -122,7 +125,7 @@ Json ControllerService::VersionSpans(EngineSlot* slot, const lifecycle::RolloutB
   return out;
 }
 
-Json ControllerService::InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
+Json RolloutAdmission::InFlightAdjusted(EngineSlot* slot, const Json& resp, int64_t admitted_install_generation,
                                          const lifecycle::RolloutBinding& binding,
                                          const lifecycle::InFlightRecord& inflight, std::string* why) const {
   Json out = resp;
@@ -181,13 +184,60 @@ Json ControllerService::InFlightAdjusted(EngineSlot* slot, const Json& resp, int
   return out;
 }
 
-void ControllerService::CountSpanTokens(const Json& spans) {
-  rc::MutexLock lock(mu_);
+void RolloutAdmission::CountSpanTokens(const Json& spans) {
+  rc::MutexLock lock(core_->mu);
   for (const auto& s : spans) {
     if (!s.is_object()) continue;
     const int64_t n = s.value("to_token", int64_t{0}) - s.value("from_token", int64_t{0});
     if (n > 0) tokens_by_kv_[s.value("kv", std::string("fresh"))] += n;
   }
+}
+
+std::string RolloutAdmission::CompletionMismatch(EngineSlot* slot, const lifecycle::RolloutBinding& binding,
+                                                  const Json& resp) const {
+  VerifiedIdentity v;
+  {
+    rc::MutexLock lock(slot->id_mu);
+    v = slot->id;
+  }
+  const bool compare_generation = v.verified && v.generation_settled && v.install_generation >= 0;
+  const std::string& bound = binding.version.label;
+  std::vector<std::string> why;
+  if (resp.contains("choices") && resp["choices"].is_array()) {
+    for (size_t i = 0; i < resp["choices"].size(); ++i) {
+      const Json& c = resp["choices"][i];
+      if (!c.is_object()) continue;
+      const std::string at = "choice " + std::to_string(i);
+      if (c.contains("weight_version") && c["weight_version"].is_string() && c["weight_version"] != bound) {
+        why.push_back(fmt::format("{} was generated under label '{}', the binding is '{}'", at,
+                                  c["weight_version"].get<std::string>(), bound));
+      }
+      if (compare_generation && c.contains("install_generation") && c["install_generation"].is_number_integer() &&
+          c["install_generation"].get<int64_t>() != v.install_generation) {
+        why.push_back(at + " was admitted at install generation " +
+                      std::to_string(c["install_generation"].get<int64_t>()) + ", the verified one is " +
+                      std::to_string(v.install_generation));
+      }
+    }
+  }
+  if (resp.contains("rolloutcore") && resp["rolloutcore"].is_object()) {
+    const Json& r = resp["rolloutcore"];
+    if (v.verified && !v.boot_id.empty() && r.contains("boot_id") && r["boot_id"].is_string() &&
+        r["boot_id"] != v.boot_id) {
+      why.push_back("the engine's boot id is " + r["boot_id"].get<std::string>() + ", the verified one is " +
+                    v.boot_id + " (it restarted)");
+    }
+    if (r.contains("label") && r["label"].is_string() && r["label"] != bound) {
+      why.push_back("the engine reported label '" + r["label"].get<std::string>() + "' when it answered, the binding is '" +
+                    bound + "'");
+    }
+    if (compare_generation && r.contains("install_generation") && r["install_generation"].is_number_integer() &&
+        r["install_generation"].get<int64_t>() != v.install_generation) {
+      why.push_back("the engine was at install generation " + std::to_string(r["install_generation"].get<int64_t>()) +
+                    " when it answered, the verified one is " + std::to_string(v.install_generation));
+    }
+  }
+  return Join(why);
 }
 
 }  // namespace rc::controller
