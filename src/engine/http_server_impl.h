@@ -24,7 +24,7 @@
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/engine/engine_loop.h"
 #include "rolloutcore/engine/http_server.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 #include "rolloutcore/net/http.h"
 
 namespace rc::engine {
@@ -58,7 +58,7 @@ class EngineServer::Impl {
   ServerOptions options_;
   ByteTokenizer tokenizer_;
   EngineLoop loop_;
-  RefitReceiver receiver_;
+  receiver::RefitReceiver receiver_;
   net::HttpServer server_{http::EngineHttpOptions(options_)};
   std::atomic<int64_t> next_id_{1};
   // Completion id -> the engine request ids it runs as ("<id>-<k>" for each prompt x n).

@@ -1,5 +1,5 @@
-#include "engine/delta_apply.h"
-#include "engine/nonfinite.h"
+#include "receiver/delta_apply.h"
+#include "receiver/nonfinite.h"
 
 #include <fmt/format.h>
 
@@ -12,9 +12,9 @@
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/parallel.h"
 #include "rolloutcore/refit/delta.h"
-#include "rolloutcore/transport/registry.h"
+#include "rolloutcore/receiver/source_imports.h"
 
-namespace rc::engine::internal {
+namespace rc::receiver::internal {
 namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
@@ -684,23 +684,12 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
     return InvalidArgument(fmt::format("delta refit handles up to {} tensors and {} ranks, not {} and {}", UINT16_MAX,
                                        UINT8_MAX, m.tables.size(), captures.size()));
   }
-  RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(m));
-  RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
-  std::map<std::string, transport::RemoteMemory> remotes;
-  struct ReleaseAll {
-    transport::Transport* t;
-    std::map<std::string, transport::RemoteMemory>* r;
-    ~ReleaseAll() {
-      for (auto& [h, remote] : *r) (void)t->ReleaseRemote(remote);
-    }
-  } release_all{transport.get(), &remotes};
-  auto remote_of = [&](const std::string& handle) -> Result<transport::RemoteMemory> {
-    auto it = remotes.find(handle);
-    if (it != remotes.end()) return it->second;
-    RC_ASSIGN_OR_RETURN(transport::RemoteMemory r, transport->Import(handle));
-    remotes.emplace(handle, r);
-    return r;
-  };
+  // The manifest's transport and the descriptors imported through it, for this stage only
+  // (released, imports first, when it returns).
+  SourceImports links;
+  RC_RETURN_IF_ERROR(links.Ensure(m, /*topology=*/0).status());
+  transport::Transport* transport = &links.transport();
+  auto remote_of = [&](const std::string& handle) { return links.imports().Get(handle); };
   auto read_all = [&](std::vector<transport::ReadOp>& ops) -> Status {
     if (ops.empty()) return OkStatus();
     RC_ASSIGN_OR_RETURN(auto transfer, transport->PostReads(ops));
@@ -916,4 +905,4 @@ Result<refit::TensorDigests> DigestAfterDelta(const DeltaStaged& staged, const s
   return out;
 }
 
-}  // namespace rc::engine::internal
+}  // namespace rc::receiver::internal
