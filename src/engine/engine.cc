@@ -16,6 +16,7 @@
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/engine/loader.h"
+#include "rolloutcore/engine/parameters.h"
 
 namespace rc::engine {
 namespace {

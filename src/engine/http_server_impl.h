@@ -54,6 +54,9 @@ class EngineServer::Impl {
     receiver_.SetFullVerifyEvery(options_.full_verify_every);
   }
 
+  // The server's state, public to the route files (http_routes_*.cc) that are its member
+  // functions' definitions; named as members (trailing underscore) although the class is open.
+  // NOLINTBEGIN(readability-identifier-naming)
   Engine* engine_;
   ServerOptions options_;
   ByteTokenizer tokenizer_;
@@ -112,6 +115,7 @@ class EngineServer::Impl {
     }
   };
   Faults faults_;
+  // NOLINTEND(readability-identifier-naming)
   static void Delay(const std::atomic<int64_t>& ms) {
     if (int64_t d = ms.load(); d > 0) std::this_thread::sleep_for(std::chrono::milliseconds(d));
   }

@@ -19,6 +19,7 @@
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/executor.h"
+#include "rolloutcore/receiver/live_weights.h"
 #include "rolloutcore/refit/layouts.h"
 #include "receiver/nonfinite.h"
 #include "receiver/relay.h"
