@@ -9,7 +9,7 @@
 #include "rolloutcore/engine/engine_loop.h"
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/loader.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 #include "rolloutcore/engine/tokenizer.h"
 #include "rolloutcore/base/mutex.h"
 
@@ -18,7 +18,7 @@ namespace rc::adapters {
 // Members are destroyed in reverse order: the loop stops before the receiver and the engine go.
 struct EmbeddedEngine::State {
   std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<engine::RefitReceiver> receiver;
+  std::unique_ptr<receiver::RefitReceiver> receiver;
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<engine::ByteTokenizer> tokenizer;
   std::atomic<int64_t> next_id{1};
@@ -47,7 +47,7 @@ Result<std::unique_ptr<EmbeddedEngine>> EmbeddedEngine::Create(const Options& op
                       engine::CreateEngine({options.model, options.load_format, options.seed}, o));
   auto s = std::make_shared<State>();
   s->tokenizer = std::make_unique<engine::ByteTokenizer>(e->spec().vocab_size);
-  s->receiver = std::make_unique<engine::RefitReceiver>(e.get());
+  s->receiver = std::make_unique<receiver::RefitReceiver>(e.get());
   s->loop = std::make_unique<engine::EngineLoop>(e.get());
   s->engine = std::move(e);
   s->loop->Start();
@@ -59,7 +59,7 @@ Result<std::unique_ptr<EmbeddedEngine>> EmbeddedEngine::Create(const Options& op
 EmbeddedEngine::~EmbeddedEngine() = default;
 
 engine::Engine* EmbeddedEngine::engine() { return state_->engine.get(); }
-engine::RefitReceiver* EmbeddedEngine::receiver() { return state_->receiver.get(); }
+receiver::RefitReceiver* EmbeddedEngine::receiver() { return state_->receiver.get(); }
 
 namespace {
 
@@ -165,17 +165,17 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
         if (!staged.ok()) return staged.status().WithContext("recovery: staging " + target.label);
       }
       // The receiver says what the install did (established at its first live byte).
-      engine::InstallResult r = s->receiver->Install(target.label);
+      receiver::InstallResult r = s->receiver->Install(target.label);
       InstallEvidence e;
       e.label = target.label;
-      if (r.outcome == engine::InstallOutcome::kInstalled) {
+      if (r.outcome == receiver::InstallOutcome::kInstalled) {
         e.outcome = lifecycle::InstallOutcome::kInstalled;
         RC_ASSIGN_OR_RETURN(e.label, GetString(r.evidence, "weight_version", "install"));
         e.bytes = r.evidence.value("bytes_installed", int64_t{0});
         e.detail = std::move(r.evidence);
         return e;
       }
-      const bool untouched = r.outcome == engine::InstallOutcome::kRefusedUntouched;
+      const bool untouched = r.outcome == receiver::InstallOutcome::kRefusedUntouched;
       e.outcome = untouched ? lifecycle::InstallOutcome::kRefusedUntouched
                             : lifecycle::InstallOutcome::kFailedAfterMutation;
       e.error = r.status.ToString();
@@ -232,8 +232,8 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
   }
 
  private:
-  static engine::StageRequest Request(const EmbeddedAdapterOptions& o, const UpdateTarget& target) {
-    engine::StageRequest r;
+  static receiver::StageRequest Request(const EmbeddedAdapterOptions& o, const UpdateTarget& target) {
+    receiver::StageRequest r;
     r.model = o.model.empty() ? target.model : o.model;
     r.version = target.label;
     r.directory = o.directory_url;

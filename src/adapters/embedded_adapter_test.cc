@@ -16,7 +16,7 @@
 #include "rolloutcore/directory/memory_store.h"
 #include "rolloutcore/directory/server.h"
 #include "rolloutcore/engine/engine.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"

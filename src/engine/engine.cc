@@ -15,6 +15,8 @@
 #include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
+#include "rolloutcore/engine/loader.h"
+#include "rolloutcore/engine/parameters.h"
 
 namespace rc::engine {
 namespace {
@@ -167,6 +169,23 @@ Engine::~Engine() = default;
 const ModelSpec& Engine::spec() const { return model_->spec(); }
 
 const ParameterStore& Engine::Parameters(int rank) const { return model_->params(rank); }
+
+refit::ModelConfig Engine::RefitModelConfig() const { return RefitConfigFromSpec(spec()); }
+
+Result<refit::DType> Engine::RefitWeightDType() const { return RefitDType(weight_dtype()); }
+
+int64_t Engine::InstallGeneration() const {
+  rc::MutexLock l(mu_);
+  return generation_;
+}
+
+Status Engine::InstallLive(const receiver::LiveWrite& write, const std::string& label, int64_t generation,
+                           bool reset_prefix_cache, InstallWrites writes) {
+  const WeightFill fill = [&write](int rank, const RankLayout&, ParameterStore* params) {
+    return write(rank, params);
+  };
+  return InstallWeights(fill, label, generation, reset_prefix_cache, writes);
+}
 
 int64_t Engine::WeightBytes() const { return model_->WeightBytes(); }
 

@@ -88,15 +88,15 @@ Result<UpdateWeightVersionBody> ParseUpdateWeightVersionBody(std::string_view bo
   return out;
 }
 
-Result<StageRequest> ParseStageBody(std::string_view body) {
+Result<receiver::StageRequest> ParseStageBody(std::string_view body) {
   RC_ASSIGN_OR_RETURN(Json j, ParseJson(body, "request body"));
-  StageRequest req;
+  receiver::StageRequest req;
   RC_ASSIGN_OR_RETURN(req.model, GetString(j, "model", ""));
   RC_ASSIGN_OR_RETURN(req.version, GetString(j, "version", ""));
   RC_ASSIGN_OR_RETURN(req.directory, GetString(j, "directory", ""));
   RC_ASSIGN_OR_RETURN(int64_t timeout, GetInt(j, "timeout_ms", "", req.timeout_ms));
-  if (timeout < 1 || timeout > kMaxStageTimeoutMs) {
-    return InvalidArgument("timeout_ms: must be in [1, " + std::to_string(kMaxStageTimeoutMs) + "], got " +
+  if (timeout < 1 || timeout > receiver::kMaxStageTimeoutMs) {
+    return InvalidArgument("timeout_ms: must be in [1, " + std::to_string(receiver::kMaxStageTimeoutMs) + "], got " +
                            std::to_string(timeout));
   }
   req.timeout_ms = timeout;
@@ -109,9 +109,9 @@ Result<StageRequest> ParseStageBody(std::string_view body) {
   return req;
 }
 
-Result<RelayRequest> ParseRelayBody(std::string_view body, const std::string& default_holder) {
+Result<receiver::RelayRequest> ParseRelayBody(std::string_view body, const std::string& default_holder) {
   RC_ASSIGN_OR_RETURN(Json j, ObjectBody(body));
-  RelayRequest req;
+  receiver::RelayRequest req;
   RC_ASSIGN_OR_RETURN(req.model, GetString(j, "model", "", ""));
   RC_ASSIGN_OR_RETURN(req.version, GetString(j, "version", "", ""));
   RC_ASSIGN_OR_RETURN(req.directory, GetString(j, "directory", "", ""));

@@ -20,7 +20,7 @@
 
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/engine/engine.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 
 namespace rc::engine {
 
@@ -57,10 +57,10 @@ Result<UpdateWeightVersionBody> ParseUpdateWeightVersionBody(std::string_view bo
 
 // POST /rc/refit/stage {"model", "version", "directory": str, "timeout_ms" (1..kMaxStageTimeoutMs,
 // default StageRequest's), "use_relays": bool, "receiver_rank" (0..1000000)}.
-Result<StageRequest> ParseStageBody(std::string_view body);
+Result<receiver::StageRequest> ParseStageBody(std::string_view body);
 
 // POST /rc/refit/relay {"model", "version", "directory", "holder" (default: default_holder)}.
-Result<RelayRequest> ParseRelayBody(std::string_view body, const std::string& default_holder);
+Result<receiver::RelayRequest> ParseRelayBody(std::string_view body, const std::string& default_holder);
 
 // POST /rc/refit/install {"version": str, "skip_cache_reset": bool (default false)}.
 struct InstallBody {

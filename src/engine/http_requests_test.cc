@@ -72,7 +72,7 @@ TEST(HttpRequestsTest, StageBody) {
   EXPECT_EQ(s->model, "m");
   EXPECT_EQ(s->version, "v1");
   EXPECT_EQ(s->directory, "http://127.0.0.1:1");
-  EXPECT_EQ(s->timeout_ms, StageRequest().timeout_ms);
+  EXPECT_EQ(s->timeout_ms, receiver::StageRequest().timeout_ms);
   EXPECT_FALSE(s->use_relays);
   EXPECT_EQ(s->receiver_rank, 0);
   auto full = ParseStageBody(

@@ -77,22 +77,22 @@ void EngineServer::Impl::RefitRoutes() {
     // Every answer names its install_outcome (docs/engine.md): refused_untouched (409) — nothing
     // live was touched; failed_after_mutation (500) — the live weights may be partial;
     // installed (200). The receiver establishes it where the first live byte is written.
-    auto error_with_outcome = [&r](int status, InstallOutcome outcome, const std::string& message) {
+    auto error_with_outcome = [&r](int status, receiver::InstallOutcome outcome, const std::string& message) {
       Json body = ErrorJson(status, message);
-      body["install_outcome"] = InstallOutcomeName(outcome);
+      body["install_outcome"] = receiver::InstallOutcomeName(outcome);
       SendJson(r, status, body);
     };
     if (faults_.refuse_install.load()) {
-      return error_with_outcome(409, InstallOutcome::kRefusedUntouched,
+      return error_with_outcome(409, receiver::InstallOutcome::kRefusedUntouched,
                                 "install of " + req->version + " refused (fault injection): nothing was touched");
     }
-    InstallResult out = receiver_.Install(req->version, req->skip_cache_reset);
+    receiver::InstallResult out = receiver_.Install(req->version, req->skip_cache_reset);
     Delay(faults_.install_delay_ms);
     switch (out.outcome) {
-      case InstallOutcome::kInstalled: return SendJson(r, 200, out.evidence);
-      case InstallOutcome::kRefusedUntouched:
+      case receiver::InstallOutcome::kInstalled: return SendJson(r, 200, out.evidence);
+      case receiver::InstallOutcome::kRefusedUntouched:
         return error_with_outcome(409, out.outcome, out.status.message());
-      case InstallOutcome::kFailedAfterMutation:
+      case receiver::InstallOutcome::kFailedAfterMutation:
         return error_with_outcome(500, out.outcome, out.status.message());
     }
   }));

@@ -24,7 +24,7 @@
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/engine/engine_loop.h"
 #include "rolloutcore/engine/http_server.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 #include "rolloutcore/net/http.h"
 
 namespace rc::engine {
@@ -54,11 +54,14 @@ class EngineServer::Impl {
     receiver_.SetFullVerifyEvery(options_.full_verify_every);
   }
 
+  // The server's state, public to the route files (http_routes_*.cc) that are its member
+  // functions' definitions; named as members (trailing underscore) although the class is open.
+  // NOLINTBEGIN(readability-identifier-naming)
   Engine* engine_;
   ServerOptions options_;
   ByteTokenizer tokenizer_;
   EngineLoop loop_;
-  RefitReceiver receiver_;
+  receiver::RefitReceiver receiver_;
   net::HttpServer server_{http::EngineHttpOptions(options_)};
   std::atomic<int64_t> next_id_{1};
   // Completion id -> the engine request ids it runs as ("<id>-<k>" for each prompt x n).
@@ -112,6 +115,7 @@ class EngineServer::Impl {
     }
   };
   Faults faults_;
+  // NOLINTEND(readability-identifier-naming)
   static void Delay(const std::atomic<int64_t>& ms) {
     if (int64_t d = ms.load(); d > 0) std::this_thread::sleep_for(std::chrono::milliseconds(d));
   }

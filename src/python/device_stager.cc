@@ -36,7 +36,7 @@
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/refit/planner.h"
-#include "rolloutcore/transport/registry.h"
+#include "rolloutcore/receiver/source_imports.h"
 
 namespace rc::python {
 namespace py = pybind11;
@@ -324,10 +324,9 @@ class PyDeviceStager {
       plan_.reset();
       RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(staging_, manifest, refit::PlanOptions{}));
       plan_ = std::make_unique<refit::TransferPlan>(std::move(p));
-      RC_ASSIGN_OR_RETURN(transport_name_, refit::ManifestTransport(manifest));
       transport::TransportOptions topts;
       topts.device = device_;
-      RC_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(transport_name_, topts));
+      RC_ASSIGN_OR_RETURN(transport_, receiver::CreateManifestTransport(manifest, topts, &transport_name_));
       topology_ = topo;
     }
     last_stages_["plan"] = MsSince(t);

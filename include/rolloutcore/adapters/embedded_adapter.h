@@ -33,8 +33,10 @@
 
 namespace rc::engine {
 class Engine;
-class RefitReceiver;
 }  // namespace rc::engine
+namespace rc::receiver {
+class RefitReceiver;
+}  // namespace rc::receiver
 
 namespace rc::adapters {
 
@@ -62,7 +64,7 @@ class EmbeddedEngine {
   EmbeddedEngine& operator=(const EmbeddedEngine&) = delete;
 
   engine::Engine* engine();
-  engine::RefitReceiver* receiver();
+  receiver::RefitReceiver* receiver();
 
   std::unique_ptr<lifecycle::EngineAdapter> MakeAdapter(EmbeddedAdapterOptions options);
   // OpenAI completions request body -> response body, in process.

@@ -47,6 +47,7 @@
 #include "rolloutcore/engine/kv_cache.h"
 #include "rolloutcore/engine/model_spec.h"
 #include "rolloutcore/engine/parameters.h"
+#include "rolloutcore/receiver/live_weights.h"
 #include "rolloutcore/engine/sampler.h"
 #include "rolloutcore/engine/scheduler.h"
 
@@ -189,36 +190,9 @@ struct ReplayOutput {
   double staged_ms = 0;
 };
 
-// One probe a pre-replay runs: the exact request Engine::Replay is later asked for.
-struct ReplayProbeRequest {
-  std::vector<int32_t> prompt;
-  int64_t steps = 0;
-  int64_t top_k = 0;
-  // A hint, not part of the request: the continuation the trainer recorded (the probe's expected
-  // greedy tokens, `steps` of them; empty when unknown). PreReplay feeds it teacher-forced — every
-  // step scored in one forward — and falls back to decoding from the first step where the engine's
-  // greedy token differs, so the result is the same either way (docs/engine.md).
-  std::vector<int32_t> forced = {};
-  // Two requests are the same request when prompt, steps and top_k are (the hint is not compared:
-  // Replay is asked without it).
-  bool operator==(const ReplayProbeRequest& o) const {
-    return prompt == o.prompt && steps == o.steps && top_k == o.top_k;
-  }
-};
-
-// What Engine::PreReplay did (the stage evidence's "prereplay").
-struct PreReplayReport {
-  int64_t probes = 0;
-  bool ran = false;       // every probe ran to its last step and the results are cached
-  std::string why;        // when !ran: the reason (no KV blocks to spare, deadline, bad probe, ...)
-  double ms = 0;
-  bool batched = false;   // the probes ran as one batch per step
-  // Teacher forcing (ReplayProbeRequest::forced): probes whose every step came from the one
-  // forced forward, probes that diverged from the hint (decoded on from there), forwards run.
-  int64_t forced = 0;
-  int64_t diverged = 0;
-  int64_t forwards = 0;
-};
+// Pre-replay probes and reports are the receiver's (rolloutcore/receiver/live_weights.h).
+using receiver::PreReplayReport;
+using receiver::ReplayProbeRequest;
 inline constexpr int64_t kMaxReplaySteps = 64;
 // Positions one teacher-forced pre-replay forward may hold (step_mu_ is held for a forward: a
 // bounded stall for the requests being served beside it).
@@ -229,11 +203,12 @@ inline constexpr int64_t kMaxReplayTopK = 20;
 // values, a refit install. Called once per rank.
 using WeightFill = std::function<Status(int rank, const RankLayout& layout, ParameterStore* params)>;
 
-class Engine {
+// The engine is the live weights the refit receiver installs into (receiver::LiveWeights).
+class Engine : public receiver::LiveWeights {
  public:
   static Result<std::unique_ptr<Engine>> Create(const ModelSpec& spec, const EngineOptions& options,
                                                 const WeightFill& fill);
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -262,7 +237,7 @@ class Engine {
   // restores kRecompute). Pause(mode) is Pause(mode, InFlightKv::kRecompute).
   Status Pause(PauseMode mode, InFlightKv kv);
   void Resume();
-  bool IsPaused() const;
+  bool IsPaused() const override;
 
   // Drops the prefix cache. Without reset_running_requests it refuses while any block is in
   // use; with it, running requests are preempted first (they recompute after resume).
@@ -274,7 +249,7 @@ class Engine {
   // Random per engine instance, fixed for its life (16 hex digits).
   const std::string& boot_id() const { return boot_id_; }
   EngineMetrics Metrics() const;
-  std::string WeightVersion() const;
+  std::string WeightVersion() const override;
   void SetWeightVersion(const std::string& label);
 
   // Refit install path: requires the engine paused (FailedPrecondition otherwise, nothing
@@ -294,12 +269,12 @@ class Engine {
   // fill succeeded or not; with kExchange fill only exchanges storage (ParameterStore::
   // ExchangeStorage, buffers it made read-only itself) and writes no live byte, and every live
   // storage is read-only again afterwards.
-  enum class InstallWrites { kInPlace, kExchange };
+  using InstallWrites = receiver::InstallWrites;
   Status InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
                         bool reset_prefix_cache = true, InstallWrites writes = InstallWrites::kInPlace);
   // Runs `write` on rank `rank`'s live parameters made writable for it (read-only again after):
   // the test-only fault routes that corrupt live memory outside an install. Holds the step lock.
-  Status WriteLiveForTesting(int rank, const std::function<Status(ParameterStore*)>& write);
+  Status WriteLiveForTesting(int rank, const std::function<Status(ParameterStore*)>& write) override;
   // Bytes of the live parameters of every rank (aliased storage once), in their dtype.
   int64_t WeightBytes() const;
   DType weight_dtype() const;
@@ -339,7 +314,7 @@ class Engine {
   // The caller keeps every byte of `image` alive and unchanged for the call (the receiver's shadow
   // is read-only from its digest until it is swapped in).
   PreReplayReport PreReplay(const WeightImage& image, uint64_t image_id, const std::vector<ReplayProbeRequest>& probes,
-                            std::chrono::steady_clock::time_point deadline);
+                            std::chrono::steady_clock::time_point deadline) override;
   // Declares that the image tagged `image_id` became the live weights at install generation
   // `generation` (an install that exchanged storage: the live bytes are the image's bytes): the
   // cached results become valid for exactly that generation, if they were computed on that image,
@@ -349,12 +324,21 @@ class Engine {
   // shadow is read-only from its digest until swapped in). Every install and
   // WriteLiveForTesting invalidates them (InstallWeights before writing anything); a new image's
   // pre-replay replaces them; DropPreReplay forgets them.
-  bool AdoptPreReplay(uint64_t image_id, int64_t generation);
-  void DropPreReplay();
+  bool AdoptPreReplay(uint64_t image_id, int64_t generation) override;
+  void DropPreReplay() override;
 
   // Read access to a rank's live parameters (for digests). Callers must not race InstallWeights.
-  const ParameterStore& Parameters(int rank) const;
-  int tensor_parallel_size() const { return options_.tensor_parallel_size; }
+  const ParameterStore& Parameters(int rank) const override;
+  int tensor_parallel_size() const override { return options_.tensor_parallel_size; }
+
+  // receiver::LiveWeights (the refit receiver's view of the live weights; loader.h's
+  // RefitConfigFromSpec / RefitDType of this engine, State().install_generation, and
+  // InstallWeights with a fill that ignores the rank layout).
+  refit::ModelConfig RefitModelConfig() const override;
+  Result<refit::DType> RefitWeightDType() const override;
+  int64_t InstallGeneration() const override;
+  Status InstallLive(const receiver::LiveWrite& write, const std::string& label, int64_t generation,
+                     bool reset_prefix_cache, InstallWrites writes) override;
 
  private:
   struct Sequence;

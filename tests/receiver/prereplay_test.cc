@@ -13,7 +13,7 @@
 #include "rolloutcore/directory/memory_store.h"
 #include "rolloutcore/directory/server.h"
 #include "rolloutcore/engine/loader.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/trainer/publisher.h"
@@ -23,6 +23,12 @@
 
 namespace rc::engine {
 namespace {
+
+// The refit receiver (module `receiver`) on an embedded engine.
+using receiver::InstallOutcome;
+using receiver::InstallResult;
+using receiver::RefitReceiver;
+using receiver::StageRequest;
 
 struct EngineSetup {
   int tp = 1;

@@ -8,11 +8,11 @@
 #include <cstring>
 #include <random>
 
-#include "engine/delta_apply.h"
+#include "receiver/delta_apply.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 
-namespace rc::engine::internal {
+namespace rc::receiver::internal {
 namespace {
 
 struct Setup {
@@ -153,6 +153,6 @@ BENCHMARK(BM_DeltaInstall)->Args({10, 1})->Args({10, 2})->Args({100, 1})->Unit(b
 BENCHMARK(BM_DeltaVerify)->Args({10, 1})->Args({10, 2})->Args({100, 1})->Unit(benchmark::kMillisecond);
 
 }  // namespace
-}  // namespace rc::engine::internal
+}  // namespace rc::receiver::internal
 
 BENCHMARK_MAIN();

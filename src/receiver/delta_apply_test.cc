@@ -4,7 +4,7 @@
 // the (rank, parameter, destination, global index, value, owned) tuples the tile-bulk path
 // produces; the prediction must equal the digest of the new version; the install must leave the
 // parameters equal to the reference's; the post-install digest must see a write that did not land.
-#include "engine/delta_apply.h"
+#include "receiver/delta_apply.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 
-namespace rc::engine::internal {
+namespace rc::receiver::internal {
 namespace {
 
 using refit::Box;
@@ -448,4 +448,4 @@ TEST(DeltaApplyBitsTest, InstalledBitsFastEqualsInstalledSourceBits) {
 }
 
 }  // namespace
-}  // namespace rc::engine::internal
+}  // namespace rc::receiver::internal

@@ -1,4 +1,4 @@
-#include "rolloutcore/engine/parameters.h"
+#include "rolloutcore/receiver/weights.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -9,7 +9,9 @@
 #include <cstring>
 #include <string_view>
 
-namespace rc::engine {
+namespace rc::receiver {
+
+using formats::DTypeName;
 
 namespace {
 size_t PageSize() {
@@ -153,4 +155,4 @@ Status ParameterStore::SetReadOnly(bool read_only) {
   return OkStatus();
 }
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -7,12 +7,12 @@
 #include <chrono>
 #include <cstring>
 
-#include "engine/delta_apply.h"
+#include "receiver/delta_apply.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/mutex.h"
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 
-namespace rc::engine {
+namespace rc::receiver {
 namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
@@ -37,7 +37,7 @@ void RefitReceiver::SetFullVerifyEvery(int n) {
 Status RefitReceiver::CorruptLiveWeightForTesting() {
   rc::MutexLock lock(mu_);
   // Live weights are read-only outside an install: the fault route unprotects, writes, re-protects.
-  return engine_->WriteLiveForTesting(0, [](ParameterStore* ps) -> Status {
+  return live_->WriteLiveForTesting(0, [](ParameterStore* ps) -> Status {
     const Parameter* p = ps->Find("model.norm.weight");
     if (p == nullptr || p->nbytes() == 0) return NotFound("rank 0 has no model.norm.weight to corrupt");
     p->bytes()[0] ^= std::byte{0x01};
@@ -55,8 +55,8 @@ Json RefitReceiver::FullInstallAnchor() {
 std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req, const refit::Manifest& manifest,
                                                          const refit::TensorDigests& published, const Json& stages_in,
                                                          std::string* why_full) {
-  const int64_t generation = engine_->State().install_generation;
-  const std::string live_version = engine_->WeightVersion();
+  const int64_t generation = live_->InstallGeneration();
+  const std::string live_version = live_->WeightVersion();
   const bool cached = live_cache_valid_ && live_cache_generation_ == generation;
   // Cheap refusals first, without the live digest.
   *why_full = internal::DeltaIneligibility(manifest, live_version, nullptr);
@@ -179,7 +179,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
                                                const refit::TensorDigests& published,
                                                const refit::Manifest& manifest) {
   internal::DeltaStaged& d = *delta_staged_;
-  if (engine_->State().install_generation != d.generation || engine_->WeightVersion() != d.base) {
+  if (live_->InstallGeneration() != d.generation || live_->WeightVersion() != d.base) {
     return FailedPrecondition("install refused: the live weights changed since the delta of " + version +
                               " was staged on " + d.base + " (stage again); nothing was touched");
   }
@@ -194,7 +194,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
   if (d.to_staging) {
     // Install by swap, as a full refit: the staging image holds the new version (its digest
     // checked, read-only since); no live byte is written.
-    auto exchange = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) REQUIRES(mu_)
+    auto exchange = [this, &bytes, touched](int rank, ParameterStore* params) REQUIRES(mu_)
         -> Status {
       const auto r = static_cast<size_t>(rank);
       auto& shadow = shadow_[r];
@@ -211,16 +211,16 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
       return OkStatus();
     };
     live_cache_valid_ = false;
-    Status st = engine_->InstallWeights(exchange, version, ++generation_, !skip_cache_reset,
-                                        Engine::InstallWrites::kExchange);
+    Status st = live_->InstallLive(exchange, version, ++generation_, !skip_cache_reset,
+                                    InstallWrites::kExchange);
     if (!st.ok()) return st.WithContext("delta install of " + version);
     stages["install"] = MsSince(t);
     return FinishDeltaInstall(version, skip_cache_reset, stage_evidence, published, manifest, bytes.load(),
                               std::move(stages));
   }
-  // In place (no staging image of the live layout): called by Engine::InstallWeights before it
+  // In place (no staging image of the live layout): called by LiveWeights::InstallLive before it
   // returns, while this thread holds mu_ (see InstallLocked).
-  auto fill = [this, &d, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) REQUIRES(mu_) -> Status {
+  auto fill = [this, &d, &bytes, touched](int rank, ParameterStore* params) REQUIRES(mu_) -> Status {
     const auto r = static_cast<size_t>(rank);
     // The first live byte is written below: from here on a failure is after mutation.
     touched->store(true);
@@ -239,7 +239,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
     return OkStatus();
   };
   live_cache_valid_ = false;  // the live weights are about to change
-  Status st = engine_->InstallWeights(fill, version, ++generation_, !skip_cache_reset);
+  Status st = live_->InstallLive(fill, version, ++generation_, !skip_cache_reset, InstallWrites::kInPlace);
   if (!st.ok()) return st.WithContext("delta install of " + version);
   stages["install"] = MsSince(t);
   return FinishDeltaInstall(version, skip_cache_reset, stage_evidence, published, manifest, bytes.load(),
@@ -290,7 +290,7 @@ Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool 
     deltas_since_anchor_ = 0;
   }
   live_cache_ = after;
-  live_cache_generation_ = engine_->State().install_generation;
+  live_cache_generation_ = live_->InstallGeneration();
   live_cache_valid_ = true;
   Json out = stage_evidence;
   out["weight_version"] = version;
@@ -308,7 +308,7 @@ Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool 
     chain->staging_version = d.base;
     chain->staging_digests = d.base_digests;
     chain->live_version = version;
-    chain->live_generation = engine_->State().install_generation;
+    chain->live_generation = live_->InstallGeneration();
     chain->previous_manifest = manifest;
     chain->previous = std::move(d);
     delta_chain_ = std::move(chain);
@@ -318,11 +318,11 @@ Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool 
 }
 
 bool RefitReceiver::StagingFitsLive(bool require_read_only) {
-  if (shadow_.size() != captures_.size() || static_cast<int>(shadow_.size()) != engine_->tensor_parallel_size()) {
+  if (shadow_.size() != captures_.size() || static_cast<int>(shadow_.size()) != live_->tensor_parallel_size()) {
     return false;
   }
   for (size_t r = 0; r < shadow_.size(); ++r) {
-    for (const auto& [name, p] : engine_->Parameters(static_cast<int>(r)).all()) {
+    for (const auto& [name, p] : live_->Parameters(static_cast<int>(r)).all()) {
       if (!p.alias_of.empty()) continue;
       auto it = shadow_[r].find(name);
       if (it == shadow_[r].end() || it->second->size() != p.nbytes()) return false;
@@ -403,4 +403,4 @@ Status RefitReceiver::PrepareStagingForDelta(const std::string& live_version, in
   return OkStatus();
 }
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -1,4 +1,4 @@
-#include "engine/relay.h"
+#include "receiver/relay.h"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/refit/digest.h"
-#include "rolloutcore/transport/registry.h"
+#include "rolloutcore/receiver/source_imports.h"
 
-namespace rc::engine {
+namespace rc::receiver {
 
 std::string RelayModelName(std::string_view model) { return std::string(model) + "@relay"; }
 std::string RelayLabel(std::string_view version, std::string_view holder) {
@@ -57,8 +57,7 @@ std::vector<HeldBox> DistinctBoxes(const refit::ShardTable& t) {
 Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(const refit::Manifest& manifest,
                                                         const std::vector<refit::Capture>& captures,
                                                         const std::vector<refit::DestinationBuffers>& buffers,
-                                                        std::string model, std::string holder,
-                                                        const std::string& transport_name) {
+                                                        std::string model, std::string holder) {
   if (captures.size() != buffers.size()) return Internal("relay: captures and buffers differ in rank count");
   auto h = std::make_unique<RelayHolding>();
   h->model = std::move(model);
@@ -137,7 +136,7 @@ Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(const refit::Manifest& m
   }
 
   // Prove every box holds the published bytes, then register it.
-  RC_ASSIGN_OR_RETURN(h->transport, transport::CreateTransport(transport_name));
+  RC_ASSIGN_OR_RETURN(h->transport, CreateManifestTransport(manifest));
   h->tables.reserve(manifest.tables.size());
   for (size_t i = 0; i < manifest.tables.size(); ++i) {
     const refit::ShardTable& t = manifest.tables[i];
@@ -227,4 +226,4 @@ Result<MergedSources> MergeRelayHolders(const refit::Manifest& origin, const std
   return m;
 }
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -17,7 +17,7 @@
 // `apply` (the staging path) it reads and writes the staging image instead, in the same pass, and
 // the prediction is the digest of what the image holds after the writes.
 // ApplyDelta writes one rank's changes into its live parameters (only inside
-// Engine::InstallWeights), decoding the kept bodies again. DigestAfterDelta re-reads every changed
+// LiveWeights::InstallLive), decoding the kept bodies again. DigestAfterDelta re-reads every changed
 // owned element from the live parameters after the install and returns the per-tensor digests
 // they give.
 //
@@ -34,14 +34,14 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
-#include "rolloutcore/engine/parameters.h"
+#include "rolloutcore/receiver/weights.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/manifest.h"
 
-namespace rc::engine::internal {
+namespace rc::receiver::internal {
 
 // Why `manifest` cannot be applied as a delta on live weights labelled `live_version` whose
 // per-tensor digests are `live` (nullptr: none known for the current install generation); ""
@@ -196,4 +196,4 @@ struct DeltaStageInput {
 // paths for the same dtype and bf16 installed as f32 (exposed for its equivalence test).
 uint64_t InstalledBitsFast(refit::DType source, refit::DType installed, const std::byte* element);
 
-}  // namespace rc::engine::internal
+}  // namespace rc::receiver::internal

@@ -1,8 +1,8 @@
-#include "engine/relay.h"
+#include "receiver/relay.h"
 
 #include <gtest/gtest.h>
 
-namespace rc::engine {
+namespace rc::receiver {
 namespace {
 
 using refit::ShardInfo;
@@ -93,4 +93,4 @@ TEST(RelayTest, ExcludedHoldersAreSkippedAndTheTrainerServesWhenNoneIsLeft) {
 }
 
 }  // namespace
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -1,4 +1,6 @@
-// RefitReceiver: the engine side of receiver-driven refit (ENGINE_API.md: /rc/refit/stage,
+// RefitReceiver (module `receiver`, below the engine: it reaches the live weights only through
+// LiveWeights, live_weights.h, which the embedded engine implements): the engine side of
+// receiver-driven refit (ENGINE_API.md: /rc/refit/stage,
 // /rc/refit/install, /rc/weights/digest).
 //
 // Stage(model, version, directory): discover the committed version in the directory → capture
@@ -10,7 +12,7 @@
 // and compare it, tensor by tensor, with the manifest. A mismatch refuses the stage.
 // Install(version): only while the engine is paused (refused otherwise, and when nothing or
 // another version is staged — in both cases nothing live was touched), through
-// Engine::InstallWeights, which sets the label in the same critical section. A full stage's image
+// LiveWeights::InstallLive, which sets the label in the same critical section. A full stage's image
 // covers every live parameter in its dtype (the shadow is allocated in the live dtype and layout),
 // so the install swaps it in: staged and live storage are exchanged (no live byte is copied) and
 // the live digest is the staged digest, sound because the shadow was made read-only (mprotect)
@@ -35,10 +37,10 @@
 // Pre-replay (docs/lifecycle.md "Replay validation"): after a stage succeeded with a staging
 // image that an install will swap in (full, or delta applied to the staging image) and the
 // manifest carries probes, Stage replays them on that image (read-only since its digest) through
-// Engine::PreReplay while the old version still serves, within what is left of the stage's
+// LiveWeights::PreReplay while the old version still serves, within what is left of the stage's
 // deadline; the stage evidence says `prereplay: {probes, ms, ran, why, batched}`. A pre-replay
 // that cannot run (no free KV blocks, deadline, ...) never fails the stage. Only an install that
-// swaps that very image in (Engine::AdoptPreReplay, right after the install succeeded and its
+// swaps that very image in (LiveWeights::AdoptPreReplay, right after the install succeeded and its
 // digest matched) makes the results servable, for exactly the install generation it produced;
 // every other install, WriteLiveForTesting and every new Stage (which reuses the shadow) drop or
 // invalidate them, and Engine::Replay computes on the live weights as before.
@@ -96,7 +98,9 @@
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/metrics_writer.h"
 #include "rolloutcore/base/mutex.h"
-#include "rolloutcore/engine/engine.h"
+#include "rolloutcore/receiver/live_weights.h"
+#include "rolloutcore/receiver/source_imports.h"
+#include "rolloutcore/receiver/weights.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/executor.h"
@@ -104,7 +108,11 @@
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/planner.h"
 
-namespace rc::engine {
+namespace rc::refit {
+class LandingDigest;  // src/refit/landing_digest.h
+}  // namespace rc::refit
+
+namespace rc::receiver {
 
 namespace internal {
 struct DeltaStaged;
@@ -149,7 +157,8 @@ struct RelayHolding;
 
 class RefitReceiver {
  public:
-  explicit RefitReceiver(Engine* engine, int threads = 0);
+  // `live` (the embedded engine, or any other LiveWeights) outlives the receiver.
+  explicit RefitReceiver(LiveWeights* live, int threads = 0);
   ~RefitReceiver();
 
   Result<Json> Stage(const StageRequest& request);
@@ -203,7 +212,37 @@ class RefitReceiver {
  private:
   struct Staged;
   Status EnsureCaptures() REQUIRES(mu_);
+  // The staging pipeline (receiver.cc): StageLocked runs its named steps in order, each on the
+  // stage's state (FullStage): ResolveInDirectory → EnsureCaptures → TryStageDelta (a delta
+  // stage ends there) → FindRelaySources → PlanRanks → EnsureShadow → EnsureSourceImports (the
+  // import cache keyed by topology) → PullRanks (again from PlanRanks after a relay failover) →
+  // VerifyOnLanding → SealStaged → KeepStaged.
+  struct FullStage;
   Result<Json> StageLocked(const StageRequest& request) REQUIRES(mu_);
+  // Discovery under the stage's deadline: the manifest and its published digests.
+  Status ResolveInDirectory(FullStage* s) REQUIRES(mu_);
+  // Fan-out: the version's holder records merged into the sources planned against.
+  Status FindRelaySources(FullStage* s) REQUIRES(mu_);
+  // One plan per rank, rebuilt only when the source topology (and receiver rank) changes.
+  Status PlanRanks(FullStage* s) REQUIRES(mu_);
+  // The shadow parameters (staging image in the live layout), allocated on the first stage.
+  Status EnsureShadow(FullStage* s) REQUIRES(mu_);
+  // The sources' transport and import cache for the stage's topology; a replaced shm one goes to
+  // *retired (released after the pull).
+  Status EnsureSourceImports(FullStage* s, SourceImports* retired) REQUIRES(mu_);
+  // Pulls every rank's plan into the shadow. True when a relay holder proved dead was excluded
+  // and the sources merged again (the caller plans and pulls again).
+  Result<bool> PullRanks(FullStage* s, refit::LandingDigest* landing) REQUIRES(mu_);
+  // The staged digest (what the landing did not digest) and the finite check, compared with the
+  // manifest tensor by tensor.
+  Status VerifyOnLanding(FullStage* s, refit::LandingDigest* landing) REQUIRES(mu_);
+  // f32 staging: whether the bytes no digest region read (replicas) hold a non-finite value.
+  bool AnyNonFiniteUncoveredF32(const std::vector<refit::UncoveredBytes>& uncovered) REQUIRES(mu_);
+  // Makes the staged image read-only, releases `retired` off the stage's path, records metrics.
+  Result<Json> SealStaged(FullStage* s, SourceImports retired) REQUIRES(mu_);
+  Json FullStageEvidence(const FullStage& s, double gbps) const REQUIRES(mu_);
+  // Keeps the stage (staged_) and returns its evidence.
+  Result<Json> KeepStaged(FullStage* s, Json evidence, refit::TensorDigests staged_digest) REQUIRES(mu_);
   // Sets *touched before the first live byte is written.
   Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched) REQUIRES(mu_);
   // With any_nonfinite_f32, also checks (in the same pass) that the f32 elements read are finite.
@@ -241,11 +280,11 @@ class RefitReceiver {
   Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, const refit::TensorDigests& live,
                                  uint64_t bytes, Json stages, const char* mode) REQUIRES(mu_);
   // Pre-replay (Stage, after a successful stage): runs the staged version's probes on the staged
-  // image through Engine::PreReplay, bounded by `deadline`; returns the stage evidence's
+  // image through LiveWeights::PreReplay, bounded by `deadline`; returns the stage evidence's
   // "prereplay" and records the image id in staged_ when the results were cached.
   Json PreReplayLocked(std::chrono::steady_clock::time_point deadline) REQUIRES(mu_);
 
-  Engine* engine_;
+  LiveWeights* live_;
   refit::ModelConfig config_;
   const int threads_;
   // Held for the whole of a Stage (before mu_), taken with the stage's deadline. A flag under a
@@ -270,11 +309,8 @@ class RefitReceiver {
   std::unique_ptr<refit::StagingArena> arena_ GUARDED_BY(mu_);                      // guarded by mu_
   // The transport and the imported source descriptors, kept across stages while the source
   // topology (which includes every handle) and the transport name are unchanged; dropped when
-  // either changes or a stage fails (imports_ is declared after transport_: released first).
-  std::unique_ptr<transport::Transport> transport_ GUARDED_BY(mu_);                 // guarded by mu_
-  std::string transport_name_ GUARDED_BY(mu_);                                      // guarded by mu_
-  uint64_t transport_topology_ GUARDED_BY(mu_) = 0;                                 // guarded by mu_
-  std::unique_ptr<refit::ImportCache> imports_ GUARDED_BY(mu_);                     // guarded by mu_
+  // either changes or a stage fails (SourceImports releases the imports first).
+  SourceImports sources_ GUARDED_BY(mu_);                                           // guarded by mu_
   int64_t transports_built_ GUARDED_BY(mu_) = 0;                                    // guarded by mu_
   // Releases a replaced shm transport and its imports (unmapping the old sources: ~40 ms per GB
   // of 4 KiB pages) off the stage's path; joined before the next one starts and at destruction.
@@ -299,7 +335,7 @@ class RefitReceiver {
   std::unique_ptr<internal::DeltaChain> delta_chain_ GUARDED_BY(mu_);             // guarded by mu_
   std::atomic<bool> corrupt_previous_delta_{false};                 // test-only fault
   bool swap_q_heads_ GUARDED_BY(mu_) = false;                                       // guarded by mu_; test-only fault
-  uint64_t prereplay_seq_ GUARDED_BY(mu_) = 0;  // ids of the staged images pre-replayed (Engine::PreReplay)
+  uint64_t prereplay_seq_ GUARDED_BY(mu_) = 0;  // ids of the staged images pre-replayed (LiveWeights::PreReplay)
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable rc::Mutex metrics_mu_;
   Json last_stage_ms_ GUARDED_BY(metrics_mu_) = Json::object();                             // guarded by metrics_mu_
@@ -312,4 +348,4 @@ class RefitReceiver {
   std::chrono::steady_clock::time_point stage_started_ GUARDED_BY(metrics_mu_);             // guarded by metrics_mu_
 };
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -1,8 +1,9 @@
-#include "rolloutcore/engine/receiver.h"
+#include "rolloutcore/receiver/receiver.h"
 
-#include "engine/delta_apply.h"
+#include "receiver/delta_apply.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <atomic>
 #include <chrono>
@@ -16,15 +17,14 @@
 #include "rolloutcore/base/parallel.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
-#include "rolloutcore/engine/loader.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/executor.h"
+#include "rolloutcore/receiver/live_weights.h"
 #include "rolloutcore/refit/layouts.h"
-#include "rolloutcore/transport/registry.h"
-#include "engine/nonfinite.h"
-#include "engine/relay.h"
+#include "receiver/nonfinite.h"
+#include "receiver/relay.h"
 
-namespace rc::engine {
+namespace rc::receiver {
 namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
@@ -335,8 +335,8 @@ Json SourcesEvidence(const std::vector<refit::TransferPlan>& plans, const Merged
 
 }  // namespace
 
-RefitReceiver::RefitReceiver(Engine* engine, int threads)
-    : engine_(engine), config_(RefitConfigFromSpec(engine->spec())), threads_(DefaultThreads(threads)) {}
+RefitReceiver::RefitReceiver(LiveWeights* live, int threads)
+    : live_(live), config_(live->RefitModelConfig()), threads_(DefaultThreads(threads)) {}
 RefitReceiver::~RefitReceiver() {
   rc::MutexLock lock(mu_);
   if (retiring_.joinable()) retiring_.join();
@@ -396,9 +396,9 @@ void RefitReceiver::SetSwapQHeadsForTesting(bool on) {
 Status RefitReceiver::EnsureCaptures() {
   if (!captures_.empty()) return OkStatus();
   refit::EngineLayout layout;
-  layout.tp = engine_->tensor_parallel_size();
+  layout.tp = live_->tensor_parallel_size();
   // Staging and planning in the live parameters' dtype: a source of that dtype lands as bytes.
-  RC_ASSIGN_OR_RETURN(layout.param_dtype, RefitDType(engine_->weight_dtype()));
+  RC_ASSIGN_OR_RETURN(layout.param_dtype, live_->RefitWeightDType());
   for (int r = 0; r < layout.tp; ++r) {
     RC_ASSIGN_OR_RETURN(refit::Capture c, refit::CaptureEngineRank(config_, layout, r));
     if (swap_q_heads_) {
@@ -423,9 +423,9 @@ Status RefitReceiver::EnsureCaptures() {
 
 std::vector<refit::DestinationBuffers> RefitReceiver::LiveBuffers() {
   std::vector<refit::DestinationBuffers> out;
-  for (int r = 0; r < engine_->tensor_parallel_size(); ++r) {
+  for (int r = 0; r < live_->tensor_parallel_size(); ++r) {
     refit::DestinationBuffers b;
-    for (const auto& [name, p] : engine_->Parameters(r).all()) {
+    for (const auto& [name, p] : live_->Parameters(r).all()) {
       b.emplace(name, std::span<std::byte>(p.bytes(), p.nbytes()));
     }
     out.push_back(std::move(b));
@@ -497,7 +497,7 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   // pre-replay of what they held must never be served again.
   staged_.reset();
   delta_staged_.reset();
-  engine_->DropPreReplay();
+  live_->DropPreReplay();
   StageRequest left = req;  // what is left of the deadline after waiting for the gate and mu_
   left.timeout_ms = std::max<int64_t>(
       1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
@@ -518,188 +518,226 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
   return result;
 }
 
-Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
-  auto t_total = std::chrono::steady_clock::now();
+// One full stage's state, threaded through the named steps of the staging pipeline (StageLocked):
+// resolve in the directory → plan → the import cache keyed by topology → pull (relay failover) →
+// verify on landing → seal and keep. The delta path branches off after the resolve
+// (TryStageDelta, receiver_delta.cc).
+struct RefitReceiver::FullStage {
+  explicit FullStage(const StageRequest& r)
+      : req(r),
+        deadline(std::chrono::steady_clock::now() + std::chrono::milliseconds(r.timeout_ms)),
+        t_total(std::chrono::steady_clock::now()) {}
+  const StageRequest& req;
+  const std::chrono::steady_clock::time_point deadline;
+  const std::chrono::steady_clock::time_point t_total;
   Json stages = Json::object();
+  std::optional<directory::DirectoryClient> dir;
+  refit::Manifest manifest;
+  refit::TensorDigests published;
+  std::string why_full;
+  // Fan-out (relay.h): the holder records found, the holders excluded, what is planned against.
+  std::vector<RelayRecord> relay_records;
+  std::set<std::string> failed_holders;
+  MergedSources sources;
+  int failovers = 0;
+  // Planning and registration.
+  uint64_t topo = 0;
+  bool plan_cached = false, shadow_allocated = false, transport_cached = false;
+  double registration_ms = 0, protect_ms = 0;
+  std::string transport_name;
+  // The pull.
+  uint64_t bytes = 0, reads = 0;
+  int64_t import_ns = 0, wire_ns = 0, transform_ns = 0;
+  double wire_ms = 0;
+  // Verified on landing.
+  refit::TensorDigests got;
+  size_t digested_on_landing = 0, scanned_on_landing = 0;
+};
 
+Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
+  FullStage s(req);
+  RC_RETURN_IF_ERROR(ResolveInDirectory(&s));
+
+  auto t = std::chrono::steady_clock::now();
+  RC_RETURN_IF_ERROR(EnsureCaptures());
+  s.stages["source_preparation"] = MsSince(t);
+
+  // Delta refit (receiver_delta.cc): on a proven base only the changes move; otherwise in full.
+  if (auto delta = TryStageDelta(req, s.manifest, s.published, s.stages, &s.why_full)) {
+    if (!delta->ok()) return delta->status();
+    return KeepStaged(&s, std::move(*delta).value(), {});
+  }
+  delta_chain_.reset();  // a full stage overwrites the staging image
+
+  RC_RETURN_IF_ERROR(FindRelaySources(&s));
+  for (;;) {
+    RC_RETURN_IF_ERROR(PlanRanks(&s));
+    // Registration: shadow parameters (never the live ones; allocated once and kept), the
+    // transport, and (inside the executor, reported separately) descriptor import.
+    t = std::chrono::steady_clock::now();
+    RC_RETURN_IF_ERROR(EnsureShadow(&s));
+    if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
+    // Replaced shm sources, released after the pull (SealStaged), off the stage's path.
+    SourceImports retired;
+    RC_RETURN_IF_ERROR(EnsureSourceImports(&s, &retired));
+    // A failed pull may have left an import that no longer maps what the trainer serves (a
+    // restarted trainer reusing a segment name): drop the cache so the next stage imports afresh.
+    struct DropOnFailure {
+      RefitReceiver* r;
+      bool armed = true;
+      ~DropOnFailure() {
+        if (armed) r->sources_.Reset();
+      }
+    } drop_on_failure{this};
+    s.registration_ms += MsSince(t);
+
+    // The shadow buffers were made read-only when their last stage was digested (or are the live
+    // storage a swap install retired, read-only too): writable again before anything lands.
+    auto t_protect = std::chrono::steady_clock::now();
+    RC_RETURN_IF_ERROR(SetShadowReadOnly(false));
+    s.protect_ms = MsSince(t_protect);
+    // Where the transport lands bytes with the CPU (shm), the staged digest and the finite check
+    // ride along with the landing copy, read back from the staged bytes while they are in cache
+    // (refit/landing_digest.h); whatever it did not cover whole is digested after the wire.
+    refit::LandingDigest landing(captures_, digest_regions_, uncovered_, shadow_buffers_, plans_);
+    RC_ASSIGN_OR_RETURN(const bool failed_over, PullRanks(&s, &landing));
+    if (failed_over) continue;  // planned again against the remaining holders
+    RC_RETURN_IF_ERROR(VerifyOnLanding(&s, &landing));
+    drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
+    return SealStaged(&s, std::move(retired));
+  }
+}
+
+Status RefitReceiver::ResolveInDirectory(FullStage* s) {
   auto t = std::chrono::steady_clock::now();
   // Discovery runs under the stage's deadline too (the client's default would be 30 s).
   directory::ClientOptions client_options;
   const int64_t left_ms = std::max<int64_t>(
-      1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(s->deadline - std::chrono::steady_clock::now()).count());
   client_options.connect_timeout_ms = std::min(client_options.connect_timeout_ms, left_ms);
   client_options.request_timeout_ms = std::min(client_options.request_timeout_ms, left_ms);
-  directory::DirectoryClient dir(req.directory, client_options);
-  RC_ASSIGN_OR_RETURN(refit::Manifest manifest, dir.Get(req.model, req.version));
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests published, refit::TensorDigestsFromShards(manifest));
-  stages["discovery"] = MsSince(t);
+  s->dir.emplace(s->req.directory, client_options);
+  RC_ASSIGN_OR_RETURN(s->manifest, s->dir->Get(s->req.model, s->req.version));
+  RC_ASSIGN_OR_RETURN(s->published, refit::TensorDigestsFromShards(s->manifest));
+  s->stages["discovery"] = MsSince(t);
+  return OkStatus();
+}
 
-  t = std::chrono::steady_clock::now();
-  RC_RETURN_IF_ERROR(EnsureCaptures());
-  stages["source_preparation"] = MsSince(t);
-
-  // Delta refit (receiver_delta.cc): on a proven base only the changes move; otherwise in full.
-  std::string why_full;
-  if (auto delta = TryStageDelta(req, manifest, published, stages, &why_full)) {
-    if (!delta->ok()) return delta->status();
-    auto staged = std::make_unique<Staged>();
-    staged->model = req.model;
-    staged->version = req.version;
-    staged->published = std::move(published);
-    staged->manifest = std::move(manifest);
-    staged->evidence = std::move(*delta).value();
-    staged_ = std::move(staged);
-    return staged_->evidence;
-  }
-  delta_chain_.reset();  // a full stage overwrites the staging image
-
+Status RefitReceiver::FindRelaySources(FullStage* s) {
   // Fan-out (relay.h): the holder records of this version, merged into what we plan against.
-  std::vector<RelayRecord> relay_records;
-  if (req.use_relays) relay_records = FindRelayRecords(dir, req.model, req.version);
-  std::set<std::string> failed_holders;
-  MergedSources sources;
-  if (!relay_records.empty()) {
-    RC_ASSIGN_OR_RETURN(sources, MergeRelayHolders(manifest, relay_records, failed_holders));
+  if (s->req.use_relays) s->relay_records = FindRelayRecords(*s->dir, s->req.model, s->req.version);
+  if (!s->relay_records.empty()) {
+    RC_ASSIGN_OR_RETURN(s->sources, MergeRelayHolders(s->manifest, s->relay_records, s->failed_holders));
   } else {
-    sources.manifest = manifest;
+    s->sources.manifest = s->manifest;
   }
-  int failovers = 0;
-  bool plan_cached = false, shadow_allocated = false;
-  double registration_ms = 0;
-  std::string transport_name;
-  uint64_t bytes = 0, reads = 0;
-  int64_t import_ns = 0, wire_ns = 0, transform_ns = 0;
- retry_with_other_holders:
+  return OkStatus();
+}
+
+Status RefitReceiver::PlanRanks(FullStage* s) {
   // Plans are rebuilt only when the source topology changes.
-  t = std::chrono::steady_clock::now();
+  auto t = std::chrono::steady_clock::now();
   // The receiver rank picks among replicated sources, so it is part of what a cached plan assumed.
-  uint64_t topo = refit::SourceTopologyDigest(sources.manifest) ^
-                  (static_cast<uint64_t>(req.receiver_rank) * 0x9E3779B97F4A7C15ull);
-  plan_cached = topo == plan_topology_ && plans_.size() == captures_.size();
-  if (!plan_cached) {
+  s->topo = refit::SourceTopologyDigest(s->sources.manifest) ^
+            (static_cast<uint64_t>(s->req.receiver_rank) * 0x9E3779B97F4A7C15ull);
+  s->plan_cached = s->topo == plan_topology_ && plans_.size() == captures_.size();
+  if (!s->plan_cached) {
     plans_.clear();
     for (size_t r = 0; r < captures_.size(); ++r) {
       refit::PlanOptions po;
-      po.dest_rank = static_cast<int32_t>(static_cast<int64_t>(req.receiver_rank) *
+      po.dest_rank = static_cast<int32_t>(static_cast<int64_t>(s->req.receiver_rank) *
                                               static_cast<int64_t>(captures_.size()) +
                                           static_cast<int64_t>(r));
-      RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(captures_[r], sources.manifest, po));
+      RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(captures_[r], s->sources.manifest, po));
       plans_.push_back(std::move(p));
     }
-    plan_topology_ = topo;
+    plan_topology_ = s->topo;
     ++plans_built_;
   }
-  stages["planning"] = MsSince(t);
+  s->stages["planning"] = MsSince(t);
+  return OkStatus();
+}
 
-  // Registration: shadow parameters (never the live ones; allocated once and kept), the
-  // transport, and (inside the executor, reported separately) descriptor import.
-  t = std::chrono::steady_clock::now();
-  if (shadow_.size() != captures_.size()) {
-    shadow_.assign(captures_.size(), {});
-    shadow_buffers_.clear();
-    for (size_t r = 0; r < captures_.size(); ++r) {
-      refit::DestinationBuffers b;
-      for (const auto& spec : captures_[r].params) {
-        // In the live parameter's dtype and layout (the capture's), so an install can exchange it.
-        RC_ASSIGN_OR_RETURN(auto buf, WeightBuffer::Allocate(static_cast<size_t>(spec.bytes())));
-        b.emplace(spec.name, std::span<std::byte>(buf->data(), buf->size()));
-        shadow_[r][spec.name] = std::move(buf);
-      }
-      shadow_buffers_.push_back(std::move(b));
+Status RefitReceiver::EnsureShadow(FullStage* s) {
+  if (shadow_.size() == captures_.size()) return OkStatus();
+  shadow_.assign(captures_.size(), {});
+  shadow_buffers_.clear();
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    refit::DestinationBuffers b;
+    for (const auto& spec : captures_[r].params) {
+      // In the live parameter's dtype and layout (the capture's), so an install can exchange it.
+      RC_ASSIGN_OR_RETURN(auto buf, WeightBuffer::Allocate(static_cast<size_t>(spec.bytes())));
+      b.emplace(spec.name, std::span<std::byte>(buf->data(), buf->size()));
+      shadow_[r][spec.name] = std::move(buf);
     }
-    shadow_allocated = true;
+    shadow_buffers_.push_back(std::move(b));
   }
-  if (!arena_) arena_ = std::make_unique<refit::StagingArena>();
-  RC_ASSIGN_OR_RETURN(transport_name, refit::ManifestTransport(sources.manifest));
-  const bool transport_cached = transport_ != nullptr && imports_ != nullptr && transport_name == transport_name_ &&
-                                transport_topology_ == topo;
+  s->shadow_allocated = true;
+  return OkStatus();
+}
+
+Status RefitReceiver::EnsureSourceImports(FullStage* s, SourceImports* retired) {
+  RC_ASSIGN_OR_RETURN(s->transport_name, refit::ManifestTransport(s->sources.manifest));
+  s->transport_cached = sources_.Holds(s->transport_name, s->topo);
+  if (s->transport_cached) return OkStatus();
   // A new source topology (a new version's buffers) replaces the shm transport and its imports.
   // Unmapping the old sources is no part of this pull: they are kept until the pull is done, then
   // released on a thread of their own (while the pre-replay computes). Released during the pull,
   // the unmapping would hold the address space's lock the new imports and the protect need.
-  // (Declared transport first: on a failed stage the imports, destroyed first, release through it.)
-  std::unique_ptr<transport::Transport> retired_transport;
-  std::unique_ptr<refit::ImportCache> retired_imports;
-  if (!transport_cached) {
-    if (retiring_.joinable()) retiring_.join();
-    if (transport_ != nullptr && transport_name_ == "shm") {
-      retired_imports = std::move(imports_);
-      retired_transport = std::move(transport_);
-    }
-    imports_.reset();  // released through the old transport, before it goes
-    transport_.reset();
-    RC_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(transport_name));
-    imports_ = std::make_unique<refit::ImportCache>(*transport_);
-    transport_name_ = transport_name;
-    transport_topology_ = topo;
-    ++transports_built_;
-  }
-  transport::Transport* transport = transport_.get();
-  // A failed pull may have left an import that no longer maps what the trainer serves (a restarted
-  // trainer reusing a segment name): drop the cache so the next stage imports afresh.
-  struct DropOnFailure {
-    RefitReceiver* r;
-    bool armed = true;
-    ~DropOnFailure() {
-      if (!armed) return;
-      r->imports_.reset();
-      r->transport_.reset();
-    }
-  } drop_on_failure{this};
-  registration_ms += MsSince(t);
+  if (retiring_.joinable()) retiring_.join();
+  if (sources_.ready() && sources_.transport_name() == "shm") *retired = std::move(sources_);
+  RC_RETURN_IF_ERROR(sources_.Create(s->transport_name, s->topo));
+  ++transports_built_;
+  return OkStatus();
+}
 
-  // The shadow buffers were made read-only when their last stage was digested (or are the live
-  // storage a swap install retired, read-only too): writable again before anything lands.
-  auto t_protect = std::chrono::steady_clock::now();
-  RC_RETURN_IF_ERROR(SetShadowReadOnly(false));
-  double protect_ms = MsSince(t_protect);
-  // Where the transport lands bytes with the CPU (shm), the staged digest and the finite check
-  // ride along with the landing copy, read back from the staged bytes while they are in cache
-  // (refit/landing_digest.h); whatever it did not cover whole is digested after the wire.
-  refit::LandingDigest landing(captures_, digest_regions_, uncovered_, shadow_buffers_, plans_);
+Result<bool> RefitReceiver::PullRanks(FullStage* s, refit::LandingDigest* landing) {
+  transport::Transport& transport = sources_.transport();
   for (size_t r = 0; r < captures_.size(); ++r) {
     refit::ExecuteOptions eo;
-    eo.landing_observer = &landing;
+    eo.landing_observer = landing;
     eo.arena = arena_.get();
     eo.transform_threads = threads_;
-    eo.imports = imports_.get();
+    eo.imports = &sources_.imports();
     eo.timeout_ms = std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
-    auto st = refit::ExecutePlan(plans_[r], *transport, shadow_buffers_[r], eo);
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(s->deadline - std::chrono::steady_clock::now()).count());
+    auto st = refit::ExecutePlan(plans_[r], transport, shadow_buffers_[r], eo);
     if (!st.ok()) {
       // A relay whose memory cannot be reached any more is excluded (and its record marked
       // unavailable: we proved its owner gone); the pull restarts from the remaining holders.
-      std::vector<std::string> dead = UnreachableHolders(sources, *transport);
-      if (!dead.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::vector<std::string> dead = UnreachableHolders(s->sources, transport);
+      if (!dead.empty() && std::chrono::steady_clock::now() < s->deadline) {
         for (const std::string& holder : dead) {
-          failed_holders.insert(holder);
-          (void)dir.MarkUnavailable(RelayModelName(req.model), RelayLabel(req.version, holder),
-                                    "relay holder " + holder + " unreachable from a receiver of " + req.version +
-                                        ": " + std::string(st.status().message().substr(0, 200)));
+          s->failed_holders.insert(holder);
+          (void)s->dir->MarkUnavailable(RelayModelName(s->req.model), RelayLabel(s->req.version, holder),
+                                        "relay holder " + holder + " unreachable from a receiver of " +
+                                            s->req.version + ": " + std::string(st.status().message().substr(0, 200)));
         }
-        ++failovers;
-        RC_ASSIGN_OR_RETURN(sources, MergeRelayHolders(manifest, relay_records, failed_holders));
-        bytes = reads = 0;
-        goto retry_with_other_holders;
+        ++s->failovers;
+        RC_ASSIGN_OR_RETURN(s->sources, MergeRelayHolders(s->manifest, s->relay_records, s->failed_holders));
+        s->bytes = s->reads = 0;
+        return true;
       }
-      return st.status().WithContext("pulling " + req.version + " into rank " + std::to_string(r));
+      return st.status().WithContext("pulling " + s->req.version + " into rank " + std::to_string(r));
     }
-    bytes += st->bytes_read;
-    reads += st->reads;
-    import_ns += st->import_ns + st->staging_ns;
-    wire_ns += st->wire_ns;
-    transform_ns += st->transform_ns;
+    s->bytes += st->bytes_read;
+    s->reads += st->reads;
+    s->import_ns += st->import_ns + st->staging_ns;
+    s->wire_ns += st->wire_ns;
+    s->transform_ns += st->transform_ns;
   }
-  stages["registration"] = registration_ms + static_cast<double>(import_ns) / 1e6;
-  const double wire_ms = static_cast<double>(wire_ns) / 1e6;
-  stages["wire"] = wire_ms;
-  stages["transform"] = static_cast<double>(transform_ns) / 1e6;
+  s->stages["registration"] = s->registration_ms + static_cast<double>(s->import_ns) / 1e6;
+  s->wire_ms = static_cast<double>(s->wire_ns) / 1e6;
+  s->stages["wire"] = s->wire_ms;
+  s->stages["transform"] = static_cast<double>(s->transform_ns) / 1e6;
+  return false;
+}
 
+Status RefitReceiver::VerifyOnLanding(FullStage* s, refit::LandingDigest* landing) {
   // The staged digest pass also checks that every f32 weight it reads is finite. It covers only
   // the parameters the landing digest did not take whole.
-  t = std::chrono::steady_clock::now();
-  refit::LandingDigest::Outcome landed = landing.Finish();
+  auto t = std::chrono::steady_clock::now();
+  refit::LandingDigest::Outcome landed = landing->Finish();
   bool nonfinite = landed.nonfinite;
   std::vector<std::vector<refit::DigestRegion>> rest_regions(captures_.size());
   std::vector<refit::UncoveredBytes> rest_uncovered(captures_.size());
@@ -712,26 +750,27 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
       if (landed.fallback.contains({r, param})) rest_uncovered[r].emplace(param, ranges);
     }
   }
-  const bool bf16 = engine_->weight_dtype() == DType::kBF16;
-  refit::TensorDigests got = std::move(landed.digests);
+  const Result<refit::DType> live_dtype = live_->RefitWeightDType();
+  const bool bf16 = live_dtype.ok() && *live_dtype == refit::DType::kBF16;
+  s->got = std::move(landed.digests);
   if (bf16) {
     // bf16 staging: digest and finite check in one pass per piece (DigestAndCheckBf16).
     RC_ASSIGN_OR_RETURN(refit::TensorDigests rest, DigestAndCheckBf16(captures_, rest_regions, rest_uncovered,
                                                                       shadow_buffers_, threads_, &nonfinite));
-    refit::AddDigests(got, rest);
+    refit::AddDigests(s->got, rest);
   } else {
     for (size_t r = 0; r < captures_.size(); ++r) {
       RC_ASSIGN_OR_RETURN(refit::TensorDigests rest,
                           refit::DigestInstalledParallel(captures_[r], shadow_buffers_[r], rest_regions[r], threads_,
                                                          &nonfinite));
-      refit::AddDigests(got, rest);
+      refit::AddDigests(s->got, rest);
     }
   }
   size_t params_total = 0;
   for (const refit::Capture& c : captures_) params_total += c.params.size();
-  const size_t scanned_on_landing = landed.scanned_only;
-  const size_t digested_on_landing = params_total - landed.fallback.size() - scanned_on_landing;
-  stages["receive_sync"] = MsSince(t);
+  s->scanned_on_landing = landed.scanned_only;
+  s->digested_on_landing = params_total - landed.fallback.size() - s->scanned_on_landing;
+  s->stages["receive_sync"] = MsSince(t);
 
   // A NaN or Inf the trainer published has a valid digest; refuse it here, before anything can
   // be installed. Bytes no digest region owns (replicas) are scanned on their own; only when
@@ -739,26 +778,63 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
   t = std::chrono::steady_clock::now();
   // (bf16 staging: every byte, replicas included, was scanned in the digest pass above; replicas
   // scanned while they landed are not in rest_uncovered.)
-  for (size_t r = 0; r < captures_.size() && !nonfinite && !bf16; ++r) {
-    for (const auto& [name, ranges] : rest_uncovered[r]) {
+  if (!nonfinite && !bf16) nonfinite = AnyNonFiniteUncoveredF32(rest_uncovered);
+  if (nonfinite) {
+    RC_RETURN_IF_ERROR(
+        CheckFinite(captures_, shadow_buffers_, threads_).WithContext("staged weights of " + s->req.version));
+  }
+  s->stages["finite_check"] = MsSince(t);
+  std::string mismatch = refit::FirstDigestMismatch(s->got, s->published);
+  if (!mismatch.empty()) {
+    return DataLoss("staged bytes of " + s->req.version + " do not match the published digests: " + mismatch);
+  }
+  return OkStatus();
+}
+
+bool RefitReceiver::AnyNonFiniteUncoveredF32(const std::vector<refit::UncoveredBytes>& uncovered) {
+  for (size_t r = 0; r < captures_.size(); ++r) {
+    for (const auto& [name, ranges] : uncovered[r]) {
       auto it = shadow_buffers_[r].find(name);
       if (it == shadow_buffers_[r].end()) continue;
       for (const refit::ByteRange& br : ranges) {
         if (br.end <= it->second.size() &&
             refit::internal::AnyNonFiniteF32(it->second.data() + br.begin, static_cast<int64_t>((br.end - br.begin) / 4))) {
-          nonfinite = true;
+          return true;
         }
       }
     }
   }
-  if (nonfinite) {
-    RC_RETURN_IF_ERROR(CheckFinite(captures_, shadow_buffers_, threads_).WithContext("staged weights of " + req.version));
+  return false;
+}
+
+Result<Json> RefitReceiver::SealStaged(FullStage* s, SourceImports retired) {
+  // From here until they are swapped in (or re-used by the next stage) the staged bytes cannot
+  // change: the digest just computed stays the digest of these bytes.
+  auto t_protect = std::chrono::steady_clock::now();
+  RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
+  s->protect_ms += MsSince(t_protect);
+  s->stages["protect"] = s->protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
+  // The replaced sources are unmapped on a thread of their own from here, while the pre-replay
+  // computes. Not earlier: the unmapping holds the address space's lock for ~60 ms (1.2 GB of
+  // small pages for qwen3-0.6b), and the protect above waited for it all when it started right
+  // after the pull (session 13; in 64 MiB pieces too: the unmapping thread takes the lock back
+  // first). Not later: past the stage call it ran into the pause window (3 -> 23-32 ms).
+  if (retired.ready()) {
+    retiring_ = std::thread([old = std::move(retired)]() mutable { old.Reset(); });
   }
-  stages["finite_check"] = MsSince(t);
-  std::string mismatch = refit::FirstDigestMismatch(got, published);
-  if (!mismatch.empty()) {
-    return DataLoss("staged bytes of " + req.version + " do not match the published digests: " + mismatch);
+  s->stages["total"] = MsSince(s->t_total);
+  const double gbps = s->wire_ms > 0 ? static_cast<double>(s->bytes) / (s->wire_ms * 1e6) : 0.0;
+  Json evidence = FullStageEvidence(*s, gbps);
+  {
+    rc::MutexLock metrics_lock(metrics_mu_);
+    last_stage_ms_ = s->stages;
+    last_wire_gbps_ = gbps;
+    bytes_pulled_total_ += s->bytes;
   }
+  return KeepStaged(s, std::move(evidence), std::move(s->got));
+}
+
+Json RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) const {
   uint64_t planned = 0, needed = 0, descriptors = 0, full_pulls = 0;
   for (const auto& p : plans_) {
     planned += p.stats.bytes_planned;
@@ -766,65 +842,44 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     descriptors += p.stats.descriptors;
     full_pulls += p.stats.full_pulls;
   }
-  drop_on_failure.armed = false;  // the pull and its digest succeeded: keep the imports
-  // From here until they are swapped in (or re-used by the next stage) the staged bytes cannot
-  // change: the digest just computed stays the digest of these bytes.
-  t_protect = std::chrono::steady_clock::now();
-  RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
-  protect_ms += MsSince(t_protect);
-  stages["protect"] = protect_ms;  // mprotect of the shadow: writable before the pull, read-only after
-  // The replaced sources are unmapped on a thread of their own from here, while the pre-replay
-  // computes. Not earlier: the unmapping holds the address space's lock for ~60 ms (1.2 GB of
-  // small pages for qwen3-0.6b), and the protect above waited for it all when it started right
-  // after the pull (session 13; in 64 MiB pieces too: the unmapping thread takes the lock back
-  // first). Not later: past the stage call it ran into the pause window (3 -> 23-32 ms).
-  if (retired_transport != nullptr) {
-    retiring_ = std::thread([imports = std::move(retired_imports), old = std::move(retired_transport)]() mutable {
-      imports.reset();  // through the old transport, before it goes
-      old.reset();
-    });
+  Json evidence = Json{{"version", s.req.version},
+                       {"model", s.req.model},
+                       {"mode", "full"},
+                       {"mode_reason", s.why_full},
+                       {"transport", s.transport_name},
+                       {"bytes_needed", needed},
+                       {"bytes_planned", planned},
+                       {"bytes_pulled", s.bytes},
+                       {"reads", s.reads},
+                       {"descriptors", descriptors},
+                       {"full_pulls", full_pulls},
+                       {"plan_cached", s.plan_cached},
+                       {"plans_built", plans_built_},
+                       {"shadow_allocated", s.shadow_allocated},
+                       {"transport_cached", s.transport_cached},
+                       {"transports_built", transports_built_},
+                       {"threads", threads_},
+                       {"coverage", "ok"},
+                       {"digest_check", "staged bytes match the manifest, tensor by tensor"},
+                       {"params_digested_while_landing", s.digested_on_landing},
+                       {"params_scanned_while_landing", s.scanned_on_landing},
+                       {"content_digest", Hex64(s.manifest.content_digest)},
+                       {"wire_gbps", gbps},
+                       {"stages_ms", s.stages}};
+  if (s.req.use_relays) {
+    evidence["sources"] = SourcesEvidence(plans_, s.sources, s.relay_records.size(), s.failed_holders, s.failovers);
   }
-  stages["total"] = MsSince(t_total);
+  return evidence;
+}
+
+Result<Json> RefitReceiver::KeepStaged(FullStage* s, Json evidence, refit::TensorDigests staged_digest) {
   auto staged = std::make_unique<Staged>();
-  staged->model = req.model;
-  staged->version = req.version;
-  staged->staged_digest = std::move(got);
-  staged->published = std::move(published);
-  staged->manifest = std::move(manifest);
-  const double gbps = wire_ms > 0 ? static_cast<double>(bytes) / (wire_ms * 1e6) : 0.0;
-  staged->evidence = Json{{"version", req.version},
-                          {"model", req.model},
-                          {"mode", "full"},
-                          {"mode_reason", why_full},
-                          {"transport", transport_name},
-                          {"bytes_needed", needed},
-                          {"bytes_planned", planned},
-                          {"bytes_pulled", bytes},
-                          {"reads", reads},
-                          {"descriptors", descriptors},
-                          {"full_pulls", full_pulls},
-                          {"plan_cached", plan_cached},
-                          {"plans_built", plans_built_},
-                          {"shadow_allocated", shadow_allocated},
-                          {"transport_cached", transport_cached},
-                          {"transports_built", transports_built_},
-                          {"threads", threads_},
-                          {"coverage", "ok"},
-                          {"digest_check", "staged bytes match the manifest, tensor by tensor"},
-                          {"params_digested_while_landing", digested_on_landing},
-                          {"params_scanned_while_landing", scanned_on_landing},
-                          {"content_digest", Hex64(staged->manifest.content_digest)},
-                          {"wire_gbps", gbps},
-                          {"stages_ms", stages}};
-  if (req.use_relays) {
-    staged->evidence["sources"] = SourcesEvidence(plans_, sources, relay_records.size(), failed_holders, failovers);
-  }
-  {
-    rc::MutexLock metrics_lock(metrics_mu_);
-    last_stage_ms_ = stages;
-    last_wire_gbps_ = gbps;
-    bytes_pulled_total_ += bytes;
-  }
+  staged->model = s->req.model;
+  staged->version = s->req.version;
+  staged->staged_digest = std::move(staged_digest);
+  staged->published = std::move(s->published);
+  staged->manifest = std::move(s->manifest);
+  staged->evidence = std::move(evidence);
   staged_ = std::move(staged);
   return staged_->evidence;
 }
@@ -843,7 +898,7 @@ Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
     buffers = shadow_buffers_;
     from = "staged";
   } else if (installed_manifest_ && installed_model_ == req.model && installed_manifest_->version == req.version &&
-             engine_->WeightVersion() == req.version) {
+             live_->WeightVersion() == req.version) {
     manifest = &*installed_manifest_;
     buffers = LiveBuffers();
     from = "installed";
@@ -858,7 +913,7 @@ Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
   }
   auto t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(std::unique_ptr<RelayHolding> holding,
-                      BuildRelayHolding(*manifest, captures_, buffers, req.model, req.holder, transport_name));
+                      BuildRelayHolding(*manifest, captures_, buffers, req.model, req.holder));
   const double build_ms = MsSince(t);
   directory::DirectoryClient dir(req.directory);
   directory::PublishRequest pub;
@@ -934,7 +989,7 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
 
 Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_cache_reset,
                                           std::atomic<bool>* touched) {
-  if (!engine_->IsPaused()) {
+  if (!live_->IsPaused()) {
     return FailedPrecondition("install refused: the engine is not paused (pause it first); nothing was touched");
   }
   if (!staged_) {
@@ -949,7 +1004,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   auto adopt = [this, prereplay_image](Json* evidence) {
     if (prereplay_image == 0) return;
     (*evidence)["prereplay_adopted"] =
-        engine_->AdoptPreReplay(prereplay_image, engine_->State().install_generation);
+        live_->AdoptPreReplay(prereplay_image, live_->InstallGeneration());
   };
   if (delta_staged_) {
     const bool swap = delta_staged_->to_staging;
@@ -967,7 +1022,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   // Install by swap (docs/refit.md): the staged image covers every live parameter in its dtype
   // and size, so the staged storage becomes the live storage and no live byte is copied.
   if (SwapCoversLive()) {
-    auto exchange = [this, &bytes, touched](int rank, const RankLayout&, ParameterStore* params) REQUIRES(mu_)
+    auto exchange = [this, &bytes, touched](int rank, ParameterStore* params) REQUIRES(mu_)
         -> Status {
       const size_t r = static_cast<size_t>(rank);
       auto& shadow = shadow_[r];
@@ -989,8 +1044,8 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
       return OkStatus();
     };
     live_cache_valid_ = false;  // the live weights are about to change
-    Status st = engine_->InstallWeights(exchange, version, ++generation_, !skip_cache_reset,
-                                        Engine::InstallWrites::kExchange);
+    Status st = live_->InstallLive(exchange, version, ++generation_, !skip_cache_reset,
+                                    InstallWrites::kExchange);
     if (!st.ok()) return st.WithContext("install of " + version);
     stages["install"] = MsSince(t);
     t = std::chrono::steady_clock::now();
@@ -1005,10 +1060,9 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   // the live parameters and digests the values it stores (refit::CopyAndDigestInstalledParallel),
   // so no second pass reads the 1.5 GB back. LiveDigest(fresh) still reads the live memory.
   std::vector<refit::TensorDigests> rank_digests(captures_.size());
-  // Engine::Install calls `fill` (on its pool's threads too) before it returns, while this thread
+  // LiveWeights::InstallLive calls `fill` (on its pool's threads too) before it returns, while this thread
   // holds mu_: the lambda is REQUIRES(mu_) in that sense, which the analysis takes on trust.
-  auto fill = [this, &bytes, touched, &rank_digests](int rank, const RankLayout&,
-                                                     ParameterStore* params) REQUIRES(mu_) -> Status {
+  auto fill = [this, &bytes, touched, &rank_digests](int rank, ParameterStore* params) REQUIRES(mu_) -> Status {
     const size_t r = static_cast<size_t>(rank);
     if (r >= captures_.size()) return Internal("install: rank " + std::to_string(rank) + " has no capture");
     const auto& shadow = shadow_[r];
@@ -1034,7 +1088,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     return OkStatus();
   };
   live_cache_valid_ = false;  // the live weights are about to change
-  Status st = engine_->InstallWeights(fill, version, ++generation_, !skip_cache_reset);
+  Status st = live_->InstallLive(fill, version, ++generation_, !skip_cache_reset, InstallWrites::kInPlace);
   if (!st.ok()) {
     return st.WithContext("install of " + version);
   }
@@ -1077,7 +1131,7 @@ Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadli
     requests.push_back(std::move(r));
   }
   const uint64_t id = ++prereplay_seq_;
-  const PreReplayReport rep = engine_->PreReplay(image, id, requests, deadline);
+  const PreReplayReport rep = live_->PreReplay(image, id, requests, deadline);
   j["ms"] = rep.ms;
   j["ran"] = rep.ran;
   j["batched"] = rep.batched;
@@ -1113,7 +1167,7 @@ Result<Json> RefitReceiver::FinishFullInstall(const std::string& version, bool s
                                               const refit::TensorDigests& live, uint64_t bytes, Json stages,
                                               const char* mode) {
   live_cache_ = live;
-  live_cache_generation_ = engine_->State().install_generation;
+  live_cache_generation_ = live_->InstallGeneration();
   live_cache_valid_ = true;
   std::string mismatch = refit::FirstDigestMismatch(live, staged_->published);
   if (!mismatch.empty()) {
@@ -1168,10 +1222,10 @@ void RefitReceiver::WriteMetrics(MetricsWriter* out, const MetricLabels& labels)
 Result<Json> RefitReceiver::LiveDigest(bool fresh) {
   rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(EnsureCaptures());
-  const int64_t generation = engine_->State().install_generation;
+  const int64_t generation = live_->InstallGeneration();
   if (!fresh && live_cache_valid_ && live_cache_generation_ == generation) {
     return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live_cache_))},
-                {"weight_version", engine_->WeightVersion()},
+                {"weight_version", live_->WeightVersion()},
                 {"tensors", DigestsJson(live_cache_)},
                 {"digest_ms", 0.0},
                 {"computed", "at install, from the live parameters (install generation " + std::to_string(generation) + ")"}};
@@ -1182,7 +1236,7 @@ Result<Json> RefitReceiver::LiveDigest(bool fresh) {
   live_cache_generation_ = generation;
   live_cache_valid_ = true;
   return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live))},
-              {"weight_version", engine_->WeightVersion()},
+              {"weight_version", live_->WeightVersion()},
               {"tensors", DigestsJson(live)},
               {"digest_ms", MsSince(t)},
               {"computed", "now"}};
@@ -1192,8 +1246,8 @@ std::optional<std::string> RefitReceiver::CachedLiveDigest() const {
   // A stage or install in progress holds mu_: the cache is being replaced, report none.
   if (!mu_.try_lock()) return std::nullopt;
   rc::MutexLock lock(mu_, std::adopt_lock);
-  if (!live_cache_valid_ || live_cache_generation_ != engine_->State().install_generation) return std::nullopt;
+  if (!live_cache_valid_ || live_cache_generation_ != live_->InstallGeneration()) return std::nullopt;
   return Hex64(refit::CombineTensorDigests(live_cache_));
 }
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

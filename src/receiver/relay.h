@@ -44,7 +44,7 @@
 #include "rolloutcore/transport/shm.h"
 #include "rolloutcore/transport/transport.h"
 
-namespace rc::engine {
+namespace rc::receiver {
 
 std::string RelayModelName(std::string_view model);                         // "<model>@relay"
 std::string RelayLabel(std::string_view version, std::string_view holder);  // "<version>@<holder>"
@@ -61,11 +61,10 @@ struct RelayHolding {
   ~RelayHolding();
 };
 
-// See the header comment. `buffers[r]` are rank r's parameters (engine dtype) for `captures[r]`.
+// See the header comment. The transport is the one V's manifest names (CreateManifestTransport). `buffers[r]` are rank r's parameters (engine dtype) for `captures[r]`.
 [[nodiscard]] Result<std::unique_ptr<RelayHolding>> BuildRelayHolding(
     const refit::Manifest& manifest, const std::vector<refit::Capture>& captures,
-    const std::vector<refit::DestinationBuffers>& buffers, std::string model, std::string holder,
-    const std::string& transport_name);
+    const std::vector<refit::DestinationBuffers>& buffers, std::string model, std::string holder);
 
 struct RelayRecord {
   std::string holder;
@@ -83,4 +82,4 @@ struct MergedSources {
                                                       const std::vector<RelayRecord>& records,
                                                       const std::set<std::string>& excluded);
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -8,7 +8,7 @@
 
 #include "rolloutcore/refit/tensor.h"
 
-namespace rc::engine {
+namespace rc::receiver {
 
 // `bits` is an element of `dtype`, zero-extended. False for dtypes without a non-finite encoding.
 constexpr bool IsNonFiniteBits(refit::DType dtype, uint64_t bits) {
@@ -20,4 +20,4 @@ constexpr bool IsNonFiniteBits(refit::DType dtype, uint64_t bits) {
   }
 }
 
-}  // namespace rc::engine
+}  // namespace rc::receiver

@@ -1,5 +1,5 @@
-#include "engine/delta_apply.h"
-#include "engine/nonfinite.h"
+#include "receiver/delta_apply.h"
+#include "receiver/nonfinite.h"
 
 #include <fmt/format.h>
 
@@ -12,9 +12,9 @@
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/parallel.h"
 #include "rolloutcore/refit/delta.h"
-#include "rolloutcore/transport/registry.h"
+#include "rolloutcore/receiver/source_imports.h"
 
-namespace rc::engine::internal {
+namespace rc::receiver::internal {
 namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
@@ -667,6 +667,37 @@ Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>&
   return OkStatus();
 }
 
+namespace {
+
+// Which shards and tiles rank `r` (capture `cap`) needs: (table, shard) -> tiles.
+using TilesNeeded = std::map<std::pair<size_t, size_t>, std::set<int64_t>>;
+Result<TilesNeeded> DeltaTilesNeeded(const refit::Manifest& m, const std::map<std::string, size_t, std::less<>>& table_of,
+                                     const refit::Capture& cap, size_t r) {
+  TilesNeeded need;
+  for (const refit::CapturedCopy& c : cap.copies) {
+    if (c.box.numel() == 0) continue;
+    auto ti = table_of.find(c.source);
+    if (ti == table_of.end()) {
+      return FailedPrecondition(fmt::format("tensor {} (needed by rank {}) is not in version {}", c.source, r,
+                                            m.version));
+    }
+    const refit::ShardTable& t = m.tables[ti->second];
+    std::set<std::string> boxes;
+    for (size_t si = 0; si < t.shards.size(); ++si) {
+      const refit::ShardInfo& s = t.shards[si];
+      if (!boxes.insert(refit::BoxToString(s.box())).second) continue;  // a replica: read one
+      refit::Box overlap;
+      if (!refit::Intersect(c.box, s.box(), &overlap)) continue;
+      for (size_t d = 0; d < overlap.ndim(); ++d) overlap.start[d] -= s.offset[d];
+      const refit::DeltaTiling g = refit::TilingFor(s.shape);
+      for (int64_t tile : refit::TilesTouching(g, s.shape, overlap)) need[{ti->second, si}].insert(tile);
+    }
+  }
+  return need;
+}
+
+}  // namespace
+
 Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   const refit::Manifest& m = *in.manifest;
   const auto& captures = *in.captures;
@@ -684,23 +715,12 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
     return InvalidArgument(fmt::format("delta refit handles up to {} tensors and {} ranks, not {} and {}", UINT16_MAX,
                                        UINT8_MAX, m.tables.size(), captures.size()));
   }
-  RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(m));
-  RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(transport_name));
-  std::map<std::string, transport::RemoteMemory> remotes;
-  struct ReleaseAll {
-    transport::Transport* t;
-    std::map<std::string, transport::RemoteMemory>* r;
-    ~ReleaseAll() {
-      for (auto& [h, remote] : *r) (void)t->ReleaseRemote(remote);
-    }
-  } release_all{transport.get(), &remotes};
-  auto remote_of = [&](const std::string& handle) -> Result<transport::RemoteMemory> {
-    auto it = remotes.find(handle);
-    if (it != remotes.end()) return it->second;
-    RC_ASSIGN_OR_RETURN(transport::RemoteMemory r, transport->Import(handle));
-    remotes.emplace(handle, r);
-    return r;
-  };
+  // The manifest's transport and the descriptors imported through it, for this stage only
+  // (released, imports first, when it returns).
+  SourceImports links;
+  RC_RETURN_IF_ERROR(links.Ensure(m, /*topology=*/0).status());
+  transport::Transport* transport = &links.transport();
+  auto remote_of = [&](const std::string& handle) { return links.imports().Get(handle); };
   auto read_all = [&](std::vector<transport::ReadOp>& ops) -> Status {
     if (ops.empty()) return OkStatus();
     RC_ASSIGN_OR_RETURN(auto transfer, transport->PostReads(ops));
@@ -718,27 +738,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   std::vector<Json> rank_reads(captures.size());
   for (size_t r = 0; r < captures.size(); ++r) {
     const refit::Capture& cap = captures[r];
-    // Which shards and tiles this rank needs: (table, shard) -> tiles.
-    std::map<std::pair<size_t, size_t>, std::set<int64_t>> need;
-    for (const refit::CapturedCopy& c : cap.copies) {
-      if (c.box.numel() == 0) continue;
-      auto ti = table_of.find(c.source);
-      if (ti == table_of.end()) {
-        return FailedPrecondition(fmt::format("tensor {} (needed by rank {}) is not in version {}", c.source, r,
-                                              m.version));
-      }
-      const refit::ShardTable& t = m.tables[ti->second];
-      std::set<std::string> boxes;
-      for (size_t si = 0; si < t.shards.size(); ++si) {
-        const refit::ShardInfo& s = t.shards[si];
-        if (!boxes.insert(refit::BoxToString(s.box())).second) continue;  // a replica: read one
-        refit::Box overlap;
-        if (!refit::Intersect(c.box, s.box(), &overlap)) continue;
-        for (size_t d = 0; d < overlap.ndim(); ++d) overlap.start[d] -= s.offset[d];
-        const refit::DeltaTiling g = refit::TilingFor(s.shape);
-        for (int64_t tile : refit::TilesTouching(g, s.shape, overlap)) need[{ti->second, si}].insert(tile);
-      }
-    }
+    RC_ASSIGN_OR_RETURN(TilesNeeded need, DeltaTilesNeeded(m, table_of, cap, r));
     // Round 1: header and tile table of every shard the rank reads.
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<std::byte>> prefixes(need.size());
@@ -916,4 +916,4 @@ Result<refit::TensorDigests> DigestAfterDelta(const DeltaStaged& staged, const s
   return out;
 }
 
-}  // namespace rc::engine::internal
+}  // namespace rc::receiver::internal
