@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -1217,21 +1218,43 @@ std::string CallTrail(const Json& calls) {
 }
 }  // namespace
 
-Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bool full) {
-  const auto t0 = std::chrono::steady_clock::now();
+// What one native install records as it goes: its start, the session's calls in order and the
+// evidence detail.
+struct VllmEngine::NativeInstallLog {
+  std::chrono::steady_clock::time_point t0;
   Json calls = Json::array();
-  Json detail{{"transfer", "vllm_native_nccl"}, {"sender", options_.vllm.native_trainer_url}};
-  auto refuse = [&](const std::string& why) -> Result<InstallEvidence> {
-    if (full) return FailedPrecondition("recovery through vLLM's own transfer: " + why);
-    InstallEvidence e;
-    e.outcome = InstallOutcome::kRefusedUntouched;
-    e.error = "install of " + target.label + " through vLLM's own transfer refused before start_weight_update: " + why +
-              " " + CallTrail(calls);
-    detail["outcome"] = "refused_untouched";
-    detail["calls"] = calls;
-    e.detail = detail;
-    return e;
-  };
+  Json detail;
+};
+
+Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bool full) {
+  NativeInstallLog log;
+  log.t0 = std::chrono::steady_clock::now();
+  log.detail = Json{{"transfer", "vllm_native_nccl"}, {"sender", options_.vllm.native_trainer_url}};
+  Json update_info;
+  if (std::optional<std::string> why = NativePrepare(target, full, &log, &update_info)) {
+    return NativeRefused(target, full, &log, *why);
+  }
+  {
+    rc::MutexLock lock(mu_);
+    install_replies_.reset();
+  }
+  // 3. start: from here the model is inside vLLM's layerwise reload.
+  auto start = PostJson("/start_weight_update", "");
+  log.calls.push_back(Json{{"call", "POST /start_weight_update"},
+                           {"ok", start.ok()},
+                           {"ms", MsSince(log.t0)},
+                           {"error", start.ok() ? Json() : Json(start.status().ToString())}});
+  if (!start.ok() && start.status().message().find("Weight transfer not configured") != std::string::npos) {
+    // vLLM checks the configuration before anything else (Worker._check_weight_transfer_engine).
+    return NativeRefused(target, full, &log,
+                         start.status().ToString() + " (start vLLM with --weight-transfer-config '{\"backend\":\"nccl\"}')");
+  }
+  if (!start.ok()) return NativeFailedAfter(target, &log, /*update_answered=*/true, start.status().ToString());
+  return NativeSendAndAdopt(target, update_info, &log);
+}
+
+std::optional<std::string> VllmEngine::NativePrepare(const UpdateTarget& target, bool full, NativeInstallLog* log,
+                                                     Json* update_info) {
   std::optional<Json> pre;
   std::string boot, group_boot;
   {
@@ -1241,86 +1264,96 @@ Result<InstallEvidence> VllmEngine::NativeInstall(const UpdateTarget& target, bo
     group_boot = native_group_boot_;
   }
   if (target.identity.content_digest.size() != 16) {
-    return refuse("the target has no 16-digit manifest content digest ('" + target.identity.content_digest +
-                  "'): nothing could prove the transferred weights");
+    return "the target has no 16-digit manifest content digest ('" + target.identity.content_digest +
+           "'): nothing could prove the transferred weights";
   }
   if (!pre) {
     auto p = NativePreflight(target);
-    calls.push_back(
+    log->calls.push_back(
         Json{{"call", "sender update_info"}, {"ok", p.ok()}, {"error", p.ok() ? Json() : Json(p.status().ToString())}});
-    if (!p.ok()) return refuse(p.status().ToString());
+    if (!p.ok()) return p.status().ToString();
     pre = *p;
   }
-  const Json update_info = (*pre)["update_info"];
-  detail["tensors"] = update_info["names"].size();
-  detail["bytes"] = pre->value("bytes", int64_t{0});
+  *update_info = (*pre)["update_info"];
+  const Json& info = *update_info;
+  log->detail["tensors"] = info["names"].size();
+  log->detail["bytes"] = pre->value("bytes", int64_t{0});
   if (options_.vllm.native_init) {
     // The sender's state now (not the preflight's): it drops out of the group after a failed send.
     auto st = SenderJson(trainer_call_("GET", "/rc/native/state", ""),
                          "GET native sender at " + options_.vllm.native_trainer_url + "/rc/native/state");
-    if (!st.ok()) return refuse(st.status().ToString());
+    if (!st.ok()) return st.status().ToString();
     bool joined = st->value("joined", false);
     if (!joined || group_boot.empty() || group_boot != boot) {
       auto workers = CollectiveRpc("rc_describe", Json::object(), 30000);
-      if (!workers.ok()) return refuse(workers.status().ToString());
-      auto g = NativeInitGroup(*st, static_cast<int64_t>(workers->size()), &calls);
-      if (!g.ok()) return refuse("forming the weight-transfer group failed: " + g.status().ToString());
-      detail["group"] = *g;
+      if (!workers.ok()) return workers.status().ToString();
+      auto g = NativeInitGroup(*st, static_cast<int64_t>(workers->size()), &log->calls);
+      if (!g.ok()) return "forming the weight-transfer group failed: " + g.status().ToString();
+      log->detail["group"] = *g;
       rc::MutexLock lock(mu_);
       native_group_boot_ = boot;
     } else {
-      detail["group"] = Json{{"formed", "earlier, same vLLM boot"}, {"boot_id", boot}};
+      log->detail["group"] = Json{{"formed", "earlier, same vLLM boot"}, {"boot_id", boot}};
     }
   } else {
-    detail["group"] = Json{{"formed", "externally (--vllm-native-init external)"}};
+    log->detail["group"] = Json{{"formed", "externally (--vllm-native-init external)"}};
   }
-  {
-    rc::MutexLock lock(mu_);
-    install_replies_.reset();
-  }
-  // 3. start: from here the model is inside vLLM's layerwise reload.
-  auto start = PostJson("/start_weight_update", "");
-  calls.push_back(Json{{"call", "POST /start_weight_update"},
-                       {"ok", start.ok()},
-                       {"ms", MsSince(t0)},
-                       {"error", start.ok() ? Json() : Json(start.status().ToString())}});
-  if (!start.ok() && start.status().message().find("Weight transfer not configured") != std::string::npos) {
-    // vLLM checks the configuration before anything else (Worker._check_weight_transfer_engine).
-    return refuse(start.status().ToString() + " (start vLLM with --weight-transfer-config '{\"backend\":\"nccl\"}')");
-  }
-  bool update_answered = true;  // false: a call may still hang in the collective
-  auto fail_after = [&](const std::string& why) -> Result<InstallEvidence> {
-    Json cleanup = Json::object();
-    if (update_answered) {
-      // Leave no session behind and no layer on meta tensors, then say what the weights are.
-      auto fin = PostJson("/finish_weight_update", "");
-      cleanup["finish"] = fin.ok() ? Json("ok") : Json(fin.status().ToString());
-      auto restore = CollectiveRpc("rc_native_state", Json{{"restore", true}}, 30000);
-      cleanup["native_state"] = restore.ok() ? Json(*restore) : Json(restore.status().ToString());
-      auto dig = CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", true}}, 30000);
-      if (dig.ok()) {
-        auto combined = CombineWorkerDigests(*dig, options_.base_url);
-        cleanup["live_digest"] = combined.ok() ? Json(*combined) : Json(combined.status().ToString());
-        cleanup["label"] = (*dig)[0].value("label", std::string());
-      } else {
-        cleanup["live_digest"] = dig.status().ToString();
-      }
+  return std::nullopt;
+}
+
+Result<InstallEvidence> VllmEngine::NativeRefused(const UpdateTarget& target, bool full, NativeInstallLog* log,
+                                                  const std::string& why) {
+  if (full) return FailedPrecondition("recovery through vLLM's own transfer: " + why);
+  InstallEvidence e;
+  e.outcome = InstallOutcome::kRefusedUntouched;
+  e.error = "install of " + target.label + " through vLLM's own transfer refused before start_weight_update: " + why +
+            " " + CallTrail(log->calls);
+  log->detail["outcome"] = "refused_untouched";
+  log->detail["calls"] = log->calls;
+  e.detail = log->detail;
+  return e;
+}
+
+Result<InstallEvidence> VllmEngine::NativeFailedAfter(const UpdateTarget& target, NativeInstallLog* log,
+                                                      bool update_answered, const std::string& why) {
+  Json cleanup = Json::object();
+  if (update_answered) {
+    // Leave no session behind and no layer on meta tensors, then say what the weights are.
+    auto fin = PostJson("/finish_weight_update", "");
+    cleanup["finish"] = fin.ok() ? Json("ok") : Json(fin.status().ToString());
+    auto restore = CollectiveRpc("rc_native_state", Json{{"restore", true}}, 30000);
+    cleanup["native_state"] = restore.ok() ? Json(*restore) : Json(restore.status().ToString());
+    auto dig = CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", true}}, 30000);
+    if (dig.ok()) {
+      auto combined = CombineWorkerDigests(*dig, options_.base_url);
+      cleanup["live_digest"] = combined.ok() ? Json(*combined) : Json(combined.status().ToString());
+      cleanup["label"] = (*dig)[0].value("label", std::string());
     } else {
-      cleanup["skipped"] = "a transfer call has not returned (it may hang in the collective): nothing more is sent";
+      cleanup["live_digest"] = dig.status().ToString();
     }
-    InstallEvidence e;
-    e.outcome = InstallOutcome::kFailedAfterMutation;
-    e.error = "install of " + target.label + " through vLLM's own transfer failed after start_weight_update: " + why +
-              " " + CallTrail(calls) + "; after the failure: " + cleanup.dump();
-    detail["outcome"] = "failed_after_mutation";
-    detail["calls"] = calls;
-    detail["cleanup"] = cleanup;
-    detail["total_ms"] = MsSince(t0);
-    e.detail = detail;
-    e.label = cleanup.value("label", std::string());
-    return e;
-  };
-  if (!start.ok()) return fail_after(start.status().ToString());
+  } else {
+    cleanup["skipped"] = "a transfer call has not returned (it may hang in the collective): nothing more is sent";
+  }
+  InstallEvidence e;
+  e.outcome = InstallOutcome::kFailedAfterMutation;
+  e.error = "install of " + target.label + " through vLLM's own transfer failed after start_weight_update: " + why +
+            " " + CallTrail(log->calls) + "; after the failure: " + cleanup.dump();
+  log->detail["outcome"] = "failed_after_mutation";
+  log->detail["calls"] = log->calls;
+  log->detail["cleanup"] = cleanup;
+  log->detail["total_ms"] = MsSince(log->t0);
+  e.detail = log->detail;
+  e.label = cleanup.value("label", std::string());
+  return e;
+}
+
+Result<InstallEvidence> VllmEngine::NativeSendAndAdopt(const UpdateTarget& target, const Json& update_info,
+                                                       NativeInstallLog* log) {
+  const auto t0 = log->t0;
+  Json& calls = log->calls;
+  Json& detail = log->detail;
+  bool update_answered = true;  // false: a call may still hang in the collective
+  auto fail_after = [&](const std::string& why) { return NativeFailedAfter(target, log, update_answered, why); };
   // 4. the concurrent pair.
   auto send = StartBackground(trainer_call_, "POST", "/rc/native/send", Json{{"version", target.label}}.dump());
   auto update = PostJson("/update_weights", Json{{"update_info", update_info}}.dump());

@@ -138,9 +138,27 @@ class VllmEngine final : public BlockingEngine {
   // The release (GET /version) and, on 0.33, the served label, when no Describe read them yet.
   Status EnsureRelease();
   // The native path (native_transfer). NativePreflight: GET the sender's state and the version's
-  // update_info (nothing in vLLM touched). NativeInstall: the whole session, see the definition.
+  // update_info (nothing in vLLM touched). NativeInstall: the whole session, see the definition;
+  // its steps below.
   Result<Json> NativePreflight(const lifecycle::UpdateTarget& target);
   Result<lifecycle::InstallEvidence> NativeInstall(const lifecycle::UpdateTarget& target, bool full);
+  struct NativeInstallLog;  // the session's start, calls and evidence detail so far
+  // Steps 1 and 2 (nothing in vLLM touched): the target's digest, the sender's update_info for
+  // the version (this cycle's Stage's, else fetched now) and the weight-transfer group. Why the
+  // install is refused, or none (then *update_info is set).
+  std::optional<std::string> NativePrepare(const lifecycle::UpdateTarget& target, bool full, NativeInstallLog* log,
+                                           Json* update_info);
+  // The evidence of an install refused before /start_weight_update (a recovery: the error).
+  static Result<lifecycle::InstallEvidence> NativeRefused(const lifecycle::UpdateTarget& target, bool full,
+                                                          NativeInstallLog* log, const std::string& why);
+  // The evidence of a failure from /start_weight_update on (failed_after_mutation), after the
+  // cleanup (finish, restore, fresh digest) when every call answered (`update_answered`).
+  Result<lifecycle::InstallEvidence> NativeFailedAfter(const lifecycle::UpdateTarget& target, NativeInstallLog* log,
+                                                       bool update_answered, const std::string& why);
+  // Steps 4 to 6, after /start_weight_update succeeded: the concurrent send and
+  // /update_weights, /finish_weight_update, and rc_adopt's proof.
+  Result<lifecycle::InstallEvidence> NativeSendAndAdopt(const lifecycle::UpdateTarget& target, const Json& update_info,
+                                                        NativeInstallLog* log);
   // rc_stage (when needed) + rc_install through the extension (the default transfer).
   Result<lifecycle::InstallEvidence> ExtensionInstall(const lifecycle::UpdateTarget& target, bool full);
   Result<Json> NativeInitGroup(const Json& trainer_state, int64_t workers, Json* calls);

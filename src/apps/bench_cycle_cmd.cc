@@ -401,6 +401,225 @@ Result<Stack> StartStack(const BenchCycleOptions& o, const std::string& what) {
   return s;
 }
 
+// One update of `bench cycle`: the trainer's next version, requested through the controller and
+// waited for, with the engine calls and the journal commits of its cycle.
+struct CycleRun {
+  std::string version;
+  Json done;  // the update record (WaitForUpdate)
+  TimePoint t0, t1;  // the request, the committed update
+  double total = 0;  // ms from t0 to the answer
+  lifecycle::JournalAppendStats journal_before, journal_after;
+  std::vector<CallInterval> intervals;  // the engine calls of the cycle (ended by t1)
+};
+
+Result<CycleRun> RunOneUpdate(const Stack& s, controller::ControllerService& svc, CallTimes& times) {
+  CycleRun run;
+  RC_ASSIGN_OR_RETURN(Json step, BenchCall(s.trainer_port, "POST", "/step"));
+  run.version = step.value("version", "");
+  if (step.value("state", "") != "COMMITTED") return Internal("trainer step did not commit: " + step.dump());
+  (void)times.Take();  // identity probes between cycles are not this cycle's
+  run.journal_before = svc.JournalAppendTotals();
+  run.t0 = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(std::string id, svc.RequestUpdate("bench", run.version));
+  RC_ASSIGN_OR_RETURN(run.done, svc.WaitForUpdate(id, 1'200'000));
+  run.t1 = std::chrono::steady_clock::now();
+  run.total = Ms(run.t0);
+  run.journal_after = svc.JournalAppendTotals();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the last watchers record
+  run.intervals = times.Take();
+  // Calls that ended after the cycle (none expected: WaitForUpdate waits for the identity
+  // check) are not this cycle's.
+  std::erase_if(run.intervals, [&](const CallInterval& c) { return c.end > run.t1; });
+  return run;
+}
+
+// --trace: where the cycle's time went, call by call: each engine call (issued -> answer seen) and
+// each journal commit (BEGIN -> synced COMMIT), in ms from the request.
+void PrintCycleTrace(const CycleRun& run) {
+  std::vector<std::tuple<double, double, std::string>> events;
+  events.reserve(run.intervals.size() + run.journal_after.recent.size());
+  auto rel = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t - run.t0).count();
+  };
+  for (const auto& c : run.intervals) events.emplace_back(rel(c.start), rel(c.end), c.name);
+  for (const auto& a : run.journal_after.recent) {
+    if (a.end > run.t0 && a.start < run.t1) events.emplace_back(rel(a.start), rel(a.end), "journal commit");
+  }
+  std::sort(events.begin(), events.end());
+  std::cerr << fmt::format("  trace of {} (ms from the request):\n", run.version);
+  for (const auto& [s0, s1, n] : events) std::cerr << fmt::format("    {:8.3f} .. {:8.3f}  {}\n", s0, s1, n);
+  std::cerr << fmt::format("    {:8.3f}            committed\n", rel(run.t1));
+}
+
+// The pause window's parts: each engine call inside it, and what is left (the controller's
+// journal writes and polling between the calls: the window on the call clock minus the
+// union of the calls in it, PauseWindowGaps).
+Json PauseWindowParts(const std::vector<CallInterval>& intervals, const std::map<std::string, double>& calls,
+                      double install, double install_digest) {
+  auto call = [&](const std::string& n) { return calls.count(n) ? calls.at(n) : 0.0; };
+  Json pause_parts{{"pause_call", call("pause")},
+                   {"install", install},
+                   {"install_live_digest", install_digest},
+                   {"install_call", call("install")},
+                   {"validation_label", call("read_label")},
+                   {"validation_digest", call("read_digest")},
+                   {"validation_replay", call("replay")},
+                   {"resume_call", call("resume")}};
+  for (const auto& [n, ms] : calls) {
+    if (n.rfind("reset_", 0) == 0) pause_parts["cache_" + n] = ms;
+  }
+  const PauseGaps pause_gaps = PauseWindowGaps(intervals);
+  pause_parts["window_on_calls"] = pause_gaps.window_ms;
+  pause_parts["controller_between_calls"] = pause_gaps.between_ms;
+  return pause_parts;
+}
+
+// The report of one cycle (its "cycles" entry) from its update record, evidence and call times;
+// prints its summary line. An update that did not commit, or committed without a matching replay,
+// is an error.
+Result<Json> CycleRecord(const BenchCycleOptions& o, CycleRun run, const TimedVersionSource& versions, bool cold) {
+  const std::string& version = run.version;
+  const std::vector<CallInterval>& intervals = run.intervals;
+  const double total = run.total;
+  const std::map<std::string, double> calls = CallMs(intervals);
+  auto call = [&](const std::string& n) { return calls.count(n) ? calls.at(n) : 0.0; };
+  const Json& e = run.done["engines"][0];
+  if (e.value("outcome", "") != "committed") return Internal("update to " + version + " ended " + e.dump());
+  const Json& ph = e["phases_ms"];
+  double pause = 0;
+  for (const char* p : {"QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING"}) pause += Num(ph, {p});
+  const Json& ev = e.value("evidence", Json::object());
+  const Json staged = ev.contains("staged") ? ev["staged"]["engine"] : Json::object();
+  const Json installed = ev.contains("install_complete") ? ev["install_complete"].value("detail", Json::object()) : Json::object();
+  const double drain = Num(ph, {"DRAINING"});
+  const double stage = Num(staged, {"stages_ms", "total"});
+  // Pre-replay (docs/lifecycle.md "Replay validation"): the probes replayed on the staged image
+  // inside the stage call, while the old version still serves — outside the pause window.
+  const Json prereplay = staged.value("prereplay", Json::object());
+  const double prereplay_ms = Num(prereplay, {"ms"});
+  const double wire = Num(staged, {"stages_ms", "wire"});
+  if (o.trace && staged.contains("stages_ms")) {
+    std::cerr << "  stage parts of " << version << " (ms, engine): " << staged["stages_ms"].dump() << "\n";
+  }
+  const double install = Num(installed, {"stages_ms", "install"});
+  const double install_digest = Num(installed, {"stages_ms", "post_install"});
+  // Validation: the engine's reads that prove the bytes (label, content digest, replay
+  // probes), as the union of their call intervals (sub-ms; the phase times are whole ms).
+  const double validate = UnionMs(intervals, {"read_label", "read_digest", "replay"});
+  // Replay validation, inside VALIDATING (the pause window): the engine's own time for every
+  // probe, and the Runner's wall time from the first replay call to the last answer (ms clock).
+  const Json replay = ev.contains("validated") ? ev["validated"].value("replay", Json::object()) : Json::object();
+  if (!replay.value("skipped", true) && !replay.value("match", false)) {
+    return Internal("update to " + version + " committed without a matching replay: " + replay.dump());
+  }
+  const double replay_engine = Num(replay, {"engine_ms"});
+  const double replay_wall = Num(replay, {"wall_ms"});
+  // The bench runs no rollouts, so nothing holds the drain: time in DRAINING beyond the stage
+  // (the drain-status round trip, journal appends) is the controller's, not a drain wait.
+  const double drain_wait = 0;
+  // Engine-side work: staging, install with its live digest, and the validation reads (the
+  // engine's own times for stage and install). The rest of the cycle is the controller's own
+  // cost: journal writes, noticing completions, pause/reset/resume round trips, the request
+  // (directory resolve) and the identity check after the update.
+  // The engine's whole stage and install calls where it reports them (`call_ms`: the receiver's
+  // wall time from entry to return, which also holds its locks, the shadow's mprotect, the
+  // evidence it builds and the pre-replay adoption); the named parts otherwise. What is left of
+  // each call's interval is its dispatch: the adapter's hand-off to a worker and back.
+  const double stage_engine = std::max(Num(staged, {"call_ms"}), stage + prereplay_ms);
+  const double install_engine = std::max(Num(installed, {"call_ms"}), install + install_digest);
+  const double overhead = total - stage_engine - drain_wait - install_engine - validate;
+  // The same with only the named parts subtracted (the figure before 2026-12-02: the engine's
+  // unnamed work inside its stage and install calls counted as the controller's).
+  const double overhead_named = total - stage - prereplay_ms - drain_wait - install - install_digest - validate;
+  const Json pause_parts = PauseWindowParts(intervals, calls, install, install_digest);
+  // Controller overhead, split precisely: the gaps in which no engine call was in flight (by
+  // the calls around them), the journal appends (count and time, all of them, and the part of
+  // their time no engine call overlapped: what the cycle waited for; issue 15's group commits
+  // sync the request while the stage runs),
+  // and the controller-side engine calls (pause, resets, resume, drain status, identity probe)
+  // plus each call's dispatch beyond the engine's own stage/install time.
+  double idle = 0;
+  Json gaps = IdleGaps(intervals, run.t0, run.t1, &idle);
+  const double journal_ms = run.journal_after.append_ms - run.journal_before.append_ms;
+  const int64_t journal_appends = run.journal_after.appends - run.journal_before.appends;
+  const int64_t journal_syncs = run.journal_after.syncs - run.journal_before.syncs;
+  const JournalInGaps journal_waited = JournalOutsideCalls(run.journal_after.recent, intervals, run.t0, run.t1);
+  double resets = 0;
+  for (const auto& [n, ms] : calls) resets += n.rfind("reset_", 0) == 0 ? ms : 0.0;
+  Json overhead_parts{{"idle_gaps_total", idle},
+                      {"directory_resolve", versions.last_ms()},
+                      {"journal_records", journal_appends},
+                      {"journal_commits", journal_syncs},
+                      {"journal_append_ms", journal_ms},
+                      {"journal_commits_waited_for", journal_waited.commits},
+                      {"journal_waited_ms", journal_waited.ms},
+                      {"idle_gaps_outside_journal", idle - journal_waited.ms},
+                      {"pause_call", call("pause")},
+                      {"reset_calls", resets},
+                      {"resume_call", call("resume")},
+                      {"drain_status_calls", UnionMs(intervals, {"drain_status"})},
+                      {"identity_probe_calls", call("probe_identity")},
+                      {"stage_engine_beyond_parts", stage_engine - stage - prereplay_ms},
+                      {"install_engine_beyond_parts", install_engine - install - install_digest},
+                      {"stage_call_beyond_engine", call("stage") - stage_engine},
+                      {"install_call_beyond_engine", call("install") - install_engine}};
+  Json c{{"version", version},
+         {"cycle_ms", total},
+         {"pause_window_ms", pause},
+         {"drain_ms", drain},
+         {"drain_wait_ms", drain_wait},
+         {"stage_ms", stage},
+         {"wire_ms", wire},
+         {"install_ms", install},
+         {"install_digest_ms", install_digest},
+         {"validate_ms", validate},
+         {"controller_overhead_ms", overhead},
+         {"controller_overhead_named_parts_ms", overhead_named},
+         {"cycle_minus_drain_wire_install_ms", total - drain - install},
+         {"replay", replay},
+         {"prereplay", prereplay},
+         {"prereplay_ms", prereplay_ms},
+         {"replay_engine_ms", replay_engine},
+         {"replay_wall_ms", replay_wall},
+         {"phases_ms", ph},
+         {"pause_window_parts_ms", pause_parts},
+         {"controller_overhead_parts_ms", overhead_parts},
+         {"controller_idle_gaps_ms", gaps},
+         {"calls_ms", calls},
+         {"cold", cold}};
+  std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
+                           "pre-replay {:.1f} ms (stage, {}), install {:.1f} ms, replay {:.2f} ms (engine, in the "
+                           "pause; {} of {} probes precomputed; {:.0f} ms wall), controller overhead {:.1f} ms\n",
+                           version, cold ? "(cold, not counted)" : "", total, pause, stage, wire, prereplay_ms,
+                           prereplay.value("ran", false) ? "ran" : "not run: " + prereplay.value("why", std::string()),
+                           install, replay_engine, replay.value("precomputed", int64_t{0}),
+                           replay.value("probes", int64_t{0}), replay_wall, overhead);
+  std::cerr << "  pause window parts (ms): " << pause_parts.dump() << "\n  controller overhead parts (ms): "
+            << overhead_parts.dump() << "\n  controller idle gaps (ms): " << gaps.dump() << "\n";
+  return c;
+}
+
+// The warm cycles' figures (taken from their records), one series each, for the report's medians.
+struct WarmCycleSeries {
+  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_named_ms, overhead_issue_ms, replay_engine_ms,
+      replay_wall_ms, prereplay_ms;
+  std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms, gap_ms;
+
+  void Add(const Json& c) {
+    cycle_ms.push_back(c["cycle_ms"].get<double>());
+    pause_ms.push_back(c["pause_window_ms"].get<double>());
+    overhead_ms.push_back(c["controller_overhead_ms"].get<double>());
+    overhead_named_ms.push_back(c["controller_overhead_named_parts_ms"].get<double>());
+    overhead_issue_ms.push_back(c["cycle_minus_drain_wire_install_ms"].get<double>());
+    replay_engine_ms.push_back(c["replay_engine_ms"].get<double>());
+    prereplay_ms.push_back(c["prereplay_ms"].get<double>());
+    replay_wall_ms.push_back(c["replay_wall_ms"].get<double>());
+    for (const auto& [k, v] : c["pause_window_parts_ms"].items()) pause_part_ms[k].push_back(v.get<double>());
+    for (const auto& [k, v] : c["controller_overhead_parts_ms"].items()) overhead_part_ms[k].push_back(v.get<double>());
+    for (const auto& [k, v] : c["controller_idle_gaps_ms"].items()) gap_ms[k].push_back(v.get<double>());
+  }
+};
+
 Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
   std::cerr << "bench cycle: embedded engine (" << EngineModelFor(o.model) << ", dummy weights, tp " << o.tp << ")\n";
   adapters::EmbeddedEngine::Options eo;
@@ -431,216 +650,43 @@ Result<Json> RunCycles(const BenchCycleOptions& o, Stack& s) {
 
   const double fdatasync_before = FdatasyncMs(so.state_dir);
   Json cycles = Json::array();
-  std::vector<double> cycle_ms, pause_ms, overhead_ms, overhead_named_ms, overhead_issue_ms, replay_engine_ms, replay_wall_ms,
-      prereplay_ms_all;
-  std::map<std::string, std::vector<double>> pause_part_ms, overhead_part_ms, gap_ms;
+  WarmCycleSeries warm;
   // One update more than reported: the first one allocates the shadow and staging (a cold refit).
   for (int i = 0; i <= o.cycles; ++i) {
-    RC_ASSIGN_OR_RETURN(Json step, BenchCall(s.trainer_port, "POST", "/step"));
-    const std::string version = step.value("version", "");
-    if (step.value("state", "") != "COMMITTED") return Internal("trainer step did not commit: " + step.dump());
-    (void)times->Take();  // identity probes between cycles are not this cycle's
-    const lifecycle::JournalAppendStats journal_before = svc->JournalAppendTotals();
-    auto t0 = std::chrono::steady_clock::now();
-    RC_ASSIGN_OR_RETURN(std::string id, svc->RequestUpdate("bench", version));
-    RC_ASSIGN_OR_RETURN(Json done, svc->WaitForUpdate(id, 1'200'000));
-    const auto t1 = std::chrono::steady_clock::now();
-    const double total = Ms(t0);
-    const lifecycle::JournalAppendStats journal_after = svc->JournalAppendTotals();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the last watchers record
-    std::vector<CallInterval> intervals = times->Take();
-    // Calls that ended after the cycle (none expected: WaitForUpdate waits for the identity
-    // check) are not this cycle's.
-    std::erase_if(intervals, [&](const CallInterval& c) { return c.end > t1; });
-    if (o.trace) {
-      // Where the cycle's time went, call by call: each engine call (issued -> answer seen) and
-      // each journal commit (BEGIN -> synced COMMIT), in ms from the request.
-      std::vector<std::tuple<double, double, std::string>> events;
-      events.reserve(intervals.size() + journal_after.recent.size());
-      auto rel = [&](std::chrono::steady_clock::time_point t) {
-        return std::chrono::duration<double, std::milli>(t - t0).count();
-      };
-      for (const auto& c : intervals) events.emplace_back(rel(c.start), rel(c.end), c.name);
-      for (const auto& a : journal_after.recent) {
-        if (a.end > t0 && a.start < t1) events.emplace_back(rel(a.start), rel(a.end), "journal commit");
-      }
-      std::sort(events.begin(), events.end());
-      std::cerr << fmt::format("  trace of {} (ms from the request):\n", version);
-      for (const auto& [s0, s1, n] : events) std::cerr << fmt::format("    {:8.3f} .. {:8.3f}  {}\n", s0, s1, n);
-      std::cerr << fmt::format("    {:8.3f}            committed\n", rel(t1));
-    }
-    const std::map<std::string, double> calls = CallMs(intervals);
-    auto call = [&](const std::string& n) { return calls.count(n) ? calls.at(n) : 0.0; };
-    const Json& e = done["engines"][0];
-    if (e.value("outcome", "") != "committed") return Internal("update to " + version + " ended " + e.dump());
-    const Json& ph = e["phases_ms"];
-    double pause = 0;
-    for (const char* p : {"QUIESCED", "UPDATING", "INVALIDATING", "VALIDATING", "RESUMING"}) pause += Num(ph, {p});
-    const Json& ev = e.value("evidence", Json::object());
-    const Json staged = ev.contains("staged") ? ev["staged"]["engine"] : Json::object();
-    const Json installed = ev.contains("install_complete") ? ev["install_complete"].value("detail", Json::object()) : Json::object();
-    const double drain = Num(ph, {"DRAINING"});
-    const double stage = Num(staged, {"stages_ms", "total"});
-    // Pre-replay (docs/lifecycle.md "Replay validation"): the probes replayed on the staged image
-    // inside the stage call, while the old version still serves — outside the pause window.
-    const Json prereplay = staged.value("prereplay", Json::object());
-    const double prereplay_ms = Num(prereplay, {"ms"});
-    const double wire = Num(staged, {"stages_ms", "wire"});
-    if (o.trace && staged.contains("stages_ms")) {
-      std::cerr << "  stage parts of " << version << " (ms, engine): " << staged["stages_ms"].dump() << "\n";
-    }
-    const double install = Num(installed, {"stages_ms", "install"});
-    const double install_digest = Num(installed, {"stages_ms", "post_install"});
-    // Validation: the engine's reads that prove the bytes (label, content digest, replay
-    // probes), as the union of their call intervals (sub-ms; the phase times are whole ms).
-    const double validate = UnionMs(intervals, {"read_label", "read_digest", "replay"});
-    // Replay validation, inside VALIDATING (the pause window): the engine's own time for every
-    // probe, and the Runner's wall time from the first replay call to the last answer (ms clock).
-    const Json replay = ev.contains("validated") ? ev["validated"].value("replay", Json::object()) : Json::object();
-    if (!replay.value("skipped", true) && !replay.value("match", false)) {
-      return Internal("update to " + version + " committed without a matching replay: " + replay.dump());
-    }
-    const double replay_engine = Num(replay, {"engine_ms"});
-    const double replay_wall = Num(replay, {"wall_ms"});
-    // The bench runs no rollouts, so nothing holds the drain: time in DRAINING beyond the stage
-    // (the drain-status round trip, journal appends) is the controller's, not a drain wait.
-    const double drain_wait = 0;
-    // Engine-side work: staging, install with its live digest, and the validation reads (the
-    // engine's own times for stage and install). The rest of the cycle is the controller's own
-    // cost: journal writes, noticing completions, pause/reset/resume round trips, the request
-    // (directory resolve) and the identity check after the update.
-    // The engine's whole stage and install calls where it reports them (`call_ms`: the receiver's
-    // wall time from entry to return, which also holds its locks, the shadow's mprotect, the
-    // evidence it builds and the pre-replay adoption); the named parts otherwise. What is left of
-    // each call's interval is its dispatch: the adapter's hand-off to a worker and back.
-    const double stage_engine = std::max(Num(staged, {"call_ms"}), stage + prereplay_ms);
-    const double install_engine = std::max(Num(installed, {"call_ms"}), install + install_digest);
-    const double overhead = total - stage_engine - drain_wait - install_engine - validate;
-    // The same with only the named parts subtracted (the figure before 2026-12-02: the engine's
-    // unnamed work inside its stage and install calls counted as the controller's).
-    const double overhead_named = total - stage - prereplay_ms - drain_wait - install - install_digest - validate;
-    // The pause window's parts: each engine call inside it, and what is left (the controller's
-    // journal writes and polling between the calls: the window on the call clock minus the
-    // union of the calls in it, PauseWindowGaps).
-    Json pause_parts{{"pause_call", call("pause")},
-                     {"install", install},
-                     {"install_live_digest", install_digest},
-                     {"install_call", call("install")},
-                     {"validation_label", call("read_label")},
-                     {"validation_digest", call("read_digest")},
-                     {"validation_replay", call("replay")},
-                     {"resume_call", call("resume")}};
-    for (const auto& [n, ms] : calls) {
-      if (n.rfind("reset_", 0) == 0) pause_parts["cache_" + n] = ms;
-    }
-    const PauseGaps pause_gaps = PauseWindowGaps(intervals);
-    pause_parts["window_on_calls"] = pause_gaps.window_ms;
-    pause_parts["controller_between_calls"] = pause_gaps.between_ms;
-    // Controller overhead, split precisely: the gaps in which no engine call was in flight (by
-    // the calls around them), the journal appends (count and time, all of them, and the part of
-    // their time no engine call overlapped: what the cycle waited for; issue 15's group commits
-    // sync the request while the stage runs),
-    // and the controller-side engine calls (pause, resets, resume, drain status, identity probe)
-    // plus each call's dispatch beyond the engine's own stage/install time.
-    double idle = 0;
-    Json gaps = IdleGaps(intervals, t0, t1, &idle);
-    const double journal_ms = journal_after.append_ms - journal_before.append_ms;
-    const int64_t journal_appends = journal_after.appends - journal_before.appends;
-    const int64_t journal_syncs = journal_after.syncs - journal_before.syncs;
-    const JournalInGaps journal_waited = JournalOutsideCalls(journal_after.recent, intervals, t0, t1);
-    double resets = 0;
-    for (const auto& [n, ms] : calls) resets += n.rfind("reset_", 0) == 0 ? ms : 0.0;
-    Json overhead_parts{{"idle_gaps_total", idle},
-                        {"directory_resolve", versions.last_ms()},
-                        {"journal_records", journal_appends},
-                        {"journal_commits", journal_syncs},
-                        {"journal_append_ms", journal_ms},
-                        {"journal_commits_waited_for", journal_waited.commits},
-                        {"journal_waited_ms", journal_waited.ms},
-                        {"idle_gaps_outside_journal", idle - journal_waited.ms},
-                        {"pause_call", call("pause")},
-                        {"reset_calls", resets},
-                        {"resume_call", call("resume")},
-                        {"drain_status_calls", UnionMs(intervals, {"drain_status"})},
-                        {"identity_probe_calls", call("probe_identity")},
-                        {"stage_engine_beyond_parts", stage_engine - stage - prereplay_ms},
-                        {"install_engine_beyond_parts", install_engine - install - install_digest},
-                        {"stage_call_beyond_engine", call("stage") - stage_engine},
-                        {"install_call_beyond_engine", call("install") - install_engine}};
-    Json c{{"version", version},
-           {"cycle_ms", total},
-           {"pause_window_ms", pause},
-           {"drain_ms", drain},
-           {"drain_wait_ms", drain_wait},
-           {"stage_ms", stage},
-           {"wire_ms", wire},
-           {"install_ms", install},
-           {"install_digest_ms", install_digest},
-           {"validate_ms", validate},
-           {"controller_overhead_ms", overhead},
-           {"controller_overhead_named_parts_ms", overhead_named},
-           {"cycle_minus_drain_wire_install_ms", total - drain - install},
-           {"replay", replay},
-           {"prereplay", prereplay},
-           {"prereplay_ms", prereplay_ms},
-           {"replay_engine_ms", replay_engine},
-           {"replay_wall_ms", replay_wall},
-           {"phases_ms", ph},
-           {"pause_window_parts_ms", pause_parts},
-           {"controller_overhead_parts_ms", overhead_parts},
-           {"controller_idle_gaps_ms", gaps},
-           {"calls_ms", calls},
-           {"cold", i == 0}};
-    std::cerr << fmt::format("bench cycle: {} {}: cycle {:.1f} ms, pause window {:.0f} ms, stage {:.1f} ms (wire {:.1f}), "
-                             "pre-replay {:.1f} ms (stage, {}), install {:.1f} ms, replay {:.2f} ms (engine, in the "
-                             "pause; {} of {} probes precomputed; {:.0f} ms wall), controller overhead {:.1f} ms\n",
-                             version, i == 0 ? "(cold, not counted)" : "", total, pause, stage, wire, prereplay_ms,
-                             prereplay.value("ran", false) ? "ran" : "not run: " + prereplay.value("why", std::string()),
-                             install, replay_engine, replay.value("precomputed", int64_t{0}),
-                             replay.value("probes", int64_t{0}), replay_wall, overhead);
-    std::cerr << "  pause window parts (ms): " << pause_parts.dump() << "\n  controller overhead parts (ms): "
-              << overhead_parts.dump() << "\n  controller idle gaps (ms): " << gaps.dump() << "\n";
+    RC_ASSIGN_OR_RETURN(CycleRun run, RunOneUpdate(s, *svc, *times));
+    if (o.trace) PrintCycleTrace(run);
+    RC_ASSIGN_OR_RETURN(Json c, CycleRecord(o, std::move(run), versions, i == 0));
     cycles.push_back(c);
     if (i == 0) continue;
-    cycle_ms.push_back(total);
-    pause_ms.push_back(pause);
-    overhead_ms.push_back(overhead);
-    overhead_named_ms.push_back(overhead_named);
-    overhead_issue_ms.push_back(total - drain - install);
-    replay_engine_ms.push_back(replay_engine);
-    prereplay_ms_all.push_back(prereplay_ms);
-    replay_wall_ms.push_back(replay_wall);
-    for (const auto& [k, v] : pause_parts.items()) pause_part_ms[k].push_back(v.get<double>());
-    for (const auto& [k, v] : overhead_parts.items()) overhead_part_ms[k].push_back(v.get<double>());
-    for (const auto& [k, v] : gaps.items()) gap_ms[k].push_back(v.get<double>());
+    warm.Add(c);
   }
   Json pause_parts_median = Json::object(), overhead_parts_median = Json::object();
-  for (auto& [k, v] : pause_part_ms) pause_parts_median[k] = Median(v);
-  for (auto& [k, v] : overhead_part_ms) overhead_parts_median[k] = Median(v);
+  for (auto& [k, v] : warm.pause_part_ms) pause_parts_median[k] = Median(v);
+  for (auto& [k, v] : warm.overhead_part_ms) overhead_parts_median[k] = Median(v);
   // A gap that some cycles did not have counts 0 there.
   Json gaps_median = Json::object();
-  for (auto& [k, v] : gap_ms) {
-    v.resize(cycle_ms.size(), 0.0);
+  for (auto& [k, v] : warm.gap_ms) {
+    v.resize(warm.cycle_ms.size(), 0.0);
     gaps_median[k] = Median(v);
   }
   const double fdatasync_after = FdatasyncMs(so.state_dir);
   // A rollout on the last version proves the engine serves it.
   RC_ASSIGN_OR_RETURN(Json r, svc->Rollout(Json{{"prompt_token_ids", {1, 2, 3, 4}}, {"max_tokens", 4}, {"temperature", 0.0}}));
   return Json{{"cycles", cycles},
-              {"cycle_ms_median", Median(cycle_ms)},
-              {"pause_window_ms_median", Median(pause_ms)},
-              {"controller_overhead_ms_median", Median(overhead_ms)},
-              {"controller_overhead_named_parts_ms_median", Median(overhead_named_ms)},
+              {"cycle_ms_median", Median(warm.cycle_ms)},
+              {"pause_window_ms_median", Median(warm.pause_ms)},
+              {"controller_overhead_ms_median", Median(warm.overhead_ms)},
+              {"controller_overhead_named_parts_ms_median", Median(warm.overhead_named_ms)},
               {"pause_window_parts_ms_median", pause_parts_median},
               {"controller_overhead_parts_ms_median", overhead_parts_median},
               {"controller_idle_gaps_ms_median", gaps_median},
               {"state_dir_fdatasync_ms", {{"before", fdatasync_before}, {"after", fdatasync_after}}},
-              {"cycle_minus_drain_wire_install_ms_median", Median(overhead_issue_ms)},
+              {"cycle_minus_drain_wire_install_ms_median", Median(warm.overhead_issue_ms)},
               {"replay_probes", o.probes},
               {"replay_probe_tokens", o.probe_tokens},
-              {"replay_engine_ms_median", Median(replay_engine_ms)},
-              {"prereplay_ms_median", Median(prereplay_ms_all)},
-              {"replay_wall_ms_median", Median(replay_wall_ms)},
+              {"replay_engine_ms_median", Median(warm.replay_engine_ms)},
+              {"prereplay_ms_median", Median(warm.prereplay_ms)},
+              {"replay_wall_ms_median", Median(warm.replay_wall_ms)},
               {"served_label_after", r["binding"]["label"]}};
 }
 

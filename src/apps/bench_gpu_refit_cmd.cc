@@ -241,6 +241,324 @@ Result<Json> CpuCrossCheck(const refit::Capture& capture, const refit::Destinati
   return Json{{"cpu_checked_tensors", cpu.size()}, {"cpu_checked_param_bytes", used}};
 }
 
+// The receiver's side, set up while the owner fills its memory: the captured engine layout, the
+// staging and live parameters, the owner's report and manifest, the plan, the transport and the
+// sources imported once. Filled in place (PrepareReceiver) and never moved: the imports use the
+// transport.
+struct GpuReceiver {
+  refit::Capture capture;
+  double capture_ms = 0;
+  ParamArena staging;
+  ParamArena live;
+  Json owner_report;
+  refit::Manifest manifest;
+  refit::TransferPlan plan;
+  double plan_ms = 0;
+  std::unique_ptr<rc::transport::Transport> transport;
+  std::unique_ptr<cuda::PlanImports> imports;
+  double import_ms = 0;
+  cuda::DeviceExecuteOptions eo;
+};
+
+// The device checks before this process uses a GPU, and the line that names the devices.
+Status CheckGpuRefitDevices(const GpuRefitBenchOptions& o) {
+  const int devices = cuda::DeviceCount();
+  if (devices == 0) return FailedPrecondition("no CUDA device: the GPU refit bench needs one or two GPUs");
+  if (o.device >= devices || o.owner_device >= devices) {
+    return InvalidArgument(fmt::format("--device {} / --owner-device {}: this machine has {} CUDA device(s)", o.device,
+                                       o.owner_device, devices));
+  }
+  if (o.transport == "nccl" && o.device == o.owner_device) {
+    return InvalidArgument("nccl needs the owner and the receiver on different GPUs (--device != --owner-device)");
+  }
+  std::cerr << fmt::format("bench refit (gpu): receiver on device {} ({}), owner on device {} ({}), peer access {}\n",
+                           o.device, cuda::DeviceDescription(o.device), o.owner_device,
+                           cuda::DeviceDescription(o.owner_device),
+                           cuda::CanAccessPeer(o.device, o.owner_device) ? "yes" : "no");
+  return OkStatus();
+}
+
+Status PrepareReceiver(const GpuRefitBenchOptions& o, const refit::ModelConfig& config,
+                       const refit::EngineLayout& target, ChildProcess* owner, const std::string& manifest_path,
+                       GpuReceiver* r) {
+  // Plan while the owner fills its memory.
+  auto t0 = Clk::now();
+  RC_ASSIGN_OR_RETURN(r->capture, refit::CaptureEngineRank(config, target, 0));
+  r->capture_ms = MsSince(t0);
+  RC_ASSIGN_OR_RETURN(r->staging, AllocateParams(r->capture.params, o.device));
+  RC_ASSIGN_OR_RETURN(r->live, AllocateParams(r->capture.params, o.device));
+
+  RC_ASSIGN_OR_RETURN(r->owner_report, WaitForOwner(owner, manifest_path, 900));
+  RC_ASSIGN_OR_RETURN(r->manifest, refit::ManifestFromJson(r->owner_report["manifest"]));
+  t0 = Clk::now();
+  RC_ASSIGN_OR_RETURN(r->plan, refit::BuildPlan(r->capture, r->manifest));
+  r->plan_ms = MsSince(t0);
+  const refit::TransferPlan& plan = r->plan;
+  std::cerr << fmt::format("bench refit (gpu): plan: {} runs ({} direct), {} install steps, {:.2f} GB to move\n",
+                           plan.runs.size(), plan.direct_runs, plan.installs.size(),
+                           static_cast<double>(plan.stats.bytes_planned) / 1e9);
+
+  transport::TransportOptions topts;
+  topts.device = o.device;
+  RC_ASSIGN_OR_RETURN(r->transport, transport::CreateTransport(o.transport, topts));
+  if (o.transport == "cuda_ipc") (void)cuda::EnablePeerAccess(o.device, o.owner_device);
+  t0 = Clk::now();
+  RC_ASSIGN_OR_RETURN(r->imports, cuda::PlanImports::Import(plan, *r->transport));
+  r->import_ms = MsSince(t0);
+
+  r->eo.device = o.device;
+  r->eo.timeout_ms = o.timeout_ms;
+  return OkStatus();
+}
+
+// wire: ExecutePlanOnDevice into the staging parameters, --repeats times, and its baseline.
+struct WireFigures {
+  std::vector<double> wire_ms;
+  double wire_best = 0;
+  refit::ExecuteStats exec;
+  bool peer = false;
+  std::vector<double> peer_ms;
+  double peer_best = 0;
+};
+
+Result<WireFigures> MeasureWire(const GpuRefitBenchOptions& o, const GpuReceiver& r) {
+  WireFigures w;
+  for (int i = 0; i < o.repeats; ++i) {
+    const auto t0 = Clk::now();
+    RC_ASSIGN_OR_RETURN(w.exec, cuda::ExecutePlanOnDevice(r.plan, *r.imports, r.staging.views, r.eo));
+    w.wire_ms.push_back(MsSince(t0));
+    std::cerr << fmt::format("bench refit (gpu): stage {}: {:.1f} ms, {:.1f} GB/s\n", i + 1, w.wire_ms.back(),
+                             Gbps(w.exec.bytes_read, w.wire_ms.back()));
+  }
+  w.wire_best = *std::min_element(w.wire_ms.begin(), w.wire_ms.end());
+
+  // Peer-copy baseline: the same number of bytes from the owner's GPU to this one.
+  w.peer = cuda::EnablePeerAccess(o.device, o.owner_device);
+  {
+    RC_ASSIGN_OR_RETURN(cuda::DeviceBuffer src, cuda::DeviceBuffer::Allocate(o.owner_device, w.exec.bytes_read));
+    for (int i = 0; i < o.repeats; ++i) {
+      RC_ASSIGN_OR_RETURN(double ms, cuda::TimedMemcpy(r.live.buffer.data(), o.device, src.data(), o.owner_device,
+                                                       std::min<uint64_t>(w.exec.bytes_read, r.live.buffer.size())));
+      w.peer_ms.push_back(ms);
+    }
+  }
+  w.peer_best = *std::min_element(w.peer_ms.begin(), w.peer_ms.end());
+  return w;
+}
+
+// install: staging -> live, one batched kernel, against one D2D memcpy of the same bytes.
+struct InstallFigures {
+  std::vector<double> install_ms, d2d_ms;
+  double install_best = 0, d2d_best = 0;
+};
+
+Result<InstallFigures> MeasureInstall(const GpuRefitBenchOptions& o, const GpuReceiver& r) {
+  std::vector<cuda::DeviceCopy> copies;
+  for (const refit::TensorSpec& p : r.capture.params) {
+    copies.push_back({r.staging.views.at(p.name).data(), r.live.views.at(p.name).data(), p.bytes()});
+  }
+  InstallFigures f;
+  for (int i = 0; i < o.repeats; ++i) {
+    RC_ASSIGN_OR_RETURN(double d2d, cuda::TimedMemcpy(r.live.buffer.data(), o.device, r.staging.buffer.data(), o.device,
+                                                      r.live.bytes));
+    f.d2d_ms.push_back(d2d);
+    RC_ASSIGN_OR_RETURN(double ms, cuda::CopyOnDevice(copies, o.device));  // last: live holds the install
+    f.install_ms.push_back(ms);
+  }
+  f.install_best = *std::min_element(f.install_ms.begin(), f.install_ms.end());
+  f.d2d_best = *std::min_element(f.d2d_ms.begin(), f.d2d_ms.end());
+  return f;
+}
+
+// digest: the content digest of the live parameters on the GPU, its baseline (a read sweep), the
+// comparison with the manifest's digests and the CPU cross-check.
+struct DigestFigures {
+  cuda::DeviceDigest digest;
+  double build_ms = 0;
+  std::vector<double> digest_ms;
+  double digest_best = 0;
+  std::vector<double> read_ms;
+  double read_best = 0;
+  uint64_t mismatched = 0, compared = 0;
+  std::string first_mismatch;
+  bool combined_ok = false;
+  Json cpu_check;
+};
+
+Result<DigestFigures> MeasureDigest(const GpuRefitBenchOptions& o, const GpuReceiver& r) {
+  DigestFigures f;
+  const refit::Capture& capture = r.capture;
+  const ParamArena& live = r.live;
+  // Digest of the live parameters.
+  const refit::Capture* ranks[] = {&capture};
+  const std::vector<std::vector<refit::DigestRegion>> owned = refit::AssignDigestOwnership(ranks);
+  auto t0 = Clk::now();
+  RC_ASSIGN_OR_RETURN(f.digest, cuda::DeviceDigest::ForInstalled(capture, live.views, owned[0], o.device));
+  f.build_ms = MsSince(t0);
+  refit::TensorDigests installed;
+  for (int i = 0; i < o.repeats; ++i) {
+    double ms = 0;
+    RC_ASSIGN_OR_RETURN(installed, f.digest.Run(&ms));
+    f.digest_ms.push_back(ms);
+  }
+  f.digest_best = *std::min_element(f.digest_ms.begin(), f.digest_ms.end());
+  // The device's read bandwidth over the same bytes (a plain 16-byte-load sweep of the live
+  // buffer): the digest's reference (issue 15: digest >= 0.8 x read).
+  for (int i = 0; i < o.repeats; ++i) {
+    RC_ASSIGN_OR_RETURN(double ms, cuda::TimedReadSweep(live.buffer.data(), live.bytes / 16 * 16, o.device));
+    f.read_ms.push_back(ms);
+  }
+  f.read_best = *std::min_element(f.read_ms.begin(), f.read_ms.end());
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests expected, refit::TensorDigestsFromShards(r.manifest));
+  for (const auto& [name, d] : installed) {
+    ++f.compared;
+    auto it = expected.find(name);
+    if (it == expected.end() || it->second != d) {
+      if (f.mismatched++ == 0) {
+        f.first_mismatch = fmt::format("{}: installed {} expected {}", name, Hex64(d),
+                                       it == expected.end() ? std::string("(none)") : Hex64(it->second));
+      }
+    }
+  }
+  const bool all_tensors = installed.size() == expected.size();
+  f.combined_ok = all_tensors && refit::CombineTensorDigests(installed) == r.manifest.content_digest;
+  RC_ASSIGN_OR_RETURN(f.cpu_check, CpuCrossCheck(capture, live.views, owned[0], installed, o.device, uint64_t{512} << 20));
+  return f;
+}
+
+// --kill-owner-mid-transfer: one more stage; SIGKILL the owner while it runs (a third of a stage
+// in), and how long the executor took to fail.
+Json KillOwnerMidTransfer(const GpuRefitBenchOptions& o, const GpuReceiver& r, ChildProcess* owner, double wire_best) {
+  std::atomic<bool> done{false};
+  Status result;
+  double returned_ms = 0;
+  const auto start = Clk::now();
+  std::thread stage([&] {
+    auto x = cuda::ExecutePlanOnDevice(r.plan, *r.imports, r.staging.views, r.eo);
+    result = x.ok() ? OkStatus() : x.status();
+    returned_ms = MsSince(start);
+    done = true;
+  });
+  const double kill_at_ms = wire_best / 3;
+  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(kill_at_ms * 1000)));
+  const bool finished_before_kill = done.load();
+  const double killed_ms = MsSince(start);
+  owner->Kill();
+  stage.join();
+  const bool detected = !result.ok() && (result.code() == StatusCode::kUnavailable ||
+                                         result.code() == StatusCode::kAborted);
+  return Json{{"killed_at_ms", killed_ms},
+              {"finished_before_kill", finished_before_kill},
+              {"executor_returned_ms", returned_ms},
+              {"detection_ms", returned_ms - killed_ms},
+              {"deadline_ms", o.timeout_ms},
+              {"status", result.ToString()},
+              // A stage that completed before the kill landed proves nothing either way.
+              {"detected_within_deadline",
+               finished_before_kill ? Json(nullptr)
+                                    : Json(detected && returned_ms < static_cast<double>(o.timeout_ms))}};
+}
+
+// The JSON report. `r` is not const: the owner's figures are read with Json::operator[] as before
+// (a key the owner did not write reads null).
+// GB/s of the best runs: the wire and its peer-copy baseline over the bytes read, the install and
+// its D2D baseline over the parameter bytes.
+struct Bandwidths {
+  double wire = 0, peer = 0, install = 0, d2d = 0;
+};
+
+Bandwidths BandwidthsOf(const GpuReceiver& r, const WireFigures& w, const InstallFigures& in) {
+  Bandwidths b;
+  b.wire = Gbps(w.exec.bytes_read, w.wire_best);
+  b.peer = Gbps(w.exec.bytes_read, w.peer_best);
+  b.install = Gbps(r.live.bytes, in.install_best);
+  b.d2d = Gbps(r.live.bytes, in.d2d_best);
+  return b;
+}
+
+Json GpuRefitReport(const GpuRefitBenchOptions& o, const std::string& target_text, GpuReceiver& r,
+                    const WireFigures& w, const InstallFigures& in, const DigestFigures& d, const Json& kill) {
+  const ParamArena& live = r.live;
+  const refit::TransferPlan& plan = r.plan;
+  const Bandwidths bw = BandwidthsOf(r, w, in);
+  const double wire_gbps = bw.wire, peer_gbps = bw.peer, install_gbps = bw.install, d2d_gbps = bw.d2d;
+  return Json{{"transport", o.transport},
+              {"model", o.model},
+              {"source_layout", o.source},
+              {"target_layout", target_text},
+              {"owner_device", o.owner_device},
+              {"device", o.device},
+              {"device_name", cuda::DeviceDescription(o.device)},
+              {"peer_access", w.peer},
+              {"params", r.capture.params.size()},
+              {"param_bytes", live.bytes},
+              {"bytes_needed", plan.stats.bytes_needed},
+              {"bytes_planned", plan.stats.bytes_planned},
+              {"bytes_read", w.exec.bytes_read},
+              {"runs", plan.runs.size()},
+              {"direct_runs", plan.direct_runs},
+              {"install_steps", plan.installs.size()},
+              {"wire_ms", w.wire_ms},
+              {"wire_gbps", wire_gbps},
+              {"peer_copy_ms", w.peer_ms},
+              {"peer_copy_gbps", peer_gbps},
+              {"wire_to_peer_ratio", peer_gbps > 0 ? wire_gbps / peer_gbps : 0.0},
+              {"install_ms", in.install_ms},
+              {"install_gbps", install_gbps},
+              {"d2d_memcpy_ms", in.d2d_ms},
+              {"d2d_memcpy_gbps", d2d_gbps},
+              {"install_to_d2d_ratio", d2d_gbps > 0 ? install_gbps / d2d_gbps : 0.0},
+              {"digest_ms", d.digest_ms},
+              {"digest_best_ms", d.digest_best},
+              {"digest_gbps", Gbps(live.bytes, d.digest_best)},
+              {"read_sweep_ms", d.read_ms},
+              {"read_gbps", Gbps(live.bytes / 16 * 16, d.read_best)},
+              {"digest_to_read_ratio",
+               d.read_best > 0 ? Gbps(live.bytes, d.digest_best) / Gbps(live.bytes / 16 * 16, d.read_best) : 0.0},
+              {"digest_chunks", d.digest.chunks()},
+              {"digest_table_build_ms", d.build_ms},
+              {"digest_tensors_compared", d.compared},
+              {"digest_tensors_mismatched", d.mismatched},
+              {"digest_first_mismatch", d.first_mismatch},
+              {"digest_verified", d.mismatched == 0 && d.combined_ok},
+              {"cpu_cross_check", d.cpu_check},
+              {"capture_ms", r.capture_ms},
+              {"plan_ms", r.plan_ms},
+              {"import_ms", r.import_ms},
+              {"owner", Json{{"start_ms", r.owner_report["start_ms"]},
+                             {"fill_ms", r.owner_report["fill_ms"]},
+                             {"shard_digest_kernel_ms", r.owner_report["shard_digest_kernel_ms"]},
+                             {"cpu_check", r.owner_report.value("cpu_check", Json())}}},
+              {"kill_owner_mid_transfer", kill}};
+}
+
+// The table (without --json).
+void PrintGpuRefitTable(const GpuRefitBenchOptions& o, const std::string& target_text, const GpuReceiver& r,
+                        const WireFigures& w, const InstallFigures& in, const DigestFigures& d, const Json& report,
+                        const Json& kill) {
+  const ParamArena& live = r.live;
+  const refit::TransferPlan& plan = r.plan;
+  const Bandwidths bw = BandwidthsOf(r, w, in);
+  std::cout << fmt::format(
+      "GPU refit {} over {}: {} -> {} (device {} <- device {})\n"
+      "  {} params, {:.2f} GB; needed {} planned {} read {} bytes; {} runs ({} direct), {} install steps\n"
+      "  | stage   | ms (best of {}) | GB/s    | baseline               | ratio | target |\n"
+      "  | wire    | {:>14.2f} | {:>7.1f} | peer copy {:>7.1f} GB/s | {:.2f}  | >= 0.9 |\n"
+      "  | install | {:>14.2f} | {:>7.1f} | d2d memcpy {:>6.1f} GB/s | {:.2f}  | >= 0.8 |\n"
+      "  | digest  | {:>14.2f} | {:>7.1f} | read sweep {:>6.1f} GB/s | {:.2f}  | >= 0.8 |\n"
+      "  digest verified: {} ({} tensors, {} mismatched{}{}); CPU cross-check: {}\n"
+      "  capture {:.1f} ms, plan {:.1f} ms, import {:.1f} ms, digest table {:.1f} ms ({} chunks)\n",
+      o.model, o.transport, o.source, target_text, o.device, o.owner_device, r.capture.params.size(),
+      static_cast<double>(live.bytes) / 1e9, plan.stats.bytes_needed, plan.stats.bytes_planned, w.exec.bytes_read,
+      plan.runs.size(), plan.direct_runs, plan.installs.size(), o.repeats, w.wire_best, bw.wire, bw.peer,
+      report["wire_to_peer_ratio"].get<double>(), in.install_best, bw.install, bw.d2d,
+      report["install_to_d2d_ratio"].get<double>(), d.digest_best, Gbps(live.bytes, d.digest_best),
+      report["read_gbps"].get<double>(), report["digest_to_read_ratio"].get<double>(),
+      report["digest_verified"].dump(), d.compared, d.mismatched, d.first_mismatch.empty() ? "" : ": ",
+      d.first_mismatch, d.cpu_check.dump(), r.capture_ms, r.plan_ms, r.import_ms, d.build_ms, d.digest.chunks());
+  if (!kill.is_null()) std::cout << "  kill owner mid-transfer: " << kill.dump() << "\n";
+}
+
 }  // namespace
 
 Status RunGpuRefitBench(const GpuRefitBenchOptions& o) {
@@ -273,239 +591,29 @@ Status RunGpuRefitBench(const GpuRefitBenchOptions& o) {
                                            "--layout", o.source, "--device", std::to_string(o.owner_device), "--seed",
                                            std::to_string(o.seed), "--manifest-out", manifest_path},
                                           dir + "/owner.log"));
-  const int devices = cuda::DeviceCount();
-  if (devices == 0) return FailedPrecondition("no CUDA device: the GPU refit bench needs one or two GPUs");
-  if (o.device >= devices || o.owner_device >= devices) {
-    return InvalidArgument(fmt::format("--device {} / --owner-device {}: this machine has {} CUDA device(s)", o.device,
-                                       o.owner_device, devices));
-  }
-  if (o.transport == "nccl" && o.device == o.owner_device) {
-    return InvalidArgument("nccl needs the owner and the receiver on different GPUs (--device != --owner-device)");
-  }
-  std::cerr << fmt::format("bench refit (gpu): receiver on device {} ({}), owner on device {} ({}), peer access {}\n",
-                           o.device, cuda::DeviceDescription(o.device), o.owner_device,
-                           cuda::DeviceDescription(o.owner_device),
-                           cuda::CanAccessPeer(o.device, o.owner_device) ? "yes" : "no");
-
-  // Plan while the owner fills its memory.
-  auto t0 = Clk::now();
-  RC_ASSIGN_OR_RETURN(refit::Capture capture, refit::CaptureEngineRank(config, target, 0));
-  const double capture_ms = MsSince(t0);
-  RC_ASSIGN_OR_RETURN(ParamArena staging, AllocateParams(capture.params, o.device));
-  RC_ASSIGN_OR_RETURN(ParamArena live, AllocateParams(capture.params, o.device));
-
-  RC_ASSIGN_OR_RETURN(Json owner_report, WaitForOwner(owner.get(), manifest_path, 900));
-  RC_ASSIGN_OR_RETURN(refit::Manifest manifest, refit::ManifestFromJson(owner_report["manifest"]));
-  t0 = Clk::now();
-  RC_ASSIGN_OR_RETURN(refit::TransferPlan plan, refit::BuildPlan(capture, manifest));
-  const double plan_ms = MsSince(t0);
-  std::cerr << fmt::format("bench refit (gpu): plan: {} runs ({} direct), {} install steps, {:.2f} GB to move\n",
-                           plan.runs.size(), plan.direct_runs, plan.installs.size(),
-                           static_cast<double>(plan.stats.bytes_planned) / 1e9);
-
-  transport::TransportOptions topts;
-  topts.device = o.device;
-  RC_ASSIGN_OR_RETURN(auto transport, transport::CreateTransport(o.transport, topts));
-  if (o.transport == "cuda_ipc") (void)cuda::EnablePeerAccess(o.device, o.owner_device);
-  t0 = Clk::now();
-  RC_ASSIGN_OR_RETURN(auto imports, cuda::PlanImports::Import(plan, *transport));
-  const double import_ms = MsSince(t0);
-
-  cuda::DeviceExecuteOptions eo;
-  eo.device = o.device;
-  eo.timeout_ms = o.timeout_ms;
-  std::vector<double> wire_ms;
-  refit::ExecuteStats exec;
-  for (int i = 0; i < o.repeats; ++i) {
-    t0 = Clk::now();
-    RC_ASSIGN_OR_RETURN(exec, cuda::ExecutePlanOnDevice(plan, *imports, staging.views, eo));
-    wire_ms.push_back(MsSince(t0));
-    std::cerr << fmt::format("bench refit (gpu): stage {}: {:.1f} ms, {:.1f} GB/s\n", i + 1, wire_ms.back(),
-                             Gbps(exec.bytes_read, wire_ms.back()));
-  }
-  const double wire_best = *std::min_element(wire_ms.begin(), wire_ms.end());
-
-  // Peer-copy baseline: the same number of bytes from the owner's GPU to this one.
-  const bool peer = cuda::EnablePeerAccess(o.device, o.owner_device);
-  std::vector<double> peer_ms;
-  {
-    RC_ASSIGN_OR_RETURN(cuda::DeviceBuffer src, cuda::DeviceBuffer::Allocate(o.owner_device, exec.bytes_read));
-    for (int i = 0; i < o.repeats; ++i) {
-      RC_ASSIGN_OR_RETURN(double ms, cuda::TimedMemcpy(live.buffer.data(), o.device, src.data(), o.owner_device,
-                                                       std::min<uint64_t>(exec.bytes_read, live.buffer.size())));
-      peer_ms.push_back(ms);
-    }
-  }
-  const double peer_best = *std::min_element(peer_ms.begin(), peer_ms.end());
-
-  // Install: staging -> live, one batched kernel, against one D2D memcpy of the same bytes.
-  std::vector<cuda::DeviceCopy> copies;
-  for (const refit::TensorSpec& p : capture.params) {
-    copies.push_back({staging.views.at(p.name).data(), live.views.at(p.name).data(), p.bytes()});
-  }
-  std::vector<double> install_ms, d2d_ms;
-  for (int i = 0; i < o.repeats; ++i) {
-    RC_ASSIGN_OR_RETURN(double d2d, cuda::TimedMemcpy(live.buffer.data(), o.device, staging.buffer.data(), o.device,
-                                                      live.bytes));
-    d2d_ms.push_back(d2d);
-    RC_ASSIGN_OR_RETURN(double ms, cuda::CopyOnDevice(copies, o.device));  // last: live holds the install
-    install_ms.push_back(ms);
-  }
-  const double install_best = *std::min_element(install_ms.begin(), install_ms.end());
-  const double d2d_best = *std::min_element(d2d_ms.begin(), d2d_ms.end());
-
-  // Digest of the live parameters.
-  const refit::Capture* ranks[] = {&capture};
-  const std::vector<std::vector<refit::DigestRegion>> owned = refit::AssignDigestOwnership(ranks);
-  t0 = Clk::now();
-  RC_ASSIGN_OR_RETURN(cuda::DeviceDigest digest, cuda::DeviceDigest::ForInstalled(capture, live.views, owned[0], o.device));
-  const double digest_build_ms = MsSince(t0);
-  std::vector<double> digest_ms;
-  refit::TensorDigests installed;
-  for (int i = 0; i < o.repeats; ++i) {
-    double ms = 0;
-    RC_ASSIGN_OR_RETURN(installed, digest.Run(&ms));
-    digest_ms.push_back(ms);
-  }
-  const double digest_best = *std::min_element(digest_ms.begin(), digest_ms.end());
-  // The device's read bandwidth over the same bytes (a plain 16-byte-load sweep of the live
-  // buffer): the digest's reference (issue 15: digest >= 0.8 x read).
-  std::vector<double> read_ms;
-  for (int i = 0; i < o.repeats; ++i) {
-    RC_ASSIGN_OR_RETURN(double ms, cuda::TimedReadSweep(live.buffer.data(), live.bytes / 16 * 16, o.device));
-    read_ms.push_back(ms);
-  }
-  const double read_best = *std::min_element(read_ms.begin(), read_ms.end());
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests expected, refit::TensorDigestsFromShards(manifest));
-  uint64_t mismatched = 0, compared = 0;
-  std::string first_mismatch;
-  for (const auto& [name, d] : installed) {
-    ++compared;
-    auto it = expected.find(name);
-    if (it == expected.end() || it->second != d) {
-      if (mismatched++ == 0) {
-        first_mismatch = fmt::format("{}: installed {} expected {}", name, Hex64(d),
-                                     it == expected.end() ? std::string("(none)") : Hex64(it->second));
-      }
-    }
-  }
-  const bool all_tensors = installed.size() == expected.size();
-  const bool combined_ok = all_tensors && refit::CombineTensorDigests(installed) == manifest.content_digest;
-  RC_ASSIGN_OR_RETURN(Json cpu_check, CpuCrossCheck(capture, live.views, owned[0], installed, o.device, uint64_t{512} << 20));
-
+  RC_RETURN_IF_ERROR(CheckGpuRefitDevices(o));
+  GpuReceiver r;
+  RC_RETURN_IF_ERROR(PrepareReceiver(o, config, target, owner.get(), manifest_path, &r));
+  RC_ASSIGN_OR_RETURN(WireFigures wire, MeasureWire(o, r));
+  RC_ASSIGN_OR_RETURN(InstallFigures install, MeasureInstall(o, r));
+  RC_ASSIGN_OR_RETURN(DigestFigures digest, MeasureDigest(o, r));
   Json kill = nullptr;
-  if (o.kill_owner_mid_transfer) {
-    // One more stage; SIGKILL the owner while it runs (a third of a stage in).
-    std::atomic<bool> done{false};
-    Status result;
-    double returned_ms = 0;
-    const auto start = Clk::now();
-    std::thread stage([&] {
-      auto r = cuda::ExecutePlanOnDevice(plan, *imports, staging.views, eo);
-      result = r.ok() ? OkStatus() : r.status();
-      returned_ms = MsSince(start);
-      done = true;
-    });
-    const double kill_at_ms = wire_best / 3;
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(kill_at_ms * 1000)));
-    const bool finished_before_kill = done.load();
-    const double killed_ms = MsSince(start);
-    owner->Kill();
-    stage.join();
-    const bool detected = !result.ok() && (result.code() == StatusCode::kUnavailable ||
-                                           result.code() == StatusCode::kAborted);
-    kill = Json{{"killed_at_ms", killed_ms},
-                {"finished_before_kill", finished_before_kill},
-                {"executor_returned_ms", returned_ms},
-                {"detection_ms", returned_ms - killed_ms},
-                {"deadline_ms", o.timeout_ms},
-                {"status", result.ToString()},
-                // A stage that completed before the kill landed proves nothing either way.
-                {"detected_within_deadline",
-                 finished_before_kill ? Json(nullptr)
-                                      : Json(detected && returned_ms < static_cast<double>(o.timeout_ms))}};
-  }
+  if (o.kill_owner_mid_transfer) kill = KillOwnerMidTransfer(o, r, owner.get(), wire.wire_best);
 
-  const double wire_gbps = Gbps(exec.bytes_read, wire_best);
-  const double peer_gbps = Gbps(exec.bytes_read, peer_best);
-  const double install_gbps = Gbps(live.bytes, install_best);
-  const double d2d_gbps = Gbps(live.bytes, d2d_best);
-  Json report{{"transport", o.transport},
-              {"model", o.model},
-              {"source_layout", o.source},
-              {"target_layout", target_text},
-              {"owner_device", o.owner_device},
-              {"device", o.device},
-              {"device_name", cuda::DeviceDescription(o.device)},
-              {"peer_access", peer},
-              {"params", capture.params.size()},
-              {"param_bytes", live.bytes},
-              {"bytes_needed", plan.stats.bytes_needed},
-              {"bytes_planned", plan.stats.bytes_planned},
-              {"bytes_read", exec.bytes_read},
-              {"runs", plan.runs.size()},
-              {"direct_runs", plan.direct_runs},
-              {"install_steps", plan.installs.size()},
-              {"wire_ms", wire_ms},
-              {"wire_gbps", wire_gbps},
-              {"peer_copy_ms", peer_ms},
-              {"peer_copy_gbps", peer_gbps},
-              {"wire_to_peer_ratio", peer_gbps > 0 ? wire_gbps / peer_gbps : 0.0},
-              {"install_ms", install_ms},
-              {"install_gbps", install_gbps},
-              {"d2d_memcpy_ms", d2d_ms},
-              {"d2d_memcpy_gbps", d2d_gbps},
-              {"install_to_d2d_ratio", d2d_gbps > 0 ? install_gbps / d2d_gbps : 0.0},
-              {"digest_ms", digest_ms},
-              {"digest_best_ms", digest_best},
-              {"digest_gbps", Gbps(live.bytes, digest_best)},
-              {"read_sweep_ms", read_ms},
-              {"read_gbps", Gbps(live.bytes / 16 * 16, read_best)},
-              {"digest_to_read_ratio", read_best > 0 ? Gbps(live.bytes, digest_best) / Gbps(live.bytes / 16 * 16, read_best) : 0.0},
-              {"digest_chunks", digest.chunks()},
-              {"digest_table_build_ms", digest_build_ms},
-              {"digest_tensors_compared", compared},
-              {"digest_tensors_mismatched", mismatched},
-              {"digest_first_mismatch", first_mismatch},
-              {"digest_verified", mismatched == 0 && combined_ok},
-              {"cpu_cross_check", cpu_check},
-              {"capture_ms", capture_ms},
-              {"plan_ms", plan_ms},
-              {"import_ms", import_ms},
-              {"owner", Json{{"start_ms", owner_report["start_ms"]},
-                             {"fill_ms", owner_report["fill_ms"]},
-                             {"shard_digest_kernel_ms", owner_report["shard_digest_kernel_ms"]},
-                             {"cpu_check", owner_report.value("cpu_check", Json())}}},
-              {"kill_owner_mid_transfer", kill}};
+  const Json report = GpuRefitReport(o, target_text, r, wire, install, digest, kill);
   if (!o.json_out.empty()) RC_RETURN_IF_ERROR(WriteFileAtomically(o.json_out, report.dump(2) + "\n"));
   if (o.json) {
     std::cout << report.dump(2) << "\n";
   } else {
-    std::cout << fmt::format(
-        "GPU refit {} over {}: {} -> {} (device {} <- device {})\n"
-        "  {} params, {:.2f} GB; needed {} planned {} read {} bytes; {} runs ({} direct), {} install steps\n"
-        "  | stage   | ms (best of {}) | GB/s    | baseline               | ratio | target |\n"
-        "  | wire    | {:>14.2f} | {:>7.1f} | peer copy {:>7.1f} GB/s | {:.2f}  | >= 0.9 |\n"
-        "  | install | {:>14.2f} | {:>7.1f} | d2d memcpy {:>6.1f} GB/s | {:.2f}  | >= 0.8 |\n"
-        "  | digest  | {:>14.2f} | {:>7.1f} | read sweep {:>6.1f} GB/s | {:.2f}  | >= 0.8 |\n"
-        "  digest verified: {} ({} tensors, {} mismatched{}{}); CPU cross-check: {}\n"
-        "  capture {:.1f} ms, plan {:.1f} ms, import {:.1f} ms, digest table {:.1f} ms ({} chunks)\n",
-        o.model, o.transport, o.source, target_text, o.device, o.owner_device, capture.params.size(),
-        static_cast<double>(live.bytes) / 1e9, plan.stats.bytes_needed, plan.stats.bytes_planned, exec.bytes_read,
-        plan.runs.size(), plan.direct_runs, plan.installs.size(), o.repeats, wire_best, wire_gbps, peer_gbps,
-        report["wire_to_peer_ratio"].get<double>(), install_best, install_gbps, d2d_gbps,
-        report["install_to_d2d_ratio"].get<double>(), digest_best, Gbps(live.bytes, digest_best),
-        report["read_gbps"].get<double>(), report["digest_to_read_ratio"].get<double>(),
-        report["digest_verified"].dump(), compared, mismatched, first_mismatch.empty() ? "" : ": ", first_mismatch,
-        cpu_check.dump(), capture_ms, plan_ms, import_ms, digest_build_ms, digest.chunks());
-    if (!kill.is_null()) std::cout << "  kill owner mid-transfer: " << kill.dump() << "\n";
+    PrintGpuRefitTable(o, target_text, r, wire, install, digest, report, kill);
   }
-  imports.reset();
-  transport.reset();
+  r.imports.reset();
+  r.transport.reset();
   StopAllChildren();
   if (!report["digest_verified"].get<bool>()) {
     return DataLoss(fmt::format("installed weights do not match the owner's digests ({} of {} tensors differ{}{})",
-                                mismatched, compared, first_mismatch.empty() ? "" : ": ", first_mismatch));
+                                digest.mismatched, digest.compared, digest.first_mismatch.empty() ? "" : ": ",
+                                digest.first_mismatch));
   }
   if (!kill.is_null() && kill["detected_within_deadline"].is_boolean() && !kill["detected_within_deadline"].get<bool>()) {
     return Internal(fmt::format("the killed owner was not detected within the deadline: {}", kill.dump()));

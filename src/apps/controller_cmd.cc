@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <csignal>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "apps/commands.h"
@@ -28,48 +29,42 @@ std::vector<std::string> SplitCommas(const std::string& s) {
   return out;
 }
 
-}  // namespace
+// The flags of `controller serve` (defaults as shown in --help).
+struct ServeOptions {
+  std::string engines;
+  std::string directory;
+  std::string state_dir;
+  std::string host = "127.0.0.1";
+  int port = 8100;
+  bool auto_update = false;
+  std::string model;
+  int max_updating = 1;
+  std::string embedded_model = "tiny", embedded_load_format = "auto", embedded_label = "v0";
+  int embedded_tp = 1;
+  uint64_t embedded_seed = 0;
+  std::string drain_policy = "wait";
+  int64_t verify_interval_ms = 1000;
+  bool auto_recover = false;
+  double lease_timeout_s = 300;
+  int64_t max_wait_ms = 120'000;
+  std::string pause_mode = "wait";
+  std::string update_mode = "strict";
+  int64_t max_staleness = -1;
+  bool no_prefetch = false;
+  double replay_tolerance = -1;
+  std::string vllm_transfer = "rolloutcore";
+  std::string vllm_native_trainer;
+  std::string vllm_native_init = "controller";
+  std::string vllm_pause_call = "sleep";
+  int vllm_reset_attempts = 5;
+  bool vllm_allow_untested_version = false;
+  int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
+          validate_ms = 60000, resume_ms = 5000;
+  net::ServerSecurity security;
+};
 
-void RegisterControllerCommand(CLI::App& app, int* exit_code) {
-  auto* ctl = app.add_subcommand("controller", "The rolloutcore controller (lifecycle per engine, rollout proxy)");
-  ctl->require_subcommand(1);
-  auto* serve = ctl->add_subcommand(
-      "serve",
-      "Serve the controller HTTP API (docs/controller.md): rollouts bound to committed versions, updates and "
-      "recoveries through the lifecycle, journal, trajectories, metrics.");
-  struct Opts {
-    std::string engines;
-    std::string directory;
-    std::string state_dir;
-    std::string host = "127.0.0.1";
-    int port = 8100;
-    bool auto_update = false;
-    std::string model;
-    int max_updating = 1;
-    std::string embedded_model = "tiny", embedded_load_format = "auto", embedded_label = "v0";
-    int embedded_tp = 1;
-    uint64_t embedded_seed = 0;
-    std::string drain_policy = "wait";
-    int64_t verify_interval_ms = 1000;
-    bool auto_recover = false;
-    double lease_timeout_s = 300;
-    int64_t max_wait_ms = 120'000;
-    std::string pause_mode = "wait";
-    std::string update_mode = "strict";
-    int64_t max_staleness = -1;
-    bool no_prefetch = false;
-    double replay_tolerance = -1;
-    std::string vllm_transfer = "rolloutcore";
-    std::string vllm_native_trainer;
-    std::string vllm_native_init = "controller";
-    std::string vllm_pause_call = "sleep";
-    int vllm_reset_attempts = 5;
-    bool vllm_allow_untested_version = false;
-    int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
-            validate_ms = 60000, resume_ms = 5000;
-    net::ServerSecurity security;
-  };
-  auto o = std::make_shared<Opts>();
+// --engine and the embedded engine's flags.
+void AddEngineFlags(CLI::App* serve, ServeOptions* o) {
   serve
       ->add_option("--engine", o->engines,
                    "Engine URL(s), comma-separated, one kind each (docs/architecture.md, \"a new engine\"):\n" +
@@ -87,6 +82,10 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--embedded-seed", o->embedded_seed, "Embedded engine: seed for dummy weights");
   serve->add_option("--embedded-weight-version", o->embedded_label, "Embedded engine: label of the loaded weights")
       ->capture_default_str();
+}
+
+// The directory, the state, the address and the service's update flags.
+void AddServiceFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)");
   serve->add_option("--state-dir", o->state_dir, "Where the journals and the trajectory store live")->required();
   serve->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
@@ -94,6 +93,11 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_flag("--auto-update", o->auto_update, "Follow new committed versions of --model in the directory");
   serve->add_option("--model", o->model, "Directory model name (for --auto-update and the engines' staging)");
   serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")->check(CLI::PositiveNumber);
+}
+
+// The lifecycle policy: drain, identity checks, recovery, leases, pause and update modes, staleness,
+// replay tolerance, prefetch.
+void AddPolicyFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--drain-policy", o->drain_policy, "After the drain deadline: wait | abort | cancel")
       ->check(CLI::IsMember({"wait", "abort", "cancel"}));
   serve->add_option("--verify-interval-ms", o->verify_interval_ms,
@@ -147,6 +151,10 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                   "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
                   "install, while paused, and warm the canary just before the pause; rolloutcore engines refuse "
                   "the install (nothing staged), so the update is rejected");
+}
+
+// How vLLM engines move weights, pause and reset, and which releases they accept.
+void AddVllmFlags(CLI::App* serve, ServeOptions* o) {
   serve
       ->add_option(
           "--vllm-transfer", o->vllm_transfer,
@@ -183,6 +191,10 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
                   "vLLM engines: start even when GET /version names a release other than 0.26.x or 0.33.x (refused "
                   "otherwise); it runs with the behaviour of the nearest supported release and every validation "
                   "journals vllm_version_untested");
+}
+
+// The Runner's deadline of each lifecycle step.
+void AddDeadlineFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
   serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
   serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
@@ -190,122 +202,156 @@ void RegisterControllerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--reset-deadline-ms", o->reset_ms, "Cache-reset deadline (ms)");
   serve->add_option("--validate-deadline-ms", o->validate_ms, "Validation (label + digest) deadline (ms)");
   serve->add_option("--resume-deadline-ms", o->resume_ms, "Resume deadline (ms)");
+}
+
+// The checks of the flags that need no engine: the server's key and bind address, and the vLLM
+// native transfer's trainer URL. The message of the first that fails (printed after
+// "controller serve: "), or none when all pass. Resolves o->security (the key is read here).
+std::optional<std::string> CheckServeFlags(ServeOptions* o) {
+  // The key is checked first (before engines start) and is also the key of every call the
+  // controller makes (engines, directory).
+  if (Status s = ResolveServerSecurity(&o->security); !s.ok()) return s.ToString();
+  if (Status s = net::CheckBindSecurity("controller", o->host, o->security); !s.ok()) return s.ToString();
+  if (o->vllm_transfer == "native-nccl" && o->vllm_native_trainer.empty()) {
+    return "--vllm-transfer native-nccl needs --vllm-native-trainer URL (the trainer's "
+           "rolloutcore.vllm_native.NativeSender; docs/vllm.md, 'vLLM's own transfer')";
+  }
+  if (o->vllm_transfer != "native-nccl" && !o->vllm_native_trainer.empty()) {
+    return "--vllm-native-trainer is only used with --vllm-transfer native-nccl";
+  }
+  return std::nullopt;
+}
+
+// The engine spec of one --engine URL.
+adapters::EngineSpec EngineSpecFor(const ServeOptions& o, const std::string& url) {
+  adapters::EngineSpec spec;
+  spec.url = url;
+  spec.directory_url = o.directory;
+  spec.model = o.model;
+  spec.stage_timeout_ms = o.stage_ms;
+  spec.embedded.model = o.embedded_model;
+  spec.embedded.load_format = o.embedded_load_format;
+  spec.embedded.seed = o.embedded_seed;
+  spec.embedded.tensor_parallel_size = o.embedded_tp;
+  spec.embedded.weight_version = o.embedded_label;
+  adapters::VllmOptions& vo = spec.http.vllm;
+  vo.reset_attempts = o.vllm_reset_attempts;
+  vo.pause_via_sleep = o.vllm_pause_call == "sleep";
+  vo.native_transfer = o.vllm_transfer == "native-nccl";
+  vo.native_trainer_url = o.vllm_native_trainer;
+  vo.native_init = o.vllm_native_init == "controller";
+  // Each join (group init, send/update) gets half the install deadline, so a refusal before
+  // the start still lands inside it (the Runner taints an install that overruns).
+  vo.native_timeout_ms = std::max<int64_t>(1, o.install_ms / 2);
+  vo.allow_untested_version = o.vllm_allow_untested_version;
+  return spec;
+}
+
+// The service's options from the flags.
+controller::ServiceOptions ServiceOptionsFor(const ServeOptions& o) {
+  controller::ServiceOptions so;
+  so.state_dir = o.state_dir;
+  so.max_updating = o.max_updating;
+  so.auto_update = o.auto_update;
+  so.model = o.model;
+  so.verify_interval_ms = o.verify_interval_ms;
+  so.auto_recover = o.auto_recover;
+  so.lease_timeout_ms = static_cast<int64_t>(o.lease_timeout_s * 1000.0);
+  so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o.drain_policy);
+  so.runner.pause_mode = o.pause_mode == "abort"  ? lifecycle::PauseMode::kAbort
+                         : o.pause_mode == "keep" ? lifecycle::PauseMode::kKeep
+                                                  : lifecycle::PauseMode::kWait;
+  so.runner.prefetch = !o.no_prefetch;
+  so.default_mode = *lifecycle::PolicyModeFromName(o.update_mode, "--update-mode");
+  so.runner.max_staleness = o.max_staleness;
+  so.runner.replay_tolerance = o.replay_tolerance;
+  so.runner.deadlines.drain_ms = o.drain_ms;
+  so.runner.deadlines.stage_ms = o.stage_ms;
+  so.runner.deadlines.pause_ms = o.pause_ms;
+  so.runner.deadlines.install_ms = o.install_ms;
+  so.runner.deadlines.reset_ms = o.reset_ms;
+  so.runner.deadlines.validate_ms = o.validate_ms;
+  so.runner.deadlines.resume_ms = o.resume_ms;
+  return so;
+}
+
+// `controller serve`'s run: checks the flags, makes the engines, starts the service and its HTTP
+// server, and serves until SIGINT / SIGTERM. Sets *exit_code (2: bad flags or engine, 1: the
+// service or the server did not start, 0: stopped by a signal).
+void RunControllerServe(ServeOptions* o, int* exit_code) {
+  if (std::optional<std::string> bad = CheckServeFlags(o)) {
+    std::cerr << "controller serve: " << *bad << "\n";
+    *exit_code = 2;
+    return;
+  }
+  std::unique_ptr<directory::DirectoryClient> dir;
+  std::unique_ptr<controller::DirectoryVersionSource> versions;
+  if (!o->directory.empty()) {
+    dir = std::make_unique<directory::DirectoryClient>(o->directory);
+    versions = std::make_unique<controller::DirectoryVersionSource>(dir.get());
+  }
+  std::vector<controller::EngineHandle> engines;
+  std::vector<std::shared_ptr<void>> owned;  // outlive the service (embedded engines)
+  for (const auto& url : SplitCommas(o->engines)) {
+    auto made = adapters::MakeEngine(EngineSpecFor(*o, url));
+    if (!made.ok()) {
+      std::cerr << "controller serve: --engine " << url << ": " << made.status().message() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    controller::EngineHandle h;
+    h.name = made->name;
+    h.adapter = std::move(made->adapter);
+    h.complete = std::move(made->complete);
+    engines.push_back(std::move(h));
+    if (made->owned) owned.push_back(std::move(made->owned));
+  }
+  const controller::ServiceOptions so = ServiceOptionsFor(*o);
+  auto svc = controller::ControllerService::Create(std::move(engines), versions.get(), so);
+  if (!svc.ok()) {
+    std::cerr << "controller serve: " << svc.status().ToString() << "\n";
+    *exit_code = 1;
+    return;
+  }
+  controller::ControllerHttpOptions http_options;
+  http_options.host = o->host;
+  http_options.port = o->port;
+  http_options.security = o->security;
+  http_options.max_wait_ms = o->max_wait_ms;
+  controller::ControllerHttpServer server(svc->get(), http_options);
+  Status s = server.Start();
+  if (!s.ok()) {
+    std::cerr << "controller serve: " << s.ToString() << "\n";
+    *exit_code = 1;
+    return;
+  }
+  std::cout << "controller listening on " << (o->security.tls_cert_file.empty() ? "http" : "https") << "://"
+            << o->host << ":" << server.port() << " (state in " << o->state_dir << ")" << std::endl;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  server.Stop();
+  *exit_code = 0;
+}
+
+}  // namespace
+
+void RegisterControllerCommand(CLI::App& app, int* exit_code) {
+  auto* ctl = app.add_subcommand("controller", "The rolloutcore controller (lifecycle per engine, rollout proxy)");
+  ctl->require_subcommand(1);
+  auto* serve = ctl->add_subcommand(
+      "serve",
+      "Serve the controller HTTP API (docs/controller.md): rollouts bound to committed versions, updates and "
+      "recoveries through the lifecycle, journal, trajectories, metrics.");
+  auto o = std::make_shared<ServeOptions>();
+  // Registered in this order: --help lists the flags so.
+  AddEngineFlags(serve, o.get());
+  AddServiceFlags(serve, o.get());
+  AddPolicyFlags(serve, o.get());
+  AddVllmFlags(serve, o.get());
+  AddDeadlineFlags(serve, o.get());
   AddServerSecurityFlags(serve, &o->security);
-  serve->callback([o, exit_code] {
-    // The key is checked first (before engines start) and is also the key of every call the
-    // controller makes (engines, directory).
-    if (Status s = ResolveServerSecurity(&o->security); !s.ok()) {
-      std::cerr << "controller serve: " << s.ToString() << "\n";
-      *exit_code = 2;
-      return;
-    }
-    if (Status s = net::CheckBindSecurity("controller", o->host, o->security); !s.ok()) {
-      std::cerr << "controller serve: " << s.ToString() << "\n";
-      *exit_code = 2;
-      return;
-    }
-    if (o->vllm_transfer == "native-nccl" && o->vllm_native_trainer.empty()) {
-      std::cerr << "controller serve: --vllm-transfer native-nccl needs --vllm-native-trainer URL (the trainer's "
-                   "rolloutcore.vllm_native.NativeSender; docs/vllm.md, 'vLLM's own transfer')\n";
-      *exit_code = 2;
-      return;
-    }
-    if (o->vllm_transfer != "native-nccl" && !o->vllm_native_trainer.empty()) {
-      std::cerr << "controller serve: --vllm-native-trainer is only used with --vllm-transfer native-nccl\n";
-      *exit_code = 2;
-      return;
-    }
-    std::unique_ptr<directory::DirectoryClient> dir;
-    std::unique_ptr<controller::DirectoryVersionSource> versions;
-    if (!o->directory.empty()) {
-      dir = std::make_unique<directory::DirectoryClient>(o->directory);
-      versions = std::make_unique<controller::DirectoryVersionSource>(dir.get());
-    }
-    std::vector<controller::EngineHandle> engines;
-    std::vector<std::shared_ptr<void>> owned;  // outlive the service (embedded engines)
-    for (const auto& url : SplitCommas(o->engines)) {
-      adapters::EngineSpec spec;
-      spec.url = url;
-      spec.directory_url = o->directory;
-      spec.model = o->model;
-      spec.stage_timeout_ms = o->stage_ms;
-      spec.embedded.model = o->embedded_model;
-      spec.embedded.load_format = o->embedded_load_format;
-      spec.embedded.seed = o->embedded_seed;
-      spec.embedded.tensor_parallel_size = o->embedded_tp;
-      spec.embedded.weight_version = o->embedded_label;
-      adapters::VllmOptions& vo = spec.http.vllm;
-      vo.reset_attempts = o->vllm_reset_attempts;
-      vo.pause_via_sleep = o->vllm_pause_call == "sleep";
-      vo.native_transfer = o->vllm_transfer == "native-nccl";
-      vo.native_trainer_url = o->vllm_native_trainer;
-      vo.native_init = o->vllm_native_init == "controller";
-      // Each join (group init, send/update) gets half the install deadline, so a refusal before
-      // the start still lands inside it (the Runner taints an install that overruns).
-      vo.native_timeout_ms = std::max<int64_t>(1, o->install_ms / 2);
-      vo.allow_untested_version = o->vllm_allow_untested_version;
-      auto made = adapters::MakeEngine(spec);
-      if (!made.ok()) {
-        std::cerr << "controller serve: --engine " << url << ": " << made.status().message() << "\n";
-        *exit_code = 2;
-        return;
-      }
-      controller::EngineHandle h;
-      h.name = made->name;
-      h.adapter = std::move(made->adapter);
-      h.complete = std::move(made->complete);
-      engines.push_back(std::move(h));
-      if (made->owned) owned.push_back(std::move(made->owned));
-    }
-    controller::ServiceOptions so;
-    so.state_dir = o->state_dir;
-    so.max_updating = o->max_updating;
-    so.auto_update = o->auto_update;
-    so.model = o->model;
-    so.verify_interval_ms = o->verify_interval_ms;
-    so.auto_recover = o->auto_recover;
-    so.lease_timeout_ms = static_cast<int64_t>(o->lease_timeout_s * 1000.0);
-    so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o->drain_policy);
-    so.runner.pause_mode = o->pause_mode == "abort"  ? lifecycle::PauseMode::kAbort
-                           : o->pause_mode == "keep" ? lifecycle::PauseMode::kKeep
-                                                     : lifecycle::PauseMode::kWait;
-    so.runner.prefetch = !o->no_prefetch;
-    so.default_mode = *lifecycle::PolicyModeFromName(o->update_mode, "--update-mode");
-    so.runner.max_staleness = o->max_staleness;
-    so.runner.replay_tolerance = o->replay_tolerance;
-    so.runner.deadlines.drain_ms = o->drain_ms;
-    so.runner.deadlines.stage_ms = o->stage_ms;
-    so.runner.deadlines.pause_ms = o->pause_ms;
-    so.runner.deadlines.install_ms = o->install_ms;
-    so.runner.deadlines.reset_ms = o->reset_ms;
-    so.runner.deadlines.validate_ms = o->validate_ms;
-    so.runner.deadlines.resume_ms = o->resume_ms;
-    auto svc = controller::ControllerService::Create(std::move(engines), versions.get(), so);
-    if (!svc.ok()) {
-      std::cerr << "controller serve: " << svc.status().ToString() << "\n";
-      *exit_code = 1;
-      return;
-    }
-    controller::ControllerHttpOptions http_options;
-    http_options.host = o->host;
-    http_options.port = o->port;
-    http_options.security = o->security;
-    http_options.max_wait_ms = o->max_wait_ms;
-    controller::ControllerHttpServer server(svc->get(), http_options);
-    Status s = server.Start();
-    if (!s.ok()) {
-      std::cerr << "controller serve: " << s.ToString() << "\n";
-      *exit_code = 1;
-      return;
-    }
-    std::cout << "controller listening on " << (o->security.tls_cert_file.empty() ? "http" : "https") << "://"
-              << o->host << ":" << server.port() << " (state in " << o->state_dir << ")" << std::endl;
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    server.Stop();
-    *exit_code = 0;
-  });
+  serve->callback([o, exit_code] { RunControllerServe(o.get(), exit_code); });
 }
 
 }  // namespace rc::apps

@@ -39,6 +39,47 @@ Result<WeightRef> Ref(const ParameterStore& ps, std::string_view name, const std
   return WeightRef(static_cast<const float*>(p->f32()));
 }
 
+// Forward's first step: checks every sequence of the batch (its KV blocks, its token ids, the
+// logits rows it asks for) and flattens the batch into the kept scratch vectors (cleared first; no
+// allocation beyond their growth): token t is tok_id[t] of seq tok_seq[t] at position tok_pos[t];
+// logit_rows are the tokens whose logits the caller gets, in order.
+Status FlattenBatch(const std::vector<ForwardSeq>& seqs, int64_t block_size, int64_t num_blocks, int64_t vocab,
+                    std::vector<int32_t>* tok_id, std::vector<int64_t>* tok_seq, std::vector<int64_t>* tok_pos,
+                    std::vector<int64_t>* logit_rows) {
+  tok_id->clear();
+  tok_seq->clear();
+  tok_pos->clear();
+  logit_rows->clear();
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const ForwardSeq& fs = seqs[s];
+    const int64_t need_blocks = (fs.start_pos + fs.num_tokens + block_size - 1) / block_size;
+    if (fs.block_table == nullptr || static_cast<int64_t>(fs.block_table->size()) < need_blocks) {
+      return Internal("forward: sequence " + std::to_string(s) + " has too few KV blocks");
+    }
+    for (int32_t b : *fs.block_table) {
+      if (b < 0 || b >= num_blocks) return Internal("forward: KV block id out of range");
+    }
+    for (int64_t i = 0; i < fs.num_tokens; ++i) {
+      if (fs.tokens[i] < 0 || fs.tokens[i] >= vocab) {
+        return InvalidArgument("token id " + std::to_string(fs.tokens[i]) + " is outside the vocabulary of " +
+                               std::to_string(vocab));
+      }
+      tok_id->push_back(fs.tokens[i]);
+      tok_seq->push_back(static_cast<int64_t>(s));
+      tok_pos->push_back(fs.start_pos + i);
+    }
+    if (fs.want_logits && fs.num_tokens > 0) {
+      if (fs.logit_tokens < 1 || fs.logit_tokens > fs.num_tokens) {
+        return Internal("forward: sequence " + std::to_string(s) + " asks for " + std::to_string(fs.logit_tokens) +
+                        " logits rows of " + std::to_string(fs.num_tokens) + " new tokens");
+      }
+      const auto last = static_cast<int64_t>(tok_id->size());
+      for (int64_t k = fs.logit_tokens; k >= 1; --k) logit_rows->push_back(last - k);
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, int tp, int64_t num_blocks,
@@ -197,37 +238,7 @@ Status Model::Forward(const WeightBinding& w, const std::vector<ForwardSeq>& seq
   std::vector<int64_t>& tok_seq = sc.tok_seq;
   std::vector<int64_t>& tok_pos = sc.tok_pos;
   std::vector<int64_t>& logit_rows = sc.logit_rows;
-  tok_id.clear();
-  tok_seq.clear();
-  tok_pos.clear();
-  logit_rows.clear();
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const ForwardSeq& fs = seqs[s];
-    const int64_t need_blocks = (fs.start_pos + fs.num_tokens + block_size_ - 1) / block_size_;
-    if (fs.block_table == nullptr || static_cast<int64_t>(fs.block_table->size()) < need_blocks) {
-      return Internal("forward: sequence " + std::to_string(s) + " has too few KV blocks");
-    }
-    for (int32_t b : *fs.block_table) {
-      if (b < 0 || b >= num_blocks_) return Internal("forward: KV block id out of range");
-    }
-    for (int64_t i = 0; i < fs.num_tokens; ++i) {
-      if (fs.tokens[i] < 0 || fs.tokens[i] >= V) {
-        return InvalidArgument("token id " + std::to_string(fs.tokens[i]) + " is outside the vocabulary of " +
-                               std::to_string(V));
-      }
-      tok_id.push_back(fs.tokens[i]);
-      tok_seq.push_back(static_cast<int64_t>(s));
-      tok_pos.push_back(fs.start_pos + i);
-    }
-    if (fs.want_logits && fs.num_tokens > 0) {
-      if (fs.logit_tokens < 1 || fs.logit_tokens > fs.num_tokens) {
-        return Internal("forward: sequence " + std::to_string(s) + " asks for " + std::to_string(fs.logit_tokens) +
-                        " logits rows of " + std::to_string(fs.num_tokens) + " new tokens");
-      }
-      const auto last = static_cast<int64_t>(tok_id.size());
-      for (int64_t k = fs.logit_tokens; k >= 1; --k) logit_rows.push_back(last - k);
-    }
-  }
+  RC_RETURN_IF_ERROR(FlattenBatch(seqs, block_size_, num_blocks_, V, &tok_id, &tok_seq, &tok_pos, &logit_rows));
   const int64_t T = static_cast<int64_t>(tok_id.size());
   if (T == 0) return OkStatus();
   auto slot_of = [&](int64_t t_seq, int64_t pos) {

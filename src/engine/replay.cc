@@ -55,6 +55,202 @@ SamplingParams GreedyWithTopK(int64_t top_k) {
 // by one if a kernel ever stops being so.
 constexpr bool kPreReplayBatched = true;
 
+// One pre-replay's probes as they run on the staged image: each probe's tokens, how many of them
+// its KV blocks hold (computed), and its output so far. `why` says what stopped the run.
+class PreReplayRun {
+ public:
+  PreReplayRun(Model* model, rc::Mutex* step_mu, ThreadPool* pool, const WeightBinding& binding,
+               const std::vector<ReplayProbeRequest>& probes, const std::vector<std::vector<int32_t>>& blocks,
+               std::chrono::steady_clock::time_point deadline, std::vector<float>* logits, PreReplayReport* rep)
+      : model_(model),
+        step_mu_(step_mu),
+        pool_(pool),
+        binding_(binding),
+        spec_(model->spec()),
+        probes_(probes),
+        blocks_(blocks),
+        deadline_(deadline),
+        logits_(logits),
+        rep_(rep),
+        n_(probes.size()),
+        tokens_(n_),
+        computed_(n_, 0),
+        outs_(n_) {
+    for (size_t i = 0; i < n_; ++i) tokens_[i] = probes_[i].prompt;
+  }
+
+  // Teacher forcing: prompt + the recorded continuation (all but its last token) in one forward
+  // scores every step at once. Up to the first step whose greedy token differs from the hint the
+  // rows are exactly the decode's (same prefix, same kernels); from there the probe decodes on.
+  bool TeacherForce();
+  // Decoding: one batch per step of every probe not done yet (probes without a hint from the
+  // prompt, diverged ones from their divergence).
+  bool Decode();
+
+  std::vector<ReplayOutput>& outs() { return outs_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  // One forward: the probes in `who`, as one batch, each from its first uncomputed position,
+  // with `logit_tokens[j]` logits rows for who[j]. step_mu is held for this forward only, so user
+  // requests' steps run between ours. Samples every row (greedy, with the probe's top-k; rows in
+  // parallel on the engine's pool, outside step_mu) and hands each probe's rows to `take` in order.
+  bool Forward(const std::string& what, const std::vector<size_t>& who, const std::vector<int64_t>& logit_tokens,
+               const std::function<void(size_t, SampleResult)>& take);
+  bool PastDeadline(const std::string& at) {
+    if (std::chrono::steady_clock::now() < deadline_) return false;
+    why_ = "the stage's deadline passed " + at;
+    return true;
+  }
+
+  Model* model_;  // touched only under step_mu_
+  rc::Mutex* step_mu_;
+  ThreadPool* pool_;
+  const WeightBinding& binding_;
+  const ModelSpec& spec_;
+  const std::vector<ReplayProbeRequest>& probes_;
+  const std::vector<std::vector<int32_t>>& blocks_;
+  const std::chrono::steady_clock::time_point deadline_;
+  std::vector<float>* logits_;
+  PreReplayReport* rep_;
+  const size_t n_;
+  std::vector<std::vector<int32_t>> tokens_;
+  std::vector<int64_t> computed_;
+  std::vector<ReplayOutput> outs_;
+  std::string why_;
+};
+
+bool PreReplayRun::Forward(const std::string& what, const std::vector<size_t>& who,
+                           const std::vector<int64_t>& logit_tokens,
+                           const std::function<void(size_t, SampleResult)>& take) {
+  std::vector<ForwardSeq> batch;
+  for (size_t j = 0; j < who.size(); ++j) {
+    const size_t i = who[j];
+    ForwardSeq f;
+    f.tokens = tokens_[i].data() + computed_[i];
+    f.num_tokens = static_cast<int64_t>(tokens_[i].size()) - computed_[i];
+    f.start_pos = computed_[i];
+    f.block_table = &blocks_[i];
+    f.want_logits = true;
+    f.logit_tokens = logit_tokens[j];
+    batch.push_back(f);
+  }
+  std::vector<float>& logits = *logits_;
+  logits.clear();  // keeps its capacity
+  Status st;
+  {
+    rc::MutexLock sl(*step_mu_);
+    st = model_->Forward(binding_, batch, &logits);
+  }
+  ++rep_->forwards;
+  if (!st.ok()) {
+    why_ = what + ": " + std::string(st.message());
+    return false;
+  }
+  // Row r belongs to probe row_probe[r]. Greedy sampling draws no random number (the rng is
+  // never read at temperature 0), so every row is sampled on its own, in any order, with the
+  // same result as one after the other.
+  std::vector<size_t> row_probe;
+  for (size_t j = 0; j < who.size(); ++j) row_probe.insert(row_probe.end(), static_cast<size_t>(logit_tokens[j]), who[j]);
+  std::vector<SampleResult> sampled(row_probe.size());
+  pool_->ParallelFor(static_cast<int64_t>(row_probe.size()), [&](int64_t r) {
+    SamplerRng unused(0);
+    sampled[static_cast<size_t>(r)] =
+        Sample(std::span<const float>(logits.data() + static_cast<size_t>(r) * static_cast<size_t>(spec_.vocab_size),
+                                      static_cast<size_t>(spec_.vocab_size)),
+               GreedyWithTopK(probes_[row_probe[static_cast<size_t>(r)]].top_k), &unused);
+  });
+  for (size_t i : who) computed_[i] = static_cast<int64_t>(tokens_[i].size());
+  for (size_t r = 0; r < row_probe.size(); ++r) take(row_probe[r], std::move(sampled[r]));
+  return true;
+}
+
+bool PreReplayRun::TeacherForce() {
+  const std::vector<ReplayProbeRequest>& probes = probes_;
+  bool ok = true;
+  std::vector<size_t> forced;
+  for (size_t i = 0; i < n_; ++i) {
+    const ReplayProbeRequest& p = probes[i];
+    const bool usable = static_cast<int64_t>(p.forced.size()) == p.steps &&
+                        std::all_of(p.forced.begin(), p.forced.end(), [&](int32_t t) { return t >= 0 && t < spec_.vocab_size; });
+    if (usable) forced.push_back(i);
+  }
+  for (size_t g = 0; g < forced.size() && ok;) {
+    std::vector<size_t> who;
+    std::vector<int64_t> rows;
+    int64_t positions = 0;
+    while (g < forced.size()) {
+      const ReplayProbeRequest& p = probes[forced[g]];
+      const int64_t len = static_cast<int64_t>(p.prompt.size()) + p.steps - 1;
+      if (!who.empty() && positions + len > kPreReplayForcedTokens) break;
+      who.push_back(forced[g]);
+      rows.push_back(p.steps);
+      positions += len;
+      tokens_[forced[g]].insert(tokens_[forced[g]].end(), p.forced.begin(), p.forced.end() - 1);
+      ++g;
+    }
+    if (PastDeadline("before the teacher-forced forward of probe " + std::to_string(who.front()))) {
+      ok = false;
+      break;
+    }
+    std::vector<bool> diverged(n_, false);
+    ok = Forward("teacher-forced forward of probe " + std::to_string(who.front()), who, rows,
+                 [&](size_t i, SampleResult r) {
+                   if (diverged[i]) return;  // rows after the divergence are of another prefix
+                   const size_t k = outs_[i].steps.size();
+                   diverged[i] = k + 1 < static_cast<size_t>(probes[i].steps) && r.token != probes[i].forced[k];
+                   outs_[i].steps.push_back(std::move(r));
+                 });
+    for (size_t i : who) {
+      if (!diverged[i]) {
+        ++rep_->forced;
+        continue;
+      }
+      // Decode on from the divergence: the prefix up to it is the engine's own (it equals the
+      // hint there), the diverging token is the engine's; its KV slot and those after it are
+      // written again by the decode steps.
+      ++rep_->diverged;
+      const size_t k = outs_[i].steps.size() - 1;
+      tokens_[i].resize(probes[i].prompt.size() + k);
+      tokens_[i].push_back(outs_[i].steps[k].token);
+      computed_[i] = static_cast<int64_t>(probes[i].prompt.size() + k);
+    }
+  }
+  return ok;
+}
+
+bool PreReplayRun::Decode() {
+  bool ok = true;
+  for (int64_t k = 0; ok; ++k) {
+    std::vector<size_t> who;
+    for (size_t i = 0; i < n_; ++i) {
+      if (static_cast<int64_t>(outs_[i].steps.size()) < probes_[i].steps) who.push_back(i);
+    }
+    if (who.empty()) break;
+    auto take = [&](size_t i, SampleResult r) {
+      tokens_[i].push_back(r.token);
+      outs_[i].steps.push_back(std::move(r));
+    };
+    if (kPreReplayBatched) {
+      if (PastDeadline("after " + std::to_string(k) + " decode steps")) {
+        ok = false;
+        break;
+      }
+      ok = Forward("forward step " + std::to_string(k), who, std::vector<int64_t>(who.size(), 1), take);
+    } else {
+      for (size_t i : who) {
+        if (PastDeadline("at decode step " + std::to_string(k))) {
+          ok = false;
+          break;
+        }
+        ok = Forward("forward step " + std::to_string(k), {i}, {1}, take);
+        if (!ok) break;
+      }
+    }
+  }
+  return ok;
+}
+
 }  // namespace
 
 Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t steps, int64_t top_k,
@@ -196,151 +392,15 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
     prereplay_blocks_ += borrowed;
   }
 
-  std::vector<std::vector<int32_t>> tokens(n);
-  std::vector<int64_t> computed(n, 0);
-  std::vector<ReplayOutput> outs(n);
-  for (size_t i = 0; i < n; ++i) tokens[i] = probes[i].prompt;
-  std::string why;
-  // One forward: the probes in `who`, as one batch, each from its first uncomputed position,
-  // with `logit_tokens[j]` logits rows for who[j]. step_mu_ is held for this forward only, so user
-  // requests' steps run between ours. Samples every row (greedy, with the probe's top-k; rows in
-  // parallel on the engine's pool, outside step_mu_) and hands each probe's rows to `take` in order.
-  auto forward = [&](const std::string& what, const std::vector<size_t>& who, const std::vector<int64_t>& logit_tokens,
-                     const std::function<void(size_t, SampleResult)>& take) -> bool {
-    std::vector<ForwardSeq> batch;
-    for (size_t j = 0; j < who.size(); ++j) {
-      const size_t i = who[j];
-      ForwardSeq f;
-      f.tokens = tokens[i].data() + computed[i];
-      f.num_tokens = static_cast<int64_t>(tokens[i].size()) - computed[i];
-      f.start_pos = computed[i];
-      f.block_table = &blocks[i];
-      f.want_logits = true;
-      f.logit_tokens = logit_tokens[j];
-      batch.push_back(f);
-    }
-    logits.clear();  // keeps its capacity
-    Status st;
-    {
-      rc::MutexLock sl(step_mu_);
-      st = model_->Forward(binding, batch, &logits);
-    }
-    ++rep.forwards;
-    if (!st.ok()) {
-      why = what + ": " + std::string(st.message());
-      return false;
-    }
-    // Row r belongs to probe row_probe[r]. Greedy sampling draws no random number (the rng is
-    // never read at temperature 0), so every row is sampled on its own, in any order, with the
-    // same result as one after the other.
-    std::vector<size_t> row_probe;
-    for (size_t j = 0; j < who.size(); ++j) row_probe.insert(row_probe.end(), static_cast<size_t>(logit_tokens[j]), who[j]);
-    std::vector<SampleResult> sampled(row_probe.size());
-    pool_->ParallelFor(static_cast<int64_t>(row_probe.size()), [&](int64_t r) {
-      SamplerRng unused(0);
-      sampled[static_cast<size_t>(r)] =
-          Sample(std::span<const float>(logits.data() + static_cast<size_t>(r) * static_cast<size_t>(s.vocab_size),
-                                        static_cast<size_t>(s.vocab_size)),
-                 GreedyWithTopK(probes[row_probe[static_cast<size_t>(r)]].top_k), &unused);
-    });
-    for (size_t i : who) computed[i] = static_cast<int64_t>(tokens[i].size());
-    for (size_t r = 0; r < row_probe.size(); ++r) take(row_probe[r], std::move(sampled[r]));
-    return true;
-  };
-  auto past_deadline = [&](const std::string& at) {
-    if (std::chrono::steady_clock::now() < deadline) return false;
-    why = "the stage's deadline passed " + at;
-    return true;
-  };
-  bool ok = true;
-
-  // Teacher forcing: prompt + the recorded continuation (all but its last token) in one forward
-  // scores every step at once. Up to the first step whose greedy token differs from the hint the
-  // rows are exactly the decode's (same prefix, same kernels); from there the probe decodes on.
-  std::vector<size_t> forced;
-  for (size_t i = 0; i < n; ++i) {
-    const ReplayProbeRequest& p = probes[i];
-    const bool usable = static_cast<int64_t>(p.forced.size()) == p.steps &&
-                        std::all_of(p.forced.begin(), p.forced.end(), [&](int32_t t) { return t >= 0 && t < s.vocab_size; });
-    if (usable) forced.push_back(i);
-  }
-  for (size_t g = 0; g < forced.size() && ok;) {
-    std::vector<size_t> who;
-    std::vector<int64_t> rows;
-    int64_t positions = 0;
-    while (g < forced.size()) {
-      const ReplayProbeRequest& p = probes[forced[g]];
-      const int64_t len = static_cast<int64_t>(p.prompt.size()) + p.steps - 1;
-      if (!who.empty() && positions + len > kPreReplayForcedTokens) break;
-      who.push_back(forced[g]);
-      rows.push_back(p.steps);
-      positions += len;
-      tokens[forced[g]].insert(tokens[forced[g]].end(), p.forced.begin(), p.forced.end() - 1);
-      ++g;
-    }
-    if (past_deadline("before the teacher-forced forward of probe " + std::to_string(who.front()))) {
-      ok = false;
-      break;
-    }
-    std::vector<bool> diverged(n, false);
-    ok = forward("teacher-forced forward of probe " + std::to_string(who.front()), who, rows,
-                 [&](size_t i, SampleResult r) {
-                   if (diverged[i]) return;  // rows after the divergence are of another prefix
-                   const size_t k = outs[i].steps.size();
-                   diverged[i] = k + 1 < static_cast<size_t>(probes[i].steps) && r.token != probes[i].forced[k];
-                   outs[i].steps.push_back(std::move(r));
-                 });
-    for (size_t i : who) {
-      if (!diverged[i]) {
-        ++rep.forced;
-        continue;
-      }
-      // Decode on from the divergence: the prefix up to it is the engine's own (it equals the
-      // hint there), the diverging token is the engine's; its KV slot and those after it are
-      // written again by the decode steps.
-      ++rep.diverged;
-      const size_t k = outs[i].steps.size() - 1;
-      tokens[i].resize(probes[i].prompt.size() + k);
-      tokens[i].push_back(outs[i].steps[k].token);
-      computed[i] = static_cast<int64_t>(probes[i].prompt.size() + k);
-    }
-  }
-
-  // Decoding: one batch per step of every probe not done yet (probes without a hint from the
-  // prompt, diverged ones from their divergence).
-  for (int64_t k = 0; ok; ++k) {
-    std::vector<size_t> who;
-    for (size_t i = 0; i < n; ++i) {
-      if (static_cast<int64_t>(outs[i].steps.size()) < probes[i].steps) who.push_back(i);
-    }
-    if (who.empty()) break;
-    auto take = [&](size_t i, SampleResult r) {
-      tokens[i].push_back(r.token);
-      outs[i].steps.push_back(std::move(r));
-    };
-    if (kPreReplayBatched) {
-      if (past_deadline("after " + std::to_string(k) + " decode steps")) {
-        ok = false;
-        break;
-      }
-      ok = forward("forward step " + std::to_string(k), who, std::vector<int64_t>(who.size(), 1), take);
-    } else {
-      for (size_t i : who) {
-        if (past_deadline("at decode step " + std::to_string(k))) {
-          ok = false;
-          break;
-        }
-        ok = forward("forward step " + std::to_string(k), {i}, {1}, take);
-        if (!ok) break;
-      }
-    }
-  }
+  // Teacher-forced probes first, then decoding; step_mu_ is held for each forward only.
+  PreReplayRun run(model_.get(), &step_mu_, pool_.get(), binding, probes, blocks, deadline, &logits, &rep);
+  const bool ok = run.TeacherForce() && run.Decode();
   {
     rc::MutexLock l(mu_);
     for (const auto& b : blocks) kv_->Release(b);  // unhashed: back to the free list
     prereplay_blocks_ -= borrowed;
   }
-  if (!ok) return not_run(why);
+  if (!ok) return not_run(run.why());
   rep.ran = true;
   rep.ms = MsSince(t0);
   rc::MutexLock l(mu_);
@@ -348,7 +408,7 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
   prereplay_.image_id = image_id;
   prereplay_.ms = rep.ms;
   prereplay_.image = std::make_shared<const WeightBinding>(std::move(binding));
-  for (size_t i = 0; i < n; ++i) prereplay_.entries.emplace_back(probes[i], std::move(outs[i]));
+  for (size_t i = 0; i < n; ++i) prereplay_.entries.emplace_back(probes[i], std::move(run.outs()[i]));
   return rep;
 }
 

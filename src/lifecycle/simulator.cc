@@ -185,20 +185,8 @@ Result<ParsedScenario> ParseScenario(const Json& scenario) {
   return p;
 }
 
-}  // namespace
-
-Status ValidateScenario(const Json& scenario) { return ParseScenario(scenario).status(); }
-
-Result<Json> RunScenario(const Json& scenario) {
-  RC_ASSIGN_OR_RETURN(ParsedScenario parsed, ParseScenario(scenario));
-  const std::string& initial_label = parsed.initial_label;
-  const std::string& initial_digest = parsed.initial_digest;
-  const RunnerOptions& options = parsed.options;
-  const ScriptedEngineConfig& engine_config = parsed.engine_config;
-  const std::vector<SimEvent>& events = parsed.events;
-  const std::string& journal_spec = parsed.journal_spec;
-
-  ManualClock clock(0);
+// The scenario's journal: "memory" or "sqlite:PATH".
+Result<std::unique_ptr<Journal>> OpenScenarioJournal(const std::string& journal_spec) {
   std::unique_ptr<Journal> journal;
   if (journal_spec == "memory") {
     journal = std::make_unique<MemoryJournal>();
@@ -207,138 +195,217 @@ Result<Json> RunScenario(const Json& scenario) {
   } else {
     return InvalidArgument("journal: '" + journal_spec + "' (expected memory or sqlite:PATH)");
   }
+  return journal;
+}
 
-  ScriptedEngine engine(&clock, engine_config);
-  std::unique_ptr<Controller> controller;
-  std::unique_ptr<Runner> runner;
-  RC_ASSIGN_OR_RETURN(controller, Controller::Open(&clock, journal.get()));
-  if (controller->state() != State::kUninitialized) {
-    return FailedPrecondition("journal '" + journal_spec + "' is not empty: a scenario starts from a fresh journal");
+// One run of a parsed scenario in virtual time, 1 ms a step: the clock, the journal, the scripted
+// engine, the controller and its runner (both opened again at a crash_controller event), and what
+// the report is made of.
+class Simulation {
+ public:
+  Simulation(const ParsedScenario& parsed, std::unique_ptr<Journal> journal)
+      : parsed_(parsed), journal_(std::move(journal)), engine_(&clock_, parsed.engine_config) {}
+
+  // Opens the controller on the journal (which must be fresh), initializes it to the initial
+  // version and starts its runner.
+  Status Start();
+  // Steps time until every event ran and the work they made is done, or kMaxTailMs after the
+  // last event.
+  Status Run();
+  // The report (final state, journal, rollouts, updates, restarts, counters, mutation windows,
+  // notes, end time) and the invariant checks.
+  Result<Json> Report();
+
+ private:
+  void FlushNotes() {
+    for (const auto& n : runner_->notes()) notes_.push_back(n);
+  }
+  // The engine completes due calls and finishes generation; finished rollouts are reported.
+  void FinishRollouts();
+  Status Apply(const SimEvent& ev);
+  Status CrashController();
+  // Starts the next queued operation when the runner is free and the state allows it.
+  void StartQueued();
+  // Nothing left to run: the runner is idle, the queue is empty (or stuck behind a tainted
+  // engine) and no admitted rollout is still generating.
+  bool Idle() const;
+  Json Rollouts();  // also records the rollouts the engine aborted
+  Json Checks() const;
+
+  const ParsedScenario& parsed_;
+  ManualClock clock_{0};
+  std::unique_ptr<Journal> journal_;
+  ScriptedEngine engine_;
+  std::unique_ptr<Controller> controller_;
+  std::unique_ptr<Runner> runner_;
+  std::map<std::string, RolloutRow> rows_;
+  std::vector<std::string> row_order_;
+  std::deque<SimEvent> queued_;  // updates / recoveries waiting for the runner
+  Json restarts_ = Json::array();
+  Json notes_ = Json::array();
+  int64_t t_ = 0;
+};
+
+Status Simulation::Start() {
+  RC_ASSIGN_OR_RETURN(controller_, Controller::Open(&clock_, journal_.get()));
+  if (controller_->state() != State::kUninitialized) {
+    return FailedPrecondition("journal '" + parsed_.journal_spec +
+                              "' is not empty: a scenario starts from a fresh journal");
   }
   WeightIdentity initial_identity;
-  initial_identity.content_digest = initial_digest;
-  RC_RETURN_IF_ERROR(controller->Initialize(WeightVersion{initial_label, 0}, initial_identity));
-  runner = std::make_unique<Runner>(controller.get(), &engine, &clock, options);
+  initial_identity.content_digest = parsed_.initial_digest;
+  RC_RETURN_IF_ERROR(controller_->Initialize(WeightVersion{parsed_.initial_label, 0}, initial_identity));
+  runner_ = std::make_unique<Runner>(controller_.get(), &engine_, &clock_, parsed_.options);
+  return OkStatus();
+}
 
-  std::map<std::string, RolloutRow> rows;
-  std::vector<std::string> row_order;
-  std::deque<SimEvent> queued;  // updates / recoveries waiting for the runner
-  Json restarts = Json::array();
-  Json notes = Json::array();
+Status Simulation::Run() {
+  const std::vector<SimEvent>& events = parsed_.events;
   const int64_t last_event_ms = events.empty() ? 0 : events.back().at_ms;
   size_t next_event = 0;
-  int64_t t = 0;
-
-  auto flush_notes = [&]() {
-    for (const auto& n : runner->notes()) notes.push_back(n);
-  };
-
-  for (;; ++t) {
-    clock.Set(t * 1'000'000);
-    // The engine completes due calls and finishes generation; finished rollouts are reported.
-    for (const auto& id : engine.Tick()) {
-      auto it = rows.find(id);
-      if (it == rows.end()) continue;  // an external request
-      Status s = controller->Finish(id, Json{{"t_ms", t}});
-      if (s.ok()) it->second.finished_t_ms = t;
-      // NotFound: interrupted by a restart or aborted by the drain policy; already recorded.
+  for (;; ++t_) {
+    clock_.Set(t_ * 1'000'000);
+    FinishRollouts();
+    while (next_event < events.size() && events[next_event].at_ms <= t_) {
+      RC_RETURN_IF_ERROR(Apply(events[next_event++]));
     }
-    while (next_event < events.size() && events[next_event].at_ms <= t) {
-      const SimEvent& ev = events[next_event++];
-      if (ev.kind == "admit") {
-        if (!rows.count(ev.id)) row_order.push_back(ev.id);
-        RolloutRow& row = rows[ev.id];
-        row.id = ev.id;
-        auto b = controller->Admit(ev.id);
-        if (b.ok()) {
-          row.admitted = true;
-          row.label = b->version.label;
-          row.generation = b->version.generation;
-          row.admitted_t_ms = t;
-          engine.StartRequest(ev.id, ev.duration_ms);
-        } else {
-          row.admitted = false;
-          row.refused_reason = b.status().message();
-        }
-      } else if (ev.kind == "external_request") {
-        engine.StartRequest(ev.id, ev.duration_ms);
-      } else if (ev.kind == "update" || ev.kind == "recover") {
-        queued.push_back(ev);
-      } else if (ev.kind == "crash_controller") {
-        flush_notes();
-        runner.reset();
-        controller.reset();
-        RestoreSummary summary;
-        RC_ASSIGN_OR_RETURN(controller, Controller::Open(&clock, journal.get(), &summary));
-        runner = std::make_unique<Runner>(controller.get(), &engine, &clock, options);
-        for (const auto& id : summary.interrupted) {
-          if (rows.count(id)) rows[id].interrupted = true;
-        }
-        restarts.push_back(Json{{"t_ms", t},
-                                {"state_at_crash", StateName(summary.state_at_crash)},
-                                {"state_now", StateName(summary.state_now)},
-                                {"interrupted", summary.interrupted}});
-        if (summary.state_now == State::kReady && summary.engine_may_be_paused) {
-          runner->ResumeBestEffort("controller restarted while the engine may have been paused");
-        }
-      }
-    }
-    // Start the next queued operation when the runner is free and the state allows it.
-    if (!runner->busy() && !queued.empty()) {
-      const SimEvent& ev = queued.front();
-      State st = controller->state();
-      if (ev.kind == "update" && st == State::kReady) {
-        auto r = runner->StartUpdate(ev.target);
-        if (!r.ok()) notes.push_back("t=" + std::to_string(t) + "ms update " + ev.target.label + " not started: " + r.status().ToString());
-        queued.pop_front();
-      } else if (ev.kind == "recover" && st == State::kTainted && controller->active_count() == 0) {
-        auto r = runner->StartRecovery(ev.target);
-        if (!r.ok()) notes.push_back("t=" + std::to_string(t) + "ms recovery " + ev.target.label + " not started: " + r.status().ToString());
-        queued.pop_front();
-      } else if (ev.kind == "recover" && st == State::kReady) {
-        notes.push_back("t=" + std::to_string(t) + "ms recovery to " + ev.target.label + " skipped: engine is READY");
-        queued.pop_front();
-      }
-    }
-    runner->Poll();
+    StartQueued();
+    runner_->Poll();
 
     bool events_done = next_event >= events.size();
-    bool engine_idle = true;
-    for (const auto& [id, row] : rows) {
-      if (row.admitted && engine.running(id)) engine_idle = false;
-    }
-    bool queue_stuck = !queued.empty() && controller->state() == State::kTainted && queued.front().kind == "update";
-    if (events_done && !runner->busy() && (queued.empty() || queue_stuck) && engine_idle) break;
-    if (t > last_event_ms + kMaxTailMs) {
-      notes.push_back("simulation stopped " + std::to_string(kMaxTailMs) + " ms after the last event with work pending");
+    if (events_done && Idle()) break;
+    if (t_ > last_event_ms + kMaxTailMs) {
+      notes_.push_back("simulation stopped " + std::to_string(kMaxTailMs) + " ms after the last event with work pending");
       break;
     }
   }
-  flush_notes();
-  for (const auto& ev : queued) {
-    notes.push_back(ev.kind + " to " + ev.target.label + " never started (engine " +
-                    std::string(StateName(controller->state())) + ")");
+  FlushNotes();
+  for (const auto& ev : queued_) {
+    notes_.push_back(ev.kind + " to " + ev.target.label + " never started (engine " +
+                     std::string(StateName(controller_->state())) + ")");
   }
+  return OkStatus();
+}
 
-  // ---- Report ----
+void Simulation::FinishRollouts() {
+  for (const auto& id : engine_.Tick()) {
+    auto it = rows_.find(id);
+    if (it == rows_.end()) continue;  // an external request
+    Status s = controller_->Finish(id, Json{{"t_ms", t_}});
+    if (s.ok()) it->second.finished_t_ms = t_;
+    // NotFound: interrupted by a restart or aborted by the drain policy; already recorded.
+  }
+}
+
+Status Simulation::Apply(const SimEvent& ev) {
+  if (ev.kind == "admit") {
+    if (!rows_.count(ev.id)) row_order_.push_back(ev.id);
+    RolloutRow& row = rows_[ev.id];
+    row.id = ev.id;
+    auto b = controller_->Admit(ev.id);
+    if (b.ok()) {
+      row.admitted = true;
+      row.label = b->version.label;
+      row.generation = b->version.generation;
+      row.admitted_t_ms = t_;
+      engine_.StartRequest(ev.id, ev.duration_ms);
+    } else {
+      row.admitted = false;
+      row.refused_reason = b.status().message();
+    }
+  } else if (ev.kind == "external_request") {
+    engine_.StartRequest(ev.id, ev.duration_ms);
+  } else if (ev.kind == "update" || ev.kind == "recover") {
+    queued_.push_back(ev);
+  } else if (ev.kind == "crash_controller") {
+    RC_RETURN_IF_ERROR(CrashController());
+  }
+  return OkStatus();
+}
+
+// The controller and its runner are dropped and opened again from the journal, as after a crash.
+Status Simulation::CrashController() {
+  FlushNotes();
+  runner_.reset();
+  controller_.reset();
+  RestoreSummary summary;
+  RC_ASSIGN_OR_RETURN(controller_, Controller::Open(&clock_, journal_.get(), &summary));
+  runner_ = std::make_unique<Runner>(controller_.get(), &engine_, &clock_, parsed_.options);
+  for (const auto& id : summary.interrupted) {
+    if (rows_.count(id)) rows_[id].interrupted = true;
+  }
+  restarts_.push_back(Json{{"t_ms", t_},
+                           {"state_at_crash", StateName(summary.state_at_crash)},
+                           {"state_now", StateName(summary.state_now)},
+                           {"interrupted", summary.interrupted}});
+  if (summary.state_now == State::kReady && summary.engine_may_be_paused) {
+    runner_->ResumeBestEffort("controller restarted while the engine may have been paused");
+  }
+  return OkStatus();
+}
+
+void Simulation::StartQueued() {
+  if (runner_->busy() || queued_.empty()) return;
+  const SimEvent& ev = queued_.front();
+  State st = controller_->state();
+  if (ev.kind == "update" && st == State::kReady) {
+    auto r = runner_->StartUpdate(ev.target);
+    if (!r.ok()) notes_.push_back("t=" + std::to_string(t_) + "ms update " + ev.target.label + " not started: " + r.status().ToString());
+    queued_.pop_front();
+  } else if (ev.kind == "recover" && st == State::kTainted && controller_->active_count() == 0) {
+    auto r = runner_->StartRecovery(ev.target);
+    if (!r.ok()) notes_.push_back("t=" + std::to_string(t_) + "ms recovery " + ev.target.label + " not started: " + r.status().ToString());
+    queued_.pop_front();
+  } else if (ev.kind == "recover" && st == State::kReady) {
+    notes_.push_back("t=" + std::to_string(t_) + "ms recovery to " + ev.target.label + " skipped: engine is READY");
+    queued_.pop_front();
+  }
+}
+
+bool Simulation::Idle() const {
+  bool engine_idle = true;
+  for (const auto& [id, row] : rows_) {
+    if (row.admitted && engine_.running(id)) engine_idle = false;
+  }
+  bool queue_stuck = !queued_.empty() && controller_->state() == State::kTainted && queued_.front().kind == "update";
+  return !runner_->busy() && (queued_.empty() || queue_stuck) && engine_idle;
+}
+
+Result<Json> Simulation::Report() {
   Json report;
-  auto v = controller->version();
-  report["final"] = Json{{"state", StateName(controller->state())},
+  auto v = controller_->version();
+  report["final"] = Json{{"state", StateName(controller_->state())},
                          {"label", v.label},
                          {"generation", v.generation},
-                         {"content_digest", controller->identity().content_digest},
-                         {"engine_label", engine.label()},
-                         {"engine_digest", engine.digest()},
-                         {"engine_paused", engine.paused()}};
-  RC_ASSIGN_OR_RETURN(auto records, journal->ReadAll());
+                         {"content_digest", controller_->identity().content_digest},
+                         {"engine_label", engine_.label()},
+                         {"engine_digest", engine_.digest()},
+                         {"engine_paused", engine_.paused()}};
+  RC_ASSIGN_OR_RETURN(auto records, journal_->ReadAll());
   Json jr = Json::array();
   for (const auto& r : records) jr.push_back(ToJson(r));
   report["journal"] = jr;
+  report["rollouts"] = Rollouts();
 
+  Json updates = Json::array();
+  for (const auto& u : controller_->Updates()) updates.push_back(ToJson(u));
+  report["updates"] = updates;
+  report["restarts"] = restarts_;
+  report["counters"] = ToJson(controller_->counters());
+  Json windows = Json::array();
+  for (const auto& [s, e] : engine_.mutation_windows()) windows.push_back(Json::array({s, e < 0 ? Json() : Json(e)}));
+  report["mutation_windows"] = windows;
+  report["notes"] = notes_;
+  report["end_t_ms"] = t_;
+  report["checks"] = Checks();
+  return report;
+}
+
+Json Simulation::Rollouts() {
   Json rollouts = Json::array();
-  for (const auto& id : row_order) {
-    RolloutRow& row = rows[id];
-    if (engine.aborted().count(id)) row.aborted = true;
+  for (const auto& id : row_order_) {
+    RolloutRow& row = rows_[id];
+    if (engine_.aborted().count(id)) row.aborted = true;
     Json r{{"id", row.id},
            {"admitted", row.admitted},
            {"refused_reason", row.refused_reason.empty() ? Json() : Json(row.refused_reason)},
@@ -350,28 +417,19 @@ Result<Json> RunScenario(const Json& scenario) {
            {"aborted", row.aborted}};
     rollouts.push_back(r);
   }
-  report["rollouts"] = rollouts;
+  return rollouts;
+}
 
-  Json updates = Json::array();
-  for (const auto& u : controller->Updates()) updates.push_back(ToJson(u));
-  report["updates"] = updates;
-  report["restarts"] = restarts;
-  report["counters"] = ToJson(controller->counters());
-  Json windows = Json::array();
-  for (const auto& [s, e] : engine.mutation_windows()) windows.push_back(Json::array({s, e < 0 ? Json() : Json(e)}));
-  report["mutation_windows"] = windows;
-  report["notes"] = notes;
-  report["end_t_ms"] = t;
-
-  // ---- Invariant checks, computed from what the engine saw ----
+// Invariant checks, computed from what the engine saw.
+Json Simulation::Checks() const {
   bool no_span = true;
   bool accounted = true;
   Json violations = Json::array();
-  for (const auto& id : row_order) {
-    const RolloutRow& row = rows[id];
+  for (const auto& id : row_order_) {
+    const RolloutRow& row = rows_.at(id);
     if (!row.admitted) continue;
-    int64_t end = row.finished_t_ms >= 0 ? row.finished_t_ms : t;
-    for (const auto& [s, e] : engine.mutation_windows()) {
+    int64_t end = row.finished_t_ms >= 0 ? row.finished_t_ms : t_;
+    for (const auto& [s, e] : engine_.mutation_windows()) {
       if (Overlaps(row.admitted_t_ms, end, s, e) && !row.interrupted && !row.aborted) {
         no_span = false;
         violations.push_back("rollout " + id + " was live during a weight mutation at t=" + std::to_string(s));
@@ -383,20 +441,32 @@ Result<Json> RunScenario(const Json& scenario) {
     }
   }
   bool committed_verified = true;
-  for (const auto& u : controller->Updates()) {
+  for (const auto& u : controller_->Updates()) {
     if (u.outcome == UpdateOutcome::kCommitted && !u.target.identity.content_digest.empty() &&
-        engine.digest() != u.target.identity.content_digest && u.ordinal == controller->Updates().back().ordinal &&
-        controller->state() == State::kReady) {
+        engine_.digest() != u.target.identity.content_digest && u.ordinal == controller_->Updates().back().ordinal &&
+        controller_->state() == State::kReady) {
       committed_verified = false;
       violations.push_back("update " + std::to_string(u.ordinal) + " committed but the engine holds digest " +
-                           engine.digest());
+                           engine_.digest());
     }
   }
-  report["checks"] = Json{{"no_binding_spans_mutation", no_span},
-                          {"every_admitted_rollout_accounted", accounted},
-                          {"committed_version_is_live", committed_verified},
-                          {"violations", violations}};
-  return report;
+  return Json{{"no_binding_spans_mutation", no_span},
+              {"every_admitted_rollout_accounted", accounted},
+              {"committed_version_is_live", committed_verified},
+              {"violations", violations}};
+}
+
+}  // namespace
+
+Status ValidateScenario(const Json& scenario) { return ParseScenario(scenario).status(); }
+
+Result<Json> RunScenario(const Json& scenario) {
+  RC_ASSIGN_OR_RETURN(ParsedScenario parsed, ParseScenario(scenario));
+  RC_ASSIGN_OR_RETURN(std::unique_ptr<Journal> journal, OpenScenarioJournal(parsed.journal_spec));
+  Simulation sim(parsed, std::move(journal));
+  RC_RETURN_IF_ERROR(sim.Start());
+  RC_RETURN_IF_ERROR(sim.Run());
+  return sim.Report();
 }
 
 Status MatchExpected(const Json& actual, const Json& expected, const std::string& path) {
