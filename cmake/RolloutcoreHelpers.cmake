@@ -16,16 +16,35 @@ set(RC_CUDA_FLAGS
 if(ROLLOUTCORE_SANITIZER STREQUAL "asan")
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
-  if(ROLLOUTCORE_BUILD_FUZZERS)
-    # The asan tree also builds the libFuzzer targets (CI: one clang sanitizer tree for the unit and
-    # fault tests and the fuzzers): coverage instrumentation in every library they call.
-    add_compile_options(-fsanitize=fuzzer-no-link)
-  endif()
 elseif(ROLLOUTCORE_SANITIZER STREQUAL "tsan")
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
 elseif(NOT ROLLOUTCORE_SANITIZER STREQUAL "")
   message(FATAL_ERROR "ROLLOUTCORE_SANITIZER must be '', 'asan' or 'tsan', got '${ROLLOUTCORE_SANITIZER}'")
+endif()
+
+# The asan tree also builds the libFuzzer targets (CI: one clang sanitizer tree for the unit and
+# fault tests and the fuzzers): coverage instrumentation (-fsanitize=fuzzer-no-link) in every module
+# a fuzzer calls into (the fuzzers of src/formats, directory, lifecycle, engine, refit), not in the
+# tests or the modules no fuzzer reaches (it costs a fifth of their compile time).
+set(RC_FUZZED_MODULES base formats directory lifecycle receiver engine refit_core refit_exec
+  transport_api transport_local transport)
+
+# Build speed where run speed does not matter. Test sources, and the control-plane modules (HTTP,
+# JSON, journals: I/O-bound code), compile at RC_FAST_BUILD_OPT: -O0 in the sanitizer trees (the
+# other modules keep -O1), -O1 in the dev tree (RelWithDebInfo; the others keep -O2), nothing
+# changed in the release tree. The modules with the hot loops (kernels, digests, copies, the
+# transports, the synthetic trainer's tensors) keep the tree's level. Test sources are half of the
+# compile time (GoogleTest, gmock and nlohmann-json templates) and what they run is library code;
+# docs/testing.md "What CI time goes to" has the measurements. The flag comes after
+# CMAKE_CXX_FLAGS_<CONFIG> on the command line, so it wins.
+set(RC_FAST_BUILD_MODULES net directory lifecycle controller adapters)
+if(NOT ROLLOUTCORE_SANITIZER STREQUAL "")
+  set(RC_FAST_BUILD_OPT -O0)
+elseif(CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo")
+  set(RC_FAST_BUILD_OPT -O1)
+else()
+  set(RC_FAST_BUILD_OPT "")
 endif()
 
 # rc_add_module(NAME SOURCES ... [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
@@ -38,6 +57,12 @@ function(rc_add_module name)
     PUBLIC ${PROJECT_SOURCE_DIR}/include
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_options(rc_${name} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${RC_WARNINGS}>" ${RC_CUDA_FLAGS})
+  if(name IN_LIST RC_FAST_BUILD_MODULES AND RC_FAST_BUILD_OPT)
+    target_compile_options(rc_${name} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${RC_FAST_BUILD_OPT}>")
+  endif()
+  if(ROLLOUTCORE_BUILD_FUZZERS AND name IN_LIST RC_FUZZED_MODULES)
+    target_compile_options(rc_${name} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>")
+  endif()
   target_link_libraries(rc_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
@@ -57,7 +82,7 @@ function(rc_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   set_property(GLOBAL APPEND PROPERTY RC_TESTS_LABEL_${ARG_LABEL} ${name})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-  target_compile_options(${name} PRIVATE ${RC_WARNINGS})
+  target_compile_options(${name} PRIVATE ${RC_WARNINGS} ${RC_FAST_BUILD_OPT})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   gtest_discover_tests(${name}
     PROPERTIES LABELS ${ARG_LABEL} TIMEOUT ${ARG_TIMEOUT}
