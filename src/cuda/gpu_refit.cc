@@ -801,20 +801,26 @@ Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan,
 Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan, const PlanImports& imports,
                                                 const refit::DestinationBuffers& params,
                                                 const DeviceExecuteOptions& options) {
-  transport::Transport& transport = imports.transport();
+  return ExecutePlanOnDevice(plan, imports.transport(), imports.remotes(), params, options);
+}
+
+Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan, transport::Transport& transport,
+                                                std::span<const transport::RemoteMemory> remotes,
+                                                const refit::DestinationBuffers& params,
+                                                const DeviceExecuteOptions& options) {
   if (!transport.capabilities().device_memory) {
     return FailedPrecondition(fmt::format("transport {} cannot move device memory (use cuda_ipc or nccl)",
                                           transport.name()));
   }
-  if (imports.remotes().size() != plan.sources.size()) {
-    return InvalidArgument(fmt::format("imports hold {} sources but the plan has {}", imports.remotes().size(),
+  if (remotes.size() != plan.sources.size()) {
+    return InvalidArgument(fmt::format("imports hold {} sources but the plan has {}", remotes.size(),
                                        plan.sources.size()));
   }
   DeviceGuard guard(options.device);
   RC_RETURN_IF_ERROR(guard.status(options.device));
   const int64_t deadline = transport.clock().NowNs() + options.timeout_ms * 1'000'000;
   DevicePlanMemory memory(options.device);
-  return refit::ExecuteWaves(plan, transport, imports.remotes(), params, memory, deadline, options.max_staging_bytes);
+  return refit::ExecuteWaves(plan, transport, remotes, params, memory, deadline, options.max_staging_bytes);
 }
 
 // ---- GpuOwner -------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include "rolloutcore/receiver/live_weights.h"
 #include "rolloutcore/refit/layouts.h"
 #include "receiver/nonfinite.h"
+#include "receiver/pipeline.h"
 #include "receiver/relay.h"
 
 namespace rc::receiver {
@@ -336,7 +337,10 @@ Json SourcesEvidence(const std::vector<refit::TransferPlan>& plans, const Merged
 }  // namespace
 
 RefitReceiver::RefitReceiver(LiveWeights* live, int threads)
-    : live_(live), config_(live->RefitModelConfig()), threads_(DefaultThreads(threads)) {}
+    : live_(live),
+      config_(live->RefitModelConfig()),
+      threads_(DefaultThreads(threads)),
+      plans_(std::make_unique<internal::RankPlans>()) {}
 RefitReceiver::~RefitReceiver() {
   rc::MutexLock lock(mu_);
   if (retiring_.joinable()) retiring_.join();
@@ -389,8 +393,7 @@ void RefitReceiver::SetSwapQHeadsForTesting(bool on) {
   delta_chain_.reset();  // its delta was planned on the captures dropped here
   captures_.clear();
   digest_regions_.clear();
-  plans_.clear();
-  plan_topology_ = 0;
+  plans_->Reset();
 }
 
 Status RefitReceiver::EnsureCaptures() {
@@ -531,9 +534,11 @@ struct RefitReceiver::FullStage {
   const std::chrono::steady_clock::time_point deadline;
   const std::chrono::steady_clock::time_point t_total;
   Json stages = Json::object();
-  std::optional<directory::DirectoryClient> dir;
-  refit::Manifest manifest;
-  refit::TensorDigests published;
+  // Discovery (pipeline.h): the directory client, the manifest and its published digests.
+  internal::ResolvedVersion resolved;
+  std::optional<directory::DirectoryClient>& dir = resolved.dir;
+  refit::Manifest& manifest = resolved.manifest;
+  refit::TensorDigests& published = resolved.published;
   std::string why_full;
   // Fan-out (relay.h): the holder records found, the holders excluded, what is planned against.
   std::vector<RelayRecord> relay_records;
@@ -599,7 +604,7 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
     // Where the transport lands bytes with the CPU (shm), the staged digest and the finite check
     // ride along with the landing copy, read back from the staged bytes while they are in cache
     // (refit/landing_digest.h); whatever it did not cover whole is digested after the wire.
-    refit::LandingDigest landing(captures_, digest_regions_, uncovered_, shadow_buffers_, plans_);
+    refit::LandingDigest landing(captures_, digest_regions_, uncovered_, shadow_buffers_, plans_->plans());
     RC_ASSIGN_OR_RETURN(const bool failed_over, PullRanks(&s, &landing));
     if (failed_over) continue;  // planned again against the remaining holders
     RC_RETURN_IF_ERROR(VerifyOnLanding(&s, &landing));
@@ -610,15 +615,8 @@ Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
 
 Status RefitReceiver::ResolveInDirectory(FullStage* s) {
   auto t = std::chrono::steady_clock::now();
-  // Discovery runs under the stage's deadline too (the client's default would be 30 s).
-  directory::ClientOptions client_options;
-  const int64_t left_ms = std::max<int64_t>(
-      1, std::chrono::duration_cast<std::chrono::milliseconds>(s->deadline - std::chrono::steady_clock::now()).count());
-  client_options.connect_timeout_ms = std::min(client_options.connect_timeout_ms, left_ms);
-  client_options.request_timeout_ms = std::min(client_options.request_timeout_ms, left_ms);
-  s->dir.emplace(s->req.directory, client_options);
-  RC_ASSIGN_OR_RETURN(s->manifest, s->dir->Get(s->req.model, s->req.version));
-  RC_ASSIGN_OR_RETURN(s->published, refit::TensorDigestsFromShards(s->manifest));
+  RC_RETURN_IF_ERROR(
+      internal::ResolveInDirectory(s->req.directory, s->req.model, s->req.version, s->deadline, &s->resolved));
   s->stages["discovery"] = MsSince(t);
   return OkStatus();
 }
@@ -635,25 +633,10 @@ Status RefitReceiver::FindRelaySources(FullStage* s) {
 }
 
 Status RefitReceiver::PlanRanks(FullStage* s) {
-  // Plans are rebuilt only when the source topology changes.
+  // Plans are rebuilt only when the source topology (or the receiver rank) changes.
   auto t = std::chrono::steady_clock::now();
-  // The receiver rank picks among replicated sources, so it is part of what a cached plan assumed.
-  s->topo = refit::SourceTopologyDigest(s->sources.manifest) ^
-            (static_cast<uint64_t>(s->req.receiver_rank) * 0x9E3779B97F4A7C15ull);
-  s->plan_cached = s->topo == plan_topology_ && plans_.size() == captures_.size();
-  if (!s->plan_cached) {
-    plans_.clear();
-    for (size_t r = 0; r < captures_.size(); ++r) {
-      refit::PlanOptions po;
-      po.dest_rank = static_cast<int32_t>(static_cast<int64_t>(s->req.receiver_rank) *
-                                              static_cast<int64_t>(captures_.size()) +
-                                          static_cast<int64_t>(r));
-      RC_ASSIGN_OR_RETURN(refit::TransferPlan p, refit::BuildPlan(captures_[r], s->sources.manifest, po));
-      plans_.push_back(std::move(p));
-    }
-    plan_topology_ = s->topo;
-    ++plans_built_;
-  }
+  s->topo = internal::StageTopology(s->sources.manifest, s->req.receiver_rank);
+  RC_ASSIGN_OR_RETURN(s->plan_cached, plans_->Ensure(captures_, s->sources.manifest, s->topo, s->req.receiver_rank));
   s->stages["planning"] = MsSince(t);
   return OkStatus();
 }
@@ -699,9 +682,8 @@ Result<bool> RefitReceiver::PullRanks(FullStage* s, refit::LandingDigest* landin
     eo.arena = arena_.get();
     eo.transform_threads = threads_;
     eo.imports = &sources_.imports();
-    eo.timeout_ms = std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(s->deadline - std::chrono::steady_clock::now()).count());
-    auto st = refit::ExecutePlan(plans_[r], transport, shadow_buffers_[r], eo);
+    eo.timeout_ms = internal::MsLeft(s->deadline);
+    auto st = refit::ExecutePlan(plans_->plans()[r], transport, shadow_buffers_[r], eo);
     if (!st.ok()) {
       // A relay whose memory cannot be reached any more is excluded (and its record marked
       // unavailable: we proved its owner gone); the pull restarts from the remaining holders.
@@ -784,11 +766,7 @@ Status RefitReceiver::VerifyOnLanding(FullStage* s, refit::LandingDigest* landin
         CheckFinite(captures_, shadow_buffers_, threads_).WithContext("staged weights of " + s->req.version));
   }
   s->stages["finite_check"] = MsSince(t);
-  std::string mismatch = refit::FirstDigestMismatch(s->got, s->published);
-  if (!mismatch.empty()) {
-    return DataLoss("staged bytes of " + s->req.version + " do not match the published digests: " + mismatch);
-  }
-  return OkStatus();
+  return internal::CheckStagedDigests(s->got, s->published, s->req.model, s->req.version, /*subset=*/false);
 }
 
 bool RefitReceiver::AnyNonFiniteUncoveredF32(const std::vector<refit::UncoveredBytes>& uncovered) {
@@ -835,13 +813,9 @@ Result<Json> RefitReceiver::SealStaged(FullStage* s, SourceImports retired) {
 }
 
 Json RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) const {
-  uint64_t planned = 0, needed = 0, descriptors = 0, full_pulls = 0;
-  for (const auto& p : plans_) {
-    planned += p.stats.bytes_planned;
-    needed += p.stats.bytes_needed;
-    descriptors += p.stats.descriptors;
-    full_pulls += p.stats.full_pulls;
-  }
+  const refit::PlanStats total = plans_->TotalStats();
+  const uint64_t planned = total.bytes_planned, needed = total.bytes_needed, descriptors = total.descriptors,
+                 full_pulls = total.full_pulls;
   Json evidence = Json{{"version", s.req.version},
                        {"model", s.req.model},
                        {"mode", "full"},
@@ -854,7 +828,7 @@ Json RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) const {
                        {"descriptors", descriptors},
                        {"full_pulls", full_pulls},
                        {"plan_cached", s.plan_cached},
-                       {"plans_built", plans_built_},
+                       {"plans_built", plans_->built()},
                        {"shadow_allocated", s.shadow_allocated},
                        {"transport_cached", s.transport_cached},
                        {"transports_built", transports_built_},
@@ -867,7 +841,7 @@ Json RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) const {
                        {"wire_gbps", gbps},
                        {"stages_ms", s.stages}};
   if (s.req.use_relays) {
-    evidence["sources"] = SourcesEvidence(plans_, s.sources, s.relay_records.size(), s.failed_holders, s.failovers);
+    evidence["sources"] = SourcesEvidence(plans_->plans(), s.sources, s.relay_records.size(), s.failed_holders, s.failovers);
   }
   return evidence;
 }

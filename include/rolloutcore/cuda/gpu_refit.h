@@ -215,6 +215,13 @@ class PlanImports {
                                                               const PlanImports& imports,
                                                               const refit::DestinationBuffers& device_params,
                                                               const DeviceExecuteOptions& options = {});
+// The same with the plan's sources imported by the caller through `transport` (`remotes` per
+// TransferPlan::sources, e.g. refit::ImportPlanSources over a kept refit::ImportCache).
+[[nodiscard]] Result<refit::ExecuteStats> ExecutePlanOnDevice(const refit::TransferPlan& plan,
+                                                              transport::Transport& transport,
+                                                              std::span<const transport::RemoteMemory> remotes,
+                                                              const refit::DestinationBuffers& device_params,
+                                                              const DeviceExecuteOptions& options = {});
 
 // Enables direct access from device `from` to device `to` when the hardware allows it (ignores
 // "already enabled"); false when it does not.

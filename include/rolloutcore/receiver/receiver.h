@@ -115,6 +115,7 @@ class LandingDigest;  // src/refit/landing_digest.h
 namespace rc::receiver {
 
 namespace internal {
+class RankPlans;  // src/receiver/pipeline.h
 struct DeltaStaged;
 struct DeltaChain;
 }  // namespace internal
@@ -298,11 +299,10 @@ class RefitReceiver {
   std::vector<std::vector<refit::DigestRegion>> digest_regions_ GUARDED_BY(mu_);    // guarded by mu_
   // Per rank, the parameter bytes no digest region covers (copied plainly by the fused install).
   std::vector<refit::UncoveredBytes> uncovered_ GUARDED_BY(mu_);                    // guarded by mu_
-  uint64_t plan_topology_ GUARDED_BY(mu_) = 0;                                      // guarded by mu_
-  std::vector<refit::TransferPlan> plans_ GUARDED_BY(mu_);                          // guarded by mu_
+  // One plan per rank, cached while the stage topology is unchanged (pipeline.h).
+  const std::unique_ptr<internal::RankPlans> plans_ PT_GUARDED_BY(mu_);            // guarded by mu_
   std::unique_ptr<Staged> staged_ GUARDED_BY(mu_);                                  // guarded by mu_
   int64_t generation_ GUARDED_BY(mu_) = 0;                                          // guarded by mu_
-  int64_t plans_built_ GUARDED_BY(mu_) = 0;                                         // guarded by mu_
   // Shadow parameters per rank (name -> bytes in the live parameter's dtype), kept across refits.
   std::vector<std::map<std::string, std::shared_ptr<WeightBuffer>>> shadow_ GUARDED_BY(mu_);  // guarded by mu_
   std::vector<refit::DestinationBuffers> shadow_buffers_ GUARDED_BY(mu_);           // guarded by mu_

@@ -1,7 +1,7 @@
 // The one "find the transport in the manifest, create it, cache its imports" step of the refit
 // receiver (docs/architecture.md, module `receiver`), shared by every path that pulls or serves a
 // version's bytes: the full stage (receiver.cc), the delta stage (delta_apply.cc), the relay
-// (relay.cc) and the Python DeviceStager (src/python/device_stager.cc).
+// (relay.cc) and the device receiver of vLLM's GPU parameters (device_receiver.cc).
 //
 // CreateManifestTransport: the transport the manifest's shard handles name
 // (refit::ManifestTransport), created through the backend registry.

@@ -1,0 +1,124 @@
+// DeviceReceiver (module `receiver`, CUDA builds): the refit receiver of weights that live in GPU
+// memory owned by someone else — vLLM's parameters, reached through the worker extension
+// (python/rolloutcore/vllm.py; rolloutcore._core.DeviceStager is its binding). It runs the same
+// pipeline steps as RefitReceiver (src/receiver/pipeline.h: resolve in the directory under the
+// stage's deadline → one plan cached by topology → the import cache keyed by the same topology,
+// source_imports.h → pull → staged digest checked against the manifest), with device memory:
+// the pull lands device to device (cuda_ipc / nccl, no host copy) and every digest runs on the GPU.
+//
+// The engine's side comes in two captures of vLLM's own load_weights, set once (SetCaptures):
+//   * the staging capture: every recorded copy lands in its own dense staging parameter (device
+//     memory the extension allocates once and keeps), so the planner's coverage proof is exact;
+//   * the live capture: the same copies with the real destination (the live vLLM parameter,
+//     element offset and strides), used to digest the live weights in source coordinates and to
+//     install.
+// The memory itself is passed with each call as buffer tables ({name: device span}): the
+// extension reads the tensors' addresses from PyTorch when it calls, and a cached device table
+// (live digest, fused install) is kept only while the buffers (names, addresses, sizes) are
+// unchanged. Where the embedded engine's receiver installs through LiveWeights (host storage it
+// may exchange), this one installs with one fused kernel (DeviceInstall: staging → live copies
+// that digest what they write), prepared while vLLM still serves (PrepareInstall) and launched
+// only while it is paused (Install; the caller's duty: nothing here can see vLLM's scheduler).
+// Nothing else here writes a live parameter.
+//
+// Thread safety: none; one DeviceReceiver belongs to one worker thread (vLLM runs collective_rpc
+// calls one at a time).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "rolloutcore/base/content_digest.h"
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/refit/capture.h"
+#include "rolloutcore/refit/manifest.h"
+
+namespace rc::receiver {
+
+struct DeviceStageRequest {
+  std::string directory;  // base URL of the directory
+  std::string model;
+  std::string version;
+  int64_t timeout_ms = 60'000;  // the whole stage: discovery, imports, the pull, the digest
+  // Fault injection for tests (rc_fault stage_pull_delay_ms; 0 in production): holds the pull
+  // that long (within the deadline) after the sources were imported and before the reads are
+  // posted, so a test can kill the trainer mid-pull.
+  int64_t pull_delay_ms = 0;
+};
+
+// What a stage did. stage_ms: discover, plan, import, wire, digest, total (and fault_pull_delay
+// when injected), milliseconds.
+struct DeviceStageReport {
+  std::map<std::string, double> stage_ms;
+  std::string transport;
+  uint64_t bytes_needed = 0, bytes_planned = 0, bytes_pulled = 0, descriptors = 0, reads = 0;
+  bool plan_cached = false;
+  ContentDigest staged_digest;    // combined digest of what was staged (the tensors the engine loads)
+  ContentDigest manifest_digest;  // the manifest's content digest
+  refit::TensorDigests published;  // every tensor of the manifest (the caller reports what it did not load)
+};
+
+// Per-tensor digests of device memory, computed by one kernel.
+struct DeviceDigestReport {
+  refit::TensorDigests tensors;
+  ContentDigest content_digest;
+  double kernel_ms = 0;   // GPU time of the kernel
+  double digest_ms = 0;   // wall time of the call
+  bool table_cached = false;  // the uploaded table was kept (same buffers as last time)
+};
+
+// PrepareInstall: ok, or why the copies cannot run as one launch (overlapping live elements; the
+// caller then copies in order and digests afterwards).
+struct DevicePrepareReport {
+  bool ok = false;
+  std::string reason;
+  uint64_t chunks = 0, bytes = 0, elements = 0;
+  double prepare_ms = 0;
+};
+
+// Install: ok with the digest of every byte the fused kernel wrote, or refused (nothing written)
+// with the reason.
+struct DeviceInstallReport {
+  bool ok = false;
+  std::string reason;
+  DeviceDigestReport digest;
+  uint64_t bytes = 0;
+};
+
+class DeviceReceiver {
+ public:
+  // InvalidArgument when `device` is not one of the visible CUDA devices.
+  [[nodiscard]] static Result<std::unique_ptr<DeviceReceiver>> Create(int device);
+  ~DeviceReceiver();
+  DeviceReceiver(const DeviceReceiver&) = delete;
+  DeviceReceiver& operator=(const DeviceReceiver&) = delete;
+
+  // Sets the two captures (see the header comment); proves that the staging capture writes every
+  // staging byte exactly once. Drops every cache (plans, imports, device tables).
+  [[nodiscard]] Status SetCaptures(refit::Capture staging, refit::Capture live);
+  // Pulls `request.version` into `staging` (device buffers of the staging capture's parameters)
+  // and checks the staged bytes against the published per-tensor digests. FailedPrecondition
+  // before SetCaptures.
+  [[nodiscard]] Result<DeviceStageReport> Stage(const DeviceStageRequest& request,
+                                                const refit::DestinationBuffers& staging);
+  // Per-tensor digests of the live parameters through the live capture.
+  [[nodiscard]] Result<DeviceDigestReport> LiveDigest(const refit::DestinationBuffers& live);
+  // Builds and uploads the fused install table for these buffers (kept while they are unchanged).
+  // Never writes a live byte.
+  [[nodiscard]] Result<DevicePrepareReport> PrepareInstall(const refit::DestinationBuffers& staging,
+                                                           const refit::DestinationBuffers& live);
+  // Launches the prepared install (only while the engine is paused); refused, writing nothing,
+  // when nothing was prepared for exactly these buffers.
+  [[nodiscard]] Result<DeviceInstallReport> Install(const refit::DestinationBuffers& staging,
+                                                    const refit::DestinationBuffers& live);
+
+ private:
+  struct State;
+  explicit DeviceReceiver(int device);
+  const int device_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace rc::receiver
