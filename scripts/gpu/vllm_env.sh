@@ -11,6 +11,8 @@
 #                        both kits in one GPU call keep their logs apart
 #   VLLM_OTHER_SITE=DIR  the other kit's site/ (only for the restart-on-another-release test);
 #                        default: the other kit's default folder's site/ when it is unpacked there
+#   RC_BUNDLE=DIR        the CUDA build of the package to use (default build/cuda-py-bundle), e.g.
+#                        an older build's bundle for an old-against-new bench in the same call
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VLLM_KIT=${VLLM_KIT:-0.33}
 case "$VLLM_KIT" in
@@ -51,7 +53,7 @@ if [[ -z "${VLLM_OTHER_SITE:-}" && -d "$other_default_vb/site" ]]; then
   case "$(kit_version "$other_default_vb/site")" in "$other_kit".*) VLLM_OTHER_SITE="$other_default_vb/site" ;; esac
 fi
 [[ -n "${VLLM_OTHER_SITE:-}" ]] && export VLLM_OTHER_SITE
-B="$ROOT/build/cuda-py-bundle"
+B=$(realpath -m "${RC_BUNDLE:-$ROOT/build/cuda-py-bundle}")
 [[ -f "$B/bin/rolloutcore" ]] || { echo "skipped: no $B: build it with PYTHON=1 scripts/gpu/make_bundle.sh" >&2; exit 77; }
 chmod +x "$B/bin/rolloutcore"
 export VLLM_SITE="$VB/site" RC_PYTHONPATH="$B/python" ROLLOUTCORE_BIN="$B/bin/rolloutcore"
