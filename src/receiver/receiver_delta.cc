@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "receiver/delta_apply.h"
-#include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/receiver/receiver.h"
 
