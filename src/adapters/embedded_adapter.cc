@@ -147,11 +147,13 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
 
   Pending<StageEvidence> Stage(const UpdateTarget& target) override {
     return RunDetached<StageEvidence>([s = s_, o = o_, target]() -> Result<StageEvidence> {
-      RC_ASSIGN_OR_RETURN(Json j, s->receiver->Stage(Request(*o, target)));
+      RC_ASSIGN_OR_RETURN(receiver::StageReport report, s->receiver->Stage(Request(*o, target)));
       StageEvidence e;
       e.label = target.label;
-      e.bytes = j.value("bytes_planned", int64_t{0});
-      e.detail = std::move(j);
+      // The bytes planned by a full stage; a delta stage plans none (its pull is in detail).
+      const receiver::FullStageReport* full = report.full();
+      e.bytes = full != nullptr ? static_cast<int64_t>(full->bytes_planned) : 0;
+      e.detail = report.ToJson();  // the lifecycle evidence edge: journaled as JSON
       return e;
     });
   }
@@ -170,9 +172,9 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
       e.label = target.label;
       if (r.outcome == receiver::InstallOutcome::kInstalled) {
         e.outcome = lifecycle::InstallOutcome::kInstalled;
-        RC_ASSIGN_OR_RETURN(e.label, GetString(r.evidence, "weight_version", "install"));
-        e.bytes = r.evidence.value("bytes_installed", int64_t{0});
-        e.detail = std::move(r.evidence);
+        e.label = r.report.weight_version;
+        e.bytes = static_cast<int64_t>(r.report.bytes_installed);
+        e.detail = r.report.ToJson();  // the lifecycle evidence edge: journaled as JSON
         return e;
       }
       const bool untouched = r.outcome == receiver::InstallOutcome::kRefusedUntouched;
@@ -205,9 +207,9 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
 
   Pending<DigestEvidence> ReadContentDigest() override {
     return RunDetached<DigestEvidence>([s = s_]() -> Result<DigestEvidence> {
-      RC_ASSIGN_OR_RETURN(Json j, s->receiver->LiveDigest());
+      RC_ASSIGN_OR_RETURN(receiver::LiveDigestReport digest, s->receiver->LiveDigest());
       DigestEvidence e;
-      RC_ASSIGN_OR_RETURN(e.content_digest, GetString(j, "content_digest", "digest"));
+      e.content_digest = digest.content_digest.ToHex();
       return e;
     });
   }

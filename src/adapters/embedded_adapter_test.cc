@@ -156,7 +156,7 @@ TEST_F(EmbeddedAdapterTest, ControllerUpdatesTheInProcessEngineAndProvesTheDiges
   EXPECT_EQ(engine_->engine()->WeightVersion(), "v1");
   auto live = engine_->receiver()->LiveDigest(/*fresh=*/true);
   ASSERT_TRUE(live.ok()) << live.status().ToString();
-  EXPECT_EQ((*live)["content_digest"], Hex64(v1.content_digest)) << "live weights are the published v1";
+  EXPECT_EQ(live->content_digest.ToHex(), Hex64(v1.content_digest)) << "live weights are the published v1";
   EXPECT_GT(engine_->engine()->Metrics().cache_resets, resets_before) << "the update reset the prefix cache";
 
   Json after = Rollout("r-after");
@@ -386,14 +386,14 @@ TEST_F(EmbeddedAdapterTest, InstallOutcomeIsEstablishedWhereTheFirstLiveByteIsWr
   controller::ServiceOptions so;
   so.state_dir = state_dir_;
   service_ = std::move(controller::ControllerService::Create(std::move(engines), versions_.get(), so)).value();
-  const std::string init_digest = (*engine_->receiver()->LiveDigest(true))["content_digest"];
+  const std::string init_digest = engine_->receiver()->LiveDigest(true)->content_digest.ToHex();
 
   adapter->claim_pause = true;
   auto refused = service_->WaitForUpdate(service_->RequestUpdate("m", "v1").value(), 60000);
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   EXPECT_EQ((*refused)["engines"][0]["outcome"], "rejected") << refused->dump(2);
   EXPECT_EQ(service_->controller(0)->state(), lifecycle::State::kReady);
-  EXPECT_EQ((*engine_->receiver()->LiveDigest(true))["content_digest"], init_digest) << "nothing was touched";
+  EXPECT_EQ(engine_->receiver()->LiveDigest(true)->content_digest.ToHex(), init_digest) << "nothing was touched";
 
   adapter->claim_pause = false;
   engine_->receiver()->SetFailAfterFirstRankForTesting(true);
@@ -403,7 +403,7 @@ TEST_F(EmbeddedAdapterTest, InstallOutcomeIsEstablishedWhereTheFirstLiveByteIsWr
   EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("failed_after_mutation"), std::string::npos)
       << failed->dump(2);
   EXPECT_EQ(service_->controller(0)->state(), lifecycle::State::kTainted);
-  EXPECT_NE((*engine_->receiver()->LiveDigest(true))["content_digest"], init_digest) << "rank 0 did write";
+  EXPECT_NE(engine_->receiver()->LiveDigest(true)->content_digest.ToHex(), init_digest) << "rank 0 did write";
   engine_->receiver()->SetFailAfterFirstRankForTesting(false);
 }
 

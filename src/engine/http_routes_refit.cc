@@ -58,7 +58,7 @@ void EngineServer::Impl::RefitRoutes() {
     }
     auto out = receiver_.Stage(*req);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
-    SendJson(r, 200, *out);
+    SendJson(r, 200, out->ToJson());
   }));
   // Fan-out (docs/refit.md): serve a staged or live version as a source of it.
   svr.Post("/rc/refit/relay", Guard([this](const httplib::Request& q, httplib::Response& r) {
@@ -69,7 +69,7 @@ void EngineServer::Impl::RefitRoutes() {
     }
     auto out = receiver_.Relay(*req);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
-    SendJson(r, 200, *out);
+    SendJson(r, 200, out->ToJson());
   }));
   svr.Post("/rc/refit/install", Guard([this](const httplib::Request& q, httplib::Response& r) {
     auto req = ParseInstallBody(q.body);
@@ -89,7 +89,7 @@ void EngineServer::Impl::RefitRoutes() {
     receiver::InstallResult out = receiver_.Install(req->version, req->skip_cache_reset);
     Delay(faults_.install_delay_ms);
     switch (out.outcome) {
-      case receiver::InstallOutcome::kInstalled: return SendJson(r, 200, out.evidence);
+      case receiver::InstallOutcome::kInstalled: return SendJson(r, 200, out.report.ToJson());
       case receiver::InstallOutcome::kRefusedUntouched:
         return error_with_outcome(409, out.outcome, out.status.message());
       case receiver::InstallOutcome::kFailedAfterMutation:
@@ -102,7 +102,7 @@ void EngineServer::Impl::RefitRoutes() {
     auto out = receiver_.LiveDigest(*fresh);
     Delay(faults_.digest_delay_ms);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
-    SendJson(r, 200, *out);
+    SendJson(r, 200, out->ToJson());
   }));
   svr.Post("/rc/validate/replay", Guard([this](const httplib::Request& q, httplib::Response& r) { Replay(q, r); }));
   svr.Get("/rc/engine/state", Guard([this](const httplib::Request&, httplib::Response& r) {

@@ -653,13 +653,12 @@ Status PredictDelta(const refit::Manifest& m, const std::vector<refit::Capture>&
     if (!out->first_write[p.rank] && res.first) out->first_write[p.rank] = res.first;
   }
   out->new_terms = std::move(new_terms);
-  out->ranks = Json::array();
+  out->ranks.assign(captures.size(), DeltaRankReport{});
   for (size_t r = 0; r < captures.size(); ++r) {
-    Json j{{"rank", r}};
-    j["changed_in_region"] = region_changed[r];
-    j["region_delta_bytes"] = region_bytes[r];
-    j["writes"] = writes[r];
-    out->ranks.push_back(std::move(j));
+    out->ranks[r].rank = r;
+    out->ranks[r].changed_in_region = region_changed[r];
+    out->ranks[r].region_delta_bytes = region_bytes[r];
+    out->ranks[r].writes = writes[r];
   }
 
   out->predicted = out->base_digests;
@@ -735,7 +734,7 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   };
 
   double wire_ms = 0, plan_ms = 0;
-  std::vector<Json> rank_reads(captures.size());
+  std::vector<DeltaRankReport> rank_reads(captures.size());  // the pull's part of each rank's report
   for (size_t r = 0; r < captures.size(); ++r) {
     const refit::Capture& cap = captures[r];
     RC_ASSIGN_OR_RETURN(TilesNeeded need, DeltaTilesNeeded(m, table_of, cap, r));
@@ -810,7 +809,9 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
     RC_RETURN_IF_ERROR(PlanDeltaRank(m, r, cap, (*in.regions)[r], *in.live, first_shard, tile_at, &out));
     plan_ms += MsSince(t0);
     out.bytes_pulled += rank_bytes;
-    rank_reads[r] = Json{{"bytes_pulled", rank_bytes}, {"reads", reads}, {"shards_read", need.size()}};
+    rank_reads[r].bytes_pulled = rank_bytes;
+    rank_reads[r].reads = reads;
+    rank_reads[r].shards_read = need.size();
   }
 
   // Decode, map, check and digest every job, in parallel.
@@ -818,7 +819,9 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   RC_RETURN_IF_ERROR(PredictDelta(m, captures, *in.live, in.threads, &out, in.apply, in.corrupt_first_write));
   const double map_ms = MsSince(t0);
   for (size_t r = 0; r < captures.size(); ++r) {
-    for (const auto& [key, v] : rank_reads[r].items()) out.ranks[r][key] = v;
+    out.ranks[r].bytes_pulled = rank_reads[r].bytes_pulled;
+    out.ranks[r].reads = rank_reads[r].reads;
+    out.ranks[r].shards_read = rank_reads[r].shards_read;
   }
 
   // The prediction D_new = D_live + sum (new - old), tensor by tensor, against the manifest.

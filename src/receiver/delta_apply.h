@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/receiver/reports.h"
 #include "rolloutcore/receiver/weights.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/delta.h"
@@ -120,8 +120,8 @@ struct DeltaStaged {
   refit::TensorDigests predicted;     // equal to the manifest's when staged
   uint64_t bytes_pulled = 0;
   int64_t changed = 0;  // changed source elements digested (each once over all ranks)
-  Json ranks = Json::array();  // per rank: bytes_pulled, region_delta_bytes, changed_in_region, reads
-  Json stages_ms = Json::object();
+  std::vector<DeltaRankReport> ranks;  // per rank: what the pull read and the prediction found
+  StepTimings stages_ms;
 };
 
 // What the staging image holds after a delta install by swap (docs/refit.md "Delta on the staging

@@ -32,12 +32,6 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Json DigestsJson(const refit::TensorDigests& d) {
-  Json j = Json::object();
-  for (const auto& [name, v] : d) j[name] = Hex64(v);
-  return j;
-}
-
 
 // The source tensor and global element index that copy `c` wrote to element `dest` of its
 // parameter; false when the copy does not write it.
@@ -253,7 +247,7 @@ struct RefitReceiver::Staged {
   // The digest of the staged bytes, computed when they landed; the shadow buffers have been
   // read-only since, so it is the digest of what a swap install makes live.
   refit::TensorDigests staged_digest;
-  Json evidence;
+  StageReport report;
   // The image id of a pre-replay whose results the engine cached for this staged image (0: none).
   uint64_t prereplay_image = 0;
 };
@@ -308,30 +302,25 @@ std::vector<std::string> UnreachableHolders(const MergedSources& sources, transp
 }
 
 // Which holder served how many of the planned bytes.
-Json SourcesEvidence(const std::vector<refit::TransferPlan>& plans, const MergedSources& sources, size_t records,
-                     const std::set<std::string>& failed, int failovers) {
-  uint64_t origin = 0, relayed = 0;
-  std::map<std::string, uint64_t> by_holder;
+FanOutReport SourcesReport(const std::vector<refit::TransferPlan>& plans, const MergedSources& sources,
+                           size_t records, const std::set<std::string>& failed, int failovers) {
+  FanOutReport out;
+  out.holder_records = records;
+  out.failed_holders.assign(failed.begin(), failed.end());
+  out.failovers = failovers;
   for (const refit::TransferPlan& p : plans) {
     for (const refit::ReadRun& run : p.runs) {
       const int32_t rank = p.sources[run.source].rank;
       const int64_t h = static_cast<int64_t>(rank) - sources.first_relay_rank;
       if (h >= 0 && h < static_cast<int64_t>(sources.holders.size())) {
-        relayed += run.length;
-        by_holder[sources.holders[static_cast<size_t>(h)]] += run.length;
+        out.relay_bytes += run.length;
+        out.by_holder[sources.holders[static_cast<size_t>(h)]] += run.length;
       } else {
-        origin += run.length;
+        out.origin_bytes += run.length;
       }
     }
   }
-  Json holders = Json::object();
-  for (const auto& [name, b] : by_holder) holders[name] = b;
-  return Json{{"origin_bytes", origin},
-              {"relay_bytes", relayed},
-              {"by_holder", holders},
-              {"holder_records", records},
-              {"failed_holders", std::vector<std::string>(failed.begin(), failed.end())},
-              {"failovers", failovers}};
+  return out;
 }
 
 }  // namespace
@@ -448,7 +437,7 @@ Result<refit::TensorDigests> RefitReceiver::DigestOf(const std::vector<refit::De
   return total;
 }
 
-Result<Json> RefitReceiver::Stage(const StageRequest& req) {
+Result<StageReport> RefitReceiver::Stage(const StageRequest& req) {
   if (req.model.empty() || req.version.empty() || req.directory.empty()) {
     return InvalidArgument("stage needs model, version and directory");
   }
@@ -506,11 +495,11 @@ Result<Json> RefitReceiver::Stage(const StageRequest& req) {
       1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
   auto result = StageLocked(left);
   if (result.ok() && staged_) {
-    staged_->evidence["prereplay"] = PreReplayLocked(deadline);
+    staged_->report.prereplay = PreReplayLocked(deadline);
     // The whole call on the engine's side (gate, stage, pre-replay): a caller's wall time beyond
     // it is dispatch (bench cycle's accounting).
-    staged_->evidence["call_ms"] = MsSince(t_call);
-    result = staged_->evidence;
+    staged_->report.call_ms = MsSince(t_call);
+    result = staged_->report;
   }
   rc::MutexLock metrics_lock(metrics_mu_);
   if (result.ok()) {
@@ -533,7 +522,7 @@ struct RefitReceiver::FullStage {
   const StageRequest& req;
   const std::chrono::steady_clock::time_point deadline;
   const std::chrono::steady_clock::time_point t_total;
-  Json stages = Json::object();
+  StepTimings stages;
   // Discovery (pipeline.h): the directory client, the manifest and its published digests.
   internal::ResolvedVersion resolved;
   std::optional<directory::DirectoryClient>& dir = resolved.dir;
@@ -559,7 +548,7 @@ struct RefitReceiver::FullStage {
   size_t digested_on_landing = 0, scanned_on_landing = 0;
 };
 
-Result<Json> RefitReceiver::StageLocked(const StageRequest& req) {
+Result<StageReport> RefitReceiver::StageLocked(const StageRequest& req) {
   FullStage s(req);
   RC_RETURN_IF_ERROR(ResolveInDirectory(&s));
 
@@ -785,7 +774,7 @@ bool RefitReceiver::AnyNonFiniteUncoveredF32(const std::vector<refit::UncoveredB
   return false;
 }
 
-Result<Json> RefitReceiver::SealStaged(FullStage* s, SourceImports retired) {
+Result<StageReport> RefitReceiver::SealStaged(FullStage* s, SourceImports retired) {
   // From here until they are swapped in (or re-used by the next stage) the staged bytes cannot
   // change: the digest just computed stays the digest of these bytes.
   auto t_protect = std::chrono::steady_clock::now();
@@ -802,63 +791,62 @@ Result<Json> RefitReceiver::SealStaged(FullStage* s, SourceImports retired) {
   }
   s->stages["total"] = MsSince(s->t_total);
   const double gbps = s->wire_ms > 0 ? static_cast<double>(s->bytes) / (s->wire_ms * 1e6) : 0.0;
-  Json evidence = FullStageEvidence(*s, gbps);
+  StageReport report = FullStageEvidence(*s, gbps);
   {
     rc::MutexLock metrics_lock(metrics_mu_);
     last_stage_ms_ = s->stages;
     last_wire_gbps_ = gbps;
     bytes_pulled_total_ += s->bytes;
   }
-  return KeepStaged(s, std::move(evidence), std::move(s->got));
+  return KeepStaged(s, std::move(report), std::move(s->got));
 }
 
-Json RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) const {
+StageReport RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) const {
+  FullStageReport full;
   const refit::PlanStats total = plans_->TotalStats();
-  const uint64_t planned = total.bytes_planned, needed = total.bytes_needed, descriptors = total.descriptors,
-                 full_pulls = total.full_pulls;
-  Json evidence = Json{{"version", s.req.version},
-                       {"model", s.req.model},
-                       {"mode", "full"},
-                       {"mode_reason", s.why_full},
-                       {"transport", s.transport_name},
-                       {"bytes_needed", needed},
-                       {"bytes_planned", planned},
-                       {"bytes_pulled", s.bytes},
-                       {"reads", s.reads},
-                       {"descriptors", descriptors},
-                       {"full_pulls", full_pulls},
-                       {"plan_cached", s.plan_cached},
-                       {"plans_built", plans_->built()},
-                       {"shadow_allocated", s.shadow_allocated},
-                       {"transport_cached", s.transport_cached},
-                       {"transports_built", transports_built_},
-                       {"threads", threads_},
-                       {"coverage", "ok"},
-                       {"digest_check", "staged bytes match the manifest, tensor by tensor"},
-                       {"params_digested_while_landing", s.digested_on_landing},
-                       {"params_scanned_while_landing", s.scanned_on_landing},
-                       {"content_digest", Hex64(s.manifest.content_digest)},
-                       {"wire_gbps", gbps},
-                       {"stages_ms", s.stages}};
+  full.bytes_planned = total.bytes_planned;
+  full.bytes_needed = total.bytes_needed;
+  full.descriptors = total.descriptors;
+  full.full_pulls = total.full_pulls;
+  full.reads = s.reads;
+  full.plan_cached = s.plan_cached;
+  full.plans_built = plans_->built();
+  full.shadow_allocated = s.shadow_allocated;
+  full.transport_cached = s.transport_cached;
+  full.transports_built = transports_built_;
+  full.params_digested_while_landing = s.digested_on_landing;
+  full.params_scanned_while_landing = s.scanned_on_landing;
+  full.wire_gbps = gbps;
   if (s.req.use_relays) {
-    evidence["sources"] = SourcesEvidence(plans_->plans(), s.sources, s.relay_records.size(), s.failed_holders, s.failovers);
+    full.sources = SourcesReport(plans_->plans(), s.sources, s.relay_records.size(), s.failed_holders, s.failovers);
   }
-  return evidence;
+  StageReport report;
+  report.version = s.req.version;
+  report.model = s.req.model;
+  report.mode_reason = s.why_full;
+  report.transport = s.transport_name;
+  report.bytes_pulled = s.bytes;
+  report.threads = threads_;
+  report.digest_check = "staged bytes match the manifest, tensor by tensor";
+  report.content_digest = ContentDigest(s.manifest.content_digest);
+  report.stages_ms = s.stages;
+  report.by_mode = std::move(full);
+  return report;
 }
 
-Result<Json> RefitReceiver::KeepStaged(FullStage* s, Json evidence, refit::TensorDigests staged_digest) {
+StageReport RefitReceiver::KeepStaged(FullStage* s, StageReport report, refit::TensorDigests staged_digest) {
   auto staged = std::make_unique<Staged>();
   staged->model = s->req.model;
   staged->version = s->req.version;
   staged->staged_digest = std::move(staged_digest);
   staged->published = std::move(s->published);
   staged->manifest = std::move(s->manifest);
-  staged->evidence = std::move(evidence);
+  staged->report = std::move(report);
   staged_ = std::move(staged);
-  return staged_->evidence;
+  return staged_->report;
 }
 
-Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
+Result<RelayReport> RefitReceiver::Relay(const RelayRequest& req) {
   if (req.model.empty() || req.version.empty() || req.directory.empty() || req.holder.empty()) {
     return InvalidArgument("relay needs model, version, directory and holder");
   }
@@ -866,16 +854,15 @@ Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
   rc::MutexLock lock(mu_);
   const refit::Manifest* manifest = nullptr;
   std::vector<refit::DestinationBuffers> buffers;
-  std::string from;
+  RelayFrom from = RelayFrom::kStaged;
   if (staged_ && staged_->model == req.model && staged_->version == req.version) {
     manifest = &staged_->manifest;
     buffers = shadow_buffers_;
-    from = "staged";
   } else if (installed_manifest_ && installed_model_ == req.model && installed_manifest_->version == req.version &&
              live_->WeightVersion() == req.version) {
     manifest = &*installed_manifest_;
     buffers = LiveBuffers();
-    from = "installed";
+    from = RelayFrom::kInstalled;
   } else {
     return FailedPrecondition("relay of " + req.version + " of " + req.model +
                               " refused: that version is neither staged nor live on this engine");
@@ -907,14 +894,15 @@ Result<Json> RefitReceiver::Relay(const RelayRequest& req) {
     (void)old_dir.MarkUnavailable(RelayModelName(relay_->model), RelayLabel(relay_->version, relay_->holder),
                                   "relay holder " + relay_->holder + " now relays " + req.version);
   }
-  Json out{{"holder", req.holder},
-           {"relay_model", pub.model},
-           {"relay_version", pub.version},
-           {"from", from},
-           {"bytes", holding->bytes},
-           {"registrations", holding->registrations.size()},
-           {"content_digest", Hex64(published.content_digest)},
-           {"build_ms", build_ms}};
+  RelayReport out;
+  out.holder = req.holder;
+  out.relay_model = pub.model;
+  out.relay_version = pub.version;
+  out.from = from;
+  out.bytes = holding->bytes;
+  out.registrations = holding->registrations.size();
+  out.content_digest = ContentDigest(published.content_digest);
+  out.build_ms = build_ms;
   relay_ = std::move(holding);
   relay_directory_ = req.directory;
   return out;
@@ -937,11 +925,10 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
   InstallResult out;
   if (result.ok()) {
     out.outcome = InstallOutcome::kInstalled;
-    out.evidence = std::move(result).value();
-    out.evidence["install_outcome"] = InstallOutcomeName(out.outcome);
+    out.report = std::move(result).value();
     // The whole call on the engine's side (lock, install, protect, live digest, pre-replay
     // adoption), as for the stage.
-    out.evidence["call_ms"] = MsSince(t_call);
+    out.report.call_ms = MsSince(t_call);
   } else {
     // The fact comes from the copy itself, not from the error's code.
     out.outcome = touched.load() ? InstallOutcome::kFailedAfterMutation : InstallOutcome::kRefusedUntouched;
@@ -952,8 +939,8 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
   switch (out.outcome) {
     case InstallOutcome::kInstalled:
       ++installs_ok_;
-      last_install_ms_ = out.evidence["stages_ms"];
-      bytes_installed_total_ += out.evidence["bytes_installed"].get<uint64_t>();
+      last_install_ms_ = out.report.stages_ms;
+      bytes_installed_total_ += out.report.bytes_installed;
       break;
     case InstallOutcome::kRefusedUntouched: ++installs_refused_; break;
     case InstallOutcome::kFailedAfterMutation: ++installs_failed_; break;
@@ -961,8 +948,8 @@ InstallResult RefitReceiver::Install(const std::string& version, bool skip_cache
   return out;
 }
 
-Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_cache_reset,
-                                          std::atomic<bool>* touched) {
+Result<InstallReport> RefitReceiver::InstallLocked(const std::string& version, bool skip_cache_reset,
+                                                   std::atomic<bool>* touched) {
   if (!live_->IsPaused()) {
     return FailedPrecondition("install refused: the engine is not paused (pause it first); nothing was touched");
   }
@@ -975,14 +962,13 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   const uint64_t prereplay_image = staged_->prereplay_image;
   // After an install that swapped the pre-replayed image in and proved it: the engine may serve
   // the pre-replay's results at exactly the install generation this install produced.
-  auto adopt = [this, prereplay_image](Json* evidence) {
+  auto adopt = [this, prereplay_image](InstallReport* report) {
     if (prereplay_image == 0) return;
-    (*evidence)["prereplay_adopted"] =
-        live_->AdoptPreReplay(prereplay_image, live_->InstallGeneration());
+    report->prereplay_adopted = live_->AdoptPreReplay(prereplay_image, live_->InstallGeneration());
   };
   if (delta_staged_) {
     const bool swap = delta_staged_->to_staging;
-    auto delta = InstallDeltaLocked(version, skip_cache_reset, touched, staged_->evidence, staged_->published,
+    auto delta = InstallDeltaLocked(version, skip_cache_reset, touched, staged_->report, staged_->published,
                                     staged_->manifest);
     if (delta.ok()) {
       staged_.reset();
@@ -990,7 +976,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     }
     return delta;
   }
-  Json stages = staged_->evidence["stages_ms"];
+  StepTimings stages = staged_->report.stages_ms;
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
   // Install by swap (docs/refit.md): the staged image covers every live parameter in its dtype
@@ -1026,7 +1012,7 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
     // The live weights are exactly the bytes the staged digest read (read-only since).
     refit::TensorDigests live = staged_->staged_digest;
     stages["post_install"] = MsSince(t);
-    auto out = FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "swap");
+    auto out = FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), InstallMode::kSwap);
     if (out.ok()) adopt(&*out);
     return out;
   }
@@ -1072,25 +1058,26 @@ Result<Json> RefitReceiver::InstallLocked(const std::string& version, bool skip_
   refit::TensorDigests live;
   for (const auto& d : rank_digests) refit::AddDigests(live, d);
   stages["post_install"] = MsSince(t);  // the digest was computed during the copy
-  return FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), "copy");
+  return FinishFullInstall(version, skip_cache_reset, live, bytes.load(), std::move(stages), InstallMode::kCopy);
 }
 
-Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadline) {
+StagePreReplay RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadline) {
   const std::vector<refit::Probe>& probes = staged_->manifest.probes;
-  Json j{{"probes", probes.size()}, {"ms", 0.0}, {"ran", false}};
+  StagePreReplay out;
+  out.report.probes = static_cast<int64_t>(probes.size());
   if (probes.empty()) {
-    j["why"] = "the version carries no probes";
-    return j;
+    out.report.why = "the version carries no probes";
+    return out;
   }
   if (delta_staged_ && !delta_staged_->to_staging) {
-    j["why"] = "the delta is written into the live weights at install (no staging image): nothing to replay "
-               "before the pause";
-    return j;
+    out.report.why = "the delta is written into the live weights at install (no staging image): nothing to replay "
+                     "before the pause";
+    return out;
   }
   if (!SwapCoversLive()) {
-    j["why"] = "the staged image does not cover every live parameter read-only (the install copies): its bytes "
-               "are not what will be live";
-    return j;
+    out.report.why = "the staged image does not cover every live parameter read-only (the install copies): its "
+                     "bytes are not what will be live";
+    return out;
   }
   WeightImage image(shadow_buffers_.size());
   for (size_t r = 0; r < shadow_buffers_.size(); ++r) {
@@ -1105,16 +1092,14 @@ Json RefitReceiver::PreReplayLocked(std::chrono::steady_clock::time_point deadli
     requests.push_back(std::move(r));
   }
   const uint64_t id = ++prereplay_seq_;
-  const PreReplayReport rep = live_->PreReplay(image, id, requests, deadline);
-  j["ms"] = rep.ms;
-  j["ran"] = rep.ran;
-  j["batched"] = rep.batched;
-  j["forced"] = rep.forced;
-  j["diverged"] = rep.diverged;
-  j["forwards"] = rep.forwards;
-  j["why"] = rep.ran ? "ran on the staged image while the old version served" : rep.why;
-  if (rep.ran) staged_->prereplay_image = id;
-  return j;
+  out.report = live_->PreReplay(image, id, requests, deadline);
+  out.attempted = true;
+  out.report.probes = static_cast<int64_t>(probes.size());  // what was asked, whatever the engine counted
+  if (out.report.ran) {
+    out.report.why = "ran on the staged image while the old version served";
+    staged_->prereplay_image = id;
+  }
+  return out;
 }
 
 bool RefitReceiver::SwapCoversLive() {
@@ -1137,9 +1122,9 @@ std::span<std::byte> RefitReceiver::StagedBytesForTesting(int rank, const std::s
   return std::span<std::byte>(it->second->data(), it->second->size());
 }
 
-Result<Json> RefitReceiver::FinishFullInstall(const std::string& version, bool skip_cache_reset,
-                                              const refit::TensorDigests& live, uint64_t bytes, Json stages,
-                                              const char* mode) {
+Result<InstallReport> RefitReceiver::FinishFullInstall(const std::string& version, bool skip_cache_reset,
+                                                       const refit::TensorDigests& live, uint64_t bytes,
+                                                       StepTimings stages, InstallMode mode) {
   live_cache_ = live;
   live_cache_generation_ = live_->InstallGeneration();
   live_cache_valid_ = true;
@@ -1147,15 +1132,16 @@ Result<Json> RefitReceiver::FinishFullInstall(const std::string& version, bool s
   if (!mismatch.empty()) {
     return DataLoss("live weights after installing " + version + " do not match the published digests: " + mismatch);
   }
-  Json out = staged_->evidence;
-  out["weight_version"] = version;
-  out["bytes_installed"] = bytes;
-  out["install_mode"] = mode;
-  out["cache_reset"] = !skip_cache_reset;
-  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(live));
-  out["anchor_check"] = FullInstallAnchor();
+  InstallReport out;
+  out.stage = std::move(staged_->report);
+  out.weight_version = version;
+  out.bytes_installed = bytes;
+  out.install_mode = mode;
+  out.cache_reset = !skip_cache_reset;
+  out.live_content_digest = ContentDigest(refit::CombineTensorDigests(live));
+  out.anchor_check = FullInstallAnchor();
   stages["ready"] = 0.0;
-  out["stages_ms"] = stages;
+  out.stages_ms = std::move(stages);
   installed_manifest_ = std::move(staged_->manifest);  // what a relay of the live version serves
   installed_model_ = staged_->model;
   staged_.reset();  // the shadow stays allocated for the next refit; a new stage is needed
@@ -1185,35 +1171,32 @@ void RefitReceiver::WriteMetrics(MetricsWriter* out, const MetricLabels& labels)
          last_wire_gbps_);
   out->Family("rolloutcore_refit_stage_ms", MetricType::kGauge,
               "Milliseconds per stage of the last refit (stage, then install).");
-  Json merged = last_stage_ms_;
-  for (const auto& [k, v] : last_install_ms_.items()) merged[k] = v;
-  for (const auto& [k, v] : merged.items()) {
-    if (!v.is_number()) continue;
-    out->Sample("rolloutcore_refit_stage_ms", WithLabel(labels, "stage", k), v.get<double>());
-  }
+  StepTimings merged = last_stage_ms_;
+  for (const auto& [k, v] : last_install_ms_) merged[k] = v;
+  for (const auto& [k, v] : merged) out->Sample("rolloutcore_refit_stage_ms", WithLabel(labels, "stage", k), v);
 }
 
-Result<Json> RefitReceiver::LiveDigest(bool fresh) {
+Result<LiveDigestReport> RefitReceiver::LiveDigest(bool fresh) {
   rc::MutexLock lock(mu_);
   RC_RETURN_IF_ERROR(EnsureCaptures());
   const int64_t generation = live_->InstallGeneration();
+  LiveDigestReport out;
   if (!fresh && live_cache_valid_ && live_cache_generation_ == generation) {
-    return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live_cache_))},
-                {"weight_version", live_->WeightVersion()},
-                {"tensors", DigestsJson(live_cache_)},
-                {"digest_ms", 0.0},
-                {"computed", "at install, from the live parameters (install generation " + std::to_string(generation) + ")"}};
+    out.tensors = live_cache_;
+    out.computed = "at install, from the live parameters (install generation " + std::to_string(generation) + ")";
+  } else {
+    auto t = std::chrono::steady_clock::now();
+    RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
+    live_cache_ = live;
+    live_cache_generation_ = generation;
+    live_cache_valid_ = true;
+    out.tensors = std::move(live);
+    out.digest_ms = MsSince(t);
+    out.computed = "now";
   }
-  auto t = std::chrono::steady_clock::now();
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests live, DigestOf(LiveBuffers()));
-  live_cache_ = live;
-  live_cache_generation_ = generation;
-  live_cache_valid_ = true;
-  return Json{{"content_digest", Hex64(refit::CombineTensorDigests(live))},
-              {"weight_version", live_->WeightVersion()},
-              {"tensors", DigestsJson(live)},
-              {"digest_ms", MsSince(t)},
-              {"computed", "now"}};
+  out.content_digest = ContentDigest(refit::CombineTensorDigests(out.tensors));
+  out.weight_version = live_->WeightVersion();
+  return out;
 }
 
 std::optional<std::string> RefitReceiver::CachedLiveDigest() const {

@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "receiver/delta_apply.h"
-#include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/receiver/receiver.h"
 
@@ -45,16 +44,20 @@ Status RefitReceiver::CorruptLiveWeightForTesting() {
   });
 }
 
-Json RefitReceiver::FullInstallAnchor() {
+AnchorCheckReport RefitReceiver::FullInstallAnchor() {
   // Called with mu_ held, after a full install's live digest matched the manifest.
   deltas_since_anchor_ = 0;
   mutated_unproven_ = false;
-  return Json{{"ran", true}, {"ok", true}, {"reason", "full install: every live byte was digested"}};
+  AnchorCheckReport anchor;
+  anchor.ran = true;
+  anchor.reason = "full install: every live byte was digested";
+  return anchor;
 }
 
-std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req, const refit::Manifest& manifest,
-                                                         const refit::TensorDigests& published, const Json& stages_in,
-                                                         std::string* why_full) {
+std::optional<Result<StageReport>> RefitReceiver::TryStageDelta(const StageRequest& req,
+                                                                const refit::Manifest& manifest,
+                                                                const refit::TensorDigests& published,
+                                                                const StepTimings& stages_in, std::string* why_full) {
   const int64_t generation = live_->InstallGeneration();
   const std::string live_version = live_->WeightVersion();
   const bool cached = live_cache_valid_ && live_cache_generation_ == generation;
@@ -67,14 +70,14 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
     return std::nullopt;
   }
   if (!why_full->empty() && !only_proof_missing) return std::nullopt;
-  Json stages = stages_in;
+  StepTimings stages = stages_in;
   std::string proof = "the digest of the live weights computed at the last install";
   if (!cached) {
     // The engine serves the base label but no digest of its live weights is known for this
     // install (loaded from disk, or a stale cache): one full digest proves (or disproves) the base.
     auto t = std::chrono::steady_clock::now();
     auto live = DigestOf(LiveBuffers());
-    if (!live.ok()) return Result<Json>(live.status());
+    if (!live.ok()) return Result<StageReport>(live.status());
     live_cache_ = *live;
     live_cache_generation_ = generation;
     live_cache_valid_ = true;
@@ -90,14 +93,14 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
   // the old version serves, swapped in at install like a full refit; without a staging image of the
   // live layout, into the live weights inside the pause.
   const bool to_staging = StagingFitsLive();
-  std::string staging_from = "none";
+  StagingFrom staging_from = StagingFrom::kNone;
   std::string apply_why =
       "no staging image of the live layout exists (no full stage since the engine loaded its weights): the delta "
       "is written into the live weights inside the pause";
   const int64_t faults0 = MinorFaults();
   if (to_staging) {
     Status prepared = PrepareStagingForDelta(live_version, generation, &stages, &staging_from, &apply_why);
-    if (!prepared.ok()) return Result<Json>(prepared.WithContext("delta stage of " + req.version));
+    if (!prepared.ok()) return Result<StageReport>(prepared.WithContext("delta stage of " + req.version));
   }
   const int64_t faults1 = MinorFaults();
   internal::DeltaStageInput in;
@@ -118,17 +121,17 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
   in.threads = threads_;
   auto staged = internal::StageDelta(in);
   if (!staged.ok()) {
-    return Result<Json>(staged.status().WithContext("delta stage of " + req.version + " on " + live_version));
+    return Result<StageReport>(staged.status().WithContext("delta stage of " + req.version + " on " + live_version));
   }
   staged->base = live_version;
   staged->to_staging = to_staging;
   const int64_t faults2 = MinorFaults();
-  for (const auto& [k, v] : staged->stages_ms.items()) stages[k] = v;
+  for (const auto& [k, v] : staged->stages_ms) stages[k] = v;
   if (to_staging) {
     // From here until swapped in, the staging image cannot change: its digest stays the proof.
     auto tp = std::chrono::steady_clock::now();
     RC_RETURN_IF_ERROR(SetShadowReadOnly(true));
-    stages["protect"] = stages.value("protect", 0.0) + MsSince(tp);
+    stages["protect"] += MsSince(tp);  // 0 when absent
   }
   stages["total"] = MsSince(t);
   uint64_t delta_bytes = 0, full_bytes = 0;
@@ -141,43 +144,45 @@ std::optional<Result<Json>> RefitReceiver::TryStageDelta(const StageRequest& req
     }
   }
   RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(manifest));
-  Json evidence{{"version", req.version},
-                {"model", req.model},
-                {"mode", "delta"},
-                {"mode_reason", "the engine serves the delta's base " + live_version + ", proven by " + proof},
-                {"delta_apply", to_staging ? "staging" : "live"},
-                {"staging_from", staging_from},
-                {"delta_apply_why", apply_why},
-                {"page_faults", Json{{"staging_prepare", faults1 - faults0}, {"delta_pass", faults2 - faults1}}},
-                {"delta_base", live_version},
-                {"transport", transport_name},
-                {"bytes_pulled", staged->bytes_pulled},
-                {"delta_bytes_published", delta_bytes},
-                {"full_bytes_published", full_bytes},
-                {"changed_published", changed_published},
-                {"changed_digested", staged->changed},
-                {"ranks", staged->ranks},
-                {"threads", threads_},
-                {"coverage", "ok"},
-                {"digest_check", to_staging ? "staging digests updated by the changed elements (read back after the write) "
-                                              "match the manifest, tensor by tensor"
-                                            : "live digests updated by the changed elements match the manifest, "
-                                              "tensor by tensor"},
-                {"content_digest", Hex64(manifest.content_digest)},
-                {"stages_ms", stages}};
+  DeltaStageReport delta;
+  delta.delta_apply = to_staging ? DeltaApply::kStaging : DeltaApply::kLive;
+  delta.staging_from = staging_from;
+  delta.delta_apply_why = apply_why;
+  delta.page_faults_staging_prepare = faults1 - faults0;
+  delta.page_faults_delta_pass = faults2 - faults1;
+  delta.delta_base = live_version;
+  delta.delta_bytes_published = delta_bytes;
+  delta.full_bytes_published = full_bytes;
+  delta.changed_published = changed_published;
+  delta.changed_digested = staged->changed;
+  delta.ranks = staged->ranks;
+  StageReport report;
+  report.version = req.version;
+  report.model = req.model;
+  report.mode_reason = "the engine serves the delta's base " + live_version + ", proven by " + proof;
+  report.transport = transport_name;
+  report.bytes_pulled = staged->bytes_pulled;
+  report.threads = threads_;
+  report.digest_check = to_staging ? "staging digests updated by the changed elements (read back after the write) "
+                                     "match the manifest, tensor by tensor"
+                                   : "live digests updated by the changed elements match the manifest, tensor by "
+                                     "tensor";
+  report.content_digest = ContentDigest(manifest.content_digest);
+  report.stages_ms = stages;
+  report.by_mode = std::move(delta);
   {
     rc::MutexLock metrics_lock(metrics_mu_);
     last_stage_ms_ = stages;
     bytes_pulled_total_ += staged->bytes_pulled;
   }
   delta_staged_ = std::make_unique<internal::DeltaStaged>(std::move(staged).value());
-  return Result<Json>(std::move(evidence));
+  return Result<StageReport>(std::move(report));
 }
 
-Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool skip_cache_reset,
-                                               std::atomic<bool>* touched, const Json& stage_evidence,
-                                               const refit::TensorDigests& published,
-                                               const refit::Manifest& manifest) {
+Result<InstallReport> RefitReceiver::InstallDeltaLocked(const std::string& version, bool skip_cache_reset,
+                                                        std::atomic<bool>* touched, const StageReport& stage,
+                                                        const refit::TensorDigests& published,
+                                                        const refit::Manifest& manifest) {
   internal::DeltaStaged& d = *delta_staged_;
   if (live_->InstallGeneration() != d.generation || live_->WeightVersion() != d.base) {
     return FailedPrecondition("install refused: the live weights changed since the delta of " + version +
@@ -188,7 +193,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
                               " was applied to is no longer complete and read-only (stage again); nothing was touched");
   }
   delta_chain_.reset();  // set again below once the install is proven
-  Json stages = stage_evidence["stages_ms"];
+  StepTimings stages = stage.stages_ms;
   auto t = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes{0};
   if (d.to_staging) {
@@ -215,7 +220,7 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
                                     InstallWrites::kExchange);
     if (!st.ok()) return st.WithContext("delta install of " + version);
     stages["install"] = MsSince(t);
-    return FinishDeltaInstall(version, skip_cache_reset, stage_evidence, published, manifest, bytes.load(),
+    return FinishDeltaInstall(version, skip_cache_reset, stage, published, manifest, bytes.load(),
                               std::move(stages));
   }
   // In place (no staging image of the live layout): called by LiveWeights::InstallLive before it
@@ -242,14 +247,15 @@ Result<Json> RefitReceiver::InstallDeltaLocked(const std::string& version, bool 
   Status st = live_->InstallLive(fill, version, ++generation_, !skip_cache_reset, InstallWrites::kInPlace);
   if (!st.ok()) return st.WithContext("delta install of " + version);
   stages["install"] = MsSince(t);
-  return FinishDeltaInstall(version, skip_cache_reset, stage_evidence, published, manifest, bytes.load(),
+  return FinishDeltaInstall(version, skip_cache_reset, stage, published, manifest, bytes.load(),
                             std::move(stages));
 }
 
-Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool skip_cache_reset,
-                                               const Json& stage_evidence, const refit::TensorDigests& published,
-                                               const refit::Manifest& manifest, uint64_t bytes_installed,
-                                               Json stages) {
+Result<InstallReport> RefitReceiver::FinishDeltaInstall(const std::string& version, bool skip_cache_reset,
+                                                        const StageReport& stage,
+                                                        const refit::TensorDigests& published,
+                                                        const refit::Manifest& manifest, uint64_t bytes_installed,
+                                                        StepTimings stages) {
   internal::DeltaStaged& d = *delta_staged_;
   auto t = std::chrono::steady_clock::now();
 
@@ -272,7 +278,9 @@ Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool 
   }
   // Anchor check: a full digest of the live weights every full_verify_every_ delta installs.
   ++deltas_since_anchor_;
-  Json anchor{{"ran", false}, {"deltas_since_anchor", deltas_since_anchor_}, {"every", full_verify_every_}};
+  AnchorCheckReport anchor;
+  anchor.deltas_since_anchor = deltas_since_anchor_;
+  anchor.every = full_verify_every_;
   if (full_verify_every_ > 0 && deltas_since_anchor_ >= full_verify_every_) {
     t = std::chrono::steady_clock::now();
     RC_ASSIGN_OR_RETURN(refit::TensorDigests full, DigestOf(buffers));
@@ -283,24 +291,25 @@ Result<Json> RefitReceiver::FinishDeltaInstall(const std::string& version, bool 
       return DataLoss("anchor check after the delta install of " + version + " (" +
                       std::to_string(deltas_since_anchor_) + " delta installs since the last full digest): " + wrong);
     }
-    anchor = Json{{"ran", true},
-                  {"ok", true},
-                  {"reason", "every " + std::to_string(full_verify_every_) + " delta installs"},
-                  {"ms", ms}};
+    anchor = AnchorCheckReport{};
+    anchor.ran = true;
+    anchor.reason = "every " + std::to_string(full_verify_every_) + " delta installs";
+    anchor.ms = ms;
     deltas_since_anchor_ = 0;
   }
   live_cache_ = after;
   live_cache_generation_ = live_->InstallGeneration();
   live_cache_valid_ = true;
-  Json out = stage_evidence;
-  out["weight_version"] = version;
-  out["bytes_installed"] = bytes_installed;
-  out["install_mode"] = d.to_staging ? "swap" : "in_place";
-  out["cache_reset"] = !skip_cache_reset;
-  out["live_content_digest"] = Hex64(refit::CombineTensorDigests(after));
-  out["anchor_check"] = anchor;
+  InstallReport out;
+  out.stage = stage;
+  out.weight_version = version;
+  out.bytes_installed = bytes_installed;
+  out.install_mode = d.to_staging ? InstallMode::kSwap : InstallMode::kInPlace;
+  out.cache_reset = !skip_cache_reset;
+  out.live_content_digest = ContentDigest(refit::CombineTensorDigests(after));
+  out.anchor_check = std::move(anchor);
   stages["ready"] = 0.0;
-  out["stages_ms"] = stages;
+  out.stages_ms = std::move(stages);
   if (d.to_staging) {
     // The retired live weights (the delta's base, proven by its digests at stage) are the staging
     // image now; the next delta stage re-applies this delta to it.
@@ -332,8 +341,8 @@ bool RefitReceiver::StagingFitsLive(bool require_read_only) {
   return true;
 }
 
-Status RefitReceiver::PrepareStagingForDelta(const std::string& live_version, int64_t generation, Json* stages,
-                                             std::string* from, std::string* why) {
+Status RefitReceiver::PrepareStagingForDelta(const std::string& live_version, int64_t generation,
+                                             StepTimings* stages, StagingFrom* from, std::string* why) {
   // Whatever happens below, the staging image stops being what the chain says it is.
   std::unique_ptr<internal::DeltaChain> chain = std::move(delta_chain_);
   auto t = std::chrono::steady_clock::now();
@@ -365,7 +374,7 @@ Status RefitReceiver::PrepareStagingForDelta(const std::string& live_version, in
                                   "stage copies the live weights into the staging image)",
                                   chain->staging_version, live_version, wrong));
     }
-    *from = "reapply_previous_delta";
+    *from = StagingFrom::kReapplyPreviousDelta;
     *why = fmt::format("the staging image held {} (retired by the last delta install); the delta {} -> {} was "
                        "re-applied to it ({} changed elements, digest checked against {}'s) and the new delta "
                        "applied on top while {} served; the install swaps it in",
@@ -391,7 +400,7 @@ Status RefitReceiver::PrepareStagingForDelta(const std::string& live_version, in
     return DataLoss("the live weights copied into the staging image do not give the live digests: " + wrong +
                     "; refused at stage, nothing live was touched");
   }
-  *from = "copy_of_live";
+  *from = StagingFrom::kCopyOfLive;
   *why = chain ? fmt::format("the staging image holds {}, but the live weights are not the ones its delta led to: the "
                              "live weights were copied into it (digest checked) and the delta applied on top while "
                              "{} served; the install swaps it in",

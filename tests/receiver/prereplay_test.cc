@@ -25,6 +25,7 @@ namespace rc::engine {
 namespace {
 
 // The refit receiver (module `receiver`) on an embedded engine.
+using receiver::InstallMode;
 using receiver::InstallOutcome;
 using receiver::InstallResult;
 using receiver::RefitReceiver;
@@ -127,7 +128,7 @@ TEST_P(PreReplayReceiverTest, SwapInstallServesThePreReplayBitForBitAndTheNextSt
   Publish("v1", 1, probes);
   auto staged = receiver_->Stage(Stage("v1"));
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
-  const Json& pre = (*staged)["prereplay"];
+  const Json pre = staged->prereplay.ToJson();
   EXPECT_EQ(pre.value("probes", 0), 2) << pre.dump();
   EXPECT_TRUE(pre.value("ran", false)) << pre.dump();
   EXPECT_GT(pre.value("ms", 0.0), 0.0) << pre.dump();
@@ -136,8 +137,8 @@ TEST_P(PreReplayReceiverTest, SwapInstallServesThePreReplayBitForBitAndTheNextSt
   ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
   InstallResult installed = receiver_->Install("v1");
   ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
-  EXPECT_EQ(installed.evidence.value("install_mode", ""), "swap");
-  EXPECT_TRUE(installed.evidence.value("prereplay_adopted", false)) << installed.evidence.dump();
+  EXPECT_EQ(installed.report.install_mode, InstallMode::kSwap);
+  EXPECT_TRUE(installed.report.prereplay_adopted.value_or(false)) << installed.report.ToJson().dump();
   for (const refit::Probe& p : probes) {
     auto served = Replay(p);
     ASSERT_TRUE(served.ok()) << served.status().ToString();
@@ -160,15 +161,15 @@ TEST_P(PreReplayReceiverTest, SwapInstallServesThePreReplayBitForBitAndTheNextSt
   Publish("v2", 2, {});
   auto second = receiver_->Stage(Stage("v2"));
   ASSERT_TRUE(second.ok()) << second.status().ToString();
-  EXPECT_FALSE((*second)["prereplay"].value("ran", true));
-  EXPECT_EQ((*second)["prereplay"].value("why", ""), "the version carries no probes");
+  EXPECT_FALSE(second->prereplay.report.ran);
+  EXPECT_EQ(second->prereplay.report.why, "the version carries no probes");
   ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
   auto after = Replay(probes[0]);
   ASSERT_TRUE(after.ok());
   EXPECT_FALSE(after->precomputed) << "a second stage must drop the pre-replay";
   InstallResult v2 = receiver_->Install("v2");
   ASSERT_EQ(v2.outcome, InstallOutcome::kInstalled) << v2.status.ToString();
-  EXPECT_FALSE(v2.evidence.contains("prereplay_adopted"));
+  EXPECT_FALSE(v2.report.prereplay_adopted.has_value());
   EXPECT_FALSE(Replay(probes[0])->precomputed);
   engine_->Resume();
 }
@@ -186,13 +187,13 @@ TEST_F(PreReplayReceiverNoBlocksTest, StageSucceedsWhenThePreReplayGetsNoBlocks)
   Publish("v1", 1, probes);
   auto staged = receiver_->Stage(Stage("v1"));
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
-  const Json& pre = (*staged)["prereplay"];
+  const Json pre = staged->prereplay.ToJson();
   EXPECT_FALSE(pre.value("ran", true)) << pre.dump();
   EXPECT_NE(pre.value("why", "").find("cannot spare"), std::string::npos) << pre.dump();
   ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
   InstallResult installed = receiver_->Install("v1");
   ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
-  EXPECT_FALSE(installed.evidence.contains("prereplay_adopted"));
+  EXPECT_FALSE(installed.report.prereplay_adopted.has_value());
   engine_->Resume();
 }
 

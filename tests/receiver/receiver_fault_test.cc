@@ -35,6 +35,7 @@ namespace rc::engine {
 namespace {
 
 // The refit receiver (module `receiver`) on an embedded engine.
+using receiver::InstallMode;
 using receiver::InstallOutcome;
 using receiver::RefitReceiver;
 using receiver::StageRequest;
@@ -88,7 +89,7 @@ class ReceiverFaultTest : public ::testing::Test {
     return r;
   }
 
-  std::string LiveDigest() { return receiver_->LiveDigest(true).value()["content_digest"].get<std::string>(); }
+  std::string LiveDigest() { return receiver_->LiveDigest(true).value().content_digest.ToHex(); }
 
   void StageAndInstall(const std::string& version) {
     auto staged = receiver_->Stage(Stage(version));
@@ -182,7 +183,7 @@ TEST_F(ReceiverFaultTest, LandingDigestRefusesASourceByteChangedAfterThePublish)
   auto ok = receiver_->Stage(Stage("v1"));
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   const size_t params = engine_->Parameters(0).all().size();
-  EXPECT_EQ((*ok)["params_digested_while_landing"].get<size_t>(), params) << ok->dump();
+  EXPECT_EQ(ok->ToJson()["params_digested_while_landing"].get<size_t>(), params) << ok->ToJson().dump();
   int v = 2;
   for (const std::string tensor : {"model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"}) {
     const std::string version = "v" + std::to_string(v++);
@@ -308,23 +309,23 @@ TEST_F(ReceiverFaultTest, TransportAndImportsAreReusedWhileTheSourceTopologyIsUn
   Publish("v1", 1);
   auto first = receiver_->Stage(Stage("v1"));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ((*first)["transport_cached"], false);
+  EXPECT_EQ(first->ToJson()["transport_cached"], false);
   auto again = receiver_->Stage(Stage("v1"));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ((*again)["transport_cached"], true);
-  EXPECT_EQ((*again)["transports_built"], 1);
+  EXPECT_EQ(again->ToJson()["transport_cached"], true);
+  EXPECT_EQ(again->ToJson()["transports_built"], 1);
   ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
   auto installed = receiver_->Install("v1");
   engine_->Resume();
   ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
-  EXPECT_EQ(installed.evidence["live_content_digest"], (*again)["content_digest"]);
-  EXPECT_EQ(LiveDigest(), (*again)["content_digest"]);
+  EXPECT_EQ(installed.report.live_content_digest.ToHex(), again->content_digest.ToHex());
+  EXPECT_EQ(LiveDigest(), again->content_digest.ToHex());
 
   Publish("v2", 2);  // new shm segments: new handles, a new topology
   auto v2 = receiver_->Stage(Stage("v2"));
   ASSERT_TRUE(v2.ok()) << v2.status().ToString();
-  EXPECT_EQ((*v2)["transport_cached"], false);
-  EXPECT_EQ((*v2)["transports_built"], 2);
+  EXPECT_EQ(v2->ToJson()["transport_cached"], false);
+  EXPECT_EQ(v2->ToJson()["transports_built"], 2);
 
   Publish("v3", 3, "model.norm.weight", 5, 0x7fc0);  // a NaN: the stage fails after the pull
   ASSERT_FALSE(receiver_->Stage(Stage("v3")).ok());
@@ -332,9 +333,9 @@ TEST_F(ReceiverFaultTest, TransportAndImportsAreReusedWhileTheSourceTopologyIsUn
   ASSERT_FALSE(retry.ok());
   auto v2_again = receiver_->Stage(Stage("v2"));
   ASSERT_TRUE(v2_again.ok()) << v2_again.status().ToString();
-  EXPECT_EQ((*v2_again)["transport_cached"], false) << "a failed stage must drop the cached imports";
+  EXPECT_EQ(v2_again->ToJson()["transport_cached"], false) << "a failed stage must drop the cached imports";
   StageAndInstall("v2");
-  EXPECT_EQ(LiveDigest(), (*v2)["content_digest"]);
+  EXPECT_EQ(LiveDigest(), v2->content_digest.ToHex());
 }
 
 
@@ -349,7 +350,7 @@ TEST_F(ReceiverFaultTest, FullInstallSwapsTheStagedImageInAndProvesItsDigest) {
   Publish("v1", 1);
   auto staged = receiver_->Stage(Stage("v1"));
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
-  EXPECT_EQ((*staged)["shadow_allocated"], true);
+  EXPECT_EQ(staged->ToJson()["shadow_allocated"], true);
   std::span<std::byte> norm = receiver_->StagedBytesForTesting(0, "model.norm.weight");
   ASSERT_FALSE(norm.empty());
   // Between the staged digest and the install, nothing can change the staged bytes.
@@ -359,27 +360,27 @@ TEST_F(ReceiverFaultTest, FullInstallSwapsTheStagedImageInAndProvesItsDigest) {
   auto installed = receiver_->Install("v1");
   engine_->Resume();
   ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
-  EXPECT_EQ(installed.evidence["install_mode"], "swap");
+  EXPECT_EQ(installed.report.install_mode, InstallMode::kSwap);
   const Parameter* live = engine_->Parameters(0).Find("model.norm.weight");
   EXPECT_EQ(live->bytes(), staged_at) << "the staged storage itself became the live storage";
   EXPECT_TRUE(live->storage->read_only());
   EXPECT_DEATH({ live->bytes()[0] ^= std::byte{1}; }, "");
-  EXPECT_EQ(installed.evidence["live_content_digest"], (*staged)["content_digest"]);
-  EXPECT_EQ(LiveDigest(), (*staged)["content_digest"]) << "fresh digest of live memory";
+  EXPECT_EQ(installed.report.live_content_digest.ToHex(), staged->content_digest.ToHex());
+  EXPECT_EQ(LiveDigest(), staged->content_digest.ToHex()) << "fresh digest of live memory";
 
   // The next stage re-uses the retired live storage as its staging: nothing is allocated.
   Publish("v2", 2);
   auto v2 = receiver_->Stage(Stage("v2"));
   ASSERT_TRUE(v2.ok()) << v2.status().ToString();
-  EXPECT_EQ((*v2)["shadow_allocated"], false);
-  EXPECT_NE((*v2)["content_digest"], (*staged)["content_digest"]);
-  EXPECT_EQ(LiveDigest(), (*staged)["content_digest"]) << "staging v2 does not touch the live v1";
+  EXPECT_EQ(v2->ToJson()["shadow_allocated"], false);
+  EXPECT_NE(v2->content_digest.ToHex(), staged->content_digest.ToHex());
+  EXPECT_EQ(LiveDigest(), staged->content_digest.ToHex()) << "staging v2 does not touch the live v1";
   ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
   auto v2_installed = receiver_->Install("v2");
   engine_->Resume();
   ASSERT_EQ(v2_installed.outcome, InstallOutcome::kInstalled) << v2_installed.status.ToString();
-  EXPECT_EQ(v2_installed.evidence["install_mode"], "swap");
-  EXPECT_EQ(LiveDigest(), (*v2)["content_digest"]);
+  EXPECT_EQ(v2_installed.report.install_mode, InstallMode::kSwap);
+  EXPECT_EQ(LiveDigest(), v2->content_digest.ToHex());
   // The swap fault: rank 0 swapped, then the install fails: after mutation, never "untouched".
   Publish("v3", 3);
   ASSERT_TRUE(receiver_->Stage(Stage("v3")).ok());
@@ -409,9 +410,9 @@ TEST_F(ReceiverFaultTest, F32EngineWidensAtStageAndStillSwaps) {
   auto installed = receiver_->Install("v1");
   engine_->Resume();
   ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
-  EXPECT_EQ(installed.evidence["install_mode"], "swap");
-  EXPECT_EQ(installed.evidence["bytes_installed"], 2 * (*staged)["bytes_pulled"].get<uint64_t>());
-  EXPECT_EQ(LiveDigest(), (*staged)["content_digest"]);
+  EXPECT_EQ(installed.report.install_mode, InstallMode::kSwap);
+  EXPECT_EQ(installed.report.bytes_installed, 2 * staged->bytes_pulled);
+  EXPECT_EQ(LiveDigest(), staged->content_digest.ToHex());
 }
 
 }  // namespace

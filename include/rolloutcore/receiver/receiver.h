@@ -32,8 +32,8 @@
 // changes); Install then swaps the image in like a full refit. Without a staging image, Install
 // writes the changed elements into the live weights and re-checks them from live memory
 // (O(changed)). Every full_verify_every-th delta install digests all live weights (anchor check).
-// Otherwise Stage pulls in full. The stage evidence says which (`mode`, `mode_reason`,
-// `delta_apply`, `staging_from`, `delta_apply_why`).
+// Otherwise Stage pulls in full. The stage report says which (StageReport::mode(), `mode_reason`,
+// and DeltaStageReport's `delta_apply`, `staging_from`, `delta_apply_why`).
 // Pre-replay (docs/lifecycle.md "Replay validation"): after a stage succeeded with a staging
 // image that an install will swap in (full, or delta applied to the staging image) and the
 // manifest carries probes, Stage replays them on that image (read-only since its digest) through
@@ -46,6 +46,13 @@
 // invalidate them, and Engine::Replay computes on the live weights as before.
 // LiveDigest(): per-tensor content digests of the live weights in global source coordinates and
 // the combined digest (the same formula the trainer used over its shards).
+//
+// Reports (reports.h): Stage, Install, Relay and LiveDigest return typed reports (StageReport,
+// InstallResult::report, RelayReport, LiveDigestReport), and the private steps below pass them
+// (and StepTimings for the per-step milliseconds) as structs. Nothing here returns JSON: the
+// callers that send a report on (the engine's refit routes, the embedded adapter's evidence) call
+// its ToJson(), which is the documented wire format. Where this comment says "the stage
+// evidence", it names the stage report's JSON keys.
 //
 // Timing: every stage and install reports its stages in milliseconds: discovery,
 // source_preparation (capture), planning, registration (shadow allocation on first use, transport
@@ -99,6 +106,7 @@
 #include "rolloutcore/base/metrics_writer.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/receiver/live_weights.h"
+#include "rolloutcore/receiver/reports.h"
 #include "rolloutcore/receiver/source_imports.h"
 #include "rolloutcore/receiver/weights.h"
 #include "rolloutcore/refit/capture.h"
@@ -150,8 +158,8 @@ std::string_view InstallOutcomeName(InstallOutcome o);  // refused_untouched | i
 
 struct InstallResult {
   InstallOutcome outcome = InstallOutcome::kRefusedUntouched;
-  Status status;                  // OK exactly when outcome is kInstalled
-  Json evidence = Json::object();  // the install evidence (weight_version, bytes, stages) when installed
+  Status status;         // OK exactly when outcome is kInstalled
+  InstallReport report;  // what the install established (reports.h); meaningful only when installed
 };
 
 struct RelayHolding;
@@ -162,7 +170,8 @@ class RefitReceiver {
   explicit RefitReceiver(LiveWeights* live, int threads = 0);
   ~RefitReceiver();
 
-  Result<Json> Stage(const StageRequest& request);
+  // The stage's report (reports.h; its ToJson() is the /rc/refit/stage answer).
+  Result<StageReport> Stage(const StageRequest& request);
   // skip_cache_reset is for the stale-cache negative control only (docs/engine.md).
   InstallResult Install(const std::string& version, bool skip_cache_reset = false);
   // Rebuilds `version` (staged here, or installed and live) in its published dtype, checks every
@@ -170,7 +179,7 @@ class RefitReceiver {
   // (shm or ucx) and publishes the holder record.
   // Replaces this engine's previous relay (its record is marked unavailable). FailedPrecondition
   // when the version is neither staged nor live here, or its sources are neither shm nor ucx.
-  Result<Json> Relay(const RelayRequest& request);
+  Result<RelayReport> Relay(const RelayRequest& request);
   // Test-only fault (docs/engine.md "Fault injection"): while on, an install fails with
   // FailedPrecondition right after rank 0 copied its staged weights into the live ones.
   void SetFailAfterFirstRankForTesting(bool on) { fail_after_first_rank_ = on; }
@@ -200,7 +209,7 @@ class RefitReceiver {
   // The live weights change only through Install (which bumps the engine's generation), so the
   // digest computed from the live parameters right after an install (or by an earlier call) is
   // served again while the generation is unchanged; fresh=true recomputes it regardless.
-  Result<Json> LiveDigest(bool fresh = false);
+  Result<LiveDigestReport> LiveDigest(bool fresh = false);
   // The combined content digest of the live weights if one was computed at the current install
   // generation (nothing computed now: cheap enough for every identity probe); nullopt otherwise,
   // or while a stage or install holds the receiver.
@@ -219,7 +228,7 @@ class RefitReceiver {
   // import cache keyed by topology) → PullRanks (again from PlanRanks after a relay failover) →
   // VerifyOnLanding → SealStaged → KeepStaged.
   struct FullStage;
-  Result<Json> StageLocked(const StageRequest& request) REQUIRES(mu_);
+  Result<StageReport> StageLocked(const StageRequest& request) REQUIRES(mu_);
   // Discovery under the stage's deadline: the manifest and its published digests.
   Status ResolveInDirectory(FullStage* s) REQUIRES(mu_);
   // Fan-out: the version's holder records merged into the sources planned against.
@@ -240,50 +249,52 @@ class RefitReceiver {
   // f32 staging: whether the bytes no digest region read (replicas) hold a non-finite value.
   bool AnyNonFiniteUncoveredF32(const std::vector<refit::UncoveredBytes>& uncovered) REQUIRES(mu_);
   // Makes the staged image read-only, releases `retired` off the stage's path, records metrics.
-  Result<Json> SealStaged(FullStage* s, SourceImports retired) REQUIRES(mu_);
-  Json FullStageEvidence(const FullStage& s, double gbps) const REQUIRES(mu_);
-  // Keeps the stage (staged_) and returns its evidence.
-  Result<Json> KeepStaged(FullStage* s, Json evidence, refit::TensorDigests staged_digest) REQUIRES(mu_);
+  Result<StageReport> SealStaged(FullStage* s, SourceImports retired) REQUIRES(mu_);
+  StageReport FullStageEvidence(const FullStage& s, double gbps) const REQUIRES(mu_);
+  // Keeps the stage (staged_) and returns its report.
+  StageReport KeepStaged(FullStage* s, StageReport report, refit::TensorDigests staged_digest) REQUIRES(mu_);
   // Sets *touched before the first live byte is written.
-  Result<Json> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched) REQUIRES(mu_);
+  Result<InstallReport> InstallLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched) REQUIRES(mu_);
   // With any_nonfinite_f32, also checks (in the same pass) that the f32 elements read are finite.
   Result<refit::TensorDigests> DigestOf(const std::vector<refit::DestinationBuffers>& buffers,
                                         bool* any_nonfinite_f32 = nullptr) REQUIRES(mu_);
   std::vector<refit::DestinationBuffers> LiveBuffers();
   // Delta refit (receiver_delta.cc). TryStageDelta: nullopt (with *why_full set) when the
-  // manifest cannot be applied as a delta here; otherwise the delta stage's evidence or refusal.
-  std::optional<Result<Json>> TryStageDelta(const StageRequest& request, const refit::Manifest& manifest,
-                                            const refit::TensorDigests& published, const Json& stages,
-                                            std::string* why_full) REQUIRES(mu_);
-  Result<Json> InstallDeltaLocked(const std::string& version, bool skip_cache_reset, std::atomic<bool>* touched,
-                                  const Json& stage_evidence, const refit::TensorDigests& published,
-                                  const refit::Manifest& manifest) REQUIRES(mu_);
+  // manifest cannot be applied as a delta here; otherwise the delta stage's report or refusal.
+  std::optional<Result<StageReport>> TryStageDelta(const StageRequest& request, const refit::Manifest& manifest,
+                                                   const refit::TensorDigests& published, const StepTimings& stages,
+                                                   std::string* why_full) REQUIRES(mu_);
+  Result<InstallReport> InstallDeltaLocked(const std::string& version, bool skip_cache_reset,
+                                           std::atomic<bool>* touched, const StageReport& stage,
+                                           const refit::TensorDigests& published,
+                                           const refit::Manifest& manifest) REQUIRES(mu_);
   // The end of a delta install (swap or in place): the O(changed) check of the live weights, the
-  // anchor check, the evidence; keeps the delta as the staging chain after a swap.
-  Result<Json> FinishDeltaInstall(const std::string& version, bool skip_cache_reset, const Json& stage_evidence,
-                                  const refit::TensorDigests& published, const refit::Manifest& manifest,
-                                  uint64_t bytes_installed, Json stages) REQUIRES(mu_);
+  // anchor check, the report; keeps the delta as the staging chain after a swap.
+  Result<InstallReport> FinishDeltaInstall(const std::string& version, bool skip_cache_reset, const StageReport& stage,
+                                           const refit::TensorDigests& published, const refit::Manifest& manifest,
+                                           uint64_t bytes_installed, StepTimings stages) REQUIRES(mu_);
   // Brings the staging image to the live version before a delta is applied to it (re-applying the
   // previous delta, or copying the live weights), proving its digest; sets *from and *why.
-  Status PrepareStagingForDelta(const std::string& live_version, int64_t generation, Json* stages,
-                                std::string* from, std::string* why) REQUIRES(mu_);
+  Status PrepareStagingForDelta(const std::string& live_version, int64_t generation, StepTimings* stages,
+                                StagingFrom* from, std::string* why) REQUIRES(mu_);
   // True when the staging image has a buffer for every live parameter (aliases aside), of its
   // size (the capture's dtype is the live dtype); with require_read_only, each also read-only.
   bool StagingFitsLive(bool require_read_only = false) REQUIRES(mu_);
-  // The anchor-check evidence of a full install (which digests every live byte anyway).
-  Json FullInstallAnchor() REQUIRES(mu_);
+  // The anchor check of a full install (which digests every live byte anyway).
+  AnchorCheckReport FullInstallAnchor() REQUIRES(mu_);
   // True when the staged image can be swapped in: every live parameter (aliases aside) has a
   // staged buffer of its size and dtype, read-only since the stage's digest.
   bool SwapCoversLive() REQUIRES(mu_);
   [[nodiscard]] Status SetShadowReadOnly(bool read_only) REQUIRES(mu_);
   // The end of a full install (swap or copy): checks `live` against the manifest, caches it,
-  // and builds the evidence (install_mode = mode).
-  Result<Json> FinishFullInstall(const std::string& version, bool skip_cache_reset, const refit::TensorDigests& live,
-                                 uint64_t bytes, Json stages, const char* mode) REQUIRES(mu_);
+  // and builds the report.
+  Result<InstallReport> FinishFullInstall(const std::string& version, bool skip_cache_reset,
+                                          const refit::TensorDigests& live, uint64_t bytes, StepTimings stages,
+                                          InstallMode mode) REQUIRES(mu_);
   // Pre-replay (Stage, after a successful stage): runs the staged version's probes on the staged
-  // image through LiveWeights::PreReplay, bounded by `deadline`; returns the stage evidence's
-  // "prereplay" and records the image id in staged_ when the results were cached.
-  Json PreReplayLocked(std::chrono::steady_clock::time_point deadline) REQUIRES(mu_);
+  // image through LiveWeights::PreReplay, bounded by `deadline`; returns the stage report's
+  // pre-replay and records the image id in staged_ when the results were cached.
+  StagePreReplay PreReplayLocked(std::chrono::steady_clock::time_point deadline) REQUIRES(mu_);
 
   LiveWeights* live_;
   refit::ModelConfig config_;
@@ -338,8 +349,8 @@ class RefitReceiver {
   uint64_t prereplay_seq_ GUARDED_BY(mu_) = 0;  // ids of the staged images pre-replayed (LiveWeights::PreReplay)
   // Metrics: their own mutex, so /metrics never waits for a stage in progress.
   mutable rc::Mutex metrics_mu_;
-  Json last_stage_ms_ GUARDED_BY(metrics_mu_) = Json::object();                             // guarded by metrics_mu_
-  Json last_install_ms_ GUARDED_BY(metrics_mu_) = Json::object();                           // guarded by metrics_mu_
+  StepTimings last_stage_ms_ GUARDED_BY(metrics_mu_);                                       // guarded by metrics_mu_
+  StepTimings last_install_ms_ GUARDED_BY(metrics_mu_);                                     // guarded by metrics_mu_
   double last_wire_gbps_ GUARDED_BY(metrics_mu_) = 0;                                       // guarded by metrics_mu_
   uint64_t stages_ok_ GUARDED_BY(metrics_mu_) = 0, stages_failed_ GUARDED_BY(metrics_mu_) = 0;                      // guarded by metrics_mu_
   uint64_t installs_ok_ GUARDED_BY(metrics_mu_) = 0, installs_refused_ GUARDED_BY(metrics_mu_) = 0, installs_failed_ GUARDED_BY(metrics_mu_) = 0;  // guarded by metrics_mu_
