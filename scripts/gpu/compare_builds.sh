@@ -10,6 +10,9 @@
 # PYTHON=1). Per round the order alternates (old new, then new old, ...), so drift of the machine
 # falls on both. Writes every report to $OUT/compare (OUT default ./out-gpu) and prints, per figure,
 # the median of each build and new/old. BENCHES (default "shm tiny qwen06 cuda_ipc") picks a subset.
+# For the cycle benches (tiny, qwen06, run with --trace) it then prints where a difference sits:
+# per part of the cycle (the report's per-cycle fields and their parts) and per step of the
+# engine's stage (the trace's "stage parts"), medians over the warm cycles of all runs.
 set -uo pipefail
 if [[ $# -lt 2 || "${1:-}" == -h || "${1:-}" == --help ]]; then
   sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
@@ -33,8 +36,8 @@ run_one() {  # run_one BUNDLE NAME ROUND BENCH
   local -a args
   case $bench in
     shm) args=(bench refit --model qwen3-0.6b --transport shm --repeats 5 --json) ;;
-    tiny) args=(bench cycle --model tiny --cycles 8 --restarts 1 --json) ;;
-    qwen06) args=(bench cycle --model qwen3-0.6b --cycles 3 --restarts 1 --json) ;;
+    tiny) args=(bench cycle --model tiny --cycles "${TINY_CYCLES:-8}" --restarts 1 --trace --json) ;;
+    qwen06) args=(bench cycle --model qwen3-0.6b --cycles 3 --restarts 1 --trace --json) ;;
     cuda_ipc)
       [[ $has_gpu == 1 ]] || { echo "  $bench: skipped (no GPU)"; return 0; }
       args=(bench refit --transport cuda_ipc --model qwen3-8b --source fsdp:1 --target tp:1 --owner-device 0
@@ -106,5 +109,50 @@ for bench, label, path in figures:
     o, n = statistics.median(vals["old"]), statistics.median(vals["new"])
     print(f"{label:48} {o:14.3f} {n:14.3f} {n / o if o else float('nan'):8.3f}  "
           f"old {['%.2f' % x for x in vals['old']]} new {['%.2f' % x for x in vals['new']]}")
+
+# Where a cycle's difference sits: every numeric per-cycle field and field.part, warm cycles of all
+# runs pooled, and the engine's stage steps from the trace's "stage parts of VERSION (ms, engine): {...}".
+def flat(c, prefix=""):
+    for k, v in c.items():
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            yield prefix + k, float(v)
+        elif isinstance(v, dict) and not prefix:
+            yield from flat(v, k + ".")
+for bench in ("tiny", "qwen06"):
+    pooled = {"old": {}, "new": {}}
+    for name in ("old", "new"):
+        for f in sorted(glob.glob(os.path.join(d, f"{bench}.{name}.*.json"))):
+            try:
+                cycles = json.load(open(f))["cycle"]["cycles"]
+            except (ValueError, OSError, KeyError, TypeError):
+                continue
+            for c in cycles:
+                if c.get("cold"):
+                    continue
+                for k, v in flat(c):
+                    pooled[name].setdefault(k, []).append(v)
+        for f in sorted(glob.glob(os.path.join(d, f"{bench}.{name}.*.log"))):
+            parts = []
+            for line in open(f, errors="replace"):
+                if "stage parts of" in line and ": {" in line:
+                    try:
+                        parts.append(json.loads(line.split(": ", 1)[1]))
+                    except ValueError:
+                        pass
+            for p in parts[1:]:  # the first stage is cold (allocation, imports, plan)
+                for k, v in p.items():
+                    if isinstance(v, (int, float)):
+                        pooled[name].setdefault("engine_stage." + k, []).append(float(v))
+    keys = sorted(set(pooled["old"]) & set(pooled["new"]))
+    if not keys:
+        continue
+    print(f"\n{bench}: parts, medians over warm cycles (ms unless named), new-old")
+    for k in keys:
+        o, n = statistics.median(pooled["old"][k]), statistics.median(pooled["new"][k])
+        if max(abs(o), abs(n)) < 1e-3:
+            continue
+        print(f"  {k:58} {o:10.3f} {n:10.3f} {n - o:+9.3f}")
 PY
 exit $rc
