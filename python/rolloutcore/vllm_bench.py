@@ -178,7 +178,10 @@ def main(argv=None) -> int:
             assert paused == {"is_paused": False}, paused
             if own_label:
                 assert v.weight_info() == ver
-            row.update(stage_ms=(c1 - c0) * 1e3, stage_wire_ms=ev["stage_ms"].get("wire"),
+            # stage_ms is the rc_stage call's wall time (vLLM's collective_rpc and the extension
+            # around it); stage_engine_ms the receiver's own total, stage_parts_ms its steps.
+            row.update(stage_ms=(c1 - c0) * 1e3, stage_engine_ms=ev["stage_ms"].get("total"),
+                       stage_parts_ms=ev["stage_ms"], stage_wire_ms=ev["stage_ms"].get("wire"),
                        stage_digest_ms=ev["stage_ms"].get("digest"), pause_via=("sleep" if via_sleep else "pause"),
                        pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c_installed - c2) * 1e3,
                        install_ms=inst["install_ms"], install_path=inst.get("install_path"), label_ms=label_ms,
@@ -224,7 +227,7 @@ def main(argv=None) -> int:
         "digest_bench": digest_bench,
         "rows": rows,
     }
-    for key in ("stage_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
+    for key in ("stage_ms", "stage_engine_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
                 "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
         vals = [r[key] for r in rows[1:] if r.get(key) is not None]
         if vals:
