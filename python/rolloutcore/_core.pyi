@@ -60,6 +60,16 @@ def tensor_digest(
 def combine_digests(digests: Dict[str, Any]) -> str: ...
 def transports() -> List[Dict[str, str]]: ...
 
+# The fp8 quantizer (docs/fp8.md): bf16 bit patterns (uint16, rows x cols, rows = output channels)
+# -> (E4M3FN bytes, uint8 rows x cols; float32 scales shaped (1,), (rows, 1) or the block grid), the
+# bits vLLM 0.33 serves for --quantization fp8_per_tensor / fp8_ptpc / fp8_per_block.
+def quantize_fp8(
+    bits: Any, scheme: str = "per_tensor", block: Tuple[int, int] = (128, 128), name: str = "tensor", threads: int = 1
+) -> Tuple[Any, Any]: ...
+def dequantize_fp8(q: Any, scales: Any, scheme: str = "per_tensor", block: Tuple[int, int] = (128, 128)) -> Any: ...
+
+fp8_quantize_isa: str
+
 # True in CUDA builds (ROLLOUTCORE_WITH_CUDA): Publisher.add_shard then takes CUDA tensors
 # (transport "cuda_ipc"; the shard digest is computed on the GPU), and DeviceStager exists.
 cuda_built: bool

@@ -55,6 +55,7 @@ namespace rc::python {
   throw py::error_already_set();
 }
 
+void RegisterFp8(py::module_& m);  // fp8.cc
 #ifdef ROLLOUTCORE_WITH_CUDA
 void RegisterDeviceStager(py::module_& m);  // device_stager.cc
 #endif
@@ -529,6 +530,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("offset") = py::none(), py::arg("dtype") = py::none());
   m.def("combine_digests", &rc::python::CombineDigests, py::arg("digests"));
   m.def("transports", &rc::python::Transports);
+  rc::python::RegisterFp8(m);
 #ifdef ROLLOUTCORE_WITH_CUDA
   m.attr("cuda_built") = true;
   rc::python::RegisterDeviceStager(m);

@@ -1,0 +1,107 @@
+#pragma once
+// FP8 E4M3 weights quantized from bf16, bit for bit as vLLM quantizes a bf16 checkpoint
+// (docs/fp8.md states the rules, where each comes from in vLLM, and the edge cases).
+//
+// E4M3FN (OCP "E4M3"; torch.float8_e4m3fn, CUDA __nv_fp8_e4m3): sign, 4 exponent bits (bias 7),
+// 3 mantissa bits, no infinities, 0x7F and 0xFF are NaN. Largest finite 448 (0x7E), smallest
+// normal 2^-6 (0x08), smallest subnormal 2^-9 (0x01).
+//
+// One definition, three implementations that give the same bits: the scalar code here, the AVX2 /
+// AVX-512 loops (fp8_simd.cc, picked at run time) and the CUDA kernel (src/cuda/fp8_quant.cu).
+// Tests hold the scalar rounding against a brute-force nearest-value search, the SIMD loops
+// against the scalar code, and (GPU machine) the CUDA kernel against both.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "rolloutcore/base/status.h"
+
+namespace rc::formats {
+
+inline constexpr float kFp8E4M3Max = 448.0f;
+// Block quantization's smallest block amax (vLLM's per_block_cast_to_fp8 clamps to it).
+inline constexpr float kFp8BlockMinAmax = 1e-4f;
+// Per-channel quantization's smallest scale, 1 / (448 * 512) rounded to f32 (vLLM's
+// _fp8_channel_scale clamps to it).
+inline constexpr float kFp8ChannelMinScale = 1.0f / 229376.0f;
+// 1 / 448 rounded to f32: vLLM's block scale is amax times this (a tensor divided by a Python float
+// is a multiplication by its reciprocal in PyTorch's CUDA division kernel).
+inline constexpr float kFp8InvMax = 1.0f / 448.0f;
+
+// f32 -> E4M3FN, round to nearest, ties to even, saturating to ±448 (cvt.rn.satfinite.e4m3x2.f32;
+// vLLM clamps to ±448 before it, so the saturation is the same). NaN gives 0x7F; the quantizers
+// below refuse NaN and infinities before they get here.
+uint8_t Fp8E4M3FromF32(float x);
+// E4M3FN -> f32, exact. 0x7F / 0xFF give a quiet NaN.
+float Fp8E4M3ToF32(uint8_t bits);
+
+// How the scales group the elements of a row-major rows × cols weight (rows = output channels).
+enum class Fp8Scheme {
+  kPerTensor,   // one scale (vLLM 0.33 --quantization fp8_per_tensor: weight_scale)
+  kPerChannel,  // one scale per row, i.e. per output channel (fp8_ptpc)
+  kBlock,       // one scale per block_rows × block_cols block, row-major over the block grid
+                // (fp8_per_block, DeepSeek-style weight_scale_inv, 128 × 128)
+};
+std::string_view Fp8SchemeName(Fp8Scheme scheme);  // "per_tensor", "per_channel", "block"
+Result<Fp8Scheme> Fp8SchemeFromName(std::string_view name);
+
+struct Fp8Layout {
+  Fp8Scheme scheme = Fp8Scheme::kPerTensor;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_rows = 128;  // kBlock only
+  int64_t block_cols = 128;
+  // The number of scales (per tensor 1, per channel rows, block ceil(rows/br) * ceil(cols/bc)).
+  int64_t NumScales() const;
+  int64_t NumElements() const { return rows * cols; }
+  // InvalidArgument (naming what is wrong) for negative sizes, non-positive blocks, or an
+  // element count that overflows.
+  Status Validate() const;
+};
+
+// The rule, per scheme, for a group with largest magnitude amax (every operation rounded to
+// nearest-even in f32; docs/fp8.md says where each comes from in vLLM 0.33):
+//  - per tensor:  s = amax / 448;                      q = E4M3(clamp(x * (1 / s)))
+//  - per channel: s = max(amax / 448, 1 / 229376);     q = E4M3(clamp(x / s))
+//  - block:       s = max(amax, 1e-4) * (1 / 448);     q = E4M3(clamp(x * (1 / s)))
+// where clamp(v) = fmax(-448, fmin(v, 448)) (a NaN becomes 448, as fminf makes it in vLLM's
+// kernel) and E4M3 is Fp8E4M3FromF32. An all-zero per-tensor weight gets s = 0 and every byte
+// 0x7E (0 * inf is NaN), as vLLM's kernel gives it; it dequantizes to zeros all the same.
+float Fp8ScaleForAmax(Fp8Scheme scheme, float amax);
+
+// Quantizes a row-major bf16 matrix by the rule above. `q` holds layout.NumElements() bytes and
+// `scales` layout.NumScales() floats. A NaN or infinite input is refused (InvalidArgument naming
+// `name`, the element's row and column and its bits) and nothing is written. `threads` > 1 splits
+// the work over rc::ParallelFor.
+Status QuantizeBf16ToFp8(std::span<const uint16_t> bf16, const Fp8Layout& layout, std::span<uint8_t> q,
+                         std::span<float> scales, std::string_view name, int threads = 1);
+
+// The same with the scalar code only (the reference the SIMD loops are tested against).
+Status QuantizeBf16ToFp8Scalar(std::span<const uint16_t> bf16, const Fp8Layout& layout, std::span<uint8_t> q,
+                               std::span<float> scales, std::string_view name);
+
+// x = Fp8E4M3ToF32(q) * s in f32, per element. InvalidArgument when sizes disagree or a scale is
+// negative or not finite.
+Status DequantizeFp8ToF32(std::span<const uint8_t> q, std::span<const float> scales, const Fp8Layout& layout,
+                          std::span<float> out);
+
+// Which code QuantizeBf16ToFp8 runs here: "avx512", "avx2" or "scalar".
+std::string_view Fp8QuantizeIsa();
+
+namespace internal {
+// The vector loops (fp8_simd.cc): q = E4M3(clamp(x * factor)), or x / factor when `divide`, for n
+// elements; return how many they did (a multiple of their width; the caller does the rest).
+int64_t QuantizeRunAvx512(const uint16_t* x, int64_t n, float factor, bool divide, uint8_t* q);
+int64_t QuantizeRunAvx2(const uint16_t* x, int64_t n, float factor, bool divide, uint8_t* q);
+// One element by the scalar code: E4M3(clamp(x * factor)) or E4M3(clamp(x / factor)).
+uint8_t QuantizeOne(uint16_t bf16, float factor, bool divide);
+// max |x| over n bf16 as bf16 magnitude bits (0..0x7F7F), or -1 when one is NaN or infinite.
+int32_t AbsMaxBitsAvx512(const uint16_t* x, int64_t n);
+int32_t AbsMaxBitsAvx2(const uint16_t* x, int64_t n);
+bool CpuHasAvx512();
+bool CpuHasAvx2();
+}  // namespace internal
+
+}  // namespace rc::formats

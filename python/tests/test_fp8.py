@@ -1,0 +1,114 @@
+"""rolloutcore._core.quantize_fp8 against an independent numpy statement of docs/fp8.md's rule:
+scales and E4M3 bytes equal for every scheme, over edge values; refusals; dequantization."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rolloutcore import _core
+from rolloutcore.errors import InvalidArgumentError as InvalidArgument
+
+F32 = np.float32
+
+
+def e4m3_values() -> np.ndarray:
+    """The 127 non-negative finite E4M3FN values, by code 0x00..0x7E (increasing)."""
+    out = []
+    for code in range(0x7F):
+        e, m = code >> 3, code & 7
+        out.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return np.array(out, dtype=np.float64)
+
+
+VALUES = e4m3_values()
+
+
+def encode(v: np.ndarray) -> np.ndarray:
+    """Nearest E4M3 code to each (already clamped, finite) float32, ties to the even code."""
+    a = np.abs(v.astype(np.float64))
+    hi = np.clip(np.searchsorted(VALUES, a), 1, 0x7E)
+    lo = hi - 1
+    dlo, dhi = a - VALUES[lo], VALUES[hi] - a
+    code = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lo % 2 == 0, lo, hi)))
+    code = np.where(a >= VALUES[0x7E], 0x7E, code)
+    return (code | np.where(np.signbit(v), 0x80, 0)).astype(np.uint8)
+
+
+def reference(bits: np.ndarray, scheme: str, block=(128, 128)):
+    x = (bits.astype(np.uint32) << 16).view(F32)
+    rows, cols = bits.shape
+    mag = np.abs(x)
+    if scheme == "per_tensor":
+        s = np.array([F32(mag.max()) / F32(448)], dtype=F32)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale: 0 * inf is NaN, clamped to 448
+            v = x * (F32(1) / s[0])
+        scales = s
+    elif scheme == "per_channel":
+        s = np.maximum(mag.max(axis=1) / F32(448), F32(1) / F32(229376)).astype(F32)
+        v = x / s[:, None]
+        scales = s.reshape(rows, 1)
+    else:
+        br, bc = block
+        gr, gc = -(-rows // br), -(-cols // bc)
+        s = np.zeros((gr, gc), dtype=F32)
+        v = np.zeros_like(x)
+        for i in range(gr):
+            for j in range(gc):
+                blk = mag[i * br:(i + 1) * br, j * bc:(j + 1) * bc]
+                s[i, j] = np.maximum(blk.max(), F32(1e-4)) * (F32(1) / F32(448))
+                v[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = x[i * br:(i + 1) * br, j * bc:(j + 1) * bc] * (F32(1) / s[i, j])
+        scales = s
+    with np.errstate(invalid="ignore"):
+        v = np.fmax(F32(-448), np.fmin(v, F32(448)))
+    return encode(v), scales
+
+
+def edge_bits(rows: int, cols: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, cols)) * 0.02).astype(F32)
+    bits = (x.view(np.uint32) >> 16).astype(np.uint16)
+    flat = bits.reshape(-1)
+    n = flat.size
+    flat[rng.integers(0, n, max(1, n // 20))] = rng.integers(1, 0x7F, max(1, n // 20)).astype(np.uint16)
+    flat[rng.integers(0, n, max(1, n // 20))] = 0x8000
+    walk = np.arange(0x10000, dtype=np.uint32).astype(np.uint16)
+    walk = walk[(walk & 0x7F80) != 0x7F80]
+    k = min(n // 3, walk.size)
+    flat[rng.choice(n, k, replace=False)] = rng.choice(walk, k, replace=False)
+    return bits
+
+
+@pytest.mark.parametrize("scheme", ["per_tensor", "per_channel", "block"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 37), (130, 257), (256, 384)])
+def test_quantize_fp8_follows_the_rule(scheme, shape):
+    bits = edge_bits(*shape, seed=shape[0] * 7 + shape[1])
+    q, s = _core.quantize_fp8(bits, scheme, threads=2)
+    rq, rs = reference(bits, scheme)
+    assert s.shape == rs.shape
+    assert s.view(np.uint32).tolist() == rs.view(np.uint32).tolist()
+    diff = np.nonzero(q != rq)
+    assert diff[0].size == 0, [(int(r), int(c), hex(int(bits[r, c])), hex(int(q[r, c])), hex(int(rq[r, c])))
+                               for r, c in list(zip(*diff))[:5]]
+    back = _core.dequantize_fp8(q, s, scheme)
+    assert back.shape == bits.shape and np.all(np.isfinite(back))
+
+
+def test_zero_weight_per_tensor_is_vllms_degenerate_case():
+    bits = np.zeros((4, 64), dtype=np.uint16)
+    q, s = _core.quantize_fp8(bits, "per_tensor")
+    assert s.tolist() == [0.0] and (q == 0x7E).all()
+    assert (_core.dequantize_fp8(q, s) == 0).all()
+
+
+def test_non_finite_weights_and_bad_arguments_are_refused():
+    bits = edge_bits(8, 40, 1)
+    bits[3, 17] = 0x7FC0
+    with pytest.raises(InvalidArgument, match=r"layer\.w\[3, 17\] is NaN"):
+        _core.quantize_fp8(bits, "block", name="layer.w")
+    with pytest.raises(InvalidArgument, match="unknown fp8 scaling 'per_row'"):
+        _core.quantize_fp8(edge_bits(2, 2, 1), "per_row")
+    with pytest.raises(InvalidArgument, match="uint16"):
+        _core.quantize_fp8(np.zeros((2, 2), dtype=np.float32))
+    with pytest.raises(InvalidArgument, match="2-D"):
+        _core.quantize_fp8(np.zeros(4, dtype=np.uint16))

@@ -1,0 +1,98 @@
+// rolloutcore._core.quantize_fp8 / dequantize_fp8: the fp8 quantizer (formats/fp8.h) for Python, so
+// that anyone can compute from a published bf16 tensor the E4M3 bytes and scales vLLM serves
+// (tests/vllm compare them with vLLM's own quantization of the same tensor).
+#include <fmt/format.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rolloutcore/formats/fp8.h"
+
+namespace rc::python {
+namespace py = pybind11;
+
+[[noreturn]] void Raise(const Status& status);  // module.cc
+
+namespace {
+
+formats::Fp8Layout LayoutOf(const py::array& a, const std::string& scheme, std::pair<int64_t, int64_t> block,
+                            const char* what) {
+  if (a.ndim() != 2) {
+    Raise(InvalidArgument(fmt::format("{}: needs a 2-D array (rows = output channels), got {} dimensions", what,
+                                      a.ndim())));
+  }
+  auto s = formats::Fp8SchemeFromName(scheme);
+  if (!s.ok()) Raise(s.status());
+  formats::Fp8Layout l;
+  l.scheme = *s;
+  l.rows = a.shape(0);
+  l.cols = a.shape(1);
+  l.block_rows = block.first;
+  l.block_cols = block.second;
+  if (Status st = l.Validate(); !st.ok()) Raise(st);
+  return l;
+}
+
+// The scales' shape as vLLM holds them: per tensor (1,), per channel (rows, 1), block (gr, gc).
+std::vector<py::ssize_t> ScaleShape(const formats::Fp8Layout& l) {
+  if (l.scheme == formats::Fp8Scheme::kPerChannel) return {l.rows, 1};
+  if (l.scheme == formats::Fp8Scheme::kBlock) {
+    return {(l.rows + l.block_rows - 1) / l.block_rows, (l.cols + l.block_cols - 1) / l.block_cols};
+  }
+  return {1};
+}
+
+py::tuple QuantizeFp8(const py::array& bits, const std::string& scheme, std::pair<int64_t, int64_t> block,
+                      const std::string& name, int threads) {
+  if (!py::isinstance<py::array_t<uint16_t>>(bits)) {
+    Raise(InvalidArgument(fmt::format("quantize_fp8: `bits` must be a uint16 array of bf16 bit patterns "
+                                      "(torch: t.view(torch.int16).numpy().view(numpy.uint16)), got dtype {}",
+                                      py::str(bits.dtype()).cast<std::string>())));
+  }
+  const auto in = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>::ensure(bits);
+  const formats::Fp8Layout l = LayoutOf(in, scheme, block, "quantize_fp8");
+  py::array_t<uint8_t> q({l.rows, l.cols});
+  py::array_t<float> s(ScaleShape(l));
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = formats::QuantizeBf16ToFp8(std::span<const uint16_t>(in.data(), static_cast<size_t>(l.NumElements())), l,
+                                    std::span<uint8_t>(q.mutable_data(), static_cast<size_t>(l.NumElements())),
+                                    std::span<float>(s.mutable_data(), static_cast<size_t>(l.NumScales())), name,
+                                    threads);
+  }
+  if (!st.ok()) Raise(st);
+  return py::make_tuple(q, s);
+}
+
+py::array_t<float> DequantizeFp8(const py::array& q, const py::array& scales, const std::string& scheme,
+                                 std::pair<int64_t, int64_t> block) {
+  const auto qa = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(q);
+  const auto sa = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(scales);
+  if (!qa || !sa) Raise(InvalidArgument("dequantize_fp8: q must be a uint8 array and scales a float32 array"));
+  const formats::Fp8Layout l = LayoutOf(qa, scheme, block, "dequantize_fp8");
+  py::array_t<float> out({l.rows, l.cols});
+  const Status st = formats::DequantizeFp8ToF32(
+      std::span<const uint8_t>(qa.data(), static_cast<size_t>(qa.size())),
+      std::span<const float>(sa.data(), static_cast<size_t>(sa.size())), l,
+      std::span<float>(out.mutable_data(), static_cast<size_t>(l.NumElements())));
+  if (!st.ok()) Raise(st);
+  return out;
+}
+
+}  // namespace
+
+void RegisterFp8(py::module_& m) {
+  m.def("quantize_fp8", &QuantizeFp8, py::arg("bits"), py::arg("scheme") = "per_tensor",
+        py::arg("block") = std::pair<int64_t, int64_t>{128, 128}, py::arg("name") = "tensor", py::arg("threads") = 1,
+        "bf16 bits (uint16, rows x cols) -> (E4M3 bytes uint8 rows x cols, float32 scales), as vLLM 0.33 "
+        "quantizes a bf16 weight (scheme per_tensor, per_channel or block; docs/fp8.md).");
+  m.def("dequantize_fp8", &DequantizeFp8, py::arg("q"), py::arg("scales"), py::arg("scheme") = "per_tensor",
+        py::arg("block") = std::pair<int64_t, int64_t>{128, 128}, "E4M3 bytes and scales -> float32 values.");
+  m.attr("fp8_quantize_isa") = std::string(formats::Fp8QuantizeIsa());
+}
+
+}  // namespace rc::python
