@@ -53,8 +53,8 @@ Group GroupOf(const Fp8Layout& l, int64_t g) {
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
 Isa PickIsa() {
-  static const Isa isa = internal::CpuHasAvx512() ? Isa::kAvx512 : internal::CpuHasAvx2() ? Isa::kAvx2 : Isa::kScalar;
-  return isa;
+  static const Isa kIsa = internal::CpuHasAvx512() ? Isa::kAvx512 : internal::CpuHasAvx2() ? Isa::kAvx2 : Isa::kScalar;
+  return kIsa;
 }
 
 int32_t AbsMaxBitsScalar(const uint16_t* x, int64_t n) {

@@ -31,20 +31,20 @@ int32_t AbsMaxTail(const uint16_t* x, int64_t n, int32_t m) {
 }  // namespace
 
 bool CpuHasAvx2() {
-  static const bool has = [] {
+  static const bool kHas = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
   }();
-  return has;
+  return kHas;
 }
 
 bool CpuHasAvx512() {
-  static const bool has = [] {
+  static const bool kHas = [] {
     __builtin_cpu_init();
     return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
-  return has;
+  return kHas;
 }
 
 // ---- AVX-512: 16 lanes of f32, 32 of bf16 -----------------------------------------------------
