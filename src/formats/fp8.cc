@@ -31,25 +31,6 @@ constexpr uint16_t kBf16ExpMask = 0x7F80;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// One group of elements that share a scale: rows [r0, r1) × cols [c0, c1).
-struct Group {
-  int64_t r0, r1, c0, c1;
-};
-
-Group GroupOf(const Fp8Layout& l, int64_t g) {
-  switch (l.scheme) {
-    case Fp8Scheme::kPerTensor: return {0, l.rows, 0, l.cols};
-    case Fp8Scheme::kPerChannel: return {g, g + 1, 0, l.cols};
-    case Fp8Scheme::kBlock: {
-      const int64_t gc = CeilDiv(l.cols, l.block_cols);
-      const int64_t br = g / gc, bc = g % gc;
-      return {br * l.block_rows, std::min(l.rows, (br + 1) * l.block_rows), bc * l.block_cols,
-              std::min(l.cols, (bc + 1) * l.block_cols)};
-    }
-  }
-  return {0, 0, 0, 0};
-}
-
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
 Isa PickIsa() {
@@ -83,88 +64,147 @@ void QuantizeRun(Isa isa, const uint16_t* x, int64_t n, float factor, bool divid
   for (int64_t i = done; i < n; ++i) q[i] = internal::QuantizeOne(x[i], factor, divide);
 }
 
-Status CheckSizes(std::span<const uint16_t> bf16, const Fp8Layout& layout, std::span<uint8_t> q,
-                  std::span<float> scales, std::string_view name) {
-  RC_RETURN_IF_ERROR(layout.Validate().WithContext(fmt::format("quantizing {}", name)));
-  const auto n = static_cast<uint64_t>(layout.NumElements());
-  if (bf16.size() != n || q.size() != n) {
-    return InvalidArgument(fmt::format("quantizing {}: {} × {} needs {} elements, got {} bf16 and {} fp8", name,
-                                       layout.rows, layout.cols, n, bf16.size(), q.size()));
+Status CheckLayoutAndBox(const Fp8Layout& l, const Fp8Box& box, uint64_t data, std::string_view name) {
+  RC_RETURN_IF_ERROR(l.Validate().WithContext(fmt::format("quantizing {}", name)));
+  if (box.row0 < 0 || box.col0 < 0 || box.rows < 0 || box.cols < 0 || box.row0 + box.rows > l.rows ||
+      box.col0 + box.cols > l.cols) {
+    return InvalidArgument(fmt::format("quantizing {}: box rows [{}, {}) cols [{}, {}) is not inside {} × {}", name,
+                                       box.row0, box.row0 + box.rows, box.col0, box.col0 + box.cols, l.rows, l.cols));
   }
-  if (scales.size() != static_cast<uint64_t>(layout.NumScales())) {
-    return InvalidArgument(fmt::format("quantizing {}: {} scaling needs {} scales, got {}", name,
-                                       Fp8SchemeName(layout.scheme), layout.NumScales(), scales.size()));
+  if (data != static_cast<uint64_t>(box.rows * box.cols)) {
+    return InvalidArgument(fmt::format("quantizing {}: a {} × {} box needs {} elements, got {}", name, box.rows,
+                                       box.cols, box.rows * box.cols, data));
   }
   return OkStatus();
 }
 
-// The element that made a group's amax fail: the first NaN or infinity in it.
-Status NonFiniteError(std::span<const uint16_t> bf16, const Fp8Layout& l, const Group& g, std::string_view name) {
-  for (int64_t r = g.r0; r < g.r1; ++r) {
-    for (int64_t c = g.c0; c < g.c1; ++c) {
-      const uint16_t b = bf16[static_cast<size_t>(r * l.cols + c)];
-      if ((b & kBf16ExpMask) == kBf16ExpMask) {
-        return InvalidArgument(fmt::format("{}[{}, {}] is {} (bf16 0x{:04x}): only finite weights can be quantized to fp8",
-                                           name, r, c, (b & 0x7F) != 0 ? "NaN" : (b & 0x8000) ? "-inf" : "+inf", b));
-      }
+// Work units over a box, each owning the groups it writes: per tensor, row chunks (one shared
+// group, combined after); per channel, row chunks (a row is its group); block, the box's part of
+// one block row (its groups are that block row's).
+struct Band {
+  int64_t r0, r1;  // global rows
+};
+
+std::vector<Band> BandsOf(const Fp8Layout& l, const Fp8Box& box) {
+  std::vector<Band> bands;
+  const int64_t end = box.row0 + box.rows;
+  if (l.scheme == Fp8Scheme::kBlock) {
+    for (int64_t r = box.row0; r < end; r = std::min(end, (r / l.block_rows + 1) * l.block_rows)) {
+      bands.push_back({r, std::min(end, (r / l.block_rows + 1) * l.block_rows)});
+    }
+    return bands;
+  }
+  const int64_t n = std::min<int64_t>(box.rows, 64);
+  for (int64_t i = 0; i < n; ++i) bands.push_back({box.row0 + box.rows * i / n, box.row0 + box.rows * (i + 1) / n});
+  return bands;
+}
+
+// Calls f(global row, first global col, cols, group) for each run of the band's rows that shares a
+// scale group, in row-major order.
+template <typename F>
+void ForEachRun(const Fp8Layout& l, const Fp8Box& box, const Band& band, F&& f) {
+  const int64_t gc = l.scheme == Fp8Scheme::kBlock ? CeilDiv(l.cols, l.block_cols) : 1;
+  for (int64_t r = band.r0; r < band.r1; ++r) {
+    if (l.scheme != Fp8Scheme::kBlock) {
+      f(r, box.col0, box.cols, l.scheme == Fp8Scheme::kPerChannel ? r : 0);
+      continue;
+    }
+    for (int64_t c = box.col0; c < box.col0 + box.cols;) {
+      const int64_t next = std::min(box.col0 + box.cols, (c / l.block_cols + 1) * l.block_cols);
+      f(r, c, next - c, (r / l.block_rows) * gc + c / l.block_cols);
+      c = next;
     }
   }
-  return Internal(fmt::format("{}: a non-finite element was reported but not found", name));
+}
+
+Status NonFiniteAt(uint16_t b, int64_t row, int64_t col, std::string_view name) {
+  return InvalidArgument(fmt::format("{}[{}, {}] is {} (bf16 0x{:04x}): only finite weights can be quantized to fp8",
+                                     name, row, col, (b & 0x7F) != 0 ? "NaN" : (b & 0x8000) ? "-inf" : "+inf", b));
+}
+
+Status BoxAmax(Isa isa, std::span<const uint16_t> bf16, const Fp8Layout& l, const Fp8Box& box,
+               std::span<uint16_t> amax, std::string_view name, int threads) {
+  RC_RETURN_IF_ERROR(CheckLayoutAndBox(l, box, bf16.size(), name));
+  if (amax.size() != static_cast<uint64_t>(l.NumScales())) {
+    return InvalidArgument(fmt::format("quantizing {}: {} scaling has {} groups, got {} amax entries", name,
+                                       Fp8SchemeName(l.scheme), l.NumScales(), amax.size()));
+  }
+  const std::vector<Band> bands = BandsOf(l, box);
+  // Per band: its maxima (per tensor: one; otherwise written straight into `amax`, whose groups
+  // the band owns) and its first non-finite element, as a flat index into the box (or -1).
+  std::vector<int32_t> band_max(bands.size(), 0);
+  std::vector<int64_t> bad(bands.size(), -1);
+  std::vector<int32_t> merged(amax.begin(), amax.end());
+  ParallelFor(bands.size(), threads, [&](size_t i) {
+    ForEachRun(l, box, bands[i], [&](int64_t r, int64_t c, int64_t n, int64_t g) {
+      if (bad[i] >= 0) return;
+      const uint16_t* x = bf16.data() + (r - box.row0) * box.cols + (c - box.col0);
+      const int32_t m = AbsMaxBits(isa, x, n);
+      if (m < 0) {
+        for (int64_t j = 0; j < n; ++j) {
+          if ((x[j] & kBf16ExpMask) == kBf16ExpMask) {
+            bad[i] = (r - box.row0) * box.cols + (c - box.col0) + j;
+            return;
+          }
+        }
+      }
+      if (l.scheme == Fp8Scheme::kPerTensor) {
+        band_max[i] = std::max(band_max[i], m);
+      } else {
+        merged[static_cast<size_t>(g)] = std::max(merged[static_cast<size_t>(g)], m);
+      }
+    });
+  });
+  for (int64_t b : bad) {
+    if (b >= 0) return NonFiniteAt(bf16[static_cast<size_t>(b)], box.row0 + b / box.cols, box.col0 + b % box.cols, name);
+  }
+  if (l.scheme == Fp8Scheme::kPerTensor) {
+    for (int32_t m : band_max) merged[0] = std::max(merged[0], m);
+  }
+  for (size_t g = 0; g < amax.size(); ++g) amax[g] = static_cast<uint16_t>(merged[g]);
+  return OkStatus();
+}
+
+Status QuantizeBox(Isa isa, std::span<const uint16_t> bf16, const Fp8Layout& l, const Fp8Box& box,
+                   std::span<const float> scales, std::span<uint8_t> q, std::string_view name, int threads) {
+  RC_RETURN_IF_ERROR(CheckLayoutAndBox(l, box, bf16.size(), name));
+  if (q.size() != bf16.size() || scales.size() != static_cast<uint64_t>(l.NumScales())) {
+    return InvalidArgument(fmt::format("quantizing {}: {} fp8 bytes for {} elements, {} scales for {} groups", name,
+                                       q.size(), bf16.size(), scales.size(), l.NumScales()));
+  }
+  // Per channel divides by the scale (vLLM's _fp8_quant_per_channel); the others multiply by its
+  // reciprocal (vLLM's static per-tensor kernel, per_block_cast_to_fp8). 1 / 0 = inf: see
+  // Fp8ScaleForAmax.
+  const bool divide = l.scheme == Fp8Scheme::kPerChannel;
+  const std::vector<Band> bands = BandsOf(l, box);
+  ParallelFor(bands.size(), threads, [&](size_t i) {
+    ForEachRun(l, box, bands[i], [&](int64_t r, int64_t c, int64_t n, int64_t g) {
+      const float s = scales[static_cast<size_t>(g)];
+      const int64_t off = (r - box.row0) * box.cols + (c - box.col0);
+      QuantizeRun(isa, bf16.data() + off, n, divide ? s : 1.0f / s, divide, q.data() + off);
+    });
+  });
+  return OkStatus();
 }
 
 Status Quantize(Isa isa, std::span<const uint16_t> bf16, const Fp8Layout& l, std::span<uint8_t> q,
                 std::span<float> scales, std::string_view name, int threads) {
-  RC_RETURN_IF_ERROR(CheckSizes(bf16, l, q, scales, name));
-  if (l.NumElements() == 0) {
-    std::fill(scales.begin(), scales.end(), 1.0f);
-    return OkStatus();
+  RC_RETURN_IF_ERROR(l.Validate().WithContext(fmt::format("quantizing {}", name)));
+  if (scales.size() != static_cast<uint64_t>(l.NumScales())) {
+    return InvalidArgument(fmt::format("quantizing {}: {} scaling needs {} scales, got {}", name,
+                                       Fp8SchemeName(l.scheme), l.NumScales(), scales.size()));
   }
-  const int64_t groups = l.NumScales();
-  // Pass 1: every group's amax, before anything is written (a refused input leaves q and scales
-  // as they were). The per-tensor group is split in row ranges so that it runs in parallel too.
-  const int64_t parts = l.scheme == Fp8Scheme::kPerTensor ? std::min<int64_t>(l.rows, 64) : groups;
-  std::vector<int32_t> amax(static_cast<size_t>(parts), 0);
-  const auto part_rows = [&](int64_t p) {
-    return Group{l.rows * p / parts, l.rows * (p + 1) / parts, 0, l.cols};
-  };
-  ParallelFor(static_cast<size_t>(parts), threads, [&](size_t p) {
-    const Group g = l.scheme == Fp8Scheme::kPerTensor ? part_rows(static_cast<int64_t>(p))
-                                                      : GroupOf(l, static_cast<int64_t>(p));
-    int32_t m = 0;
-    for (int64_t r = g.r0; r < g.r1 && m >= 0; ++r) {
-      const int32_t a = AbsMaxBits(isa, bf16.data() + r * l.cols + g.c0, g.c1 - g.c0);
-      m = a < 0 ? -1 : std::max(m, a);
-    }
-    amax[p] = m;
-  });
-  for (int64_t p = 0; p < parts; ++p) {
-    if (amax[static_cast<size_t>(p)] < 0) {
-      return NonFiniteError(bf16, l, l.scheme == Fp8Scheme::kPerTensor ? part_rows(p) : GroupOf(l, p), name);
-    }
+  if (q.size() != bf16.size()) {
+    return InvalidArgument(fmt::format("quantizing {}: {} bf16 elements but {} fp8 bytes", name, bf16.size(), q.size()));
   }
-  // Per channel divides by the scale (vLLM's _fp8_quant_per_channel); the others multiply by its
-  // reciprocal (vLLM's static per-tensor kernel, per_block_cast_to_fp8).
-  const bool divide = l.scheme == Fp8Scheme::kPerChannel;
-  std::vector<float> factor(static_cast<size_t>(groups));
-  std::vector<float> scale(static_cast<size_t>(groups));
-  for (int64_t g = 0; g < groups; ++g) {
-    const int32_t bits = l.scheme == Fp8Scheme::kPerTensor ? *std::max_element(amax.begin(), amax.end())
-                                                           : amax[static_cast<size_t>(g)];
-    const float s = Fp8ScaleForAmax(l.scheme, F32FromBits(static_cast<uint32_t>(bits) << 16));
-    scale[static_cast<size_t>(g)] = s;
-    factor[static_cast<size_t>(g)] = divide ? s : 1.0f / s;  // 1 / 0 = inf: see Fp8ScaleForAmax
-  }
-  // Pass 2: quantize, one group (per tensor: one row range) per task.
-  ParallelFor(static_cast<size_t>(parts), threads, [&](size_t p) {
-    const Group g = l.scheme == Fp8Scheme::kPerTensor ? part_rows(static_cast<int64_t>(p))
-                                                      : GroupOf(l, static_cast<int64_t>(p));
-    const float f = factor[l.scheme == Fp8Scheme::kPerTensor ? 0 : p];
-    for (int64_t r = g.r0; r < g.r1; ++r) {
-      const int64_t off = r * l.cols + g.c0;
-      QuantizeRun(isa, bf16.data() + off, g.c1 - g.c0, f, divide, q.data() + off);
-    }
-  });
-  std::copy(scale.begin(), scale.end(), scales.begin());
+  // Every group's amax before anything is written: a refused input leaves q and scales as they were.
+  const Fp8Box all{0, 0, l.rows, l.cols};
+  std::vector<uint16_t> amax(static_cast<size_t>(l.NumScales()), 0);
+  RC_RETURN_IF_ERROR(BoxAmax(isa, bf16, l, all, amax, name, threads));
+  std::vector<float> s(amax.size());
+  Fp8ScalesFromAmax(l, amax, s);
+  RC_RETURN_IF_ERROR(QuantizeBox(isa, bf16, l, all, s, q, name, threads));
+  std::copy(s.begin(), s.end(), scales.begin());
   return OkStatus();
 }
 
@@ -286,6 +326,26 @@ Status DequantizeFp8ToF32(std::span<const uint8_t> q, std::span<const float> sca
     }
   }
   return OkStatus();
+}
+
+Status Fp8BoxAmax(std::span<const uint16_t> bf16, const Fp8Layout& layout, const Fp8Box& box,
+                  std::span<uint16_t> amax, std::string_view name, int threads) {
+  return BoxAmax(PickIsa(), bf16, layout, box, amax, name, threads);
+}
+
+void Fp8MergeAmax(std::span<const uint16_t> from, std::span<uint16_t> into) {
+  for (size_t i = 0; i < std::min(from.size(), into.size()); ++i) into[i] = std::max(into[i], from[i]);
+}
+
+void Fp8ScalesFromAmax(const Fp8Layout& layout, std::span<const uint16_t> amax, std::span<float> scales) {
+  for (size_t g = 0; g < std::min(amax.size(), scales.size()); ++g) {
+    scales[g] = Fp8ScaleForAmax(layout.scheme, F32FromBits(static_cast<uint32_t>(amax[g]) << 16));
+  }
+}
+
+Status QuantizeBf16BoxToFp8(std::span<const uint16_t> bf16, const Fp8Layout& layout, const Fp8Box& box,
+                            std::span<const float> scales, std::span<uint8_t> q, std::string_view name, int threads) {
+  return QuantizeBox(PickIsa(), bf16, layout, box, scales, q, name, threads);
 }
 
 std::string_view Fp8QuantizeIsa() {

@@ -353,6 +353,66 @@ TEST(Fp8Test, DequantizedWeightsAreWithinHalfAStepOfTheOriginal) {
   }
 }
 
+// A matrix cut into uneven boxes (as TP / FSDP shards cut it): per-box amaxes merged in any order,
+// the scales from them, each box quantized on its own: the bytes and scales of the whole.
+TEST(Fp8Test, ShardedBoxesGiveTheBytesOfTheWholeMatrix) {
+  for (const Case& c : Cases()) {
+    const Fp8Layout l = LayoutOf(c);
+    const auto w = EdgeWeights(static_cast<size_t>(l.NumElements()), 41 + static_cast<uint32_t>(c.rows), false);
+    std::vector<uint8_t> whole_q(w.size());
+    std::vector<float> whole_s(static_cast<size_t>(l.NumScales()));
+    ASSERT_TRUE(QuantizeBf16ToFp8(w, l, whole_q, whole_s, "w").ok());
+    const std::vector<int64_t> row_cuts{0, l.rows / 3, l.rows / 3 + (l.rows > 1 ? 1 : 0), l.rows};
+    const std::vector<int64_t> col_cuts{0, l.cols / 2 + 1 < l.cols ? l.cols / 2 + 1 : l.cols, l.cols};
+    std::vector<Fp8Box> boxes;
+    for (size_t i = 0; i + 1 < row_cuts.size(); ++i) {
+      for (size_t j = 0; j + 1 < col_cuts.size(); ++j) {
+        boxes.push_back({row_cuts[i], col_cuts[j], row_cuts[i + 1] - row_cuts[i], col_cuts[j + 1] - col_cuts[j]});
+      }
+    }
+    auto box_data = [&](const Fp8Box& b) {
+      std::vector<uint16_t> d;
+      for (int64_t r = b.row0; r < b.row0 + b.rows; ++r) {
+        for (int64_t col = b.col0; col < b.col0 + b.cols; ++col) d.push_back(w[static_cast<size_t>(r * l.cols + col)]);
+      }
+      return d;
+    };
+    // Each holder's amax on its own, merged in reverse order.
+    std::vector<std::vector<uint16_t>> partial;
+    for (const Fp8Box& b : boxes) {
+      partial.emplace_back(static_cast<size_t>(l.NumScales()), 0);
+      ASSERT_TRUE(Fp8BoxAmax(box_data(b), l, b, partial.back(), "w", 2).ok());
+    }
+    std::vector<uint16_t> amax(static_cast<size_t>(l.NumScales()), 0);
+    for (auto it = partial.rbegin(); it != partial.rend(); ++it) Fp8MergeAmax(*it, amax);
+    std::vector<float> scales(amax.size());
+    Fp8ScalesFromAmax(l, amax, scales);
+    ASSERT_EQ(std::memcmp(scales.data(), whole_s.data(), scales.size() * 4), 0) << Fp8SchemeName(c.scheme);
+    std::vector<uint8_t> assembled(w.size(), 0xAA);
+    for (const Fp8Box& b : boxes) {
+      const auto d = box_data(b);
+      std::vector<uint8_t> bq(d.size());
+      ASSERT_TRUE(QuantizeBf16BoxToFp8(d, l, b, scales, bq, "w", 2).ok());
+      for (int64_t r = 0; r < b.rows; ++r) {
+        for (int64_t col = 0; col < b.cols; ++col) {
+          assembled[static_cast<size_t>((b.row0 + r) * l.cols + b.col0 + col)] = bq[static_cast<size_t>(r * b.cols + col)];
+        }
+      }
+    }
+    EXPECT_EQ(assembled, whole_q) << Fp8SchemeName(c.scheme) << " " << c.rows << "x" << c.cols;
+  }
+  // A box names the bad element by its place in the whole matrix, and a box outside is refused.
+  const Fp8Layout l{Fp8Scheme::kBlock, 40, 300, 16, 128};
+  std::vector<uint16_t> box(10 * 20, 0x3F80);
+  box[3 * 20 + 7] = 0x7FC0;
+  std::vector<uint16_t> amax(static_cast<size_t>(l.NumScales()), 5);
+  const Status st = Fp8BoxAmax(box, l, Fp8Box{30, 250, 10, 20}, amax, "w");
+  EXPECT_NE(st.message().find("w[33, 257] is NaN"), std::string::npos) << st.ToString();
+  EXPECT_EQ(amax, std::vector<uint16_t>(amax.size(), 5));
+  EXPECT_EQ(Fp8BoxAmax(box, l, Fp8Box{35, 250, 10, 20}, amax, "w").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Fp8BoxAmax(box, l, Fp8Box{30, 250, 10, 21}, amax, "w").code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Fp8Test, BadLayoutsAndSizesAreRefused) {
   std::vector<uint16_t> w(12);
   std::vector<uint8_t> q(12);

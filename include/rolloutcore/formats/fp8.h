@@ -82,6 +82,35 @@ Status QuantizeBf16ToFp8(std::span<const uint16_t> bf16, const Fp8Layout& layout
 Status QuantizeBf16ToFp8Scalar(std::span<const uint16_t> bf16, const Fp8Layout& layout, std::span<uint8_t> q,
                                std::span<float> scales, std::string_view name);
 
+// ---- Sharded quantization ---------------------------------------------------------------------
+// A rank that holds only a box of the matrix (a TP or FSDP shard) gets the same bytes for its box
+// as QuantizeBf16ToFp8 of the whole matrix gives there: every holder computes its box's amax per
+// scale group (Fp8BoxAmax), the amaxes are merged by max in any order (Fp8MergeAmax; vLLM
+// all-reduces them the same way over its TP group), each derives the scales (Fp8ScalesFromAmax)
+// and quantizes its box with them (QuantizeBf16BoxToFp8).
+
+// Rows [row0, row0 + rows) × cols [col0, col0 + cols) of the layout's matrix, held row-major.
+struct Fp8Box {
+  int64_t row0 = 0;
+  int64_t col0 = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// amax[g] = max(amax[g], largest magnitude in the box of group g), as bf16 magnitude bits
+// (layout.NumScales() entries; groups the box does not touch are left as they are). A NaN or
+// infinite element is refused naming `name` and its row and column in the whole matrix; `amax` is
+// then unchanged.
+Status Fp8BoxAmax(std::span<const uint16_t> bf16, const Fp8Layout& layout, const Fp8Box& box,
+                  std::span<uint16_t> amax, std::string_view name, int threads = 1);
+void Fp8MergeAmax(std::span<const uint16_t> from, std::span<uint16_t> into);
+// scales[g] = Fp8ScaleForAmax(layout.scheme, amax[g]).
+void Fp8ScalesFromAmax(const Fp8Layout& layout, std::span<const uint16_t> amax, std::span<float> scales);
+// Quantizes the box with the whole matrix's scales into q (box.rows × box.cols bytes).
+Status QuantizeBf16BoxToFp8(std::span<const uint16_t> bf16, const Fp8Layout& layout, const Fp8Box& box,
+                            std::span<const float> scales, std::span<uint8_t> q, std::string_view name,
+                            int threads = 1);
+
 // x = Fp8E4M3ToF32(q) * s in f32, per element. InvalidArgument when sizes disagree or a scale is
 // negative or not finite.
 Status DequantizeFp8ToF32(std::span<const uint8_t> q, std::span<const float> scales, const Fp8Layout& layout,
