@@ -403,7 +403,7 @@ TEST(Fp8Test, ShardedBoxesGiveTheBytesOfTheWholeMatrix) {
   }
   // A box names the bad element by its place in the whole matrix, and a box outside is refused.
   const Fp8Layout l{Fp8Scheme::kBlock, 40, 300, 16, 128};
-  std::vector<uint16_t> box(10 * 20, 0x3F80);
+  std::vector<uint16_t> box(200, 0x3F80);  // 10 rows × 20 cols
   box[3 * 20 + 7] = 0x7FC0;
   std::vector<uint16_t> amax(static_cast<size_t>(l.NumScales()), 5);
   const Status st = Fp8BoxAmax(box, l, Fp8Box{30, 250, 10, 20}, amax, "w");
