@@ -25,10 +25,10 @@ if [[ "${PYTHON:-0}" == 1 ]]; then
   BINS=(src/apps/rolloutcore)
   [[ "${SKIP_BUILD:-0}" == 1 ]] || cmake --build "$BUILD" -j2 --target rolloutcore _core
 else
-  BINS=(src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner
+  BINS=(src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_fp8_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner
         src/transport/cuda_ipc/transport_cuda_ipc_test src/transport/nccl/transport_nccl_test
         tests/gpu/gpu_transport_conformance_test)
-  cmake --build "$BUILD" -j2 --target rolloutcore gpu_kernels_test gpu_transport_test rc_gpu_owner \
+  [[ "${SKIP_BUILD:-0}" == 1 ]] || cmake --build "$BUILD" -j2 --target rolloutcore gpu_kernels_test gpu_fp8_test gpu_transport_test rc_gpu_owner \
     transport_cuda_ipc_test transport_nccl_test gpu_transport_conformance_test
 fi
 rm -rf "$BUNDLE"

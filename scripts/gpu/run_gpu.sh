@@ -58,10 +58,10 @@ else
   step configure 600 cmake -S "$ROOT" -B "$B" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DROLLOUTCORE_WITH_CUDA=ON \
     -DROLLOUTCORE_WITH_NCCL=ON -DROLLOUTCORE_WITH_UCX=OFF -DROLLOUTCORE_BUILD_BENCHMARKS=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=90 || { say "configure failed (missing build dependencies? see gpu_run.log)"; exit 1; }
-  step build 1800 cmake --build "$B" -j"$(nproc)" --target rolloutcore gpu_kernels_test gpu_transport_test \
+  step build 1800 cmake --build "$B" -j"$(nproc)" --target rolloutcore gpu_kernels_test gpu_fp8_test gpu_transport_test \
     rc_gpu_owner transport_cuda_ipc_test transport_nccl_test gpu_transport_conformance_test || { say "build failed (see gpu_run.log)"; exit 1; }
   mkdir -p "$B/run-bin"
-  for f in src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner \
+  for f in src/apps/rolloutcore tests/gpu/gpu_kernels_test tests/gpu/gpu_fp8_test tests/gpu/gpu_transport_test tests/gpu/rc_gpu_owner \
            src/transport/cuda_ipc/transport_cuda_ipc_test src/transport/nccl/transport_nccl_test \
            tests/gpu/gpu_transport_conformance_test; do
     cp "$B/$f" "$B/run-bin/"
@@ -102,6 +102,9 @@ if [[ "$MODE" == all || "$MODE" == tests ]]; then
   step transport_cuda_ipc_test 120 "$BIN/transport_cuda_ipc_test" || FAILED=1
   step transport_nccl_test 120 "$BIN/transport_nccl_test" || FAILED=1
   step gpu_kernels_test 300 "$BIN/gpu_kernels_test" --gtest_output="xml:$OUT_DIR/gtest_gpu_kernels.xml" || FAILED=1
+  if [[ -x "$BIN/gpu_fp8_test" ]]; then
+    step gpu_fp8_test 120 "$BIN/gpu_fp8_test" --gtest_output="xml:$OUT_DIR/gtest_gpu_fp8.xml" || FAILED=1
+  fi
   step gpu_transport_test 400 "$BIN/gpu_transport_test" --gtest_output="xml:$OUT_DIR/gtest_gpu_transport.xml" || FAILED=1
   if [[ -x "$BIN/gpu_transport_conformance_test" ]]; then
     step gpu_transport_conformance_test 300 "$BIN/gpu_transport_conformance_test" \
