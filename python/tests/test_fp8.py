@@ -112,3 +112,56 @@ def test_non_finite_weights_and_bad_arguments_are_refused():
         _core.quantize_fp8(np.zeros((2, 2), dtype=np.float32))
     with pytest.raises(InvalidArgument, match="2-D"):
         _core.quantize_fp8(np.zeros(4, dtype=np.uint16))
+
+
+def _read_safetensors(path):
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        assert e["dtype"] in ("BF16", "F32"), e["dtype"]
+        dt = np.uint16 if e["dtype"] == "BF16" else np.float32
+        out[name] = np.frombuffer(data[b:end], dtype=dt).reshape(e["shape"])
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["per_tensor", "per_channel", "block"])
+def test_model_fp8_digest_is_what_anyone_computes_from_the_checkpoint(tmp_path, scheme):
+    """`rolloutcore model fp8-digest` against the same image built here from the checkpoint's bytes:
+    q, k, v fused (and gate, up) as vLLM fuses them, quantized, digested as tensors."""
+    import json
+    import subprocess
+
+    from rolloutcore.cluster import find_binary
+
+    binary = find_binary()
+    folder = tmp_path / "m"
+    subprocess.run([binary, "model", "init", "--preset", "tiny", "--out", str(folder)], check=True,
+                   capture_output=True)
+    r = subprocess.run([binary, "model", "fp8-digest", "--json", "--scheme", scheme, str(folder)], check=True,
+                       capture_output=True, text=True)
+    report = json.loads(r.stdout)
+    tensors = _read_safetensors(folder / "model.safetensors")
+    params = report["parameters"]
+    assert "model.layers.0.self_attn.qkv_proj.weight" in params and "model.layers.1.mlp.gate_up_proj.weight" in params
+    assert "model.embed_tokens.weight" in report["not_quantized"]
+    for name in ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight",
+                 "model.layers.1.mlp.down_proj.weight"):
+        p = params[name]
+        fused = np.concatenate([tensors[part] for part in p["from"]], axis=0)
+        assert list(fused.shape) == p["shape"]
+        q, s = _core.quantize_fp8(np.ascontiguousarray(fused), scheme)
+        grid = p["scales_shape"]
+        assert _core.tensor_digest(q, dtype="f8_e4m3") == p["bytes_digest"], name
+        assert _core.tensor_digest(np.ascontiguousarray(s.reshape(grid)), dtype="f32") == p["scales_digest"], name
+    assert [t for t in params["model.layers.0.self_attn.qkv_proj.weight"]["from"]] == [
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight"]

@@ -7,6 +7,8 @@
 
 namespace rc::apps {
 
+void RegisterModelFp8Command(CLI::App* model, int* exit_code);  // model_fp8_cmd.cc
+
 void RegisterModelCommand(CLI::App& app, int* exit_code) {
   auto* model = app.add_subcommand("model", "Model folders.");
   model->require_subcommand(1);
@@ -47,6 +49,7 @@ void RegisterModelCommand(CLI::App& app, int* exit_code) {
               << f->out << "\n";
     *exit_code = 0;
   });
+  RegisterModelFp8Command(model, exit_code);
 }
 
 }  // namespace rc::apps
