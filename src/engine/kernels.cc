@@ -1,5 +1,7 @@
 #include "engine/kernels.h"
 
+#include "rolloutcore/base/cpu_features.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,22 +89,9 @@ void PackEvenOdd(const float* x, int64_t M, int64_t K, float* xq) {
 
 }  // namespace internal
 
-bool KernelsUseAvx2() {
-  static const bool kAvx2 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return kAvx2;
-}
+bool KernelsUseAvx2() { return CpuHasAvx2() && CpuHasFma(); }
 
-bool KernelsUseAvx512() {
-  static const bool kAvx512 = [] {
-    __builtin_cpu_init();
-    return KernelsUseAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  }();
-  return kAvx512;
-}
+bool KernelsUseAvx512() { return KernelsUseAvx2() && CpuHasAvx512(); }
 
 void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef wr, int64_t N, float* y) {
   // Packed into a buffer of this thread's (grows to the largest M x K seen, then stays).

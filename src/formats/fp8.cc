@@ -1,9 +1,8 @@
 #include "rolloutcore/formats/fp8.h"
 
 #include <algorithm>
-#include <atomic>
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -14,17 +13,8 @@
 namespace rc::formats {
 namespace {
 
-uint32_t F32Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-float F32FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+uint32_t F32Bits(float f) { return std::bit_cast<uint32_t>(f); }
+float F32FromBits(uint32_t u) { return std::bit_cast<float>(u); }
 
 // bf16 magnitude bits at or above this are infinities or NaN.
 constexpr uint16_t kBf16ExpMask = 0x7F80;

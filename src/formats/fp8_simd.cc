@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "rolloutcore/base/cpu_features.h"
 #include "rolloutcore/formats/fp8.h"
 
 #define RC_AVX2 __attribute__((target("avx2")))
@@ -30,22 +31,9 @@ int32_t AbsMaxTail(const uint16_t* x, int64_t n, int32_t m) {
 
 }  // namespace
 
-bool CpuHasAvx2() {
-  static const bool kHas = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return kHas;
-}
+bool CpuHasAvx2() { return rc::CpuHasAvx2(); }
 
-bool CpuHasAvx512() {
-  static const bool kHas = [] {
-    __builtin_cpu_init();
-    return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  }();
-  return kHas;
-}
+bool CpuHasAvx512() { return rc::CpuHasAvx2() && rc::CpuHasAvx512(); }
 
 // ---- AVX-512: 16 lanes of f32, 32 of bf16 -----------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,17 +14,8 @@
 namespace rc::formats {
 namespace {
 
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+float FromBits(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
 
 // The definition, by search: the finite E4M3FN value nearest to clamp(x, -448, 448), ties to the
 // code with an even last bit (round to nearest even), the sign kept (so -0.0 -> 0x80).

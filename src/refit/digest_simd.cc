@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 
+#include "rolloutcore/base/cpu_features.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::refit::internal {
@@ -840,10 +841,8 @@ std::string_view DigestIsaName(DigestIsa isa) {
 bool DigestIsaSupported(DigestIsa isa) {
   switch (isa) {
     case DigestIsa::kScalar: return true;
-    case DigestIsa::kAvx2: return __builtin_cpu_supports("avx2");
-    case DigestIsa::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    case DigestIsa::kAvx2: return CpuHasAvx2();
+    case DigestIsa::kAvx512: return CpuHasAvx512();
   }
   return false;
 }
