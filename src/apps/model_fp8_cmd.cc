@@ -56,6 +56,16 @@ std::map<std::string, std::vector<std::string>> FusedParameters(const std::vecto
   return out;
 }
 
+// vLLM 0.33's --quantization value for the scheme.
+const char* VllmQuantization(formats::Fp8Scheme scheme) {
+  switch (scheme) {
+    case formats::Fp8Scheme::kPerTensor: return "fp8_per_tensor";
+    case formats::Fp8Scheme::kPerChannel: return "fp8_ptpc";
+    case formats::Fp8Scheme::kBlock: return "fp8_per_block";
+  }
+  return "?";
+}
+
 Status Run(const Flags& f, std::ostream& out) {
   RC_ASSIGN_OR_RETURN(const formats::Fp8Scheme scheme, formats::Fp8SchemeFromName(f.scheme));
   RC_ASSIGN_OR_RETURN(auto folder, formats::SafetensorsFolder::Open(f.folder));
@@ -66,9 +76,7 @@ Status Run(const Flags& f, std::ostream& out) {
     return InvalidArgument(fmt::format("{}: no q/k/v/o/gate/up/down_proj weights to quantize", f.folder));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  Json report{{"folder", f.folder}, {"scheme", f.scheme}, {"vllm_quantization", "fp8_" + std::string(
-      scheme == formats::Fp8Scheme::kPerTensor ? "per_tensor" : scheme == formats::Fp8Scheme::kPerChannel ? "ptpc"
-                                                                                                        : "per_block")}};
+  Json report{{"folder", f.folder}, {"scheme", f.scheme}, {"vllm_quantization", VllmQuantization(scheme)}};
   Json per = Json::object();
   refit::TensorDigests combined;
   size_t done = 0;
@@ -97,9 +105,8 @@ Status Run(const Flags& f, std::ostream& out) {
     std::vector<float> s(static_cast<size_t>(l.NumScales()));
     RC_RETURN_IF_ERROR(formats::QuantizeBf16ToFp8(w, l, q, s, param, threads));
     const refit::Shape shape{rows, cols};
-    refit::Shape grid{1, 1};
-    if (scheme == formats::Fp8Scheme::kPerChannel) grid = {rows, 1};
-    if (scheme == formats::Fp8Scheme::kBlock) grid = {(rows + 127) / 128, (cols + 127) / 128};
+    const auto g = l.ScaleGrid();
+    const refit::Shape grid{g[0], g[1]};
     const refit::Fp8ImageDigest d =
         refit::Fp8ImagePart(shape, refit::FullBox(shape), q.data(), grid, refit::FullBox(grid), s.data());
     combined[param] = d.Combined().value();

@@ -47,7 +47,7 @@ Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp
   a.scheme = static_cast<uint8_t>(layout.scheme);
   if (layout.scheme == formats::Fp8Scheme::kBlock) {
     a.seg_cols = layout.block_cols;
-    a.segs_per_row = (layout.cols + layout.block_cols - 1) / layout.block_cols;
+    a.segs_per_row = layout.ScaleGrid()[1];
     a.block_rows = layout.block_rows;
   } else {
     a.seg_cols = layout.cols;

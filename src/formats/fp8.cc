@@ -93,15 +93,14 @@ std::vector<Band> BandsOf(const Fp8Layout& l, const Fp8Box& box) {
 // scale group, in row-major order.
 template <typename F>
 void ForEachRun(const Fp8Layout& l, const Fp8Box& box, const Band& band, F&& f) {
-  const int64_t gc = l.scheme == Fp8Scheme::kBlock ? CeilDiv(l.cols, l.block_cols) : 1;
   for (int64_t r = band.r0; r < band.r1; ++r) {
     if (l.scheme != Fp8Scheme::kBlock) {
-      f(r, box.col0, box.cols, l.scheme == Fp8Scheme::kPerChannel ? r : 0);
+      f(r, box.col0, box.cols, l.GroupOf(r, box.col0));
       continue;
     }
     for (int64_t c = box.col0; c < box.col0 + box.cols;) {
       const int64_t next = std::min(box.col0 + box.cols, (c / l.block_cols + 1) * l.block_cols);
-      f(r, c, next - c, (r / l.block_rows) * gc + c / l.block_cols);
+      f(r, c, next - c, l.GroupOf(r, c));
       c = next;
     }
   }
@@ -242,12 +241,27 @@ Result<Fp8Scheme> Fp8SchemeFromName(std::string_view name) {
   return InvalidArgument(fmt::format("unknown fp8 scaling '{}' (per_tensor, per_channel or block)", name));
 }
 
-int64_t Fp8Layout::NumScales() const {
+std::array<int64_t, 2> Fp8Layout::ScaleGrid() const {
   switch (scheme) {
-    case Fp8Scheme::kPerTensor: return 1;
-    case Fp8Scheme::kPerChannel: return rows;
+    case Fp8Scheme::kPerTensor: return {1, 1};
+    case Fp8Scheme::kPerChannel: return {rows, 1};
     case Fp8Scheme::kBlock:
-      return block_rows > 0 && block_cols > 0 ? CeilDiv(rows, block_rows) * CeilDiv(cols, block_cols) : 0;
+      if (block_rows <= 0 || block_cols <= 0) return {0, 0};
+      return {CeilDiv(rows, block_rows), CeilDiv(cols, block_cols)};
+  }
+  return {0, 0};
+}
+
+int64_t Fp8Layout::NumScales() const {
+  const auto g = ScaleGrid();
+  return g[0] * g[1];
+}
+
+int64_t Fp8Layout::GroupOf(int64_t row, int64_t col) const {
+  switch (scheme) {
+    case Fp8Scheme::kPerTensor: return 0;
+    case Fp8Scheme::kPerChannel: return row;
+    case Fp8Scheme::kBlock: return (row / block_rows) * ScaleGrid()[1] + col / block_cols;
   }
   return 0;
 }
@@ -305,14 +319,10 @@ Status DequantizeFp8ToF32(std::span<const uint8_t> q, std::span<const float> sca
       return InvalidArgument(fmt::format("dequantizing: scale {} is {:g}, negative or not finite", i, scales[i]));
     }
   }
-  const int64_t gc = l.scheme == Fp8Scheme::kBlock ? CeilDiv(l.cols, l.block_cols) : 1;
   for (int64_t r = 0; r < l.rows; ++r) {
     for (int64_t c = 0; c < l.cols; ++c) {
-      int64_t g = 0;
-      if (l.scheme == Fp8Scheme::kPerChannel) g = r;
-      if (l.scheme == Fp8Scheme::kBlock) g = (r / l.block_rows) * gc + c / l.block_cols;
       const size_t i = static_cast<size_t>(r * l.cols + c);
-      out[i] = Fp8E4M3ToF32(q[i]) * scales[static_cast<size_t>(g)];
+      out[i] = Fp8E4M3ToF32(q[i]) * scales[static_cast<size_t>(l.GroupOf(r, c))];
     }
   }
   return OkStatus();

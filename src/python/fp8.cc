@@ -38,11 +38,9 @@ formats::Fp8Layout LayoutOf(const py::array& a, const std::string& scheme, std::
 
 // The scales' shape as vLLM holds them: per tensor (1,), per channel (rows, 1), block (gr, gc).
 std::vector<py::ssize_t> ScaleShape(const formats::Fp8Layout& l) {
-  if (l.scheme == formats::Fp8Scheme::kPerChannel) return {l.rows, 1};
-  if (l.scheme == formats::Fp8Scheme::kBlock) {
-    return {(l.rows + l.block_rows - 1) / l.block_rows, (l.cols + l.block_cols - 1) / l.block_cols};
-  }
-  return {1};
+  if (l.scheme == formats::Fp8Scheme::kPerTensor) return {1};
+  const auto g = l.ScaleGrid();
+  return {g[0], g[1]};
 }
 
 py::tuple QuantizeFp8(const py::array& bits, const std::string& scheme, std::pair<int64_t, int64_t> block,

@@ -11,6 +11,7 @@
 // Tests hold the scalar rounding against a brute-force nearest-value search, the SIMD loops
 // against the scalar code, and (GPU machine) the CUDA kernel against both.
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -53,8 +54,13 @@ struct Fp8Layout {
   int64_t cols = 0;
   int64_t block_rows = 128;  // kBlock only
   int64_t block_cols = 128;
-  // The number of scales (per tensor 1, per channel rows, block ceil(rows/br) * ceil(cols/bc)).
+  // The scale grid, {grid rows, grid cols}: per tensor {1, 1}, per channel {rows, 1}, block
+  // {ceil(rows / block_rows), ceil(cols / block_cols)}. Scales are held row-major over it.
+  std::array<int64_t, 2> ScaleGrid() const;
+  // The number of scales: the grid's size.
   int64_t NumScales() const;
+  // The scale (index into the row-major grid) of element (row, col).
+  int64_t GroupOf(int64_t row, int64_t col) const;
   int64_t NumElements() const { return rows * cols; }
   // InvalidArgument (naming what is wrong) for negative sizes, non-positive blocks, or an
   // element count that overflows.
