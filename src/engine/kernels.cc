@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -18,6 +20,16 @@ inline float Widen(uint16_t b) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// E4M3FN byte -> f32, exact for every non-NaN code: the 7 low bits << 20 and the sign << 24 are
+// the f32 bits of E4M3(b) / 2^120 (exponent bias 127 against 7), a subnormal code an f32 denormal
+// (so this relies on DAZ / FTZ being off, the default), and the multiply by 2^120 is exact.
+inline float Fp8Widen(uint8_t b) {
+  const uint32_t u = ((static_cast<uint32_t>(b) & 0x7Fu) << 20) | ((static_cast<uint32_t>(b) & 0x80u) << 24);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f * 0x1p120f;
 }
 
 // Dot: 8 lanes of fmas over k, a pairwise lane sum, a scalar fma tail.
@@ -50,6 +62,25 @@ float ChunkDot(const float* a, const W* b, int64_t k) {
   return s;
 }
 
+// ChunkDot over one row of fp8 weights b with that row's scales s: the weight fed to each fma is
+// fl32(E4M3(b[k]) * s[k / block]) (s[0] throughout when scale_cols == 1). A whole chunk lies in
+// one scale block (block % 32 == 0), so its scale is read once.
+float ChunkDotFp8(const float* a, const uint8_t* b, const float* s, int64_t scale_cols, int64_t block, int64_t k) {
+  float acc[16] = {};
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    const float sc = s[scale_cols == 1 ? 0 : c / block];
+    for (int64_t l = 0; l < 16; ++l) {
+      acc[l] = std::fma(a[c + 2 * l], Fp8Widen(b[c + 2 * l]) * sc, acc[l]);
+      acc[l] = std::fma(a[c + 2 * l + 1], Fp8Widen(b[c + 2 * l + 1]) * sc, acc[l]);
+    }
+  }
+  float sum = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) +
+              (((acc[8] + acc[9]) + (acc[10] + acc[11])) + ((acc[12] + acc[13]) + (acc[14] + acc[15])));
+  for (; c < k; ++c) sum = std::fma(a[c], Fp8Widen(b[c]) * s[scale_cols == 1 ? 0 : c / block], sum);
+  return sum;
+}
+
 template <typename W>
 void MatMulColumnsPortableT(const float* x, int64_t M, int64_t K, const W* w, int64_t n0, int64_t n1, float* y,
                             int64_t ldy) {
@@ -69,6 +100,16 @@ void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const float* w,
 void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                            int64_t n1, float* y, int64_t ldy) {
   MatMulColumnsPortableT(x, M, K, w, n0, n1, y, ldy);
+}
+
+void MatMulColumnsPortable(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scales,
+                           int64_t scale_cols, int64_t scale_block_cols, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = n0; n < n1; ++n) {
+      y[m * ldy + n] = ChunkDotFp8(x + m * K, w + n * K, scales + n * scale_cols, scale_cols, scale_block_cols, K);
+    }
+  }
 }
 
 int64_t PackedRowStride(int64_t K) { return (K / 32) * 32; }
@@ -99,11 +140,37 @@ void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef 
   MatMulNT(pool, x, M, K, wr, N, y, &packed);
 }
 
+namespace {
+
+// The kernels' fp8 requirement (kernels.h): one scale per row, or scale blocks of whole chunks
+// that cover the row. A violation is a caller's bug that would read the wrong scales: abort,
+// naming the values.
+void CheckFp8Scales(const WeightRef& w, int64_t K) {
+  if (w.scales == nullptr && w.data != nullptr) {
+    std::fprintf(stderr, "MatMulNT: fp8 weights without scales\n");
+    std::abort();
+  }
+  if (w.scale_cols == 1) return;
+  if (w.scale_cols < 1 || w.scale_block_cols <= 0 || w.scale_block_cols % 32 != 0 ||
+      w.scale_cols * w.scale_block_cols < K) {
+    std::fprintf(stderr,
+                 "MatMulNT: fp8 scales need scale_cols == 1, or scale_block_cols a positive multiple of 32 "
+                 "with scale_cols * scale_block_cols >= K; got scale_cols %lld, scale_block_cols %lld, K %lld\n",
+                 static_cast<long long>(w.scale_cols), static_cast<long long>(w.scale_block_cols),
+                 static_cast<long long>(K));
+    std::abort();
+  }
+}
+
+}  // namespace
+
 void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef wr, int64_t N, float* y,
               std::vector<float>* pack) {
-  const bool bf16 = wr.type == WeightType::kBF16;
+  const WeightType type = wr.type;
+  if (type == WeightType::kFP8) CheckFp8Scales(wr, K);
   const float* wf = static_cast<const float*>(wr.data);
   const uint16_t* wb = static_cast<const uint16_t*>(wr.data);
+  const uint8_t* wq = static_cast<const uint8_t*>(wr.data);
   const bool avx512 = KernelsUseAvx512();
   const bool avx2 = !avx512 && KernelsUseAvx2();
   // Packed once here, read by every thread, from a 64-byte boundary: the kernels' 64-byte loads
@@ -121,21 +188,29 @@ void MatMulNT(ThreadPool* pool, const float* x, int64_t M, int64_t K, WeightRef 
   auto run = [&](int64_t gb, int64_t ge) {
     const int64_t n0 = gb * group, n1 = ge * group < N ? ge * group : N;
     if (avx512) {
-      if (bf16) {
-        internal::MatMulColumnsAvx512(xp, x, M, K, wb, n0, n1, y, N);
-      } else {
-        internal::MatMulColumnsAvx512(xp, x, M, K, wf, n0, n1, y, N);
+      switch (type) {
+        case WeightType::kF32: internal::MatMulColumnsAvx512(xp, x, M, K, wf, n0, n1, y, N); break;
+        case WeightType::kBF16: internal::MatMulColumnsAvx512(xp, x, M, K, wb, n0, n1, y, N); break;
+        case WeightType::kFP8:
+          internal::MatMulColumnsAvx512(xp, x, M, K, wq, wr.scales, wr.scale_cols, wr.scale_block_cols, n0, n1, y, N);
+          break;
       }
     } else if (avx2) {
-      if (bf16) {
-        internal::MatMulColumnsAvx2(xp, x, M, K, wb, n0, n1, y, N);
-      } else {
-        internal::MatMulColumnsAvx2(xp, x, M, K, wf, n0, n1, y, N);
+      switch (type) {
+        case WeightType::kF32: internal::MatMulColumnsAvx2(xp, x, M, K, wf, n0, n1, y, N); break;
+        case WeightType::kBF16: internal::MatMulColumnsAvx2(xp, x, M, K, wb, n0, n1, y, N); break;
+        case WeightType::kFP8:
+          internal::MatMulColumnsAvx2(xp, x, M, K, wq, wr.scales, wr.scale_cols, wr.scale_block_cols, n0, n1, y, N);
+          break;
       }
-    } else if (bf16) {
-      internal::MatMulColumnsPortable(x, M, K, wb, n0, n1, y, N);
     } else {
-      internal::MatMulColumnsPortable(x, M, K, wf, n0, n1, y, N);
+      switch (type) {
+        case WeightType::kF32: internal::MatMulColumnsPortable(x, M, K, wf, n0, n1, y, N); break;
+        case WeightType::kBF16: internal::MatMulColumnsPortable(x, M, K, wb, n0, n1, y, N); break;
+        case WeightType::kFP8:
+          internal::MatMulColumnsPortable(x, M, K, wq, wr.scales, wr.scale_cols, wr.scale_block_cols, n0, n1, y, N);
+          break;
+      }
     }
   };
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
@@ -157,15 +232,21 @@ void RmsNorm(const float* x, WeightRef w, int64_t dim, float eps, float* y) {
   if (w.type == WeightType::kF32) {
     const float* wf = static_cast<const float*>(w.data);
     for (int64_t i = 0; i < dim; ++i) y[i] = wf[i] * (x[i] * inv);
-  } else {
+  } else if (w.type == WeightType::kBF16) {
     const uint16_t* wb = static_cast<const uint16_t*>(w.data);
     for (int64_t i = 0; i < dim; ++i) y[i] = internal::Widen(wb[i]) * (x[i] * inv);
+  } else {
+    for (int64_t i = 0; i < dim; ++i) y[i] = w.At(i) * (x[i] * inv);
   }
 }
 
 void WidenRow(WeightRef w, int64_t n, float* y) {
   if (w.type == WeightType::kF32) {
     std::memcpy(y, w.data, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  if (w.type == WeightType::kFP8) {
+    for (int64_t i = 0; i < n; ++i) y[i] = w.At(i);
     return;
   }
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);
@@ -176,6 +257,10 @@ void AddRow(WeightRef w, int64_t n, float* y) {
   if (w.type == WeightType::kF32) {
     const float* wf = static_cast<const float*>(w.data);
     for (int64_t i = 0; i < n; ++i) y[i] += wf[i];
+    return;
+  }
+  if (w.type == WeightType::kFP8) {
+    for (int64_t i = 0; i < n; ++i) y[i] += w.At(i);
     return;
   }
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -11,6 +12,8 @@
 #include <span>
 #include <thread>
 #include <vector>
+
+#include "rolloutcore/formats/fp8.h"
 
 namespace rc::engine {
 namespace {
@@ -257,6 +260,254 @@ TEST(KernelsTest, Bf16NormEmbeddingAndBiasEqualTheWidenedF32) {
   EXPECT_EQ(Bits(c), Bits(d));
   EXPECT_NE(Bits(c), Bits(x));
   EXPECT_EQ(WeightRef(w.bits.data()).At(3), w.widened[3]);
+}
+
+// ---- FP8 (E4M3FN) weights -------------------------------------------------------------------
+
+// Every E4M3FN code but the NaN ones (0x7F, 0xFF): ±0, the subnormals 0x01..0x07 (k * 2^-9) and
+// their negatives, the normals up to ±448 (0x7E, 0xFE).
+std::vector<uint8_t> Fp8Codes() {
+  std::vector<uint8_t> codes;
+  for (int b = 0; b < 256; ++b) {
+    if (b != 0x7F && b != 0xFF) codes.push_back(static_cast<uint8_t>(b));
+  }
+  return codes;
+}
+
+// Scales worth testing: the smallest per-channel scale vLLM gives (1 / 229376), a tiny one, a
+// large one, and ordinary ones whose products round.
+const std::vector<float> kFp8TestScales = {1e-6f, 1.0f / 229376.0f, 1e3f, 0.1f, 3.7e-3f, 1.0f, 0.02317f};
+
+// Scale number i of a per-row or block layout: the test scales in turn, each round of them times
+// another factor, so no two scales of a matrix (up to 7 * 4096) are equal and reading a
+// neighbour's scale shows.
+float MixedScale(int64_t i, uint32_t seed) {
+  const int64_t n = static_cast<int64_t>(kFp8TestScales.size());
+  const int64_t round = (i + seed) / n;  // integral on purpose: the factor changes once per round
+  return kFp8TestScales[static_cast<size_t>((i + seed) % n)] * (1.0f + static_cast<float>(round) / 4096.0f);
+}
+
+// An fp8 [N, K] matrix in WeightRef's per-row form and the same matrix dequantized element by
+// element with the formats module's decoder: fl32(Fp8E4M3ToF32(b) * s).
+struct Fp8Matrix {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+  int64_t scale_cols = 1, scale_block_cols = 0;
+  std::vector<float> dequantized;
+  WeightRef Ref() const { return WeightRef::Fp8(q.data(), scales.data(), scale_cols, scale_block_cols); }
+};
+
+enum class Fp8ScaleLayout { kPerTensor, kPerRow, kBlock128 };
+
+// Every code appears once N * K >= 254 (each code is used as evenly as the size allows, then the
+// bytes are shuffled). `tensor_scale`: the per-tensor layout's one scale.
+Fp8Matrix RandomFp8(int64_t N, int64_t K, Fp8ScaleLayout layout, float tensor_scale, uint32_t seed) {
+  Fp8Matrix m;
+  const std::vector<uint8_t> codes = Fp8Codes();
+  std::mt19937 g(seed);
+  m.q.resize(static_cast<size_t>(N * K));
+  for (size_t i = 0; i < m.q.size(); ++i) m.q[i] = codes[(i + seed) % codes.size()];
+  std::shuffle(m.q.begin(), m.q.end(), g);
+  switch (layout) {
+    case Fp8ScaleLayout::kPerTensor:
+      m.scale_cols = 1;
+      m.scale_block_cols = K;
+      m.scales.assign(static_cast<size_t>(N), tensor_scale);  // the one scale, expanded per row
+      break;
+    case Fp8ScaleLayout::kPerRow:
+      m.scale_cols = 1;
+      m.scale_block_cols = K;
+      for (int64_t n = 0; n < N; ++n) m.scales.push_back(MixedScale(n, seed));
+      break;
+    case Fp8ScaleLayout::kBlock128:
+      m.scale_cols = (K + 127) / 128;
+      m.scale_block_cols = 128;
+      for (int64_t i = 0; i < N * m.scale_cols; ++i) m.scales.push_back(MixedScale(i, seed));
+      break;
+  }
+  m.dequantized.resize(m.q.size());
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float s =
+          m.scales[static_cast<size_t>(n * m.scale_cols + (m.scale_cols == 1 ? 0 : k / m.scale_block_cols))];
+      const float v = formats::Fp8E4M3ToF32(m.q[static_cast<size_t>(n * K + k)]);
+      m.dequantized[static_cast<size_t>(n * K + k)] = v * s;
+    }
+  }
+  return m;
+}
+
+bool HasEveryFp8Code(const std::vector<uint8_t>& q) {
+  std::vector<bool> seen(256);
+  for (uint8_t b : q) seen[b] = true;
+  for (uint8_t b : Fp8Codes()) {
+    if (!seen[b]) return false;
+  }
+  return true;
+}
+
+const char* LayoutName(Fp8ScaleLayout l) {
+  static const char* const kNames[] = {"per-tensor", "per-row", "block-128"};
+  return kNames[static_cast<int>(l)];
+}
+
+// The contract (kernels.h): MatMulNT over fp8 weights is bitwise MatMulNT over the f32 matrix
+// dequantized element by element, on every path this CPU has (portable, AVX2, AVX-512, each
+// called directly, and MatMulNT's dispatch with 1 and 3 threads), whole chunks and a tail, every
+// scale layout, every non-NaN code, tiny and large scales.
+TEST(KernelsTest, Fp8WeightsGiveTheBitsOfTheDequantizedF32Path) {
+  ThreadPool one(1), three(3);
+  // N = 131: 9 column groups of 16 for the pool (the last of 3 columns) and column-tile
+  // remainders; at K = 1000 even M = 1 is big enough for MatMulNT to use the threads.
+  const int64_t N = 131;
+  int checked = 0;
+  for (Fp8ScaleLayout layout : {Fp8ScaleLayout::kPerTensor, Fp8ScaleLayout::kPerRow, Fp8ScaleLayout::kBlock128}) {
+    // The per-tensor layout runs once per test scale; the others mix the scales over rows / blocks.
+    const std::vector<float> tensor_scales =
+        layout == Fp8ScaleLayout::kPerTensor ? kFp8TestScales : std::vector<float>{0.f};
+    for (float tensor_scale : tensor_scales) {
+      for (int64_t K : {32, 64, 96 + 7, 1000}) {
+        const Fp8Matrix w =
+            RandomFp8(N, K, layout, tensor_scale, static_cast<uint32_t>(K + 7 * static_cast<int64_t>(layout)));
+        ASSERT_TRUE(HasEveryFp8Code(w.q)) << K;
+        for (int64_t M : {1, 3, 17}) {
+          SCOPED_TRACE(testing::Message()
+                       << LayoutName(layout) << " scale " << tensor_scale << " M " << M << " K " << K);
+          const auto x = Random(static_cast<size_t>(M * K), static_cast<uint32_t>(M * 1000 + K));
+          const size_t size = static_cast<size_t>(M * N);
+          std::vector<float> want(size, -1.f), got(size, -2.f);
+          MatMulNT(&one, x.data(), M, K, w.dequantized.data(), N, want.data());
+          MatMulNT(&one, x.data(), M, K, w.Ref(), N, got.data());
+          ASSERT_EQ(Bits(want), Bits(got)) << "MatMulNT, 1 thread";
+          std::fill(got.begin(), got.end(), -2.f);
+          MatMulNT(&three, x.data(), M, K, w.Ref(), N, got.data());
+          ASSERT_EQ(Bits(want), Bits(got)) << "MatMulNT, 3 threads";
+          // Each path directly, over all columns and over a range that starts inside the matrix
+          // (the kernels find a column's scales by its index, not by its place in the range).
+          for (int64_t n0 : {int64_t{0}, int64_t{2}}) {
+            SCOPED_TRACE(testing::Message() << "columns from " << n0);
+            std::vector<float> ref(size, -1.f), a(size, -1.f);
+            internal::MatMulColumnsPortable(x.data(), M, K, w.dequantized.data(), n0, N, ref.data(), N);
+            internal::MatMulColumnsPortable(x.data(), M, K, w.q.data(), w.scales.data(), w.scale_cols,
+                                            w.scale_block_cols, n0, N, a.data(), N);
+            ASSERT_EQ(Bits(ref), Bits(a)) << "portable";
+            if (n0 == 0) {
+              ASSERT_EQ(Bits(want), Bits(a)) << "portable vs MatMulNT";
+            }
+            const std::vector<float> xq = Packed(x, M, K);
+            if (KernelsUseAvx2()) {
+              std::vector<float> f(size, -1.f), b(size, -1.f);
+              internal::MatMulColumnsAvx2(xq.data(), x.data(), M, K, w.dequantized.data(), n0, N, f.data(), N);
+              internal::MatMulColumnsAvx2(xq.data(), x.data(), M, K, w.q.data(), w.scales.data(), w.scale_cols,
+                                          w.scale_block_cols, n0, N, b.data(), N);
+              ASSERT_EQ(Bits(f), Bits(b)) << "avx2";
+              ASSERT_EQ(Bits(ref), Bits(b)) << "avx2 vs portable";
+            }
+            if (KernelsUseAvx512()) {
+              std::vector<float> f(size, -1.f), b(size, -1.f);
+              internal::MatMulColumnsAvx512(xq.data(), x.data(), M, K, w.dequantized.data(), n0, N, f.data(), N);
+              internal::MatMulColumnsAvx512(xq.data(), x.data(), M, K, w.q.data(), w.scales.data(), w.scale_cols,
+                                            w.scale_block_cols, n0, N, b.data(), N);
+              ASSERT_EQ(Bits(f), Bits(b)) << "avx512";
+              ASSERT_EQ(Bits(ref), Bits(b)) << "avx512 vs portable";
+            }
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, (7 + 1 + 1) * 4 * 3);
+  if (!KernelsUseAvx2()) std::printf("note: no AVX2 on this CPU; only the portable path was checked\n");
+  if (!KernelsUseAvx512()) std::printf("note: no AVX-512 on this CPU; its path was not checked\n");
+}
+
+// Each code on its own, in every position of a chunk and of the tail, on every path: with x one-hot
+// at k the output is the dequantized weight at k itself (plus zeros), so a widening that got one
+// code, one lane or one half wrong shows here by value, not only through a sum.
+TEST(KernelsTest, Fp8EveryCodeDequantizesExactlyInEveryLane) {
+  const int64_t K = 35;  // one whole chunk and a tail of 3
+  for (float scale : {1.0f, 1e3f, 1.0f / 229376.0f}) {
+    for (uint8_t b : Fp8Codes()) {
+      const std::vector<uint8_t> q(static_cast<size_t>(K), b);
+      const float want = formats::Fp8E4M3ToF32(b) * scale;
+      for (int64_t p : {0, 1, 2, 15, 16, 17, 30, 31, 32, 34}) {
+        std::vector<float> x(static_cast<size_t>(K), 0.f);
+        x[static_cast<size_t>(p)] = 1.f;
+        const std::vector<float> xq = Packed(x, 1, K);
+        float y = -7.f;
+        internal::MatMulColumnsPortable(x.data(), 1, K, q.data(), &scale, 1, K, 0, 1, &y, 1);
+        ASSERT_EQ(want, y) << "portable, code " << int{b} << " at k " << p;
+        if (KernelsUseAvx2()) {
+          y = -7.f;
+          internal::MatMulColumnsAvx2(xq.data(), x.data(), 1, K, q.data(), &scale, 1, K, 0, 1, &y, 1);
+          ASSERT_EQ(want, y) << "avx2, code " << int{b} << " at k " << p;
+        }
+        if (KernelsUseAvx512()) {
+          y = -7.f;
+          internal::MatMulColumnsAvx512(xq.data(), x.data(), 1, K, q.data(), &scale, 1, K, 0, 1, &y, 1);
+          ASSERT_EQ(want, y) << "avx512, code " << int{b} << " at k " << p;
+        }
+      }
+    }
+  }
+}
+
+// Row() advances the bytes by row * cols and the scales by row * scale_cols; At(k) of a row view
+// is element (row, k) of the matrix, bit for bit the dequantized value; the row-wise helpers
+// (embedding row, bias, norm weight) read fp8 the same way.
+TEST(KernelsTest, Fp8RowAndAt) {
+  const int64_t N = 5, K = 300;  // three 128-column scale blocks, the last one partial
+  const Fp8Matrix w = RandomFp8(N, K, Fp8ScaleLayout::kBlock128, 0.f, 41);
+  ASSERT_TRUE(HasEveryFp8Code(w.q));
+  ASSERT_EQ(w.scale_cols, 3);
+  const WeightRef ref = w.Ref();
+  EXPECT_EQ(ref.type, WeightType::kFP8);
+  for (int64_t n = 0; n < N; ++n) {
+    const WeightRef row = ref.Row(n, K);
+    EXPECT_EQ(row.type, WeightType::kFP8);
+    EXPECT_EQ(row.data, w.q.data() + n * K);
+    EXPECT_EQ(row.scales, w.scales.data() + n * w.scale_cols);
+    EXPECT_EQ(row.scale_cols, w.scale_cols);
+    EXPECT_EQ(row.scale_block_cols, w.scale_block_cols);
+    for (int64_t k = 0; k < K; ++k) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(row.At(k)), std::bit_cast<uint32_t>(w.dequantized[n * K + k])) << n << "," << k;
+    }
+    std::vector<float> a(static_cast<size_t>(K));
+    WidenRow(row, K, a.data());
+    EXPECT_EQ(Bits(a), Bits(std::span<const float>(w.dequantized).subspan(static_cast<size_t>(n * K), K)));
+  }
+  // Element i of the unsliced view is row 0's.
+  EXPECT_EQ(std::bit_cast<uint32_t>(ref.At(200)), std::bit_cast<uint32_t>(w.dequantized[200]));
+  // Per-row scales (scale_cols 1): the row's one scale for every k.
+  const Fp8Matrix pr = RandomFp8(N, K, Fp8ScaleLayout::kPerRow, 0.f, 42);
+  EXPECT_EQ(std::bit_cast<uint32_t>(pr.Ref().Row(3, K).At(299)), std::bit_cast<uint32_t>(pr.dequantized[3 * K + 299]));
+  // Bias and norm weight over an fp8 row: the dequantized f32 row's bits.
+  auto x = Random(static_cast<size_t>(K), 43);
+  const std::span<const float> row2(w.dequantized.data() + 2 * K, static_cast<size_t>(K));
+  std::vector<float> c = x, d = x;
+  AddRow(row2.data(), K, c.data());
+  AddRow(ref.Row(2, K), K, d.data());
+  EXPECT_EQ(Bits(c), Bits(d));
+  std::vector<float> e(static_cast<size_t>(K)), f(static_cast<size_t>(K));
+  RmsNorm(x.data(), row2.data(), K, 1e-6f, e.data());
+  RmsNorm(x.data(), ref.Row(2, K), K, 1e-6f, f.data());
+  EXPECT_EQ(Bits(e), Bits(f));
+}
+
+// Scale blocks that split a chunk would give one chunk two scales: MatMulNT refuses them.
+TEST(KernelsDeathTest, Fp8ScaleBlocksMustBeWholeChunks) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the pool has threads
+  const int64_t K = 96, N = 2;
+  const std::vector<uint8_t> q(static_cast<size_t>(N * K), 0x38);
+  const std::vector<float> scales(static_cast<size_t>(N * 2), 1.f), x(static_cast<size_t>(K), 1.f);
+  std::vector<float> y(static_cast<size_t>(N));
+  ThreadPool pool(2);
+  EXPECT_DEATH(MatMulNT(&pool, x.data(), 1, K, WeightRef::Fp8(q.data(), scales.data(), 2, 48), N, y.data()),
+               "scale_block_cols 48");
+  // Blocks of 32 that do not cover the row (2 * 32 < 96).
+  EXPECT_DEATH(MatMulNT(&pool, x.data(), 1, K, WeightRef::Fp8(q.data(), scales.data(), 2, 32), N, y.data()),
+               "scale_cols 2, scale_block_cols 32, K 96");
 }
 
 }  // namespace
