@@ -165,3 +165,46 @@ def test_model_fp8_digest_is_what_anyone_computes_from_the_checkpoint(tmp_path, 
     assert [t for t in params["model.layers.0.self_attn.qkv_proj.weight"]["from"]] == [
         "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
         "model.layers.0.self_attn.v_proj.weight"]
+
+
+@pytest.mark.parametrize("quantization,scheme,tp", [("fp8_per_tensor", "per_tensor", 2), ("fp8_ptpc", "per_channel", 2),
+                                                    ("fp8_per_block", "block", 1)])
+def test_engine_serving_fp8_holds_the_image_model_fp8_digest_computes(tmp_path, quantization, scheme, tp):
+    """`engine serve --quantization` (docs/fp8.md, "The embedded engine") on a bf16 checkpoint: the FP8
+    image its kernels read (live) and the one it expects are both the image `model fp8-digest`
+    computes from the checkpoint alone, at any tensor-parallel size."""
+    import json
+    import re
+    import subprocess
+    import urllib.request
+
+    from rolloutcore.cluster import find_binary
+
+    binary = find_binary()
+    folder = tmp_path / "m"
+    subprocess.run([binary, "model", "init", "--preset", "tiny", "--seed", "9", "--out", str(folder)], check=True,
+                   capture_output=True)
+    r = subprocess.run([binary, "model", "fp8-digest", "--json", "--scheme", scheme, str(folder)], check=True,
+                       capture_output=True, text=True)
+    want = json.loads(r.stdout)
+    proc = subprocess.Popen([binary, "engine", "serve", "--model", str(folder), "--port", "0", "--threads", "1",
+                             "--tensor-parallel-size", str(tp), "--quantization", quantization],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = None
+        for line in proc.stdout:
+            m = re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "engine serve printed no address"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/rc/weights/digest", timeout=60) as resp:
+            got = json.load(resp)["fp8"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert got["quantization"] == quantization
+    assert got["match"] is True, got
+    assert got["live_digest"] == got["expected_digest"] == want["combined"]
+    for name, p in want["parameters"].items():
+        assert got["parameters"][name]["live"] == p["digest"], name

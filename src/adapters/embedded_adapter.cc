@@ -43,6 +43,7 @@ Result<std::unique_ptr<EmbeddedEngine>> EmbeddedEngine::Create(const Options& op
   o.num_threads = options.threads;
   o.seed = options.seed;
   o.served_model_name = options.model;
+  o.quantization = options.quantization;
   RC_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
                       engine::CreateEngine({options.model, options.load_format, options.seed}, o));
   auto s = std::make_shared<State>();
@@ -210,6 +211,12 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
       RC_ASSIGN_OR_RETURN(receiver::LiveDigestReport digest, s->receiver->LiveDigest());
       DigestEvidence e;
       e.content_digest = digest.content_digest.ToHex();
+      if (!s->engine->quantization().empty()) {
+        // FP8 serving: what the kernels read must be the quantization of the weights digested above.
+        RC_ASSIGN_OR_RETURN(engine::Fp8ImageReport fp8, s->engine->Fp8Digests());
+        e.quantized = lifecycle::QuantizedDigestEvidence{fp8.quantization, fp8.live_error.empty() ? fp8.live_digest.ToHex() : "",
+                                              fp8.expected_digest.ToHex(), fp8.FirstMismatch()};
+      }
       return e;
     });
   }

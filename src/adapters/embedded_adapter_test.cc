@@ -167,6 +167,52 @@ TEST_F(EmbeddedAdapterTest, ControllerUpdatesTheInProcessEngineAndProvesTheDiges
       << "different weights, different greedy tokens (dummy init vs v1)";
 }
 
+// FP8 serving (docs/fp8.md): the controller commits an update only when the FP8 image the engine
+// computes with is the quantization of the live weights it proved; each of the four negative
+// controls (a wrong scale, the previous version's scales, scales re-laid out for another kernel, the
+// previous version's whole image) taints, and recovery with a clean install commits again.
+TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
+  engine_.reset();
+  EmbeddedEngine::Options eo;
+  eo.model = "tiny";
+  eo.load_format = "dummy";
+  eo.seed = 3;
+  eo.tensor_parallel_size = 2;
+  eo.threads = 1;
+  eo.weight_version = "init";
+  eo.quantization = "fp8_ptpc";
+  auto e = EmbeddedEngine::Create(eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine_ = std::move(e).value();
+  for (int i = 0; i < 5; ++i) Step();  // v0 .. v4
+  StartService();
+  auto first = service_->WaitForUpdate(service_->RequestUpdate("m", "v0").value(), 60000);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ((*first)["outcome"], "committed") << first->dump(2);
+  const Json& q = (*first)["engines"][0]["evidence"]["validated"]["quantized"];
+  ASSERT_TRUE(q.is_object()) << first->dump(2);
+  EXPECT_EQ(q["quantization"], "fp8_ptpc");
+  EXPECT_TRUE(q["match"].get<bool>()) << q.dump();
+  EXPECT_EQ(q["live"], q["expected"]);
+
+  int version = 1;
+  for (engine::Fp8Fault f : {engine::Fp8Fault::kWrongScale, engine::Fp8Fault::kStaleScales,
+                             engine::Fp8Fault::kSwizzledScales, engine::Fp8Fault::kStaleImage}) {
+    const std::string target = "v" + std::to_string(version++);
+    ASSERT_TRUE(engine_->engine()->SetFp8FaultForTesting(f).ok());
+    auto failed = service_->WaitForUpdate(service_->RequestUpdate("m", target).value(), 60000);
+    ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+    EXPECT_EQ((*failed)["engines"][0]["outcome"], "tainted") << engine::Fp8FaultName(f) << "\n" << failed->dump(2);
+    EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("fp8_ptpc image"), std::string::npos)
+        << engine::Fp8FaultName(f) << "\n" << failed->dump(2);
+    auto rec = service_->WaitForUpdate(service_->RequestRecovery("m", target).value(), 60000);
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    ASSERT_EQ((*rec)["outcome"], "committed") << engine::Fp8FaultName(f) << "\n" << rec->dump(2);
+  }
+  Json after = Rollout("after");
+  EXPECT_EQ(after["binding"]["label"], "v4");
+}
+
 TEST_F(EmbeddedAdapterTest, InstallRefusedBeforeMutationUnlessPausedAndStaged) {
   Step();
   Step();

@@ -27,6 +27,7 @@ struct ServeFlags {
   int tp = 1;
   std::string load_format = "auto";
   std::string weight_dtype = "auto";
+  std::string quantization;
   uint64_t seed = 0;
   std::string weight_version = "default";
   std::string served_model_name;
@@ -54,6 +55,7 @@ int Serve(const ServeFlags& f) {
   o.weight_version = f.weight_version;
   o.num_threads = f.threads;
   o.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
+  o.quantization = f.quantization;
   auto engine = engine::CreateEngine({f.model, f.load_format, f.seed, f.weight_dtype}, o);
   if (!engine.ok()) {
     std::cerr << "engine serve: " << engine.status().ToString() << "\n";
@@ -77,7 +79,8 @@ int Serve(const ServeFlags& f) {
   std::cout << "rolloutcore engine serving " << so.model_name << " on "
             << (f.security.tls_cert_file.empty() ? "http" : "https") << "://" << f.host << ":" << server.port()
             << " (tp=" << f.tp << ", max_model_len=" << (*engine)->max_model_len()
-            << ", kv blocks=" << (*engine)->options().num_kv_blocks << "x" << f.block_size << ")" << std::endl;
+            << ", kv blocks=" << (*engine)->options().num_kv_blocks << "x" << f.block_size
+            << (f.quantization.empty() ? std::string() : ", quantization=" + f.quantization) << ")" << std::endl;
   stop_signals.Wait();
   server.Stop();
   return 0;
@@ -106,6 +109,11 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
                     "auto (keep the weights' dtype: BF16 for bf16 checkpoints and dummy weights, else F32) or f32")
       ->check(CLI::IsMember({"auto", "f32"}))
       ->capture_default_str();
+  serve->add_option("--quantization", flags->quantization,
+                    "Serve the projections in FP8, quantized from the bf16 weights at load and at every install as "
+                    "vLLM 0.33's online method of that name does (docs/fp8.md): fp8_per_tensor, fp8_ptpc (per "
+                    "channel) or fp8_per_block (128 x 128). Default: none")
+      ->check(CLI::IsMember({"fp8_per_tensor", "fp8_ptpc", "fp8_per_block"}));
   serve->add_option("--load-format", flags->load_format, "auto (safetensors folder) or dummy (seeded random)")
       ->capture_default_str();
   serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();

@@ -122,8 +122,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
       kv_heads_total += l->kv_heads;
     }
     const long double gib = 1024.0L * 1024.0L * 1024.0L;
+    // FP8 serving keeps an FP8 image next to the bf16 weights: about one byte per parameter more.
     const long double params = static_cast<long double>(spec.NumParameters()) *
-                               static_cast<long double>(DTypeSize(o.weight_dtype));
+                               static_cast<long double>(DTypeSize(o.weight_dtype) + (o.quantization.empty() ? 0 : 1));
     const long double kv = static_cast<long double>(o.num_kv_blocks + replay_reserve) *
                            static_cast<long double>(o.block_size) *
                            static_cast<long double>(spec.num_layers * kv_heads_total * spec.head_dim) * 2.0L * 4.0L;
@@ -145,13 +146,19 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
   }
   e->replay_reserve_first_ = static_cast<int32_t>(o.num_kv_blocks);
   e->replay_reserve_blocks_ = static_cast<int32_t>(replay_reserve);
+  std::optional<formats::Fp8Scheme> fp8;
+  if (!o.quantization.empty()) {
+    RC_ASSIGN_OR_RETURN(fp8, Fp8SchemeFromQuantization(o.quantization));
+  }
   RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks + replay_reserve,
-                                               o.block_size, e->pool_.get(), o.weight_dtype));
+                                               o.block_size, e->pool_.get(), o.weight_dtype, fp8));
   for (int r = 0; r < o.tensor_parallel_size; ++r) {
     RC_RETURN_IF_ERROR(fill(r, e->model_->layout(r), &e->model_->params(r)));
     // Live weights are read-only outside an install (InstallWeights).
     RC_RETURN_IF_ERROR(e->model_->params(r).SetReadOnly(true));
   }
+  // FP8 serving: the image of the weights just loaded (Quantize binds it).
+  RC_RETURN_IF_ERROR(e->model_->Quantize().WithContext("fp8 quantization of the loaded weights"));
   RC_RETURN_IF_ERROR(e->model_->Bind());
   {
     rc::MutexLock l(e->mu_);  // not shared yet: uncontended, keeps the guarded fields checked
@@ -204,7 +211,10 @@ Status Engine::WriteLiveForTesting(int rank, const std::function<Status(Paramete
   RC_RETURN_IF_ERROR(ps.SetReadOnly(false));
   Status st = write(&ps);
   RC_RETURN_IF_ERROR(ps.SetReadOnly(true));
-  return st;
+  RC_RETURN_IF_ERROR(st);
+  // FP8 serving computes with the quantization of the bf16 weights: a fault written into them
+  // reaches the FP8 image as it would after an install.
+  return model_->Quantize();
 }
 
 Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
@@ -658,6 +668,10 @@ Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, 
     RC_RETURN_IF_ERROR(protect);
   }
   RC_RETURN_IF_ERROR(model_->Bind());
+  // FP8 serving: the image of the weights just written, before anything computes with them.
+  if (Status q = QuantizeAfterInstall(); !q.ok()) {
+    return q.WithContext("install of " + label + " (the bf16 weights are written; the FP8 image may be partial)");
+  }
   rc::MutexLock l(mu_);
   if (!reset_prefix_cache) {
     // The stale-cache negative control only: KV computed under the old weights stays reusable.

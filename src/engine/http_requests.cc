@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/engine/engine.h"
 
 namespace rc::engine {
 namespace {
@@ -151,7 +152,7 @@ Result<FaultBody> ParseFaultBody(std::string_view body) {
   RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"pause_delay_ms", "install_delay_ms", "refuse_install", "reset_delay_ms",
                                         "digest_delay_ms", "resume_delay_ms", "fail_install_after_first_rank",
                                         "corrupt_delta_install", "corrupt_live_weight", "corrupt_previous_delta",
-                                        "swap_q_heads"},
+                                        "swap_q_heads", "fp8_install"},
                                     "fault"));
   FaultBody out;
   for (auto [name, dest] : {std::pair<const char*, int64_t*>{"pause_delay_ms", &out.pause_delay_ms},
@@ -173,6 +174,11 @@ Result<FaultBody> ParseFaultBody(std::string_view body) {
                             {"corrupt_previous_delta", &out.corrupt_previous_delta},
                             {"swap_q_heads", &out.swap_q_heads}}) {
     RC_ASSIGN_OR_RETURN(*dest, GetBool(j, name, name, false));
+  }
+  if (j.contains("fp8_install")) {
+    if (!j["fp8_install"].is_string()) return InvalidArgument("fp8_install: expected a string");
+    out.fp8_install = j["fp8_install"].get<std::string>();
+    RC_RETURN_IF_ERROR(Fp8FaultFromName(out.fp8_install).status().WithContext("fp8_install"));
   }
   return out;
 }

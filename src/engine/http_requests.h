@@ -93,6 +93,8 @@ struct FaultBody {
   bool corrupt_live_weight = false;  // one-shot action, not a lasting fault
   bool corrupt_previous_delta = false;  // one-shot: arms the next re-apply of the previous delta
   bool swap_q_heads = false;
+  // One-shot: a fault of the FP8 image after the next install (Fp8Fault; "" = leave it as armed).
+  std::string fp8_install = {};
 };
 Result<FaultBody> ParseFaultBody(std::string_view body);
 

@@ -8,6 +8,7 @@ namespace rc::engine {
 
 using http::SendError;
 using http::SendJson;
+using http::HttpStatus;
 
 void EngineServer::Impl::FaultRoutes() {
   RC_LOG_WARN("engine: fault injection is enabled (POST /rc/fault); for tests only");
@@ -19,6 +20,13 @@ void EngineServer::Impl::FaultRoutes() {
       // One-shot: memory corrupted between updates (docs/refit.md "Anchor checks").
       if (Status c = receiver_.CorruptLiveWeightForTesting(); !c.ok()) return SendError(r, 404, c.message());
       RC_LOG_WARN("engine: fault injection: flipped bit 0 of rank 0's model.norm.weight[0]");
+    }
+    if (!f->fp8_install.empty()) {
+      // One-shot: the FP8 image after the next install (docs/fp8.md, the negative controls).
+      auto fault = Fp8FaultFromName(f->fp8_install);
+      if (!fault.ok()) return SendError(r, 400, fault.status().message());
+      if (Status s = engine_->SetFp8FaultForTesting(*fault); !s.ok()) return SendError(r, HttpStatus(s), s.message());
+      RC_LOG_WARN("engine: fault injection: the next install's FP8 image gets {}", f->fp8_install);
     }
     if (f->corrupt_previous_delta) {
       receiver_.SetCorruptPreviousDeltaForTesting(true);

@@ -102,7 +102,15 @@ void EngineServer::Impl::RefitRoutes() {
     auto out = receiver_.LiveDigest(*fresh);
     Delay(faults_.digest_delay_ms);
     if (!out.ok()) return SendError(r, HttpStatus(out.status()), out.status().message());
-    SendJson(r, 200, out->ToJson());
+    Json j = out->ToJson();
+    if (!engine_->quantization().empty()) {
+      // FP8 serving: the digest above proves the bf16 weights; this proves what the kernels read
+      // is their quantization (docs/fp8.md). Always computed now: it is the validation's evidence.
+      auto fp8 = engine_->Fp8Digests();
+      if (!fp8.ok()) return SendError(r, HttpStatus(fp8.status()), fp8.status().message());
+      j["fp8"] = fp8->ToJson();
+    }
+    SendJson(r, 200, j);
   }));
   svr.Post("/rc/validate/replay", Guard([this](const httplib::Request& q, httplib::Response& r) { Replay(q, r); }));
   svr.Get("/rc/engine/state", Guard([this](const httplib::Request&, httplib::Response& r) {

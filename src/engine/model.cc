@@ -83,10 +83,16 @@ Status FlattenBatch(const std::vector<ForwardSeq>& seqs, int64_t block_size, int
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, int tp, int64_t num_blocks,
-                                             int64_t block_size, ThreadPool* pool, DType weight_dtype) {
+                                             int64_t block_size, ThreadPool* pool, DType weight_dtype,
+                                             std::optional<formats::Fp8Scheme> fp8) {
   RC_RETURN_IF_ERROR(spec.Validate());
   if (!IsParameterDType(weight_dtype)) {
     return InvalidArgument("weight dtype " + std::string(DTypeName(weight_dtype)) + ": expected F32 or BF16");
+  }
+  if (fp8 && weight_dtype != DType::kBF16) {
+    return InvalidArgument("quantization " + std::string(QuantizationOfFp8Scheme(*fp8)) + " quantizes BF16 weights; " +
+                           "these weights are kept in " + std::string(DTypeName(weight_dtype)) +
+                           " (an F32 or F16 checkpoint): convert it to bf16 first");
   }
   if (num_blocks <= 0 || block_size <= 0) {
     return InvalidArgument("num-kv-blocks and block-size must be positive");
@@ -109,6 +115,12 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, int tp, int6
     m->ranks_.push_back(std::move(rank));
   }
   m->inv_freq_ = RopeInvFreq(spec);
+  if (fp8) {
+    std::vector<RankLayout> layouts;
+    for (const auto& r : m->ranks_) layouts.push_back(r->layout);
+    RC_ASSIGN_OR_RETURN(m->fp8_, Fp8Weights::Create(spec, layouts, *fp8));
+    RC_RETURN_IF_ERROR(m->Quantize());
+  }
   RC_RETURN_IF_ERROR(m->Bind());
   return m;
 }
@@ -124,7 +136,20 @@ int64_t Model::KvBytes() const {
 int64_t Model::WeightBytes() const {
   int64_t n = 0;
   for (const auto& r : ranks_) n += r->params.TotalBytes();
+  if (fp8_) n += fp8_->Bytes();
   return n;
+}
+
+std::vector<const ParameterStore*> Model::AllParams() const {
+  std::vector<const ParameterStore*> out;
+  for (const auto& r : ranks_) out.push_back(&r->params);
+  return out;
+}
+
+Status Model::Quantize() {
+  if (!fp8_) return OkStatus();
+  RC_RETURN_IF_ERROR(fp8_->Quantize(AllParams(), pool_ != nullptr ? pool_->num_threads() : 1));
+  return Bind();
 }
 
 Result<WeightBinding> Model::BindWith(const RefLookup& get) const {
@@ -163,11 +188,28 @@ Status Model::Bind() {
   RC_ASSIGN_OR_RETURN(live_, BindWith([this](size_t r, const std::string& name, const std::vector<int64_t>& shape) {
                         return Ref(ranks_[r]->params, name, shape);
                       }));
+  if (fp8_) {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      for (int64_t i = 0; i < spec_.num_layers; ++i) {
+        const std::string p = "model.layers." + std::to_string(i) + ".";
+        WeightBinding::Layer& L = live_.layers[r][static_cast<size_t>(i)];
+        for (auto [ref, name] : {std::pair{&L.qkv, "self_attn.qkv_proj.weight"}, {&L.o, "self_attn.o_proj.weight"},
+                                 {&L.gate_up, "mlp.gate_up_proj.weight"}, {&L.down, "mlp.down_proj.weight"}}) {
+          const Fp8Weights::Buffer* b = fp8_->Find(static_cast<int>(r), p + name);
+          if (b == nullptr) return Internal("fp8 serving: no FP8 image of rank " + std::to_string(r) + "'s " + p + name);
+          *ref = b->Ref();
+        }
+      }
+    }
+  }
   return OkStatus();
 }
 
 bool Model::IsLive(const WeightBinding& w) const {
-  auto same = [](const WeightRef& a, const WeightRef& b) { return a.data == b.data && a.type == b.type; };
+  auto same = [](const WeightRef& a, const WeightRef& b) {
+    return a.data == b.data && a.type == b.type && a.scales == b.scales && a.scale_cols == b.scale_cols &&
+           a.scale_block_cols == b.scale_block_cols;
+  };
   if (w.layers.size() != live_.layers.size()) return false;
   for (size_t r = 0; r < w.layers.size(); ++r) {
     if (w.layers[r].size() != live_.layers[r].size()) return false;
@@ -185,6 +227,10 @@ bool Model::IsLive(const WeightBinding& w) const {
 }
 
 Result<WeightBinding> Model::BindImage(const WeightImage& image) const {
+  if (fp8_) {
+    return FailedPrecondition("the engine serves FP8 (" + std::string(QuantizationOfFp8Scheme(fp8_->scheme())) +
+                              "): a staged bf16 image is not what it computes with");
+  }
   if (image.size() != ranks_.size()) {
     return InvalidArgument("weight image has " + std::to_string(image.size()) + " ranks; the model has " +
                            std::to_string(ranks_.size()));

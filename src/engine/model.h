@@ -24,8 +24,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "engine/fp8_weights.h"
 #include "engine/kernels.h"
 #include "engine/thread_pool.h"
 #include "rolloutcore/engine/model_spec.h"
@@ -75,10 +77,13 @@ struct WeightBinding {
 
 class Model {
  public:
-  // weight_dtype: the dtype every parameter is kept in (F32 or BF16, parameters.h).
+  // weight_dtype: the dtype every parameter is kept in (F32 or BF16, parameters.h). fp8: serve the
+  // projections from an FP8 image of them (fp8_weights.h; BF16 weights only), quantized by
+  // Quantize() after every write of the parameters.
   static Result<std::unique_ptr<Model>> Create(const ModelSpec& spec, int tp, int64_t num_blocks,
                                                int64_t block_size, ThreadPool* pool,
-                                               DType weight_dtype = DType::kF32);
+                                               DType weight_dtype = DType::kF32,
+                                               std::optional<formats::Fp8Scheme> fp8 = std::nullopt);
   const ModelSpec& spec() const { return spec_; }
   int tp() const { return static_cast<int>(ranks_.size()); }
   ParameterStore& params(int rank) { return ranks_[rank]->params; }
@@ -89,11 +94,23 @@ class Model {
   // Bytes of every rank's parameters (aliased storage once).
   int64_t WeightBytes() const;
 
-  // Resolves cached parameter pointers; call after (re)loading weights or exchanging storage.
+  // Resolves cached parameter pointers; call after (re)loading weights or exchanging storage. With
+  // FP8 serving the projections resolve to the FP8 image (call Quantize() first when the bf16
+  // parameters changed).
   Status Bind();
+  // FP8 serving: quantizes the FP8 image from the live bf16 parameters (fp8_weights.h) and binds
+  // it. Without FP8 serving: OkStatus, nothing done.
+  Status Quantize();
+  // The FP8 image; nullptr without FP8 serving.
+  const Fp8Weights* fp8() const { return fp8_.get(); }
+  Fp8Weights* mutable_fp8() { return fp8_.get(); }
+  // The live bf16 parameters of every rank (what the FP8 image is quantized from).
+  std::vector<const ParameterStore*> AllParams() const;
   // Resolves the pointers of `image` (per rank, parameter name -> bytes in weight_dtype(), the
   // engine layout; an alias such as a tied lm_head may be absent and then follows its target).
   // InvalidArgument naming the parameter when one is missing or has the wrong size.
+  // FailedPrecondition with FP8 serving: a staged bf16 image is not what the FP8 engine computes
+  // with (a pre-replay on it would not predict the live results).
   Result<WeightBinding> BindImage(const WeightImage& image) const;
   // True when `w` points at exactly the live parameters' storage (every reference, same dtype).
   bool IsLive(const WeightBinding& w) const;
@@ -134,6 +151,7 @@ class Model {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<float> inv_freq_;
   DType weight_dtype_ = DType::kF32;
+  std::unique_ptr<Fp8Weights> fp8_;
   // Looks up one parameter of one rank by name with its expected shape.
   using RefLookup = std::function<Result<WeightRef>(size_t rank, const std::string& name,
                                                     const std::vector<int64_t>& shape)>;

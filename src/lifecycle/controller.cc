@@ -789,6 +789,29 @@ Status Controller::CachesReset(const std::vector<CacheResetResult>& results, con
   return TransitionAtLocked(Event::kCachesReset, std::move(detail), reset_ms);
 }
 
+namespace {
+
+// The quantized image must be the quantization of the weights the content digest proved.
+Status CheckQuantized(const QuantizedDigestEvidence& q, const char* what) {
+  if (q.Match()) return OkStatus();
+  if (q.live.empty()) {
+    return FailedPrecondition(std::string(what) + " failed: the engine's " + q.quantization +
+                              " image has no consistent digest: " + q.detail);
+  }
+  return FailedPrecondition(std::string(what) + " failed: the " + q.quantization + " image the engine computes with (" +
+                            q.live + ") is not the quantization of its live weights (" + q.expected +
+                            "); the weights are the published bytes, what the kernels read is not their quantization" +
+                            (q.detail.empty() ? std::string() : ": " + q.detail));
+}
+
+Json QuantizedJson(const QuantizedDigestEvidence& q) {
+  Json j{{"quantization", q.quantization}, {"live", q.live}, {"expected", q.expected}, {"match", q.Match()}};
+  if (!q.detail.empty()) j["detail"] = q.detail;
+  return j;
+}
+
+}  // namespace
+
 Result<Json> Controller::ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                                                bool digest_offered, const ReplayOutcome& replay) const {
   if (label.label != pending_->label) {
@@ -805,6 +828,9 @@ Result<Json> Controller::ValidatedDetailLocked(const LabelEvidence& label, const
                                 " != target digest " + want);
     }
   }
+  if (digest && digest->quantized) {
+    RC_RETURN_IF_ERROR(CheckQuantized(*digest->quantized, "validation"));
+  }
   if (!replay.skipped && !replay.match) {
     const bool digest_agreed = digest_offered && !want.empty() && digest;
     return FailedPrecondition("validation failed: replay: " + replay.mismatch +
@@ -814,6 +840,7 @@ Result<Json> Controller::ValidatedDetailLocked(const LabelEvidence& label, const
                                              : std::string()));
   }
   if (digest) ev["content_digest"] = digest->content_digest;
+  if (digest && digest->quantized) ev["quantized"] = QuantizedJson(*digest->quantized);
   ev["digest_checked"] = digest_offered && !want.empty();
   ev["replay"] = ToJson(replay);
   return Json{{"evidence", ev}};
@@ -988,8 +1015,10 @@ Status Controller::Recovered(const InstallEvidence& install, const LabelEvidence
     return FailedPrecondition("recovery failed: live content digest " + digest.content_digest +
                               " != target digest " + pending_->identity.content_digest);
   }
+  if (digest.quantized) RC_RETURN_IF_ERROR(CheckQuantized(*digest.quantized, "recovery"));
   WeightVersion v{pending_->label, version_.generation + 1};
   Json evidence{{"label", label.label}, {"content_digest", digest.content_digest}, {"bytes", install.bytes}};
+  if (digest.quantized) evidence["quantized"] = QuantizedJson(*digest.quantized);
   if (!label.detail.is_null()) evidence["label_evidence"] = label.detail;
   // The engine's refit mode (delta | full, and why) and anchor check, journaled when it reports them.
   for (const char* key : {"mode", "mode_reason", "anchor_check"}) {

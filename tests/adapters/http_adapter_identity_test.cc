@@ -158,5 +158,59 @@ TEST(HttpAdapterIdentityTest, RolloutcoreEngineReportsBootIdInstallGenerationAnd
   server.Stop();
 }
 
+// FP8 serving over HTTP (docs/fp8.md): GET /rc/weights/digest carries the FP8 image's digests, the
+// adapter reads them into the digest evidence, and a damaged image reads as a mismatch with detail.
+TEST(HttpAdapterIdentityTest, RolloutcoreEngineServingFp8ReportsItsImageDigests) {
+  engine::EngineOptions eo;
+  eo.num_threads = 1;
+  eo.weight_version = "v0";
+  eo.quantization = "fp8_per_tensor";
+  auto eng = engine::CreateEngine({"tiny", "dummy", 3}, eo);
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  engine::ServerOptions so;
+  so.port = 0;
+  so.enable_fault_injection = true;
+  engine::EngineServer server(eng->get(), so);
+  ASSERT_TRUE(server.Start().ok());
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port());
+  HttpAdapterOptions o;
+  o.base_url = url;
+  HttpEngineAdapter a(o);
+  auto d = AwaitPending(a.ReadContentDigest(), 60000, "digest");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(d->quantized.has_value());
+  EXPECT_EQ(d->quantized->quantization, "fp8_per_tensor");
+  EXPECT_TRUE(d->quantized->Match()) << d->quantized->detail;
+  EXPECT_FALSE(d->quantized->live.empty());
+
+  // The fault route checks its value: per tensor there is nothing to swizzle; unknown names are refused.
+  httplib::Client c(url);
+  auto bad = c.Post("/rc/fault", R"({"fp8_install": "swizzled_scales"})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  auto unknown = c.Post("/rc/fault", R"({"fp8_install": "bogus"})", "application/json");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 400);
+  EXPECT_NE(unknown->body.find("wrong_scale"), std::string::npos) << unknown->body;
+  auto armed = c.Post("/rc/fault", R"({"fp8_install": "wrong_scale"})", "application/json");
+  ASSERT_TRUE(armed);
+  EXPECT_EQ(armed->status, 200) << armed->body;
+
+  // An install (the engine's own bytes written again) quantizes; the armed fault damages the image.
+  engine::Engine* e = eng->get();
+  ASSERT_TRUE(e->Pause(engine::PauseMode::kWait).ok());
+  ASSERT_TRUE(e->InstallLive([](int, engine::ParameterStore*) { return OkStatus(); }, "v1", 1, true,
+                             receiver::InstallWrites::kInPlace)
+                  .ok());
+  d = AwaitPending(a.ReadContentDigest(), 60000, "digest");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(d->quantized.has_value());
+  EXPECT_FALSE(d->quantized->Match());
+  EXPECT_NE(d->quantized->live, d->quantized->expected);
+  EXPECT_NE(d->quantized->detail.find("scales"), std::string::npos) << d->quantized->detail;
+  e->Resume();
+  server.Stop();
+}
+
 }  // namespace
 }  // namespace rc::adapters

@@ -57,6 +57,7 @@ class EmbeddedEngine {
     int tensor_parallel_size = 1;
     int threads = 0;  // engine compute threads (0: default)
     std::string weight_version = "v0";
+    std::string quantization;  // "" or an FP8 method (engine::EngineOptions::quantization, docs/fp8.md)
   };
   static Result<std::unique_ptr<EmbeddedEngine>> Create(const Options& options);
   ~EmbeddedEngine();

@@ -42,12 +42,15 @@
 #include <string>
 #include <vector>
 
+#include "rolloutcore/base/content_digest.h"
+#include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/engine/kv_cache.h"
 #include "rolloutcore/engine/model_spec.h"
 #include "rolloutcore/engine/parameters.h"
 #include "rolloutcore/receiver/live_weights.h"
+#include "rolloutcore/refit/fp8_digest.h"
 #include "rolloutcore/engine/sampler.h"
 #include "rolloutcore/engine/scheduler.h"
 
@@ -72,7 +75,39 @@ struct EngineOptions {
   // The dtype every parameter is kept in (parameters.h): F32 or BF16. CreateEngine (loader.h)
   // sets it from the weights (BF16 for dummy weights and bf16 checkpoints, F32 otherwise).
   DType weight_dtype = DType::kF32;
+  // "" (compute with the weights as kept), or vLLM 0.33's online FP8 method: fp8_per_tensor,
+  // fp8_ptpc, fp8_per_block. The projections are then served from an FP8 image of the bf16
+  // weights, re-quantized at every install (docs/fp8.md, "The embedded engine"); BF16 weights only.
+  std::string quantization;
 };
+
+// The FP8 image of an engine serving FP8 (docs/fp8.md): per vLLM parameter, the digest of the bytes
+// and scales the kernels read (live) and the one computed from the live bf16 weights alone by
+// quantizing each whole parameter (expected). live_error: why the live image has no digest (a
+// replica that disagrees with the copy digested), empty otherwise.
+struct Fp8ImageReport {
+  std::string quantization;                       // fp8_per_tensor | fp8_ptpc | fp8_per_block
+  std::map<std::string, refit::Fp8ImageDigest> live;
+  std::map<std::string, refit::Fp8ImageDigest> expected;
+  std::string live_error;
+  ContentDigest live_digest;                      // combined over the parameters (model fp8-digest's "combined")
+  ContentDigest expected_digest;
+  double ms = 0;
+  bool Match() const { return live_error.empty() && live == expected; }
+  // The first parameter whose digests differ ("" when they match).
+  std::string FirstMismatch() const;
+  Json ToJson() const;
+};
+
+// A fault of the FP8 image, applied once after the next install quantized it (tests only: the
+// negative controls of docs/fp8.md). kWrongScale: every scale doubled; kStaleScales: the scales of
+// the previous version kept with the new bytes; kSwizzledScales: each row's scales re-laid out as
+// another kernel lays them out (block: the scale grid transposed within each row's groups;
+// per channel: rows' scales exchanged pairwise; refused per tensor, which has one scale);
+// kStaleImage: the previous version's FP8 image kept whole (a quantization of the wrong version).
+enum class Fp8Fault { kNone, kWrongScale, kStaleScales, kSwizzledScales, kStaleImage };
+Result<Fp8Fault> Fp8FaultFromName(std::string_view name);  // none, wrong_scale, stale_scales, swizzled_scales, stale_image
+std::string_view Fp8FaultName(Fp8Fault fault);
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
 std::string_view FinishReasonName(FinishReason r);
@@ -278,6 +313,14 @@ class Engine : public receiver::LiveWeights {
   // Bytes of the live parameters of every rank (aliased storage once), in their dtype.
   int64_t WeightBytes() const;
   DType weight_dtype() const;
+  // "" or the FP8 method the engine serves with (EngineOptions::quantization).
+  const std::string& quantization() const { return options_.quantization; }
+  // The FP8 image's digests (Fp8ImageReport); FailedPrecondition when the engine does not serve
+  // FP8. Takes the step lock (waits for a running step; the engine is paused when validating).
+  Result<Fp8ImageReport> Fp8Digests();
+  // Arms `fault` for the next install (tests only; FailedPrecondition without FP8 serving,
+  // InvalidArgument for a swizzle of per-tensor scales).
+  Status SetFp8FaultForTesting(Fp8Fault fault);
   // Replay validation (docs/lifecycle.md "Replay validation"; docs/engine.md, POST
   // /rc/validate/replay): the greedy continuation of `steps`
   // tokens after `prompt` with the top_k raw log-probabilities of every step, computed on the
@@ -375,7 +418,12 @@ class Engine : public receiver::LiveWeights {
   std::unique_ptr<Model> model_;  // touched only under step_mu_
   Scheduler scheduler_{SchedulerConfig{}};  // immutable after Create
 
+  // Quantizes the FP8 image after an install wrote the bf16 weights and applies the armed FP8
+  // fault (engine_fp8.cc); OkStatus without FP8 serving.
+  Status QuantizeAfterInstall() REQUIRES(step_mu_);
+
   mutable rc::Mutex step_mu_;
+  Fp8Fault fp8_fault_ GUARDED_BY(step_mu_) = Fp8Fault::kNone;
   mutable rc::Mutex mu_;
   rc::CondVar work_cv_;   // with mu_: new work or resume
   rc::CondVar drain_cv_;  // with mu_: a running request finished

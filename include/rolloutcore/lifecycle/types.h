@@ -174,8 +174,20 @@ struct LabelEvidence {
   Json detail = nullptr;  // what else the adapter read (e.g. vLLM 0.33's own label); journaled with the validation
 };
 
+// An engine that serves a quantization of the weights (FP8, docs/fp8.md) reports the digest of the
+// quantized image its kernels read (live) next to the one expected from the weights whose content
+// digest it reports (expected); live is empty when the image has none (a replica disagreed: detail).
+struct QuantizedDigestEvidence {
+  std::string quantization;  // e.g. fp8_per_block
+  std::string live;
+  std::string expected;
+  std::string detail;        // the first mismatch, or why there is no live digest
+  bool Match() const { return !live.empty() && live == expected; }
+};
+
 struct DigestEvidence {
   std::string content_digest;
+  std::optional<QuantizedDigestEvidence> quantized = std::nullopt;
 };
 
 // Who the engine is right now, read cheaply (no digest is computed for it): what a controller
