@@ -130,8 +130,8 @@ Status Engine::QuantizeAfterInstall() {
       case Fp8Fault::kStaleScales: b.row_scales = before[i].row_scales; break;
       case Fp8Fault::kStaleImage: b = before[i]; break;
       case Fp8Fault::kSwizzledScales: {
-        const auto sc = static_cast<size_t>(b.scale_cols);
-        auto row = [&](int64_t r) { return b.row_scales.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * sc); };
+        const std::ptrdiff_t sc = b.scale_cols;
+        auto row = [&](int64_t r) { return b.row_scales.begin() + r * sc; };
         if (fp8->scheme() == formats::Fp8Scheme::kPerChannel) {
           // Rows exchanged pairwise: a layout with another row order.
           for (int64_t r = 0; r + 1 < b.rows; r += 2) std::swap_ranges(row(r), row(r) + sc, row(r + 1));

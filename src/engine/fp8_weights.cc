@@ -32,7 +32,7 @@ Result<std::unique_ptr<Fp8Weights>> Fp8Weights::Create(const ModelSpec& spec, co
   std::unique_ptr<Fp8Weights> w(new Fp8Weights());
   w->scheme_ = scheme;
   const int64_t H = spec.hidden_size, D = spec.head_dim, I = spec.intermediate_size;
-  const int64_t Q = spec.num_heads * D, KV = spec.num_kv_heads * D;
+  const int64_t Q = spec.num_heads * D, V = spec.num_kv_heads * D;  // q rows, and k (or v) rows
   const size_t tp = layouts.size();
   for (int64_t li = 0; li < spec.num_layers; ++li) {
     const std::string prefix = "model.layers." + std::to_string(li) + ".";
@@ -42,7 +42,7 @@ Result<std::unique_ptr<Fp8Weights>> Fp8Weights::Create(const ModelSpec& spec, co
       const std::string_view what(proj);
       const bool qkv = what.starts_with("self_attn.qkv"), o = what.starts_with("self_attn.o_");
       const bool gate_up = what.starts_with("mlp.gate_up"), down = what.starts_with("mlp.down");
-      const int64_t rows = qkv ? Q + 2 * KV : o || down ? H : 2 * I;
+      const int64_t rows = qkv ? Q + 2 * V : o || down ? H : 2 * I;
       const int64_t cols = qkv || gate_up ? H : o ? Q : I;
       p.layout = formats::Fp8Layout{scheme, rows, cols};
       RC_RETURN_IF_ERROR(p.layout.Validate());
@@ -59,7 +59,7 @@ Result<std::unique_ptr<Fp8Weights>> Fp8Weights::Create(const ModelSpec& spec, co
           for (size_t s = 0; s < r; ++s) kv_owner = kv_owner && layouts[s].first_kv_head != l.first_kv_head;
           pc.push_back({0, {static_cast<int64_t>(r) * hq, 0, hq, H}, true});
           pc.push_back({hq, {Q + l.first_kv_head * D, 0, hk, H}, kv_owner});
-          pc.push_back({hq + hk, {Q + KV + l.first_kv_head * D, 0, hk, H}, kv_owner});
+          pc.push_back({hq + hk, {Q + V + l.first_kv_head * D, 0, hk, H}, kv_owner});
           local_rows = hq + 2 * hk;
           local_cols = H;
         } else if (gate_up) {
