@@ -62,7 +62,7 @@ def transports() -> List[Dict[str, str]]: ...
 
 # The fp8 quantizer (docs/fp8.md): bf16 bit patterns (uint16, rows x cols, rows = output channels)
 # -> (E4M3FN bytes, uint8 rows x cols; float32 scales shaped (1,), (rows, 1) or the block grid), the
-# bits vLLM 0.33 serves for --quantization fp8_per_tensor / fp8_ptpc / fp8_per_block.
+# bits vLLM 0.33 serves for --quantization fp8_per_tensor / fp8_per_channel / fp8_per_block.
 def quantize_fp8(
     bits: Any, scheme: str = "per_tensor", block: Tuple[int, int] = (128, 128), name: str = "tensor", threads: int = 1
 ) -> Tuple[Any, Any]: ...

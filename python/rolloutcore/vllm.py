@@ -989,6 +989,74 @@ class Extension:
             except Exception as e:
                 return _fail(_code_of(e), f"rc_digest: {type(e).__name__}: {e}", traceback=traceback.format_exc())
 
+    # ---- FP8 serving (docs/fp8.md, "vLLM") ---------------------------------------------------------
+
+    def rc_fp8_image(self) -> Dict[str, Any]:
+        """The FP8 image this worker serves: for every linear layer whose weight vLLM keeps in
+        float8_e4m3fn (--quantization fp8_per_tensor / fp8_per_channel / fp8_per_block), the layout it keeps
+        the weight and its scales in, and the digests `rolloutcore model fp8-digest` computes for that
+        vLLM parameter from the bf16 checkpoint: the E4M3 bytes as the [out, in] matrix and the scales
+        as their grid (per tensor [1, 1], per channel [out, 1], per block weight_scale_inv's grid).
+        Read by logical index, so a layout that only changes strides (vLLM keeps qweight.t()) reads as
+        the same matrix; a kernel that re-lays out the values would show as a different digest.
+        Tensor parallelism 1 only, for now (a rank's box and the replicated per-tensor scale are not
+        handled yet): FailedPrecondition otherwise."""
+        torch = _torch()
+        try:
+            import numpy as np
+
+            from rolloutcore import _core
+
+            tp_rank, tp_size = self._rc_tp()
+            if tp_size != 1:
+                raise _Failure("FailedPrecondition",
+                               f"rc_fp8_image: tensor-parallel size {tp_size}; only 1 is handled so far")
+            t0 = time.perf_counter()
+            params: Dict[str, Any] = {}
+            for mname, mod in self._rc_model().named_modules():
+                w = getattr(mod, "weight", None)
+                if not isinstance(w, torch.Tensor) or w.dtype != torch.float8_e4m3fn:
+                    continue
+                rows = getattr(mod, "output_size_per_partition", None)
+                cols = getattr(mod, "input_size_per_partition", None)
+                info: Dict[str, Any] = {"weight": {"shape": list(w.shape), "stride": list(w.stride())},
+                                        "rows": rows, "cols": cols}
+                q = w
+                if rows is not None and cols is not None and tuple(w.shape) == (cols, rows) and (
+                        rows != cols or tuple(w.stride()) == (1, cols)):
+                    q = w.t()  # vLLM keeps qweight.t(): the [out, in] matrix read through a transpose
+                info["transposed"] = q is not w
+                sname = next((n for n in ("weight_scale_inv", "weight_scale")
+                              if isinstance(getattr(mod, n, None), torch.Tensor)), None)
+                if sname is None:
+                    info["error"] = "no weight_scale or weight_scale_inv"
+                    params[mname + ".weight"] = info
+                    continue
+                s = getattr(mod, sname)
+                info["scale"] = {"name": sname, "shape": list(s.shape), "stride": list(s.stride()), "dtype": str(s.dtype)}
+                n_out = q.shape[0]
+                if s.numel() == 1:
+                    grid = [1, 1]
+                elif s.dim() == 2 and sname == "weight_scale_inv":
+                    grid = list(s.shape)
+                elif s.numel() == n_out:
+                    grid = [n_out, 1]
+                else:
+                    grid = list(s.shape)
+                qb = q.contiguous().view(torch.uint8).cpu().numpy()
+                sb = np.ascontiguousarray(s.float().cpu().numpy().reshape(grid))
+                info["scales_shape"] = grid
+                info["bytes_digest"] = _core.tensor_digest(qb, dtype="f8_e4m3")
+                info["scales_digest"] = _core.tensor_digest(sb, dtype="f32")
+                params[mname + ".weight"] = info
+            quant = getattr(self.vllm_config.model_config, "quantization", None)
+            return {"ok": True, "tp_rank": tp_rank, "quantization": quant, "parameters": params,
+                    "digest_ms": (time.perf_counter() - t0) * 1e3}
+        except _Failure as f:
+            return _fail(f.code, str(f))
+        except Exception as e:
+            return _fail(_code_of(e), f"rc_fp8_image: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+
     # ---- vLLM's own transfer (controller serve --vllm-transfer native-nccl; docs/vllm.md) ----------
 
     def _rc_reload_state(self, model: Any) -> Dict[str, Any]:

@@ -167,7 +167,7 @@ def test_model_fp8_digest_is_what_anyone_computes_from_the_checkpoint(tmp_path, 
         "model.layers.0.self_attn.v_proj.weight"]
 
 
-@pytest.mark.parametrize("quantization,scheme,tp", [("fp8_per_tensor", "per_tensor", 2), ("fp8_ptpc", "per_channel", 2),
+@pytest.mark.parametrize("quantization,scheme,tp", [("fp8_per_tensor", "per_tensor", 2), ("fp8_per_channel", "per_channel", 2),
                                                     ("fp8_per_block", "block", 1)])
 def test_engine_serving_fp8_holds_the_image_model_fp8_digest_computes(tmp_path, quantization, scheme, tp):
     """`engine serve --quantization` (docs/fp8.md, "The embedded engine") on a bf16 checkpoint: the FP8

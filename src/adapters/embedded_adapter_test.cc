@@ -180,7 +180,7 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
   eo.tensor_parallel_size = 2;
   eo.threads = 1;
   eo.weight_version = "init";
-  eo.quantization = "fp8_ptpc";
+  eo.quantization = "fp8_per_channel";
   auto e = EmbeddedEngine::Create(eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   engine_ = std::move(e).value();
@@ -191,7 +191,7 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
   ASSERT_EQ((*first)["outcome"], "committed") << first->dump(2);
   const Json& q = (*first)["engines"][0]["evidence"]["validated"]["quantized"];
   ASSERT_TRUE(q.is_object()) << first->dump(2);
-  EXPECT_EQ(q["quantization"], "fp8_ptpc");
+  EXPECT_EQ(q["quantization"], "fp8_per_channel");
   EXPECT_TRUE(q["match"].get<bool>()) << q.dump();
   EXPECT_EQ(q["live"], q["expected"]);
 
@@ -203,7 +203,7 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
     auto failed = service_->WaitForUpdate(service_->RequestUpdate("m", target).value(), 60000);
     ASSERT_TRUE(failed.ok()) << failed.status().ToString();
     EXPECT_EQ((*failed)["engines"][0]["outcome"], "tainted") << engine::Fp8FaultName(f) << "\n" << failed->dump(2);
-    EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("fp8_ptpc image"), std::string::npos)
+    EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("fp8_per_channel image"), std::string::npos)
         << engine::Fp8FaultName(f) << "\n" << failed->dump(2);
     auto rec = service_->WaitForUpdate(service_->RequestRecovery("m", target).value(), 60000);
     ASSERT_TRUE(rec.ok()) << rec.status().ToString();

@@ -111,9 +111,9 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   serve->add_option("--quantization", flags->quantization,
                     "Serve the projections in FP8, quantized from the bf16 weights at load and at every install as "
-                    "vLLM 0.33's online method of that name does (docs/fp8.md): fp8_per_tensor, fp8_ptpc (per "
+                    "vLLM 0.33's online method of that name does (docs/fp8.md): fp8_per_tensor, fp8_per_channel (per "
                     "channel) or fp8_per_block (128 x 128). Default: none")
-      ->check(CLI::IsMember({"fp8_per_tensor", "fp8_ptpc", "fp8_per_block"}));
+      ->check(CLI::IsMember({"fp8_per_tensor", "fp8_per_channel", "fp8_per_block"}));
   serve->add_option("--load-format", flags->load_format, "auto (safetensors folder) or dummy (seeded random)")
       ->capture_default_str();
   serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();

@@ -1,5 +1,5 @@
 // `rolloutcore model fp8-digest FOLDER`: the FP8 image that vLLM 0.33 serves from a bf16 checkpoint
-// (--quantization fp8_per_tensor / fp8_ptpc / fp8_per_block), computed from the checkpoint alone,
+// (--quantization fp8_per_tensor / fp8_per_channel / fp8_per_block), computed from the checkpoint alone,
 // and its digest per vLLM parameter (docs/fp8.md). The projections of each layer are fused as vLLM
 // fuses them (q, k, v -> qkv_proj; gate, up -> gate_up_proj), since vLLM's per-tensor scale spans
 // the fused parameter; embeddings, lm_head and norms stay bf16, as vLLM's online methods leave them.
@@ -60,7 +60,7 @@ std::map<std::string, std::vector<std::string>> FusedParameters(const std::vecto
 const char* VllmQuantization(formats::Fp8Scheme scheme) {
   switch (scheme) {
     case formats::Fp8Scheme::kPerTensor: return "fp8_per_tensor";
-    case formats::Fp8Scheme::kPerChannel: return "fp8_ptpc";
+    case formats::Fp8Scheme::kPerChannel: return "fp8_per_channel";
     case formats::Fp8Scheme::kBlock: return "fp8_per_block";
   }
   return "?";
@@ -145,7 +145,7 @@ void RegisterModelFp8Command(CLI::App* model, int* exit_code) {
       "gate/up fused as vLLM fuses them), its E4M3 bytes and scales by vLLM's rule, and their digest.");
   cmd->add_option("folder", f->folder, "A Hugging Face folder of BF16 safetensors")->required();
   cmd->add_option("--scheme", f->scheme,
-                  "per_tensor (vLLM fp8_per_tensor), per_channel (fp8_ptpc) or block (fp8_per_block, 128 x 128)")
+                  "per_tensor (vLLM fp8_per_tensor), per_channel (fp8_per_channel) or block (fp8_per_block, 128 x 128)")
       ->capture_default_str();
   cmd->add_option("--threads", f->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--json", f->json, "One JSON object: per parameter shape, parts, scale grid and digests");

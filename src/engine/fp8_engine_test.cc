@@ -161,9 +161,9 @@ TEST_P(Fp8ParityTest, FP8ModelEqualsTheF32ModelOverTheDequantizedWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schemes, Fp8ParityTest,
-                         ::testing::Values(ParityCase{"fp8_per_tensor", 1}, ParityCase{"fp8_ptpc", 1},
+                         ::testing::Values(ParityCase{"fp8_per_tensor", 1}, ParityCase{"fp8_per_channel", 1},
                                            ParityCase{"fp8_per_block", 1}, ParityCase{"fp8_per_tensor", 2},
-                                           ParityCase{"fp8_ptpc", 2}, ParityCase{"fp8_per_tensor", 4}),
+                                           ParityCase{"fp8_per_channel", 2}, ParityCase{"fp8_per_tensor", 4}),
                          [](const ::testing::TestParamInfo<ParityCase>& p) {
                            return std::string(p.param.quantization) + "_tp" + std::to_string(p.param.tp);
                          });
@@ -182,8 +182,8 @@ std::unique_ptr<Engine> MakeEngine(const std::string& quantization, int tp, uint
 // Live == expected, for every scheme and a tp with replicated kv heads (tp 4 > 2 kv heads), and the
 // same digests as the whole-matrix quantization the reference uses.
 TEST(Fp8EngineTest, LiveImageDigestEqualsTheExpectedOne) {
-  for (auto [q, tp] : {std::pair{"fp8_per_tensor", 1}, {"fp8_ptpc", 2}, {"fp8_per_block", 1}, {"fp8_per_tensor", 4},
-                       {"fp8_ptpc", 4}}) {
+  for (auto [q, tp] : {std::pair{"fp8_per_tensor", 1}, {"fp8_per_channel", 2}, {"fp8_per_block", 1}, {"fp8_per_tensor", 4},
+                       {"fp8_per_channel", 4}}) {
     auto e = MakeEngine(q, tp);
     ASSERT_NE(e, nullptr);
     auto r = e->Fp8Digests();
@@ -213,7 +213,7 @@ TEST(Fp8EngineTest, RefusesWhatItCannotServe) {
   EXPECT_NE(block.status().message().find("o_proj"), std::string::npos) << block.status().ToString();
   // F32 weights are not quantized.
   o.tensor_parallel_size = 1;
-  o.quantization = "fp8_ptpc";
+  o.quantization = "fp8_per_channel";
   auto f32 = CreateEngine({"tiny", "dummy", 1, "f32"}, o);
   ASSERT_FALSE(f32.ok());
   EXPECT_NE(f32.status().message().find("BF16"), std::string::npos) << f32.status().ToString();
@@ -271,7 +271,7 @@ TEST(Fp8EngineTest, DisagreeingReplicasAndChangedBytesAreCaught) {
 // Each negative control of docs/fp8.md, armed before an install, leaves an image whose digest is not
 // the expected one; the next install without a fault is clean again.
 TEST(Fp8EngineTest, EveryFaultOfTheImageFailsTheProof) {
-  for (auto [q, tp] : {std::pair{"fp8_ptpc", 2}, {"fp8_per_block", 1}, {"fp8_per_tensor", 1}}) {
+  for (auto [q, tp] : {std::pair{"fp8_per_channel", 2}, {"fp8_per_block", 1}, {"fp8_per_tensor", 1}}) {
     auto e = MakeEngine(q, tp, 5);
     ASSERT_NE(e, nullptr);
     // Two versions' bf16 weights, installed in turn, so that "the previous version" always differs.

@@ -11,9 +11,9 @@ namespace rc::engine {
 
 Result<formats::Fp8Scheme> Fp8SchemeFromQuantization(std::string_view q) {
   if (q == "fp8_per_tensor") return formats::Fp8Scheme::kPerTensor;
-  if (q == "fp8_ptpc") return formats::Fp8Scheme::kPerChannel;
+  if (q == "fp8_per_channel") return formats::Fp8Scheme::kPerChannel;
   if (q == "fp8_per_block") return formats::Fp8Scheme::kBlock;
-  return InvalidArgument(fmt::format("quantization '{}': expected one of fp8_per_tensor, fp8_ptpc, fp8_per_block "
+  return InvalidArgument(fmt::format("quantization '{}': expected one of fp8_per_tensor, fp8_per_channel, fp8_per_block "
                                      "(vLLM 0.33's online FP8 methods)",
                                      q));
 }
@@ -21,7 +21,7 @@ Result<formats::Fp8Scheme> Fp8SchemeFromQuantization(std::string_view q) {
 std::string_view QuantizationOfFp8Scheme(formats::Fp8Scheme scheme) {
   switch (scheme) {
     case formats::Fp8Scheme::kPerTensor: return "fp8_per_tensor";
-    case formats::Fp8Scheme::kPerChannel: return "fp8_ptpc";
+    case formats::Fp8Scheme::kPerChannel: return "fp8_per_channel";
     case formats::Fp8Scheme::kBlock: return "fp8_per_block";
   }
   return "?";

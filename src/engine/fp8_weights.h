@@ -1,6 +1,6 @@
 // Fp8Weights: the embedded engine's FP8 serving weights (docs/fp8.md, "The embedded engine").
 //
-// With `--quantization fp8_per_tensor | fp8_ptpc | fp8_per_block` the engine keeps its bf16
+// With `--quantization fp8_per_tensor | fp8_per_channel | fp8_per_block` the engine keeps its bf16
 // parameters (the bytes the refit receiver stages, installs and proves, exactly as without
 // quantization) and computes with an FP8 image of the four projections of every layer: qkv_proj,
 // o_proj, gate_up_proj and down_proj. Embeddings, lm_head and norms stay bf16, as vLLM's online
@@ -43,7 +43,7 @@
 
 namespace rc::engine {
 
-// vLLM 0.33's --quantization names of the online FP8 methods: fp8_per_tensor, fp8_ptpc,
+// vLLM 0.33's --quantization names of the online FP8 methods: fp8_per_tensor, fp8_per_channel,
 // fp8_per_block (InvalidArgument naming the value and the choices otherwise).
 Result<formats::Fp8Scheme> Fp8SchemeFromQuantization(std::string_view quantization);
 std::string_view QuantizationOfFp8Scheme(formats::Fp8Scheme scheme);

@@ -2,7 +2,7 @@
 
 Run by test_fp8_vllm.py in a child process whose PYTHONPATH holds the vLLM kit and rolloutcore's
 package (vLLM is imported, not served). For each scheme vLLM 0.33 quantizes a bf16 checkpoint with
-(--quantization fp8_per_tensor, fp8_ptpc, fp8_per_block), the weights are quantized on the GPU
+(--quantization fp8_per_tensor, fp8_per_channel, fp8_per_block), the weights are quantized on the GPU
 by vLLM's own functions - the ones its online linear methods call in process_weights_after_loading
 (online/fp8.py: weight_amax + _fp8_scale + ops.scaled_fp8_quant; _fp8_channel_scale +
 _fp8_quant_per_channel; utils/deep_gemm.per_block_cast_to_fp8) - and on the CPU by

@@ -1,5 +1,5 @@
 """rolloutcore's fp8 quantizer (formats/fp8.h) against vLLM's own quantization of the same bf16
-weights, bit for bit: E4M3 bytes and scales for fp8_per_tensor, fp8_ptpc and fp8_per_block
+weights, bit for bit: E4M3 bytes and scales for fp8_per_tensor, fp8_per_channel and fp8_per_block
 (labels gpu, vllm; scripts/gpu/run_vllm.sh with VLLM_KIT=0.33). The comparison runs in a child
 process (fp8_vllm_bits.py) that imports vLLM from the kit; no server is started.
 """

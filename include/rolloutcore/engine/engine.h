@@ -76,7 +76,7 @@ struct EngineOptions {
   // sets it from the weights (BF16 for dummy weights and bf16 checkpoints, F32 otherwise).
   DType weight_dtype = DType::kF32;
   // "" (compute with the weights as kept), or vLLM 0.33's online FP8 method: fp8_per_tensor,
-  // fp8_ptpc, fp8_per_block. The projections are then served from an FP8 image of the bf16
+  // fp8_per_channel, fp8_per_block. The projections are then served from an FP8 image of the bf16
   // weights, re-quantized at every install (docs/fp8.md, "The embedded engine"); BF16 weights only.
   std::string quantization;
 };
@@ -86,7 +86,7 @@ struct EngineOptions {
 // quantizing each whole parameter (expected). live_error: why the live image has no digest (a
 // replica that disagrees with the copy digested), empty otherwise.
 struct Fp8ImageReport {
-  std::string quantization;                       // fp8_per_tensor | fp8_ptpc | fp8_per_block
+  std::string quantization;                       // fp8_per_tensor | fp8_per_channel | fp8_per_block
   std::map<std::string, refit::Fp8ImageDigest> live;
   std::map<std::string, refit::Fp8ImageDigest> expected;
   std::string live_error;

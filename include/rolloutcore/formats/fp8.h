@@ -41,7 +41,7 @@ float Fp8E4M3ToF32(uint8_t bits);
 // How the scales group the elements of a row-major rows × cols weight (rows = output channels).
 enum class Fp8Scheme {
   kPerTensor,   // one scale (vLLM 0.33 --quantization fp8_per_tensor: weight_scale)
-  kPerChannel,  // one scale per row, i.e. per output channel (fp8_ptpc)
+  kPerChannel,  // one scale per row, i.e. per output channel (fp8_per_channel)
   kBlock,       // one scale per block_rows × block_cols block, row-major over the block grid
                 // (fp8_per_block, DeepSeek-style weight_scale_inv, 128 × 128)
 };
