@@ -88,6 +88,7 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
     d.caches = {CacheKind::kPrefix};
     d.offers_replay = true;
     d.replay_tolerance = 1e-4;  // f32 compute (docs/lifecycle.md "Replay validation")
+    d.quantization = s_->engine->quantization();
     return d;
   }
 

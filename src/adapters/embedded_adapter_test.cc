@@ -213,6 +213,65 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
   EXPECT_EQ(after["binding"]["label"], "v4");
 }
 
+// Replay with FP8 serving (docs/fp8.md, "Replay validation"): probes the trainer computed under the
+// engine's quantization are replayed and match at the f32 tolerance (the FP8 engine computes what
+// the probes' FP8 reference computes); probes computed on the bf16 weights are not the FP8 engine's
+// numbers to match, and the replay is skipped with that reason (the FP8 image digest still proves
+// what it computes with).
+class EmbeddedFp8ReplayTest : public EmbeddedAdapterTest {
+ protected:
+  void Run(const std::string& probe_q) {
+    service_.reset();
+    engine_.reset();
+    trainer_.reset();
+    trainer::SyntheticTrainerOptions to;
+    to.config = *refit::ModelPreset("tiny");
+    to.layout = *refit::ParseTrainerLayout("fsdp:2");
+    to.model_name = "m";
+    to.transport = "shm";
+    to.weights.seed = 11;
+    to.probes.count = 3;
+    to.probes.tokens = 6;
+    to.probes.top_k = 3;
+    to.probes.quantization = probe_q;
+    auto t = trainer::SyntheticTrainer::Create(to, store_.get());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    trainer_ = std::move(t).value();
+    EmbeddedEngine::Options eo;
+    eo.model = "tiny";
+    eo.load_format = "dummy";
+    eo.seed = 3;
+    eo.tensor_parallel_size = 2;
+    eo.threads = 1;
+    eo.weight_version = "init";
+    eo.quantization = "fp8_per_channel";
+    auto e = EmbeddedEngine::Create(eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    Step();
+    trainer::VersionStatus v1 = Step();
+    StartService();
+    auto done = service_->WaitForUpdate(service_->RequestUpdate("m", v1.version).value(), 60000);
+    ASSERT_TRUE(done.ok());
+    const Json& ev = (*done)["engines"][0];
+    ASSERT_EQ(ev["outcome"], "committed") << "probes '" << probe_q << "': " << done->dump(2);
+    const Json& replay = ev["evidence"]["validated"]["replay"];
+    if (!probe_q.empty()) {
+      EXPECT_FALSE(replay["skipped"].get<bool>()) << replay.dump();
+      EXPECT_TRUE(replay["match"].get<bool>()) << replay.dump();
+      EXPECT_EQ(replay["probes"], 3);
+      EXPECT_LE(replay["worst_logprob_diff"].get<double>(), 1e-4) << replay.dump();
+    } else {
+      EXPECT_TRUE(replay["skipped"].get<bool>()) << replay.dump();
+      EXPECT_NE(replay.dump().find("none under the engine's 'fp8_per_channel'"), std::string::npos) << replay.dump();
+    }
+  }
+};
+
+TEST_F(EmbeddedFp8ReplayTest, ProbesOfTheEnginesQuantizationAreReplayed) { Run("fp8_per_channel"); }
+
+TEST_F(EmbeddedFp8ReplayTest, Bf16ProbesAreNotAnFp8EnginesToMatch) { Run(""); }
+
 TEST_F(EmbeddedAdapterTest, InstallRefusedBeforeMutationUnlessPausedAndStaged) {
   Step();
   Step();

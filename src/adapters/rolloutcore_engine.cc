@@ -28,6 +28,10 @@ class RolloutcoreEngine final : public BlockingEngine {
     EngineDescription d = StagingEngineDescription(o_.base_url, "rolloutcore");
     d.offers_replay = true;
     d.replay_tolerance = 1e-4;  // f32 compute (docs/lifecycle.md "Replay validation")
+    if (Result<Json> j = ParseJson(state.body, "GET " + http_->Where("/rc/engine/state")); j.ok() && j->is_object() &&
+        j->contains("quantization") && (*j)["quantization"].is_string()) {
+      d.quantization = (*j)["quantization"].get<std::string>();  // FP8 serving (docs/fp8.md)
+    }
     return d;
   }
 

@@ -49,6 +49,7 @@ struct ServeOptions {
   std::string first_step = "0";
   bool keep_on_exit = false;
   int32_t probes = 0, probe_tokens = 8, probe_top_k = 5;
+  std::string probe_quantization;
   net::ServerSecurity security;
 };
 
@@ -108,6 +109,7 @@ int Serve(const ServeOptions& o) {
   options.probes.count = o.probes;
   options.probes.tokens = o.probe_tokens;
   options.probes.top_k = o.probe_top_k;
+  options.probes.quantization = o.probe_quantization;
   options.publisher.lease_ttl_ms = o.lease_ttl_ms;
   options.publisher.outcome_timeout_ms = o.publish_outcome_timeout_ms;
   const bool auto_step = o.first_step == "auto";
@@ -295,6 +297,11 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--probe-top-k", so->probe_top_k, "Top-k log-probabilities recorded per probe step")
       ->check(CLI::Range(0, 20))
       ->capture_default_str();
+  serve->add_option("--probe-quantization", so->probe_quantization,
+                    "Compute the probes under the quantization the engines serve (docs/fp8.md): fp8_per_tensor, "
+                    "fp8_per_channel or fp8_per_block; replay compares a probe only with an engine serving the same. "
+                    "Default: the weights as published")
+      ->check(CLI::IsMember({"fp8_per_tensor", "fp8_per_channel", "fp8_per_block"}));
   AddServerSecurityFlags(serve, &so->security);
   serve->callback([so, exit_code] {
     if (Status s = ResolveServerSecurity(&so->security); !s.ok()) {

@@ -21,6 +21,7 @@ Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* 
     r.name = p.name;
     r.prompt = p.prompt;
     r.top_k = p.top_k;
+    r.quantization = p.quantization;
     for (const refit::ProbeStep& s : p.steps) r.expected.push_back(lifecycle::ReplayStep{s.token, s.logprob, s.top});
     out.push_back(std::move(r));
   }

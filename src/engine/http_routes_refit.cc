@@ -121,7 +121,8 @@ void EngineServer::Impl::RefitRoutes() {
                       {"blocks_in_use", s.blocks_in_use}, {"num_kv_blocks", s.num_kv_blocks},
                       {"cached_blocks", s.cached_blocks}, {"weight_version", s.weight_version},
                       {"boot_id", engine_->boot_id()}, {"install_generation", s.install_generation},
-                      {"content_digest", digest ? Json(*digest) : Json()}});
+                      {"content_digest", digest ? Json(*digest) : Json()},
+                      {"quantization", engine_->quantization()}});
   }));
 }
 

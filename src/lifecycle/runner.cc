@@ -134,6 +134,9 @@ void Runner::Finish() {
   replay_call_.Clear();
   replay_evidence_.clear();
   replay_started_ms_ = replay_ended_ms_ = -1;
+  probes_selected_ = false;
+  probes_other_quantization_ = 0;
+  other_quantization_.clear();
   resume_call_.Clear();
   install_evidence_.reset();
   label_evidence_.reset();
@@ -734,6 +737,15 @@ void Runner::StepValidating(bool recovery) {
 }
 
 bool Runner::StepReplay() {
+  if (!probes_selected_ && description_.offers_replay) {
+    // Only the probes computed under the quantization the engine serves are its numbers to match.
+    probes_selected_ = true;
+    std::erase_if(target_.probes, [this](const ReplayProbe& p) {
+      if (p.quantization == description_.quantization) return false;
+      if (probes_other_quantization_++ == 0) other_quantization_ = p.quantization;
+      return true;
+    });
+  }
   if (target_.probes.empty() || !description_.offers_replay) return true;
   const int64_t now = Now();
   if (replay_call_.active()) {
@@ -764,12 +776,20 @@ bool Runner::StepReplay() {
 
 ReplayOutcome Runner::MakeReplayOutcome() const {
   ReplayOutcome o;
-  if (target_.probes.empty()) {
-    o.skip_reason = "version " + target_.label + " has no probes";
-    return o;
-  }
   if (!description_.offers_replay) {
     o.skip_reason = "engine '" + description_.name + "' (" + description_.kind + ") offers no replay path";
+    return o;
+  }
+  if (target_.probes.empty() && probes_other_quantization_ > 0) {
+    // docs/fp8.md: a bf16 trainer's numbers are not an FP8 engine's; the FP8 image digest still
+    // proves what it computes with.
+    o.skip_reason = "version " + target_.label + " has " + std::to_string(probes_other_quantization_) +
+                    " probes, all computed under quantization '" + other_quantization_ +
+                    "', none under the engine's '" + description_.quantization + "'";
+    return o;
+  }
+  if (target_.probes.empty()) {
+    o.skip_reason = "version " + target_.label + " has no probes";
     return o;
   }
   o.skipped = false;

@@ -1,5 +1,6 @@
 #include "rolloutcore/refit/probes.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -58,6 +59,12 @@ Status ValidateProbes(const std::vector<Probe>& probes) {
         return InvalidArgument(fmt::format("{}.name: '{}' has a character outside [A-Za-z0-9._-]", path, p.name));
     }
     if (!names.insert(p.name).second) return InvalidArgument(fmt::format("{}.name: '{}' appears twice", path, p.name));
+    if (p.quantization.size() > kMaxProbeQuantizationLength ||
+        !std::all_of(p.quantization.begin(), p.quantization.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; })) {
+      return InvalidArgument(fmt::format("{}.quantization: '{}' must be 0..{} characters of [a-z0-9_]", path,
+                                         p.quantization, kMaxProbeQuantizationLength));
+    }
     if (p.prompt.empty() || p.prompt.size() > kMaxProbePromptTokens) {
       return InvalidArgument(
           fmt::format("{}.prompt: must have 1..{} tokens, got {}", path, kMaxProbePromptTokens, p.prompt.size()));
@@ -101,7 +108,9 @@ Json ProbeToJson(const Probe& p) {
     for (const auto& [t, lp] : s.top) top.push_back(Json::array({t, lp}));
     steps.push_back(Json{{"token", s.token}, {"logprob", s.logprob}, {"top", top}});
   }
-  return Json{{"name", p.name}, {"prompt", p.prompt}, {"top_k", p.top_k}, {"steps", steps}};
+  Json j{{"name", p.name}, {"prompt", p.prompt}, {"top_k", p.top_k}, {"steps", steps}};
+  if (!p.quantization.empty()) j["quantization"] = p.quantization;
+  return j;
 }
 
 Json ProbesToJson(const std::vector<Probe>& probes) {
@@ -121,9 +130,12 @@ Result<std::vector<Probe>> ProbesFromJson(const Json& j, std::string_view where)
     const Json& pj = j[i];
     const std::string path = fmt::format("{}[{}]", base, i);
     if (!pj.is_object()) return InvalidArgument(fmt::format("{}: expected an object, got {}", path, JsonTypeName(pj)));
-    RC_RETURN_IF_ERROR(CheckKnownKeys(pj, {"name", "prompt", "top_k", "steps"}, path));
+    RC_RETURN_IF_ERROR(CheckKnownKeys(pj, {"name", "prompt", "top_k", "steps", "quantization"}, path));
     Probe p;
     RC_ASSIGN_OR_RETURN(p.name, GetString(pj, "name", path));
+    if (pj.contains("quantization")) {
+      RC_ASSIGN_OR_RETURN(p.quantization, GetString(pj, "quantization", path));
+    }
     RC_ASSIGN_OR_RETURN(int64_t top_k, GetNonNegativeInt(pj, "top_k", path, 0));
     if (top_k > kMaxProbeTopK) {
       return InvalidArgument(fmt::format("{}.top_k: must be in 0..{}, got {}", path, kMaxProbeTopK, top_k));

@@ -76,6 +76,7 @@ std::vector<std::vector<int32_t>> ProbePrompts(const refit::ModelConfig& config,
   std::vector<std::vector<int32_t>> out;
   for (int32_t i = 0; i < o.count; ++i) {
     std::vector<int32_t> p;
+    p.reserve(static_cast<size_t>(o.prompt_tokens));
     for (int32_t k = 0; k < o.prompt_tokens; ++k) {
       p.push_back(static_cast<int32_t>(
           Mix(Mix(seed ^ 0x70726f6265ULL) + static_cast<uint64_t>(i) * 1000003ULL + static_cast<uint64_t>(k)) % range));
@@ -97,6 +98,11 @@ Result<std::vector<refit::Probe>> ComputeSyntheticProbes(const refit::ModelConfi
   eo.max_num_seqs = 1;
   eo.enable_prefix_caching = false;
   eo.max_model_len = std::min<int64_t>(spec.max_position_embeddings, o.prompt_tokens + o.tokens + 16);
+  if (!o.quantization.empty()) {
+    // The FP8 method an engine serves the published bf16 bytes with: quantized from them as kept.
+    eo.weight_dtype = engine::DType::kBF16;
+    eo.quantization = o.quantization;
+  }
   auto fill = engine::MakeWeightFill(spec, [&]() -> Result<std::unique_ptr<engine::TensorSource>> {
     return std::unique_ptr<engine::TensorSource>(new SyntheticSource(config, weights, step));
   });
@@ -110,6 +116,7 @@ Result<std::vector<refit::Probe>> ComputeSyntheticProbes(const refit::ModelConfi
     p.name = fmt::format("p{}", i);  // not "p" + to_string: GCC 12 -O3 reports a false -Wrestrict on it
     p.prompt = prompts[i];
     p.top_k = o.top_k;
+    p.quantization = o.quantization;
     for (auto& s : r.steps) p.steps.push_back(refit::ProbeStep{s.token, s.logprob, std::move(s.top_logprobs)});
     out.push_back(std::move(p));
   }

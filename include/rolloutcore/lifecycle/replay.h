@@ -76,6 +76,9 @@ struct ReplayProbe {
   std::vector<int32_t> prompt;
   int32_t top_k = 0;
   std::vector<ReplayStep> expected;  // the trainer's continuation
+  // The quantization the trainer computed it under ("" = the weights as published; refit/probes.h):
+  // compared only with an engine serving the same (EngineDescription::quantization).
+  std::string quantization = {};
   ReplayRequest Request() const;
 };
 

@@ -202,6 +202,11 @@ class Runner {
   std::optional<LabelEvidence> label_evidence_;
   std::optional<DigestEvidence> digest_evidence_;
   std::vector<ReplayEvidence> replay_evidence_;  // per probe, in order
+  // Probes computed under another quantization than the engine serves (ReplayProbe::quantization),
+  // left out of the replay when it starts; the first one's quantization, for the skip reason.
+  bool probes_selected_ = false;
+  int64_t probes_other_quantization_ = 0;
+  std::string other_quantization_;
   int64_t replay_started_ms_ = -1;
   int64_t replay_ended_ms_ = -1;
   std::vector<std::string> notes_;

@@ -97,6 +97,9 @@ struct EngineDescription {
   std::vector<CacheKind> caches;         // caches that exist and must be reset on update
   bool offers_replay = false;            // EngineAdapter::Replay runs probes while paused
   double replay_tolerance = 1e-4;        // the engine's log-probability bound (replay.h)
+  // The quantization the engine serves ("" = the weights as installed; the embedded engine's
+  // --quantization, docs/fp8.md): replay compares only the probes computed under the same.
+  std::string quantization = {};
   // Accept a tie for first place (replay.h): for engines whose kernels round differently from
   // the trainer's reference (vLLM bf16); exact-arithmetic engines (f32) leave it off.
   bool replay_accepts_ties = false;

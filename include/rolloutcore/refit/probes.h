@@ -44,7 +44,13 @@ struct Probe {
   std::vector<int32_t> prompt;   // token ids
   int32_t top_k = 0;             // entries in every step's `top`
   std::vector<ProbeStep> steps;  // the greedy continuation, one entry per generated token
+  // "" (computed on the published weights as they are), or the quantization the trainer computed
+  // it under: an engine's --quantization value (e.g. fp8_per_block), the published bf16 weights
+  // quantized and dequantized by docs/fp8.md's rule. A replay compares a probe only with an engine
+  // serving the same quantization. 0..kMaxProbeQuantizationLength of [a-z0-9_].
+  std::string quantization = {};
 };
+inline constexpr size_t kMaxProbeQuantizationLength = 32;
 
 // Checks the bounds above, unique names, non-negative token ids, finite log-probabilities
 // <= kMaxProbeLogprob, `top` of exactly top_k entries in non-increasing order.

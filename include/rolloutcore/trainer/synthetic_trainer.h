@@ -82,6 +82,10 @@ struct ProbeOptions {
   int32_t tokens = 8;         // greedy steps per probe (1..refit::kMaxProbeSteps)
   int32_t top_k = 5;          // alternatives per step (0..refit::kMaxProbeTopK)
   int32_t prompt_tokens = 8;  // prompt length
+  // "" (the published weights as they are), or an engine's --quantization (fp8_per_tensor,
+  // fp8_per_channel, fp8_per_block): the probes are computed by the embedded engine serving that
+  // quantization of the published weights (docs/fp8.md), for engines that serve it.
+  std::string quantization = {};
 };
 
 struct SyntheticTrainerOptions {
