@@ -33,15 +33,29 @@ class EmbeddedAdapterTest : public ::testing::Test {
     store_ = directory::NewMemoryStore(SystemClock::Default());
     server_ = std::make_unique<directory::DirectoryServer>(store_.get(), directory::ServerOptions{});
     ASSERT_TRUE(server_->Start().ok());
+    UseTrainer(trainer::ProbeOptions{});
+    UseEngine("");
+    state_dir_ = (fs::temp_directory_path() / ("rc_embedded_" + std::to_string(::getpid()))).string();
+    fs::remove_all(state_dir_);
+  }
+  // The synthetic trainer of model "m" (tiny, fsdp:2 over shm, seed 11) attaching `probes`.
+  void UseTrainer(const trainer::ProbeOptions& probes) {
+    trainer_.reset();
     trainer::SyntheticTrainerOptions to;
     to.config = *refit::ModelPreset("tiny");
     to.layout = *refit::ParseTrainerLayout("fsdp:2");
     to.model_name = "m";
     to.transport = "shm";
     to.weights.seed = 11;
+    to.probes = probes;
     auto t = trainer::SyntheticTrainer::Create(to, store_.get());
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     trainer_ = std::move(t).value();
+  }
+  // The in-process engine (tiny dummy weights, seed 3, tp 2, label "init") serving `quantization`
+  // ("" or an FP8 method, docs/fp8.md).
+  void UseEngine(const std::string& quantization) {
+    engine_.reset();
     EmbeddedEngine::Options eo;
     eo.model = "tiny";
     eo.load_format = "dummy";
@@ -49,11 +63,10 @@ class EmbeddedAdapterTest : public ::testing::Test {
     eo.tensor_parallel_size = 2;
     eo.threads = 1;
     eo.weight_version = "init";
+    eo.quantization = quantization;
     auto e = EmbeddedEngine::Create(eo);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(e).value();
-    state_dir_ = (fs::temp_directory_path() / ("rc_embedded_" + std::to_string(::getpid()))).string();
-    fs::remove_all(state_dir_);
   }
   void TearDown() override {
     service_.reset();
@@ -103,19 +116,7 @@ class EmbeddedAdapterTest : public ::testing::Test {
 // Replay validation through the in-process adapter (docs/lifecycle.md "Replay validation"): the
 // trainer's probes (its reference forward, tp 1) replayed by the tp-2 engine while paused.
 TEST_F(EmbeddedAdapterTest, ProbesAreReplayedInProcessBeforeTheEngineResumes) {
-  trainer_.reset();
-  trainer::SyntheticTrainerOptions to;
-  to.config = *refit::ModelPreset("tiny");
-  to.layout = *refit::ParseTrainerLayout("fsdp:2");
-  to.model_name = "m";
-  to.transport = "shm";
-  to.weights.seed = 11;
-  to.probes.count = 2;
-  to.probes.tokens = 4;
-  to.probes.top_k = 3;
-  auto t = trainer::SyntheticTrainer::Create(to, store_.get());
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  trainer_ = std::move(t).value();
+  UseTrainer(trainer::ProbeOptions{.count = 2, .tokens = 4, .top_k = 3});
   Step();  // v0
   Step();  // v1
   auto m = store_->Get("m", "v1");
@@ -172,18 +173,7 @@ TEST_F(EmbeddedAdapterTest, ControllerUpdatesTheInProcessEngineAndProvesTheDiges
 // controls (a wrong scale, the previous version's scales, scales re-laid out for another kernel, the
 // previous version's whole image) taints, and recovery with a clean install commits again.
 TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
-  engine_.reset();
-  EmbeddedEngine::Options eo;
-  eo.model = "tiny";
-  eo.load_format = "dummy";
-  eo.seed = 3;
-  eo.tensor_parallel_size = 2;
-  eo.threads = 1;
-  eo.weight_version = "init";
-  eo.quantization = "fp8_per_channel";
-  auto e = EmbeddedEngine::Create(eo);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  engine_ = std::move(e).value();
+  UseEngine("fp8_per_channel");
   for (int i = 0; i < 5; ++i) Step();  // v0 .. v4
   StartService();
   auto first = service_->WaitForUpdate(service_->RequestUpdate("m", "v0").value(), 60000);
@@ -221,33 +211,8 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
 class EmbeddedFp8ReplayTest : public EmbeddedAdapterTest {
  protected:
   void Run(const std::string& probe_q) {
-    service_.reset();
-    engine_.reset();
-    trainer_.reset();
-    trainer::SyntheticTrainerOptions to;
-    to.config = *refit::ModelPreset("tiny");
-    to.layout = *refit::ParseTrainerLayout("fsdp:2");
-    to.model_name = "m";
-    to.transport = "shm";
-    to.weights.seed = 11;
-    to.probes.count = 3;
-    to.probes.tokens = 6;
-    to.probes.top_k = 3;
-    to.probes.quantization = probe_q;
-    auto t = trainer::SyntheticTrainer::Create(to, store_.get());
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    trainer_ = std::move(t).value();
-    EmbeddedEngine::Options eo;
-    eo.model = "tiny";
-    eo.load_format = "dummy";
-    eo.seed = 3;
-    eo.tensor_parallel_size = 2;
-    eo.threads = 1;
-    eo.weight_version = "init";
-    eo.quantization = "fp8_per_channel";
-    auto e = EmbeddedEngine::Create(eo);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    engine_ = std::move(e).value();
+    UseTrainer(trainer::ProbeOptions{.count = 3, .tokens = 6, .top_k = 3, .quantization = probe_q});
+    UseEngine("fp8_per_channel");
     Step();
     trainer::VersionStatus v1 = Step();
     StartService();
