@@ -49,6 +49,13 @@ def test_vllm_fp8_image_is_the_image_computed_from_the_checkpoint(tiny, quantiza
         v.wait_healthy()
         got = v.rpc1("rc_fp8_image")
         assert got["ok"], got
+        # Refit into FP8 parameters is not built yet: the stage is refused before anything is
+        # fetched (the directory URL is never contacted) or touched.
+        refused = v.rpc1("rc_stage", model="m", version="v1", directory="http://127.0.0.1:9")
+        assert not refused["ok"] and refused["code"] == "FailedPrecondition", refused
+        assert "FP8" in refused["error"], refused
+        digest = v.rpc1("rc_digest")
+        assert not digest["ok"] and digest["code"] == "FailedPrecondition", digest
         greedy = v.complete(list(range(100, 140)), max_tokens=16, temperature=0)
     finally:
         v.stop()
