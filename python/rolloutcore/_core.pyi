@@ -67,6 +67,11 @@ def quantize_fp8(
     bits: Any, scheme: str = "per_tensor", block: Tuple[int, int] = (128, 128), name: str = "tensor", threads: int = 1
 ) -> Tuple[Any, Any]: ...
 def dequantize_fp8(q: Any, scales: Any, scheme: str = "per_tensor", block: Tuple[int, int] = (128, 128)) -> Any: ...
+# CUDA builds only: the same rule on the GPU, on device addresses (the vLLM extension's FP8 refit).
+def quantize_fp8_device(
+    device: int, bf16: int, rows: int, cols: int, scheme: str, q: int, scales: int,
+    block: Tuple[int, int] = (128, 128), name: str = "tensor"
+) -> None: ...
 
 fp8_quantize_isa: str
 

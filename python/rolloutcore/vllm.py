@@ -66,6 +66,26 @@ _BOOT_ID = uuid.uuid4().hex
 # refit dtype names <-> torch dtypes (only what vLLM parameters hold for dense models).
 _REFIT_OF_TORCH = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 _ELEM = {"bf16": 2, "f16": 2, "f32": 4}
+# A projection of the checkpoint and the vLLM parameter it is fused into (docs/fp8.md; the rule of
+# `rolloutcore model fp8-digest`): q, k, v -> qkv_proj; gate, up -> gate_up_proj; o, down alone.
+_PROJ_RE = None
+_FUSED_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up", "o": "o", "down": "down"}
+_PART_ORDER = ["q", "k", "v", "o", "gate", "up", "down"]
+# vLLM 0.33's online FP8 methods and the quantizer's scheme for each.
+_FP8_SCHEMES = {"fp8_per_tensor": "per_tensor", "fp8_per_channel": "per_channel", "fp8_per_block": "block"}
+
+
+def _projection(name: str) -> Optional[Tuple[str, str]]:
+    """(vLLM parameter, part) for a q/k/v/o/gate/up/down_proj weight of the checkpoint, else None."""
+    global _PROJ_RE
+    if _PROJ_RE is None:
+        import re
+
+        _PROJ_RE = re.compile(r"(.*)\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight")
+    m = _PROJ_RE.fullmatch(name)
+    if not m:
+        return None
+    return f"{m.group(1)}.{m.group(2)}.{_FUSED_OF[m.group(3)]}_proj.weight", m.group(3)
 
 
 def _torch():
@@ -583,6 +603,8 @@ class _State:
         self.capture_ms = 0.0
         self.faults: Dict[str, int] = {}
         self.fused: Optional[Dict[str, Any]] = None  # prepare_install's reply for the staged buffers
+        # FP8 serving (docs/fp8.md): the scheme, and per FP8 vLLM parameter (module, bf16 shadow name).
+        self.fp8: Optional[Dict[str, Any]] = None
 
 
 class Extension:
@@ -620,27 +642,105 @@ class Extension:
     def _rc_params(self) -> Dict[str, Any]:
         return dict(self._rc_model().named_parameters())
 
-    def _rc_refuse_fp8(self) -> None:
-        """FailedPrecondition when vLLM keeps weights in FP8 (--quantization fp8_per_tensor / ...).
-        The capture would follow vLLM's loader into the quantized parameters, whose layout is not
-        the loader's (qweight.t()), and the install would write converted bf16 into FP8 bytes. Refit
-        into FP8 parameters (quantize the proven bf16 into them, docs/fp8.md) is not built yet, so the
-        stage is refused before anything is fetched or touched; rc_fp8_image still proves what vLLM
-        serves."""
+    def _rc_fp8_layers(self) -> Dict[str, Any]:
+        """vLLM parameter name ('...qkv_proj.weight') -> module, for every layer vLLM keeps in FP8."""
         torch = _torch()
-        fp8 = [n for n, p in self._rc_params().items() if p.dtype == getattr(torch, "float8_e4m3fn", None)]
-        if fp8:
-            quant = getattr(self.vllm_config.model_config, "quantization", None)
-            raise _Failure("FailedPrecondition",
-                           f"vLLM serves {len(fp8)} parameters in FP8 (quantization {quant}, e.g. {fp8[0]}): refit into "
-                           "FP8 parameters is not supported yet (docs/fp8.md); rc_fp8_image proves what it serves")
+        fp8 = getattr(torch, "float8_e4m3fn", None)
+        return {m + ".weight": mod for m, mod in self._rc_model().named_modules()
+                if isinstance(getattr(mod, "weight", None), torch.Tensor) and mod.weight.dtype == fp8}
+
+    def _rc_fp8_capture(self, model: Any, specs: List[Tuple[str, str, List[int]]],
+                        layers: Dict[str, Any]) -> Tuple[_Capture, Dict[str, Any]]:
+        """The capture when vLLM serves FP8 (docs/fp8.md): the loader is followed for every tensor
+        that lands in a bf16 parameter (embeddings, norms, lm_head), and every projection is staged
+        into a bf16 shadow of its fused vLLM parameter ([out, in], parts in vLLM's order) that the
+        receiver installs and proves like a live parameter; rc_install then quantizes each shadow
+        into vLLM's FP8 parameter and scales with rolloutcore's GPU quantizer."""
+        torch = _torch()
+        rank, size = self._rc_tp()
+        quant = getattr(self.vllm_config.model_config, "quantization", None)
+        if size != 1:
+            raise _Failure("FailedPrecondition", f"refit into FP8 parameters (quantization {quant}) at tensor-parallel "
+                                                 f"size {size}: only 1 is supported so far")
+        scheme = _FP8_SCHEMES.get(str(quant))
+        if scheme is None:
+            raise _Failure("FailedPrecondition", f"vLLM serves FP8 parameters under quantization {quant}; refit "
+                                                 f"quantizes only for {sorted(_FP8_SCHEMES)} (docs/fp8.md)")
+        parts: Dict[str, Dict[str, Tuple[str, str, List[int]]]] = {}
+        other = []
+        for spec in specs:
+            pj = _projection(spec[0])
+            if pj is None:
+                other.append(spec)
+            else:
+                parts.setdefault(pj[0], {})[pj[1]] = spec
+        cap = capture_load_weights(model, other)
+        missing = sorted(set(layers) - set(parts))
+        if missing:
+            raise _Failure("FailedPrecondition", f"FP8 parameters {missing[:4]} get no tensor of the version")
+        device = self._rc_device()
+        shadows: Dict[str, Any] = {}
+        for pname, by_part in sorted(parts.items()):
+            mod = layers.get(pname)
+            if mod is None:
+                raise _Failure("FailedPrecondition", f"{pname} (from {sorted(p[0] for p in by_part.values())}) is "
+                                                     "not a parameter vLLM keeps in FP8")
+            ordered = [by_part[k] for k in _PART_ORDER if k in by_part]
+            cols = ordered[0][2][1]
+            rows = sum(sp[2][0] for sp in ordered)
+            if (rows, cols) != (mod.output_size_per_partition, mod.input_size_per_partition) or any(
+                    sp[1] != "bf16" or len(sp[2]) != 2 or sp[2][1] != cols for sp in ordered):
+                raise _Failure("FailedPrecondition",
+                               f"{pname}: the version's {[(sp[0], sp[1], sp[2]) for sp in ordered]} do not fuse into "
+                               f"vLLM's [{mod.output_size_per_partition}, {mod.input_size_per_partition}] bf16")
+            sname = "rc.bf16." + pname
+            shadow = torch.empty(rows, cols, dtype=torch.bfloat16, device=f"cuda:{device}")
+            cap.params[sname] = shadow
+            row = 0
+            for name, dtype, shape in ordered:
+                cap.copies.append({
+                    "source": name, "source_dtype": dtype, "source_shape": list(shape), "box_start": [0, 0],
+                    "box_extent": list(shape), "view_to_source": [0, 1], "param_name": sname,
+                    "dest_offset": row * cols, "dest_shape": list(shape), "dest_strides": [cols, 1], "convert": False})
+                row += shape[0]
+            shadows[pname] = (mod, sname)
+        return cap, {"scheme": scheme, "quantization": quant, "layers": shadows}
+
+    def _rc_fp8_quantize(self, st: _State) -> Dict[str, Any]:
+        """Quantizes every bf16 shadow (installed and digested like a live parameter) into vLLM's FP8
+        parameter and its scales, in place, with rolloutcore's GPU quantizer (the bits of formats/fp8.h,
+        which are vLLM's: docs/fp8.md). vLLM keeps the [out, in] bytes contiguous (per tensor and
+        per channel as qweight.t(), per block as is) and the scales as their grid."""
+        torch = _torch()
+        from . import _core
+
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        device = self._rc_device()
+        scheme = st.fp8["scheme"]
+        params = st.capture.params
+        for pname, (mod, sname) in sorted(st.fp8["layers"].items()):
+            shadow = params[sname]
+            rows, cols = shadow.shape
+            w = mod.weight
+            q = w.t() if tuple(w.shape) == (cols, rows) and tuple(w.stride()) == (1, cols) else w
+            if tuple(q.shape) != (rows, cols) or not q.is_contiguous():
+                raise _Failure("FailedPrecondition", f"{pname}: vLLM keeps the FP8 weight as {tuple(w.shape)} strides "
+                                                     f"{tuple(w.stride())}, not the [out, in] bytes the quantizer writes")
+            s = getattr(mod, "weight_scale_inv" if scheme == "block" else "weight_scale", None)
+            grid = {"per_tensor": 1, "per_channel": rows,
+                    "block": -(-rows // 128) * -(-cols // 128)}[scheme]
+            if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or not s.is_contiguous() or s.numel() != grid:
+                raise _Failure("FailedPrecondition", f"{pname}: vLLM's scales are not the {scheme} grid of {grid} "
+                                                     "contiguous float32 the quantizer writes")
+            _core.quantize_fp8_device(device, shadow.data_ptr(), rows, cols, scheme, q.data_ptr(), s.data_ptr(),
+                                      name=pname)
+        return {"scheme": scheme, "parameters": len(st.fp8["layers"]), "quantize_ms": (time.perf_counter() - t0) * 1e3}
 
     def _rc_ensure_capture(self, st: _State, specs: List[Tuple[str, str, List[int]]]) -> None:
         """Captures vLLM's loader for this source tensor set (once per set) and allocates staging."""
         torch = _torch()
         from . import _core  # the CUDA build
-
-        self._rc_refuse_fp8()
 
         key = tuple((n, d, tuple(s)) for n, d, s in specs)
         if st.sources_key == key and st.capture is not None:
@@ -650,7 +750,12 @@ class Extension:
                            "rolloutcore._core was built without CUDA: the vLLM extension needs the CUDA build")
         t0 = time.perf_counter()
         model = self._rc_model()
-        cap = capture_load_weights(model, specs)
+        fp8_layers = self._rc_fp8_layers()
+        fp8 = None
+        if fp8_layers:
+            cap, fp8 = self._rc_fp8_capture(model, specs, fp8_layers)
+        else:
+            cap = capture_load_weights(model, specs)
         loaded = {c["source"] for c in cap.copies}
         fallback = sorted(cap.unsupported)
         not_loaded = sorted(n for n, _, _ in specs if n not in loaded and n not in cap.unsupported)
@@ -718,6 +823,7 @@ class Extension:
         st.fallback, st.not_loaded, st.sources_key = fallback, not_loaded, key
         st.staged_version = None
         st.fused = None
+        st.fp8 = fp8
         st.capture_ms = (time.perf_counter() - t0) * 1e3
         if st.first_ptrs is None:
             st.first_ptrs = {n: p.data_ptr() for n, p in params.items()}
@@ -846,7 +952,6 @@ class Extension:
                     raise _Failure("InvalidArgument", "rc_stage needs model, version and directory")
                 if int(timeout_ms) <= 0:
                     raise _Failure("InvalidArgument", f"rc_stage timeout_ms must be positive, got {timeout_ms}")
-                self._rc_refuse_fp8()
                 import urllib.error
                 import urllib.parse
 
@@ -951,6 +1056,9 @@ class Extension:
                     torch.cuda.synchronize()
                     install_ms = (time.perf_counter() - t0) * 1e3
                     d = None
+                fp8_report = self._rc_fp8_quantize(st) if st.fp8 else None
+                if st.fp8 is not None:
+                    st.fp8["installed"] = True
                 st.label = version
                 st.generation += 1
                 st.staged_version = None
@@ -966,6 +1074,8 @@ class Extension:
                        "digest_ms": 0.0 if fused else d["digest_ms"], "kernel_ms": d.get("kernel_ms"),
                        "verified": not mismatch, "mismatched_tensors": mismatch[:16],
                        "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
+                if fp8_report is not None:
+                    out["fp8"] = fp8_report
                 # What rc_label and rc_digest(fresh=False) would answer now, so the adapter needs no
                 # further round trip inside the pause.
                 out.update(self._rc_digest_fields(st, d, per_tensor=False))
@@ -996,6 +1106,11 @@ class Extension:
                                        "with --load-format dummy?): nothing proves the live weights until a "
                                        "version is staged and installed")
                     self._rc_ensure_capture(st, specs)
+                if st.fp8 is not None and not st.fp8.get("installed"):
+                    # The bf16 shadows of vLLM's FP8 parameters hold nothing proven before an install.
+                    raise _Failure("FailedPrecondition",
+                                   f"vLLM serves FP8 ({st.fp8['quantization']}): nothing is proven before the first "
+                                   "rc_install; rc_fp8_image reads what it serves")
                 cached = st.live_digest is not None and not fresh
                 d = st.live_digest if cached else self._rc_digest_live(st)
                 out = {"ok": True, "label": st.label, "generation": st.generation, "digest_ms": d["digest_ms"],

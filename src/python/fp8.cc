@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "rolloutcore/formats/fp8.h"
+#ifdef ROLLOUTCORE_WITH_CUDA
+#include "rolloutcore/cuda/fp8.h"
+#endif
 
 namespace rc::python {
 namespace py = pybind11;
@@ -81,9 +84,37 @@ py::array_t<float> DequantizeFp8(const py::array& q, const py::array& scales, co
   return out;
 }
 
+#ifdef ROLLOUTCORE_WITH_CUDA
+// The same rule on the GPU (cuda/fp8.h): device addresses of the row-major bf16 matrix, of its
+// rows x cols E4M3 bytes and of its scales (the grid, row-major); returns when written. The vLLM
+// worker extension quantizes the proven staged bf16 into vLLM's FP8 parameters with it.
+void QuantizeFp8Device(int device, uintptr_t bf16, int64_t rows, int64_t cols, const std::string& scheme,
+                       uintptr_t q, uintptr_t scales, std::pair<int64_t, int64_t> block, const std::string& name) {
+  auto s = formats::Fp8SchemeFromName(scheme);
+  if (!s.ok()) Raise(s.status());
+  formats::Fp8Layout l{*s, rows, cols, block.first, block.second};
+  if (Status st = l.Validate(); !st.ok()) Raise(st);
+  if (bf16 == 0 || q == 0 || scales == 0) Raise(InvalidArgument("quantize_fp8_device: a null device address"));
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = cuda::QuantizeBf16ToFp8OnDevice(device, reinterpret_cast<const void*>(bf16), l, reinterpret_cast<void*>(q),
+                                         reinterpret_cast<float*>(scales), name);
+  }
+  if (!st.ok()) Raise(st);
+}
+#endif
+
 }  // namespace
 
 void RegisterFp8(py::module_& m) {
+#ifdef ROLLOUTCORE_WITH_CUDA
+  m.def("quantize_fp8_device", &QuantizeFp8Device, py::arg("device"), py::arg("bf16"), py::arg("rows"),
+        py::arg("cols"), py::arg("scheme"), py::arg("q"), py::arg("scales"),
+        py::arg("block") = std::pair<int64_t, int64_t>{128, 128}, py::arg("name") = "tensor",
+        "quantize_fp8 on the GPU (CUDA builds): device addresses of the bf16 matrix, its E4M3 bytes and its "
+        "scales; the same bits (docs/fp8.md).");
+#endif
   m.def("quantize_fp8", &QuantizeFp8, py::arg("bits"), py::arg("scheme") = "per_tensor",
         py::arg("block") = std::pair<int64_t, int64_t>{128, 128}, py::arg("name") = "tensor", py::arg("threads") = 1,
         "bf16 bits (uint16, rows x cols) -> (E4M3 bytes uint8 rows x cols, float32 scales), as vLLM 0.33 "

@@ -18,9 +18,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from test_vllm import figure  # noqa: E402  (skips without a GPU, vLLM or the CUDA build)
-from vllm_harness import OUT, VLLM_SITE, Vllm, site_version  # noqa: E402
+from vllm_harness import OUT, VLLM_SITE, Trainer, Vllm, manifest_digests, site_version  # noqa: E402
 
-from rolloutcore.cluster import find_binary  # noqa: E402
+from rolloutcore.cluster import Server, find_binary  # noqa: E402
 
 if not (site_version(VLLM_SITE) or "").startswith("0.33."):
     pytest.skip(f"vLLM 0.33's online fp8 methods: {VLLM_SITE} holds {site_version(VLLM_SITE) or '(none)'}",
@@ -49,13 +49,6 @@ def test_vllm_fp8_image_is_the_image_computed_from_the_checkpoint(tiny, quantiza
         v.wait_healthy()
         got = v.rpc1("rc_fp8_image")
         assert got["ok"], got
-        # Refit into FP8 parameters is not built yet: the stage is refused before anything is
-        # fetched (the directory URL is never contacted) or touched.
-        refused = v.rpc1("rc_stage", model="m", version="v1", directory="http://127.0.0.1:9")
-        assert not refused["ok"] and refused["code"] == "FailedPrecondition", refused
-        assert "FP8" in refused["error"], refused
-        digest = v.rpc1("rc_digest")
-        assert not digest["ok"] and digest["code"] == "FailedPrecondition", digest
         greedy = v.complete(list(range(100, 140)), max_tokens=16, temperature=0)
     finally:
         v.stop()
@@ -78,3 +71,78 @@ def test_vllm_fp8_image_is_the_image_computed_from_the_checkpoint(tiny, quantiza
     print(f"fp8 {quantization}: {len(want) - len(bad)} of {len(want)} parameters equal to model fp8-digest "
           f"(bytes and scales)")
     assert not bad, json.dumps(bad[:4], indent=1)
+
+
+def _fp8_digest(folder: str, scheme: str) -> dict:
+    r = subprocess.run([find_binary(), "model", "fp8-digest", "--json", "--scheme", scheme, folder], check=True,
+                       capture_output=True, text=True)
+    return json.loads(r.stdout)["parameters"]
+
+
+@pytest.mark.parametrize("quantization,scheme", SCHEMES)
+def test_refit_into_fp8_vllm_installs_the_quantization_of_the_published_version(tmp_path, tiny, quantization,
+                                                                                 scheme):
+    """Refit into vLLM serving FP8 (docs/fp8.md): a torch trainer publishes v1 (bf16, fsdp:2 over
+    cuda_ipc); rc_stage stages it into bf16 shadows of the fused parameters (and the bf16 params),
+    rc_install installs and proves the bf16 (content digest == the manifest's), then quantizes
+    every shadow into vLLM's FP8 parameter and scales with rolloutcore's GPU quantizer. The FP8
+    image vLLM then holds must be the image `model fp8-digest` computes from v1 exported, for every
+    parameter, and its greedy tokens those of a fresh vLLM started on the export with the same
+    --quantization."""
+    i = [q for q, _ in SCHEMES].index(quantization)
+    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"],
+               OUT / f"directory_fp8_{scheme}.log", find_binary())
+    durl = d.wait_url(30)
+    trainer = Trainer(tiny, durl, "tiny")
+    prompt = list(range(100, 140))
+    v = Vllm(tiny, 8410 + i, f"fp8_refit_{scheme}", extra=["--quantization", quantization])
+    try:
+        v.wait_healthy()
+        before = v.complete(prompt, max_tokens=16)["choices"][0]["text"]
+        pre = v.rpc1("rc_digest")  # the bf16 shadows hold nothing proven before an install
+        assert not pre["ok"] and pre["code"] == "FailedPrecondition", pre
+        trainer.make("v1", seed=1)
+        trainer.publish("v1")
+        ev = v.rpc1("rc_stage", model="tiny", version="v1", directory=durl, timeout_ms=60000)
+        assert ev["ok"], ev
+        st, body = v.post("/pause?mode=wait&clear_cache=false")
+        assert st == 200, body
+        inst = v.rpc1("rc_install", version="v1")
+        assert inst["ok"] and inst["outcome"] == "installed", inst
+        assert inst["verified"], inst
+        assert not inst["fallback_tensors"] and not inst["not_loaded"], inst
+        want_digest, _ = manifest_digests(durl, "tiny", "v1")
+        assert inst["content_digest"] == want_digest, (inst["content_digest"], want_digest)
+        assert inst["fp8"]["scheme"] == scheme and inst["fp8"]["parameters"] == 16, inst["fp8"]
+        st, body = v.post("/reset_prefix_cache")
+        assert st == 200, body
+        st, body = v.post("/resume")
+        assert st == 200, body
+        again = v.rpc1("rc_digest", fresh=True)
+        assert again["ok"] and again["content_digest"] == want_digest, again
+        img = v.rpc1("rc_fp8_image")
+        assert img["ok"], img
+        after = v.complete(prompt, max_tokens=16)["choices"][0]["text"]
+    finally:
+        v.stop()
+    export = trainer.export("v1", str(tmp_path / "v1"))
+    want = _fp8_digest(export, scheme)
+    bad = [n for n, w in want.items() if (img["parameters"].get(n, {}).get("bytes_digest"),
+                                          img["parameters"].get(n, {}).get("scales_digest")) !=
+           (w["bytes_digest"], w["scales_digest"])]
+    print(f"fp8 refit {quantization}: install {inst['install_ms']:.1f} ms ({inst['install_path']}), quantize "
+          f"{inst['fp8']['quantize_ms']:.1f} ms; {len(want) - len(bad)} of {len(want)} parameters equal to "
+          f"model fp8-digest of v1")
+    figure(f"fp8_refit_{scheme}_quantize_ms", round(inst["fp8"]["quantize_ms"], 2))
+    assert not bad, bad[:4]
+    fresh = Vllm(export, 8420 + i, f"fp8_fresh_{scheme}", extra=["--quantization", quantization])
+    try:
+        fresh.wait_healthy()
+        expect = fresh.complete(prompt, max_tokens=16)["choices"][0]["text"]
+    finally:
+        fresh.stop()
+    trainer.close()
+    d.stop()
+    print(f"fp8 refit {quantization}: greedy after refit == fresh vLLM on the export: {after == expect}; "
+          f"changed from before: {after != before}")
+    assert after == expect, (after, expect)
