@@ -646,7 +646,10 @@ class Extension:
         """vLLM parameter name ('...qkv_proj.weight') -> module, for every layer vLLM keeps in FP8."""
         torch = _torch()
         fp8 = getattr(torch, "float8_e4m3fn", None)
-        return {m + ".weight": mod for m, mod in self._rc_model().named_modules()
+        modules = getattr(self._rc_model(), "named_modules", None)
+        if fp8 is None or not callable(modules):
+            return {}
+        return {m + ".weight": mod for m, mod in modules()
                 if isinstance(getattr(mod, "weight", None), torch.Tensor) and mod.weight.dtype == fp8}
 
     def _rc_fp8_capture(self, model: Any, specs: List[Tuple[str, str, List[int]]],
@@ -934,6 +937,10 @@ class Extension:
                 "data_ptrs_stable": stable,
                 # rc_replay: on by default; ROLLOUTCORE_VLLM_REPLAY=0 in vllm serve's environment opts out.
                 "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY", "1") != "0",
+                # What the kernels compute with: vLLM's --quantization when it keeps weights in FP8
+                # ("" otherwise); the controller replays only probes computed under the same.
+                "quantization": (str(getattr(self.vllm_config.model_config, "quantization", None) or "")
+                                 if self._rc_fp8_layers() else ""),
                 "parameters": [
                     {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", "")}
                     for n, p in params.items()

@@ -177,3 +177,4 @@ def test_rc_describe_reports_the_vllm_version(fake_torch, monkeypatch):
     assert d["ok"], d
     assert d["vllm_version"] == "0.33.0"
     assert d["num_parameters"] == 1 and d["parameter_bytes"] == 12
+    assert d["quantization"] == "", "no FP8 parameter: the weights as installed"

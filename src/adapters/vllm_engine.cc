@@ -518,6 +518,19 @@ Result<EngineDescription> VllmEngine::Describe() {
   d.replay_tolerance = options_.vllm.replay_tolerance;
   d.replay_accepts_ties = true;
   d.version = version;
+  // The quantization vLLM computes with (the extension reports --quantization when it keeps weights
+  // in FP8, docs/fp8.md): the runner replays only probes computed under the same. Workers that
+  // disagree are one engine with two answers: refused.
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const Json& q = workers[i].contains("quantization") ? workers[i]["quantization"] : Json("");
+    if (!q.is_string()) return DataLoss("rc_describe of worker " + std::to_string(i) + ": quantization is not a string");
+    if (i == 0) {
+      d.quantization = q.get<std::string>();
+    } else if (q.get<std::string>() != d.quantization) {
+      return FailedPrecondition("rc_describe: worker 0 serves quantization '" + d.quantization + "', worker " +
+                                std::to_string(i) + " '" + q.get<std::string>() + "'");
+    }
+  }
   return d;
 }
 

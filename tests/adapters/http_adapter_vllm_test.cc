@@ -79,6 +79,39 @@ TEST(HttpAdapterVllmTest, ProposesTheMeasuredBf16ReplayBoundAndAcceptsTies) {
   EXPECT_FALSE(d->offers_replay) << "the fake's rc_describe has no offers_replay";
 }
 
+// FP8 serving (docs/fp8.md): the extension's rc_describe says what vLLM computes with, and the
+// description carries it (the runner replays only probes computed under the same); workers that
+// disagree are refused.
+TEST(HttpAdapterVllmTest, DescriptionCarriesTheQuantizationTheWorkersReport) {
+  {
+    FakeVllm vllm;
+    HttpEngineAdapter a(Options(vllm.url()));
+    auto d = a.Describe();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->quantization, "") << "an extension that reports none serves the weights as installed";
+  }
+  {
+    FakeVllm::Config c;
+    c.workers = 2;
+    c.quantization = {"fp8_per_block", "fp8_per_block"};
+    FakeVllm vllm(c);
+    HttpEngineAdapter a(Options(vllm.url()));
+    auto d = a.Describe();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->quantization, "fp8_per_block");
+  }
+  {
+    FakeVllm::Config c;
+    c.workers = 2;
+    c.quantization = {"fp8_per_block", ""};
+    FakeVllm vllm(c);
+    HttpEngineAdapter a(Options(vllm.url()));
+    auto d = a.Describe();
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find("worker 1"), std::string::npos) << d.status().ToString();
+  }
+}
+
 TEST(HttpAdapterVllmTest, GaugesLeftStaleAreRefreshedByOneProbeButNeverWhilePaused) {
   FakeVllm vllm;
   HttpEngineAdapter a(Options(vllm.url()));

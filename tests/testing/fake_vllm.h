@@ -43,6 +43,8 @@ struct FakeVllmConfig {
   // (docs/vllm.md "vLLM's own transfer"), plus the extension's rc_adopt / rc_native_state.
   bool weight_transfer = true;
   std::string version = "0.26.0";  // GET /version; "0.33.x" switches on 0.33's behaviour
+  // rc_describe's quantization per worker (empty: the key is left out, as older extensions do).
+  std::vector<std::string> quantization = {};
 };
 
 class FakeVllm {
@@ -332,7 +334,7 @@ class FakeVllm {
   }
   Json Rpc(const std::string& method, const Json& kwargs, int rank) {
     if (method == "rc_describe") {
-      return Json{{"ok", true},
+      Json d{{"ok", true},
                   {"extension_version", "0.1"},
                   {"boot_id", "b1"},
                   {"tp_rank", rank},
@@ -342,6 +344,8 @@ class FakeVllm {
                   {"generation", generations_[rank]},
                   {"captured", true},
                   {"data_ptrs_stable", true}};
+      if (static_cast<size_t>(rank) < cfg_.quantization.size()) d["quantization"] = cfg_.quantization[rank];
+      return d;
     }
     if (method == "rc_stage") {
       if (rank == 0 && !stage_failure_.is_null()) return stage_failure_;

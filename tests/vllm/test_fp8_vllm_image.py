@@ -49,6 +49,8 @@ def test_vllm_fp8_image_is_the_image_computed_from_the_checkpoint(tiny, quantiza
         v.wait_healthy()
         got = v.rpc1("rc_fp8_image")
         assert got["ok"], got
+        desc = v.rpc1("rc_describe")
+        assert desc["ok"] and desc["quantization"] == quantization, {k: desc.get(k) for k in ("ok", "quantization")}
         greedy = v.complete(list(range(100, 140)), max_tokens=16, temperature=0)
     finally:
         v.stop()
