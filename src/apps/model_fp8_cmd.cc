@@ -56,16 +56,6 @@ std::map<std::string, std::vector<std::string>> FusedParameters(const std::vecto
   return out;
 }
 
-// vLLM 0.33's --quantization value for the scheme.
-const char* VllmQuantization(formats::Fp8Scheme scheme) {
-  switch (scheme) {
-    case formats::Fp8Scheme::kPerTensor: return "fp8_per_tensor";
-    case formats::Fp8Scheme::kPerChannel: return "fp8_per_channel";
-    case formats::Fp8Scheme::kBlock: return "fp8_per_block";
-  }
-  return "?";
-}
-
 Status Run(const Flags& f, std::ostream& out) {
   RC_ASSIGN_OR_RETURN(const formats::Fp8Scheme scheme, formats::Fp8SchemeFromName(f.scheme));
   RC_ASSIGN_OR_RETURN(auto folder, formats::SafetensorsFolder::Open(f.folder));
@@ -76,7 +66,9 @@ Status Run(const Flags& f, std::ostream& out) {
     return InvalidArgument(fmt::format("{}: no q/k/v/o/gate/up/down_proj weights to quantize", f.folder));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  Json report{{"folder", f.folder}, {"scheme", f.scheme}, {"vllm_quantization", VllmQuantization(scheme)}};
+  Json report{{"folder", f.folder},
+              {"scheme", f.scheme},
+              {"vllm_quantization", std::string(formats::Fp8VllmQuantization(scheme))}};
   Json per = Json::object();
   refit::TensorDigests combined;
   size_t done = 0;

@@ -148,7 +148,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
   e->replay_reserve_blocks_ = static_cast<int32_t>(replay_reserve);
   std::optional<formats::Fp8Scheme> fp8;
   if (!o.quantization.empty()) {
-    RC_ASSIGN_OR_RETURN(fp8, Fp8SchemeFromQuantization(o.quantization));
+    RC_ASSIGN_OR_RETURN(fp8, formats::Fp8SchemeFromVllmQuantization(o.quantization));
   }
   RC_ASSIGN_OR_RETURN(e->model_, Model::Create(spec, o.tensor_parallel_size, o.num_kv_blocks + replay_reserve,
                                                o.block_size, e->pool_.get(), o.weight_dtype, fp8));

@@ -112,7 +112,7 @@ TEST_P(Fp8ParityTest, FP8ModelEqualsTheF32ModelOverTheDequantizedWeights) {
   const ParityCase c = GetParam();
   auto spec = ResolveModel("tiny");
   ASSERT_TRUE(spec.ok());
-  auto scheme = Fp8SchemeFromQuantization(c.quantization);
+  auto scheme = formats::Fp8SchemeFromVllmQuantization(c.quantization);
   ASSERT_TRUE(scheme.ok());
   ThreadPool pool(2);
   auto fp8 = Model::Create(*spec, c.tp, 8, 16, &pool, DType::kBF16, *scheme);

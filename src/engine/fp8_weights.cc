@@ -9,24 +9,6 @@
 
 namespace rc::engine {
 
-Result<formats::Fp8Scheme> Fp8SchemeFromQuantization(std::string_view q) {
-  if (q == "fp8_per_tensor") return formats::Fp8Scheme::kPerTensor;
-  if (q == "fp8_per_channel") return formats::Fp8Scheme::kPerChannel;
-  if (q == "fp8_per_block") return formats::Fp8Scheme::kBlock;
-  return InvalidArgument(fmt::format("quantization '{}': expected one of fp8_per_tensor, fp8_per_channel, fp8_per_block "
-                                     "(vLLM 0.33's online FP8 methods)",
-                                     q));
-}
-
-std::string_view QuantizationOfFp8Scheme(formats::Fp8Scheme scheme) {
-  switch (scheme) {
-    case formats::Fp8Scheme::kPerTensor: return "fp8_per_tensor";
-    case formats::Fp8Scheme::kPerChannel: return "fp8_per_channel";
-    case formats::Fp8Scheme::kBlock: return "fp8_per_block";
-  }
-  return "?";
-}
-
 Result<std::unique_ptr<Fp8Weights>> Fp8Weights::Create(const ModelSpec& spec, const std::vector<RankLayout>& layouts,
                                                        formats::Fp8Scheme scheme) {
   std::unique_ptr<Fp8Weights> w(new Fp8Weights());

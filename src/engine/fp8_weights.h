@@ -43,10 +43,6 @@
 
 namespace rc::engine {
 
-// vLLM 0.33's --quantization names of the online FP8 methods: fp8_per_tensor, fp8_per_channel,
-// fp8_per_block (InvalidArgument naming the value and the choices otherwise).
-Result<formats::Fp8Scheme> Fp8SchemeFromQuantization(std::string_view quantization);
-std::string_view QuantizationOfFp8Scheme(formats::Fp8Scheme scheme);
 
 // The engine parameters that are served in FP8 (per layer, in this order).
 inline constexpr const char* kFp8Projections[] = {"self_attn.qkv_proj.weight", "self_attn.o_proj.weight",

@@ -90,7 +90,7 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, int tp, int6
     return InvalidArgument("weight dtype " + std::string(DTypeName(weight_dtype)) + ": expected F32 or BF16");
   }
   if (fp8 && weight_dtype != DType::kBF16) {
-    return InvalidArgument("quantization " + std::string(QuantizationOfFp8Scheme(*fp8)) + " quantizes BF16 weights; " +
+    return InvalidArgument("quantization " + std::string(formats::Fp8VllmQuantization(*fp8)) + " quantizes BF16 weights; " +
                            "these weights are kept in " + std::string(DTypeName(weight_dtype)) +
                            " (an F32 or F16 checkpoint): convert it to bf16 first");
   }
@@ -228,7 +228,7 @@ bool Model::IsLive(const WeightBinding& w) const {
 
 Result<WeightBinding> Model::BindImage(const WeightImage& image) const {
   if (fp8_) {
-    return FailedPrecondition("the engine serves FP8 (" + std::string(QuantizationOfFp8Scheme(fp8_->scheme())) +
+    return FailedPrecondition("the engine serves FP8 (" + std::string(formats::Fp8VllmQuantization(fp8_->scheme())) +
                               "): a staged bf16 image is not what it computes with");
   }
   if (image.size() != ranks_.size()) {

@@ -241,6 +241,24 @@ Result<Fp8Scheme> Fp8SchemeFromName(std::string_view name) {
   return InvalidArgument(fmt::format("unknown fp8 scaling '{}' (per_tensor, per_channel or block)", name));
 }
 
+std::string_view Fp8VllmQuantization(Fp8Scheme scheme) {
+  switch (scheme) {
+    case Fp8Scheme::kPerTensor: return "fp8_per_tensor";
+    case Fp8Scheme::kPerChannel: return "fp8_per_channel";
+    case Fp8Scheme::kBlock: return "fp8_per_block";
+  }
+  return "?";
+}
+
+Result<Fp8Scheme> Fp8SchemeFromVllmQuantization(std::string_view quantization) {
+  for (Fp8Scheme s : {Fp8Scheme::kPerTensor, Fp8Scheme::kPerChannel, Fp8Scheme::kBlock}) {
+    if (quantization == Fp8VllmQuantization(s)) return s;
+  }
+  return InvalidArgument(fmt::format("quantization '{}': expected one of fp8_per_tensor, fp8_per_channel, "
+                                     "fp8_per_block (vLLM 0.33's online FP8 methods)",
+                                     quantization));
+}
+
 std::array<int64_t, 2> Fp8Layout::ScaleGrid() const {
   switch (scheme) {
     case Fp8Scheme::kPerTensor: return {1, 1};

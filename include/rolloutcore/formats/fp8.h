@@ -47,6 +47,10 @@ enum class Fp8Scheme {
 };
 std::string_view Fp8SchemeName(Fp8Scheme scheme);  // "per_tensor", "per_channel", "block"
 Result<Fp8Scheme> Fp8SchemeFromName(std::string_view name);
+// vLLM 0.33's --quantization names of its online FP8 methods: fp8_per_tensor, fp8_per_channel,
+// fp8_per_block (InvalidArgument naming the value and the choices otherwise).
+std::string_view Fp8VllmQuantization(Fp8Scheme scheme);
+Result<Fp8Scheme> Fp8SchemeFromVllmQuantization(std::string_view quantization);
 
 struct Fp8Layout {
   Fp8Scheme scheme = Fp8Scheme::kPerTensor;
