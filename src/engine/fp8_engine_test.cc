@@ -385,6 +385,7 @@ TEST(Fp8ReplayTest, QuantizationNoiseAgainstAWrongModel) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) {
     std::vector<int32_t> p;
+    p.reserve(12);
     for (int k = 0; k < 12; ++k) p.push_back(static_cast<int32_t>((i * 7919 + k * 104729 + 13) % vocab));
     prompts.push_back(p);
   }
