@@ -709,11 +709,37 @@ class Extension:
             shadows[pname] = (mod, sname)
         return cap, {"scheme": scheme, "quantization": quant, "layers": shadows}
 
-    def _rc_fp8_quantize(self, st: _State) -> Dict[str, Any]:
+    def _rc_fp8_target(self, st: _State, pname: str) -> Tuple[Any, Any, Any, int, int, Tuple[int, int]]:
+        """(bf16 shadow, vLLM's [out, in] E4M3 view, its scales, rows, cols, scale grid) of an FP8
+        parameter: vLLM keeps the [out, in] bytes contiguous (per tensor and per channel as
+        qweight.t(), per block as is) and the scales as their grid of contiguous float32."""
+        torch = _torch()
+        mod, sname = st.fp8["layers"][pname]
+        scheme = st.fp8["scheme"]
+        shadow = st.capture.params[sname]
+        rows, cols = shadow.shape
+        w = mod.weight
+        q = w.t() if tuple(w.shape) == (cols, rows) and tuple(w.stride()) == (1, cols) else w
+        if tuple(q.shape) != (rows, cols) or not q.is_contiguous():
+            raise _Failure("FailedPrecondition", f"{pname}: vLLM keeps the FP8 weight as {tuple(w.shape)} strides "
+                                                 f"{tuple(w.stride())}, not the [out, in] bytes the quantizer writes")
+        s = getattr(mod, "weight_scale_inv" if scheme == "block" else "weight_scale", None)
+        grid = {"per_tensor": (1, 1), "per_channel": (rows, 1),
+                "block": (-(-rows // 128), -(-cols // 128))}[scheme]
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or not s.is_contiguous() or \
+                s.numel() != grid[0] * grid[1]:
+            raise _Failure("FailedPrecondition", f"{pname}: vLLM's scales are not the {scheme} grid {list(grid)} of "
+                                                 "contiguous float32 the quantizer writes")
+        return shadow, q, s, rows, cols, grid
+
+    def _rc_fp8_quantize(self, st: _State, fault: str = "") -> Dict[str, Any]:
         """Quantizes every bf16 shadow (installed and digested like a live parameter) into vLLM's FP8
         parameter and its scales, in place, with rolloutcore's GPU quantizer (the bits of formats/fp8.h,
-        which are vLLM's: docs/fp8.md). vLLM keeps the [out, in] bytes contiguous (per tensor and
-        per channel as qweight.t(), per block as is) and the scales as their grid."""
+        which are vLLM's: docs/fp8.md). `fault` (tests only, rc_fault fp8_install) leaves a wrong
+        image behind that the proof must catch: wrong_scale (every scale doubled), stale_scales (the
+        previous version's scales), swizzled_scales (the scale grid re-laid out: rows exchanged
+        pairwise, block columns reversed), stale_image (nothing quantized: the previous version's
+        bytes and scales)."""
         torch = _torch()
         from . import _core
 
@@ -721,24 +747,157 @@ class Extension:
         t0 = time.perf_counter()
         device = self._rc_device()
         scheme = st.fp8["scheme"]
-        params = st.capture.params
-        for pname, (mod, sname) in sorted(st.fp8["layers"].items()):
-            shadow = params[sname]
-            rows, cols = shadow.shape
-            w = mod.weight
-            q = w.t() if tuple(w.shape) == (cols, rows) and tuple(w.stride()) == (1, cols) else w
-            if tuple(q.shape) != (rows, cols) or not q.is_contiguous():
-                raise _Failure("FailedPrecondition", f"{pname}: vLLM keeps the FP8 weight as {tuple(w.shape)} strides "
-                                                     f"{tuple(w.stride())}, not the [out, in] bytes the quantizer writes")
-            s = getattr(mod, "weight_scale_inv" if scheme == "block" else "weight_scale", None)
-            grid = {"per_tensor": 1, "per_channel": rows,
-                    "block": -(-rows // 128) * -(-cols // 128)}[scheme]
-            if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or not s.is_contiguous() or s.numel() != grid:
-                raise _Failure("FailedPrecondition", f"{pname}: vLLM's scales are not the {scheme} grid of {grid} "
-                                                     "contiguous float32 the quantizer writes")
+        for pname in sorted(st.fp8["layers"]):
+            shadow, q, s, rows, cols, grid = self._rc_fp8_target(st, pname)
+            if fault == "stale_image":
+                continue
+            before = s.clone() if fault == "stale_scales" else None
             _core.quantize_fp8_device(device, shadow.data_ptr(), rows, cols, scheme, q.data_ptr(), s.data_ptr(),
                                       name=pname)
-        return {"scheme": scheme, "parameters": len(st.fp8["layers"]), "quantize_ms": (time.perf_counter() - t0) * 1e3}
+            with torch.no_grad():
+                if fault == "wrong_scale":
+                    s.mul_(2.0)
+                elif fault == "stale_scales":
+                    s.copy_(before)
+                elif fault == "swizzled_scales":
+                    g = s.view(grid[0], grid[1])
+                    n = grid[0] - grid[0] % 2
+                    g[:n] = g[:n].view(n // 2, 2, grid[1]).flip(1).reshape(n, grid[1]).clone()
+                    if scheme == "block":
+                        g.copy_(g.flip(1).clone())
+        torch.cuda.synchronize()
+        out = {"scheme": scheme, "parameters": len(st.fp8["layers"]), "quantize_ms": (time.perf_counter() - t0) * 1e3}
+        if fault:
+            out["fault"] = fault
+        return out
+
+    def _rc_fp8_expected(self, st: _State, staged: bool) -> Dict[str, Any]:
+        """Per FP8 parameter, the FP8 image digest of the quantization of its bf16: of the staged
+        parts (``staged``: rc_stage, while vLLM still serves; the staged bytes are proven equal to
+        the manifest on landing) or of the installed shadow (proven by the content digest). The
+        quantization runs into scratch memory, at most about 1 GiB of image at a time."""
+        torch = _torch()
+        from . import _core
+
+        torch.cuda.synchronize()
+        device = self._rc_device()
+        scheme = st.fp8["scheme"]
+        expected: Dict[str, Any] = {}
+        batch: List[Tuple[str, Any, Any]] = []
+        batch_bytes = 0
+        parts: Dict[str, List[Tuple[int, Any]]] = {}
+        if staged:
+            for i, c in enumerate(st.capture.copies):
+                if c["param_name"].startswith("rc.bf16."):
+                    parts.setdefault(c["param_name"], []).append((c["dest_offset"], st.staging_views[i]))
+
+        def flush() -> None:
+            nonlocal batch, batch_bytes
+            if batch:
+                got = _core.fp8_image_digest_device(
+                    device, [(n, q.data_ptr(), q.shape[0], q.shape[1], s.data_ptr(), s.shape[0], s.shape[1])
+                             for n, q, s in batch])
+                expected.update(got["parameters"])
+            batch, batch_bytes = [], 0
+
+        for pname in sorted(st.fp8["layers"]):
+            shadow, _, _, rows, cols, grid = self._rc_fp8_target(st, pname)
+            src = shadow
+            if staged:
+                views = [v for _, v in sorted(parts.get(st.fp8["layers"][pname][1], []), key=lambda x: x[0])]
+                src = views[0] if len(views) == 1 else torch.cat([v.reshape(-1, cols) for v in views], dim=0)
+                src = src.reshape(rows, cols).contiguous()
+            eq = torch.empty((rows, cols), dtype=torch.uint8, device=shadow.device)
+            es = torch.empty(grid, dtype=torch.float32, device=shadow.device)
+            _core.quantize_fp8_device(device, src.data_ptr(), rows, cols, scheme, eq.data_ptr(), es.data_ptr(),
+                                      name=pname)
+            batch.append((pname, eq, es))
+            batch_bytes += rows * cols
+            if batch_bytes >= 1 << 30:
+                flush()
+        flush()
+        return expected
+
+    def _rc_fp8_evidence(self, st: _State, expected: Optional[Dict[str, Any]] = None,
+                         expected_from: str = "shadows") -> Dict[str, Any]:
+        """The proof of the FP8 image (docs/fp8.md): the FP8 image digest of what vLLM computes with
+        (its E4M3 parameters and scales, read in place on the GPU) against the digest of the
+        quantization of the proven bf16: ``expected`` when rc_stage computed it from the staged
+        bytes (outside the pause), else of the bf16 shadows, whose content the content digest proves
+        to be the published version (both with refit/fp8_digest.h's rule, which `rolloutcore model
+        fp8-digest` applies to a checkpoint). The shape of the embedded engine's GET
+        /rc/weights/digest "fp8"."""
+        torch = _torch()
+        from . import _core
+
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        device = self._rc_device()
+        scheme = st.fp8["scheme"]
+        if expected is None:
+            expected, expected_from = self._rc_fp8_expected(st, staged=False), "shadows"
+        live_entries = []
+        for pname in sorted(st.fp8["layers"]):
+            _, q, s, rows, cols, grid = self._rc_fp8_target(st, pname)
+            live_entries.append((pname, q.data_ptr(), rows, cols, s.data_ptr(), grid[0], grid[1]))
+        live = _core.fp8_image_digest_device(device, live_entries)
+        params: Dict[str, Any] = {}
+        mismatch = ""
+        for pname in sorted(st.fp8["layers"]):
+            got, want = live["parameters"][pname], expected.get(pname)
+            if want is None:
+                raise _Failure("Internal", f"no expected FP8 image digest for {pname}")
+            p = {"live": got["digest"], "expected": want["digest"],
+                 "bytes_match": got["bytes_digest"] == want["bytes_digest"],
+                 "scales_match": got["scales_digest"] == want["scales_digest"]}
+            params[pname] = p
+            if not mismatch and got["digest"] != want["digest"]:
+                what = [k for k in ("bytes", "scales") if not p[k + "_match"]]
+                mismatch = (f"{pname}: the {' and '.join(what)} vLLM computes with are not the {scheme} quantization "
+                            f"of the proven bf16 (live {got['digest']}, expected {want['digest']})")
+        exp_combined = _core.combine_digests({n: int(expected[n]["digest"], 16) for n in st.fp8["layers"]})
+        out = {"quantization": st.fp8["quantization"], "scheme": scheme, "live_digest": live["combined"],
+               "expected_digest": exp_combined, "expected_from": expected_from,
+               "match": live["combined"] == exp_combined and not mismatch,
+               "parameters": params, "ms": (time.perf_counter() - t0) * 1e3}
+        if mismatch:
+            out["mismatch"] = mismatch
+        return out
+
+    def _rc_fp8_shadows_from_checkpoint(self, st: _State, folder: str) -> None:
+        """Before the first install the bf16 shadows hold nothing; vLLM quantized the checkpoint it
+        loaded from `folder` (a local folder). The shadows are filled from that checkpoint, so the
+        content digest covers the bf16 whose quantization vLLM serves and the FP8 evidence proves
+        (or refutes) that vLLM's own quantization of it is the image it computes with."""
+        torch = _torch()
+        from safetensors import safe_open
+
+        want: Dict[str, List[Dict[str, Any]]] = {}
+        for c in st.capture.copies:
+            if c["param_name"].startswith("rc.bf16."):
+                want.setdefault(c["source"], []).append(c)
+        dev = f"cuda:{self._rc_device()}"
+        found = set()
+        with torch.no_grad():
+            for fn in sorted(os.listdir(folder)):
+                if not fn.endswith(".safetensors"):
+                    continue
+                with safe_open(os.path.join(folder, fn), framework="pt", device=dev) as f:
+                    for name in f.keys():
+                        for c in want.get(name, []):
+                            p = st.capture.params[c["param_name"]]
+                            n = 1
+                            for x in c["dest_shape"]:
+                                n *= x
+                            p.view(-1)[c["dest_offset"]:c["dest_offset"] + n].view(c["dest_shape"]).copy_(
+                                f.get_tensor(name))
+                            found.add(name)
+        missing = sorted(set(want) - found)
+        if missing:
+            raise _Failure("FailedPrecondition", f"{folder} lacks {missing[:4]}: the FP8 image's bf16 cannot be read")
+        torch.cuda.synchronize()
+        st.fp8["installed"] = True
+        st.fp8["from_checkpoint"] = folder
 
     def _rc_ensure_capture(self, st: _State, specs: List[Tuple[str, str, List[int]]]) -> None:
         """Captures vLLM's loader for this source tensor set (once per set) and allocates staging."""
@@ -1003,6 +1162,12 @@ class Extension:
                 else:
                     st.fused = dict(st.stager.prepare_install(self._rc_staging_buffers(st), self._rc_live_buffers(st)))
                 ev["install_prepared"] = dict(st.fused)
+                if st.fp8 is not None:
+                    # FP8 serving: the expected image of this version, from the proven staged bytes,
+                    # computed now so that the pause only quantizes and digests the live image.
+                    t2 = time.perf_counter()
+                    st.fp8["expected"] = {"version": version, "digests": self._rc_fp8_expected(st, staged=True)}
+                    ev["stage_ms"]["fp8_expected"] = (time.perf_counter() - t2) * 1e3
                 st.staged_evidence = ev
                 return ev
             except _Failure as f:
@@ -1063,9 +1228,11 @@ class Extension:
                     torch.cuda.synchronize()
                     install_ms = (time.perf_counter() - t0) * 1e3
                     d = None
-                fp8_report = self._rc_fp8_quantize(st) if st.fp8 else None
+                fp8_report = None
                 if st.fp8 is not None:
+                    fp8_report = self._rc_fp8_quantize(st, str(st.faults.pop("fp8_install", "")))
                     st.fp8["installed"] = True
+                    st.fp8.pop("from_checkpoint", None)
                 st.label = version
                 st.generation += 1
                 st.staged_version = None
@@ -1082,7 +1249,13 @@ class Extension:
                        "verified": not mismatch, "mismatched_tensors": mismatch[:16],
                        "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
                 if fp8_report is not None:
-                    out["fp8"] = fp8_report
+                    # The proof of the FP8 image, inside the pause (read by the adapter with the digest).
+                    pre = st.fp8.pop("expected", None)
+                    if pre is not None and pre["version"] == version:
+                        st.fp8["evidence"] = self._rc_fp8_evidence(st, pre["digests"], "staged")
+                    else:
+                        st.fp8["evidence"] = self._rc_fp8_evidence(st)
+                    out["fp8"] = {**fp8_report, **st.fp8["evidence"]}
                 # What rc_label and rc_digest(fresh=False) would answer now, so the adapter needs no
                 # further round trip inside the pause.
                 out.update(self._rc_digest_fields(st, d, per_tensor=False))
@@ -1114,15 +1287,27 @@ class Extension:
                                        "version is staged and installed")
                     self._rc_ensure_capture(st, specs)
                 if st.fp8 is not None and not st.fp8.get("installed"):
-                    # The bf16 shadows of vLLM's FP8 parameters hold nothing proven before an install.
-                    raise _Failure("FailedPrecondition",
-                                   f"vLLM serves FP8 ({st.fp8['quantization']}): nothing is proven before the first "
-                                   "rc_install; rc_fp8_image reads what it serves")
+                    # The bf16 shadows of vLLM's FP8 parameters hold nothing before an install: they
+                    # take the checkpoint vLLM quantized at load, and the evidence proves its image.
+                    folder = self.vllm_config.model_config.model
+                    if not os.path.isdir(folder) or not _safetensors_specs(folder):
+                        raise _Failure("FailedPrecondition",
+                                       f"vLLM serves FP8 ({st.fp8['quantization']}) quantized from {folder}, which is "
+                                       "not a local folder of safetensors (--load-format dummy?): nothing is proven "
+                                       "before the first rc_install")
+                    self._rc_fp8_shadows_from_checkpoint(st, folder)
+                    st.live_digest = None
                 cached = st.live_digest is not None and not fresh
                 d = st.live_digest if cached else self._rc_digest_live(st)
                 out = {"ok": True, "label": st.label, "generation": st.generation, "digest_ms": d["digest_ms"],
                        "cached": cached}
                 out.update(self._rc_digest_fields(st, d, per_tensor=per_tensor))
+                if st.fp8 is not None:
+                    if not cached or "evidence" not in st.fp8:
+                        st.fp8["evidence"] = self._rc_fp8_evidence(st)
+                    out["fp8"] = dict(st.fp8["evidence"])
+                    if st.fp8.get("from_checkpoint"):
+                        out["fp8"]["bf16_from"] = st.fp8["from_checkpoint"]
                 return out
             except _Failure as f:
                 return _fail(f.code, str(f))
@@ -1326,15 +1511,29 @@ class Extension:
         live copy (mutation has begun), so a test can kill vLLM mid-install.
         ``stage_pull_delay_ms``: rc_stage holds its pull that long (within its timeout) after the
         trainer's memory was imported and before the reads are posted, so a test can kill the
-        trainer mid-pull. ``rc_fault()`` with no argument clears them."""
+        trainer mid-pull. ``fp8_install``: when vLLM serves FP8, the next rc_install leaves the FP8
+        image wrong in one way (wrong_scale, stale_scales, swizzled_scales, stale_image; see
+        _rc_fp8_quantize) and its proof must fail; once. ``rc_fault()`` with no argument clears them."""
         if os.environ.get("ROLLOUTCORE_VLLM_FAULT_INJECTION") != "1":
             return _fail("FailedPrecondition", "fault injection is off (ROLLOUTCORE_VLLM_FAULT_INJECTION=1 enables it)")
-        known = {"install_sleep_ms", "stage_pull_delay_ms"}
+        known = {"install_sleep_ms", "stage_pull_delay_ms", "fp8_install"}
         bad = sorted(set(faults) - known)
         if bad:
             return _fail("InvalidArgument", f"unknown faults {bad}; known: {sorted(known)}")
+        fp8_faults = ("wrong_scale", "stale_scales", "swizzled_scales", "stale_image")
+        if "fp8_install" in faults:
+            f = faults["fp8_install"]
+            quant = str(getattr(self.vllm_config.model_config, "quantization", None))
+            if f not in fp8_faults:
+                return _fail("InvalidArgument", f"fp8_install {f!r}: one of {list(fp8_faults)}")
+            if quant not in _FP8_SCHEMES:
+                return _fail("FailedPrecondition", f"fp8_install {f}: vLLM does not serve FP8 from bf16 "
+                                                   f"(quantization {quant})")
+            if f == "swizzled_scales" and quant == "fp8_per_tensor":
+                return _fail("InvalidArgument", "fp8_install swizzled_scales: fp8_per_tensor has one scale per "
+                                                "parameter, nothing to re-lay out")
         st = self._rc_state()
-        st.faults = {k: int(v) for k, v in faults.items()}
+        st.faults = {k: (str(v) if k == "fp8_install" else int(v)) for k, v in faults.items()}
         return {"ok": True, "faults": dict(st.faults)}
 
     def rc_label(self) -> Dict[str, Any]:

@@ -97,31 +97,65 @@ def main(argv=None) -> int:
                     help="pause: /pause?mode=wait&clear_cache=false + /resume; sleep: /sleep?level=0&mode=wait + "
                          "/wake_up?tags=scheduling; both: alternate (odd cycles pause, even sleep). With "
                          "--controller: sleep passes --vllm-pause-call sleep")
+    ap.add_argument("--quantization", choices=["fp8_per_tensor", "fp8_per_channel", "fp8_per_block"], default=None,
+                    help="vLLM serves FP8 weights quantized from the trainer's bf16 (vLLM 0.33's --quantization; "
+                         "docs/fp8.md): each install stages bf16, quantizes on the GPU and proves the FP8 image")
+    ap.add_argument("--compare-bf16", action="store_true",
+                    help="with --quantization: run the same cycles on bf16 vLLM first, then on FP8, in this one "
+                         "call, and print the two side by side (COMPARE line, $OUT/bench_vllm_<shape>_fp8_vs_bf16.json)")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart measurement")
     ap.add_argument("--no-digest-bench", action="store_true", help="skip rc_bench_digest")
     ap.add_argument("--dry-run", action="store_true", help="print the configuration as JSON and exit")
     a = ap.parse_args(argv)
+    if a.compare_bf16 and not a.quantization:
+        ap.error("--compare-bf16 needs --quantization (the FP8 method to compare with bf16)")
     if a.dry_run:
         print(json.dumps({**vars(a), "make_tiny": MAKE_TINY, "out": str(OUT),
                           "rolloutcore_bin": os.environ.get("ROLLOUTCORE_BIN")}, sort_keys=True))
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
+    if not a.compare_bf16:
+        run(a)
+        return 0
+    # bf16 then FP8, the same shape, cycles and seeds, one after the other in this call.
+    runs = {}
+    for q in (None, a.quantization):
+        b = argparse.Namespace(**vars(a))
+        b.quantization = q
+        runs[q or "bf16"] = run(b)
+    keys = ("pause_window_ms_median", "hot_cycle_ms_median", "install_ms_median", "install_call_ms_median",
+            "fp8_quantize_ms_median", "fp8_proof_ms_median", "stage_ms_median", "first_token_ms_median",
+            "cold_healthy_s")
+    cmp = {"shape": a.shape, "cycles": a.cycles, "quantization": a.quantization,
+           "bf16": {k: runs["bf16"].get(k) for k in keys}, a.quantization: {k: runs[a.quantization].get(k) for k in keys}}
+    for k in ("pause_window_ms_median", "hot_cycle_ms_median"):
+        lo, hi = runs["bf16"].get(k), runs[a.quantization].get(k)
+        if lo and hi:
+            cmp[k.replace("_median", "_fp8_over_bf16")] = round(hi / lo, 3)
+    print("COMPARE " + json.dumps(cmp), flush=True)
+    (OUT / f"bench_vllm_{a.shape}_fp8_vs_bf16.json").write_text(json.dumps(cmp, indent=1))
+    return 0
+
+
+def run(a) -> dict:
+    """One bench run (a shape, bf16 or one FP8 method); returns its summary."""
     from rolloutcore.cluster import Server, find_binary
 
-    work = OUT / f"bench_{a.shape}"
+    tag = a.shape + (f"_{a.quantization}" if a.quantization else "")
+    work = OUT / f"bench_{tag}"
     work.mkdir(exist_ok=True)
     cfg = str(work / "model")
     dummy = a.shape != "tiny"
     cmd = [sys.executable, MAKE_TINY, cfg, "--shape", a.shape] + (["--no-weights"] if dummy else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"],
-               OUT / f"bench_directory_{a.shape}.log", find_binary())
+               OUT / f"bench_directory_{tag}.log", find_binary())
     durl = d.wait_url(30)
     model = f"bench-{a.shape}"
     util = a.gpu_util or (0.3 if a.shape == "8b" else 0.25)
-    extra = ["--load-format", "dummy"] if dummy else []
+    extra = (["--load-format", "dummy"] if dummy else []) + (["--quantization", a.quantization] if a.quantization else [])
     t0 = time.time()
-    v = Vllm(cfg, a.port, f"bench_{a.shape}", extra=extra, gpu_util=util, max_len=1024)
+    v = Vllm(cfg, a.port, f"bench_{tag}", extra=extra, gpu_util=util, max_len=1024)
     cold_healthy = v.wait_healthy(600)
     vllm_version = v.version()
     # 0.33 has its own weight label (GET /weight_info, POST /update_weight_version); a control plane
@@ -138,7 +172,7 @@ def main(argv=None) -> int:
         if a.pause_call == "sleep":
             ctl_args += ["--vllm-pause-call", "sleep"]
         ctl = Server("controller", ctl_args,
-                     OUT / f"bench_controller_{a.shape}.log", find_binary())
+                     OUT / f"bench_controller_{tag}.log", find_binary())
         curl = ctl.wait_url(60)
     rows = []
     for k in range(1, a.cycles + 1):
@@ -189,6 +223,11 @@ def main(argv=None) -> int:
                        reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
                        bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
                        digest_equals_manifest=inst["content_digest"] == ev.get("manifest_digest"))
+            if a.quantization:
+                f = inst.get("fp8") or {}
+                assert f.get("match") is True, f  # the FP8 image is the quantization of the proven bf16
+                row.update(fp8_quantize_ms=f.get("quantize_ms"), fp8_proof_ms=f.get("ms"), fp8_match=f.get("match"),
+                           fp8_parameters=f.get("parameters") and len(f["parameters"]))
         else:
             st, body = http("POST", curl + "/v1/updates", {"model": model, "version": ver})
             assert st == 202, body
@@ -209,14 +248,14 @@ def main(argv=None) -> int:
     restart_s = healthy = restart_first = None
     if not a.no_restart:
         r0 = time.time()
-        v2 = Vllm(cfg, a.port, f"bench_{a.shape}_restart", extra=extra, gpu_util=util, max_len=1024)
+        v2 = Vllm(cfg, a.port, f"bench_{tag}_restart", extra=extra, gpu_util=util, max_len=1024)
         healthy = v2.wait_healthy(600)
         restart_first = first_token_ms(v2)
         restart_s = time.time() - r0
         v2.stop()
     hot = [r["hot_cycle_ms"] for r in rows[1:]] or [r["hot_cycle_ms"] for r in rows]
     summary = {
-        "shape": a.shape, "bytes": total_bytes, "cycles": a.cycles, "controller": bool(ctl),
+        "shape": a.shape, "quantization": a.quantization, "bytes": total_bytes, "cycles": a.cycles, "controller": bool(ctl),
         "vllm_version": vllm_version,
         "cold_start_s": round(cold_total, 2), "cold_healthy_s": round(cold_healthy, 2),
         "cold_first_token_ms": round(cold_first, 2),
@@ -228,7 +267,8 @@ def main(argv=None) -> int:
         "rows": rows,
     }
     for key in ("stage_ms", "stage_engine_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
-                "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms"):
+                "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms",
+                "fp8_quantize_ms", "fp8_proof_ms"):
         vals = [r[key] for r in rows[1:] if r.get(key) is not None]
         if vals:
             summary[key + "_median"] = median(vals)
@@ -237,12 +277,12 @@ def main(argv=None) -> int:
             if vals and a.pause_call == "both":
                 summary[f"{key}_median_via_{via}"] = median(vals)
     print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "rows"}), flush=True)
-    (OUT / f"bench_vllm_{a.shape}.json").write_text(json.dumps(summary, indent=1))
+    (OUT / f"bench_vllm_{tag}.json").write_text(json.dumps(summary, indent=1))
     if ctl is not None:
         ctl.stop()
     trainer.close()
     d.stop()
-    return 0
+    return summary
 
 
 if __name__ == "__main__":

@@ -74,6 +74,22 @@ Result<lifecycle::IdentityEvidence> IdentityFromJson(const Json& j, const char* 
   return e;
 }
 
+Result<lifecycle::QuantizedDigestEvidence> QuantizedFromJson(const Json& f, const std::string& where) {
+  if (!f.is_object()) return DataLoss(where + ": fp8 is not an object but " + JsonTypeName(f));
+  lifecycle::QuantizedDigestEvidence q;
+  RC_ASSIGN_OR_RETURN(q.quantization, GetString(f, "quantization", where + " fp8"));
+  RC_ASSIGN_OR_RETURN(q.expected, GetString(f, "expected_digest", where + " fp8"));
+  if (f.contains("live_digest") && !f["live_digest"].is_null()) {
+    RC_ASSIGN_OR_RETURN(q.live, GetString(f, "live_digest", where + " fp8"));
+  }
+  if (f.contains("mismatch") && f["mismatch"].is_string()) {
+    q.detail = f["mismatch"].get<std::string>();
+  } else if (f.contains("live_error") && f["live_error"].is_string()) {
+    q.detail = f["live_error"].get<std::string>();
+  }
+  return q;
+}
+
 std::string ErrorMessage(const std::string& body) {
   auto j = ParseJson(body, "error body");
   if (j.ok() && j->is_object()) {

@@ -69,6 +69,12 @@ lifecycle::EngineDescription StagingEngineDescription(const std::string& name, c
 Result<lifecycle::IdentityEvidence> IdentityFromJson(const Json& j, const char* label_key, const char* generation_key,
                                                      const std::string& where);
 
+// The "fp8" object of an engine's digest reply (docs/fp8.md): quantization, expected_digest,
+// live_digest (null when the image has no consistent digest) and the first mismatch. The embedded
+// engine's GET /rc/weights/digest and the vLLM extension's rc_digest / rc_install answer the same
+// shape. Errors name `where` and the field.
+Result<lifecycle::QuantizedDigestEvidence> QuantizedFromJson(const Json& f, const std::string& where);
+
 // vLLM's (and FastAPI's) error bodies: {"error": {"message": ...}}, {"error": "..."} or
 // {"detail": ...}; anything else is returned as is.
 std::string ErrorMessage(const std::string& body);

@@ -158,14 +158,7 @@ class RolloutcoreEngine final : public BlockingEngine {
     RC_ASSIGN_OR_RETURN(e.content_digest, GetString(j, "content_digest", "digest"));
     if (j.contains("fp8")) {
       // FP8 serving (docs/fp8.md): the digest of the image the kernels read and the expected one.
-      const Json& f = j["fp8"];
-      if (!f.is_object()) return DataLoss("GET " + http_->Where("/rc/weights/digest") + ": fp8 is not an object");
-      lifecycle::QuantizedDigestEvidence q;
-      RC_ASSIGN_OR_RETURN(q.quantization, GetString(f, "quantization", "digest fp8"));
-      RC_ASSIGN_OR_RETURN(q.expected, GetString(f, "expected_digest", "digest fp8"));
-      if (f.contains("live_digest") && f["live_digest"].is_string()) q.live = f["live_digest"].get<std::string>();
-      if (f.contains("mismatch") && f["mismatch"].is_string()) q.detail = f["mismatch"].get<std::string>();
-      e.quantized = std::move(q);
+      RC_ASSIGN_OR_RETURN(e.quantized, QuantizedFromJson(j["fp8"], "GET " + http_->Where("/rc/weights/digest")));
     }
     return e;
   }

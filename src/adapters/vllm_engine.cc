@@ -654,10 +654,19 @@ Result<PauseEvidence> VllmEngine::Pause(PauseMode mode) {
     rc::MutexLock lock(mu_);
     warm = warmup_.has_value();
   }
-  // Requests sent while paused block until the resume: warm before the pause.
+  // Requests sent while paused block until the resume: warm before the pause, unless vLLM is
+  // paused already (a recovery after a taint that left it paused, e.g. a failed validation): the
+  // canary would wait for a resume that only this operation can send.
   if (!warm) {
-    RC_ASSIGN_OR_RETURN(Json ev, WarmCanary("pause"));
-    detail["canary_warmup"] = ev;
+    RC_ASSIGN_OR_RETURN(bool already_paused, IsPaused());
+    if (already_paused) {
+      detail["canary_warmup"] = Json{{"warmed", false},
+                                     {"why_not", "vLLM was already paused: a request sent now would wait for the "
+                                                 "resume, so the post-resume canary proves nothing this cycle"}};
+    } else {
+      RC_ASSIGN_OR_RETURN(Json ev, WarmCanary("pause"));
+      detail["canary_warmup"] = ev;
+    }
   }
   // /sleep?level=0 is EngineCore.sleep: pause_scheduler(mode, clear_cache=false) and nothing else
   // (level 0 touches no memory), without AsyncLLM.pause_generation's trailing 20 ms sleep.
@@ -1073,6 +1082,17 @@ Result<DigestEvidence> VllmEngine::ReadContentDigest() {
     RC_ASSIGN_OR_RETURN(workers, CollectiveRpc("rc_digest", Json{{"per_tensor", false}, {"fresh", false}}, 0));
   }
   DigestEvidence e;
+  // vLLM serving FP8 from bf16 (docs/fp8.md): the content digest covers the bf16 the extension
+  // installed; each worker adds the proof that the FP8 image vLLM computes with is its quantization.
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (!workers[i].contains("fp8")) continue;
+    if (workers.size() != 1) {
+      return FailedPrecondition("vLLM at " + options_.base_url + " serves FP8 on " + std::to_string(workers.size()) +
+                                " tensor-parallel ranks: the FP8 image is proven at tensor-parallel size 1 only");
+    }
+    RC_ASSIGN_OR_RETURN(e.quantized,
+                        QuantizedFromJson(workers[i]["fp8"], "rc_digest on vLLM at " + options_.base_url));
+  }
   RC_ASSIGN_OR_RETURN(e.content_digest, CombineWorkerDigests(workers, options_.base_url));
   return e;
 }

@@ -29,6 +29,15 @@ Status IdentityMonitor::InitEngine(EngineSlot* slot, bool must_exist) {
       RC_ASSIGN_OR_RETURN(auto digest,
                           AwaitPending(slot->handle.adapter->ReadContentDigest(), 60000, "reading the digest"));
       identity.content_digest = digest.content_digest;
+      if (digest.quantized && !digest.quantized->Match()) {
+        // The engine quantized what it loaded itself (FP8 serving, docs/fp8.md) into an image that
+        // is not the quantization of those weights: nothing it computes is what the digest names.
+        return FailedPrecondition("engine " + slot->handle.name + ": its " + digest.quantized->quantization +
+                                  " image (" + (digest.quantized->live.empty() ? "no consistent digest"
+                                                                                : digest.quantized->live) +
+                                  ") is not the quantization of the weights it loaded (" + digest.quantized->expected +
+                                  ")" + (digest.quantized->detail.empty() ? "" : ": " + digest.quantized->detail));
+      }
     }
     identity.checkpoint = "initial";
     RC_RETURN_IF_ERROR(slot->controller->Initialize({label.label, 0}, identity));
@@ -81,6 +90,7 @@ void IdentityMonitor::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim
   }
   const lifecycle::WeightVersion committed = slot->controller->version();
   const lifecycle::WeightIdentity committed_id = slot->controller->identity();
+  std::string quantized_why;
   if (claim && e.content_digest.empty() && !committed_id.content_digest.empty()) {
     // A (re)started controller proves the digest too, computing it when none is cached.
     auto desc = adapter->Describe();
@@ -90,9 +100,18 @@ void IdentityMonitor::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim
                             "reading the content digest of " + slot->handle.name);
       if (!d.ok()) return fail(d.status());
       e.content_digest = d->content_digest;
+      if (d->quantized && !d->quantized->Match()) {
+        // FP8 serving (docs/fp8.md): the weights may be the committed ones while what the kernels
+        // read is not their quantization.
+        quantized_why = "the engine's " + d->quantized->quantization + " image (" +
+                        (d->quantized->live.empty() ? std::string("no consistent digest") : d->quantized->live) +
+                        ") is not the quantization of its live weights (" + d->quantized->expected + ")" +
+                        (d->quantized->detail.empty() ? std::string() : ": " + d->quantized->detail);
+      }
     }
   }
   std::vector<std::string> why;
+  if (!quantized_why.empty()) why.push_back(quantized_why);
   if (e.label != committed.label) {
     why.push_back("the engine reports label '" + e.label + "', the committed version is '" + committed.label + "'");
   }

@@ -37,6 +37,7 @@ TEST(DigestTableTest, BlocksMatchDigestBlock) {
       {DType::kF16, {1000}, {{3}, {997}}},
       {DType::kF32, {33, 17, 5}, {{1, 2, 0}, {30, 15, 5}}},
       {DType::kI8, {300000}, {{0}, {299997}}},
+      {DType::kF8E4M3, {200, 333}, {{0, 0}, {200, 333}}},  // an FP8 image (fp8_image_digest_device)
       {DType::kI64, {129, 3}, {{0, 1}, {129, 2}}},
       {DType::kBF16, {7}, {{0}, {0}}},
       {DType::kF32, {}, {{}, {}}},  // 0-d

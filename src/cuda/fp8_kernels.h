@@ -29,7 +29,13 @@ struct Fp8QuantArgs {
 
 inline constexpr int kFp8Threads = 256;
 
-// Pass 1: the largest magnitude of each group, and the first non-finite element.
+// Whether the vectorized kernels apply (16-byte loads of 8 bf16, 8-byte stores): cols % 8 == 0,
+// src 16-byte and q 8-byte aligned, and 128-column segments for the block scheme. They compute the
+// same bits as the per-segment kernels (the same per-element rule; a maximum is order-free).
+bool Fp8Vectorizable(const Fp8QuantArgs& a);
+// Pass 1: the largest magnitude of each group, and the first non-finite element. Passes 2 and 3
+// write nothing once a non-finite element was found (status != ~0), so the host checks once, at
+// the end.
 cudaError_t LaunchFp8Amax(const Fp8QuantArgs& a, cudaStream_t stream);
 // Pass 2: scales[g] from amax[g] (formats::Fp8ScaleForAmax).
 cudaError_t LaunchFp8Scales(const Fp8QuantArgs& a, int64_t groups, cudaStream_t stream);

@@ -3,7 +3,10 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <map>
+#include <mutex>
 
 #include "cuda/fp8_kernels.h"
 #include "rolloutcore/cuda/gpu_refit.h"
@@ -18,6 +21,19 @@ Status Check(cudaError_t e, std::string_view what) {
   return Internal(fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
+// Per device: the scratch (amax + status) and the stream the quantizer uses, kept between calls
+// (a refit quantizes every projection of a model in a row: 144 calls for an 8B model, and a
+// cudaMalloc/cudaFree pair per call cost more than the kernels). One call at a time per process.
+struct Fp8DeviceState {
+  DeviceBuffer scratch;
+  cudaStream_t stream = nullptr;  // never destroyed: lives as long as the process
+};
+std::mutex g_fp8_mu;
+std::map<int, Fp8DeviceState>& Fp8States() {
+  static auto* states = new std::map<int, Fp8DeviceState>();
+  return *states;
+}
+
 }  // namespace
 
 Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp8Layout& layout, void* q,
@@ -27,20 +43,24 @@ Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp
   const int64_t groups = layout.NumScales();
   rc::gpu_internal::DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
+  std::lock_guard<std::mutex> lock(g_fp8_mu);
+  Fp8DeviceState& state = Fp8States()[device];
   // amax [groups] then the two status words, in one scratch buffer.
   const uint64_t amax_bytes = (static_cast<uint64_t>(groups) * 4 + 15) / 16 * 16;
-  RC_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::Allocate(device, amax_bytes + 16));
-  cudaStream_t stream = nullptr;
-  RC_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  struct StreamCloser {
-    cudaStream_t s;
-    ~StreamCloser() { (void)cudaStreamDestroy(s); }
-  } closer{stream};
+  if (state.scratch.size() < amax_bytes + 16) {
+    state.scratch = DeviceBuffer();
+    RC_ASSIGN_OR_RETURN(state.scratch, DeviceBuffer::Allocate(device, std::max<uint64_t>(amax_bytes + 16, 1 << 20)));
+  }
+  if (state.stream == nullptr) {
+    RC_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  }
+  cudaStream_t stream = state.stream;
+  std::byte* scratch = state.scratch.data();
   internal::Fp8QuantArgs a;
   a.src = reinterpret_cast<uint64_t>(bf16);
   a.q = reinterpret_cast<uint64_t>(q);
   a.scales = reinterpret_cast<uint64_t>(scales);
-  a.amax = reinterpret_cast<uint64_t>(scratch.data());
+  a.amax = reinterpret_cast<uint64_t>(scratch);
   a.status = a.amax + amax_bytes;
   a.rows = layout.rows;
   a.cols = layout.cols;
@@ -52,15 +72,20 @@ Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp
   } else {
     a.seg_cols = layout.cols;
   }
-  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(scratch.data(), 0, amax_bytes, stream), "cudaMemsetAsync"));
-  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(scratch.data() + amax_bytes, 0xFF, 16, stream), "cudaMemsetAsync"));
+  // The input may have been written on another stream (the legacy default stream of a caller such
+  // as torch's current stream): order after everything queued on the device so far.
+  RC_RETURN_IF_ERROR(Check(cudaDeviceSynchronize(), "waiting for the input"));
+  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(scratch, 0, amax_bytes, stream), "cudaMemsetAsync"));
+  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(scratch + amax_bytes, 0xFF, 16, stream), "cudaMemsetAsync"));
   RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Amax(a, stream), "fp8 amax kernel"));
-  // Nothing is written to `scales` or `q` before this check: a non-finite input leaves both as they
-  // were.
+  // The scale and quantize kernels write nothing once the amax pass found a non-finite element: a
+  // non-finite input leaves `scales` and `q` as they were, and the host checks once, at the end.
+  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Scales(a, groups, stream), "fp8 scale kernel"));
+  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Quantize(a, stream), "fp8 quantize kernel"));
   std::array<unsigned long long, 2> status{};  // [1] unused: 16-byte copy
-  RC_RETURN_IF_ERROR(Check(cudaMemcpyAsync(status.data(), scratch.data() + amax_bytes, 16, cudaMemcpyDeviceToHost,
-                                           stream), "reading the fp8 status"));
-  RC_RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream), "fp8 amax"));
+  RC_RETURN_IF_ERROR(Check(cudaMemcpyAsync(status.data(), scratch + amax_bytes, 16, cudaMemcpyDeviceToHost, stream),
+                           "reading the fp8 status"));
+  RC_RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream), "fp8 quantize"));
   if (status[0] != ~0ull) {
     uint16_t bits = 0;
     RC_RETURN_IF_ERROR(Check(cudaMemcpy(&bits, static_cast<const uint16_t*>(bf16) + status[0], 2,
@@ -70,9 +95,7 @@ Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp
                                        name, row, col,
                                        (bits & 0x7F) != 0 ? "NaN" : (bits & 0x8000) ? "-inf" : "+inf", bits));
   }
-  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Scales(a, groups, stream), "fp8 scale kernel"));
-  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Quantize(a, stream), "fp8 quantize kernel"));
-  return Check(cudaStreamSynchronize(stream), "fp8 quantize");
+  return OkStatus();
 }
 
 }  // namespace rc::cuda

@@ -4,14 +4,19 @@
 #include <fmt/format.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "rolloutcore/formats/fp8.h"
+#include "rolloutcore/refit/digest.h"
+#include "rolloutcore/refit/fp8_digest.h"
 #ifdef ROLLOUTCORE_WITH_CUDA
 #include "rolloutcore/cuda/fp8.h"
+#include "rolloutcore/cuda/gpu_refit.h"
 #endif
 
 namespace rc::python {
@@ -103,6 +108,65 @@ void QuantizeFp8Device(int device, uintptr_t bf16, int64_t rows, int64_t cols, c
   }
   if (!st.ok()) Raise(st);
 }
+
+// The FP8 image digest (refit/fp8_digest.h) of parameters held on the GPU, computed there: each
+// entry (name, E4M3 bytes address, rows, cols, f32 scales address, grid rows, grid cols) names a
+// row-major [rows, cols] byte matrix and its row-major scale grid. Returns {"parameters": {name:
+// {"digest", "bytes_digest", "scales_digest"}}, "combined": CombineTensorDigests over the
+// parameters (`model fp8-digest`'s "combined"), "kernel_ms"}. The vLLM worker extension proves
+// with it that the FP8 image vLLM computes with is the quantization of the proven bf16.
+py::dict Fp8ImageDigestDevice(int device,
+                              const std::vector<std::tuple<std::string, uintptr_t, int64_t, int64_t, uintptr_t, int64_t,
+                                                           int64_t>>& params) {
+  std::vector<cuda::DeviceBlock> blocks;
+  blocks.reserve(params.size() * 2);
+  for (const auto& [name, q, rows, cols, s, grows, gcols] : params) {
+    if (q == 0 || s == 0) Raise(InvalidArgument(fmt::format("fp8_image_digest_device: {}: a null device address", name)));
+    if (rows < 0 || cols < 0 || grows <= 0 || gcols <= 0) {
+      Raise(InvalidArgument(fmt::format("fp8_image_digest_device: {}: bad shape [{}, {}] or scale grid [{}, {}]", name,
+                                        rows, cols, grows, gcols)));
+    }
+    const refit::Shape shape{rows, cols};
+    const refit::Shape grid{grows, gcols};
+    blocks.push_back({name + "#bytes", refit::DType::kF8E4M3, shape, refit::FullBox(shape),
+                      reinterpret_cast<const void*>(q)});
+    blocks.push_back({name + "#scales", refit::DType::kF32, grid, refit::FullBox(grid),
+                      reinterpret_cast<const void*>(s)});
+  }
+  std::vector<uint64_t> sums;
+  double kernel_ms = 0;
+  {
+    py::gil_scoped_release nogil;
+    auto digest = cuda::DeviceDigest::ForBlocks(blocks, device);
+    if (!digest.ok()) {
+      py::gil_scoped_acquire gil;
+      Raise(digest.status());
+    }
+    auto run = digest->RunSlots(&kernel_ms);
+    if (!run.ok()) {
+      py::gil_scoped_acquire gil;
+      Raise(run.status());
+    }
+    sums = std::move(run).value();
+  }
+  py::dict per;
+  refit::TensorDigests combined;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const refit::Fp8ImageDigest d{sums[2 * i], sums[2 * i + 1]};
+    const std::string& name = std::get<0>(params[i]);
+    combined[name] = d.Combined().value();
+    py::dict one;
+    one["digest"] = d.Combined().ToHex();
+    one["bytes_digest"] = ContentDigest(d.bytes).ToHex();
+    one["scales_digest"] = ContentDigest(d.scales).ToHex();
+    per[py::str(name)] = one;
+  }
+  py::dict out;
+  out["parameters"] = per;
+  out["combined"] = ContentDigest(refit::CombineTensorDigests(combined)).ToHex();
+  out["kernel_ms"] = kernel_ms;
+  return out;
+}
 #endif
 
 }  // namespace
@@ -114,6 +178,9 @@ void RegisterFp8(py::module_& m) {
         py::arg("block") = std::pair<int64_t, int64_t>{128, 128}, py::arg("name") = "tensor",
         "quantize_fp8 on the GPU (CUDA builds): device addresses of the bf16 matrix, its E4M3 bytes and its "
         "scales; the same bits (docs/fp8.md).");
+  m.def("fp8_image_digest_device", &Fp8ImageDigestDevice, py::arg("device"), py::arg("params"),
+        "The FP8 image digest of parameters on the GPU (CUDA builds): params = [(name, bytes address, rows, cols, "
+        "scales address, grid rows, grid cols)]; the digests `rolloutcore model fp8-digest` prints (docs/fp8.md).");
 #endif
   m.def("quantize_fp8", &QuantizeFp8, py::arg("bits"), py::arg("scheme") = "per_tensor",
         py::arg("block") = std::pair<int64_t, int64_t>{128, 128}, py::arg("name") = "tensor", py::arg("threads") = 1,

@@ -554,6 +554,66 @@ TEST(HttpAdapterVllmTest, DigestCombinesTwoTensorParallelRanks) {
   EXPECT_EQ(bad.status().code(), StatusCode::kUnavailable);
 }
 
+// vLLM serving FP8 from bf16 (docs/fp8.md): each worker's rc_install / rc_digest reply carries the
+// proof of the FP8 image ("fp8": the image digest vLLM computes with and the expected one).
+Json Fp8Proof(const std::string& live, const std::string& expected) {
+  Json f{{"quantization", "fp8_per_block"}, {"scheme", "block"}, {"expected_digest", expected},
+         {"live_digest", live}, {"match", live == expected}, {"ms", 0.4}};
+  if (live != expected) f["mismatch"] = "model.layers.0.mlp.down_proj.weight: the scales vLLM computes with are not "
+                                        "the block quantization of the proven bf16";
+  return f;
+}
+
+TEST(HttpAdapterVllmTest, TheFp8ProofOfTheInstallAndOfRcDigestReachesTheEvidence) {
+  FakeVllm::Config cfg;
+  cfg.install_reports_digest = true;
+  FakeVllm vllm(cfg);
+  vllm.Script([&] {
+    vllm.digest_results_ = {Json{{"ok", true},
+                                 {"content_digest", "0123456789abcdef"},
+                                 {"fp8", Fp8Proof("00000000000000f8", "00000000000000f8")}}};
+  });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Stage(Target())).ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  ASSERT_TRUE(Await(a.Install(Target(), false)).ok());
+  auto d = Await(a.ReadContentDigest());  // from the install's reply
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(d->quantized.has_value());
+  EXPECT_EQ(d->quantized->quantization, "fp8_per_block");
+  EXPECT_TRUE(d->quantized->Match());
+  // rc_digest's proof, now of an image whose scales are wrong.
+  vllm.Script([&] { vllm.digest_results_[0]["fp8"] = Fp8Proof("00000000000000f9", "00000000000000f8"); });
+  auto bad = Await(a.ReadContentDigest());
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  ASSERT_TRUE(bad->quantized.has_value());
+  EXPECT_FALSE(bad->quantized->Match());
+  EXPECT_EQ(bad->quantized->live, "00000000000000f9");
+  EXPECT_NE(bad->quantized->detail.find("down_proj"), std::string::npos) << bad->quantized->detail;
+  // A proof without its expected digest is not evidence.
+  vllm.Script([&] { vllm.digest_results_[0]["fp8"].erase("expected_digest"); });
+  auto malformed = Await(a.ReadContentDigest());
+  EXPECT_EQ(malformed.status().code(), StatusCode::kInvalidArgument) << malformed.status().ToString();
+  EXPECT_NE(malformed.status().message().find("expected_digest"), std::string::npos) << malformed.status().ToString();
+  ASSERT_TRUE(Await(a.Resume()).ok());
+}
+
+TEST(HttpAdapterVllmTest, AnFp8ProofFromSeveralTensorParallelRanksIsRefused) {
+  FakeVllm::Config cfg;
+  cfg.workers = 2;
+  FakeVllm vllm(cfg);
+  vllm.Script([&] {
+    const Json w{{"ok", true}, {"content_digest", "0123456789abcdef"}, {"fp8", Fp8Proof("00000000000000f8", "00000000000000f8")}};
+    vllm.digest_results_ = {w, w};
+  });
+  HttpEngineAdapter a(Options(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  auto d = Await(a.ReadContentDigest());
+  EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition) << d.status().ToString();
+  EXPECT_NE(d.status().message().find("tensor-parallel size 1"), std::string::npos) << d.status().ToString();
+}
+
 // Through the real Controller and Runner: vLLM's refusals are never a commit.
 class VllmRunnerTest : public ::testing::Test {
  protected:
@@ -651,6 +711,65 @@ TEST_F(VllmRunnerTest, AStageThatFailsInsideTheInstallIsARefusalBeforeMutation) 
   EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kRejected) << u->evidence.dump();
   EXPECT_EQ(c_->state(), lifecycle::State::kReady);
   EXPECT_EQ(c_->version().label, "v7");
+}
+
+// vLLM serving FP8: an install whose FP8 image is not the quantization of the proven bf16 (the
+// weights' content digest is right) fails validation and taints; a right one commits, journaled.
+void ScriptFp8Proof(FakeVllm& vllm, const std::string& live) {
+  vllm.Script([&] {
+    vllm.digest_results_ = {
+        Json{{"ok", true}, {"content_digest", "0123456789abcdef"}, {"fp8", Fp8Proof(live, "00000000000000f8")}}};
+  });
+}
+
+TEST_F(VllmRunnerTest, AnFp8ImageThatIsTheQuantizationOfTheInstalledWeightsCommitsJournaled) {
+  FakeVllm vllm;
+  ScriptFp8Proof(vllm, "00000000000000f8");
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
+  EXPECT_EQ(u->evidence["validated"]["quantized"]["match"], true) << u->evidence.dump();
+  EXPECT_EQ(u->evidence["validated"]["quantized"]["quantization"], "fp8_per_block") << u->evidence.dump();
+}
+
+// The weights' content digest is right, the FP8 image the kernels read is not their quantization.
+TEST_F(VllmRunnerTest, AnFp8ImageThatIsNotTheQuantizationOfTheInstalledWeightsTaints) {
+  FakeVllm vllm;
+  ScriptFp8Proof(vllm, "00000000000000f9");
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->outcome, lifecycle::UpdateOutcome::kTainted) << u->evidence.dump();
+  EXPECT_EQ(c_->state(), lifecycle::State::kTainted);
+  EXPECT_NE(u->reason.find("is not the quantization"), std::string::npos) << u->reason;
+  EXPECT_NE(u->reason.find("down_proj"), std::string::npos) << u->reason;
+}
+
+// A validation failure taints with vLLM still paused. The recovery's pause must not warm the canary
+// (a completion sent to a paused vLLM waits for the resume, which only this recovery sends: on the
+// H200 the recovery hung there); it proves the re-installed version and commits.
+TEST_F(VllmRunnerTest, ARecoveryAfterAValidationTaintSendsNothingIntoThePausedVllmAndCommits) {
+  FakeVllm vllm;
+  ScriptFp8Proof(vllm, "00000000000000f9");
+  auto u = RunUpdate(vllm);
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  ASSERT_EQ(u->outcome, lifecycle::UpdateOutcome::kTainted) << u->evidence.dump();
+  {
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    ASSERT_TRUE(vllm.paused()) << "the taint left vLLM paused";
+    EXPECT_EQ(vllm.completions_while_paused_, 0);
+  }
+  ScriptFp8Proof(vllm, "00000000000000f8");  // the recovery's install quantizes right
+  lifecycle::UpdateTarget t = Target();
+  t.identity.content_digest = "0123456789abcdef";
+  ASSERT_TRUE(runner_->StartRecovery(t).ok());
+  auto rec = runner_->RunToCompletion();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->outcome, lifecycle::UpdateOutcome::kCommitted) << rec->reason << " " << rec->evidence.dump();
+  EXPECT_EQ(c_->state(), lifecycle::State::kReady);
+  EXPECT_EQ(rec->evidence["recovered"]["quantized"]["match"], true) << rec->evidence.dump();
+  std::lock_guard<std::mutex> lock(vllm.mu_);
+  EXPECT_EQ(vllm.completions_while_paused_, 0) << "nothing was sent into the paused vLLM";
+  EXPECT_FALSE(vllm.paused()) << "the recovery resumed vLLM";
 }
 
 TEST_F(VllmRunnerTest, PrefixResetThatStaysRefusedTaints) {

@@ -251,6 +251,19 @@ TEST_F(VllmCliTest, BenchCycleEngineVllmRunsThePackagesBenchWithTheArguments) {
   EXPECT_NE(out.find("\"shape\": \"8b\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"pause_call\": \"sleep\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"rolloutcore_bin\": \"/"), std::string::npos) << "the bench's servers use this binary: " << out;
+  // FP8 against bf16 in one call (docs/fp8.md); --compare-bf16 alone names what it lacks.
+  ctl_ = ChildProcess::Spawn("bench", {"bench", "cycle", "--engine", "vllm", "--shape", "8b", "--quantization",
+                                       "fp8_per_block", "--compare-bf16", "--dry-run"},
+                             dir_ + "/bench_fp8.log", ROLLOUTCORE_BIN)
+             .value();
+  EXPECT_EQ(WaitExit(ctl_.get()), 0) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail(40).find("\"quantization\": \"fp8_per_block\""), std::string::npos) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail(40).find("\"compare_bf16\": true"), std::string::npos) << ctl_->LogTail();
+  ctl_ = ChildProcess::Spawn("bench", {"bench", "cycle", "--engine", "vllm", "--compare-bf16", "--dry-run"},
+                             dir_ + "/bench_fp8_bad.log", ROLLOUTCORE_BIN)
+             .value();
+  EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();
+  EXPECT_NE(ctl_->LogTail().find("--compare-bf16 needs --quantization"), std::string::npos) << ctl_->LogTail();
   // Arguments the embedded bench does not know are refused there, not ignored.
   ctl_ = ChildProcess::Spawn("bench", {"bench", "cycle", "--shape", "8b"}, dir_ + "/bench2.log", ROLLOUTCORE_BIN).value();
   EXPECT_EQ(WaitExit(ctl_.get()), 2) << ctl_->LogTail();

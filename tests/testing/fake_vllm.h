@@ -280,6 +280,7 @@ class FakeVllm {
     std::lock_guard<std::mutex> lock(mu_);
     f();
   }
+  bool paused() const { return paused_.load(); }  // /pause or /sleep?level=0 in force
   std::atomic<int> running_{0};
   std::atomic<bool> stale_gauges_{false};      // running_ is a stale value that the next engine step clears
   std::deque<bool> reset_answers_;             // successive /reset_prefix_cache answers; the last repeats
@@ -378,7 +379,7 @@ class FakeVllm {
         Json d = rank < static_cast<int>(digest_results_.size())
                      ? digest_results_[rank]
                      : Json{{"ok", true}, {"content_digest", "0123456789abcdef"}};
-        for (const char* k : {"content_digest", "tensor_sums"}) {
+        for (const char* k : {"content_digest", "tensor_sums", "fp8"}) {
           if (d.contains(k)) r[k] = d[k];
         }
         r["digest_source"] = "fused";
