@@ -178,3 +178,30 @@ def test_rc_describe_reports_the_vllm_version(fake_torch, monkeypatch):
     assert d["vllm_version"] == "0.33.0"
     assert d["num_parameters"] == 1 and d["parameter_bytes"] == 12
     assert d["quantization"] == "", "no FP8 parameter: the weights as installed"
+
+
+def test_rc_fault_fp8_install_names_the_bad_input(monkeypatch):
+    """The FP8 negative controls (docs/fp8.md): only the four kinds, only when vLLM quantizes bf16
+    into FP8 itself, and no scale re-layout under per-tensor (one scale); fault injection off refuses."""
+    w = Extension()
+
+    def at(quant):
+        w.vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(quantization=quant))
+        return w
+
+    monkeypatch.delenv("ROLLOUTCORE_VLLM_FAULT_INJECTION", raising=False)
+    r = at("fp8_per_block").rc_fault(fp8_install="wrong_scale")
+    assert not r["ok"] and "ROLLOUTCORE_VLLM_FAULT_INJECTION=1" in r["error"], r
+    monkeypatch.setenv("ROLLOUTCORE_VLLM_FAULT_INJECTION", "1")
+    for kind in ("wrong_scale", "stale_scales", "swizzled_scales", "stale_image"):
+        r = at("fp8_per_block").rc_fault(fp8_install=kind)
+        assert r["ok"] and r["faults"] == {"fp8_install": kind}, r
+    r = at("fp8_per_block").rc_fault(fp8_install="flipped")
+    assert not r["ok"] and r["code"] == "InvalidArgument" and "'flipped'" in r["error"], r
+    r = at("fp8_per_tensor").rc_fault(fp8_install="swizzled_scales")
+    assert not r["ok"] and r["code"] == "InvalidArgument" and "one scale" in r["error"], r
+    r = at(None).rc_fault(fp8_install="wrong_scale")
+    assert not r["ok"] and r["code"] == "FailedPrecondition" and "quantization None" in r["error"], r
+    r = at("fp8_per_block").rc_fault(install_sleep_ms=5)
+    assert r["ok"] and r["faults"] == {"install_sleep_ms": 5}, r
+    assert at("fp8_per_block").rc_fault()["faults"] == {}
