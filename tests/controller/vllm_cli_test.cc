@@ -208,6 +208,33 @@ TEST_F(VllmCliTest, ServeRefusesAVllmWithoutTheExtensionNamingTheFlags) {
       << ctl_->LogTail();
 }
 
+// vLLM serving FP8 it quantized at load (docs/fp8.md): a fresh controller records what the engine
+// loaded as generation 0 only when the FP8 image is the quantization of those weights. An image
+// that is not is refused at start, naming both digests and the first parameter that differs.
+TEST_F(VllmCliTest, ServeRefusesAVllmWhoseFp8ImageIsNotTheQuantizationOfWhatItLoaded) {
+  FakeVllm vllm;
+  vllm.Script([&] {
+    vllm.digest_results_ = {Json{{"ok", true},
+                                 {"content_digest", "0123456789abcdef"},
+                                 {"fp8",
+                                  {{"quantization", "fp8_per_channel"},
+                                   {"live_digest", "00000000000000f9"},
+                                   {"expected_digest", "00000000000000f8"},
+                                   {"match", false},
+                                   {"mismatch", "model.layers.1.self_attn.qkv_proj.weight: the scales vLLM computes "
+                                                "with are not the per_channel quantization of the proven bf16"}}}}};
+  });
+  ctl_ = Start({"--engine", "vllm+" + vllm.url()}, apps::FreePort().value());
+  ASSERT_TRUE(ctl_);
+  EXPECT_NE(WaitExit(ctl_.get()), 0) << ctl_->LogTail();
+  const std::string log = ctl_->LogTail(60);
+  EXPECT_NE(log.find("fp8_per_channel image (00000000000000f9) is not the quantization of the weights it loaded "
+                     "(00000000000000f8)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("qkv_proj"), std::string::npos) << log;
+}
+
 TEST_F(VllmCliTest, NativeNcclTransferWithoutASenderAndBadUrlsAreRefusedUpFront) {
   ctl_ = Start({"--engine", "vllm+http://127.0.0.1:1", "--vllm-transfer", "native-nccl"}, apps::FreePort().value());
   ASSERT_TRUE(ctl_);
