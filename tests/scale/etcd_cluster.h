@@ -33,24 +33,19 @@ class EtcdCluster {
   static bool Installed() { return std::filesystem::exists(kBinary); }
 
   // Starts `n` members under `dir` and waits until every member is healthy (a leader exists).
+  // FreePort's port is free when asked, not when etcd binds it: another test running in parallel
+  // may take it in between. A start that failed that way ("address already in use") is torn down
+  // and tried again on fresh ports, up to 4 times.
   ::testing::AssertionResult Start(const std::string& dir, int n = 3) {
-    dir_ = dir;
-    std::filesystem::create_directories(dir_);
-    members_.resize(n);
-    std::string initial;
-    for (int i = 0; i < n; ++i) {
-      Member& m = members_[i];
-      m.name = "etcd" + std::to_string(i);
-      m.client_url = "http://127.0.0.1:" + std::to_string(apps::FreePort().value());
-      m.peer_url = "http://127.0.0.1:" + std::to_string(apps::FreePort().value());
-      m.data_dir = dir_ + "/" + m.name + ".data";
-      initial += (i ? "," : "") + m.name + "=" + m.peer_url;
+    ::testing::AssertionResult r = ::testing::AssertionFailure();
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      r = StartOnce(dir, n);
+      if (r || std::string(r.message()).find("address already in use") == std::string::npos) return r;
+      for (auto& m : members_) m.proc.reset();
+      members_.clear();
+      std::filesystem::remove_all(dir);
     }
-    initial_cluster_ = initial;
-    for (int i = 0; i < n; ++i) {
-      if (auto r = Spawn(i, "new"); !r) return r;
-    }
-    return WaitAllHealthy(30000);
+    return r;
   }
 
   // "http://a,http://b,http://c": what `--store etcd:` takes.
@@ -149,6 +144,26 @@ class EtcdCluster {
     std::unique_ptr<apps::ChildProcess> proc;
     bool frozen = false;
   };
+
+  ::testing::AssertionResult StartOnce(const std::string& dir, int n) {
+    dir_ = dir;
+    std::filesystem::create_directories(dir_);
+    members_.resize(n);
+    std::string initial;
+    for (int i = 0; i < n; ++i) {
+      Member& m = members_[i];
+      m.name = "etcd" + std::to_string(i);
+      m.client_url = "http://127.0.0.1:" + std::to_string(apps::FreePort().value());
+      m.peer_url = "http://127.0.0.1:" + std::to_string(apps::FreePort().value());
+      m.data_dir = dir_ + "/" + m.name + ".data";
+      initial += (i ? "," : "") + m.name + "=" + m.peer_url;
+    }
+    initial_cluster_ = initial;
+    for (int i = 0; i < n; ++i) {
+      if (auto r = Spawn(i, "new"); !r) return r;
+    }
+    return WaitAllHealthy(30000);
+  }
 
   ::testing::AssertionResult Spawn(int i, const std::string& state) {
     Member& m = members_[i];
