@@ -32,11 +32,8 @@ Status IdentityMonitor::InitEngine(EngineSlot* slot, bool must_exist) {
       if (digest.quantized && !digest.quantized->Match()) {
         // The engine quantized what it loaded itself (FP8 serving, docs/fp8.md) into an image that
         // is not the quantization of those weights: nothing it computes is what the digest names.
-        return FailedPrecondition("engine " + slot->handle.name + ": its " + digest.quantized->quantization +
-                                  " image (" + (digest.quantized->live.empty() ? "no consistent digest"
-                                                                                : digest.quantized->live) +
-                                  ") is not the quantization of the weights it loaded (" + digest.quantized->expected +
-                                  ")" + (digest.quantized->detail.empty() ? "" : ": " + digest.quantized->detail));
+        return FailedPrecondition("engine " + slot->handle.name + ": " +
+                                  digest.quantized->Mismatch("the weights it loaded"));
       }
     }
     identity.checkpoint = "initial";
@@ -103,10 +100,7 @@ void IdentityMonitor::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim
       if (d->quantized && !d->quantized->Match()) {
         // FP8 serving (docs/fp8.md): the weights may be the committed ones while what the kernels
         // read is not their quantization.
-        quantized_why = "the engine's " + d->quantized->quantization + " image (" +
-                        (d->quantized->live.empty() ? std::string("no consistent digest") : d->quantized->live) +
-                        ") is not the quantization of its live weights (" + d->quantized->expected + ")" +
-                        (d->quantized->detail.empty() ? std::string() : ": " + d->quantized->detail);
+        quantized_why = d->quantized->Mismatch("its live weights");
       }
     }
   }

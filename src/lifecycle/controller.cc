@@ -794,14 +794,8 @@ namespace {
 // The quantized image must be the quantization of the weights the content digest proved.
 Status CheckQuantized(const QuantizedDigestEvidence& q, const char* what) {
   if (q.Match()) return OkStatus();
-  if (q.live.empty()) {
-    return FailedPrecondition(std::string(what) + " failed: the engine's " + q.quantization +
-                              " image has no consistent digest: " + q.detail);
-  }
-  return FailedPrecondition(std::string(what) + " failed: the " + q.quantization + " image the engine computes with (" +
-                            q.live + ") is not the quantization of its live weights (" + q.expected +
-                            "); the weights are the published bytes, what the kernels read is not their quantization" +
-                            (q.detail.empty() ? std::string() : ": " + q.detail));
+  return FailedPrecondition(std::string(what) + " failed: " +
+                            q.Mismatch("its live weights, which the content digest proved to be the published bytes"));
 }
 
 Json QuantizedJson(const QuantizedDigestEvidence& q) {

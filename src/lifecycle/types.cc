@@ -110,4 +110,15 @@ Result<UpdateTarget> UpdateTargetFromJson(const Json& j, std::string_view path) 
   return t;
 }
 
+std::string QuantizedDigestEvidence::Mismatch(std::string_view of) const {
+  std::string out = "the engine's " + quantization + " image";
+  if (live.empty()) {
+    out += " has no consistent digest";
+  } else {
+    out += " (" + live + ") is not the quantization of " + std::string(of) + " (" + expected + ")";
+  }
+  if (!detail.empty()) out += ": " + detail;
+  return out;
+}
+
 }  // namespace rc::lifecycle

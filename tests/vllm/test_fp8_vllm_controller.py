@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -33,32 +32,15 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from test_vllm import figure, journal, status, update  # noqa: E402  (skips without a GPU, vLLM or the CUDA build)
-from vllm_harness import OUT, VLLM_SITE, Trainer, Vllm, http, manifest_digests, site_version  # noqa: E402
+# Skips without vLLM 0.33; its `tiny` fixture (a module-scoped checkpoint) serves this module too.
+from test_fp8_vllm_image import differing_parameters, fp8_digest, fresh_greedy, tiny  # noqa: E402,F401
+from vllm_harness import OUT, Trainer, Vllm, http, manifest_digests  # noqa: E402
 
 from rolloutcore.cluster import Server, find_binary  # noqa: E402
-
-if not (site_version(VLLM_SITE) or "").startswith("0.33."):
-    pytest.skip(f"vLLM 0.33's online fp8 methods: {VLLM_SITE} holds {site_version(VLLM_SITE) or '(none)'}",
-                allow_module_level=True)
 
 MODEL = "tiny"
 SCHEMES = [("fp8_per_block", "block"), ("fp8_per_tensor", "per_tensor")]
 FAULTS = ["wrong_scale", "stale_scales", "swizzled_scales", "stale_image"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    work = tmp_path_factory.mktemp("fp8ctl")
-    folder = str(work / "tiny")
-    subprocess.run([sys.executable, os.environ["MAKE_TINY"], folder, "--seed", "0"], check=True,
-                   stdout=subprocess.DEVNULL)
-    return folder
-
-
-def _fp8_digest(folder: str, scheme: str) -> dict:
-    r = subprocess.run([find_binary(), "model", "fp8-digest", "--json", "--scheme", scheme, folder], check=True,
-                       capture_output=True, text=True)
-    return json.loads(r.stdout)
 
 
 def _wait_state(url: str, want: str, timeout_s: float) -> dict:
@@ -105,7 +87,7 @@ def test_controller_commits_fp8_vllm_and_every_negative_control_taints(tmp_path,
         assert pre["ok"], pre
         assert pre["fp8"]["match"] is True and pre["fp8"]["bf16_from"] == tiny, pre["fp8"]
         assert len(pre["fp8"]["parameters"]) == 16, sorted(pre["fp8"]["parameters"])
-        want0 = _fp8_digest(tiny, scheme)
+        want0 = fp8_digest(tiny, scheme)
         assert pre["fp8"]["live_digest"] == want0["combined"], (pre["fp8"]["live_digest"], want0["combined"])
 
         ctl = Server("controller", ["controller", "serve", "--engine", "vllm+" + v.base, "--directory", durl,
@@ -175,17 +157,10 @@ def test_controller_commits_fp8_vllm_and_every_negative_control_taints(tmp_path,
             ctl.stop()
         v.stop()
     export = trainer.export("v2", str(tmp_path / "v2"))
-    want = _fp8_digest(export, scheme)["parameters"]
-    bad = [n for n, w in want.items() if (img["parameters"].get(n, {}).get("bytes_digest"),
-                                          img["parameters"].get(n, {}).get("scales_digest")) !=
-           (w["bytes_digest"], w["scales_digest"])]
+    want = fp8_digest(export, scheme)["parameters"]
+    bad = differing_parameters(img["parameters"], want)
     assert not bad, bad[:4]
-    fresh = Vllm(export, 8440 + i, f"fp8_ctl_fresh_{scheme}", extra=["--quantization", quantization])
-    try:
-        fresh.wait_healthy()
-        expect = fresh.complete(prompt, max_tokens=16)["choices"][0]["text"]
-    finally:
-        fresh.stop()
+    expect = fresh_greedy(export, 8440 + i, f"fp8_ctl_fresh_{scheme}", quantization, prompt)
     trainer.close()
     d.stop()
     print(f"fp8 controller {quantization}: v2 committed; image == model fp8-digest of the export, "

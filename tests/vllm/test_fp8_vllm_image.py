@@ -38,11 +38,33 @@ def tiny(tmp_path_factory):
     return folder
 
 
+def fp8_digest(folder: str, scheme: str) -> dict:
+    """`rolloutcore model fp8-digest --json` of a bf16 folder: the image computed on the CPU."""
+    r = subprocess.run([find_binary(), "model", "fp8-digest", "--json", "--scheme", scheme, folder], check=True,
+                       capture_output=True, text=True)
+    return json.loads(r.stdout)
+
+
+def differing_parameters(image: dict, want: dict) -> list:
+    """The parameters of `want` (fp8_digest's "parameters") whose bytes or scales digest differ in
+    `image` (rc_fp8_image's "parameters"), or that it lacks."""
+    return [n for n, w in want.items() if (image.get(n, {}).get("bytes_digest"), image.get(n, {}).get("scales_digest"))
+            != (w["bytes_digest"], w["scales_digest"])]
+
+
+def fresh_greedy(folder: str, port: int, name: str, quantization: str, prompt) -> str:
+    """The greedy text of a fresh vLLM started on `folder` with --quantization `quantization`."""
+    fresh = Vllm(folder, port, name, extra=["--quantization", quantization])
+    try:
+        fresh.wait_healthy()
+        return fresh.complete(prompt, max_tokens=16)["choices"][0]["text"]
+    finally:
+        fresh.stop()
+
+
 @pytest.mark.parametrize("quantization,scheme", SCHEMES)
 def test_vllm_fp8_image_is_the_image_computed_from_the_checkpoint(tiny, quantization, scheme):
-    r = subprocess.run([find_binary(), "model", "fp8-digest", "--json", "--scheme", scheme, tiny], check=True,
-                       capture_output=True, text=True)
-    want = json.loads(r.stdout)["parameters"]
+    want = fp8_digest(tiny, scheme)["parameters"]
     v = Vllm(tiny, 8400 + [q for q, _ in SCHEMES].index(quantization), f"fp8_{scheme}",
              extra=["--quantization", quantization])
     try:
@@ -73,12 +95,6 @@ def test_vllm_fp8_image_is_the_image_computed_from_the_checkpoint(tiny, quantiza
     print(f"fp8 {quantization}: {len(want) - len(bad)} of {len(want)} parameters equal to model fp8-digest "
           f"(bytes and scales)")
     assert not bad, json.dumps(bad[:4], indent=1)
-
-
-def _fp8_digest(folder: str, scheme: str) -> dict:
-    r = subprocess.run([find_binary(), "model", "fp8-digest", "--json", "--scheme", scheme, folder], check=True,
-                       capture_output=True, text=True)
-    return json.loads(r.stdout)["parameters"]
 
 
 @pytest.mark.parametrize("quantization,scheme", SCHEMES)
@@ -128,21 +144,14 @@ def test_refit_into_fp8_vllm_installs_the_quantization_of_the_published_version(
     finally:
         v.stop()
     export = trainer.export("v1", str(tmp_path / "v1"))
-    want = _fp8_digest(export, scheme)
-    bad = [n for n, w in want.items() if (img["parameters"].get(n, {}).get("bytes_digest"),
-                                          img["parameters"].get(n, {}).get("scales_digest")) !=
-           (w["bytes_digest"], w["scales_digest"])]
+    want = fp8_digest(export, scheme)["parameters"]
+    bad = differing_parameters(img["parameters"], want)
     print(f"fp8 refit {quantization}: install {inst['install_ms']:.1f} ms ({inst['install_path']}), quantize "
           f"{inst['fp8']['quantize_ms']:.1f} ms; {len(want) - len(bad)} of {len(want)} parameters equal to "
           f"model fp8-digest of v1")
     figure(f"fp8_refit_{scheme}_quantize_ms", round(inst["fp8"]["quantize_ms"], 2))
     assert not bad, bad[:4]
-    fresh = Vllm(export, 8420 + i, f"fp8_fresh_{scheme}", extra=["--quantization", quantization])
-    try:
-        fresh.wait_healthy()
-        expect = fresh.complete(prompt, max_tokens=16)["choices"][0]["text"]
-    finally:
-        fresh.stop()
+    expect = fresh_greedy(export, 8420 + i, f"fp8_fresh_{scheme}", quantization, prompt)
     trainer.close()
     d.stop()
     print(f"fp8 refit {quantization}: greedy after refit == fresh vLLM on the export: {after == expect}; "

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rolloutcore/base/json.h"
@@ -186,6 +187,10 @@ struct QuantizedDigestEvidence {
   std::string expected;
   std::string detail;        // the first mismatch, or why there is no live digest
   bool Match() const { return !live.empty() && live == expected; }
+  // What does not match, for errors and taints: "the engine's Q image (LIVE) is not the
+  // quantization of OF (EXPECTED)[: DETAIL]", or "the engine's Q image has no consistent
+  // digest[: DETAIL]" when there is no live digest.
+  std::string Mismatch(std::string_view of) const;
 };
 
 struct DigestEvidence {
