@@ -7,7 +7,6 @@
 #include <cstring>
 #include <iostream>
 #include <map>
-#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -32,19 +31,14 @@ struct Flags {
 // vLLM's parameter name and its parts in order, for each quantized projection of the checkpoint.
 std::map<std::string, std::vector<std::string>> FusedParameters(const std::vector<std::string>& names,
                                                                 std::vector<std::string>* untouched) {
-  static const std::regex kProj(R"((.*)\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight)");
   std::map<std::string, std::map<std::string, std::string>> parts;  // parameter -> part -> tensor
   for (const std::string& n : names) {
-    std::smatch m;
-    if (!std::regex_match(n, m, kProj)) {
+    auto of = refit::Fp8ParameterOf(n);
+    if (!of) {
       untouched->push_back(n);
       continue;
     }
-    const std::string p = m[3];
-    std::string fused = p;
-    if (p == "q" || p == "k" || p == "v") fused = "qkv";
-    if (p == "gate" || p == "up") fused = "gate_up";
-    parts[fmt::format("{}.{}.{}_proj.weight", m[1].str(), m[2].str(), fused)][p] = n;
+    parts[of->param][of->part] = n;
   }
   std::map<std::string, std::vector<std::string>> out;
   for (const auto& [param, by_part] : parts) {

@@ -107,6 +107,14 @@ Status ValidatePublishRequest(const PublishRequest& r) {
     }
     Status s = refit::ValidateShardTable(t, /*require_complete=*/false);
     if (!s.ok()) return s.WithContext(path);
+    const bool projection = refit::Fp8ParameterOf(t.name).has_value();
+    for (size_t k = 0; k < t.shards.size(); ++k) {
+      if (!t.shards[k].fp8.empty() && !projection) {
+        return InvalidArgument(fmt::format("{}.shards[{}].fp8: tensor {} is served in bf16; only the projections "
+                                           "(q/k/v/o/gate/up/down_proj) carry FP8 parts",
+                                           path, k, t.name));
+      }
+    }
   }
   if (!r.probes.empty() && r.rank != 0) {
     return InvalidArgument(fmt::format("probes: only rank 0 attaches probes to a version, rank {} sent {}", r.rank,
@@ -201,6 +209,11 @@ Result<refit::Manifest> MergeRankTables(std::string_view model, std::string_view
   auto digests = refit::TensorDigestsFromShards(m);
   if (!digests.ok()) return digests.status().WithContext(context);
   m.content_digest = refit::CombineTensorDigests(*digests);
+  // The trainer's FP8 parts (refit::ShardInfo::fp8) must add up to a whole image per quantization.
+  for (const std::string& q : refit::PublishedFp8Quantizations(m)) {
+    auto image = refit::PublishedFp8Image(m, q);
+    if (!image.ok()) return image.status().WithContext(context);
+  }
   Status ps = refit::ValidateProbes(probes);
   if (!ps.ok()) return ps.WithContext(context);
   m.probes = probes;

@@ -85,11 +85,11 @@ Result<Fp8ImageReport> Engine::Fp8Digests() {
   Fp8ImageReport out;
   out.quantization = options_.quantization;
   RC_ASSIGN_OR_RETURN(out.expected, fp8->Expected(model_->AllParams(), pool_->num_threads()));
-  out.expected_digest = Fp8Weights::Combine(out.expected);
+  out.expected_digest = refit::Fp8ImageCombined(out.expected);
   auto live = fp8->Live();
   if (live.ok()) {
     out.live = std::move(live).value();
-    out.live_digest = Fp8Weights::Combine(out.live);
+    out.live_digest = refit::Fp8ImageCombined(out.live);
   } else {
     out.live_error = live.status().message();
   }

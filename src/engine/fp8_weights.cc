@@ -244,10 +244,4 @@ Result<Fp8Weights::Digests> Fp8Weights::Expected(const std::vector<const Paramet
   return out;
 }
 
-ContentDigest Fp8Weights::Combine(const Digests& d) {
-  refit::TensorDigests combined;
-  for (const auto& [name, dd] : d) combined[name] = dd.Combined().value();
-  return ContentDigest(refit::CombineTensorDigests(combined));
-}
-
 }  // namespace rc::engine

@@ -80,11 +80,9 @@ class Fp8Weights {
   std::vector<Buffer*> BuffersForTesting();
   int64_t Bytes() const;
 
-  using Digests = std::map<std::string, refit::Fp8ImageDigest>;  // vLLM parameter name -> digest
+  using Digests = refit::Fp8Image;  // vLLM parameter name -> digest
   Result<Digests> Live() const;
   Result<Digests> Expected(const std::vector<const ParameterStore*>& params, int threads) const;
-  // CombineTensorDigests over the parameters' Combined() values: `model fp8-digest`'s "combined".
-  static ContentDigest Combine(const Digests& d);
 
  private:
   // A stretch of a rank's parameter: local rows [local_row0, local_row0 + box.rows) hold the whole

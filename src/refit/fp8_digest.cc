@@ -1,7 +1,11 @@
 #include "rolloutcore/refit/fp8_digest.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <regex>
+
+#include <fmt/format.h>
 
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/refit/digest.h"
@@ -23,6 +27,89 @@ Fp8ImageDigest Fp8ImagePart(const Shape& param, const Box& q_box, const uint8_t*
   if (q_box.numel() > 0) d.bytes = DigestBlock(DType::kF8E4M3, param, q_box, q);
   if (s_box.numel() > 0) d.scales = DigestBlock(DType::kF32, grid, s_box, s);
   return d;
+}
+
+ContentDigest Fp8ImageCombined(const Fp8Image& image) {
+  TensorDigests combined;
+  for (const auto& [name, d] : image) combined[name] = d.Combined().value();
+  return ContentDigest(CombineTensorDigests(combined));
+}
+
+bool IsFp8Quantization(std::string_view quantization) {
+  return std::find(std::begin(kFp8Quantizations), std::end(kFp8Quantizations), quantization) !=
+         std::end(kFp8Quantizations);
+}
+
+namespace {
+
+constexpr std::string_view kPartOrder[] = {"q", "k", "v", "o", "gate", "up", "down"};
+
+// The parts a fused parameter must have, by its projection name.
+std::vector<std::string_view> PartsOf(std::string_view fused) {
+  if (fused == "qkv") return {"q", "k", "v"};
+  if (fused == "gate_up") return {"gate", "up"};
+  return {fused};
+}
+
+}  // namespace
+
+std::optional<Fp8PartOf> Fp8ParameterOf(std::string_view tensor) {
+  static const std::regex kProj(R"((.*)\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight)");
+  std::match_results<std::string_view::const_iterator> m;
+  if (!std::regex_match(tensor.begin(), tensor.end(), m, kProj)) return std::nullopt;
+  const std::string p = m[3];
+  std::string fused = p;
+  if (p == "q" || p == "k" || p == "v") fused = "qkv";
+  if (p == "gate" || p == "up") fused = "gate_up";
+  return Fp8PartOf{fmt::format("{}.{}.{}_proj.weight", m[1].str(), m[2].str(), fused), p};
+}
+
+const Fp8Param::Part* Fp8Param::Find(std::string_view tensor) const {
+  for (const Part& p : parts) {
+    if (p.tensor == tensor) return &p;
+  }
+  return nullptr;
+}
+
+Result<std::map<std::string, Fp8Param, std::less<>>> Fp8Parameters(const std::vector<TensorSpec>& tensors) {
+  std::map<std::string, std::map<std::string, const TensorSpec*>> by_param;  // param -> part -> tensor
+  for (const TensorSpec& t : tensors) {
+    auto of = Fp8ParameterOf(t.name);
+    if (!of) continue;
+    if (t.dtype != DType::kBF16 || t.shape.size() != 2) {
+      return InvalidArgument(fmt::format("tensor {} is {} {}: FP8 parameters are quantized from 2-D BF16 weights",
+                                         t.name, DTypeName(t.dtype), ShapeToString(t.shape)));
+    }
+    by_param[of->param][of->part] = &t;
+  }
+  std::map<std::string, Fp8Param, std::less<>> out;
+  for (const auto& [name, parts] : by_param) {
+    Fp8Param p;
+    p.name = name;
+    const std::string fused = name.substr(0, name.size() - std::string_view("_proj.weight").size());
+    const std::string kind = fused.substr(fused.rfind('.') + 1);
+    for (std::string_view need : PartsOf(kind)) {
+      if (!parts.count(std::string(need))) {
+        return InvalidArgument(fmt::format("FP8 parameter {}: its {}_proj is missing beside {}", name, need,
+                                           parts.begin()->second->name));
+      }
+    }
+    int64_t rows = 0;
+    for (std::string_view k : kPartOrder) {
+      auto it = parts.find(std::string(k));
+      if (it == parts.end()) continue;
+      const TensorSpec& t = *it->second;
+      if (!p.parts.empty() && t.shape[1] != p.parts.front().shape[1]) {
+        return InvalidArgument(fmt::format("FP8 parameter {}: {} has {} columns, {} has {}", name, t.name, t.shape[1],
+                                           p.parts.front().tensor, p.parts.front().shape[1]));
+      }
+      p.parts.push_back({t.name, rows, t.shape});
+      rows += t.shape[0];
+    }
+    p.shape = {rows, p.parts.front().shape[1]};
+    out.emplace(name, std::move(p));
+  }
+  return out;
 }
 
 }  // namespace rc::refit

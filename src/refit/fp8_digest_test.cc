@@ -9,6 +9,7 @@
 
 #include "rolloutcore/formats/fp8.h"
 #include "rolloutcore/formats/safetensors.h"
+#include "rolloutcore/refit/manifest.h"
 
 namespace rc::refit {
 namespace {
@@ -112,6 +113,94 @@ TEST(Fp8DigestTest, WrongStaleSwizzledScalesAndAnotherVersionAreDetected) {
   }
   ASSERT_NE(swizzled.s, v.s);
   EXPECT_NE(Whole(swizzled), Whole(v));
+}
+
+}  // namespace
+}  // namespace rc::refit
+
+namespace rc::refit {
+namespace {
+
+// A manifest of one projection split over two ranks and a norm, with FP8 parts on the projection.
+Manifest TwoRanks() {
+  Manifest m;
+  m.model = "m";
+  m.version = "v";
+  m.expected_ranks = 2;
+  ShardTable o{"model.layers.0.self_attn.o_proj.weight", DType::kBF16, {8, 4}, {}};
+  ShardInfo a{0, {0, 0}, {4, 4}, "local:a", 1};
+  ShardInfo b{1, {4, 0}, {4, 4}, "local:b", 2};
+  a.fp8["fp8_per_block"] = Fp8ImageDigest{10, 20};
+  b.fp8["fp8_per_block"] = Fp8ImageDigest{1, 0};
+  o.shards = {a, b};
+  ShardTable norm{"model.norm.weight", DType::kBF16, {4}, {ShardInfo{0, {0}, {4}, "local:c", 3}}};
+  m.tables = {norm, o};
+  return m;
+}
+
+TEST(PublishedFp8ImageTest, PartsAddUpPerParameterAndSurviveJson) {
+  const Manifest m = TwoRanks();
+  EXPECT_EQ(PublishedFp8Quantizations(m), std::vector<std::string>{"fp8_per_block"});
+  auto image = PublishedFp8Image(m, "fp8_per_block");
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  ASSERT_EQ(image->size(), 1u);
+  EXPECT_EQ(image->at("model.layers.0.self_attn.o_proj.weight"), (Fp8ImageDigest{11, 20}));
+  auto none = PublishedFp8Image(m, "fp8_per_tensor");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(PublishedFp8Image(m, "fp8").status().code(), StatusCode::kInvalidArgument);
+  auto back = ManifestFromJson(ManifestToJson(m));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->tables[1].shards[0].fp8.at("fp8_per_block"), (Fp8ImageDigest{10, 20}));
+  EXPECT_TRUE(back->tables[0].shards[0].fp8.empty());
+  Json bad = ManifestToJson(m);
+  bad["tensors"][1]["shards"][0]["fp8"] = Json{{"fp8_per_block", Json{{"bytes", "000000000000000a"}}}};
+  EXPECT_NE(ManifestFromJson(bad).status().message().find("scales"), std::string::npos);
+  bad["tensors"][1]["shards"][0]["fp8"] = Json{{"int8", Json{{"bytes", "0"}, {"scales", "0"}}}};
+  EXPECT_NE(ManifestFromJson(bad).status().message().find("'int8' is not an FP8 quantization"), std::string::npos)
+      << ManifestFromJson(bad).status().ToString();
+}
+
+TEST(PublishedFp8ImageTest, APartMissingOrOnATensorServedInBf16IsRefusedByName) {
+  Manifest m = TwoRanks();
+  m.tables[1].shards[1].fp8.clear();
+  auto missing = PublishedFp8Image(m, "fp8_per_block");
+  ASSERT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("rank 1's shard [4:8, 0:4] carries no fp8_per_block part"),
+            std::string::npos)
+      << missing.status().ToString();
+  m = TwoRanks();
+  m.tables[0].shards[0].fp8["fp8_per_block"] = Fp8ImageDigest{1, 1};
+  auto norm = PublishedFp8Image(m, "fp8_per_block");
+  ASSERT_EQ(norm.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(norm.status().message().find("model.norm.weight"), std::string::npos) << norm.status().ToString();
+}
+
+TEST(Fp8ParametersTest, FusesInVllmOrderAndNamesWhatCannotFuse) {
+  std::vector<TensorSpec> specs{{"l.0.self_attn.v_proj.weight", DType::kBF16, {2, 8}},
+                                {"l.0.self_attn.q_proj.weight", DType::kBF16, {8, 8}},
+                                {"l.0.self_attn.k_proj.weight", DType::kBF16, {2, 8}},
+                                {"l.0.mlp.down_proj.weight", DType::kBF16, {8, 16}},
+                                {"l.0.input_layernorm.weight", DType::kBF16, {8}}};
+  auto p = Fp8Parameters(specs);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->size(), 2u);
+  const Fp8Param& qkv = p->at("l.0.self_attn.qkv_proj.weight");
+  EXPECT_EQ(qkv.shape, (Shape{12, 8}));
+  ASSERT_EQ(qkv.parts.size(), 3u);
+  EXPECT_EQ(qkv.parts[1].tensor, "l.0.self_attn.k_proj.weight");
+  EXPECT_EQ(qkv.parts[1].row0, 8);
+  EXPECT_EQ(qkv.parts[2].row0, 10);
+  specs[0].shape = {2, 9};
+  EXPECT_NE(Fp8Parameters(specs).status().message().find("columns"), std::string::npos);
+  specs[0].shape = {2, 8};
+  specs[3].dtype = DType::kF32;
+  EXPECT_NE(Fp8Parameters(specs).status().message().find("down_proj"), std::string::npos);
+  specs.erase(specs.begin());
+  specs.pop_back();
+  specs.pop_back();
+  EXPECT_NE(Fp8Parameters(specs).status().message().find("v_proj is missing"), std::string::npos)
+      << Fp8Parameters(specs).status().ToString();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "refit/geometry.h"
 #include "refit/shard_index.h"
@@ -155,6 +156,74 @@ Result<TensorDigests> TensorDigestsFromShards(const Manifest& m) {
   return out;
 }
 
+std::vector<std::string> PublishedFp8Quantizations(const Manifest& m) {
+  std::set<std::string> out;
+  for (const ShardTable& t : m.tables) {
+    for (const ShardInfo& s : t.shards) {
+      for (const auto& [q, part] : s.fp8) out.insert(q);
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
+Result<Fp8Image> PublishedFp8Image(const Manifest& m, std::string_view quantization) {
+  if (!IsFp8Quantization(quantization)) {
+    return InvalidArgument(fmt::format("fp8 quantization '{}': expected one of fp8_per_tensor, fp8_per_channel, "
+                                       "fp8_per_block",
+                                       quantization));
+  }
+  Fp8Image out;
+  std::vector<TensorSpec> specs;
+  for (const ShardTable& t : m.tables) specs.push_back(t.spec());
+  // Which tables carry the quantization at all: none -> the version has no published image for it.
+  const ShardTable* carrier = nullptr;
+  for (const ShardTable& t : m.tables) {
+    for (const ShardInfo& s : t.shards) {
+      if (s.fp8.count(quantization) && carrier == nullptr) carrier = &t;
+    }
+  }
+  if (carrier == nullptr) return out;
+  RC_ASSIGN_OR_RETURN(auto params, Fp8Parameters(specs));
+  internal::ShardIndex index;
+  for (const ShardTable& t : m.tables) {
+    const auto of = Fp8ParameterOf(t.name);
+    for (const ShardInfo& s : t.shards) {
+      const bool has = s.fp8.count(quantization) > 0;
+      if (has && !of) {
+        return InvalidArgument(fmt::format("tensor {}: rank {} publishes an {} part, but the tensor is served in bf16 "
+                                           "(only the projections are quantized)",
+                                           t.name, s.rank, quantization));
+      }
+      if (!has && of) {
+        return InvalidArgument(fmt::format("tensor {}: rank {}'s shard {} carries no {} part while tensor {} of rank {} "
+                                           "does: every rank publishes the same FP8 parts",
+                                           t.name, s.rank, BoxToString(s.box()), quantization, carrier->name,
+                                           carrier->shards.front().rank));
+      }
+    }
+    if (!of) continue;
+    RC_RETURN_IF_ERROR(internal::IndexShards(t, &index));
+    Fp8ImageDigest sum;
+    for (const auto& u : index.boxes) {
+      const ShardInfo& first = t.shards[index.order[u.first]];
+      const Fp8ImageDigest& want = first.fp8.find(quantization)->second;
+      for (uint32_t k = u.first; k < u.first + u.count; ++k) {
+        const ShardInfo& s = t.shards[index.order[k]];
+        const Fp8ImageDigest& got = s.fp8.find(quantization)->second;
+        if (!(got == want)) {
+          return DataLoss(fmt::format("tensor {}: replicas on ranks {} and {} of box {} publish different {} parts "
+                                      "(bytes {} / {}, scales {} / {})",
+                                      t.name, first.rank, s.rank, BoxToString(u.box()), quantization, Hex64(want.bytes),
+                                      Hex64(got.bytes), Hex64(want.scales), Hex64(got.scales)));
+        }
+      }
+      sum += want;
+    }
+    out[params.at(of->param).name] += sum;
+  }
+  return out;
+}
+
 // ---- JSON ---------------------------------------------------------------------------------------
 
 namespace {
@@ -191,6 +260,11 @@ Json ManifestToJson(const Manifest& m) {
               {"shape", ShapeJson(s.shape)},
               {"handle", s.handle},
               {"digest", Hex64(s.digest)}};
+      if (!s.fp8.empty()) {
+        Json parts = Json::object();
+        for (const auto& [q, part] : s.fp8) parts[q] = Json{{"bytes", Hex64(part.bytes)}, {"scales", Hex64(part.scales)}};
+        sj["fp8"] = std::move(parts);
+      }
       if (s.delta) {
         sj["delta"] = Json{{"base", s.delta->base},       {"base_digest", Hex64(s.delta->base_digest)},
                            {"handle", s.delta->handle},   {"offset", s.delta->offset},
@@ -243,7 +317,7 @@ Result<Manifest> ManifestFromJson(const Json& j) {
     for (size_t k = 0; k < sit->size(); ++k) {
       const Json& sj = (*sit)[k];
       const std::string spath = fmt::format("{}.shards[{}]", path, k);
-      RC_RETURN_IF_ERROR(CheckKnownKeys(sj, {"rank", "offset", "shape", "handle", "digest", "delta"}, spath));
+      RC_RETURN_IF_ERROR(CheckKnownKeys(sj, {"rank", "offset", "shape", "handle", "digest", "delta", "fp8"}, spath));
       ShardInfo s;
       RC_ASSIGN_OR_RETURN(int64_t rank, GetNonNegativeInt(sj, "rank", spath));
       if (rank > INT32_MAX) return InvalidArgument(spath + ".rank: too large");
@@ -252,6 +326,26 @@ Result<Manifest> ManifestFromJson(const Json& j) {
       RC_ASSIGN_OR_RETURN(s.shape, ShapeFromJson(sj, "shape", spath));
       RC_ASSIGN_OR_RETURN(s.handle, GetString(sj, "handle", spath, std::string()));
       RC_ASSIGN_OR_RETURN(s.digest, HexFromJson(sj, "digest", spath));
+      if (auto fit = sj.find("fp8"); fit != sj.end()) {
+        if (!fit->is_object()) return InvalidArgument(spath + ".fp8: expected an object of quantization -> part");
+        for (auto it2 = fit->begin(); it2 != fit->end(); ++it2) {
+          const std::string fpath = spath + ".fp8." + it2.key();
+          if (!IsFp8Quantization(it2.key())) {
+            return InvalidArgument(fmt::format("{}: '{}' is not an FP8 quantization (fp8_per_tensor, fp8_per_channel, "
+                                               "fp8_per_block)",
+                                               spath + ".fp8", it2.key()));
+          }
+          if (!it2->is_object()) return InvalidArgument(fpath + ": expected {\"bytes\": hex, \"scales\": hex}");
+          RC_RETURN_IF_ERROR(CheckKnownKeys(*it2, {"bytes", "scales"}, fpath));
+          if (!it2->contains("bytes") || !it2->contains("scales")) {
+            return InvalidArgument(fpath + ": both \"bytes\" and \"scales\" are required");
+          }
+          Fp8ImageDigest part;
+          RC_ASSIGN_OR_RETURN(part.bytes, HexFromJson(*it2, "bytes", fpath));
+          RC_ASSIGN_OR_RETURN(part.scales, HexFromJson(*it2, "scales", fpath));
+          s.fp8[it2.key()] = part;
+        }
+      }
       if (auto dit = sj.find("delta"); dit != sj.end() && !dit->is_null()) {
         const std::string dpath = spath + ".delta";
         RC_RETURN_IF_ERROR(CheckKnownKeys(*dit, {"base", "base_digest", "handle", "offset", "bytes", "changed"}, dpath));

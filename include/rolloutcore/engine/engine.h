@@ -87,8 +87,8 @@ struct EngineOptions {
 // replica that disagrees with the copy digested), empty otherwise.
 struct Fp8ImageReport {
   std::string quantization;                       // fp8_per_tensor | fp8_per_channel | fp8_per_block
-  std::map<std::string, refit::Fp8ImageDigest> live;
-  std::map<std::string, refit::Fp8ImageDigest> expected;
+  refit::Fp8Image live;
+  refit::Fp8Image expected;
   std::string live_error;
   ContentDigest live_digest;                      // combined over the parameters (model fp8-digest's "combined")
   ContentDigest expected_digest;

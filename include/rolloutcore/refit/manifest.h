@@ -24,6 +24,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/refit/fp8_digest.h"
 #include "rolloutcore/refit/probes.h"
 #include "rolloutcore/refit/tensor.h"
 
@@ -55,6 +56,11 @@ struct ShardInfo {
   std::string handle;  // transport descriptor, opaque to refit
   uint64_t digest = 0;  // content digest of the box (DigestBlock)
   std::optional<ShardDelta> delta = std::nullopt;  // set when the version was published as a delta
+  // The trainer's part of the FP8 image an engine serving quantization Q (a kFp8Quantizations name)
+  // computes from this version (docs/fp8.md, "The expected image, from the trainer"): the digests
+  // of this box's E4M3 bytes and of the scales it owns, in the coordinates of its FP8 parameter
+  // (fp8_digest.h). Only projections carry parts; empty when the trainer published none.
+  std::map<std::string, Fp8ImageDigest, std::less<>> fp8 = {};
 
   Box box() const { return Box{offset, shape}; }
 };
@@ -85,6 +91,16 @@ struct Manifest {
 // and the boxes: "tensor X: shards of rank 1 [0:8, 0:4] and rank 2 [4:12, 0:4] overlap at
 // [4:8, 0:4]"; "tensor X: rows 1024..1280 missing from the published shards".
 [[nodiscard]] Status ValidateShardTable(const ShardTable& table, bool require_complete);
+
+// The FP8 image the trainer published for `quantization` (ShardInfo::fp8): per FP8 parameter, the
+// sum of the parts of its tensors' shards over distinct boxes (a replica counted once). Empty when
+// no shard carries `quantization`. InvalidArgument naming the tensor and rank when a tensor served
+// in bf16 carries a part, when a projection's shard lacks the part that others carry, or when a
+// quantization name is not one of kFp8Quantizations; DataLoss when two replicas of a box publish
+// different parts. The engine's live image digest must equal Fp8ImageCombined of the result.
+[[nodiscard]] Result<Fp8Image> PublishedFp8Image(const Manifest& manifest, std::string_view quantization);
+// The quantizations any shard of `manifest` carries FP8 parts for, in name order.
+std::vector<std::string> PublishedFp8Quantizations(const Manifest& manifest);
 
 // Per-tensor digests in name order (std::map orders by name).
 using TensorDigests = std::map<std::string, uint64_t, std::less<>>;

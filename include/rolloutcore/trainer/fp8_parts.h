@@ -1,0 +1,74 @@
+// The trainer's side of the FP8 proof (docs/fp8.md, "The expected image, from the trainer"): each
+// rank computes, for every shard of a projection it publishes, its part of the FP8 image an engine
+// serving --quantization Q computes from the version (refit::ShardInfo::fp8). The directory adds
+// the parts of every rank up per FP8 parameter (refit::PublishedFp8Image); the controller requires
+// the engine's live image to equal that sum. So the expected image is computed by the trainer, from
+// the bytes it published, independently of the engine.
+//
+// A part is what the rank can compute from its own bytes once it knows the scales of the groups its
+// shards touch: the digest of its box's E4M3 bytes (in the coordinates of the fused parameter:
+// q, k, v rows one after another in qkv_proj) and of the scales it owns (the groups whose first
+// element lies in its box, so that every scale is counted once over the ranks). A scale group
+// that spans the shards of several ranks (an FSDP row split inside a 128-row block, a per-tensor
+// scale over a sharded parameter) needs every holder's amax: pass an exchange that merges the
+// amaxes over the trainer's ranks by max (an all-reduce MAX over its process group), as vLLM
+// merges them over its TP group. Without one, such a group is refused, naming it.
+//
+// Thread safety: pure functions (the exchange is called once per call, on the calling thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rolloutcore/base/status.h"
+#include "rolloutcore/refit/fp8_digest.h"
+#include "rolloutcore/refit/tensor.h"
+
+namespace rc::trainer {
+
+// One shard a rank holds: the box of tensor `name` (dtype, global shape), its bytes row-major in
+// host memory.
+struct Fp8ShardInput {
+  std::string name;
+  refit::DType dtype = refit::DType::kBF16;
+  refit::Shape global_shape;
+  refit::Box box;
+  const void* data = nullptr;
+};
+
+// Per FP8 parameter (vLLM name), the largest magnitude of each scale group over what a rank holds,
+// as bf16 magnitude bits (formats::Fp8BoxAmax), row-major over the scale grid.
+using Fp8Amax = std::map<std::string, std::vector<uint16_t>, std::less<>>;
+
+// Merges `amax` with every other rank's by max, in place (entries keyed by parameter name; a rank
+// may lack a parameter it holds nothing of). Called exactly once per Fp8ShardParts call, on every
+// rank, so a collective fits.
+using Fp8AmaxExchange = std::function<Status(std::string_view quantization, Fp8Amax* amax)>;
+
+// The part of every shard for `quantization` (fp8_per_tensor, fp8_per_channel, fp8_per_block):
+// out[i] is shards[i]'s, nullopt for a tensor served in bf16. InvalidArgument naming the tensor for
+// a projection that is not 2-D BF16, a fused parameter one of whose parts the rank does not hold at
+// all (its row offset is unknown), a NaN or infinite weight (row and column), or an unknown
+// quantization; FailedPrecondition naming the parameter and the group when a group is only partly
+// held here and `exchange` is empty.
+[[nodiscard]] Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8ShardParts(
+    const std::vector<Fp8ShardInput>& shards, std::string_view quantization, const Fp8AmaxExchange& exchange = {},
+    int threads = 1);
+
+// The two halves of Fp8ShardParts, for ranks that exchange the amaxes themselves (several ranks in
+// one process; a collective outside a callback): the rank's own amaxes, with `partial` (when not
+// null) set to the first group the rank holds only part of ("" when it holds every group it
+// touches whole) ...
+[[nodiscard]] Result<Fp8Amax> Fp8LocalAmax(const std::vector<Fp8ShardInput>& shards, std::string_view quantization,
+                                           std::string* partial = nullptr, int threads = 1);
+// ... and the parts, with the amaxes merged over every rank that holds part of a parameter.
+// InvalidArgument when `merged` lacks a parameter the shards touch or has the wrong size.
+[[nodiscard]] Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8PartsFromAmax(
+    const std::vector<Fp8ShardInput>& shards, std::string_view quantization, const Fp8Amax& merged, int threads = 1);
+
+}  // namespace rc::trainer
