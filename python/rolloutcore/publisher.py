@@ -82,6 +82,25 @@ def _bf16_bits(values: Any) -> Any:
     return np.where(np.isnan(f), np.uint16(0x7FC0), rounded)
 
 
+def torch_amax_exchange(group: Any = None) -> Any:
+    """An ``fp8_exchange`` for :meth:`Publisher.publish` over a ``torch.distributed`` process group:
+    every rank's amaxes are gathered (``all_gather_object``; a few MB for an 8B model) and merged by
+    elementwise max, so ranks may hold different parameters."""
+    import numpy as np
+    import torch.distributed as dist
+
+    def exchange(quantization: str, amax: Mapping[str, Any]) -> Dict[str, Any]:
+        gathered: List[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, {k: np.asarray(v) for k, v in amax.items()}, group=group)
+        merged: Dict[str, Any] = {}
+        for part in gathered:
+            for k, v in part.items():
+                merged[k] = v if k not in merged else np.maximum(merged[k], v)
+        return merged
+
+    return exchange
+
+
 class Publisher:
     """One trainer rank's publisher for one model in one directory.
 
@@ -111,6 +130,8 @@ class Publisher:
         self._impl = core().Publisher(
             directory, model, rank, world_size, transport, lease_ttl_ms, keepalive_interval_ms, self._delta
         )
+        # version -> [(name, global_shape, offset, array)] of the bf16 shards staged, for FP8 parts.
+        self._staged: Dict[str, List[Any]] = {}
 
     allocate = staticmethod(allocate)
 
@@ -159,6 +180,11 @@ class Publisher:
             global_shape=None if global_shape is None else [int(x) for x in global_shape],
             dtype=None if dtype is None else refit_dtype_name(dtype),
         )
+        shape = [int(x) for x in array.shape]
+        self._staged.setdefault(version, []).append((
+            name, [int(x) for x in global_shape] if global_shape is not None else shape,
+            [int(x) for x in offset] if offset is not None else [0] * len(shape), array,
+            refit_dtype_name(dtype) if dtype is not None else None))
 
     def add_tensors(
         self, version: str, tensors: Mapping[str, Any], *, dtype: Optional[DTypeLike] = None, copy: bool = False
@@ -167,7 +193,55 @@ class Publisher:
         for name, array in tensors.items():
             self.add_shard(version, name, array, dtype=dtype, copy=copy)
 
-    def publish(self, version: str, delta: Optional[bool] = None) -> Dict[str, Any]:
+    # ---- FP8 expected images (docs/fp8.md, "The expected image, from the trainer") -------------
+
+    def _fp8_shards(self, version: str) -> List[Any]:
+        """[(name, global_shape, offset, bf16 bits as a host uint16 array)] of the projections
+        staged for ``version`` (device tensors are copied to the host: the parts are computed by the
+        CPU quantizer, the bits of formats/fp8.h)."""
+        import numpy as np
+
+        from .refit import fp8_parameter_of
+
+        out = []
+        for name, global_shape, offset, array, dtype in self._staged.get(version, []):
+            if fp8_parameter_of(name) is None:
+                continue
+            if _is_torch(array):
+                import torch
+
+                t = array.detach()
+                if t.dtype != torch.bfloat16:
+                    raise ValueError(f"FP8 parts of {name}: the tensor is {t.dtype}; FP8 is quantized from bfloat16")
+                bits = t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+            else:
+                a = np.asarray(array)
+                if a.dtype != np.uint16 or (dtype not in (None, "bf16")):
+                    raise ValueError(f"FP8 parts of {name}: the array is {a.dtype} ({dtype}); FP8 is quantized from "
+                                     "bf16 bits (uint16)")
+                bits = np.ascontiguousarray(a)
+            out.append((name, global_shape, offset, bits))
+        return out
+
+    def fp8_amax(self, version: str, quantization: str) -> Any:
+        """This rank's amax per scale group of every FP8 parameter its staged projections touch:
+        ``({parameter: uint16 array}, partial)``, ``partial`` naming the first group this rank holds
+        only part of ("" when none). Merge the dicts of every rank by elementwise max (what
+        :func:`torch_amax_exchange` does over a process group) and pass the result to
+        :meth:`attach_fp8`."""
+        return core().fp8_local_amax(self._fp8_shards(version), quantization)
+
+    def attach_fp8(self, version: str, quantization: str, merged: Mapping[str, Any]) -> int:
+        """Computes and attaches every staged projection's part of the ``quantization`` image from
+        the amaxes merged over the trainer's ranks; returns the number of parts attached."""
+        shards = self._fp8_shards(version)
+        parts = core().fp8_parts_from_amax(shards, quantization, dict(merged))
+        out = [(name, offset, quantization, p[0], p[1]) for (name, _, offset, _), p in zip(shards, parts) if p]
+        self._impl.attach_fp8_parts(version, out)
+        return len(out)
+
+    def publish(self, version: str, delta: Optional[bool] = None, fp8: Optional[Sequence[str]] = None,
+                fp8_exchange: Optional[Any] = None) -> Dict[str, Any]:
         """Registers, digests and publishes this rank's shards of ``version``.
 
         Returns ``{version, state, ranks_published, expected_ranks, commit_seq, content_digest,
@@ -185,7 +259,22 @@ class Publisher:
         published. The report then names ``delta_base``, ``delta_shards``, ``delta_changed`` and
         ``delta_bytes``. Deltas need the host copy kept since the last publish: ValueError for a
         publisher made without ``delta=True``. Shards in device memory are published in full.
+
+        ``fp8=["fp8_per_block", ...]`` also publishes, with every shard of a projection, its part
+        of the FP8 image an engine serving that quantization computes from this version (docs/fp8.md,
+        "The expected image, from the trainer"); the controller then holds an FP8 engine's live
+        image to the trainer's. A scale group split over ranks needs ``fp8_exchange(quantization,
+        amax) -> merged`` (every rank calls it, so they publish together; see
+        :func:`torch_amax_exchange`); without one such a group raises ValueError naming it.
         """
+        for q in fp8 or []:
+            amax, partial = self.fp8_amax(version, q)
+            if fp8_exchange is not None:
+                amax = fp8_exchange(q, amax)
+            elif partial:
+                raise ValueError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
+                                 "fp8_exchange (e.g. rolloutcore.publisher.torch_amax_exchange(group))")
+            self.attach_fp8(version, q, amax)
         if delta is not None and bool(delta) != self._delta:
             raise ValueError(
                 f"publish(delta={bool(delta)}) on a Publisher made with delta={self._delta}: delta publishing keeps a "
@@ -212,6 +301,7 @@ class Publisher:
         releases it in the directory first (so no engine discovers it afterwards); without, a
         published version is marked UNAVAILABLE there first (its handles are about to die)."""
         self._impl.release(version, in_directory)
+        self._staged.pop(version, None)
 
     def shards(self, version: str) -> List[Dict[str, Any]]:
         """This rank's shards of ``version``: ``{name, dtype, global_shape, offset, shape,

@@ -97,6 +97,12 @@ def combine_digests(digests: Mapping[str, Union[str, int]]) -> str:
     return core().combine_digests(dict(digests))
 
 
+def fp8_parameter_of(tensor: str) -> Optional[Tuple[str, str]]:
+    """(vLLM's fused FP8 parameter, part) of a checkpoint tensor ("...k_proj.weight" ->
+    ("...qkv_proj.weight", "k")); None for a tensor served in bf16 (docs/fp8.md)."""
+    return core().fp8_parameter_of(tensor)
+
+
 def transports() -> List[str]:
     """Names of the transports built into the core (local, shm, and ucx when built)."""
     return [t["name"] for t in core().transports()]

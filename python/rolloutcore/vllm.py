@@ -834,13 +834,15 @@ class Extension:
         t0 = time.perf_counter()
         device = self._rc_device()
         scheme = st.fp8["scheme"]
-        if expected is None:
-            expected, expected_from = self._rc_fp8_expected(st, staged=False), "shadows"
         live_entries = []
         for pname in sorted(st.fp8["layers"]):
             _, q, s, rows, cols, grid = self._rc_fp8_target(st, pname)
             live_entries.append((pname, q.data_ptr(), rows, cols, s.data_ptr(), grid[0], grid[1]))
         live = _core.fp8_image_digest_device(device, live_entries)
+        if st.fp8.get("expected_from_live"):
+            expected, expected_from = live["parameters"], "live (fault self_consistent_wrong_scale)"
+        if expected is None:
+            expected, expected_from = self._rc_fp8_expected(st, staged=False), "shadows"
         params: Dict[str, Any] = {}
         mismatch = ""
         for pname in sorted(st.fp8["layers"]):
@@ -1230,7 +1232,14 @@ class Extension:
                     d = None
                 fp8_report = None
                 if st.fp8 is not None:
-                    fp8_report = self._rc_fp8_quantize(st, str(st.faults.pop("fp8_install", "")))
+                    fault = str(st.faults.pop("fp8_install", ""))
+                    fp8_report = self._rc_fp8_quantize(
+                        st, "wrong_scale" if fault == "self_consistent_wrong_scale" else fault)
+                    if fault:
+                        fp8_report["fault"] = fault
+                    # A self-check that reads the live image (the fault self_consistent_wrong_scale),
+                    # until the next install: only the trainer's published image can catch it.
+                    st.fp8["expected_from_live"] = fault == "self_consistent_wrong_scale"
                     st.fp8["installed"] = True
                     st.fp8.pop("from_checkpoint", None)
                 st.label = version
@@ -1512,7 +1521,9 @@ class Extension:
         ``stage_pull_delay_ms``: rc_stage holds its pull that long (within its timeout) after the
         trainer's memory was imported and before the reads are posted, so a test can kill the
         trainer mid-pull. ``fp8_install``: when vLLM serves FP8, the next rc_install leaves the FP8
-        image wrong in one way (wrong_scale, stale_scales, swizzled_scales, stale_image; see
+        image wrong in one way (wrong_scale, stale_scales, swizzled_scales, stale_image, or
+        self_consistent_wrong_scale: wrong_scale with the extension's own expected image read from
+        the live one until the next install, which only the trainer's published image catches; see
         _rc_fp8_quantize) and its proof must fail; once. ``rc_fault()`` with no argument clears them."""
         if os.environ.get("ROLLOUTCORE_VLLM_FAULT_INJECTION") != "1":
             return _fail("FailedPrecondition", "fault injection is off (ROLLOUTCORE_VLLM_FAULT_INJECTION=1 enables it)")
@@ -1520,7 +1531,7 @@ class Extension:
         bad = sorted(set(faults) - known)
         if bad:
             return _fail("InvalidArgument", f"unknown faults {bad}; known: {sorted(known)}")
-        fp8_faults = ("wrong_scale", "stale_scales", "swizzled_scales", "stale_image")
+        fp8_faults = ("wrong_scale", "stale_scales", "swizzled_scales", "stale_image", "self_consistent_wrong_scale")
         if "fp8_install" in faults:
             f = faults["fp8_install"]
             quant = str(getattr(self.vllm_config.model_config, "quantization", None))

@@ -203,7 +203,8 @@ def tokens_of(resp: Dict[str, Any]) -> str:
 class Trainer:
     """Torch CUDA trainer stand-in: versions by perturbation, fsdp:2 row shards over cuda_ipc."""
 
-    def __init__(self, base_dir: str, directory_url: str, model: str, device: int = 0, world: int = 2) -> None:
+    def __init__(self, base_dir: str, directory_url: str, model: str, device: int = 0, world: int = 2,
+                 fp8: Optional[List[str]] = None) -> None:
         import torch
         from safetensors.torch import load_file
 
@@ -221,6 +222,9 @@ class Trainer:
         self.pubs = [Publisher(directory_url, model, rank=r, world_size=world, transport="cuda_ipc")
                      for r in range(world)]
         self.versions: Dict[str, Dict[str, Any]] = {}
+        # Quantizations whose FP8 parts every rank publishes (docs/fp8.md, "The expected image, from
+        # the trainer"); the ranks are in this process, so their amaxes are merged here.
+        self.fp8 = list(fp8 or [])
 
     def make(self, version: str, seed: int, scale: float = 0.05) -> Dict[str, Any]:
         torch = self.torch
@@ -244,7 +248,6 @@ class Trainer:
 
     def publish(self, version: str) -> List[Dict[str, Any]]:
         tensors = self.versions[version]
-        reports = []
         for r, pub in enumerate(self.pubs):
             for name, t in tensors.items():
                 rows = t.shape[0]
@@ -254,8 +257,16 @@ class Trainer:
                     continue
                 shard = t[lo:hi]  # rows of a contiguous tensor: contiguous, zero copy
                 pub.add_shard(version, name, shard, offset=[lo] + [0] * (t.dim() - 1), global_shape=list(t.shape))
-            reports.append(pub.publish(version))
-        return reports
+        for q in self.fp8:
+            import numpy as np
+
+            merged: Dict[str, Any] = {}
+            for pub in self.pubs:
+                for k, v in pub.fp8_amax(version, q)[0].items():
+                    merged[k] = v if k not in merged else np.maximum(merged[k], v)
+            for pub in self.pubs:
+                pub.attach_fp8(version, q, merged)
+        return [pub.publish(version) for pub in self.pubs]
 
     def release(self, version: str) -> None:
         for pub in self.pubs:

@@ -38,10 +38,14 @@ class EmbeddedAdapterTest : public ::testing::Test {
     state_dir_ = (fs::temp_directory_path() / ("rc_embedded_" + std::to_string(::getpid()))).string();
     fs::remove_all(state_dir_);
   }
-  // The synthetic trainer of model "m" (tiny, fsdp:2 over shm, seed 11) attaching `probes`.
-  void UseTrainer(const trainer::ProbeOptions& probes) {
+  // The synthetic trainer of model "m" (tiny, fsdp:2 over shm, seed 11) attaching `probes` and
+  // publishing the FP8 parts of `fp8_parts`, its first version v<first_step>.
+  void UseTrainer(const trainer::ProbeOptions& probes, std::vector<std::string> fp8_parts = {},
+                  int64_t first_step = 0) {
     trainer_.reset();
     trainer::SyntheticTrainerOptions to;
+    to.publisher.fp8_quantizations = std::move(fp8_parts);
+    to.first_step = first_step;
     to.config = *refit::ModelPreset("tiny");
     to.layout = *refit::ParseTrainerLayout("fsdp:2");
     to.model_name = "m";
@@ -201,6 +205,49 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsProvedAndEveryNegativeControlTaints) {
   }
   Json after = Rollout("after");
   EXPECT_EQ(after["binding"]["label"], "v4");
+}
+
+// The expected image from the trainer (docs/fp8.md): with --fp8-parts the trainer's ranks publish
+// their parts of the FP8 image (fsdp:2 splits every per-tensor scale group: the amaxes are exchanged),
+// and validation holds the live image to their sum as well as to the engine's own quantization. An
+// engine whose quantizer and self-check share a bug (the fault self_consistent_wrong_scale) passes
+// its own check; only the trainer's image catches it, and without parts the same fault commits.
+TEST_F(EmbeddedAdapterTest, Fp8ImageIsHeldToTheImageTheTrainerPublished) {
+  UseTrainer(trainer::ProbeOptions{}, {"fp8_per_tensor", "fp8_per_channel"});
+  UseEngine("fp8_per_tensor");
+  for (int i = 0; i < 3; ++i) Step();  // v0 .. v2
+  auto manifest = store_->Get("m", "v0");
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_EQ(refit::PublishedFp8Quantizations(*manifest), (std::vector<std::string>{"fp8_per_channel", "fp8_per_tensor"}));
+  StartService();
+  auto first = service_->WaitForUpdate(service_->RequestUpdate("m", "v0").value(), 60000);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ((*first)["outcome"], "committed") << first->dump(2);
+  const Json q = (*first)["engines"][0]["evidence"]["validated"]["quantized"];
+  EXPECT_EQ(q["expected_from"], "trainer") << q.dump();
+  EXPECT_EQ(q["published"], q["live"]) << q.dump();
+  EXPECT_EQ(q["published"], q["expected"]) << q.dump();
+  EXPECT_EQ(q["published"], refit::Fp8ImageCombined(*refit::PublishedFp8Image(*manifest, "fp8_per_tensor")).ToHex());
+
+  ASSERT_TRUE(engine_->engine()->SetFp8FaultForTesting(engine::Fp8Fault::kSelfConsistentWrongScale).ok());
+  auto failed = service_->WaitForUpdate(service_->RequestUpdate("m", "v1").value(), 60000);
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  EXPECT_EQ((*failed)["engines"][0]["outcome"], "tainted") << failed->dump(2);
+  EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("not the image the trainer published"),
+            std::string::npos)
+      << failed->dump(2);
+  auto rec = service_->WaitForUpdate(service_->RequestRecovery("m", "v1").value(), 60000);
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  ASSERT_EQ((*rec)["outcome"], "committed") << rec->dump(2);
+
+  // The same fault on a version without parts: the engine's own check is all there is, and passes.
+  UseTrainer(trainer::ProbeOptions{}, {}, 10);
+  Step();  // v10
+  ASSERT_TRUE(engine_->engine()->SetFp8FaultForTesting(engine::Fp8Fault::kSelfConsistentWrongScale).ok());
+  auto blind = service_->WaitForUpdate(service_->RequestUpdate("m", "v10").value(), 60000);
+  ASSERT_TRUE(blind.ok());
+  ASSERT_EQ((*blind)["outcome"], "committed") << blind->dump(2);
+  EXPECT_EQ((*blind)["engines"][0]["evidence"]["validated"]["quantized"]["expected_from"], "engine");
 }
 
 // Replay with FP8 serving (docs/fp8.md, "Replay validation"): probes the trainer computed under the

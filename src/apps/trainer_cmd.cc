@@ -38,6 +38,7 @@ struct ServeOptions {
   double lr = 1e-3;
   double change_fraction = 1.0;
   bool delta = false;
+  std::vector<std::string> fp8_parts;
   std::string host = "127.0.0.1";
   int port = 7480;
   int64_t steps = 0;
@@ -104,6 +105,8 @@ int Serve(const ServeOptions& o) {
   options.weights.lr = static_cast<float>(o.lr);
   options.weights.change_fraction = static_cast<float>(o.change_fraction);
   options.publisher.delta = o.delta;
+  options.publisher.fp8_quantizations = o.fp8_parts;
+  options.publisher.fp8_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.fail_rank = o.fail_rank;
   options.keep = o.keep;
   options.probes.count = o.probes;
@@ -301,6 +304,13 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
                     "Compute the probes under the quantization the engines serve (docs/fp8.md): fp8_per_tensor, "
                     "fp8_per_channel or fp8_per_block; replay compares a probe only with an engine serving the same. "
                     "Default: the weights as published")
+      ->check(CLI::IsMember({"fp8_per_tensor", "fp8_per_channel", "fp8_per_block"}));
+  serve->add_option("--fp8-parts", so->fp8_parts,
+                    "Publish, with every shard of a projection, its part of the FP8 image an engine serving this "
+                    "quantization computes (docs/fp8.md \"The expected image, from the trainer\"); the controller "
+                    "then holds an FP8 engine's live image to the trainer's. fp8_per_tensor, fp8_per_channel, "
+                    "fp8_per_block; repeat or comma-separate for several")
+      ->delimiter(',')
       ->check(CLI::IsMember({"fp8_per_tensor", "fp8_per_channel", "fp8_per_block"}));
   AddServerSecurityFlags(serve, &so->security);
   serve->callback([so, exit_code] {

@@ -1,5 +1,7 @@
 #include "rolloutcore/controller/directory_versions.h"
 
+#include <fmt/format.h>
+
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/pending.h"
 
@@ -12,10 +14,16 @@ int64_t StepFromLabel(const std::string& label) {
   return std::stoll(label.substr(i));
 }
 
-Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* store, const std::string& model,
-                                                     const std::string& version) {
+Result<lifecycle::VersionFacts> FactsOf(directory::DirectoryStore* store, const std::string& model,
+                                        const std::string& version) {
   RC_ASSIGN_OR_RETURN(refit::Manifest m, store->Get(model, version));
-  std::vector<lifecycle::ReplayProbe> out;
+  lifecycle::VersionFacts facts;
+  for (const std::string& q : refit::PublishedFp8Quantizations(m)) {
+    auto image = refit::PublishedFp8Image(m, q);
+    if (!image.ok()) return image.status().WithContext(fmt::format("the FP8 parts of {}@{}", model, version));
+    facts.published_fp8[q] = refit::Fp8ImageCombined(*image).ToHex();
+  }
+  std::vector<lifecycle::ReplayProbe>& out = facts.probes;
   for (const refit::Probe& p : m.probes) {
     lifecycle::ReplayProbe r;
     r.name = p.name;
@@ -25,7 +33,7 @@ Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* 
     for (const refit::ProbeStep& s : p.steps) r.expected.push_back(lifecycle::ReplayStep{s.token, s.logprob, s.top});
     out.push_back(std::move(r));
   }
-  return out;
+  return facts;
 }
 
 DirectoryVersionSource::DirectoryVersionSource(directory::DirectoryStore* store)
@@ -50,15 +58,16 @@ Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::strin
   t.identity.checkpoint = model + "@" + version;
   t.identity.run = model;
   t.identity.step = StepFromLabel(version);
-  // The manifest (for the probes) is read on a pooled worker while the update starts: the Runner
-  // takes the probes before the drain completes (types.h, UpdateTarget::probes_fetch).
+  // The manifest (for the probes and the published FP8 images) is read on a pooled worker while
+  // the update starts: the Runner takes them before the drain completes (types.h,
+  // UpdateTarget::facts_fetch).
   {
     rc::MutexLock lock(fetches_->mu);
     ++fetches_->running;
   }
-  t.probes_fetch = RunDetached<std::vector<lifecycle::ReplayProbe>>(
-      [store = store_, fetches = fetches_, model, version]() -> Result<std::vector<lifecycle::ReplayProbe>> {
-        auto probes = ProbesOf(store, model, version);
+  t.facts_fetch = RunDetached<lifecycle::VersionFacts>(
+      [store = store_, fetches = fetches_, model, version]() -> Result<lifecycle::VersionFacts> {
+        auto probes = FactsOf(store, model, version);
         rc::MutexLock lock(fetches->mu);
         --fetches->running;
         fetches->cv.notify_all();

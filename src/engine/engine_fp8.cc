@@ -15,11 +15,12 @@ namespace rc::engine {
 
 Result<Fp8Fault> Fp8FaultFromName(std::string_view name) {
   for (Fp8Fault f : {Fp8Fault::kNone, Fp8Fault::kWrongScale, Fp8Fault::kStaleScales, Fp8Fault::kSwizzledScales,
-                     Fp8Fault::kStaleImage}) {
+                     Fp8Fault::kStaleImage, Fp8Fault::kSelfConsistentWrongScale}) {
     if (name == Fp8FaultName(f)) return f;
   }
-  return InvalidArgument(fmt::format(
-      "fp8 fault '{}': expected one of none, wrong_scale, stale_scales, swizzled_scales, stale_image", name));
+  return InvalidArgument(fmt::format("fp8 fault '{}': expected one of none, wrong_scale, stale_scales, swizzled_scales, "
+                                     "stale_image, self_consistent_wrong_scale",
+                                     name));
 }
 
 std::string_view Fp8FaultName(Fp8Fault fault) {
@@ -29,6 +30,7 @@ std::string_view Fp8FaultName(Fp8Fault fault) {
     case Fp8Fault::kStaleScales: return "stale_scales";
     case Fp8Fault::kSwizzledScales: return "swizzled_scales";
     case Fp8Fault::kStaleImage: return "stale_image";
+    case Fp8Fault::kSelfConsistentWrongScale: return "self_consistent_wrong_scale";
   }
   return "?";
 }
@@ -90,6 +92,10 @@ Result<Fp8ImageReport> Engine::Fp8Digests() {
   if (live.ok()) {
     out.live = std::move(live).value();
     out.live_digest = refit::Fp8ImageCombined(out.live);
+    if (fp8_expected_from_live_) {  // the fault kSelfConsistentWrongScale: a self-check that reads the image
+      out.expected = out.live;
+      out.expected_digest = out.live_digest;
+    }
   } else {
     out.live_error = live.status().message();
   }
@@ -114,6 +120,7 @@ Status Engine::QuantizeAfterInstall() {
   Fp8Weights* fp8 = model_->mutable_fp8();
   if (fp8 == nullptr) return OkStatus();
   const Fp8Fault fault = std::exchange(fp8_fault_, Fp8Fault::kNone);
+  fp8_expected_from_live_ = fault == Fp8Fault::kSelfConsistentWrongScale;
   std::vector<Fp8Weights::Buffer> before;
   if (fault == Fp8Fault::kStaleScales || fault == Fp8Fault::kStaleImage) {
     for (Fp8Weights::Buffer* b : fp8->BuffersForTesting()) before.push_back(*b);
@@ -125,6 +132,7 @@ Status Engine::QuantizeAfterInstall() {
     Fp8Weights::Buffer& b = *bufs[i];
     switch (fault) {
       case Fp8Fault::kWrongScale:
+      case Fp8Fault::kSelfConsistentWrongScale:
         for (float& s : b.row_scales) s *= 2.0f;
         break;
       case Fp8Fault::kStaleScales: b.row_scales = before[i].row_scales; break;

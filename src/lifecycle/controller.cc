@@ -800,6 +800,10 @@ Status CheckQuantized(const QuantizedDigestEvidence& q, const char* what) {
 
 Json QuantizedJson(const QuantizedDigestEvidence& q) {
   Json j{{"quantization", q.quantization}, {"live", q.live}, {"expected", q.expected}, {"match", q.Match()}};
+  // Whose expected image the live one was held to: the trainer's published parts as well, or the
+  // engine's own quantization of the proven weights only.
+  if (!q.published.empty()) j["published"] = q.published;
+  j["expected_from"] = q.published.empty() ? "engine" : "trainer";
   if (!q.detail.empty()) j["detail"] = q.detail;
   return j;
 }

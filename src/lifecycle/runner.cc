@@ -85,7 +85,8 @@ Result<UpdateTarget> Runner::StartRecovery(UpdateTarget target) {
   prefetched_.reset();
   stage_call_.Clear();  // a prefetched stage (a recovery stages inside its full install)
   RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
-  target.probes_fetch.reset();  // a recovery proves label and digest; it replays nothing
+  // A recovery proves label, digest and the engine's own quantized image; it replays nothing.
+  target.facts_fetch.reset();
   if (target.request_journaled) {
     // A recovery pauses at once: the request must be durable first.
     (void)target.request_journaled->WaitFor(std::chrono::milliseconds(options_.deadlines.stage_ms));
@@ -278,8 +279,8 @@ bool Runner::WaitForProgress(std::chrono::microseconds max) {
   }
   if (phase_ == Phase::kDraining && !stage_call_.active()) {
     // Nothing else in flight may answer first: wait on what the drain still needs.
-    if (target_.probes_fetch && !target_.probes_fetch->Ready()) {
-      (void)target_.probes_fetch->WaitFor(max);
+    if (target_.facts_fetch && !target_.facts_fetch->Ready()) {
+      (void)target_.facts_fetch->WaitFor(max);
       return true;
     }
     if (target_.request_journaled && !target_.request_journaled->Ready()) {
@@ -332,13 +333,19 @@ bool Runner::TakeBeforeTheDrainEnds(std::optional<Pending<T>>& pending, int64_t 
 
 void Runner::StepDraining() {
   const int64_t now = Now();
-  // The probes come from a fetch that started with the update, the requester's record of the
-  // request is synced while the update starts (types.h); both are taken here, before the drain can
-  // complete, so a failure rejects with nothing paused.
-  if (!TakeBeforeTheDrainEnds(target_.probes_fetch, now, &target_.probes,
-                              "fetching the replay probes of " + target_.label + " failed: ",
-                              "fetching the replay probes of " + target_.label)) {
+  // The probes and the published FP8 images come from a fetch that started with the update, the
+  // requester's record of the request is synced while the update starts (types.h); both are taken
+  // here, before the drain can complete, so a failure rejects with nothing paused.
+  const bool fetching = target_.facts_fetch.has_value();
+  VersionFacts facts;
+  if (!TakeBeforeTheDrainEnds(target_.facts_fetch, now, &facts,
+                              "fetching the replay probes and FP8 images of " + target_.label + " failed: ",
+                              "fetching the replay probes and FP8 images of " + target_.label)) {
     return;
+  }
+  if (fetching && !target_.facts_fetch) {
+    target_.probes = std::move(facts.probes);
+    target_.published_fp8 = std::move(facts.published_fp8);
   }
   bool journaled = false;
   if (!TakeBeforeTheDrainEnds(target_.request_journaled, now, &journaled,
@@ -425,7 +432,7 @@ void Runner::StepDraining() {
     }
   }
   if (idle_seen_ && !drain_call_.active() && controller_->active_count() == 0 && stage_done_ &&
-      !target_.probes_fetch && !target_.request_journaled) {
+      !target_.facts_fetch && !target_.request_journaled) {
     // Drained: the pause is the drain's last step; QUIESCED and UPDATING are synced together once
     // it answers (StepPausing), before the install.
     drained_ = *idle_seen_;
@@ -443,7 +450,7 @@ void Runner::StepDraining() {
 // ---- In-flight modes -----------------------------------------------------------------------
 
 void Runner::StepQuiescingInFlight(int64_t now) {
-  if (!stage_done_ || target_.probes_fetch || target_.request_journaled) return;
+  if (!stage_done_ || target_.facts_fetch || target_.request_journaled) return;
   if (!drain_call_.active()) {
     drain_call_.Start(adapter_->GetDrainStatus(), now + options_.deadlines.poll_ms);
     return;
@@ -679,6 +686,11 @@ void Runner::StepValidating(bool recovery) {
       digest_call_.Clear();
       if (!r.ok()) return TaintWith("reading the content digest failed: " + r.status().ToString());
       digest_evidence_ = *r;
+      if (!recovery && digest_evidence_->quantized) {
+        // The trainer's own image of the quantization the engine serves, when it published one.
+        auto p = target_.published_fp8.find(digest_evidence_->quantized->quantization);
+        if (p != target_.published_fp8.end()) digest_evidence_->quantized->published = p->second;
+      }
     } else if (now > digest_call_.deadline_ms) {
       digest_call_.Clear();
       return TaintWith("reading the content digest overran its " + std::to_string(options_.deadlines.validate_ms) +

@@ -106,13 +106,13 @@ TEST_F(RunnerTest, APrefetchedStageIsAdoptedByItsUpdateAndDroppedByAnother) {
   EXPECT_EQ(engine_->label(), "rc-2");
 }
 
-// Probes resolved in the background (UpdateTarget::probes_fetch, issue 15): the drain does not
+// Probes resolved in the background (UpdateTarget::facts_fetch, issue 15): the drain does not
 // complete before they are in, and the update uses them.
 TEST_F(RunnerTest, ProbesFetchedInTheBackgroundAreTakenBeforeTheDrainCompletes) {
   Build({});
   UpdateTarget t = Target();
-  Pending<std::vector<ReplayProbe>> fetch;
-  t.probes_fetch = fetch;
+  Pending<VersionFacts> fetch;
+  t.facts_fetch = fetch;
   ASSERT_TRUE(runner_->StartUpdate(t).ok());
   for (int i = 0; i < 50; ++i) {
     runner_->Poll();
@@ -124,7 +124,7 @@ TEST_F(RunnerTest, ProbesFetchedInTheBackgroundAreTakenBeforeTheDrainCompletes) 
   ReplayProbe p;
   p.name = "p0";
   p.prompt = {1, 2, 3};
-  fetch.Fulfill(std::vector<ReplayProbe>{p});
+  fetch.Fulfill(VersionFacts{{p}, {}});
   Run();
   EXPECT_EQ(c_->state(), State::kReady);
   EXPECT_EQ(c_->version().label, "rc-1");
@@ -139,7 +139,7 @@ TEST_F(RunnerTest, ProbesFetchedInTheBackgroundAreTakenBeforeTheDrainCompletes) 
 TEST_F(RunnerTest, FailedProbeFetchRejectsBeforeThePause) {
   Build({});
   UpdateTarget t = Target();
-  t.probes_fetch = Pending<std::vector<ReplayProbe>>::Completed(Unavailable("directory at http://d did not answer"));
+  t.facts_fetch = Pending<VersionFacts>::Completed(Unavailable("directory at http://d did not answer"));
   ASSERT_TRUE(runner_->StartUpdate(t).ok());
   Run();
   EXPECT_EQ(c_->state(), State::kReady);
@@ -148,7 +148,7 @@ TEST_F(RunnerTest, FailedProbeFetchRejectsBeforeThePause) {
   auto u = c_->Update(1);
   ASSERT_TRUE(u);
   EXPECT_EQ(u->outcome, UpdateOutcome::kRejected);
-  EXPECT_NE(u->reason.find("fetching the replay probes of rc-1 failed"), std::string::npos) << u->reason;
+  EXPECT_NE(u->reason.find("fetching the replay probes and FP8 images of rc-1 failed"), std::string::npos) << u->reason;
   EXPECT_FALSE(u->evidence.contains("begin_install"));
 }
 

@@ -114,8 +114,12 @@ std::string QuantizedDigestEvidence::Mismatch(std::string_view of) const {
   std::string out = "the engine's " + quantization + " image";
   if (live.empty()) {
     out += " has no consistent digest";
+  } else if (live == expected && !published.empty() && live != published) {
+    out += " (" + live + ") is its own quantization of " + std::string(of) + " but not the image the trainer " +
+           "published (" + published + "): the engine's quantizer and the trainer's disagree";
   } else {
     out += " (" + live + ") is not the quantization of " + std::string(of) + " (" + expected + ")";
+    if (!published.empty()) out += "; the trainer published " + published;
   }
   if (!detail.empty()) out += ": " + detail;
   return out;

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -14,6 +16,7 @@
 #include "rolloutcore/formats/fp8.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/fp8_digest.h"
+#include "rolloutcore/trainer/fp8_parts.h"
 #ifdef ROLLOUTCORE_WITH_CUDA
 #include "rolloutcore/cuda/fp8.h"
 #include "rolloutcore/cuda/gpu_refit.h"
@@ -171,7 +174,102 @@ py::dict Fp8ImageDigestDevice(int device,
 
 }  // namespace
 
+// ---- The trainer's FP8 parts (trainer/fp8_parts.h) -------------------------------------------
+
+// shards = [(name, global_shape, offset, bits)]: bits a C-contiguous uint16 array of the box (bf16
+// bits), kept alive by `keep` while the C++ side reads it.
+std::vector<trainer::Fp8ShardInput> ShardInputs(const py::list& shards, std::vector<py::array>* keep) {
+  std::vector<trainer::Fp8ShardInput> out;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    auto t = shards[i].cast<std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>, py::object>>();
+    py::object obj = std::get<3>(t);
+    if (!py::isinstance<py::array>(obj) || !py::cast<py::array>(obj).dtype().is(py::dtype::of<uint16_t>())) {
+      Raise(InvalidArgument(fmt::format("fp8 parts: shard {} ({}): needs the bf16 bits as a uint16 array", i,
+                                        std::get<0>(t))));
+    }
+    auto a = py::array_t<uint16_t, py::array::c_style>::ensure(obj);
+    if (!a) {
+      Raise(InvalidArgument(fmt::format("fp8 parts: shard {} ({}): needs the bf16 bits as a uint16 array", i,
+                                        std::get<0>(t))));
+    }
+    refit::Shape extent(a.shape(), a.shape() + a.ndim());
+    if (extent.size() != std::get<1>(t).size() || std::get<2>(t).size() != extent.size()) {
+      Raise(InvalidArgument(fmt::format("fp8 parts: shard {} ({}): global shape, offset and array disagree in rank",
+                                        i, std::get<0>(t))));
+    }
+    keep->push_back(a);
+    out.push_back(trainer::Fp8ShardInput{std::get<0>(t), refit::DType::kBF16, std::get<1>(t),
+                                         refit::Box{std::get<2>(t), extent}, a.data()});
+  }
+  return out;
+}
+
+py::tuple Fp8LocalAmax(const py::list& shards, const std::string& quantization, int threads) {
+  std::vector<py::array> keep;
+  auto inputs = ShardInputs(shards, &keep);
+  std::string partial;
+  Result<trainer::Fp8Amax> amax = Internal("not run");
+  {
+    py::gil_scoped_release nogil;
+    amax = trainer::Fp8LocalAmax(inputs, quantization, &partial, threads);
+  }
+  if (!amax.ok()) Raise(amax.status());
+  py::dict out;
+  for (const auto& [name, v] : *amax) {
+    py::array_t<uint16_t> a(std::vector<py::ssize_t>{static_cast<py::ssize_t>(v.size())});
+    uint16_t* dst = a.mutable_data();
+    for (size_t g = 0; g < v.size(); ++g) dst[g] = v[g];
+    out[py::str(name)] = a;
+  }
+  return py::make_tuple(out, partial);
+}
+
+py::list Fp8PartsFromAmax(const py::list& shards, const std::string& quantization, const py::dict& merged,
+                          int threads) {
+  std::vector<py::array> keep;
+  auto inputs = ShardInputs(shards, &keep);
+  trainer::Fp8Amax amax;
+  for (auto item : merged) {
+    auto a = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>::ensure(item.second);
+    if (!a) Raise(InvalidArgument("fp8 parts: merged amax of " + item.first.cast<std::string>() + " is not uint16"));
+    amax[item.first.cast<std::string>()] = std::vector<uint16_t>(a.data(), a.data() + a.size());
+  }
+  Result<std::vector<std::optional<refit::Fp8ImageDigest>>> parts = Internal("not run");
+  {
+    py::gil_scoped_release nogil;
+    parts = trainer::Fp8PartsFromAmax(inputs, quantization, amax, threads);
+  }
+  if (!parts.ok()) Raise(parts.status());
+  py::list out;
+  for (const auto& p : *parts) {
+    if (p) {
+      out.append(py::make_tuple(p->bytes, p->scales));
+    } else {
+      out.append(py::none());
+    }
+  }
+  return out;
+}
+
 void RegisterFp8(py::module_& m) {
+  m.def(
+      "fp8_parameter_of",
+      [](const std::string& tensor) -> py::object {
+        auto of = refit::Fp8ParameterOf(tensor);
+        if (!of) return py::none();
+        return py::make_tuple(of->param, of->part);
+      },
+      py::arg("tensor"),
+      "The FP8 parameter (vLLM's fused name) a checkpoint tensor is a part of, and the part (q, k, v, o, gate, up, "
+      "down); None for a tensor served in bf16 (refit/fp8_digest.h).");
+  m.def("fp8_local_amax", &Fp8LocalAmax, py::arg("shards"), py::arg("quantization"), py::arg("threads") = 1,
+        "A trainer rank's FP8 amaxes (docs/fp8.md, \"The expected image, from the trainer\"): shards = [(name, "
+        "global_shape, offset, bf16 bits uint16 array)] -> ({FP8 parameter: uint16 amax per scale group}, the first "
+        "group held here only in part, or '' when every group touched is whole here).");
+  m.def("fp8_parts_from_amax", &Fp8PartsFromAmax, py::arg("shards"), py::arg("quantization"), py::arg("merged"),
+        py::arg("threads") = 1,
+        "Each shard's FP8 part given the amaxes merged (max) over the trainer's ranks: [(bytes digest, scales "
+        "digest) or None for a tensor served in bf16].");
 #ifdef ROLLOUTCORE_WITH_CUDA
   m.def("quantize_fp8_device", &QuantizeFp8Device, py::arg("device"), py::arg("bf16"), py::arg("rows"),
         py::arg("cols"), py::arg("scheme"), py::arg("q"), py::arg("scales"),

@@ -212,6 +212,17 @@ class PyPublisher {
     Check(publisher_->AttachProbes(version, std::move(*probes)));
   }
 
+  // parts = [(tensor, offset, quantization, bytes digest, scales digest)].
+  void AttachFp8Parts(const std::string& version, const py::list& parts) {
+    std::vector<trainer::Fp8ShardPart> out;
+    for (auto item : parts) {
+      auto t = item.cast<std::tuple<std::string, std::vector<int64_t>, std::string, uint64_t, uint64_t>>();
+      out.push_back(trainer::Fp8ShardPart{std::get<0>(t), std::get<1>(t), std::get<2>(t),
+                                          refit::Fp8ImageDigest{std::get<3>(t), std::get<4>(t)}});
+    }
+    Check(publisher_->AttachFp8Parts(version, std::move(out)));
+  }
+
   py::dict Publish(const std::string& version, bool empty) {
     Result<trainer::PublishReport> report = InternalError();
     {
@@ -502,6 +513,7 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "publish_empty", [](PyPublisher& p, const std::string& v) { return p.Publish(v, true); }, py::arg("version"))
       .def("attach_probes", &PyPublisher::AttachProbes, py::arg("version"), py::arg("probes_json"))
+      .def("attach_fp8_parts", &PyPublisher::AttachFp8Parts, py::arg("version"), py::arg("parts"))
       .def("release", &PyPublisher::Release, py::arg("version"), py::arg("in_directory") = true)
       .def("shards", &PyPublisher::Shards, py::arg("version"))
       .def("versions", &PyPublisher::Versions)

@@ -1,6 +1,7 @@
 #include "rolloutcore/trainer/fp8_parts.h"
 
 #include <algorithm>
+#include <chrono>
 #include <span>
 
 #include <fmt/format.h>
@@ -15,9 +16,13 @@ namespace {
 struct Plan {
   formats::Fp8Scheme scheme = formats::Fp8Scheme::kPerTensor;
   std::map<std::string, refit::Fp8Param, std::less<>> params;
-  // Per shard: its parameter (nullptr: served in bf16) and its box in the parameter's coordinates.
-  std::vector<const refit::Fp8Param*> param_of;
+  // Per shard: its parameter ("": served in bf16) and its box in the parameter's coordinates.
+  // (Names, not pointers into `params`: a Plan is moved and copied.)
+  std::vector<std::string> param_of;
   std::vector<formats::Fp8Box> box;
+  const refit::Fp8Param* ParamOf(size_t shard) const {
+    return param_of[shard].empty() ? nullptr : &params.at(param_of[shard]);
+  }
 };
 
 formats::Fp8Layout LayoutOf(const Plan& plan, const refit::Fp8Param& p) {
@@ -38,7 +43,7 @@ Result<Plan> MakePlan(const std::vector<Fp8ShardInput>& shards, std::string_view
   for (const Fp8ShardInput& s : shards) {
     const auto of = refit::Fp8ParameterOf(s.name);
     const refit::Fp8Param* p = of ? &plan.params.at(of->param) : nullptr;
-    plan.param_of.push_back(p);
+    plan.param_of.push_back(of ? of->param : std::string());
     formats::Fp8Box b;
     if (p != nullptr) {
       if (s.data == nullptr) return InvalidArgument(fmt::format("tensor {}: shard {} has no data", s.name, refit::BoxToString(s.box)));
@@ -81,7 +86,7 @@ Result<Fp8Amax> Fp8LocalAmax(const std::vector<Fp8ShardInput>& shards, std::stri
   Fp8Amax amax;
   std::map<std::string, std::vector<int64_t>, std::less<>> held;  // elements held per group
   for (size_t i = 0; i < shards.size(); ++i) {
-    const refit::Fp8Param* p = plan.param_of[i];
+    const refit::Fp8Param* p = plan.ParamOf(i);
     if (p == nullptr) continue;
     const formats::Fp8Layout l = LayoutOf(plan, *p);
     auto& a = amax[p->name];
@@ -139,7 +144,7 @@ Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8PartsFromAmax(const
   std::vector<uint8_t> q;
   std::vector<float> owned;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const refit::Fp8Param* p = plan.param_of[i];
+    const refit::Fp8Param* p = plan.ParamOf(i);
     if (p == nullptr) continue;
     const formats::Fp8Layout l = LayoutOf(plan, *p);
     auto it = scales.find(p->name);
@@ -186,6 +191,51 @@ Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8ShardParts(const st
                                         "exchange (an all-reduce MAX over the trainer's ranks)");
   }
   return Fp8PartsFromAmax(shards, quantization, amax, threads);
+}
+
+Fp8AmaxExchange Fp8ThreadExchange::Bind() {
+  return [this](std::string_view quantization, Fp8Amax* amax) { return Exchange(quantization, amax); };
+}
+
+Status Fp8ThreadExchange::Exchange(std::string_view quantization, Fp8Amax* amax) {
+  rc::MutexLock lock(mu_);
+  const uint64_t round = round_;
+  for (const auto& [name, v] : *amax) {
+    auto& m = merged_[name];
+    if (m.empty()) m.assign(v.size(), 0);
+    if (m.size() != v.size()) {
+      return InvalidArgument(fmt::format("FP8 amax exchange ({}): parameter {} has {} groups here, {} on another rank",
+                                         quantization, name, v.size(), m.size()));
+    }
+    formats::Fp8MergeAmax(v, m);
+  }
+  if (++arrived_ == ranks_) {
+    result_ = std::move(merged_);
+    merged_.clear();
+    arrived_ = 0;
+    ++round_;
+    cv_.notify_all();
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    while (round_ == round && failed_round_ != round) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && round_ == round && failed_round_ != round) {
+        const int joined = arrived_;
+        failed_round_ = round;  // the others of this round fail too
+        merged_.clear();
+        arrived_ = 0;
+        ++round_;
+        cv_.notify_all();
+        return DeadlineExceeded(fmt::format("FP8 amax exchange ({}): {} of {} ranks joined within {} ms", quantization,
+                                            joined, ranks_, timeout_ms_));
+      }
+    }
+    if (failed_round_ == round) {
+      return DeadlineExceeded(fmt::format("FP8 amax exchange ({}): the round failed (a rank did not join within {} ms)",
+                                          quantization, timeout_ms_));
+    }
+  }
+  for (auto& [name, v] : *amax) v = result_.at(name);
+  return OkStatus();
 }
 
 }  // namespace rc::trainer

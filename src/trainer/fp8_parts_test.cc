@@ -107,7 +107,8 @@ Rank Hold(const Layer& layer, Boxes boxes) {
 // Rows [lo, hi) of every tensor, all columns.
 auto Rows(double lo, double hi) {
   return [lo, hi](const std::string&, const Shape& s) -> std::vector<Box> {
-    const int64_t a = static_cast<int64_t>(s[0] * lo), b = static_cast<int64_t>(s[0] * hi);
+    const auto rows = static_cast<double>(s[0]);
+    const auto a = static_cast<int64_t>(rows * lo), b = static_cast<int64_t>(rows * hi);
     if (b <= a) return {};
     if (s.size() == 1) return {Box{{a}, {b - a}}};
     return {Box{{a, 0}, {b - a, s[1]}}};

@@ -40,7 +40,7 @@ Publisher::Publisher(transport::Transport* transport, directory::DirectoryStore*
       model_(std::move(model)),
       rank_(rank),
       expected_ranks_(expected_ranks),
-      options_(options) {}
+      options_(std::move(options)) {}
 
 Publisher::~Publisher() {
   std::unique_ptr<directory::LeaseKeeper> keeper;
@@ -134,6 +134,76 @@ Status Publisher::AttachProbes(std::string_view version, std::vector<refit::Prob
   }
   if (it == versions_.end()) it = versions_.emplace(std::string(version), VersionEntry{}).first;
   it->second.probes = std::move(probes);
+  return OkStatus();
+}
+
+Status Publisher::AttachFp8Parts(std::string_view version, const std::vector<Fp8ShardPart>& parts) {
+  for (const Fp8ShardPart& p : parts) {
+    if (!refit::IsFp8Quantization(p.quantization)) {
+      return InvalidArgument(fmt::format("fp8 part of tensor {}: '{}' is not an FP8 quantization (fp8_per_tensor, "
+                                         "fp8_per_channel, fp8_per_block)",
+                                         p.tensor, p.quantization));
+    }
+    if (!refit::Fp8ParameterOf(p.tensor)) {
+      return InvalidArgument(fmt::format("fp8 part of tensor {}: the tensor is served in bf16; only the projections "
+                                         "(q/k/v/o/gate/up/down_proj) have FP8 parts",
+                                         p.tensor));
+    }
+  }
+  rc::MutexLock lock(mu_);
+  auto it = versions_.find(version);
+  if (it == versions_.end()) {
+    return NotFound(fmt::format("rank {} has no shards staged for version {} of model {}", rank_, version, model_));
+  }
+  if (it->second.state != VersionEntry::State::kStaged) {
+    return FailedPrecondition(fmt::format("rank {} cannot attach FP8 parts to version {} of model {}: it is already {}",
+                                          rank_, version, model_, StateWord(it->second.state)));
+  }
+  std::vector<std::pair<StagedShard*, const Fp8ShardPart*>> found;
+  for (const Fp8ShardPart& p : parts) {
+    StagedShard* shard = nullptr;
+    for (StagedShard& s : it->second.shards) {
+      if (s.source.name == p.tensor && s.source.offset == p.offset) shard = &s;
+    }
+    if (shard == nullptr) {
+      return NotFound(fmt::format("rank {} version {}: no staged shard of tensor {} at offset {}", rank_, version,
+                                  p.tensor, refit::ShapeToString(p.offset)));
+    }
+    found.emplace_back(shard, &p);
+  }
+  for (auto& [shard, p] : found) shard->source.fp8[p->quantization] = p->part;
+  return OkStatus();
+}
+
+Status Publisher::ComputeFp8Parts(std::string_view version, std::vector<StagedShard>& shards) {
+  for (const std::string& q : options_.fp8_quantizations) {
+    std::vector<Fp8ShardInput> inputs;
+    std::vector<StagedShard*> of;
+    for (StagedShard& s : shards) {
+      const ShardSource& src = s.source;
+      if (src.memory_kind != transport::MemoryKind::kHost) {
+        if (refit::Fp8ParameterOf(src.name) && !src.fp8.count(q)) {
+          return InvalidArgument(fmt::format("rank {} tensor {} of version {}: a shard in device memory needs its {} "
+                                             "part computed by the caller (ShardSource::fp8, AttachFp8Parts); the "
+                                             "Publisher reads host memory only",
+                                             rank_, src.name, version, q));
+        }
+        continue;
+      }
+      inputs.push_back(Fp8ShardInput{src.name, src.dtype, src.global_shape, refit::Box{src.offset, src.local_shape},
+                                     src.data});
+      of.push_back(&s);
+    }
+    Fp8AmaxExchange exchange;
+    if (options_.fp8_exchange) exchange = options_.fp8_exchange;
+    auto parts = Fp8ShardParts(inputs, q, exchange, options_.fp8_threads);
+    if (!parts.ok()) {
+      return parts.status().WithContext(fmt::format("rank {} computing the {} parts of version {}", rank_, q, version));
+    }
+    for (size_t i = 0; i < of.size(); ++i) {
+      if ((*parts)[i]) of[i]->source.fp8[q] = *(*parts)[i];
+    }
+  }
   return OkStatus();
 }
 
@@ -328,6 +398,12 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     return s;
   };
 
+  if (!resume && !options_.fp8_quantizations.empty()) {
+    const int64_t t0 = NowNs();
+    Status f = ComputeFp8Parts(version, shards);
+    if (!f.ok()) return fail(f);
+    report.fp8_ns = NowNs() - t0;
+  }
   // Register and digest (shards of an unresolved version are registered already, and must keep
   // their handles). Shards of one tensor share a table; tables keep first-seen order.
   std::map<std::string, size_t, std::less<>> table_index;
@@ -362,6 +438,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     auto [ti, inserted] = table_index.emplace(src.name, report.tables.size());
     if (inserted) report.tables.push_back(refit::ShardTable{src.name, src.dtype, src.global_shape, {}});
     report.tables[ti->second].shards.push_back(refit::ShardInfo{rank_, src.offset, src.local_shape, s.descriptor, s.digest});
+    report.tables[ti->second].shards.back().fp8 = src.fp8;
     report.bytes += src.bytes();
     ++report.shards;
   }

@@ -11,6 +11,7 @@
 #include "rolloutcore/base/clock.h"
 #include "rolloutcore/directory/memory_store.h"
 #include "rolloutcore/refit/digest.h"
+#include "rolloutcore/trainer/fp8_parts.h"
 #include "rolloutcore/transport/local.h"
 #include "rolloutcore/transport/shm.h"
 #include "trainer/publisher_test_util.h"
@@ -154,6 +155,58 @@ TEST_F(PublisherTest, TwoRanksCommitAndShardsReadBackWithTheirDigests) {
   ASSERT_TRUE(digests.ok());
   EXPECT_EQ(digests->at("w"), refit::DigestBlock(DType::kBF16, shape, refit::FullBox(shape), full.data()));
   EXPECT_EQ(m->content_digest, r1->result.content_digest);
+}
+
+// FP8 parts (PublisherOptions::fp8_quantizations): each rank publishes its shards' parts, and the
+// committed manifest's image is the one a rank holding the whole tensor computes.
+TEST_F(PublisherTest, Fp8PartsArePublishedWithTheShardsAndAddUpToTheWholeImage) {
+  const std::string o = "model.layers.0.self_attn.o_proj.weight";
+  const Shape shape = {8, 4};
+  const std::vector<uint16_t> full = Pattern(32, 0x3C00);
+  PublisherOptions po;
+  po.fp8_quantizations = {"fp8_per_channel"};  // whole rows: no exchange needed
+  Publisher p0(transport_.get(), store_.get(), "m", 0, 2, po);
+  Publisher p1(transport_.get(), store_.get(), "m", 1, 2, po);
+  ASSERT_TRUE(p0.AddShard("v0", Rows(o, shape, 0, 5, full.data())).ok());
+  ASSERT_TRUE(p1.AddShard("v0", Rows(o, shape, 5, 3, full.data() + 20)).ok());
+  const std::vector<uint16_t> norm = Pattern(4, 9);
+  ASSERT_TRUE(p0.AddShard("v0", Rows("model.norm.weight", {4}, 0, 4, norm.data())).ok());
+  auto r0 = p0.Publish("v0");
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  ASSERT_TRUE(p1.Publish("v0").ok());
+  auto m = store_->Get("m", "v0");
+  ASSERT_TRUE(m.ok());
+  auto image = refit::PublishedFp8Image(*m, "fp8_per_channel");
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  auto whole = Fp8ShardParts({Fp8ShardInput{o, DType::kBF16, shape, refit::FullBox(shape), full.data()}},
+                             "fp8_per_channel");
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(image->at(o), *(*whole)[0]);
+  for (const refit::ShardTable& t : m->tables) {
+    EXPECT_EQ(t.shards[0].fp8.empty(), t.name == "model.norm.weight") << t.name;
+  }
+
+  // Per tensor the one scale spans both ranks: without an exchange the publish names the group.
+  PublisherOptions pt;
+  pt.fp8_quantizations = {"fp8_per_tensor"};
+  Publisher q0(transport_.get(), store_.get(), "m", 0, 2, pt);
+  ASSERT_TRUE(q0.AddShard("v1", Rows(o, shape, 0, 5, full.data())).ok());
+  auto refused = q0.Publish("v1");
+  ASSERT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("scale group"), std::string::npos) << refused.status().ToString();
+
+  // Parts the caller computed: checked against what is staged.
+  Publisher a(transport_.get(), store_.get(), "m", 0, 1);
+  ASSERT_TRUE(a.AddShard("v2", Rows(o, shape, 0, 8, full.data())).ok());
+  refit::Fp8ImageDigest part{1, 2};
+  EXPECT_EQ(a.AttachFp8Parts("v2", {{o, {4, 0}, "fp8_per_tensor", part}}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a.AttachFp8Parts("v2", {{o, {0, 0}, "int8", part}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.AttachFp8Parts("v2", {{"model.norm.weight", {0}, "fp8_per_tensor", part}}).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a.AttachFp8Parts("v2", {{o, {0, 0}, "fp8_per_tensor", part}}).ok());
+  auto ra = a.Publish("v2");
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  EXPECT_EQ(ra->tables[0].shards[0].fp8.at("fp8_per_tensor"), part);
 }
 
 TEST_F(PublisherTest, GeometryErrorsNameTensorRankAndVersion) {

@@ -204,6 +204,13 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::Create(SyntheticTrai
     rc::MutexLock lock(t->mu_);  // not shared yet: uncontended, keeps next_step_ checked
     t->next_step_ = t->options_.first_step;
   }
+  if (!t->options_.publisher.fp8_quantizations.empty() && !t->options_.publisher.fp8_exchange) {
+    // The ranks are threads of this process: they merge their amaxes here (the rank that never
+    // publishes, fail_rank, does not join).
+    const int joining = n - (t->options_.fail_rank >= 0 ? 1 : 0);
+    t->fp8_exchange_ = std::make_unique<Fp8ThreadExchange>(joining, t->options_.publisher.outcome_timeout_ms);
+    t->options_.publisher.fp8_exchange = t->fp8_exchange_->Bind();
+  }
   for (int32_t r = 0; r < n; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->index = r;

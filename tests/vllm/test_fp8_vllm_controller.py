@@ -15,9 +15,12 @@ Per method:
 - an update is committed; per parameter the live FP8 image equals the expected one and the one
   `rolloutcore model fp8-digest` computes on the CPU from the exported version; greedy tokens equal
   those of a fresh vLLM started with the same --quantization on the exported checkpoint;
-- the four negative controls (rc_fault fp8_install: wrong_scale, stale_scales, swizzled_scales,
-  stale_image) each fail validation and taint, naming the FP8 image (the version is marked failed);
-  a recovery to v1 then proves v1's image again.
+- the trainer's ranks publish their parts of the FP8 image (docs/fp8.md, "The expected image, from
+  the trainer"): the live image must equal their sum too, and the journal says so;
+- the negative controls (rc_fault fp8_install: wrong_scale, stale_scales, swizzled_scales,
+  stale_image, and self_consistent_wrong_scale, whose wrong image the extension's own check
+  accepts: only the trainer's image catches it) each fail validation and taint, naming the FP8
+  image (the version is marked failed); a recovery to v1 then proves v1's image again.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from rolloutcore.cluster import Server, find_binary  # noqa: E402
 
 MODEL = "tiny"
 SCHEMES = [("fp8_per_block", "block"), ("fp8_per_tensor", "per_tensor")]
-FAULTS = ["wrong_scale", "stale_scales", "swizzled_scales", "stale_image"]
+FAULTS = ["wrong_scale", "stale_scales", "swizzled_scales", "stale_image", "self_consistent_wrong_scale"]
 
 
 def _wait_state(url: str, want: str, timeout_s: float) -> dict:
@@ -75,7 +78,8 @@ def test_controller_commits_fp8_vllm_and_every_negative_control_taints(tmp_path,
     d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"],
                OUT / f"directory_fp8ctl_{scheme}.log", find_binary())
     durl = d.wait_url(30)
-    trainer = Trainer(tiny, durl, MODEL)
+    # The trainer publishes its parts of the FP8 image (fsdp:2 rows, amaxes merged over its ranks).
+    trainer = Trainer(tiny, durl, MODEL, fp8=[quantization])
     prompt = list(range(100, 140))
     v = Vllm(tiny, 8430 + i, f"fp8_ctl_{scheme}", extra=["--quantization", quantization])
     ctl = None
@@ -106,6 +110,8 @@ def test_controller_commits_fp8_vllm_and_every_negative_control_taints(tmp_path,
         recs = journal(curl)
         ev = [q for q in _quantized(recs) if q.get("quantization") == quantization]
         assert ev and ev[-1]["match"] is True and ev[-1]["live"] == ev[-1]["expected"], ev
+        # Held to the trainer's own image too: the parts its ranks published add up to the live image.
+        assert ev[-1]["expected_from"] == "trainer" and ev[-1]["published"] == ev[-1]["live"], ev[-1]
         dig = v.rpc1("rc_digest", fresh=True)
         assert dig["ok"] and dig["content_digest"] == manifest_digests(durl, MODEL, "v1")[0], dig
         per = dig["fp8"]["parameters"]
@@ -113,7 +119,7 @@ def test_controller_commits_fp8_vllm_and_every_negative_control_taints(tmp_path,
         print(f"fp8 controller {quantization}: v1 committed; FP8 image {dig['fp8']['live_digest']} == expected, "
               f"16 of 16 parameters; proof {dig['fp8']['ms']:.1f} ms")
 
-        # The four negative controls: each taints, naming the FP8 image; a recovery then commits.
+        # The negative controls: each taints, naming the FP8 image; a recovery then commits.
         tainted = {}
         for k, fault in enumerate(FAULTS):
             if fault == "swizzled_scales" and scheme == "per_tensor":
@@ -133,7 +139,9 @@ def test_controller_commits_fp8_vllm_and_every_negative_control_taints(tmp_path,
             tainted[fault] = round(time.time() - t0, 3)
             assert s["state"] == "TAINTED", (fault, s)
             text = json.dumps(journal(curl, since))
-            assert "is not the quantization" in text and quantization in text, (fault, text[-2000:])
+            want_text = ("not the image the trainer published" if fault == "self_consistent_wrong_scale"
+                         else "is not the quantization")
+            assert want_text in text and quantization in text, (fault, text[-2000:])
             # The version whose image failed is marked failed; the recovery goes back to v1.
             st, body = http("POST", curl + "/v1/recover", {"model": MODEL, "version": "v1"})
             assert st == 202, body

@@ -4,12 +4,13 @@
 // manifest's combined content digest (16 hex digits, the format engines report from
 // /rc/weights/digest), checkpoint = "model@version", run = the model name, step = the trailing
 // integer of the version label when it has one ("v12" → 12), else -1. The target carries the
-// version's replay probes (the committed manifest's, converted by ProbesOf) as a fetch still in
-// flight (UpdateTarget::probes_fetch): Resolve reads only the version's status, so the manifest's
-// round trip overlaps the update's first journal commits and its stage (issue 15).
+// version's replay probes and the FP8 images its trainer published (the committed manifest's,
+// read by FactsOf) as a fetch still in flight (UpdateTarget::facts_fetch): Resolve reads only the
+// version's status, so the manifest's round trip overlaps the update's first journal commits and
+// its stage (issue 15).
 //
 // Thread safety: as the underlying DirectoryStore (the HTTP client is safe from any thread). The
-// destructor waits for the probe fetches still running (they read the store), so the store must
+// destructor waits for the manifest fetches still running (they read the store), so the store must
 // outlive this object, as it does when it was declared first.
 #pragma once
 
@@ -31,7 +32,7 @@ class DirectoryVersionSource final : public VersionSource {
   Result<std::vector<Commit>> WaitForCommits(const std::string& model, uint64_t after_seq, int64_t timeout_ms) override;
 
  private:
-  // Probe fetches still running (shared with them: they count themselves out).
+  // Manifest fetches still running (shared with them: they count themselves out).
   struct Fetches {
     rc::Mutex mu;
     rc::CondVar cv;
@@ -41,9 +42,10 @@ class DirectoryVersionSource final : public VersionSource {
   std::shared_ptr<Fetches> fetches_;
 };
 
-// The replay probes of a committed version, as the Runner replays them.
-Result<std::vector<lifecycle::ReplayProbe>> ProbesOf(directory::DirectoryStore* store, const std::string& model,
-                                                     const std::string& version);
+// The replay probes of a committed version, as the Runner replays them, and the combined digest of
+// each FP8 image its trainer published (refit::PublishedFp8Image, Fp8ImageCombined).
+Result<lifecycle::VersionFacts> FactsOf(directory::DirectoryStore* store, const std::string& model,
+                                        const std::string& version);
 
 // The trailing integer of a label ("v12" → 12, "step-7" → 7), or -1.
 int64_t StepFromLabel(const std::string& label);

@@ -104,9 +104,13 @@ struct Fp8ImageReport {
 // the previous version kept with the new bytes; kSwizzledScales: each row's scales re-laid out as
 // another kernel lays them out (block: the scale grid transposed within each row's groups;
 // per channel: rows' scales exchanged pairwise; refused per tensor, which has one scale);
-// kStaleImage: the previous version's FP8 image kept whole (a quantization of the wrong version).
-enum class Fp8Fault { kNone, kWrongScale, kStaleScales, kSwizzledScales, kStaleImage };
-Result<Fp8Fault> Fp8FaultFromName(std::string_view name);  // none, wrong_scale, stale_scales, swizzled_scales, stale_image
+// kStaleImage: the previous version's FP8 image kept whole (a quantization of the wrong version);
+// kSelfConsistentWrongScale: every scale doubled, and until the next install the engine's own
+// expected image is read from that live image (an engine whose quantizer and self-check share a
+// bug): only an expected image from outside the engine (the trainer's, docs/fp8.md) catches it.
+enum class Fp8Fault { kNone, kWrongScale, kStaleScales, kSwizzledScales, kStaleImage, kSelfConsistentWrongScale };
+// none, wrong_scale, stale_scales, swizzled_scales, stale_image, self_consistent_wrong_scale
+Result<Fp8Fault> Fp8FaultFromName(std::string_view name);
 std::string_view Fp8FaultName(Fp8Fault fault);
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -424,6 +428,7 @@ class Engine : public receiver::LiveWeights {
 
   mutable rc::Mutex step_mu_;
   Fp8Fault fp8_fault_ GUARDED_BY(step_mu_) = Fp8Fault::kNone;
+  bool fp8_expected_from_live_ GUARDED_BY(step_mu_) = false;  // kSelfConsistentWrongScale, until the next install
   mutable rc::Mutex mu_;
   rc::CondVar work_cv_;   // with mu_: new work or resume
   rc::CondVar drain_cv_;  // with mu_: a running request finished

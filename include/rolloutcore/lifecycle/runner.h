@@ -145,7 +145,7 @@ class Runner {
   void IssueResets();
   void IssueValidation();
   void StepDraining();
-  // A value the drain waits for (UpdateTarget::probes_fetch, request_journaled): moved into
+  // A value the drain waits for (UpdateTarget::facts_fetch, request_journaled): moved into
   // *value once it answered. A failure (`failed` + the error) or no answer within the stage
   // deadline (`what` overran ...) rejects the update, nothing paused, and returns false.
   template <typename T>

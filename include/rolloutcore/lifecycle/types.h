@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -60,6 +61,14 @@ Result<PolicyMode> PolicyModeFromName(std::string_view name, std::string_view fi
 inline constexpr PolicyMode kAllPolicyModes[] = {PolicyMode::kStrict, PolicyMode::kKeep, PolicyMode::kRecompute,
                                                  PolicyMode::kAbort};
 
+// What a version's manifest says beyond its content digest, read while its update starts.
+struct VersionFacts {
+  std::vector<ReplayProbe> probes{};
+  // The FP8 images the trainer published (refit::PublishedFp8Image), by quantization (fp8_per_block,
+  // ...) -> the image's combined digest (16 hex digits, as engines report it).
+  std::map<std::string, std::string> published_fp8{};
+};
+
 // What an update (or a recovery) should install.
 struct UpdateTarget {
   std::string label;
@@ -70,11 +79,16 @@ struct UpdateTarget {
   // The version's replay probes (replay.h), replayed in VALIDATING. Not journaled (the outcome
   // is, with the validation evidence) and not part of ToJson.
   std::vector<ReplayProbe> probes{};
-  // Probes still being fetched when the target was resolved (DirectoryVersionSource: the manifest
-  // is read while the update starts, off the request's path). The Runner takes them into `probes`
-  // before the drain completes, and rejects the update there (nothing paused, nothing touched)
-  // when the fetch failed or did not answer within the stage deadline. Not journaled.
-  std::optional<Pending<std::vector<ReplayProbe>>> probes_fetch{};
+  // The FP8 images the version's trainer published (VersionFacts::published_fp8); validation
+  // requires the live image of the quantization the engine serves to equal its entry. Not
+  // journaled (the validation evidence is) and not part of ToJson.
+  std::map<std::string, std::string> published_fp8{};
+  // The facts still being fetched when the target was resolved (DirectoryVersionSource: the
+  // manifest is read while the update starts, off the request's path). The Runner takes them into
+  // `probes` and `published_fp8` before the drain completes, and rejects the update there (nothing
+  // paused, nothing touched) when the fetch failed or did not answer within the stage deadline.
+  // Not journaled.
+  std::optional<Pending<VersionFacts>> facts_fetch{};
   // The requester's own record of this request, still being synced when the update starts
   // (ControllerService: the update journal's update_requested, synced while the stage runs). The
   // Runner waits for it before the drain can complete, and rejects the update there (nothing
@@ -181,15 +195,21 @@ struct LabelEvidence {
 // An engine that serves a quantization of the weights (FP8, docs/fp8.md) reports the digest of the
 // quantized image its kernels read (live) next to the one expected from the weights whose content
 // digest it reports (expected); live is empty when the image has none (a replica disagreed: detail).
+// When the version's trainer published its own parts of that image (docs/fp8.md, "The expected
+// image, from the trainer"), the Runner adds their sum (published): the live image must equal it
+// too, so the expected image does not rest on the engine's own computation.
 struct QuantizedDigestEvidence {
   std::string quantization;  // e.g. fp8_per_block
   std::string live;
   std::string expected;
   std::string detail;        // the first mismatch, or why there is no live digest
-  bool Match() const { return !live.empty() && live == expected; }
+  std::string published = {};  // the trainer's image for `quantization`; "" when the version has none
+  bool Match() const { return !live.empty() && live == expected && (published.empty() || live == published); }
   // What does not match, for errors and taints: "the engine's Q image (LIVE) is not the
-  // quantization of OF (EXPECTED)[: DETAIL]", or "the engine's Q image has no consistent
-  // digest[: DETAIL]" when there is no live digest.
+  // quantization of OF (EXPECTED)[: DETAIL]", "the engine's Q image has no consistent
+  // digest[: DETAIL]" when there is no live digest, or, when the engine's own check holds but the
+  // trainer's image differs, "the engine's Q image (LIVE) is its own quantization of OF but not the
+  // image the trainer published (PUBLISHED): ...".
   std::string Mismatch(std::string_view of) const;
 };
 

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rolloutcore/base/mutex.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/refit/fp8_digest.h"
 #include "rolloutcore/refit/tensor.h"
@@ -70,5 +71,28 @@ using Fp8AmaxExchange = std::function<Status(std::string_view quantization, Fp8A
 // InvalidArgument when `merged` lacks a parameter the shards touch or has the wrong size.
 [[nodiscard]] Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8PartsFromAmax(
     const std::vector<Fp8ShardInput>& shards, std::string_view quantization, const Fp8Amax& merged, int threads = 1);
+
+// The exchange of ranks that run as threads of one process (the synthetic trainer): each call
+// merges its amax into a shared one and waits until `ranks` calls of the same round have arrived;
+// every call then gets the merged amax. A round that does not fill within `timeout_ms` fails
+// every call of it with DeadlineExceeded naming how many ranks joined (a rank that failed before
+// its publish), and the next round starts afresh. Thread-safe; must outlive the exchanges bound.
+class Fp8ThreadExchange {
+ public:
+  Fp8ThreadExchange(int ranks, int64_t timeout_ms) : ranks_(ranks), timeout_ms_(timeout_ms) {}
+  Fp8AmaxExchange Bind();
+
+ private:
+  Status Exchange(std::string_view quantization, Fp8Amax* amax);
+  const int ranks_;
+  const int64_t timeout_ms_;
+  rc::Mutex mu_;
+  rc::CondVar cv_;
+  uint64_t round_ GUARDED_BY(mu_) = 0;
+  int arrived_ GUARDED_BY(mu_) = 0;
+  Fp8Amax merged_ GUARDED_BY(mu_);
+  Fp8Amax result_ GUARDED_BY(mu_);
+  uint64_t failed_round_ GUARDED_BY(mu_) = UINT64_MAX;
+};
 
 }  // namespace rc::trainer

@@ -56,6 +56,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,7 @@
 #include "rolloutcore/directory/store.h"
 #include "rolloutcore/refit/manifest.h"
 #include "rolloutcore/refit/tensor.h"
+#include "rolloutcore/trainer/fp8_parts.h"
 #include "rolloutcore/transport/transport.h"
 
 namespace rc::trainer {
@@ -90,6 +92,11 @@ struct ShardSource {
   // Required for device memory (the Publisher reads only host memory; e.g. rc::cuda::DeviceDigest
   // computes it on the GPU); ignored for host memory, whose digest the Publisher computes itself.
   std::optional<uint64_t> digest;
+  // The shard's parts of the FP8 images engines compute from it (refit::ShardInfo::fp8, keyed by
+  // quantization; fp8_parts.h computes them). Set by the caller for device memory, or attached
+  // later (AttachFp8Parts); for host memory PublisherOptions::fp8_quantizations has the Publisher
+  // compute them. Published as given.
+  std::map<std::string, refit::Fp8ImageDigest, std::less<>> fp8 = {};
 
   uint64_t bytes() const;
 };
@@ -106,6 +113,24 @@ struct PublisherOptions {
   // sparse delta against that version when the directory reports it COMMITTED and the shard
   // existed there with the same dtype and box. The full shards are published as before.
   bool delta = false;
+  // FP8 expected images (docs/fp8.md, "The expected image, from the trainer"): for each of these
+  // quantizations (fp8_per_tensor, fp8_per_channel, fp8_per_block) Publish computes every host
+  // shard's part (trainer::Fp8ShardParts over the version's shards on this rank) and publishes it
+  // with the shard, so the controller can hold an FP8 engine to the trainer's own image. A scale
+  // group split over ranks needs `fp8_exchange` (an all-reduce MAX of the amaxes over the trainer's
+  // ranks; every rank's Publish then calls it, so they must publish together); without one such a
+  // group fails the publish, naming it. Device shards must carry their parts (ShardSource::fp8).
+  std::vector<std::string> fp8_quantizations = {};
+  Fp8AmaxExchange fp8_exchange = nullptr;
+  int fp8_threads = 1;
+};
+
+// One FP8 part a caller computed for a staged shard (Publisher::AttachFp8Parts).
+struct Fp8ShardPart {
+  std::string tensor;
+  refit::Shape offset;  // the shard's global start, as given to AddShard
+  std::string quantization;
+  refit::Fp8ImageDigest part;
 };
 
 // What one Publish did.
@@ -124,6 +149,7 @@ struct PublishReport {
   int64_t delta_changed = 0;
   uint64_t delta_bytes = 0;
   int64_t delta_ns = 0;
+  int64_t fp8_ns = 0;  // computing FP8 parts (PublisherOptions::fp8_quantizations)
   std::vector<refit::ShardTable> tables;  // what was published, handles and digests filled in
 };
 
@@ -150,6 +176,12 @@ class Publisher {
   // Replaces earlier ones; FailedPrecondition once the version is being published or published.
   [[nodiscard]] Status AttachProbes(std::string_view version, std::vector<refit::Probe> probes);
 
+  // Attaches FP8 parts the caller computed (fp8_parts.h; e.g. from device shards copied to the
+  // host) to staged shards of `version`, replacing earlier parts of the same quantization.
+  // InvalidArgument naming a quantization that is not one of refit::kFp8Quantizations or a tensor
+  // served in bf16; NotFound naming a part whose shard (tensor, offset) is not staged;
+  // FailedPrecondition once the version is being published or published.
+  [[nodiscard]] Status AttachFp8Parts(std::string_view version, const std::vector<Fp8ShardPart>& parts);
   // Registers, digests and publishes every staged shard of `version` (see the header comment).
   // A rank that owns nothing of the model may publish with no shards (its empty table set still
   // counts as its publish). NotFound when the version was never staged; FailedPrecondition when it
@@ -196,6 +228,8 @@ class Publisher {
     uint64_t delta_registration_id = 0;
     std::shared_ptr<const void> delta_keep_alive = nullptr;
   };
+  // Fills ShardSource::fp8 of host shards for every PublisherOptions::fp8_quantizations entry.
+  Status ComputeFp8Parts(std::string_view version, std::vector<StagedShard>& shards);
   // A shard's bytes as last published (delta publishing).
   struct PreviousShard {
     refit::DType dtype = refit::DType::kBF16;

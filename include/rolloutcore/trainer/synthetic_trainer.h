@@ -36,6 +36,7 @@
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/tensor.h"
+#include "rolloutcore/trainer/fp8_parts.h"
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/transport/transport.h"
 
@@ -97,6 +98,8 @@ struct SyntheticTrainerOptions {
   int64_t first_step = 0;  // the first Step publishes v<first_step>
   int32_t fail_rank = -1;  // fault injection: this rank never publishes
   int32_t keep = 0;        // > 0: after each step release versions older than the newest `keep`
+  // publisher.fp8_quantizations: every rank publishes its FP8 parts; the ranks' amaxes are merged
+  // in process (Fp8ThreadExchange) unless publisher.fp8_exchange is set.
   PublisherOptions publisher;
   // Replay probes rank 0 attaches to every version (probes.h); probes.count == 0: none.
   ProbeOptions probes;
@@ -166,8 +169,10 @@ class SyntheticTrainer {
   [[nodiscard]] Status RunRank(Rank& rank, int64_t step, VersionStatus* out);
   [[nodiscard]] Status ReleaseLocked(std::string_view version) REQUIRES(mu_);
 
-  const SyntheticTrainerOptions options_;
+  SyntheticTrainerOptions options_;  // fixed after Create
   directory::DirectoryStore* const store_;
+  // The ranks' FP8 amax exchange (publisher.fp8_quantizations without an exchange of the caller's).
+  std::unique_ptr<Fp8ThreadExchange> fp8_exchange_;
   std::string model_name_;
   std::vector<std::unique_ptr<Rank>> ranks_;  // fixed after Create
 
