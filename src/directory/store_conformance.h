@@ -652,4 +652,37 @@ TEST_P(StoreConformanceTest, RankZeroProbesAreCommittedWithTheVersion) {
       << refused.status().ToString();
 }
 
+// FP8 parts (refit::ShardInfo::fp8) are stored with each rank's tables and committed on the shards,
+// adding up per parameter; a part on a tensor served in bf16 is refused at publish, and a rank whose
+// projection shard lacks the part the other rank sent refuses the commit by name.
+TEST_P(StoreConformanceTest, Fp8PartsAreCommittedOnTheShardsAndMustAddUp) {
+  auto publish = [&](const std::string& version, int32_t rank, bool with_part) {
+    PublishRequest r = MakePublish("m", version, rank, 2);
+    r.tables[0].name = "model.layers.0.mlp.down_proj.weight";
+    if (with_part) r.tables[0].shards[0].fp8["fp8_per_block"] = refit::Fp8ImageDigest{10u + rank, 100u * rank};
+    return store().Publish(r);
+  };
+  ASSERT_TRUE(publish("fp8-a", 0, true).ok());
+  auto done = publish("fp8-a", 1, true);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ASSERT_EQ(done->state, VersionState::kCommitted);
+  auto m = store().Get("m", "fp8-a");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto image = refit::PublishedFp8Image(*m, "fp8_per_block");
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  EXPECT_EQ(image->at("model.layers.0.mlp.down_proj.weight"), (refit::Fp8ImageDigest{21, 100}));
+
+  ASSERT_TRUE(publish("fp8-b", 0, true).ok());
+  auto missing = publish("fp8-b", 1, false);
+  EXPECT_FALSE(missing.ok() && missing->state == VersionState::kCommitted);
+  EXPECT_NE(missing.status().message().find("carries no fp8_per_block part"), std::string::npos)
+      << missing.status().ToString();
+
+  PublishRequest bf16 = MakePublish("m", "fp8-c", 0, 1);
+  bf16.tables[0].shards[0].fp8["fp8_per_block"] = refit::Fp8ImageDigest{1, 1};
+  auto refused = store().Publish(bf16);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("served in bf16"), std::string::npos) << refused.status().ToString();
+}
+
 }  // namespace rc::directory::testing
