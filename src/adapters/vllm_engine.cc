@@ -515,7 +515,6 @@ Result<EngineDescription> VllmEngine::Describe() {
   // and the evidence says why).
   d.offers_replay = !workers.empty();
   for (const Json& w : workers) d.offers_replay = d.offers_replay && w.value("offers_replay", false);
-  d.replay_tolerance = options_.vllm.replay_tolerance;
   d.replay_accepts_ties = true;
   d.version = version;
   // The quantization vLLM computes with (the extension reports --quantization when it keeps weights
@@ -531,6 +530,7 @@ Result<EngineDescription> VllmEngine::Describe() {
                                 std::to_string(i) + " '" + q.get<std::string>() + "'");
     }
   }
+  d.replay_tolerance = d.quantization.empty() ? options_.vllm.replay_tolerance : options_.vllm.fp8_replay_tolerance;
   return d;
 }
 

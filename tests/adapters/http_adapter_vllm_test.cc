@@ -99,6 +99,8 @@ TEST(HttpAdapterVllmTest, DescriptionCarriesTheQuantizationTheWorkersReport) {
     auto d = a.Describe();
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     EXPECT_EQ(d->quantization, "fp8_per_block");
+    // The bound measured for vLLM's W8A8 FP8 kernels (docs/fp8.md "Replay validation"), not bf16's.
+    EXPECT_DOUBLE_EQ(d->replay_tolerance, 1.15);
   }
   {
     FakeVllm::Config c;

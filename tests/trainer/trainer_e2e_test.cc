@@ -13,6 +13,8 @@
 #include "rolloutcore/directory/memory_store.h"
 #include "rolloutcore/directory/server.h"
 #include "rolloutcore/refit/layouts.h"
+#include "rolloutcore/refit/manifest.h"
+#include "rolloutcore/trainer/fp8_parts.h"
 #include "rolloutcore/trainer/synthetic_trainer.h"
 #include "trainer/read_shards.h"
 #include "trainer/trainer_process.h"
@@ -131,6 +133,56 @@ TEST_F(TrainerE2eTest, TimedStepsAndKeepReleaseOldVersions) {
   const int exit_status = (*trainer)->SignalAndWait(SIGINT, 10s);
   ASSERT_NE(exit_status, -1);
   EXPECT_EQ(WEXITSTATUS(exit_status), 0);
+}
+
+}  // namespace
+}  // namespace rc::trainer
+
+namespace rc::trainer {
+namespace {
+
+// `trainer serve --fp8-parts` (docs/trainer.md "FP8 parts"): an fsdp:3 trainer, whose row splits
+// cut through the tiny model's scale groups, publishes parts that add up to the image of each fused
+// parameter quantized whole from bf16(W_0); a bad quantization name is refused at the command line.
+TEST_F(TrainerE2eTest, Fp8PartsAddUpToTheImageOfTheWholeWeights) {
+  auto trainer = testing::TrainerProcess::Spawn({"--model", "tiny", "--layout", "fsdp:3", "--transport", "shm",
+                                                 "--directory", server_->url(), "--seed", std::to_string(kSeed),
+                                                 "--lr", "0.002", "--fp8-parts", "fp8_per_tensor,fp8_per_block"});
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  ASSERT_TRUE(directory::WaitForVersion(*client_, "tiny", "v0", 30'000).ok());
+  auto m = client_->Get("tiny", "v0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(refit::PublishedFp8Quantizations(*m), (std::vector<std::string>{"fp8_per_block", "fp8_per_tensor"}));
+  const auto specs = *refit::ListSourceTensors(*refit::ModelPreset("tiny"));
+  std::vector<std::vector<uint16_t>> whole;
+  std::vector<Fp8ShardInput> inputs;
+  whole.reserve(specs.size());
+  inputs.reserve(specs.size());
+  for (const refit::TensorSpec& s : specs) {
+    whole.push_back(ComputeBf16({kSeed, kLr}, refit::TensorSpec{s.name, refit::DType::kBF16, s.shape},
+                                refit::FullBox(s.shape), 0));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    inputs.push_back({specs[i].name, refit::DType::kBF16, specs[i].shape, refit::FullBox(specs[i].shape),
+                      whole[i].data()});
+  }
+  for (const char* q : {"fp8_per_tensor", "fp8_per_block"}) {
+    auto image = refit::PublishedFp8Image(*m, q);
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    auto parts = Fp8ShardParts(inputs, q);
+    ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+    refit::Fp8Image want;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if ((*parts)[i]) want[refit::Fp8ParameterOf(specs[i].name)->param] += *(*parts)[i];
+    }
+    ASSERT_EQ(image->size(), want.size()) << q;
+    EXPECT_EQ(*image, want) << q;
+  }
+  const int exit_status = (*trainer)->SignalAndWait(SIGTERM, 10s);
+  EXPECT_TRUE(WIFEXITED(exit_status));
+
+  auto bad = testing::TrainerProcess::Spawn({"--model", "tiny", "--directory", server_->url(), "--fp8-parts", "int8"});
+  EXPECT_FALSE(bad.ok());
 }
 
 }  // namespace

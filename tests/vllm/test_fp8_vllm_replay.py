@@ -10,9 +10,10 @@ than bf16's. Per method:
   vLLM's through rc_replay (paused), as CompareReplay compares them; beside it, the gap to probes
   computed on the bf16 weights (what a trainer that ignores the quantization would send);
 - the negative control: one version's probes replayed on another version's weights;
-- through the controller: a version whose FP8 probes carry `quantization` commits with the replay
-  matched at 2.5x the measured worst (the rule the bf16 bound follows), and the wrong weights' probes
-  fail at that bound.
+- through the controller, at the vLLM adapter's FP8 default bound (VllmOptions::fp8_replay_tolerance,
+  2.5x the worst measured here, the rule the bf16 bound follows; this run's worst must stay under
+  it): a version whose FP8 probes carry `quantization` commits with the replay matched, and the wrong
+  weights' probes fail.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rolloutcore.cluster import Server, find_binary  # noqa: E402
 MODEL = "tiny"
 SCHEMES = [("fp8_per_block", "block"), ("fp8_per_tensor", "per_tensor")]
 ORDER = ["q", "k", "v", "o", "gate", "up", "down"]
+FP8_DEFAULT_TOLERANCE = 1.15  # VllmOptions::fp8_replay_tolerance
 
 
 def dequantized(weights, scheme):
@@ -142,11 +144,12 @@ def test_fp8_replay_bound_measured_and_enforced_through_the_controller(tmp_path,
         ctl.stop()
         ctl = None
 
-        # Through the controller at that bound: probes computed under the quantization are replayed.
+        assert bound["worst"] <= FP8_DEFAULT_TOLERANCE, (bound, FP8_DEFAULT_TOLERANCE)
+        # Through the controller at the adapter's FP8 default: probes computed under the quantization
+        # are replayed.
         ctl2 = Server("controller", ["controller", "serve", "--engine", "vllm+" + v.base, "--directory", durl,
                                      "--model", MODEL, "--state-dir", str(tmp_path / "ctl2"), "--port", "0",
-                                     "--install-deadline-ms", "5000", "--stage-deadline-ms", "20000",
-                                     "--replay-tolerance", str(tol)],
+                                     "--install-deadline-ms", "5000", "--stage-deadline-ms", "20000"],
                       OUT / f"controller_fp8replay2_{scheme}.log", find_binary())
         curl = ctl2.wait_url(120)
         w = trainer.make("v-fp8probed", seed=41)
@@ -159,6 +162,7 @@ def test_fp8_replay_bound_measured_and_enforced_through_the_controller(tmp_path,
         replay = eng["evidence"]["validated"]["replay"]
         figure(f"fp8_replay_{scheme}_controller", replay)
         assert replay["skipped"] is False and replay["match"] is True and replay["probes"] == 2, replay
+        assert replay["tolerance"] == FP8_DEFAULT_TOLERANCE, replay
         # The wrong weights' probes (v-fp8b0's, labelled for this version) fail at this bound.
         w2 = trainer.make("v-fp8wrong", seed=42)
         del w2
@@ -168,7 +172,7 @@ def test_fp8_replay_bound_measured_and_enforced_through_the_controller(tmp_path,
         eng = update(curl, "v-fp8wrong")
         assert eng["outcome"] != "committed", eng
         assert "replay" in json.dumps(eng), eng
-        print(f"fp8 replay {quantization}: controller at --replay-tolerance {tol}: committed with "
+        print(f"fp8 replay {quantization}: controller at the FP8 default {FP8_DEFAULT_TOLERANCE}: committed with "
               f"{replay['probes']} FP8 probes, worst {replay['worst_logprob_diff']:.4f}; wrong weights' probes "
               f"failed validation")
     finally:
