@@ -72,6 +72,7 @@ def shapes_trainer(cfg_dir: str, durl: str, model: str):
 
     t.pubs = [Publisher(durl, model, rank=r, world_size=2, transport="cuda_ipc") for r in range(2)]
     t.versions = {}
+    t.fp8 = []  # no FP8 parts: the bench measures the update path, not the trainer's FP8 digests
     return t
 
 
