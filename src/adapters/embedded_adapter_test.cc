@@ -236,9 +236,16 @@ TEST_F(EmbeddedAdapterTest, Fp8ImageIsHeldToTheImageTheTrainerPublished) {
   EXPECT_NE((*failed)["engines"][0]["reason"].get<std::string>().find("not the image the trainer published"),
             std::string::npos)
       << failed->dump(2);
+  // A recovery is held to the trainer's image too: the same fault fails it, a clean one commits.
+  ASSERT_TRUE(engine_->engine()->SetFp8FaultForTesting(engine::Fp8Fault::kSelfConsistentWrongScale).ok());
+  auto bad_rec = service_->WaitForUpdate(service_->RequestRecovery("m", "v1").value(), 60000);
+  ASSERT_TRUE(bad_rec.ok()) << bad_rec.status().ToString();
+  EXPECT_NE((*bad_rec)["outcome"], "committed") << bad_rec->dump(2);
+  EXPECT_NE(bad_rec->dump().find("not the image the trainer published"), std::string::npos) << bad_rec->dump(2);
   auto rec = service_->WaitForUpdate(service_->RequestRecovery("m", "v1").value(), 60000);
   ASSERT_TRUE(rec.ok()) << rec.status().ToString();
   ASSERT_EQ((*rec)["outcome"], "committed") << rec->dump(2);
+  EXPECT_EQ((*rec)["engines"][0]["evidence"]["recovered"]["quantized"]["expected_from"], "trainer") << rec->dump(2);
 
   // The same fault on a version without parts: the engine's own check is all there is, and passes.
   UseTrainer(trainer::ProbeOptions{}, {}, 10);

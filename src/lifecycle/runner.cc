@@ -85,8 +85,9 @@ Result<UpdateTarget> Runner::StartRecovery(UpdateTarget target) {
   prefetched_.reset();
   stage_call_.Clear();  // a prefetched stage (a recovery stages inside its full install)
   RC_ASSIGN_OR_RETURN(description_, adapter_->Describe());
-  // A recovery proves label, digest and the engine's own quantized image; it replays nothing.
-  target.facts_fetch.reset();
+  // A recovery proves label, digest and the quantized image (against the engine's own quantization
+  // and, when the version's manifest can be read in time, the trainer's published image); it
+  // replays nothing, so the fetched probes are dropped.
   if (target.request_journaled) {
     // A recovery pauses at once: the request must be durable first.
     (void)target.request_journaled->WaitFor(std::chrono::milliseconds(options_.deadlines.stage_ms));
@@ -686,11 +687,6 @@ void Runner::StepValidating(bool recovery) {
       digest_call_.Clear();
       if (!r.ok()) return TaintWith("reading the content digest failed: " + r.status().ToString());
       digest_evidence_ = *r;
-      if (!recovery && digest_evidence_->quantized) {
-        // The trainer's own image of the quantization the engine serves, when it published one.
-        auto p = target_.published_fp8.find(digest_evidence_->quantized->quantization);
-        if (p != target_.published_fp8.end()) digest_evidence_->quantized->published = p->second;
-      }
     } else if (now > digest_call_.deadline_ms) {
       digest_call_.Clear();
       return TaintWith("reading the content digest overran its " + std::to_string(options_.deadlines.validate_ms) +
@@ -714,6 +710,32 @@ void Runner::StepValidating(bool recovery) {
   }
   if (label_call_.active() || digest_call_.active()) return;
   if (!label_evidence_) return;
+  if (recovery && target_.facts_fetch) {
+    // The manifest's facts of a recovery target (read since the recovery began): only its
+    // published FP8 images are used. Past the stage deadline, or when the read failed, the engine's
+    // own quantization is what the image is held to, and the note says why.
+    if (target_.facts_fetch->Ready()) {
+      auto facts = target_.facts_fetch->Get();
+      target_.facts_fetch.reset();
+      if (facts.ok()) {
+        target_.published_fp8 = std::move(facts->published_fp8);
+      } else {
+        Note("recovery: the published FP8 images of " + target_.label +
+             " could not be read: " + facts.status().ToString());
+      }
+    } else if (now <= started_ms_ + options_.deadlines.stage_ms) {
+      return;
+    } else {
+      target_.facts_fetch.reset();
+      Note("recovery: the manifest of " + target_.label + " was not read within the " +
+           std::to_string(options_.deadlines.stage_ms) + " ms stage deadline; its published FP8 images are not checked");
+    }
+  }
+  if (digest_evidence_ && digest_evidence_->quantized) {
+    // The trainer's own image of the quantization the engine serves, when it published one.
+    auto p = target_.published_fp8.find(digest_evidence_->quantized->quantization);
+    if (p != target_.published_fp8.end()) digest_evidence_->quantized->published = p->second;
+  }
   if (recovery) {
     if (label_evidence_->label != target_.label) {
       return TaintWith("recovery: the engine reports label '" + label_evidence_->label + "', target is '" +

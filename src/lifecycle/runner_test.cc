@@ -280,6 +280,43 @@ TEST_F(RunnerTest, RecoveryReinstallsAndVerifies) {
   EXPECT_FALSE(engine_->paused());
 }
 
+// A recovery target resolved through the directory carries the manifest's facts (for the trainer's
+// FP8 image, docs/fp8.md): the recovery waits for them at most the stage deadline, and a fetch
+// that failed or never answered leaves the engine's own checks, with a note that says why.
+TEST_F(RunnerTest, RecoveryWaitsForTheManifestAtMostTheStageDeadline) {
+  RunnerOptions o;
+  o.deadlines.stage_ms = 400;
+  Build(With("install", "fail_after_mutation"), o);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  ASSERT_EQ(c_->state(), State::kTainted);
+  UpdateTarget back;
+  back.label = "rc-0";
+  back.identity.content_digest = "d0";
+  back.facts_fetch = Pending<VersionFacts>();  // never answers
+  const int64_t t0 = clock_.NowMs();
+  ASSERT_TRUE(runner_->StartRecovery(back).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_GE(clock_.NowMs() - t0, 400) << "it waited for the manifest up to the stage deadline";
+  std::string notes;
+  for (const auto& n : runner_->notes()) notes += n + "\n";
+  EXPECT_NE(notes.find("was not read within the 400 ms stage deadline"), std::string::npos) << notes;
+
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  ASSERT_EQ(c_->state(), State::kTainted);
+  back.facts_fetch = Pending<VersionFacts>::Completed(Unavailable("directory at http://d did not answer"));
+  const int64_t t1 = clock_.NowMs();
+  ASSERT_TRUE(runner_->StartRecovery(back).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_LT(clock_.NowMs() - t1, 400) << "a failed read does not wait";
+  notes.clear();
+  for (const auto& n : runner_->notes()) notes += n + "\n";
+  EXPECT_NE(notes.find("could not be read"), std::string::npos) << notes;
+}
+
 TEST_F(RunnerTest, SecondUpdateWhileBusyIsRefused) {
   Build(With("install", "ok", 50));
   ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
