@@ -85,7 +85,9 @@ def _bf16_bits(values: Any) -> Any:
 def torch_amax_exchange(group: Any = None) -> Any:
     """An ``fp8_exchange`` for :meth:`Publisher.publish` over a ``torch.distributed`` process group:
     every rank's amaxes are gathered (``all_gather_object``; a few MB for an 8B model) and merged by
-    elementwise max, so ranks may hold different parameters."""
+    elementwise max, so ranks may hold different parameters. Every rank of the group must publish
+    the version together (the gather is a collective), and with the NCCL backend each rank's CUDA
+    device must be set (``torch.cuda.set_device``), as object collectives require."""
     import numpy as np
     import torch.distributed as dist
 
