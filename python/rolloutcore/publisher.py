@@ -82,6 +82,10 @@ def _bf16_bits(values: Any) -> Any:
     return np.where(np.isnan(f), np.uint16(0x7FC0), rounded)
 
 
+def _shapes(model: Optional[Mapping[str, Sequence[int]]]) -> Optional[Dict[str, List[int]]]:
+    return None if model is None else {str(k): [int(x) for x in v] for k, v in model.items()}
+
+
 def torch_amax_exchange(group: Any = None) -> Any:
     """An ``fp8_exchange`` for :meth:`Publisher.publish` over a ``torch.distributed`` process group:
     every rank's amaxes are gathered (``all_gather_object``; a few MB for an 8B model) and merged by
@@ -225,25 +229,29 @@ class Publisher:
             out.append((name, global_shape, offset, bits))
         return out
 
-    def fp8_amax(self, version: str, quantization: str) -> Any:
+    def fp8_amax(self, version: str, quantization: str, model: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
         """This rank's amax per scale group of every FP8 parameter its staged projections touch:
         ``({parameter: uint16 array}, partial)``, ``partial`` naming the first group this rank holds
         only part of ("" when none). Merge the dicts of every rank by elementwise max (what
         :func:`torch_amax_exchange` does over a process group) and pass the result to
-        :meth:`attach_fp8`."""
-        return core().fp8_local_amax(self._fp8_shards(version), quantization)
+        :meth:`attach_fp8`. ``model`` ({name: global shape} of the model's bf16 tensors) is needed
+        when this rank holds no shard of some part of a fused parameter (fsdp over more ranks than a
+        k_proj has rows)."""
+        return core().fp8_local_amax(self._fp8_shards(version), quantization, model=_shapes(model))
 
-    def attach_fp8(self, version: str, quantization: str, merged: Mapping[str, Any]) -> int:
+    def attach_fp8(self, version: str, quantization: str, merged: Mapping[str, Any],
+                   model: Optional[Mapping[str, Sequence[int]]] = None) -> int:
         """Computes and attaches every staged projection's part of the ``quantization`` image from
         the amaxes merged over the trainer's ranks; returns the number of parts attached."""
         shards = self._fp8_shards(version)
-        parts = core().fp8_parts_from_amax(shards, quantization, dict(merged))
+        parts = core().fp8_parts_from_amax(shards, quantization, dict(merged), model=_shapes(model))
         out = [(name, offset, quantization, p[0], p[1]) for (name, _, offset, _), p in zip(shards, parts) if p]
         self._impl.attach_fp8_parts(version, out)
         return len(out)
 
     def publish(self, version: str, delta: Optional[bool] = None, fp8: Optional[Sequence[str]] = None,
-                fp8_exchange: Optional[Any] = None) -> Dict[str, Any]:
+                fp8_exchange: Optional[Any] = None,
+                fp8_model: Optional[Mapping[str, Sequence[int]]] = None) -> Dict[str, Any]:
         """Registers, digests and publishes this rank's shards of ``version``.
 
         Returns ``{version, state, ranks_published, expected_ranks, commit_seq, content_digest,
@@ -268,15 +276,17 @@ class Publisher:
         image to the trainer's. A scale group split over ranks needs ``fp8_exchange(quantization,
         amax) -> merged`` (every rank calls it, so they publish together; see
         :func:`torch_amax_exchange`); without one such a group raises ValueError naming it.
+        ``fp8_model`` ({name: global shape} of the model's tensors) is needed when this rank holds no
+        shard of some part of a fused parameter.
         """
         for q in fp8 or []:
-            amax, partial = self.fp8_amax(version, q)
+            amax, partial = self.fp8_amax(version, q, fp8_model)
             if fp8_exchange is not None:
                 amax = fp8_exchange(q, amax)
             elif partial:
                 raise ValueError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
                                  "fp8_exchange (e.g. rolloutcore.publisher.torch_amax_exchange(group))")
-            self.attach_fp8(version, q, amax)
+            self.attach_fp8(version, q, amax, fp8_model)
         if delta is not None and bool(delta) != self._delta:
             raise ValueError(
                 f"publish(delta={bool(delta)}) on a Publisher made with delta={self._delta}: delta publishing keeps a "

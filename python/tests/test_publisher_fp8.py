@@ -119,3 +119,37 @@ def test_fp8_exchange_callable_is_used_by_publish(cluster, version):
         assert _published(manifest, "fp8_per_tensor") == _whole_image(weights, "per_tensor")
     finally:
         pub.close()
+
+
+def test_a_rank_without_a_shard_of_k_proj_needs_the_model_shapes(cluster, version):
+    """Rows in chunks of 24: the third rank holds rows 48..64 of q_proj but none of k_proj (32 rows):
+    it cannot place its q rows in qkv_proj without the model's shapes (fp8_model)."""
+    weights = tiny_weights(seed=43)
+    ranks = [{}, {}, {}]
+    for name, a in weights.items():
+        for r in range(3):
+            lo, hi = 24 * r, (24 * (r + 1) if r < 2 else a.shape[0])
+            if a.ndim == 1:
+                lo, hi = (0, a.shape[0]) if r == 0 else (0, 0)
+            if hi <= lo or lo >= a.shape[0]:
+                continue
+            buf = rolloutcore.Publisher.allocate((min(hi, a.shape[0]) - lo,) + a.shape[1:], "bf16")
+            buf[...] = a[lo:hi]
+            ranks[r][name] = (buf, [lo] + [0] * (a.ndim - 1))
+    assert "model.layers.0.self_attn.k_proj.weight" not in ranks[2]
+    assert "model.layers.0.self_attn.q_proj.weight" in ranks[2]
+    pubs = [rolloutcore.Publisher(cluster.directory_url, MODEL, rank=r, world_size=3) for r in range(3)]
+    model = {n: list(a.shape) for n, a in weights.items()}
+    try:
+        for pub, shards in zip(pubs, ranks):
+            for name, (buf, offset) in shards.items():
+                pub.add_shard(version, name, buf, offset=offset, global_shape=list(weights[name].shape), dtype="bf16")
+        with pytest.raises(rolloutcore.errors.InvalidArgumentError, match="fp8_model"):
+            pubs[2].fp8_amax(version, "fp8_per_channel")
+        reports = [pub.publish(version, fp8=["fp8_per_channel"], fp8_model=model) for pub in pubs]
+        assert reports[-1]["state"] == "COMMITTED", reports
+        got = _published(cluster.directory.get(MODEL, version), "fp8_per_channel")
+        assert got == _whole_image(weights, "per_channel")
+    finally:
+        for pub in pubs:
+            pub.close()

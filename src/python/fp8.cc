@@ -204,14 +204,26 @@ std::vector<trainer::Fp8ShardInput> ShardInputs(const py::list& shards, std::vec
   return out;
 }
 
-py::tuple Fp8LocalAmax(const py::list& shards, const std::string& quantization, int threads) {
+// model = {name: global shape} of the model's bf16 tensors (or None).
+std::vector<refit::TensorSpec> ModelSpecs(const py::object& model) {
+  std::vector<refit::TensorSpec> out;
+  if (model.is_none()) return out;
+  for (auto item : model.cast<py::dict>()) {
+    out.push_back(refit::TensorSpec{item.first.cast<std::string>(), refit::DType::kBF16,
+                                    item.second.cast<std::vector<int64_t>>()});
+  }
+  return out;
+}
+
+py::tuple Fp8LocalAmax(const py::list& shards, const std::string& quantization, int threads, const py::object& model) {
   std::vector<py::array> keep;
   auto inputs = ShardInputs(shards, &keep);
+  const auto specs = ModelSpecs(model);
   std::string partial;
   Result<trainer::Fp8Amax> amax = Internal("not run");
   {
     py::gil_scoped_release nogil;
-    amax = trainer::Fp8LocalAmax(inputs, quantization, &partial, threads);
+    amax = trainer::Fp8LocalAmax(inputs, quantization, &partial, threads, specs);
   }
   if (!amax.ok()) Raise(amax.status());
   py::dict out;
@@ -225,9 +237,10 @@ py::tuple Fp8LocalAmax(const py::list& shards, const std::string& quantization, 
 }
 
 py::list Fp8PartsFromAmax(const py::list& shards, const std::string& quantization, const py::dict& merged,
-                          int threads) {
+                          int threads, const py::object& model) {
   std::vector<py::array> keep;
   auto inputs = ShardInputs(shards, &keep);
+  const auto specs = ModelSpecs(model);
   trainer::Fp8Amax amax;
   for (auto item : merged) {
     auto a = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>::ensure(item.second);
@@ -237,7 +250,7 @@ py::list Fp8PartsFromAmax(const py::list& shards, const std::string& quantizatio
   Result<std::vector<std::optional<refit::Fp8ImageDigest>>> parts = Internal("not run");
   {
     py::gil_scoped_release nogil;
-    parts = trainer::Fp8PartsFromAmax(inputs, quantization, amax, threads);
+    parts = trainer::Fp8PartsFromAmax(inputs, quantization, amax, threads, specs);
   }
   if (!parts.ok()) Raise(parts.status());
   py::list out;
@@ -263,11 +276,13 @@ void RegisterFp8(py::module_& m) {
       "The FP8 parameter (vLLM's fused name) a checkpoint tensor is a part of, and the part (q, k, v, o, gate, up, "
       "down); None for a tensor served in bf16 (refit/fp8_digest.h).");
   m.def("fp8_local_amax", &Fp8LocalAmax, py::arg("shards"), py::arg("quantization"), py::arg("threads") = 1,
+        py::arg("model") = py::none(),
         "A trainer rank's FP8 amaxes (docs/fp8.md, \"The expected image, from the trainer\"): shards = [(name, "
         "global_shape, offset, bf16 bits uint16 array)] -> ({FP8 parameter: uint16 amax per scale group}, the first "
-        "group held here only in part, or '' when every group touched is whole here).");
+        "group held here only in part, or '' when every group touched is whole here). model: {name: global shape} of the "
+        "model's bf16 tensors, for a rank that holds no shard of some part of a fused parameter.");
   m.def("fp8_parts_from_amax", &Fp8PartsFromAmax, py::arg("shards"), py::arg("quantization"), py::arg("merged"),
-        py::arg("threads") = 1,
+        py::arg("threads") = 1, py::arg("model") = py::none(),
         "Each shard's FP8 part given the amaxes merged (max) over the trainer's ranks: [(bytes digest, scales "
         "digest) or None for a tensor served in bf16].");
 #ifdef ROLLOUTCORE_WITH_CUDA

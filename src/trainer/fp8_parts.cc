@@ -29,17 +29,35 @@ formats::Fp8Layout LayoutOf(const Plan& plan, const refit::Fp8Param& p) {
   return formats::Fp8Layout{plan.scheme, p.shape[0], p.shape[1]};
 }
 
-Result<Plan> MakePlan(const std::vector<Fp8ShardInput>& shards, std::string_view quantization) {
+Result<Plan> MakePlan(const std::vector<Fp8ShardInput>& shards, std::string_view quantization,
+                      const std::vector<refit::TensorSpec>& model) {
   Plan plan;
   auto scheme = formats::Fp8SchemeFromVllmQuantization(quantization);
   if (!scheme.ok()) return scheme.status();
   plan.scheme = *scheme;
   std::vector<refit::TensorSpec> specs;
+  for (const refit::TensorSpec& m : model) {
+    for (const Fp8ShardInput& s : shards) {
+      if (s.name == m.name && (s.dtype != m.dtype || s.global_shape != m.shape)) {
+        return InvalidArgument(fmt::format("tensor {}: the shard says {} {}, the model says {} {}", s.name,
+                                           refit::DTypeName(s.dtype), refit::ShapeToString(s.global_shape),
+                                           refit::DTypeName(m.dtype), refit::ShapeToString(m.shape)));
+      }
+    }
+    if (refit::Fp8ParameterOf(m.name)) specs.push_back(m);
+  }
   for (const Fp8ShardInput& s : shards) {
     const bool seen = std::any_of(specs.begin(), specs.end(), [&](const refit::TensorSpec& t) { return t.name == s.name; });
     if (!seen) specs.push_back(refit::TensorSpec{s.name, s.dtype, s.global_shape});
   }
-  RC_ASSIGN_OR_RETURN(plan.params, refit::Fp8Parameters(specs));
+  auto params = refit::Fp8Parameters(specs);
+  if (!params.ok()) {
+    if (params.status().message().find("is missing beside") == std::string_view::npos) return params.status();
+    return InvalidArgument(std::string(params.status().message()) +
+                           ": this rank holds no shard of that part, so it cannot place the others; give the "
+                           "model's tensors (PublisherOptions::fp8_model, Python publish(fp8_model=...))");
+  }
+  plan.params = std::move(params).value();
   for (const Fp8ShardInput& s : shards) {
     const auto of = refit::Fp8ParameterOf(s.name);
     const refit::Fp8Param* p = of ? &plan.params.at(of->param) : nullptr;
@@ -81,8 +99,8 @@ refit::Box OwnedScales(const formats::Fp8Layout& l, const formats::Fp8Box& b) {
 }  // namespace
 
 Result<Fp8Amax> Fp8LocalAmax(const std::vector<Fp8ShardInput>& shards, std::string_view quantization,
-                             std::string* partial, int threads) {
-  RC_ASSIGN_OR_RETURN(Plan plan, MakePlan(shards, quantization));
+                             std::string* partial, int threads, const std::vector<refit::TensorSpec>& model) {
+  RC_ASSIGN_OR_RETURN(Plan plan, MakePlan(shards, quantization, model));
   Fp8Amax amax;
   std::map<std::string, std::vector<int64_t>, std::less<>> held;  // elements held per group
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -137,8 +155,9 @@ Result<Fp8Amax> Fp8LocalAmax(const std::vector<Fp8ShardInput>& shards, std::stri
 
 Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8PartsFromAmax(const std::vector<Fp8ShardInput>& shards,
                                                                           std::string_view quantization,
-                                                                          const Fp8Amax& merged, int threads) {
-  RC_ASSIGN_OR_RETURN(Plan plan, MakePlan(shards, quantization));
+                                                                          const Fp8Amax& merged, int threads,
+                                                                          const std::vector<refit::TensorSpec>& model) {
+  RC_ASSIGN_OR_RETURN(Plan plan, MakePlan(shards, quantization, model));
   std::map<std::string, std::vector<float>, std::less<>> scales;
   std::vector<std::optional<refit::Fp8ImageDigest>> out(shards.size());
   std::vector<uint8_t> q;
@@ -181,16 +200,18 @@ Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8PartsFromAmax(const
 
 Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8ShardParts(const std::vector<Fp8ShardInput>& shards,
                                                                        std::string_view quantization,
-                                                                       const Fp8AmaxExchange& exchange, int threads) {
+                                                                       const Fp8AmaxExchange& exchange, int threads,
+                                                                       const std::vector<refit::TensorSpec>& model) {
   std::string partial;
-  RC_ASSIGN_OR_RETURN(Fp8Amax amax, Fp8LocalAmax(shards, quantization, exchange ? nullptr : &partial, threads));
+  RC_ASSIGN_OR_RETURN(Fp8Amax amax,
+                      Fp8LocalAmax(shards, quantization, exchange ? nullptr : &partial, threads, model));
   if (exchange) {
     RC_RETURN_IF_ERROR(exchange(quantization, &amax));
   } else if (!partial.empty()) {
     return FailedPrecondition(partial + ": its scale needs the amax of every rank that holds the rest; pass an amax "
                                         "exchange (an all-reduce MAX over the trainer's ranks)");
   }
-  return Fp8PartsFromAmax(shards, quantization, amax, threads);
+  return Fp8PartsFromAmax(shards, quantization, amax, threads, model);
 }
 
 Fp8AmaxExchange Fp8ThreadExchange::Bind() {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -136,11 +137,11 @@ refit::Manifest Commit(const std::vector<Rank>& ranks, const std::vector<std::ve
 }
 
 // Every rank's amax merged by max (what an all-reduce MAX does), then each rank's parts.
-std::vector<std::vector<std::optional<refit::Fp8ImageDigest>>> Exchange(const std::vector<Rank>& ranks,
-                                                                       std::string_view quantization) {
+std::vector<std::vector<std::optional<refit::Fp8ImageDigest>>> Exchange(
+    const std::vector<Rank>& ranks, std::string_view quantization, const std::vector<refit::TensorSpec>& model = {}) {
   std::vector<Fp8Amax> local;
   for (const Rank& r : ranks) {
-    auto a = Fp8LocalAmax(r.shards(), quantization);
+    auto a = Fp8LocalAmax(r.shards(), quantization, nullptr, 1, model);
     EXPECT_TRUE(a.ok()) << a.status().ToString();
     local.push_back(*a);
   }
@@ -154,7 +155,7 @@ std::vector<std::vector<std::optional<refit::Fp8ImageDigest>>> Exchange(const st
   }
   std::vector<std::vector<std::optional<refit::Fp8ImageDigest>>> out;
   for (const Rank& r : ranks) {
-    auto p = Fp8PartsFromAmax(r.shards(), quantization, merged);
+    auto p = Fp8PartsFromAmax(r.shards(), quantization, merged, 1, model);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     out.push_back(*p);
   }
@@ -242,6 +243,42 @@ TEST(Fp8PartsTest, AGroupHeldOnlyInPartNeedsTheExchangeAndIsNamedWithoutIt) {
   }
   // Per channel a row is a group: whole rows need no exchange.
   EXPECT_TRUE(Fp8ShardParts(half.shards(), "fp8_per_channel").ok());
+}
+
+// FSDP over more ranks than k_proj has rows: rank 2 holds rows of q_proj but none of k_proj or
+// v_proj. Given the model's tensors it still places its q rows, and the sum is the whole image;
+// without them it is refused with the way out named.
+TEST(Fp8PartsTest, ARankWithoutAShardOfSomePartPlacesItsRowsFromTheModel) {
+  const Layer layer(6);
+  // Rank r holds rows [40 r, 40 r + 40) of every 2-D tensor that has them: k/v_proj (96 rows) end
+  // before rank 3, q_proj (160) does not.
+  auto rows = [](int r) {
+    return [r](const std::string&, const Shape& s) -> std::vector<Box> {
+      if (s.size() == 1) return r == 0 ? std::vector<Box>{Box{{0}, {s[0]}}} : std::vector<Box>{};
+      const int64_t a = int64_t{40} * r, b = std::min<int64_t>(s[0], a + 40);
+      if (b <= a) return {};
+      return {Box{{a, 0}, {b - a, s[1]}}};
+    };
+  };
+  std::vector<Rank> ranks;
+  ranks.reserve(5);
+  for (int r = 0; r < 5; ++r) ranks.push_back(Hold(layer, rows(r)));
+  std::vector<refit::TensorSpec> model;
+  for (const auto& [n, s] : layer.shapes) model.push_back({n, refit::DType::kBF16, s});
+  auto refused = Fp8LocalAmax(ranks[3].shards(), "fp8_per_channel");
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("fp8_model"), std::string::npos) << refused.status().ToString();
+  for (const char* q : kQuantizations) {
+    const auto parts = Exchange(ranks, q, model);
+    auto image = refit::PublishedFp8Image(Commit(ranks, parts, q), q);
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    const refit::Fp8Image want = Whole(layer, q);
+    for (const auto& [name, d] : want) EXPECT_EQ(image->at(name), d) << q << " " << name;
+  }
+  // A model entry that disagrees with a shard is named.
+  model[0].shape = {1, 1};
+  auto bad = Fp8LocalAmax(ranks[0].shards(), "fp8_per_tensor", nullptr, 1, model);
+  EXPECT_NE(bad.status().message().find("the model says"), std::string::npos) << bad.status().ToString();
 }
 
 TEST(Fp8PartsTest, BadInputsAreNamed) {

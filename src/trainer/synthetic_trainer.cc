@@ -211,6 +211,10 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::Create(SyntheticTrai
     t->fp8_exchange_ = std::make_unique<Fp8ThreadExchange>(joining, t->options_.publisher.outcome_timeout_ms);
     t->options_.publisher.fp8_exchange = t->fp8_exchange_->Bind();
   }
+  if (!t->options_.publisher.fp8_quantizations.empty() && t->options_.publisher.fp8_model.empty()) {
+    // Every rank knows the whole model: a rank without a shard of some k_proj still places the rest.
+    for (const refit::ShardTable& table : plan.tables) t->options_.publisher.fp8_model.push_back(table.spec());
+  }
   for (int32_t r = 0; r < n; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->index = r;

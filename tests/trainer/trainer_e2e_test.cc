@@ -141,11 +141,12 @@ TEST_F(TrainerE2eTest, TimedStepsAndKeepReleaseOldVersions) {
 namespace rc::trainer {
 namespace {
 
-// `trainer serve --fp8-parts` (docs/trainer.md "FP8 parts"): an fsdp:3 trainer, whose row splits
-// cut through the tiny model's scale groups, publishes parts that add up to the image of each fused
-// parameter quantized whole from bf16(W_0); a bad quantization name is refused at the command line.
+// `trainer serve --fp8-parts` (docs/trainer.md "FP8 parts"): an fsdp:40 trainer, whose row splits
+// cut through the tiny model's scale groups and leave some ranks without a row of k_proj (32 rows),
+// publishes parts that add up to the image of each fused parameter quantized whole from bf16(W_0);
+// a bad quantization name is refused at the command line.
 TEST_F(TrainerE2eTest, Fp8PartsAddUpToTheImageOfTheWholeWeights) {
-  auto trainer = testing::TrainerProcess::Spawn({"--model", "tiny", "--layout", "fsdp:3", "--transport", "shm",
+  auto trainer = testing::TrainerProcess::Spawn({"--model", "tiny", "--layout", "fsdp:40", "--transport", "shm",
                                                  "--directory", server_->url(), "--seed", std::to_string(kSeed),
                                                  "--lr", "0.002", "--fp8-parts", "fp8_per_tensor,fp8_per_block"});
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();

@@ -52,25 +52,30 @@ using Fp8Amax = std::map<std::string, std::vector<uint16_t>, std::less<>>;
 using Fp8AmaxExchange = std::function<Status(std::string_view quantization, Fp8Amax* amax)>;
 
 // The part of every shard for `quantization` (fp8_per_tensor, fp8_per_channel, fp8_per_block):
-// out[i] is shards[i]'s, nullopt for a tensor served in bf16. InvalidArgument naming the tensor for
-// a projection that is not 2-D BF16, a fused parameter one of whose parts the rank does not hold at
-// all (its row offset is unknown), a NaN or infinite weight (row and column), or an unknown
+// out[i] is shards[i]'s, nullopt for a tensor served in bf16. `model` (optional) names the global
+// dtype and shape of the model's tensors: a rank that holds no shard of some part of a fused
+// parameter (fsdp over more ranks than k_proj has rows) needs it to place the parts it holds.
+// InvalidArgument naming the tensor for a projection that is not 2-D BF16, a fused parameter one of
+// whose parts neither the shards nor `model` describe (its row offset is unknown), a `model` entry
+// that disagrees with a shard, a NaN or infinite weight (row and column), or an unknown
 // quantization; FailedPrecondition naming the parameter and the group when a group is only partly
 // held here and `exchange` is empty.
 [[nodiscard]] Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8ShardParts(
     const std::vector<Fp8ShardInput>& shards, std::string_view quantization, const Fp8AmaxExchange& exchange = {},
-    int threads = 1);
+    int threads = 1, const std::vector<refit::TensorSpec>& model = {});
 
 // The two halves of Fp8ShardParts, for ranks that exchange the amaxes themselves (several ranks in
 // one process; a collective outside a callback): the rank's own amaxes, with `partial` (when not
 // null) set to the first group the rank holds only part of ("" when it holds every group it
 // touches whole) ...
 [[nodiscard]] Result<Fp8Amax> Fp8LocalAmax(const std::vector<Fp8ShardInput>& shards, std::string_view quantization,
-                                           std::string* partial = nullptr, int threads = 1);
+                                           std::string* partial = nullptr, int threads = 1,
+                                           const std::vector<refit::TensorSpec>& model = {});
 // ... and the parts, with the amaxes merged over every rank that holds part of a parameter.
 // InvalidArgument when `merged` lacks a parameter the shards touch or has the wrong size.
 [[nodiscard]] Result<std::vector<std::optional<refit::Fp8ImageDigest>>> Fp8PartsFromAmax(
-    const std::vector<Fp8ShardInput>& shards, std::string_view quantization, const Fp8Amax& merged, int threads = 1);
+    const std::vector<Fp8ShardInput>& shards, std::string_view quantization, const Fp8Amax& merged, int threads = 1,
+    const std::vector<refit::TensorSpec>& model = {});
 
 // The exchange of ranks that run as threads of one process (the synthetic trainer): each call
 // merges its amax into a shared one and waits until `ranks` calls of the same round have arrived;

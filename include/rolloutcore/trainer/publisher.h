@@ -123,6 +123,9 @@ struct PublisherOptions {
   std::vector<std::string> fp8_quantizations = {};
   Fp8AmaxExchange fp8_exchange = nullptr;
   int fp8_threads = 1;
+  // The model's tensors (name, dtype, global shape), for a rank that holds no shard of some part of
+  // a fused parameter (fsdp over more ranks than a k_proj has rows): fp8_parts.h's `model`.
+  std::vector<refit::TensorSpec> fp8_model = {};
 };
 
 // One FP8 part a caller computed for a staged shard (Publisher::AttachFp8Parts).
