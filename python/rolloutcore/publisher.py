@@ -243,7 +243,10 @@ class Publisher:
                    model: Optional[Mapping[str, Sequence[int]]] = None) -> int:
         """Computes and attaches every staged projection's part of the ``quantization`` image from
         the amaxes merged over the trainer's ranks; returns the number of parts attached."""
-        shards = self._fp8_shards(version)
+        return self._attach_fp8(version, self._fp8_shards(version), quantization, merged, model)
+
+    def _attach_fp8(self, version: str, shards: List[Any], quantization: str, merged: Mapping[str, Any],
+                    model: Optional[Mapping[str, Sequence[int]]]) -> int:
         parts = core().fp8_parts_from_amax(shards, quantization, dict(merged), model=_shapes(model))
         out = [(name, offset, quantization, p[0], p[1]) for (name, _, offset, _), p in zip(shards, parts) if p]
         self._impl.attach_fp8_parts(version, out)
@@ -279,19 +282,21 @@ class Publisher:
         ``fp8_model`` ({name: global shape} of the model's tensors) is needed when this rank holds no
         shard of some part of a fused parameter.
         """
-        for q in fp8 or []:
-            amax, partial = self.fp8_amax(version, q, fp8_model)
-            if fp8_exchange is not None:
-                amax = fp8_exchange(q, amax)
-            elif partial:
-                raise ValueError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
-                                 "fp8_exchange (e.g. rolloutcore.publisher.torch_amax_exchange(group))")
-            self.attach_fp8(version, q, amax, fp8_model)
         if delta is not None and bool(delta) != self._delta:
             raise ValueError(
                 f"publish(delta={bool(delta)}) on a Publisher made with delta={self._delta}: delta publishing keeps a "
                 "copy of every shard from one publish to the next, so it is chosen when the Publisher is made"
             )
+        if fp8:
+            shards = self._fp8_shards(version)  # one host copy of the projections for every quantization
+            for q in fp8:
+                amax, partial = core().fp8_local_amax(shards, q, model=_shapes(fp8_model))
+                if fp8_exchange is not None:
+                    amax = fp8_exchange(q, amax)
+                elif partial:
+                    raise ValueError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
+                                     "fp8_exchange (e.g. rolloutcore.publisher.torch_amax_exchange(group))")
+                self._attach_fp8(version, shards, q, amax, fp8_model)
         return self._impl.publish(version)
 
     def attach_probes(self, version: str, probes: Sequence[Mapping[str, Any]]) -> None:

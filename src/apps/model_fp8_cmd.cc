@@ -42,8 +42,8 @@ std::map<std::string, std::vector<std::string>> FusedParameters(const std::vecto
   }
   std::map<std::string, std::vector<std::string>> out;
   for (const auto& [param, by_part] : parts) {
-    for (const char* p : {"q", "k", "v", "o", "gate", "up", "down"}) {
-      auto it = by_part.find(p);
+    for (std::string_view p : refit::kFp8PartOrder) {
+      auto it = by_part.find(std::string(p));
       if (it != by_part.end()) out[param].push_back(it->second);
     }
   }

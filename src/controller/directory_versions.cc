@@ -67,11 +67,11 @@ Result<lifecycle::UpdateTarget> DirectoryVersionSource::Resolve(const std::strin
   }
   t.facts_fetch = RunDetached<lifecycle::VersionFacts>(
       [store = store_, fetches = fetches_, model, version]() -> Result<lifecycle::VersionFacts> {
-        auto probes = FactsOf(store, model, version);
+        auto facts = FactsOf(store, model, version);
         rc::MutexLock lock(fetches->mu);
         --fetches->running;
         fetches->cv.notify_all();
-        return probes;
+        return facts;
       });
   return t;
 }

@@ -29,6 +29,17 @@ class RunnerTest : public ::testing::Test {
     }
     return clock_.NowMs() - start;
   }
+  // An update whose install fails after mutation: the controller is TAINTED. Returns the target of
+  // the recovery back to the version it started from.
+  UpdateTarget TaintThenTargetBack() {
+    EXPECT_TRUE(runner_->StartUpdate(Target()).ok());
+    Run();
+    EXPECT_EQ(c_->state(), State::kTainted);
+    UpdateTarget back;
+    back.label = "rc-0";
+    back.identity.content_digest = "d0";
+    return back;
+  }
   static UpdateTarget Target() {
     UpdateTarget t;
     t.label = "rc-1";
@@ -287,12 +298,8 @@ TEST_F(RunnerTest, RecoveryWaitsForTheManifestAtMostTheStageDeadline) {
   RunnerOptions o;
   o.deadlines.stage_ms = 400;
   Build(With("install", "fail_after_mutation"), o);
-  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
-  Run();
+  UpdateTarget back = TaintThenTargetBack();
   ASSERT_EQ(c_->state(), State::kTainted);
-  UpdateTarget back;
-  back.label = "rc-0";
-  back.identity.content_digest = "d0";
   back.facts_fetch = Pending<VersionFacts>();  // never answers
   const int64_t t0 = clock_.NowMs();
   ASSERT_TRUE(runner_->StartRecovery(back).ok());
@@ -303,8 +310,7 @@ TEST_F(RunnerTest, RecoveryWaitsForTheManifestAtMostTheStageDeadline) {
   for (const auto& n : runner_->notes()) notes += n + "\n";
   EXPECT_NE(notes.find("was not read within the 400 ms stage deadline"), std::string::npos) << notes;
 
-  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
-  Run();
+  back = TaintThenTargetBack();
   ASSERT_EQ(c_->state(), State::kTainted);
   back.facts_fetch = Pending<VersionFacts>::Completed(Unavailable("directory at http://d did not answer"));
   const int64_t t1 = clock_.NowMs();

@@ -42,8 +42,6 @@ bool IsFp8Quantization(std::string_view quantization) {
 
 namespace {
 
-constexpr std::string_view kPartOrder[] = {"q", "k", "v", "o", "gate", "up", "down"};
-
 // The parts a fused parameter must have, by its projection name.
 std::vector<std::string_view> PartsOf(std::string_view fused) {
   if (fused == "qkv") return {"q", "k", "v"};
@@ -95,7 +93,7 @@ Result<std::map<std::string, Fp8Param, std::less<>>> Fp8Parameters(const std::ve
       }
     }
     int64_t rows = 0;
-    for (std::string_view k : kPartOrder) {
+    for (std::string_view k : kFp8PartOrder) {
       auto it = parts.find(std::string(k));
       if (it == parts.end()) continue;
       const TensorSpec& t = *it->second;

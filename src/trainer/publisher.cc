@@ -194,9 +194,7 @@ Status Publisher::ComputeFp8Parts(std::string_view version, std::vector<StagedSh
                                      src.data});
       of.push_back(&s);
     }
-    Fp8AmaxExchange exchange;
-    if (options_.fp8_exchange) exchange = options_.fp8_exchange;
-    auto parts = Fp8ShardParts(inputs, q, exchange, options_.fp8_threads, options_.fp8_model);
+    auto parts = Fp8ShardParts(inputs, q, options_.fp8_exchange, options_.fp8_threads, options_.fp8_model);
     if (!parts.ok()) {
       return parts.status().WithContext(fmt::format("rank {} computing the {} parts of version {}", rank_, q, version));
     }

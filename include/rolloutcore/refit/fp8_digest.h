@@ -66,6 +66,8 @@ struct Fp8PartOf {
   std::string part;  // q, k, v, o, gate, up, down
 };
 std::optional<Fp8PartOf> Fp8ParameterOf(std::string_view tensor);
+// vLLM's order of the parts inside their fused parameters (q, k, v in qkv_proj; gate, up in gate_up_proj).
+inline constexpr std::string_view kFp8PartOrder[] = {"q", "k", "v", "o", "gate", "up", "down"};
 
 // One FP8 parameter: its fused [rows, cols] shape and its parts with the first row of each.
 struct Fp8Param {
