@@ -1,6 +1,6 @@
 """Type stubs of the compiled extension rolloutcore._core (src/python/module.cc)."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 class Publisher:
     def __init__(
@@ -80,9 +80,18 @@ fp8_quantize_isa: str
 cuda_built: bool
 
 class DeviceStager:
-    """CUDA builds only: the C++ half of rolloutcore.vllm (plan, pull into GPU staging, digests)."""
+    """CUDA builds only: the C++ half of rolloutcore.vllm (plan, pull into GPU staging, digests).
 
-    def __init__(self, device: int) -> None: ...
+    It is the extension's live weights (receiver::DeviceLiveWeights): ``staging_buffers`` and
+    ``live_buffers`` return ``{name: (device address, bytes)}`` of the staging image and the live
+    parameters when the stager asks (at each stage, digest, prepare and install)."""
+
+    def __init__(
+        self,
+        device: int,
+        staging_buffers: Callable[[], Dict[str, Tuple[int, int]]],
+        live_buffers: Callable[[], Dict[str, Tuple[int, int]]],
+    ) -> None: ...
     def set_captures(
         self,
         staging_params: List[Tuple[str, str, List[int]]],
@@ -91,7 +100,8 @@ class DeviceStager:
         live_copies: List[Dict[str, Any]],
     ) -> None: ...
     def stage(
-        self, directory: str, model: str, version: str, timeout_ms: int, staging_buffers: Dict[str, Tuple[int, int]],
-        pull_delay_ms: int = 0,
+        self, directory: str, model: str, version: str, timeout_ms: int, pull_delay_ms: int = 0,
     ) -> Dict[str, Any]: ...
-    def live_digest(self, live_buffers: Dict[str, Tuple[int, int]]) -> Dict[str, Any]: ...
+    def live_digest(self) -> Dict[str, Any]: ...
+    def prepare_install(self) -> Dict[str, Any]: ...
+    def install(self) -> Dict[str, Any]: ...

@@ -58,6 +58,7 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 EXTENSION_VERSION = "0.1.0"
@@ -981,7 +982,12 @@ class Extension:
             lc = dict(c)
             lc["param"] = live_index[c["param_name"]]
             live_copies.append(lc)
-        stager = _core.DeviceStager(device)
+        # The stager asks for the buffers when it needs them (the DeviceLiveWeights of
+        # receiver/live_weights.h): the addresses are read from PyTorch at that moment. Weak
+        # references, so that the state and its stager do not keep each other alive.
+        st_ref, cls = weakref.ref(st), type(self)
+        stager = _core.DeviceStager(device, staging_buffers=lambda: cls._rc_staging_buffers(st_ref()),
+                                    live_buffers=lambda: cls._rc_live_buffers(st_ref()))
         stager.set_captures(staging_params, staging_copies, live_params, live_copies)
         st.capture, st.stager, st.staging, st.staging_views = cap, stager, staging, views
         st.fallback, st.not_loaded, st.sources_key = fallback, not_loaded, key
@@ -992,7 +998,8 @@ class Extension:
         if st.first_ptrs is None:
             st.first_ptrs = {n: p.data_ptr() for n, p in params.items()}
 
-    def _rc_live_buffers(self, st: _State) -> Dict[str, Tuple[int, int]]:
+    @staticmethod
+    def _rc_live_buffers(st: _State) -> Dict[str, Tuple[int, int]]:
         params = st.capture.params
         out = {}
         for c in st.capture.copies:
@@ -1003,11 +1010,12 @@ class Extension:
     def _rc_digest_live(self, st: _State) -> Dict[str, Any]:
         torch = _torch()
         torch.cuda.synchronize()
-        d = st.stager.live_digest(self._rc_live_buffers(st))
+        d = st.stager.live_digest()
         st.live_digest = d
         return d
 
-    def _rc_staging_buffers(self, st: _State) -> Dict[str, Tuple[int, int]]:
+    @staticmethod
+    def _rc_staging_buffers(st: _State) -> Dict[str, Tuple[int, int]]:
         return {f"rc.staging.{i}": (v.data_ptr(), v.numel() * v.element_size())
                 for i, v in enumerate(st.staging_views)}
 
@@ -1144,7 +1152,7 @@ class Extension:
                 self._rc_ensure_capture(st, specs)
                 capture_ms = (time.perf_counter() - t1) * 1e3
                 remaining = max(1, int(timeout_ms) - int((time.perf_counter() - t0) * 1e3))
-                ev = st.stager.stage(directory, model, version, remaining, self._rc_staging_buffers(st),
+                ev = st.stager.stage(directory, model, version, remaining,
                                      pull_delay_ms=int(st.faults.get("stage_pull_delay_ms", 0)))
                 ev["stage_ms"]["capture"] = capture_ms
                 ev["stage_ms"]["total"] = (time.perf_counter() - t0) * 1e3
@@ -1162,7 +1170,7 @@ class Extension:
                 elif os.environ.get("ROLLOUTCORE_VLLM_FUSED_INSTALL", "1") == "0":
                     st.fused = {"ok": False, "reason": "ROLLOUTCORE_VLLM_FUSED_INSTALL=0"}
                 else:
-                    st.fused = dict(st.stager.prepare_install(self._rc_staging_buffers(st), self._rc_live_buffers(st)))
+                    st.fused = dict(st.stager.prepare_install())
                 ev["install_prepared"] = dict(st.fused)
                 if st.fp8 is not None:
                     # FP8 serving: the expected image of this version, from the proven staged bytes,
@@ -1198,9 +1206,8 @@ class Extension:
                     # writes (the digest of the live weights without a second pass over them). The
                     # stager refuses, writing nothing, when the buffers are not the prepared ones.
                     torch.cuda.synchronize()
-                    staging_b, live_b = self._rc_staging_buffers(st), self._rc_live_buffers(st)
                     mutated = True
-                    d = dict(st.stager.install(staging_b, live_b))
+                    d = dict(st.stager.install())
                     if not d.get("ok"):
                         mutated, fused, fused_refused = False, False, d.get("reason")
                 if fused:

@@ -2,9 +2,12 @@
 // receiver::DeviceReceiver (include/rolloutcore/receiver/device_receiver.h), the C++ half of the
 // vLLM worker extension (python/rolloutcore/vllm.py). Everything the receiver does — discovery,
 // plans and imports cached by topology, the device pull, the GPU digests, the fused install — is
-// there; this file only turns Python lists and dicts into captures and buffer tables and the
-// receiver's typed reports into dicts (the extension's JSON edge), and releases the GIL while the
-// receiver works.
+// there. The stager is vLLM's receiver::DeviceLiveWeights (live_weights.h): the extension gives it
+// two callables that answer, when the receiver asks, where the staging image and the live
+// parameters are ({name: (address, bytes)}, read from PyTorch at that moment). This file only
+// turns Python lists and dicts into captures and buffer tables and the receiver's typed reports
+// into dicts (the extension's JSON edge), and releases the GIL while the receiver works (taking it
+// back for the two callables).
 //
 // Thread safety: one DeviceStager belongs to one worker thread (vLLM runs collective_rpc calls
 // one at a time).
@@ -79,15 +82,33 @@ refit::Capture CaptureFrom(const py::list& params, const py::list& copies) {
   return c;
 }
 
-// {name: (address, bytes)} of device memory -> DestinationBuffers.
-refit::DestinationBuffers BuffersFrom(const py::dict& buffers) {
-  refit::DestinationBuffers out;
-  for (const auto& [k, v] : buffers) {
-    auto t = v.cast<py::tuple>();
-    auto* p = reinterpret_cast<std::byte*>(t[0].cast<uintptr_t>());
-    out.emplace(k.cast<std::string>(), std::span<std::byte>(p, t[1].cast<uint64_t>()));
+// {name: (address, bytes)} of device memory -> DestinationBuffers (InvalidArgument, naming the
+// callable and the entry, when it is anything else).
+Result<refit::DestinationBuffers> BuffersFrom(const py::handle& buffers, const char* what) {
+  try {
+    refit::DestinationBuffers out;
+    for (const auto& [k, v] : buffers.cast<py::dict>()) {
+      auto t = v.cast<py::tuple>();
+      if (t.size() != 2) {
+        return InvalidArgument(fmt::format("{}: entry {} is not (address, bytes)", what, py::str(k).cast<std::string>()));
+      }
+      auto* p = reinterpret_cast<std::byte*>(t[0].cast<uintptr_t>());
+      out.emplace(k.cast<std::string>(), std::span<std::byte>(p, t[1].cast<uint64_t>()));
+    }
+    return out;
+  } catch (const py::cast_error& e) {
+    return InvalidArgument(fmt::format("{} must return {{name: (address, bytes)}}: {}", what, e.what()));
   }
-  return out;
+}
+
+// Calls a buffers callable with the GIL (the receiver asks from a thread that released it).
+Result<refit::DestinationBuffers> CallBuffers(const py::function& f, const char* what) {
+  py::gil_scoped_acquire gil;
+  try {
+    return BuffersFrom(f(), what);
+  } catch (py::error_already_set& e) {
+    return InvalidArgument(fmt::format("{} raised: {}", what, e.what()));
+  }
 }
 
 py::dict DigestsDict(const refit::TensorDigests& d) {
@@ -117,9 +138,16 @@ auto WithoutGil(F&& f) {
   return std::move(*r);
 }
 
-class PyDeviceStager {
+class PyDeviceStager final : public receiver::DeviceLiveWeights {
  public:
-  explicit PyDeviceStager(int device) : receiver_(Take(receiver::DeviceReceiver::Create(device))) {}
+  PyDeviceStager(int device, py::function staging_buffers, py::function live_buffers)
+      : staging_buffers_(std::move(staging_buffers)),
+        live_buffers_(std::move(live_buffers)),
+        receiver_(Take(receiver::DeviceReceiver::Create(device, this))) {}
+
+  // receiver::DeviceLiveWeights
+  Result<refit::DestinationBuffers> StagingBuffers() override { return CallBuffers(staging_buffers_, "staging_buffers"); }
+  Result<refit::DestinationBuffers> LiveBuffers() override { return CallBuffers(live_buffers_, "live_buffers"); }
 
   void SetCaptures(const py::list& staging_params, const py::list& staging_copies, const py::list& live_params,
                    const py::list& live_copies) {
@@ -131,10 +159,9 @@ class PyDeviceStager {
   }
 
   py::dict Stage(const std::string& directory, const std::string& model, const std::string& version,
-                 int64_t timeout_ms, const py::dict& staging_buffers, int64_t pull_delay_ms) {
+                 int64_t timeout_ms, int64_t pull_delay_ms) {
     receiver::DeviceStageRequest req{directory, model, version, timeout_ms, pull_delay_ms};
-    const refit::DestinationBuffers buffers = BuffersFrom(staging_buffers);
-    const receiver::DeviceStageReport r = WithoutGil([&] { return receiver_->Stage(req, buffers); });
+    const receiver::DeviceStageReport r = WithoutGil([&] { return receiver_->Stage(req); });
     py::dict stages;
     for (const auto& [k, v] : r.stage_ms) stages[py::str(k)] = v;
     py::dict out;
@@ -152,18 +179,16 @@ class PyDeviceStager {
     return out;
   }
 
-  py::dict LiveDigest(const py::dict& live_buffers) {
-    const refit::DestinationBuffers buffers = BuffersFrom(live_buffers);
-    const receiver::DeviceDigestReport r = WithoutGil([&] { return receiver_->LiveDigest(buffers); });
+  py::dict LiveDigest() {
+    const receiver::DeviceDigestReport r = WithoutGil([&] { return receiver_->LiveDigest(); });
     py::dict out = DigestReportDict(r, "reread");
     out["table_cached"] = r.table_cached;
     return out;
   }
 
   // {ok: true, chunks, bytes, elements, prepare_ms} or {ok: false, reason}.
-  py::dict PrepareInstall(const py::dict& staging_buffers, const py::dict& live_buffers) {
-    const refit::DestinationBuffers sb = BuffersFrom(staging_buffers), lb = BuffersFrom(live_buffers);
-    const receiver::DevicePrepareReport r = WithoutGil([&] { return receiver_->PrepareInstall(sb, lb); });
+  py::dict PrepareInstall() {
+    const receiver::DevicePrepareReport r = WithoutGil([&] { return receiver_->PrepareInstall(); });
     py::dict out;
     out["ok"] = r.ok;
     if (!r.ok) {
@@ -179,9 +204,8 @@ class PyDeviceStager {
 
   // {ok: true, tensors, content_digest, kernel_ms, digest_ms, bytes, source: "fused"} or
   // {ok: false, reason} (nothing written).
-  py::dict Install(const py::dict& staging_buffers, const py::dict& live_buffers) {
-    const refit::DestinationBuffers sb = BuffersFrom(staging_buffers), lb = BuffersFrom(live_buffers);
-    const receiver::DeviceInstallReport r = WithoutGil([&] { return receiver_->Install(sb, lb); });
+  py::dict Install() {
+    const receiver::DeviceInstallReport r = WithoutGil([&] { return receiver_->Install(); });
     if (!r.ok) {
       py::dict refused;
       refused["ok"] = false;
@@ -195,6 +219,7 @@ class PyDeviceStager {
   }
 
  private:
+  py::function staging_buffers_, live_buffers_;
   std::unique_ptr<receiver::DeviceReceiver> receiver_;
 };
 
@@ -202,14 +227,15 @@ class PyDeviceStager {
 
 void RegisterDeviceStager(py::module_& m) {
   py::class_<PyDeviceStager>(m, "DeviceStager")
-      .def(py::init<int>(), py::arg("device"))
+      .def(py::init<int, py::function, py::function>(), py::arg("device"), py::arg("staging_buffers"),
+           py::arg("live_buffers"))
       .def("set_captures", &PyDeviceStager::SetCaptures, py::arg("staging_params"), py::arg("staging_copies"),
            py::arg("live_params"), py::arg("live_copies"))
       .def("stage", &PyDeviceStager::Stage, py::arg("directory"), py::arg("model"), py::arg("version"),
-           py::arg("timeout_ms"), py::arg("staging_buffers"), py::arg("pull_delay_ms") = 0)
-      .def("live_digest", &PyDeviceStager::LiveDigest, py::arg("live_buffers"))
-      .def("prepare_install", &PyDeviceStager::PrepareInstall, py::arg("staging_buffers"), py::arg("live_buffers"))
-      .def("install", &PyDeviceStager::Install, py::arg("staging_buffers"), py::arg("live_buffers"));
+           py::arg("timeout_ms"), py::arg("pull_delay_ms") = 0)
+      .def("live_digest", &PyDeviceStager::LiveDigest)
+      .def("prepare_install", &PyDeviceStager::PrepareInstall)
+      .def("install", &PyDeviceStager::Install);
   // GPU milliseconds of a plain 16-byte-load read of `nbytes` at device address `address`.
   m.def(
       "read_sweep_ms",

@@ -34,6 +34,19 @@ uint64_t BuffersKey(const refit::DestinationBuffers& b) {
   return h.Digest();
 }
 
+// The live weights' buffers, or why they could not be had (named).
+Result<refit::DestinationBuffers> StagingBuffersOf(DeviceLiveWeights& weights) {
+  auto b = weights.StagingBuffers();
+  if (!b.ok()) return b.status().WithContext("the live weights' staging buffers");
+  return b;
+}
+
+Result<refit::DestinationBuffers> LiveBuffersOf(DeviceLiveWeights& weights) {
+  auto b = weights.LiveBuffers();
+  if (!b.ok()) return b.status().WithContext("the live weights' live buffers");
+  return b;
+}
+
 uint64_t InstallKey(const refit::DestinationBuffers& staging, const refit::DestinationBuffers& live) {
   return BuffersKey(staging) * 31 + BuffersKey(live);
 }
@@ -55,15 +68,17 @@ struct DeviceReceiver::State {
   uint64_t install_key = 0;
 };
 
-Result<std::unique_ptr<DeviceReceiver>> DeviceReceiver::Create(int device) {
+Result<std::unique_ptr<DeviceReceiver>> DeviceReceiver::Create(int device, DeviceLiveWeights* weights) {
+  if (weights == nullptr) return InvalidArgument("DeviceReceiver: no live weights given");
   const int count = cuda::DeviceCount();
   if (device < 0 || device >= count) {
     return InvalidArgument(fmt::format("device {} is not one of the {} visible CUDA devices", device, count));
   }
-  return std::unique_ptr<DeviceReceiver>(new DeviceReceiver(device));
+  return std::unique_ptr<DeviceReceiver>(new DeviceReceiver(device, weights));
 }
 
-DeviceReceiver::DeviceReceiver(int device) : device_(device), state_(std::make_unique<State>()) {}
+DeviceReceiver::DeviceReceiver(int device, DeviceLiveWeights* weights)
+    : device_(device), weights_(weights), state_(std::make_unique<State>()) {}
 
 DeviceReceiver::~DeviceReceiver() = default;
 
@@ -81,11 +96,11 @@ Status DeviceReceiver::SetCaptures(refit::Capture staging, refit::Capture live) 
   return OkStatus();
 }
 
-Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req,
-                                                const refit::DestinationBuffers& staging) {
+Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   State& st = *state_;
   if (st.staging.copies.empty()) return FailedPrecondition("DeviceReceiver: set_captures was not called");
   if (req.timeout_ms <= 0) return InvalidArgument(fmt::format("timeout_ms must be positive, got {}", req.timeout_ms));
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers staging, StagingBuffersOf(*weights_));
   DeviceStageReport report;
   const auto t_total = std::chrono::steady_clock::now();
   const auto deadline = t_total + std::chrono::milliseconds(req.timeout_ms);
@@ -154,9 +169,10 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req,
   return report;
 }
 
-Result<DeviceDigestReport> DeviceReceiver::LiveDigest(const refit::DestinationBuffers& live) {
+Result<DeviceDigestReport> DeviceReceiver::LiveDigest() {
   State& st = *state_;
   if (st.live.copies.empty()) return FailedPrecondition("DeviceReceiver: set_captures was not called");
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers live, LiveBuffersOf(*weights_));
   DeviceDigestReport report;
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t key = BuffersKey(live);
@@ -176,10 +192,11 @@ Result<DeviceDigestReport> DeviceReceiver::LiveDigest(const refit::DestinationBu
   return report;
 }
 
-Result<DevicePrepareReport> DeviceReceiver::PrepareInstall(const refit::DestinationBuffers& staging,
-                                                           const refit::DestinationBuffers& live) {
+Result<DevicePrepareReport> DeviceReceiver::PrepareInstall() {
   State& st = *state_;
   if (st.live.copies.empty()) return FailedPrecondition("DeviceReceiver: set_captures was not called");
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers staging, StagingBuffersOf(*weights_));
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers live, LiveBuffersOf(*weights_));
   DevicePrepareReport report;
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t key = InstallKey(staging, live);
@@ -205,10 +222,11 @@ Result<DevicePrepareReport> DeviceReceiver::PrepareInstall(const refit::Destinat
   return report;
 }
 
-Result<DeviceInstallReport> DeviceReceiver::Install(const refit::DestinationBuffers& staging,
-                                                    const refit::DestinationBuffers& live) {
+Result<DeviceInstallReport> DeviceReceiver::Install() {
   State& st = *state_;
   DeviceInstallReport report;
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers staging, StagingBuffersOf(*weights_));
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers live, LiveBuffersOf(*weights_));
   if (!st.install || InstallKey(staging, live) != st.install_key) {
     report.reason = st.install ? "the buffers changed since prepare_install" : "prepare_install did not succeed";
     return report;

@@ -6,20 +6,22 @@
 // source_imports.h → pull → staged digest checked against the manifest), with device memory:
 // the pull lands device to device (cuda_ipc / nccl, no host copy) and every digest runs on the GPU.
 //
-// The engine's side comes in two captures of vLLM's own load_weights, set once (SetCaptures):
+// The engine's side is a DeviceLiveWeights (live_weights.h: where the staged image goes, the live
+// parameters the install writes and the live digest reads), given at creation, and two captures of
+// vLLM's own load_weights, set once (SetCaptures):
 //   * the staging capture: every recorded copy lands in its own dense staging parameter (device
-//     memory the extension allocates once and keeps), so the planner's coverage proof is exact;
+//     memory the extension allocates once and keeps: DeviceLiveWeights::StagingBuffers), so the
+//     planner's coverage proof is exact;
 //   * the live capture: the same copies with the real destination (the live vLLM parameter,
-//     element offset and strides), used to digest the live weights in source coordinates and to
-//     install.
-// The memory itself is passed with each call as buffer tables ({name: device span}): the
-// extension reads the tensors' addresses from PyTorch when it calls, and a cached device table
-// (live digest, fused install) is kept only while the buffers (names, addresses, sizes) are
-// unchanged. Where the embedded engine's receiver installs through LiveWeights (host storage it
-// may exchange), this one installs with one fused kernel (DeviceInstall: staging → live copies
-// that digest what they write), prepared while vLLM still serves (PrepareInstall) and launched
-// only while it is paused (Install; the caller's duty: nothing here can see vLLM's scheduler).
-// Nothing else here writes a live parameter.
+//     element offset and strides: DeviceLiveWeights::LiveBuffers), used to digest the live weights
+//     in source coordinates and to install.
+// The receiver asks the live weights for their buffers at each call (the extension reads the
+// tensors' addresses from PyTorch), and keeps a device table (live digest, fused install) only
+// while the buffers (names, addresses, sizes) are unchanged. Where the embedded engine's receiver
+// installs through LiveWeights::InstallLive (host storage it may exchange), this one installs with
+// one fused kernel (DeviceInstall: staging → live copies that digest what they write), prepared
+// while vLLM still serves (PrepareInstall) and launched only while it is paused (Install; the
+// caller's duty: nothing here can see vLLM's scheduler). Nothing else here writes a live parameter.
 //
 // Thread safety: none; one DeviceReceiver belongs to one worker thread (vLLM runs collective_rpc
 // calls one at a time).
@@ -32,6 +34,7 @@
 
 #include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/receiver/live_weights.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/manifest.h"
 
@@ -89,8 +92,9 @@ struct DeviceInstallReport {
 
 class DeviceReceiver {
  public:
-  // InvalidArgument when `device` is not one of the visible CUDA devices.
-  [[nodiscard]] static Result<std::unique_ptr<DeviceReceiver>> Create(int device);
+  // InvalidArgument when `device` is not one of the visible CUDA devices or `weights` is null.
+  // `weights` outlives the receiver.
+  [[nodiscard]] static Result<std::unique_ptr<DeviceReceiver>> Create(int device, DeviceLiveWeights* weights);
   ~DeviceReceiver();
   DeviceReceiver(const DeviceReceiver&) = delete;
   DeviceReceiver& operator=(const DeviceReceiver&) = delete;
@@ -98,26 +102,23 @@ class DeviceReceiver {
   // Sets the two captures (see the header comment); proves that the staging capture writes every
   // staging byte exactly once. Drops every cache (plans, imports, device tables).
   [[nodiscard]] Status SetCaptures(refit::Capture staging, refit::Capture live);
-  // Pulls `request.version` into `staging` (device buffers of the staging capture's parameters)
-  // and checks the staged bytes against the published per-tensor digests. FailedPrecondition
-  // before SetCaptures.
-  [[nodiscard]] Result<DeviceStageReport> Stage(const DeviceStageRequest& request,
-                                                const refit::DestinationBuffers& staging);
+  // Pulls `request.version` into the staging buffers and checks the staged bytes against the
+  // published per-tensor digests. FailedPrecondition before SetCaptures.
+  [[nodiscard]] Result<DeviceStageReport> Stage(const DeviceStageRequest& request);
   // Per-tensor digests of the live parameters through the live capture.
-  [[nodiscard]] Result<DeviceDigestReport> LiveDigest(const refit::DestinationBuffers& live);
-  // Builds and uploads the fused install table for these buffers (kept while they are unchanged).
-  // Never writes a live byte.
-  [[nodiscard]] Result<DevicePrepareReport> PrepareInstall(const refit::DestinationBuffers& staging,
-                                                           const refit::DestinationBuffers& live);
+  [[nodiscard]] Result<DeviceDigestReport> LiveDigest();
+  // Builds and uploads the fused install table for the current staging and live buffers (kept
+  // while they are unchanged). Never writes a live byte.
+  [[nodiscard]] Result<DevicePrepareReport> PrepareInstall();
   // Launches the prepared install (only while the engine is paused); refused, writing nothing,
-  // when nothing was prepared for exactly these buffers.
-  [[nodiscard]] Result<DeviceInstallReport> Install(const refit::DestinationBuffers& staging,
-                                                    const refit::DestinationBuffers& live);
+  // when nothing was prepared for exactly the current buffers.
+  [[nodiscard]] Result<DeviceInstallReport> Install();
 
  private:
   struct State;
-  explicit DeviceReceiver(int device);
+  DeviceReceiver(int device, DeviceLiveWeights* weights);
   const int device_;
+  DeviceLiveWeights* const weights_;
   std::unique_ptr<State> state_;
 };
 

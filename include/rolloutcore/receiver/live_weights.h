@@ -1,8 +1,21 @@
-// LiveWeights: what the refit receiver needs from whatever serves the weights it stages
-// (docs/architecture.md, module `receiver`). The receiver stages an image next to the live
-// weights, installs it through InstallLive (by copy, or by exchanging storage) and reads the live
-// digest from Parameters(). The embedded engine (rc::engine::Engine) implements it; the receiver
-// never links the engine.
+// The live weights: what a refit receiver needs from whatever serves the weights it stages
+// (docs/architecture.md, module `receiver`), three questions — where the staged image goes, how it
+// is installed, how the live digest is read — answered in the memory the weights live in:
+//
+//   |                      | LiveWeights (host memory)            | DeviceLiveWeights (GPU memory)        |
+//   |----------------------|--------------------------------------|---------------------------------------|
+//   | implemented by       | the embedded engine (engine::Engine) | the vLLM extension's binding           |
+//   |                      |                                      | (_core.DeviceStager, src/python)       |
+//   | driven by            | RefitReceiver (receiver.h)           | DeviceReceiver (device_receiver.h)     |
+//   | staged image goes to | a WeightImage of RefitModelConfig()  | StagingBuffers(): device memory the    |
+//   |                      | the receiver allocates               | engine keeps, one buffer per parameter |
+//   |                      |                                      | of the staging capture                 |
+//   | installed by         | InstallLive (copy or storage         | the receiver's fused copy+digest       |
+//   |                      | exchange; the engine checks paused)  | kernel into LiveBuffers(), launched    |
+//   |                      |                                      | while paused (the caller's duty)       |
+//   | live digest read     | Parameters(rank)                     | LiveBuffers() through the live capture |
+//
+// Neither receiver links what implements it. LiveWeights follows; DeviceLiveWeights is at the end.
 //
 // The geometry (RefitModelConfig, RefitWeightDType, tensor_parallel_size, the names, shapes and
 // dtype of Parameters(rank)) is fixed for the object's life; only bytes change, and only through
@@ -20,6 +33,7 @@
 
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/receiver/weights.h"
+#include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/model_config.h"
 #include "rolloutcore/refit/tensor.h"
 
@@ -99,6 +113,22 @@ class LiveWeights {
                                     std::chrono::steady_clock::time_point deadline) = 0;
   virtual bool AdoptPreReplay(uint64_t image_id, int64_t generation) = 0;
   virtual void DropPreReplay() = 0;
+};
+
+// The live weights in GPU memory owned by someone else (vLLM's parameters, reached through the
+// worker extension; see the table above). Their geometry comes as two captures of the engine's own
+// loader (DeviceReceiver::SetCaptures); the memory is asked for at each use, because the engine
+// (PyTorch) owns it and may move it: the receiver keeps a device table built from these buffers
+// only while they are unchanged (names, addresses, sizes).
+//
+// Thread safety: called only from the thread that drives the DeviceReceiver.
+class DeviceLiveWeights {
+ public:
+  virtual ~DeviceLiveWeights() = default;
+  // Where the staged image goes: one device buffer per parameter of the staging capture, by name.
+  virtual Result<refit::DestinationBuffers> StagingBuffers() = 0;
+  // The live parameters by the live capture's names: what the live digest reads and the install writes.
+  virtual Result<refit::DestinationBuffers> LiveBuffers() = 0;
 };
 
 }  // namespace rc::receiver
