@@ -23,6 +23,10 @@ esac
 jobs="${JOBS:-$(nproc)}"
 
 ./scripts/install-deps.sh
+case "$preset" in
+  # The TRL integration's CPU test (CTest python_trl_tests) runs in its own environment.
+  dev|release) ./scripts/trl-env.sh ;;
+esac
 # ccache (CMakeLists.txt uses it when installed): paths relative to this checkout, so that clones in
 # other folders share one cache.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"

@@ -28,23 +28,43 @@ With --controller the cycles go through `rolloutcore controller serve --engine v
 The restart is a best case for vLLM: the same process environment, a warm page cache, a warm Triton
 cache, and for the dummy-loaded shapes no weight bytes read from disk at all, so the ratio is a
 lower bound of what a real restart costs.
+
+With --versus native (vLLM 0.33 only: 0.26 cannot load its ipc backend, its ipc_engine.py imports
+ray, which the kit does not bundle) the same vLLM server also runs vLLM's own `ipc` weight transfer
+(`--weight-transfer-config '{"backend":"ipc"}'`, VLLM_ALLOW_INSECURE_SERIALIZATION=1, the extension
+still loaded) and the bench alternates, `--cycles` times each, a rolloutcore hot cycle (as above;
+trainer.publish counted too) and vLLM's own update of another version made by the same trainer:
+pause -> /start_weight_update -> CUDA IPC handles of the trainer's tensors (reduce_tensor, pickled,
+base64: what vLLM's IPCTrainerWeightTransferEngine and HTTPVLLMWeightSyncClient send) ->
+/update_weights -> /finish_weight_update {weight_version} -> reset_prefix_cache -> resume -> first
+token. Per cycle: the pause window, "weights ready -> first token on the new version", every call,
+the vLLM processes' GPU memory (nvidia-smi by pid); what rolloutcore proved (digest == manifest,
+label, cache reset); for vLLM's path, which proves nothing, the bench checks afterwards, outside the
+timed window, that the live weights are the trainer's (the extension's fresh rc_digest against the
+manifest digest of the same tensors, published only for that check): native_weights_correct. Prints
+a side-by-side table of medians (the first cycle of each path is a warm-up, left out) and writes it
+under "versus_native" in $OUT/bench_vllm_<shape>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
 import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 if __package__ in (None, ""):  # run as a file: import the package it lives in
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("RC_PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rolloutcore.vllm_harness import OUT, Trainer, Vllm, http  # noqa: E402
+from rolloutcore.vllm_harness import (OUT, VLLM_KIT, VLLM_SITE, Trainer, Vllm, http,  # noqa: E402
+                                      manifest_digests, site_version)
 
 MAKE_TINY = os.environ.get("MAKE_TINY") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_models.py")
 
@@ -86,6 +106,439 @@ def median(xs):
     return round(statistics.median(xs), 3) if xs else None
 
 
+def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bool, own_label: bool,
+                      t_ready: Optional[float] = None) -> Dict[str, Any]:
+    """One hot cycle driven from here: stage while serving -> pause -> rc_install -> [label] ->
+    reset_prefix_cache -> resume -> first token; ``ver`` is published. With ``t_ready`` (when the
+    trainer's tensors were ready, before its publish) the row also has ready_to_serving_ms."""
+    row: Dict[str, Any] = {"version": ver}
+    c0 = time.perf_counter()
+    ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000)
+    assert ev["ok"], ev
+    c1 = time.perf_counter()
+    st, body = v.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
+    assert st == 200, body
+    c2 = time.perf_counter()
+    inst = v.rpc1("rc_install", version=ver)
+    assert inst["ok"] and inst["verified"], inst
+    # The install's reply is what rc_label would answer (the label rc_install set) and what
+    # rc_digest(fresh=false) would: no further round trip inside the pause.
+    assert inst["label"] == ver and inst["content_digest"], inst
+    c_installed = time.perf_counter()
+    label_ms = None
+    if own_label:
+        v.set_weight_version(ver)
+        label_ms = (time.perf_counter() - c_installed) * 1e3
+    c3 = time.perf_counter()
+    st, body = v.post("/reset_prefix_cache")
+    assert body == {"success": True}, body
+    cache_reset = body == {"success": True}
+    c4 = time.perf_counter()
+    st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
+    assert st == 200, body
+    c5 = time.perf_counter()
+    st, paused = http("GET", v.base + "/is_paused")
+    assert paused == {"is_paused": False}, paused
+    vllm_label = v.weight_info() if own_label else None
+    assert vllm_label in (None, ver), vllm_label
+    # stage_ms is the rc_stage call's wall time (vLLM's collective_rpc and the extension
+    # around it); stage_engine_ms the receiver's own total, stage_parts_ms its steps.
+    row.update(stage_ms=(c1 - c0) * 1e3, stage_engine_ms=ev["stage_ms"].get("total"),
+               stage_parts_ms=ev["stage_ms"], stage_wire_ms=ev["stage_ms"].get("wire"),
+               stage_digest_ms=ev["stage_ms"].get("digest"), pause_via=("sleep" if via_sleep else "pause"),
+               pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c_installed - c2) * 1e3,
+               install_ms=inst["install_ms"], install_path=inst.get("install_path"), label_ms=label_ms,
+               install_kernel_ms=inst.get("kernel_ms"), live_digest_ms=inst.get("digest_ms"),
+               reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
+               bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
+               digest_equals_manifest=inst["content_digest"] == ev.get("manifest_digest"),
+               label=inst["label"], vllm_label=vllm_label, cache_reset=cache_reset)
+    if a.quantization:
+        f = inst.get("fp8") or {}
+        assert f.get("match") is True, f  # the FP8 image is the quantization of the proven bf16
+        row.update(fp8_quantize_ms=f.get("quantize_ms"), fp8_proof_ms=f.get("ms"), fp8_match=f.get("match"),
+                   fp8_parameters=f.get("parameters") and len(f["parameters"]))
+    row["first_token_ms"] = first_token_ms(v)
+    end = time.perf_counter()
+    row["hot_cycle_ms"] = (end - c0) * 1e3
+    if t_ready is not None:
+        row["ready_to_serving_ms"] = (end - t_ready) * 1e3
+    return row
+
+
+# ---- --versus native: vLLM's own ipc weight transfer, alternating with rolloutcore's cycle -------
+#
+# vLLM 0.33's ipc backend (vllm/distributed/weight_transfer/ipc_engine.py), driven over HTTP the way
+# its own trainer half does it: IPCTrainerWeightTransferEngine.trainer_init posts
+# /init_weight_transfer_engine {"init_info": {"packed": false}} once (:315); send_weights (:318) is
+# /start_weight_update, then _send_unpacked (:388) makes one CUDA IPC handle per tensor
+# (reduce_tensor(t.detach().contiguous())[1], keyed by the GPU's UUID, :281 and :411) and posts
+# them in one /update_weights, then /finish_weight_update, then torch.cuda.ipc_collect() (:386).
+# Over HTTP the handles travel pickled and base64-encoded as `ipc_handles_pickled`
+# (clients.py:26-47, HTTPVLLMWeightSyncClient), which the worker unpickles only with
+# VLLM_ALLOW_INSECURE_SERIALIZATION=1 (ipc_engine.py:86). The worker rebuilds each tensor on its own
+# device (:223-237) and feeds vLLM's load_weights inside the layerwise reload that
+# /start_weight_update began; finish copies each processed layer back into the parameters'
+# original storage (model_loader/reload/layerwise.py:398), so the extension's capture of those
+# parameters stays valid and both paths can run in one server.
+
+IPC_TRANSFER_CONFIG = '{"backend":"ipc"}'
+
+# The medians the side-by-side table shows: (row key, what it is). A path that has no such step
+# leaves it out of its rows.
+VERSUS_METRICS: Tuple[Tuple[str, str], ...] = (
+    ("ready_to_serving_ms", "weights ready -> first token on the new version"),
+    ("pause_window_ms", "pause window (pause sent -> resume answered)"),
+    ("publish_ms", "publish: shard tables + digests (serving)"),
+    ("stage_ms", "rc_stage: pull + check (serving)"),
+    ("pause_call_ms", "pause call"),
+    ("install_call_ms", "rc_install: copy + digest of the live weights"),
+    ("label_ms", "/update_weight_version"),
+    ("start_ms", "/start_weight_update"),
+    ("handles_ms", "IPC handles: reduce_tensor + pickle"),
+    ("update_ms", "/update_weights"),
+    ("finish_ms", "/finish_weight_update {weight_version}"),
+    ("ipc_collect_ms", "torch.cuda.ipc_collect (trainer)"),
+    ("reset_ms", "/reset_prefix_cache"),
+    ("resume_ms", "resume call"),
+    ("first_token_ms", "first token"),
+)
+
+
+def native_unavailable(release: str) -> Optional[str]:
+    """Why --versus native cannot run against vLLM ``release`` ("0.26.0", "0.33", ...), or None."""
+    if release.startswith("0.26"):
+        return (f"--versus native: vLLM {release} cannot select the ipc weight-transfer backend: vLLM 0.26's "
+                "distributed/weight_transfer/ipc_engine.py imports ray at module level and the kit does not "
+                "bundle ray (../shared/vllm/README.md), so --weight-transfer-config "
+                f"'{IPC_TRANSFER_CONFIG}' fails at start-up with ModuleNotFoundError. Run it against vLLM 0.33 "
+                "(VLLM_KIT=0.33), whose ipc_engine.py imports neither ray nor requests.")
+    return None
+
+
+def ipc_update_info(items: Iterable[Tuple[str, Any]], handle_of: Callable[[Any], Any], gpu_uuid: str) -> Dict[str, Any]:
+    """The ``update_info`` of vLLM 0.33's ``POST /update_weights`` for the ipc backend, unpacked, as
+    its trainer builds it (IPCTrainerWeightTransferEngine._send_unpacked) and its HTTP client sends
+    it (clients.py _json_safe_update_info): {names, dtype_names ("bfloat16"), shapes,
+    ipc_handles_pickled: base64(pickle([{gpu_uuid: handle_of(t)}, ...])), tensor_sizes: None}.
+    ``items`` are (HF name, tensor) pairs the caller keeps alive until vLLM has finished the update
+    (the handles do not hold the storage); ``handle_of`` is reduce_tensor(t)[1] on the GPU."""
+    names: List[str] = []
+    dtype_names: List[str] = []
+    shapes: List[List[int]] = []
+    handles: List[Dict[str, Any]] = []
+    for name, t in items:
+        names.append(str(name))
+        dtype_names.append(str(t.dtype).split(".")[-1])
+        shapes.append([int(x) for x in t.shape])
+        handles.append({gpu_uuid: handle_of(t)})
+    if not names:
+        raise ValueError("ipc_update_info: no tensors")
+    return {"names": names, "dtype_names": dtype_names, "shapes": shapes,
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("utf-8"), "tensor_sizes": None}
+
+
+def parse_compute_apps(text: str) -> Dict[int, float]:
+    """MiB per pid from ``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits``
+    (a pid on several GPUs is summed; "[N/A]" and malformed lines are skipped)."""
+    out: Dict[int, float] = {}
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 2:
+            continue
+        try:
+            pid, mib = int(parts[0]), float(parts[1])
+        except ValueError:
+            continue
+        out[pid] = out.get(pid, 0.0) + mib
+    return out
+
+
+def _session_of(pid: int) -> Optional[int]:
+    try:
+        return os.getsid(pid)
+    except OSError:  # not in this PID namespace, or gone
+        return None
+
+
+def gpu_memory(session: int) -> Dict[str, Any]:
+    """The GPU memory the vLLM server holds, two ways: ``vllm_mib``, nvidia-smi's used_memory of the
+    processes of its session (the harness starts vLLM as a session leader; its engine core and
+    workers stay in that session), None when nvidia-smi shows none of them (e.g. another PID
+    namespace); and the device-wide ``device_used_mib`` with this process's own
+    ``bench_reserved_mib`` (the trainer's torch allocations), whose difference moves only with
+    what the other processes on the GPU (vLLM) hold."""
+    out: Dict[str, Any] = {"vllm_mib": None, "vllm_pids": [], "device_used_mib": None, "bench_reserved_mib": None}
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0:
+            mine = {p: m for p, m in parse_compute_apps(r.stdout).items() if _session_of(p) == session}
+            if mine:
+                out["vllm_mib"], out["vllm_pids"] = sum(mine.values()), sorted(mine)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        out["device_used_mib"] = round((total - free) / 2**20, 1)
+        out["bench_reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+    except Exception:  # noqa: BLE001 - no torch or no GPU: nvidia-smi's figure alone
+        pass
+    return out
+
+
+def growth_mib(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
+    """How much more GPU memory vLLM holds in ``after`` than in ``before`` (gpu_memory samples): by
+    nvidia-smi per pid when both have it, else device used minus the bench's own reserved."""
+    if before.get("vllm_mib") is not None and after.get("vllm_mib") is not None:
+        return {"mib": round(after["vllm_mib"] - before["vllm_mib"], 1), "ruler": "nvidia-smi per pid"}
+    keys = ("device_used_mib", "bench_reserved_mib")
+    if all(x.get(k) is not None for x in (before, after) for k in keys):
+        others = [x["device_used_mib"] - x["bench_reserved_mib"] for x in (before, after)]
+        return {"mib": round(others[1] - others[0], 1), "ruler": "device used - bench reserved"}
+    return {"mib": None, "ruler": None}
+
+
+def native_cycle(v: Vllm, tensors: Dict[str, Any], ver: str, via_sleep: bool, own_label: bool, gpu_uuid: str,
+                 t_ready: float) -> Dict[str, Any]:
+    """One update through vLLM's own ipc transfer (module comment above), timed call by call: pause
+    -> start -> handles -> update -> finish {weight_version} -> ipc_collect -> reset_prefix_cache ->
+    resume -> first token. ``tensors`` (HF name -> CUDA tensor, the trainer's) stay alive meanwhile."""
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    row: Dict[str, Any] = {"version": ver, "path": "native", "pause_via": "sleep" if via_sleep else "pause"}
+    replies: Dict[str, Any] = {}
+    c1 = time.perf_counter()
+    st, body = v.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
+    assert st == 200, body
+    c2 = time.perf_counter()
+    st, replies["start"] = v.post("/start_weight_update")
+    assert st == 200, f"/start_weight_update answered {st}: {replies['start']}"
+    c3 = time.perf_counter()
+    # As _send_unpacked: inside the session; the contiguous copies (none for the trainer's tensors,
+    # which are contiguous) must outlive the finish.
+    weights = [(n, t.detach().contiguous()) for n, t in tensors.items()]
+    info = ipc_update_info(weights, lambda t: reduce_tensor(t)[1], gpu_uuid)
+    c4 = time.perf_counter()
+    st, replies["update"] = v.post("/update_weights", {"update_info": info})
+    assert st == 200, f"/update_weights answered {st}: {replies['update']}"
+    c5 = time.perf_counter()
+    # 0.33's finish takes the label (HTTPVLLMWeightSyncClient.finish_weight_update(weight_version)).
+    st, replies["finish"] = v.post("/finish_weight_update", {"weight_version": ver} if own_label else None)
+    assert st == 200, f"/finish_weight_update answered {st}: {replies['finish']}"
+    c6 = time.perf_counter()
+    torch.cuda.ipc_collect()
+    del weights
+    c7 = time.perf_counter()
+    st, body = v.post("/reset_prefix_cache")
+    assert body == {"success": True}, body
+    cache_reset = body == {"success": True}
+    c8 = time.perf_counter()
+    st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
+    assert st == 200, body
+    c9 = time.perf_counter()
+    st, paused = http("GET", v.base + "/is_paused")
+    assert paused == {"is_paused": False}, paused
+    vllm_label = v.weight_info() if own_label else None
+    assert vllm_label in (None, ver), vllm_label
+    row["first_token_ms"] = first_token_ms(v)
+    end = time.perf_counter()
+    row.update(pause_call_ms=(c2 - c1) * 1e3, start_ms=(c3 - c2) * 1e3, handles_ms=(c4 - c3) * 1e3,
+               update_ms=(c5 - c4) * 1e3, finish_ms=(c6 - c5) * 1e3, ipc_collect_ms=(c7 - c6) * 1e3,
+               reset_ms=(c8 - c7) * 1e3, resume_ms=(c9 - c8) * 1e3, pause_window_ms=(c9 - c1) * 1e3,
+               hot_cycle_ms=(end - c1) * 1e3, ready_to_serving_ms=(end - t_ready) * 1e3,
+               tensors=len(info["names"]), update_body_bytes=len(json.dumps({"update_info": info})),
+               vllm_label=vllm_label, cache_reset=cache_reset, vllm_replies=replies)
+    return row
+
+
+def native_check(v: Vllm, trainer: Trainer, durl: str, model: str, ver: str) -> Dict[str, Any]:
+    """After a native cycle, outside its timed window: are vLLM's live weights the trainer's ``ver``?
+    The trainer publishes the same tensors (only to get the manifest's content digest, rolloutcore's
+    definition) and the extension digests the live parameters afresh (rc_digest fresh=true, through
+    the capture the rolloutcore cycles made); rc_native_state says whether any layer is still inside
+    vLLM's layerwise reload."""
+    c0 = time.perf_counter()
+    trainer.publish(ver)
+    want = manifest_digests(durl, model, ver)[0]
+    live = v.rpc1("rc_digest", fresh=True)
+    assert live["ok"], live
+    state = v.rpc1("rc_native_state")
+    return {"native_weights_correct": live["content_digest"] == want,
+            "native_check": {"manifest_digest": want, "live_digest": live["content_digest"],
+                             "not_loaded": live.get("not_loaded"), "fallback_tensors": live.get("fallback_tensors"),
+                             "reload_state": state.get("after"), "check_ms": (time.perf_counter() - c0) * 1e3}}
+
+
+def versus_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str,
+                  own_label: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """``a.cycles`` pairs, each a rolloutcore hot cycle of version rc<k> and then vLLM's own ipc
+    update of version ipc<k>, both made by the same trainer the same way (another seed), one server.
+    Returns the rolloutcore rows (the bench's usual rows) and the versus record (its own rows
+    under "rows"; versus_finish adds the summary). A failure of vLLM's path is recorded, vLLM is
+    left serving and the alternation stops."""
+    import torch
+
+    c0 = time.perf_counter()
+    st, body = v.post("/init_weight_transfer_engine", {"init_info": {"packed": False}})
+    if st != 200:
+        raise RuntimeError(f"--versus native: /init_weight_transfer_engine answered {st}: {body}")
+    init_ms = (time.perf_counter() - c0) * 1e3
+    gpu_uuid = str(torch.cuda.get_device_properties(trainer.device).uuid)
+    session = v.proc.pid
+    rc_rows: List[Dict[str, Any]] = []
+    native_rows: List[Dict[str, Any]] = []
+    made: List[str] = []
+    error = None
+    for k in range(1, a.cycles + 1):
+        via_sleep = a.pause_call == "sleep" or (a.pause_call == "both" and k % 2 == 0)
+        for path, ver, seed in (("rolloutcore", f"rc{k}", 2 * k - 1), ("native", f"ipc{k}", 2 * k)):
+            # The trainer keeps the version vLLM serves and the new one (an 8B version is 16 GB).
+            while len(made) > 1:
+                trainer.release(made.pop(0))
+            before = gpu_memory(session)
+            tensors = trainer.make(ver, seed=seed, scale=0.01)
+            made.append(ver)
+            torch.cuda.synchronize()
+            t_ready = time.perf_counter()
+            if path == "rolloutcore":
+                trainer.publish(ver)
+                publish_ms = (time.perf_counter() - t_ready) * 1e3
+                row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label, t_ready=t_ready)
+                row.update(path=path, publish_ms=publish_ms)
+            else:
+                try:
+                    row = native_cycle(v, tensors, ver, via_sleep, own_label, gpu_uuid, t_ready)
+                    row.update(native_check(v, trainer, durl, model, ver))
+                except Exception as e:  # noqa: BLE001 - recorded, the run goes on without this path
+                    error = f"{ver}: {type(e).__name__}: {e}"
+                    print("NATIVE FAILED " + error + "\nvLLM log tail:\n" + v.tail(40), flush=True)
+                    for call in ("/finish_weight_update", "/wake_up?tags=scheduling" if via_sleep else "/resume"):
+                        try:
+                            v.post(call, timeout=60)
+                        except OSError:
+                            pass
+                    try:
+                        print("rc_native_state(restore) " + json.dumps(v.rpc1("rc_native_state", restore=True)))
+                    except (AssertionError, OSError) as e2:
+                        print(f"rc_native_state(restore): {e2}")
+                    break
+            row["gpu_mib_before"], row["gpu_mib_after"] = before, gpu_memory(session)
+            (rc_rows if path == "rolloutcore" else native_rows).append(row)
+            print(json.dumps(row), flush=True)
+        if error is not None:
+            break
+    total = sum(x.numel() * x.element_size() for x in trainer.base.values())
+    vs = {"backend": "ipc", "weight_transfer_config": IPC_TRANSFER_CONFIG, "packed": False, "init_ms": init_ms,
+          "one_server": True, "pause_call": a.pause_call, "shape": a.shape, "tensors": len(trainer.base),
+          "bytes": total, "error": error, "rows": {"rolloutcore": rc_rows, "native": native_rows}}
+    return rc_rows, vs
+
+
+def versus_summary(rc_rows: List[Dict[str, Any]], native_rows: List[Dict[str, Any]], warmup: int = 1) -> Dict[str, Any]:
+    """Medians per path (the first ``warmup`` cycles of each left out, as the bench's other medians),
+    the ratio rolloutcore / native per metric both have, what each proved and the GPU memory
+    growth of vLLM over each path's cycles."""
+    med: Dict[str, Dict[str, float]] = {}
+    for path, rows in (("rolloutcore", rc_rows), ("native", native_rows)):
+        kept = rows[warmup:] or rows
+        med[path] = {}
+        for key, _ in VERSUS_METRICS:
+            vals = [r[key] for r in kept if r.get(key) is not None]
+            if vals:
+                med[path][key] = median(vals)
+    ratio = {k: round(x / med["native"][k], 3) for k, x in med["rolloutcore"].items() if med["native"].get(k)}
+    checks = [r.get("native_weights_correct") for r in native_rows]
+    memory: Dict[str, Any] = {}
+    for path, rows in (("rolloutcore", rc_rows), ("native", native_rows)):
+        g = [growth_mib(r.get("gpu_mib_before") or {}, r.get("gpu_mib_after") or {}) for r in rows]
+        later = [x["mib"] for x in g[1:] if x["mib"] is not None]
+        memory[path] = {"first_update_growth_mib": g[0]["mib"] if g else None,
+                        "later_updates_growth_mib_max": max(later) if later else None,
+                        "ruler": next((x["ruler"] for x in g if x["ruler"]), None)}
+    return {
+        "warmup_cycles_left_out": warmup,
+        "measured_cycles": {"rolloutcore": len(rc_rows[warmup:]), "native": len(native_rows[warmup:])},
+        "median_ms": med,
+        "rolloutcore_over_native": ratio,
+        "rolloutcore_proved": {
+            "cycles": len(rc_rows),
+            "live_digest_equals_manifest": sum(1 for r in rc_rows if r.get("digest_equals_manifest") is True),
+            "label_equals_version": sum(1 for r in rc_rows if r.get("label") == r.get("version")),
+            "cache_reset": sum(1 for r in rc_rows if r.get("cache_reset") is True)},
+        # vLLM's replies carry no evidence ({"message": ...}); the bench's own check, outside the window:
+        "native_proved": None,
+        "native_weights_correct": bool(checks) and all(c is True for c in checks),
+        "native_weights_correct_per_cycle": checks,
+        "gpu_memory": memory,
+    }
+
+
+def _fmt(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def versus_table(vs: Dict[str, Any]) -> List[str]:
+    """The side-by-side table of a finished versus record (versus_cycles + versus_finish), as text."""
+    med, ratio = vs["median_ms"], vs["rolloutcore_over_native"]
+    n = vs["measured_cycles"]
+    gb = vs.get("bytes")
+    lines = [f"VERSUS rolloutcore vs vLLM's own ipc update: shape {vs.get('shape')}, "
+             f"{_fmt(gb and gb / 1e9, 2)} GB in {vs.get('tensors')} tensors, vLLM {vs.get('vllm_version')}, "
+             f"pause via {vs.get('pause_call')}, one server; medians of {n['rolloutcore']} / {n['native']} cycles "
+             f"(first {vs['warmup_cycles_left_out']} of each left out)"]
+    w = max(len(label) for _, label in VERSUS_METRICS) + 6
+    lines.append(f"{'ms':<{w}} {'rolloutcore':>12} {'vLLM ipc':>12} {'rc/native':>10}")
+    for key, label in VERSUS_METRICS:
+        a, b = med["rolloutcore"].get(key), med["native"].get(key)
+        if a is None and b is None:
+            continue
+        lines.append(f"{label:<{w}} {_fmt(a, 2):>12} {_fmt(b, 2):>12} {_fmt(ratio.get(key), 3):>10}")
+    mem = vs["gpu_memory"]
+    staging = vs.get("rolloutcore_staging_bytes")
+    lines.append(f"{'GPU MiB: staging kept between updates':<{w}} {_fmt(staging and staging / 2**20):>12} {'-':>12}")
+    lines.append(f"{'GPU MiB: vLLM growth over the first update':<{w}} "
+                 f"{_fmt(mem['rolloutcore']['first_update_growth_mib']):>12} "
+                 f"{_fmt(mem['native']['first_update_growth_mib']):>12}")
+    lines.append(f"{'GPU MiB: vLLM growth, later updates (max)':<{w}} "
+                 f"{_fmt(mem['rolloutcore']['later_updates_growth_mib_max']):>12} "
+                 f"{_fmt(mem['native']['later_updates_growth_mib_max']):>12}")
+    lines.append(f"  (memory ruler: {mem['rolloutcore']['ruler'] or mem['native']['ruler']}; staging: the extension's "
+                 "rc_bench_digest staging_alloc_bytes)")
+    p = vs["rolloutcore_proved"]
+    checks = vs["native_weights_correct_per_cycle"]
+    lines.append(f"proved by rolloutcore: live digest == manifest {p['live_digest_equals_manifest']}/{p['cycles']}, "
+                 f"label == version {p['label_equals_version']}/{p['cycles']}, "
+                 f"cache reset {p['cache_reset']}/{p['cycles']}")
+    lines.append(f"proved by vLLM's ipc path: nothing; the bench's check afterwards (fresh live digest == manifest): "
+                 f"{sum(1 for c in checks if c is True)}/{len(checks)}, native_weights_correct: "
+                 f"{str(vs['native_weights_correct']).lower()}")
+    if vs.get("data_ptrs_stable") is not None:
+        lines.append(f"live parameters at their first addresses after both paths (rc_describe): "
+                     f"{str(vs['data_ptrs_stable']).lower()}")
+    if vs.get("error"):
+        lines.append(f"vLLM's ipc path FAILED, alternation stopped: {vs['error']}")
+    return lines
+
+
+def versus_finish(v: Vllm, vs: Dict[str, Any], digest_bench: Optional[Dict[str, Any]]) -> None:
+    """Completes a versus record while vLLM still runs: the rolloutcore staging size, whether the
+    live parameters kept their addresses through both paths, and the summary."""
+    staging = (digest_bench or {}).get("staging_alloc_bytes")
+    if staging is None:
+        b = v.rpc1("rc_bench_digest", repeats=1)
+        staging = b.get("staging_alloc_bytes") if b.get("ok") else None
+    desc = v.rpc1("rc_describe")
+    vs.update(vllm_version=v.version(), rolloutcore_staging_bytes=staging,
+              data_ptrs_stable=desc.get("data_ptrs_stable"))
+    vs.update(versus_summary(vs["rows"]["rolloutcore"], vs["rows"]["native"]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rolloutcore bench cycle --engine vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,10 +547,17 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8200)
     ap.add_argument("--gpu-util", type=float, default=None)
     ap.add_argument("--controller", action="store_true", help="drive the cycles through rolloutcore's controller")
-    ap.add_argument("--pause-call", choices=["pause", "sleep", "both"], default="both",
+    ap.add_argument("--pause-call", choices=["pause", "sleep", "both"], default=None,
                     help="pause: /pause?mode=wait&clear_cache=false + /resume; sleep: /sleep?level=0&mode=wait + "
-                         "/wake_up?tags=scheduling; both: alternate (odd cycles pause, even sleep). With "
+                         "/wake_up?tags=scheduling; both: alternate (odd cycles pause, even sleep). Default both, "
+                         "with --versus pause (both paths of a pair always use the same call). With "
                          "--controller: sleep passes --vllm-pause-call sleep")
+    ap.add_argument("--versus", choices=["native"], default=None,
+                    help="native: in the same run and vLLM server, alternate a rolloutcore hot cycle and an update "
+                         "through vLLM's own ipc weight transfer (--weight-transfer-config '{\"backend\":\"ipc\"}', "
+                         "CUDA IPC handles of the same trainer's tensors), --cycles of each; print them side by side "
+                         "(VERSUS lines) and add \"versus_native\" to $OUT/bench_vllm_<shape>.json. vLLM 0.33 only "
+                         "(0.26 cannot load its ipc backend); not with --controller or --quantization")
     ap.add_argument("--quantization", choices=["fp8_per_tensor", "fp8_per_channel", "fp8_per_block"], default=None,
                     help="vLLM serves FP8 weights quantized from the trainer's bf16 (vLLM 0.33's --quantization; "
                          "docs/fp8.md): each install stages bf16, quantizes on the GPU and proves the FP8 image")
@@ -110,14 +570,25 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.compare_bf16 and not a.quantization:
         ap.error("--compare-bf16 needs --quantization (the FP8 method to compare with bf16)")
+    if a.versus and a.controller:
+        ap.error("--versus native drives both paths from here, call by call: not with --controller")
+    if a.versus and a.quantization:
+        ap.error("--versus native compares bf16 updates: not with --quantization")
+    if a.pause_call is None:
+        a.pause_call = "pause" if a.versus else "both"
+    if a.versus == "native":
+        why = native_unavailable(site_version(VLLM_SITE) or VLLM_KIT)
+        if why is not None:
+            print(why, file=sys.stderr)
+            return 2
     if a.dry_run:
         print(json.dumps({**vars(a), "make_tiny": MAKE_TINY, "out": str(OUT),
                           "rolloutcore_bin": os.environ.get("ROLLOUTCORE_BIN")}, sort_keys=True))
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
     if not a.compare_bf16:
-        run(a)
-        return 0
+        summary = run(a)
+        return 1 if (summary.get("versus_native") or {}).get("error") else 0
     # bf16 then FP8, the same shape, cycles and seeds, one after the other in this call.
     runs = {}
     for q in (None, a.quantization):
@@ -155,10 +626,28 @@ def run(a) -> dict:
     model = f"bench-{a.shape}"
     util = a.gpu_util or (0.3 if a.shape == "8b" else 0.25)
     extra = (["--load-format", "dummy"] if dummy else []) + (["--quantization", a.quantization] if a.quantization else [])
+    env_extra = None
+    if a.versus == "native":
+        # vLLM's own ipc transfer in the same server as the extension (both are loaded per worker,
+        # neither redefines the other's names); the pickled IPC handles need the opt-in.
+        extra += ["--weight-transfer-config", IPC_TRANSFER_CONFIG]
+        env_extra = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     t0 = time.time()
-    v = Vllm(cfg, a.port, f"bench_{tag}", extra=extra, gpu_util=util, max_len=1024)
-    cold_healthy = v.wait_healthy(600)
+    v = Vllm(cfg, a.port, f"bench_{tag}", extra=extra, gpu_util=util, max_len=1024, env_extra=env_extra)
+    try:
+        cold_healthy = v.wait_healthy(600)
+    except RuntimeError as e:
+        if a.versus == "native":
+            raise RuntimeError(f"--versus native: vLLM did not start with --weight-transfer-config "
+                               f"{IPC_TRANSFER_CONFIG}: {e}") from e
+        raise
     vllm_version = v.version()
+    if a.versus == "native":
+        why = native_unavailable(vllm_version)
+        if why is not None:
+            v.stop()
+            d.stop()
+            raise SystemExit(why)
     # 0.33 has its own weight label (GET /weight_info, POST /update_weight_version); a control plane
     # sets it inside the pause after every install (the controller does), so the cycle does too.
     own_label = v.is_033()
@@ -175,81 +664,46 @@ def run(a) -> dict:
         ctl = Server("controller", ctl_args,
                      OUT / f"bench_controller_{tag}.log", find_binary())
         curl = ctl.wait_url(60)
-    rows = []
-    for k in range(1, a.cycles + 1):
-        ver = f"v{k}"
-        trainer.make(ver, seed=k, scale=0.01)
-        trainer.publish(ver)
-        if k > 2:
-            trainer.release(f"v{k - 2}")
-        row = {"version": ver}
-        c0 = time.perf_counter()
-        if ctl is None:
-            ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000)
-            assert ev["ok"], ev
-            c1 = time.perf_counter()
-            via_sleep = a.pause_call == "sleep" or (a.pause_call == "both" and k % 2 == 0)
-            st, body = v.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
-            assert st == 200, body
-            c2 = time.perf_counter()
-            inst = v.rpc1("rc_install", version=ver)
-            assert inst["ok"] and inst["verified"], inst
-            # The install's reply is what rc_label would answer (the label rc_install set) and what
-            # rc_digest(fresh=false) would: no further round trip inside the pause.
-            assert inst["label"] == ver and inst["content_digest"], inst
-            c_installed = time.perf_counter()
-            label_ms = None
-            if own_label:
-                v.set_weight_version(ver)
-                label_ms = (time.perf_counter() - c_installed) * 1e3
-            c3 = time.perf_counter()
-            st, body = v.post("/reset_prefix_cache")
-            assert body == {"success": True}, body
-            c4 = time.perf_counter()
-            st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
-            assert st == 200, body
-            c5 = time.perf_counter()
-            st, paused = http("GET", v.base + "/is_paused")
-            assert paused == {"is_paused": False}, paused
-            if own_label:
-                assert v.weight_info() == ver
-            # stage_ms is the rc_stage call's wall time (vLLM's collective_rpc and the extension
-            # around it); stage_engine_ms the receiver's own total, stage_parts_ms its steps.
-            row.update(stage_ms=(c1 - c0) * 1e3, stage_engine_ms=ev["stage_ms"].get("total"),
-                       stage_parts_ms=ev["stage_ms"], stage_wire_ms=ev["stage_ms"].get("wire"),
-                       stage_digest_ms=ev["stage_ms"].get("digest"), pause_via=("sleep" if via_sleep else "pause"),
-                       pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c_installed - c2) * 1e3,
-                       install_ms=inst["install_ms"], install_path=inst.get("install_path"), label_ms=label_ms,
-                       install_kernel_ms=inst.get("kernel_ms"), live_digest_ms=inst.get("digest_ms"),
-                       reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
-                       bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
-                       digest_equals_manifest=inst["content_digest"] == ev.get("manifest_digest"))
-            if a.quantization:
-                f = inst.get("fp8") or {}
-                assert f.get("match") is True, f  # the FP8 image is the quantization of the proven bf16
-                row.update(fp8_quantize_ms=f.get("quantize_ms"), fp8_proof_ms=f.get("ms"), fp8_match=f.get("match"),
-                           fp8_parameters=f.get("parameters") and len(f["parameters"]))
-        else:
-            st, body = http("POST", curl + "/v1/updates", {"model": model, "version": ver})
-            assert st == 202, body
-            st, upd = http("GET", f"{curl}/v1/updates/{body['id']}?wait_ms=120000", timeout=180)
-            eng = upd["engines"][0]
-            assert eng["outcome"] == "committed", upd
-            row.update(phases_ms=eng.get("phases_ms"), controller_cycle_ms=(time.perf_counter() - c0) * 1e3)
-        row["first_token_ms"] = first_token_ms(v)
-        row["hot_cycle_ms"] = (time.perf_counter() - c0) * 1e3
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    versus: Optional[Dict[str, Any]] = None
+    if a.versus == "native":
+        rows, versus = versus_cycles(a, v, trainer, model, durl, own_label)
+    else:
+        rows = []
+        for k in range(1, a.cycles + 1):
+            ver = f"v{k}"
+            trainer.make(ver, seed=k, scale=0.01)
+            trainer.publish(ver)
+            if k > 2:
+                trainer.release(f"v{k - 2}")
+            if ctl is None:
+                via_sleep = a.pause_call == "sleep" or (a.pause_call == "both" and k % 2 == 0)
+                row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label)
+            else:
+                row = {"version": ver}
+                c0 = time.perf_counter()
+                st, body = http("POST", curl + "/v1/updates", {"model": model, "version": ver})
+                assert st == 202, body
+                st, upd = http("GET", f"{curl}/v1/updates/{body['id']}?wait_ms=120000", timeout=180)
+                eng = upd["engines"][0]
+                assert eng["outcome"] == "committed", upd
+                row.update(phases_ms=eng.get("phases_ms"), controller_cycle_ms=(time.perf_counter() - c0) * 1e3)
+                row["first_token_ms"] = first_token_ms(v)
+                row["hot_cycle_ms"] = (time.perf_counter() - c0) * 1e3
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     digest_bench = None
     if not a.no_digest_bench:
         digest_bench = v.rpc1("rc_bench_digest", repeats=5)
         print("DIGEST " + json.dumps(digest_bench), flush=True)
+    if versus is not None:
+        versus_finish(v, versus, digest_bench)
     # Restart on the same checkpoint: process start -> healthy -> first token.
     v.stop()
     restart_s = healthy = restart_first = None
     if not a.no_restart:
         r0 = time.time()
-        v2 = Vllm(cfg, a.port, f"bench_{tag}_restart", extra=extra, gpu_util=util, max_len=1024)
+        v2 = Vllm(cfg, a.port, f"bench_{tag}_restart", extra=extra, gpu_util=util, max_len=1024,
+                  env_extra=env_extra)
         healthy = v2.wait_healthy(600)
         restart_first = first_token_ms(v2)
         restart_s = time.time() - r0
@@ -267,6 +721,8 @@ def run(a) -> dict:
         "digest_bench": digest_bench,
         "rows": rows,
     }
+    if versus is not None:
+        summary["versus_native"] = versus
     for key in ("stage_ms", "stage_engine_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
                 "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms",
                 "fp8_quantize_ms", "fp8_proof_ms"):
@@ -277,7 +733,10 @@ def run(a) -> dict:
             vals = [r[key] for r in rows[1:] if r.get(key) is not None and r.get("pause_via") == via]
             if vals and a.pause_call == "both":
                 summary[f"{key}_median_via_{via}"] = median(vals)
-    print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "rows"}), flush=True)
+    print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k not in ("rows", "versus_native")}), flush=True)
+    if versus is not None:
+        print("\n".join(versus_table(versus)), flush=True)
+        print("VERSUS " + json.dumps({k: x for k, x in versus.items() if k != "rows"}), flush=True)
     (OUT / f"bench_vllm_{tag}.json").write_text(json.dumps(summary, indent=1))
     if ctl is not None:
         ctl.stop()

@@ -1,0 +1,390 @@
+"""The pure half of `rolloutcore bench cycle --engine vllm --versus native` (rolloutcore.vllm_bench):
+the update_info sent to vLLM 0.33's ipc weight transfer, the memory readings, the side-by-side
+summary and table, and the refusal on vLLM 0.26. Runs without torch, vLLM or a GPU (duck-typed
+tensors, a stand-in for reduce_tensor); the cycles themselves run on the GPU machine
+(docs/vllm.md, "Against vLLM's own ipc update")."""
+
+import ast
+import base64
+import os
+import pickle
+
+import pytest
+
+from rolloutcore import vllm_bench as vb
+from rolloutcore.vllm_harness import site_version
+
+
+class FakeTensor:
+    def __init__(self, shape, dtype="torch.bfloat16"):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+
+
+def fake_handle(t):
+    # What reduce_tensor(t)[1] stands for: a picklable tuple whose index 6 is the device.
+    return ("rebuild-args", tuple(t.shape), 0, 0, "UntypedStorage", t.dtype, 0, b"\x01handle")
+
+
+def test_update_info_is_what_vllms_trainer_and_http_client_send():
+    items = [("model.embed_tokens.weight", FakeTensor([32, 8])),
+             ("model.layers.0.self_attn.q_proj.weight", FakeTensor([8, 8])),
+             ("model.norm.weight", FakeTensor([8], "torch.float32"))]
+    info = vb.ipc_update_info(items, fake_handle, "GPU-1234")
+    assert set(info) == {"names", "dtype_names", "shapes", "ipc_handles_pickled", "tensor_sizes"}
+    assert info["names"] == [n for n, _ in items]
+    assert info["dtype_names"] == ["bfloat16", "bfloat16", "float32"]
+    assert info["shapes"] == [[32, 8], [8, 8], [8]]
+    assert info["tensor_sizes"] is None  # unpacked
+    handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
+    # One {gpu uuid: rebuild args} per tensor, in the order of names (the worker zips the two).
+    assert handles == [{"GPU-1234": fake_handle(t)} for _, t in items]
+    assert isinstance(info["ipc_handles_pickled"], str)  # JSON-safe
+
+
+def test_update_info_refuses_no_tensors():
+    with pytest.raises(ValueError, match="no tensors"):
+        vb.ipc_update_info([], fake_handle, "GPU-0")
+
+
+def _vllm_033_site():
+    for site in (os.environ.get("VLLM_SITE", ""), "/work/v33kit/site", "/tmp/v33/site"):
+        if site and site_version(site).startswith("0.33"):
+            return site
+    return None
+
+
+def _dataclass_fields(path, cls_name):
+    """(all fields, fields without a default) of a dataclass in a source file, read with ast."""
+    tree = ast.parse(open(path).read())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            every, required = [], []
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                    every.append(st.target.id)
+                    if st.value is None:
+                        required.append(st.target.id)
+            return every, required
+    raise AssertionError(f"{cls_name} not in {path}")
+
+
+def test_update_info_matches_vllm_033s_dataclass():
+    """The worker builds IPCWeightTransferUpdateInfo(**update_info): an unknown key is a 400/500, a
+    missing required one too. Checked against the real 0.33 source when a kit is unpacked here."""
+    site = _vllm_033_site()
+    if site is None:
+        pytest.skip("no vLLM 0.33 site/ here (VLLM_SITE, /work/v33kit/site, /tmp/v33/site)")
+    every, required = _dataclass_fields(os.path.join(site, "vllm/distributed/weight_transfer/ipc_engine.py"),
+                                        "IPCWeightTransferUpdateInfo")
+    info = vb.ipc_update_info([("w", FakeTensor([2, 2]))], fake_handle, "GPU-0")
+    assert set(info) <= set(every), set(info) - set(every)
+    assert set(required) <= set(info), set(required) - set(info)
+    init_every, _ = _dataclass_fields(os.path.join(site, "vllm/distributed/weight_transfer/ipc_engine.py"),
+                                      "IPCWeightTransferInitInfo")
+    assert "packed" in init_every  # the bench's /init_weight_transfer_engine {"init_info": {"packed": false}}
+
+
+def test_native_is_refused_on_026_and_allowed_on_033():
+    why = vb.native_unavailable("0.26.0")
+    assert why is not None and "0.26" in why and "ray" in why and "VLLM_KIT=0.33" in why
+    assert vb.native_unavailable("0.26") is not None
+    assert vb.native_unavailable("0.33.0") is None
+
+
+def test_main_refuses_native_on_a_026_site(tmp_path, monkeypatch, capsys):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text("__version__ = version = '0.26.0'\n")
+    monkeypatch.setattr(vb, "VLLM_SITE", str(tmp_path))
+    assert vb.main(["--versus", "native", "--shape", "8b"]) == 2
+    assert "vLLM 0.26.0 cannot select the ipc weight-transfer backend" in capsys.readouterr().err
+
+
+def test_main_refuses_native_with_the_controller_or_fp8():
+    for extra in (["--controller"], ["--quantization", "fp8_per_tensor"]):
+        with pytest.raises(SystemExit) as e:
+            vb.main(["--versus", "native", *extra])
+        assert e.value.code == 2
+
+
+def test_versus_pauses_with_pause_unless_told(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(vb, "VLLM_SITE", str(tmp_path))  # no release there: the kit's name decides
+    monkeypatch.setattr(vb, "VLLM_KIT", "0.33")
+    assert vb.main(["--versus", "native", "--dry-run"]) == 0
+    assert '"pause_call": "pause"' in capsys.readouterr().out
+    assert vb.main(["--dry-run"]) == 0
+    assert '"pause_call": "both"' in capsys.readouterr().out
+    assert vb.main(["--versus", "native", "--pause-call", "sleep", "--dry-run"]) == 0
+    assert '"pause_call": "sleep"' in capsys.readouterr().out
+
+
+def test_parse_compute_apps():
+    text = "4242, 20480\n4243, [N/A]\n\n4244, 512\n4242, 100\nnot a row\n"
+    assert vb.parse_compute_apps(text) == {4242: 20580.0, 4244: 512.0}
+
+
+def test_growth_prefers_nvidia_smi_per_pid_then_the_device():
+    before = {"vllm_mib": 1000.0, "device_used_mib": 50000.0, "bench_reserved_mib": 30000.0}
+    after = {"vllm_mib": 17000.0, "device_used_mib": 90000.0, "bench_reserved_mib": 50000.0}
+    assert vb.growth_mib(before, after) == {"mib": 16000.0, "ruler": "nvidia-smi per pid"}
+    before["vllm_mib"] = None  # nvidia-smi saw none of vLLM's pids
+    assert vb.growth_mib(before, after) == {"mib": 20000.0, "ruler": "device used - bench reserved"}
+    assert vb.growth_mib({}, after) == {"mib": None, "ruler": None}
+
+
+def rc_row(k, window, ready, correct_digest=True, mib=(0.0, 0.0)):
+    return {"version": f"rc{k}", "path": "rolloutcore", "pause_window_ms": window, "ready_to_serving_ms": ready,
+            "stage_ms": 100.0 + k, "publish_ms": 20.0, "install_call_ms": 5.0, "reset_ms": 1.0, "resume_ms": 2.0,
+            "first_token_ms": 15.0, "digest_equals_manifest": correct_digest, "label": f"rc{k}",
+            "cache_reset": True, "gpu_mib_before": {"vllm_mib": mib[0]}, "gpu_mib_after": {"vllm_mib": mib[1]}}
+
+
+def native_row(k, window, ready, correct=True, mib=(0.0, 0.0)):
+    return {"version": f"ipc{k}", "path": "native", "pause_window_ms": window, "ready_to_serving_ms": ready,
+            "start_ms": 3.0, "handles_ms": 8.0, "update_ms": 900.0, "finish_ms": 40.0, "reset_ms": 1.0,
+            "resume_ms": 2.0, "first_token_ms": 16.0, "native_weights_correct": correct,
+            "gpu_mib_before": {"vllm_mib": mib[0]}, "gpu_mib_after": {"vllm_mib": mib[1]}}
+
+
+def test_versus_summary_medians_leave_the_warmup_out_and_ratio_is_rc_over_native():
+    rc = [rc_row(1, 5000.0, 9000.0, mib=(20000.0, 36000.0))] + [rc_row(k, w, r, mib=(36000.0, 36000.0))
+                                                                 for k, w, r in ((2, 40.0, 200.0), (3, 20.0, 180.0),
+                                                                                 (4, 30.0, 190.0))]
+    nat = [native_row(1, 8000.0, 8000.0, mib=(36000.0, 37500.0))] + [native_row(k, w, r, mib=(37500.0, 37600.0))
+                                                                     for k, w, r in ((2, 1000.0, 1000.0),
+                                                                                     (3, 1200.0, 1200.0),
+                                                                                     (4, 800.0, 800.0))]
+    s = vb.versus_summary(rc, nat)
+    assert s["measured_cycles"] == {"rolloutcore": 3, "native": 3}
+    assert s["median_ms"]["rolloutcore"]["pause_window_ms"] == 30.0
+    assert s["median_ms"]["native"]["pause_window_ms"] == 1000.0
+    assert s["median_ms"]["rolloutcore"]["stage_ms"] == 103.0
+    assert "stage_ms" not in s["median_ms"]["native"] and "update_ms" not in s["median_ms"]["rolloutcore"]
+    assert s["rolloutcore_over_native"]["pause_window_ms"] == 0.03
+    assert s["rolloutcore_over_native"]["ready_to_serving_ms"] == 0.19
+    assert "stage_ms" not in s["rolloutcore_over_native"]  # only metrics both paths have
+    assert s["rolloutcore_proved"] == {"cycles": 4, "live_digest_equals_manifest": 4, "label_equals_version": 4,
+                                       "cache_reset": 4}
+    assert s["native_proved"] is None
+    assert s["native_weights_correct"] is True and s["native_weights_correct_per_cycle"] == [True] * 4
+    assert s["gpu_memory"]["rolloutcore"] == {"first_update_growth_mib": 16000.0, "later_updates_growth_mib_max": 0.0,
+                                              "ruler": "nvidia-smi per pid"}
+    assert s["gpu_memory"]["native"]["first_update_growth_mib"] == 1500.0
+    assert s["gpu_memory"]["native"]["later_updates_growth_mib_max"] == 100.0
+
+
+def test_versus_summary_one_wrong_native_update_makes_it_false():
+    nat = [native_row(1, 9.0, 9.0), native_row(2, 9.0, 9.0, correct=False), native_row(3, 9.0, 9.0)]
+    s = vb.versus_summary([rc_row(1, 1.0, 1.0), rc_row(2, 1.0, 1.0, correct_digest=False)], nat)
+    assert s["native_weights_correct"] is False
+    assert s["native_weights_correct_per_cycle"] == [True, False, True]
+    assert s["rolloutcore_proved"]["live_digest_equals_manifest"] == 1
+    # No native row at all (vLLM's path failed at once) is not "correct" either.
+    assert vb.versus_summary([rc_row(1, 1.0, 1.0)], [])["native_weights_correct"] is False
+
+
+def test_versus_table():
+    rc = [rc_row(k, 30.0, 190.0) for k in range(1, 4)]
+    nat = [native_row(k, 1000.0, 1000.0) for k in range(1, 4)]
+    vs = {"shape": "8b", "bytes": 16_381_000_000, "tensors": 399, "vllm_version": "0.33.0", "pause_call": "pause",
+          "rolloutcore_staging_bytes": 16 * 2**30, "data_ptrs_stable": True, "error": None}
+    vs.update(vb.versus_summary(rc, nat))
+    lines = vb.versus_table(vs)
+    text = "\n".join(lines)
+    assert lines[0].startswith("VERSUS rolloutcore vs vLLM's own ipc update: shape 8b, 16.38 GB in 399 tensors")
+    assert "medians of 2 / 2 cycles (first 1 of each left out)" in lines[0]
+    window = next(ln for ln in lines if ln.startswith("pause window"))
+    assert window.split()[-3:] == ["30.00", "1000.00", "0.030"]
+    stage = next(ln for ln in lines if ln.startswith("rc_stage"))
+    assert stage.split()[-3:] == ["102.50", "-", "-"]  # rolloutcore only (rc2, rc3): no ratio
+    update = next(ln for ln in lines if ln.startswith("/update_weights"))
+    assert update.split()[-3:] == ["-", "900.00", "-"]
+    assert "/update_weight_version" not in text  # no path had a label_ms: the row is left out
+    assert "16384.0" in next(ln for ln in lines if ln.startswith("GPU MiB: staging"))
+    assert "live digest == manifest 3/3" in text and "native_weights_correct: true" in text
+    assert "(fresh live digest == manifest): 3/3" in text
+    assert "FAILED" not in text
+    vs["error"] = "ipc2: AssertionError: /update_weights answered 500"
+    assert vb.versus_table(vs)[-1] == "vLLM's ipc path FAILED, alternation stopped: " + vs["error"]
+
+
+# ---- the alternation itself, against a fake vLLM, trainer and torch (call order, evidence) ----
+
+class FakeCudaTensor(FakeTensor):
+    def detach(self):
+        return self
+
+    def contiguous(self):
+        return self
+
+    def numel(self):
+        n = 1
+        for x in self.shape:
+            n *= x
+        return n
+
+    def element_size(self):
+        return 2
+
+
+class FakeTrainer:
+    device = 0
+
+    def __init__(self):
+        self.base = {"model.embed_tokens.weight": FakeCudaTensor([16, 4]), "model.norm.weight": FakeCudaTensor([4])}
+        self.alive, self.most_alive, self.published = [], 0, []
+
+    def make(self, version, seed, scale):
+        self.alive.append(version)
+        self.most_alive = max(self.most_alive, len(self.alive))
+        return {n: FakeCudaTensor(t.shape) for n, t in self.base.items()}
+
+    def publish(self, version):
+        self.published.append(version)
+
+    def release(self, version):
+        self.alive.remove(version)
+
+
+class FakeVllm:
+    """Speaks the calls the bench makes; vLLM's ipc update installs the version it is finished
+    with, except the versions in ``wrong`` (their live digest stays the previous one)."""
+
+    base = "http://fake-vllm"
+
+    def __init__(self, wrong=(), fail_update=()):
+        self.calls, self.bodies = [], {}
+        self.live, self.label = "d-v0", "default"
+        self.wrong, self.fail_update = set(wrong), set(fail_update)
+        self.pending = None
+        self.proc = type("P", (), {"pid": 4242})()
+
+    def post(self, path, body=None, timeout=300.0):
+        self.calls.append(path)
+        self.bodies.setdefault(path, []).append(body)
+        if path == "/update_weights":
+            names = body["update_info"]["names"]
+            if self.current in self.fail_update:
+                return 500, {"error": "update failed"}
+            self.pending = names
+        if path == "/finish_weight_update" and body is not None:
+            if body["weight_version"] not in self.wrong:
+                self.live = "d-" + body["weight_version"]
+            self.label = body["weight_version"]
+        if path == "/reset_prefix_cache":
+            return 200, {"success": True}
+        return 200, {"message": "ok"}
+
+    def rpc1(self, method, **kw):
+        self.calls.append(method)
+        if method == "rc_stage":
+            self.current = kw["version"]
+            return {"ok": True, "stage_ms": {"total": 1.0}, "bytes_pulled": 96, "manifest_digest": "d-" + kw["version"]}
+        if method == "rc_install":
+            self.live = "d-" + kw["version"]
+            return {"ok": True, "verified": True, "label": kw["version"], "content_digest": self.live,
+                    "install_ms": 0.5}
+        if method == "rc_digest":
+            assert kw == {"fresh": True}
+            return {"ok": True, "content_digest": self.live, "not_loaded": [], "fallback_tensors": []}
+        if method == "rc_native_state":
+            return {"ok": True, "after": {"session_active": False, "layers_in_reload": 0, "meta_parameters": 0}}
+        if method == "rc_bench_digest":
+            return {"ok": True, "staging_alloc_bytes": 192}
+        if method == "rc_describe":
+            return {"ok": True, "data_ptrs_stable": True}
+        raise AssertionError(method)
+
+    def set_weight_version(self, label):
+        self.calls.append("/update_weight_version")
+        self.label = label
+
+    def weight_info(self):
+        return self.label
+
+    def version(self):
+        return "0.33.0"
+
+    def tail(self, n=60):
+        return ""
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    import sys
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(synchronize=lambda: None, ipc_collect=lambda: None,
+                                       get_device_properties=lambda d: types.SimpleNamespace(uuid="GPU-fake"))
+    mp = types.ModuleType("torch.multiprocessing")
+    red = types.ModuleType("torch.multiprocessing.reductions")
+    red.reduce_tensor = lambda t: ("rebuild_cuda_tensor", fake_handle(t))
+    for name, mod in (("torch", torch), ("torch.multiprocessing", mp), ("torch.multiprocessing.reductions", red)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(vb, "http", lambda method, url, body=None, timeout=120.0: (200, {"is_paused": False}))
+    monkeypatch.setattr(vb, "manifest_digests", lambda durl, model, ver: ("d-" + ver, {}))
+    monkeypatch.setattr(vb, "gpu_memory", lambda session: {"vllm_mib": 100.0})
+
+    def first_token(v):
+        v.calls.append("first token")
+        return 1.0
+
+    monkeypatch.setattr(vb, "first_token_ms", first_token)
+
+
+def run_versus(v, cycles=3):
+    import argparse
+
+    a = argparse.Namespace(cycles=cycles, pause_call="pause", quantization=None, shape="tiny")
+    trainer = FakeTrainer()
+    rows, vs = vb.versus_cycles(a, v, trainer, "m", "http://dir", own_label=True)
+    vb.versus_finish(v, vs, None)
+    return rows, vs, trainer
+
+
+RC_CYCLE = ["rc_stage", "/pause?mode=wait&clear_cache=false", "rc_install", "/update_weight_version",
+            "/reset_prefix_cache", "/resume", "first token"]
+NATIVE_CYCLE = ["/pause?mode=wait&clear_cache=false", "/start_weight_update", "/update_weights",
+                "/finish_weight_update", "/reset_prefix_cache", "/resume", "first token",
+                "rc_digest", "rc_native_state"]
+
+
+def test_versus_alternates_in_vllms_order_and_checks_the_native_weights(fakes):
+    v = FakeVllm(wrong={"ipc2"})
+    rows, vs, trainer = run_versus(v)
+    assert v.calls == (["/init_weight_transfer_engine"] + (RC_CYCLE + NATIVE_CYCLE) * 3 +
+                       ["rc_bench_digest", "rc_describe"])
+    assert v.bodies["/init_weight_transfer_engine"] == [{"init_info": {"packed": False}}]
+    assert v.bodies["/finish_weight_update"] == [{"weight_version": f"ipc{k}"} for k in (1, 2, 3)]
+    info = v.bodies["/update_weights"][0]["update_info"]
+    assert info["names"] == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))[1] == {"GPU-fake": fake_handle(FakeTensor([4]))}
+    assert [r["version"] for r in rows] == ["rc1", "rc2", "rc3"]
+    native = vs["rows"]["native"]
+    assert [r["version"] for r in native] == ["ipc1", "ipc2", "ipc3"]
+    assert [r["native_weights_correct"] for r in native] == [True, False, True]
+    assert native[1]["native_check"]["live_digest"] == "d-rc2"  # vLLM left rc2's weights live
+    assert vs["native_weights_correct"] is False and vs["error"] is None
+    assert vs["rolloutcore_proved"]["live_digest_equals_manifest"] == 3
+    assert all(r["vllm_label"] == r["version"] and r["cache_reset"] for r in rows + native)
+    for r in native:  # each call timed, the window inside "ready -> first token"
+        assert all(r[k] >= 0 for k in ("start_ms", "handles_ms", "update_ms", "finish_ms", "reset_ms", "resume_ms"))
+        assert r["ready_to_serving_ms"] >= r["pause_window_ms"]
+    assert all(r["ready_to_serving_ms"] >= r["publish_ms"] + r["pause_window_ms"] for r in rows)
+    # Published: every rolloutcore version before its cycle, every native one only for the check.
+    assert trainer.published == ["rc1", "ipc1", "rc2", "ipc2", "rc3", "ipc3"]
+    assert trainer.most_alive == 2
+    assert vs["rolloutcore_staging_bytes"] == 192 and vs["data_ptrs_stable"] is True
+
+
+def test_a_failed_native_update_stops_the_alternation_and_leaves_vllm_serving(fakes):
+    v = FakeVllm(fail_update={"rc2"})  # the update after rc2's stage: ipc2's
+    rows, vs, _ = run_versus(v)
+    assert vs["error"].startswith("ipc2: AssertionError: /update_weights answered 500")
+    assert [r["version"] for r in rows] == ["rc1", "rc2"] and len(vs["rows"]["native"]) == 1
+    # After the failure: vLLM's session finished, resumed, the reload state restored (no rc3).
+    tail = v.calls[v.calls.index("/update_weights", v.calls.index("rc_stage", 10)):]
+    assert tail[:4] == ["/update_weights", "/finish_weight_update", "/resume", "rc_native_state"]
+    assert v.calls.count("rc_stage") == 2 and v.calls[-2:] == ["rc_bench_digest", "rc_describe"]
+    assert "FAILED, alternation stopped: ipc2" in vb.versus_table(vs)[-1]
