@@ -106,6 +106,24 @@ def median(xs):
     return round(statistics.median(xs), 3) if xs else None
 
 
+def reset_and_resume(v: Vllm, via_sleep: bool, own_label: bool, ver: str) -> Tuple[float, float, Optional[str]]:
+    """The end of a cycle on either path, inside the pause: /reset_prefix_cache (must succeed),
+    then resume (/wake_up?tags=scheduling after /sleep, else /resume); then, outside it, vLLM is
+    serving again and (with vLLM's own label) labelled ``ver``. Returns (reset done, resume
+    answered: perf_counter times) and vLLM's label (None without own_label)."""
+    st, body = v.post("/reset_prefix_cache")
+    assert body == {"success": True}, body
+    reset_done = time.perf_counter()
+    st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
+    assert st == 200, body
+    resumed = time.perf_counter()
+    st, paused = http("GET", v.base + "/is_paused")
+    assert paused == {"is_paused": False}, paused
+    vllm_label = v.weight_info() if own_label else None
+    assert vllm_label in (None, ver), vllm_label
+    return reset_done, resumed, vllm_label
+
+
 def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bool, own_label: bool,
                       t_ready: Optional[float] = None) -> Dict[str, Any]:
     """One hot cycle driven from here: stage while serving -> pause -> rc_install -> [label] ->
@@ -130,17 +148,8 @@ def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bo
         v.set_weight_version(ver)
         label_ms = (time.perf_counter() - c_installed) * 1e3
     c3 = time.perf_counter()
-    st, body = v.post("/reset_prefix_cache")
-    assert body == {"success": True}, body
-    cache_reset = body == {"success": True}
-    c4 = time.perf_counter()
-    st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
-    assert st == 200, body
-    c5 = time.perf_counter()
-    st, paused = http("GET", v.base + "/is_paused")
-    assert paused == {"is_paused": False}, paused
-    vllm_label = v.weight_info() if own_label else None
-    assert vllm_label in (None, ver), vllm_label
+    c4, c5, vllm_label = reset_and_resume(v, via_sleep, own_label, ver)
+    cache_reset = True
     # stage_ms is the rc_stage call's wall time (vLLM's collective_rpc and the extension
     # around it); stage_engine_ms the receiver's own total, stage_parts_ms its steps.
     row.update(stage_ms=(c1 - c0) * 1e3, stage_engine_ms=ev["stage_ms"].get("total"),
@@ -333,17 +342,8 @@ def native_cycle(v: Vllm, tensors: Dict[str, Any], ver: str, via_sleep: bool, ow
     torch.cuda.ipc_collect()
     del weights
     c7 = time.perf_counter()
-    st, body = v.post("/reset_prefix_cache")
-    assert body == {"success": True}, body
-    cache_reset = body == {"success": True}
-    c8 = time.perf_counter()
-    st, body = v.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
-    assert st == 200, body
-    c9 = time.perf_counter()
-    st, paused = http("GET", v.base + "/is_paused")
-    assert paused == {"is_paused": False}, paused
-    vllm_label = v.weight_info() if own_label else None
-    assert vllm_label in (None, ver), vllm_label
+    c8, c9, vllm_label = reset_and_resume(v, via_sleep, own_label, ver)
+    cache_reset = True
     row["first_token_ms"] = first_token_ms(v)
     end = time.perf_counter()
     row.update(pause_call_ms=(c2 - c1) * 1e3, start_ms=(c3 - c2) * 1e3, handles_ms=(c4 - c3) * 1e3,

@@ -27,22 +27,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-// The staging capture the vLLM extension builds for a live capture: copy i lands densely in its own
-// staging parameter "rc.staging.i" (as gpu_kernels_test.cc).
-refit::Capture StagingFor(const refit::Capture& live) {
-  refit::Capture s;
-  for (size_t i = 0; i < live.copies.size(); ++i) {
-    const refit::CapturedCopy& c = live.copies[i];
-    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
-    refit::CapturedCopy sc = c;
-    sc.param = static_cast<uint32_t>(i);
-    sc.dest_offset = 0;
-    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
-    s.copies.push_back(std::move(sc));
-  }
-  return s;
-}
-
 // Device memory for every parameter of both captures, with host mirrors; the live weights answer
 // with whatever `live` and `staging` hold now, or fail when told to.
 class BufferWeights final : public DeviceLiveWeights {
@@ -112,7 +96,7 @@ TEST(DeviceReceiverTest, DigestsAndInstallsThroughTheBuffersTheLiveWeightsAnswer
   auto live_cap = refit::CaptureEngineRank(refit::ModelPreset("tiny").value(),
                                            refit::ParseEngineLayout("tp:1@bf16").value(), 0);
   ASSERT_TRUE(live_cap.ok()) << live_cap.status().ToString();
-  const refit::Capture staging_cap = StagingFor(*live_cap);
+  const refit::Capture staging_cap = cuda::testing::StagingFor(*live_cap);
 
   BufferWeights w;
   std::mt19937_64 rng(11);

@@ -194,22 +194,6 @@ TEST(GpuDigestTest, InstalledMatchesCpuDigestInstalled) {
   }
 }
 
-// The staging capture the vLLM extension builds for a live capture: copy i lands densely in its
-// own staging parameter "rc.staging.i" of the live parameter's dtype (as digest_table_test.cc).
-refit::Capture StagingFor(const refit::Capture& live) {
-  refit::Capture s;
-  for (size_t i = 0; i < live.copies.size(); ++i) {
-    const refit::CapturedCopy& c = live.copies[i];
-    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
-    refit::CapturedCopy sc = c;
-    sc.param = static_cast<uint32_t>(i);
-    sc.dest_offset = 0;
-    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
-    s.copies.push_back(std::move(sc));
-  }
-  return s;
-}
-
 // The fused install kernel on the device (DeviceInstall, what the vLLM extension runs in the pause):
 // the live bytes afterwards equal the staged values installed on the host, and the digest the
 // kernel returns equals refit::DigestInstalled of those live bytes.
@@ -218,7 +202,7 @@ void CheckDeviceInstall(const std::string& model, const std::string& layout_text
   auto live = refit::CaptureEngineRank(refit::ModelPreset(model).value(), refit::ParseEngineLayout(layout_text).value(),
                                        rank);
   ASSERT_TRUE(live.ok()) << live.status().ToString();
-  const refit::Capture staging = StagingFor(*live);
+  const refit::Capture staging = testing::StagingFor(*live);
   const refit::Capture* ranks[] = {&*live};
   const auto regions = refit::AssignDigestOwnership(ranks)[0];
   std::mt19937_64 rng(rank * 17 + 3);

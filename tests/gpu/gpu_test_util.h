@@ -18,6 +18,7 @@
 
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/base/subprocess.h"
+#include "rolloutcore/refit/capture.h"
 #include "rolloutcore/cuda/gpu_refit.h"
 #include "rolloutcore/cuda/seeded.h"
 #include "rolloutcore/refit/digest.h"
@@ -148,6 +149,22 @@ inline refit::Manifest ReadManifest(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return refit::ManifestFromJson(ParseJson(ss.str(), path).value()).value();
+}
+
+// The staging capture the vLLM extension builds for a live capture: copy i lands densely in its
+// own staging parameter "rc.staging.i" of the live parameter's dtype (as digest_table_test.cc).
+inline refit::Capture StagingFor(const refit::Capture& live) {
+  refit::Capture s;
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const refit::CapturedCopy& c = live.copies[i];
+    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
+    refit::CapturedCopy sc = c;
+    sc.param = static_cast<uint32_t>(i);
+    sc.dest_offset = 0;
+    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
+    s.copies.push_back(std::move(sc));
+  }
+  return s;
 }
 
 }  // namespace rc::cuda::testing
