@@ -49,6 +49,9 @@ Result<Json> Refit(int engine_port, const std::string& model, const std::string&
   return Json{{"version", version},
               {"mode", staged.value("mode", std::string("?"))},
               {"mode_reason", staged.value("mode_reason", std::string())},
+              // The engine runs --delta-policy always (this bench measures the delta); its choice
+              // still carries the estimates auto would have weighed (docs/refit.md "Full or delta").
+              {"delta_choice", staged.value("delta_choice", Json(nullptr))},
               {"delta_apply", staged.value("delta_apply", std::string())},
               {"staging_from", staged.value("staging_from", std::string())},
               {"bytes_pulled", staged["bytes_pulled"]},
@@ -79,6 +82,7 @@ Status RunDeltaRefitBench(const DeltaBenchOptions& o) {
             << dir << "\n";
   RC_ASSIGN_OR_RETURN(auto e, ChildProcess::Spawn("engine", {"engine", "serve", "--model", engine_model, "--load-format",
                                                              "dummy", "--tensor-parallel-size", std::to_string(o.tp),
+                                                             "--delta-policy", "always",
                                                              "--port", std::to_string(engine_port)}, log("engine")));
   RC_RETURN_IF_ERROR(BenchWaitHealthy(e.get(), engine_port, "/health", 600));
   Json rows = Json::array();

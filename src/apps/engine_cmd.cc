@@ -36,6 +36,7 @@ struct ServeFlags {
   std::string directory;
   int http_threads = 256;
   int full_verify_every = 16;
+  std::string delta_policy = "auto";
   net::ServerSecurity security;
 };
 
@@ -69,6 +70,12 @@ int Serve(const ServeFlags& f) {
   so.directory_url = f.directory;
   so.http_threads = f.http_threads;
   so.full_verify_every = f.full_verify_every;
+  auto policy = receiver::ParseDeltaPolicy(f.delta_policy);
+  if (!policy.ok()) {
+    std::cerr << "engine serve: --delta-policy: " << policy.status().ToString() << "\n";
+    return 2;
+  }
+  so.delta_policy = *policy;
   so.security = f.security;
   engine::EngineServer server(engine->get(), so);
   Status st = server.Start();
@@ -129,6 +136,11 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
                     "Delta refit anchor check: a full digest of the live weights after every N-th consecutive delta "
                     "install (0: never; full installs always digest everything; docs/refit.md)")
       ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  serve->add_option("--delta-policy", flags->delta_policy,
+                    "Full or delta when a version carries deltas this engine could apply: auto (the cheaper by this "
+                    "engine's measured stage costs per transport), always, never (docs/refit.md \"Full or delta\")")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
   serve->add_option("--http-threads", flags->http_threads, "Most HTTP worker threads (started on demand)")
       ->check(CLI::Range(1, 100000))

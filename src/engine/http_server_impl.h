@@ -52,6 +52,7 @@ class EngineServer::Impl {
         loop_(engine),
         receiver_(engine) {
     receiver_.SetFullVerifyEvery(options_.full_verify_every);
+    receiver_.SetDeltaPolicy(options_.delta_policy);
   }
 
   // The server's state, public to the route files (http_routes_*.cc) that are its member

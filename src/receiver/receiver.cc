@@ -529,6 +529,7 @@ struct RefitReceiver::FullStage {
   refit::Manifest& manifest = resolved.manifest;
   refit::TensorDigests& published = resolved.published;
   std::string why_full;
+  std::optional<DeltaChoice> choice;  // set when the policy chose full over an applicable-looking delta
   // Fan-out (relay.h): the holder records found, the holders excluded, what is planned against.
   std::vector<RelayRecord> relay_records;
   std::set<std::string> failed_holders;
@@ -557,9 +558,21 @@ Result<StageReport> RefitReceiver::StageLocked(const StageRequest& req) {
   s.stages["source_preparation"] = MsSince(t);
 
   // Delta refit (receiver_delta.cc): on a proven base only the changes move; otherwise in full.
-  if (auto delta = TryStageDelta(req, s.manifest, s.published, s.stages, &s.why_full)) {
+  // A version that carries deltas also carries its full shards: the policy (refit_choice.h) says
+  // which of the two to stage, by this receiver's own measured costs under auto.
+  std::optional<DeltaChoice> choice;
+  if (internal::CarriesDelta(s.manifest)) {
+    RC_ASSIGN_OR_RETURN(const std::string transport, refit::ManifestTransport(s.manifest));
+    choice = stage_costs_.Choose(delta_policy_, transport, WorkOf(s.manifest));
+  }
+  if (choice && !choice->delta) {
+    s.why_full = choice->reason;
+    s.choice = std::move(choice);
+  } else if (auto delta = TryStageDelta(req, s.manifest, s.published, s.stages, &s.why_full)) {
     if (!delta->ok()) return delta->status();
-    return KeepStaged(&s, std::move(*delta).value(), {});
+    StageReport report = std::move(*delta).value();
+    report.delta_choice = std::move(choice);
+    return KeepStaged(&s, std::move(report), {});
   }
   delta_chain_.reset();  // a full stage overwrites the staging image
 
@@ -831,10 +844,23 @@ StageReport RefitReceiver::FullStageEvidence(const FullStage& s, double gbps) co
   report.content_digest = ContentDigest(s.manifest.content_digest);
   report.stages_ms = s.stages;
   report.by_mode = std::move(full);
+  report.delta_choice = s.choice;
   return report;
 }
 
 StageReport RefitReceiver::KeepStaged(FullStage* s, StageReport report, refit::TensorDigests staged_digest) {
+  // What this stage cost, for the next choice between full and delta (refit_choice.h): the stage's
+  // own work — a full stage's total less discovery; a delta stage's total starts after the base
+  // proof already.
+  const auto at = [&](const char* k) {
+    const auto it = report.stages_ms.find(k);
+    return it == report.stages_ms.end() ? 0.0 : it->second;
+  };
+  if (report.mode() == StageMode::kFull) {
+    stage_costs_.RecordFull(report.transport, WorkOf(s->manifest), at("total") - at("discovery"));
+  } else {
+    stage_costs_.RecordDelta(report.transport, WorkOf(s->manifest), at("total"));
+  }
   auto staged = std::make_unique<Staged>();
   staged->model = s->req.model;
   staged->version = s->req.version;

@@ -28,6 +28,11 @@ int64_t MinorFaults() {
 
 }  // namespace
 
+void RefitReceiver::SetDeltaPolicy(DeltaPolicy policy) {
+  rc::MutexLock lock(mu_);
+  delta_policy_ = policy;
+}
+
 void RefitReceiver::SetFullVerifyEvery(int n) {
   rc::MutexLock lock(mu_);
   full_verify_every_ = n < 0 ? 0 : n;
@@ -134,15 +139,7 @@ std::optional<Result<StageReport>> RefitReceiver::TryStageDelta(const StageReque
     stages["protect"] += MsSince(tp);  // 0 when absent
   }
   stages["total"] = MsSince(t);
-  uint64_t delta_bytes = 0, full_bytes = 0;
-  int64_t changed_published = 0;
-  for (const refit::ShardTable& tb : manifest.tables) {
-    for (const refit::ShardInfo& s : tb.shards) {
-      delta_bytes += s.delta->bytes;
-      changed_published += s.delta->changed;
-      full_bytes += static_cast<uint64_t>(refit::NumElements(s.shape)) * refit::DTypeSize(tb.dtype);
-    }
-  }
+  const RefitWork work = WorkOf(manifest);
   RC_ASSIGN_OR_RETURN(std::string transport_name, refit::ManifestTransport(manifest));
   DeltaStageReport delta;
   delta.delta_apply = to_staging ? DeltaApply::kStaging : DeltaApply::kLive;
@@ -151,9 +148,9 @@ std::optional<Result<StageReport>> RefitReceiver::TryStageDelta(const StageReque
   delta.page_faults_staging_prepare = faults1 - faults0;
   delta.page_faults_delta_pass = faults2 - faults1;
   delta.delta_base = live_version;
-  delta.delta_bytes_published = delta_bytes;
-  delta.full_bytes_published = full_bytes;
-  delta.changed_published = changed_published;
+  delta.delta_bytes_published = work.delta_bytes;
+  delta.full_bytes_published = work.full_bytes;
+  delta.changed_published = work.changed;
   delta.changed_digested = staged->changed;
   delta.ranks = staged->ranks;
   StageReport report;

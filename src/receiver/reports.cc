@@ -114,6 +114,7 @@ Json StageReport::ToJson() const {
          {"call_ms", call_ms}};
   if (const FullStageReport* f = full()) AddFull(*f, &j);
   if (const DeltaStageReport* d = delta()) AddDelta(*d, &j);
+  if (delta_choice) j["delta_choice"] = delta_choice->ToJson();
   return j;
 }
 

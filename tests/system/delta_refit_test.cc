@@ -63,25 +63,29 @@ class DeltaRefitTest : public SystemTest {
     EXPECT_TRUE(WaitHealthy(t, port, "/status"));
     return port;
   }
+  // The delta mechanics tests pin --delta-policy always: under auto, once both modes were measured,
+  // which one a stage takes depends on this machine's timings (AutoAndNeverPolicies covers auto).
   int StartTpEngine(const std::string& name, const std::string& model_dir, const std::string& label, int tp,
-                    int full_verify_every = 16) {
+                    int full_verify_every = 16, const std::string& delta_policy = "always") {
     int port = apps::FreePort().value();
     ChildProcess* e = Start(name, {"engine", "serve", "--model", model_dir, "--tensor-parallel-size",
                                    std::to_string(tp), "--port", std::to_string(port), "--weight-version", label,
                                    "--served-model-name", kModelName, "--threads", "1", "--enable-fault-injection",
-                                   "--full-verify-every", std::to_string(full_verify_every)});
+                                   "--full-verify-every", std::to_string(full_verify_every), "--delta-policy",
+                                   delta_policy});
     EXPECT_TRUE(WaitHealthy(e, port, "/health"));
     return port;
   }
   // Directory, delta trainer (v0 committed), engine at `tp` from the exported v0, controller.
-  Stack StartDeltaStack(const std::string& transport, int tp, int full_verify_every = 16) {
+  Stack StartDeltaStack(const std::string& transport, int tp, int full_verify_every = 16,
+                        const std::string& delta_policy = "always") {
     UseSmallModel();
     Stack s;
     s.state_dir = dir_ + "/controller";
     s.v0_dir = dir_ + "/v0";
     s.dir = StartDirectory();
     ExportVersion("v0", s.v0_dir);
-    s.engine = StartTpEngine("engine", s.v0_dir, "v0", tp, full_verify_every);
+    s.engine = StartTpEngine("engine", s.v0_dir, "v0", tp, full_verify_every, delta_policy);
     s.trainer = StartDeltaTrainer(s.dir, transport);
     WaitCommitted(s.dir, "v0");
     StartController(s);
@@ -192,6 +196,64 @@ TEST_F(DeltaRefitTest, EngineNotOnTheBasePullsInFullAndSaysWhy) {
   EXPECT_NE(staged["mode_reason"].get<std::string>().find("serves v3, not the delta's base v4"), std::string::npos)
       << staged["mode_reason"];
   EXPECT_EQ(LiveDigest(s.engine), m5["content_digest"]);
+}
+
+// The automatic choice (receiver/refit_choice.h) through the controller: with nothing measured the
+// first applicable delta is taken (it moves fewer bytes); once a full and a delta stage were
+// measured, every stage of a delta-carrying version names its estimates and takes the cheaper
+// one, whichever this machine makes it; and policy never stages such a version in full, saying so.
+TEST_F(DeltaRefitTest, AutoAndNeverPolicies) {
+  Stack s = StartDeltaStack("shm", 1, 16, "auto");
+  DeltaStep(s, "v1");
+  DeltaStep(s, "v2");
+  // The engine serves v0: v2 (on v1) is not applicable, full — the full stage is measured.
+  EXPECT_EQ(UpdateAndWait(s.ctl, "v2").value("phase", std::string()), "READY");
+  Json staged = StagedEvidence(s.ctl, "v2");
+  EXPECT_EQ(staged["mode"], "full");
+  // The choice said delta (nothing measured), eligibility said full: the reason is eligibility's.
+  EXPECT_NE(staged["mode_reason"].get<std::string>().find("serves v0"), std::string::npos) << staged.dump();
+  EXPECT_FALSE(staged.contains("delta_choice")) << "the choice did not decide this stage's mode";
+  // v3 on v2: the delta stage is not measured yet, so it is taken.
+  DeltaStep(s, "v3");
+  EXPECT_EQ(UpdateAndWait(s.ctl, "v3").value("phase", std::string()), "READY");
+  staged = StagedEvidence(s.ctl, "v3");
+  EXPECT_EQ(staged["mode"], "delta") << staged.dump();
+  ASSERT_TRUE(staged.contains("delta_choice")) << staged.dump();
+  EXPECT_EQ(staged["delta_choice"]["policy"], "auto");
+  EXPECT_EQ(staged["delta_choice"]["full_samples"], 1);
+  EXPECT_EQ(staged["delta_choice"]["delta_samples"], 0);
+  EXPECT_TRUE(staged["delta_choice"]["estimated_full_ms"].is_number());
+  EXPECT_TRUE(staged["delta_choice"]["estimated_delta_ms"].is_null());
+  // v4..v6: both measured; each stage takes the smaller estimate and says so.
+  for (int k = 4; k <= 6; ++k) {
+    const std::string v = "v" + std::to_string(k);
+    DeltaStep(s, v);
+    Json m = WaitCommitted(s.dir, v);
+    EXPECT_EQ(UpdateAndWait(s.ctl, v).value("phase", std::string()), "READY");
+    staged = StagedEvidence(s.ctl, v);
+    ASSERT_TRUE(staged.contains("delta_choice")) << staged.dump();
+    const Json& c = staged["delta_choice"];
+    ASSERT_TRUE(c["estimated_full_ms"].is_number() && c["estimated_delta_ms"].is_number()) << c.dump();
+    const bool delta_cheaper = c["estimated_delta_ms"].get<double>() <= c["estimated_full_ms"].get<double>();
+    EXPECT_EQ(staged["mode"], delta_cheaper ? "delta" : "full") << c.dump();
+    EXPECT_EQ(c["mode"], staged["mode"]);
+    EXPECT_GE(c["full_samples"].get<int64_t>() + c["delta_samples"].get<int64_t>(), 2);
+    EXPECT_NE(c["reason"].get<std::string>().find("estimated"), std::string::npos) << c.dump();
+    EXPECT_EQ(LiveDigest(s.engine), m["content_digest"]) << v;
+    Figure("auto_" + v + "_estimated_full_us", static_cast<int64_t>(c["estimated_full_ms"].get<double>() * 1000), "us");
+    Figure("auto_" + v + "_estimated_delta_us", static_cast<int64_t>(c["estimated_delta_ms"].get<double>() * 1000),
+           "us");
+    Figure("auto_" + v + "_took_delta", delta_cheaper ? 1 : 0, "");
+  }
+  // Policy never: an engine on the delta's base stages it in full and says why.
+  const int never = StartTpEngine("engine-never", s.v0_dir, "v0", 1, 16, "never");
+  Json m1 = WaitCommitted(s.dir, "v1");
+  Json st = Call(never, "POST", "/rc/refit/stage",
+                 Json{{"model", kModelName}, {"version", "v1"}, {"directory", Url(s.dir)}});
+  EXPECT_EQ(st.value("mode", std::string()), "full") << st.dump();
+  EXPECT_EQ(st["delta_choice"]["policy"], "never") << st.dump();
+  EXPECT_NE(st.value("mode_reason", std::string()).find("delta policy never"), std::string::npos) << st.dump();
+  Call(never, "POST", "/pause?mode=abort");
 }
 
 // A corrupted delta payload that still parses: refused at stage, nothing live changed.

@@ -24,6 +24,7 @@
 #include "rolloutcore/engine/engine.h"
 #include "rolloutcore/engine/tokenizer.h"
 #include "rolloutcore/net/security.h"
+#include "rolloutcore/receiver/refit_choice.h"
 
 namespace rc::engine {
 
@@ -94,6 +95,8 @@ struct ServerOptions {
   bool enable_fault_injection = false;
   // Delta refit: a full anchor digest after every N-th consecutive delta install (0: never).
   int full_verify_every = 16;
+  // Full or delta when a version carries deltas this engine could apply (receiver/refit_choice.h).
+  receiver::DeltaPolicy delta_policy = receiver::DeltaPolicy::kAuto;
 };
 
 class EngineServer {

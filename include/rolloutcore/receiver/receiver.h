@@ -106,6 +106,7 @@
 #include "rolloutcore/base/metrics_writer.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/receiver/live_weights.h"
+#include "rolloutcore/receiver/refit_choice.h"
 #include "rolloutcore/receiver/reports.h"
 #include "rolloutcore/receiver/source_imports.h"
 #include "rolloutcore/receiver/weights.h"
@@ -196,6 +197,9 @@ class RefitReceiver {
   // Anchor checks (docs/refit.md "Delta refit"): after every n-th consecutive delta install a full
   // digest of the live weights is compared with the manifest (0: never; full installs always do).
   void SetFullVerifyEvery(int n);
+  // Full or delta when a version carries deltas the engine could apply (refit_choice.h; default
+  // auto: the cheaper by this receiver's own measurements, per transport).
+  void SetDeltaPolicy(DeltaPolicy policy);
   // Test-only: the staging buffer of `name` on `rank` (empty when none). Read-only between a
   // stage's digest and the next stage (a write faults).
   std::span<std::byte> StagedBytesForTesting(int rank, const std::string& name);
@@ -338,6 +342,8 @@ class RefitReceiver {
   std::atomic<bool> corrupt_delta_install_{false};                  // test-only fault
   std::unique_ptr<internal::DeltaStaged> delta_staged_ GUARDED_BY(mu_);            // guarded by mu_; set with staged_
   int full_verify_every_ GUARDED_BY(mu_) = 16;                                      // guarded by mu_
+  DeltaPolicy delta_policy_ GUARDED_BY(mu_) = DeltaPolicy::kAuto;
+  RefitCostModel stage_costs_ GUARDED_BY(mu_);  // measured by every successful stage (KeepStaged)
   int64_t deltas_since_anchor_ GUARDED_BY(mu_) = 0;                                 // guarded by mu_
   // An install failed after it began writing: until a full install proves the live weights
   // again (recovery), no delta is applied on them.

@@ -23,6 +23,7 @@
 #include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/json.h"
 #include "rolloutcore/receiver/live_weights.h"
+#include "rolloutcore/receiver/refit_choice.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::receiver {
@@ -126,6 +127,9 @@ struct StageReport {
   StepTimings stages_ms;
   std::variant<FullStageReport, DeltaStageReport> by_mode;  // `mode` follows the alternative
   StagePreReplay prereplay;                                 // set by Stage after the stage succeeded
+  // `delta_choice`: only when the version carries deltas and the choice decided the mode (a delta
+  // the engine could not apply is full for the reason in mode_reason; refit_choice.h).
+  std::optional<DeltaChoice> delta_choice;
   double call_ms = 0;                                       // the whole Stage call on the engine's side
 
   [[nodiscard]] StageMode mode() const { return by_mode.index() == 0 ? StageMode::kFull : StageMode::kDelta; }
