@@ -134,6 +134,13 @@ Status RunDeltaRefitBench(const DeltaBenchOptions& o) {
       }
       std::cout << fmt::format("F={:<5} delta/full: bytes {:.2f} %, stage+install+verify {:.2f} %\n", f,
                                100 * row["bytes_ratio"].get<double>(), 100 * row["time_ratio"].get<double>());
+      // What --delta-policy auto would have taken for the last delta, from the engine's measured costs.
+      const Json& c = row["delta"]["delta_choice"];
+      if (c.is_object() && c["estimated_full_ms"].is_number() && c["estimated_delta_ms"].is_number()) {
+        const double ef = c["estimated_full_ms"].get<double>(), ed = c["estimated_delta_ms"].get<double>();
+        std::cout << fmt::format("F={:<5} auto would take: {} (estimated full {:.2f} ms, delta {:.2f} ms)\n", f,
+                                 ed <= ef ? "delta" : "full", ef, ed);
+      }
     }
     t.reset();  // stops the trainer: its versions are installed already
   }
