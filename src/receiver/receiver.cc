@@ -856,8 +856,12 @@ StageReport RefitReceiver::KeepStaged(FullStage* s, StageReport report, refit::T
     const auto it = report.stages_ms.find(k);
     return it == report.stages_ms.end() ? 0.0 : it->second;
   };
-  if (report.mode() == StageMode::kFull) {
-    stage_costs_.RecordFull(report.transport, WorkOf(s->manifest), at("total") - at("discovery"));
+  if (const FullStageReport* full = report.full()) {
+    // A stage that allocated the staging image paid once for what every later one reuses (the
+    // allocation and its first-touch page faults): it says nothing about the next full stage.
+    if (!full->shadow_allocated) {
+      stage_costs_.RecordFull(report.transport, WorkOf(s->manifest), at("total") - at("discovery"));
+    }
   } else {
     stage_costs_.RecordDelta(report.transport, WorkOf(s->manifest), at("total"));
   }
