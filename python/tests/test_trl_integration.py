@@ -255,3 +255,80 @@ def test_pause_window_counts_the_paused_phases():
     assert rc_trl.pause_window_ms(rec) == (30.0, 7.0)
     assert rc_trl.pause_window_ms({"engines": []}) == (0.0, 0.0)
     assert not math.isnan(rc_trl.pause_window_ms(rec)[0])
+
+
+def _two_rank_worker(rank: int, port: int, controller: str, directory: str, model_dir: str, out_dir: str) -> None:
+    """One rank of a two-process trainer (gloo on loopback) whose parameters are DTensors sharded on
+    their first dimension, as FSDP2 keeps them: each rank publishes its own shards, rank 0 drives the
+    controller's update, both wait for the commit."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from transformers import AutoModelForCausalLM
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        for module in model.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                module.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
+        rc = rc_trl.RolloutcoreGRPO(controller, directory, MODEL, update_timeout_s=60)
+        row = rc.sync(model, 0)
+        out = {k: row.get(k) for k in ("version", "staged", "in_place", "host_copy", "transport", "update_id",
+                                       "content_digest")}
+        if rank == 0:
+            m = rolloutcore.DirectoryClient(directory).get(MODEL, "step-0")
+            out["manifest_digest"] = m["content_digest"]
+            out["expected_ranks"] = m["expected_ranks"]
+            out["shards"] = {t["name"]: sorted((s["rank"], tuple(s["offset"])) for s in t["shards"])
+                             for t in m["tensors"]}
+            out["shapes"] = {t["name"]: t["shape"] for t in m["tensors"]}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+        dist.barrier()  # rank 0 has read the manifest: the shards may be released
+        rc.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_publish_their_own_shards_and_rank_0_drives_the_update(model_dir, tmp_path):
+    """No gather: each rank of a sharded trainer publishes its own half of every parameter, the
+    version commits only with both, one controller update per sync, and the content digest is the
+    same as a one-process trainer's publish of the same weights (the digest is sharding-invariant)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with cluster(model_dir, tmp_path) as c:
+        mp.spawn(_two_rank_worker, args=(port, c.controller_url, c.directory_url, str(model_dir), str(tmp_path)),
+                 nprocs=2, join=True)
+        r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+        assert r0["expected_ranks"] == 2
+        # Rank 0 drove the one update; rank 1 published and waited.
+        assert r0["update_id"] and r1["update_id"] is None
+        assert r0["staged"] > 0 and r1["staged"] > 0 and r0["transport"] == r1["transport"] == "shm"
+        # Every parameter long enough to split has one shard per rank, at offsets 0 and ceil(n/2).
+        split = 0
+        for name, shards in r0["shards"].items():
+            n = r0["shapes"][name][0]
+            if n >= 2:
+                half = (n + 1) // 2
+                assert [(r, o[0]) for r, o in shards] == [(0, 0), (1, half)], (name, shards)
+                split += 1
+        assert split == len(r0["shards"])
+        # The update committed with the live digest equal to the manifest's (checked by rolloutcore.trl).
+        assert r0["content_digest"] == r0["manifest_digest"]
+        live = c.engine.weights_digest()
+        assert live["weight_version"] == "step-0" and live["content_digest"] == r0["manifest_digest"]
+        # The same weights from one process: the same content digest.
+        from transformers import AutoModelForCausalLM
+
+        whole = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        rc = rc_trl.RolloutcoreGRPO(c.controller_url, c.directory_url, MODEL, update_timeout_s=60)
+        one = rc.sync(whole, 1)
+        rc.close()
+        assert one["content_digest"] == r0["manifest_digest"]
