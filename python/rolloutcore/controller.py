@@ -78,9 +78,14 @@ class ControllerClient:
 
     # ---- updates -------------------------------------------------------------------------
 
-    def request_update(self, model: str, version: str) -> str:
-        """Queues an update of every engine to a committed directory version; returns its id."""
-        return self._http.request("POST", "/v1/updates", {"model": model, "version": version})["id"]
+    def request_update(self, model: str, version: str, mode: Optional[str] = None) -> str:
+        """Queues an update of every engine to a committed directory version; returns its id.
+        ``mode``: the policy mode of this update (strict, keep, recompute, abort; None: the
+        controller's ``--update-mode``)."""
+        body: Dict[str, Any] = {"model": model, "version": version}
+        if mode:
+            body["mode"] = mode
+        return self._http.request("POST", "/v1/updates", body)["id"]
 
     def update(self, update_id: str, wait_ms: int = 0) -> Dict[str, Any]:
         """The update's record: ``{id, model, version, done, outcome, engines: [...]}``.

@@ -349,10 +349,7 @@ class RolloutcoreGRPO(TrainerCallback):
 
     def _update(self, version: str) -> Dict[str, Any]:
         t0 = time.perf_counter()
-        body: Dict[str, Any] = {"model": self.model_name, "version": version}
-        if self.update_mode:
-            body["mode"] = self.update_mode
-        update_id = self.controller._http.request("POST", "/v1/updates", body)["id"]
+        update_id = self.controller.request_update(self.model_name, version, mode=self.update_mode)
         try:
             rec = self.controller.wait_update(update_id, timeout_s=self.update_timeout_s)
         except DeadlineExceededError as e:
