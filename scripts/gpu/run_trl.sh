@@ -28,14 +28,7 @@ TRL_KIT=${TRL_KIT:-/tmp/trl}
 STEPS=${STEPS:-50}
 STALE_STEPS=${STALE_STEPS:-10}
 COLOCATE_GPU_UTIL=${COLOCATE_GPU_UTIL:-0.15}
-if [[ ! -d "$TRL_KIT/site" ]]; then
-  if ls "$TRL_KIT"/trl_kit.tar.xz.part-* >/dev/null 2>&1; then
-    (cd "$TRL_KIT" && sha256sum -c SHA256SUMS >/dev/null) || { echo "TRL kit pieces in $TRL_KIT: checksum mismatch" >&2; exit 3; }
-    cat "$TRL_KIT"/trl_kit.tar.xz.part-* | xz -dc | tar -x -C "$TRL_KIT"
-  else
-    echo "skipped: no TRL kit at $TRL_KIT (scripts/gpu/make_trl_kit.sh)" >&2; exit 77
-  fi
-fi
+unpack_kit "$TRL_KIT" trl_kit.tar.xz "TRL kit" "scripts/gpu/make_trl_kit.sh"
 R=$OUT/trl
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$R/gpu.txt"

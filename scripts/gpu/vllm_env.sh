@@ -34,14 +34,20 @@ VB=${VB:-$kit_default_vb}
 kit_version() {
   sed -n "s/^__version__ = version = '\([^']*\)'.*/\1/p" "$1/vllm/_version.py" 2>/dev/null | head -1
 }
-if [[ ! -d "$VB/site" ]]; then
-  if ls "$VB"/vllm_bundle.tar.xz.part-* >/dev/null 2>&1; then
-    (cd "$VB" && sha256sum -c SHA256SUMS >/dev/null) || { echo "vLLM bundle pieces in $VB missing or checksum mismatch" >&2; exit 3; }
-    cat "$VB"/vllm_bundle.tar.xz.part-* | xz -dc | tar -x -C "$VB"
+# unpack_kit DIR PREFIX WHAT HINT: unpacks DIR/PREFIX.part-* (checked against DIR/SHA256SUMS) into
+# DIR unless DIR/site exists; exits 3 on a checksum mismatch, 77 (skip) when there are no pieces.
+# Also used by run_trl.sh for the TRL kit.
+unpack_kit() {
+  local dir=$1 prefix=$2 what=$3 hint=$4
+  [[ -d "$dir/site" ]] && return 0
+  if ls "$dir/$prefix".part-* >/dev/null 2>&1; then
+    (cd "$dir" && sha256sum -c SHA256SUMS >/dev/null) || { echo "$what pieces in $dir missing or checksum mismatch" >&2; exit 3; }
+    cat "$dir/$prefix".part-* | xz -dc | tar -x -C "$dir"
   else
-    echo "skipped: no vLLM $VLLM_KIT bundle at $VB (see ../shared/vllm/README.md)" >&2; exit 77
+    echo "skipped: no $what at $dir ($hint)" >&2; exit 77
   fi
-fi
+}
+unpack_kit "$VB" vllm_bundle.tar.xz "vLLM $VLLM_KIT bundle" "see ../shared/vllm/README.md"
 got=$(kit_version "$VB/site")
 case "$got" in
   "$VLLM_KIT".*) ;;

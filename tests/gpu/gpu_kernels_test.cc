@@ -224,25 +224,7 @@ void CheckDeviceInstall(const std::string& model, const std::string& layout_text
   auto got = install->Run();
   ASSERT_TRUE(got.ok()) << what << ": " << got.status().ToString();
   // Reference: staged copies written into the host image of live, element by element.
-  for (size_t i = 0; i < live->copies.size(); ++i) {
-    const refit::CapturedCopy& c = live->copies[i];
-    const size_t es = refit::DTypeSize(live->params[c.param].dtype);
-    const refit::Shape dense = refit::RowMajorStrides(c.dest_shape);
-    int64_t n = 1;
-    for (int64_t x : c.dest_shape) n *= x;
-    auto& dst = host[live->params[c.param].name];
-    const auto& src = host[staging.params[i].name];
-    for (int64_t e = 0; e < n; ++e) {
-      int64_t rest = e, soff = 0, doff = c.dest_offset;
-      for (size_t k = c.dest_shape.size(); k-- > 0;) {
-        const int64_t idx = rest % c.dest_shape[k];
-        rest /= c.dest_shape[k];
-        soff += idx * dense[k];
-        doff += idx * c.dest_strides[k];
-      }
-      std::memcpy(dst.data() + doff * es, src.data() + soff * es, es);
-    }
-  }
+  testing::InstallStagedOnHost(*live, staging, &host);
   refit::DestinationBuffers live_host;
   for (const refit::TensorSpec& p : live->params) {
     std::vector<std::byte> back(p.bytes());

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -165,6 +166,30 @@ inline refit::Capture StagingFor(const refit::Capture& live) {
     s.copies.push_back(std::move(sc));
   }
   return s;
+}
+
+// The host reference of an install: every copy of `live` writes its staged parameter (the dense
+// staging parameter i of StagingFor(live), in `host` by name) into the host image of its live
+// parameter (also in `host`), element by element.
+inline void InstallStagedOnHost(const refit::Capture& live, const refit::Capture& staging,
+                                std::map<std::string, std::vector<std::byte>>* host) {
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const refit::CapturedCopy& c = live.copies[i];
+    const size_t es = refit::DTypeSize(live.params[c.param].dtype);
+    const refit::Shape dense = refit::RowMajorStrides(c.dest_shape);
+    auto& dst = (*host)[live.params[c.param].name];
+    const auto& src = host->at(staging.params[i].name);
+    for (int64_t e = 0; e < refit::NumElements(c.dest_shape); ++e) {
+      int64_t rest = e, soff = 0, doff = c.dest_offset;
+      for (size_t k = c.dest_shape.size(); k-- > 0;) {
+        const int64_t idx = rest % c.dest_shape[k];
+        rest /= c.dest_shape[k];
+        soff += idx * dense[k];
+        doff += idx * c.dest_strides[k];
+      }
+      std::memcpy(dst.data() + doff * es, src.data() + soff * es, es);
+    }
+  }
 }
 
 }  // namespace rc::cuda::testing
