@@ -15,7 +15,7 @@
 # Typical wall time on one H200: ~5-6 min for the three; each run has its own timeout (below), the
 # three together at most ~9 min.
 #
-#   [STEPS=50] [STALE_STEPS=10] [COLOCATE_GPU_UTIL=0.15] [TRL_KIT=/tmp/trl] [VLLM_KIT=0.33] scripts/gpu/run_trl.sh
+#   [STEPS=50] [STALE_STEPS=10, 0 skips the stale run] [COLOCATE_GPU_UTIL=0.15] [TRL_KIT=/tmp/trl] [VLLM_KIT=0.33] scripts/gpu/run_trl.sh
 # Needs what run_vllm.sh needs (the vLLM kit at $VB, the CUDA build of the package in
 # build/cuda-py-bundle: scripts/gpu/vllm_env.sh) plus the TRL kit (scripts/gpu/make_trl_kit.sh)
 # as pieces or unpacked site/ in $TRL_KIT. Results in $OUT/kit-$VLLM_KIT/trl (OUT default ./out-vllm):
@@ -75,8 +75,12 @@ else
   PYTHONPATH="$BASE_PP:$VLLM_SITE" run trl-colocate 180 --backend trl-colocate --device cuda:0 --steps "$STEPS" \
     --gpu-util "$COLOCATE_GPU_UTIL" || status=1
 fi
-PYTHONPATH="$BASE_PP" run stale 120 --backend rolloutcore --engine vllm --steps "$STALE_STEPS" --skip-sync-at 5 \
-  --on-mismatch warn || status=1
+if (( STALE_STEPS > 0 )); then
+  PYTHONPATH="$BASE_PP" run stale 120 --backend rolloutcore --engine vllm --steps "$STALE_STEPS" --skip-sync-at 5 \
+    --on-mismatch warn || status=1
+else
+  echo "stale: not run (STALE_STEPS=0)" | tee -a "$R/summary.txt"
+fi
 echo; cat "$R/summary.txt"
 # Side by side, from each run's trl_grpo.json (runs that wrote none are named as missing).
 python3 - "$R" rolloutcore trl trl-colocate stale <<'PY' | tee "$R/side_by_side.txt"
