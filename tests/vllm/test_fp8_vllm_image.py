@@ -117,8 +117,12 @@ def test_refit_into_fp8_vllm_installs_the_quantization_of_the_published_version(
     try:
         v.wait_healthy()
         before = v.complete(prompt, max_tokens=16)["choices"][0]["text"]
-        pre = v.rpc1("rc_digest")  # the bf16 shadows hold nothing proven before an install
-        assert not pre["ok"] and pre["code"] == "FailedPrecondition", pre
+        # Before any install the bf16 shadows take the checkpoint vLLM loaded from (rc_digest's rule
+        # since 3beefbe, which test_fp8_vllm_controller.py also holds), and vLLM's own quantization of
+        # it is proven to be the image the rule computes from that checkpoint.
+        pre = v.rpc1("rc_digest")
+        assert pre["ok"] and pre["fp8"]["match"] is True and pre["fp8"]["bf16_from"] == tiny, pre
+        assert pre["fp8"]["live_digest"] == fp8_digest(tiny, scheme)["combined"], pre["fp8"]
         trainer.make("v1", seed=1)
         trainer.publish("v1")
         ev = v.rpc1("rc_stage", model="tiny", version="v1", directory=durl, timeout_ms=60000)
@@ -131,7 +135,9 @@ def test_refit_into_fp8_vllm_installs_the_quantization_of_the_published_version(
         assert not inst["fallback_tensors"] and not inst["not_loaded"], inst
         want_digest, _ = manifest_digests(durl, "tiny", "v1")
         assert inst["content_digest"] == want_digest, (inst["content_digest"], want_digest)
-        assert inst["fp8"]["scheme"] == scheme and inst["fp8"]["parameters"] == 16, inst["fp8"]
+        # rc_install's "fp8": the quantizer's report under the proof of the image (per parameter).
+        assert inst["fp8"]["scheme"] == scheme and len(inst["fp8"]["parameters"]) == 16, inst["fp8"]
+        assert inst["fp8"]["match"] is True, inst["fp8"]
         st, body = v.post("/reset_prefix_cache")
         assert st == 200, body
         st, body = v.post("/resume")
