@@ -1119,7 +1119,13 @@ class Extension:
             return _fail("Internal", f"rc_describe: {type(e).__name__}: {e}", traceback=traceback.format_exc())
 
     def rc_stage(self, model: str, version: str, directory: str, timeout_ms: int = 120_000,
-                 api_key: Optional[str] = None) -> Dict[str, Any]:
+                 api_key: Optional[str] = None, delta_policy: Optional[str] = None) -> Dict[str, Any]:
+        """Stages ``version`` into the GPU staging image while vLLM serves (receiver::DeviceReceiver).
+        A version published with deltas on the version the staging image holds may be staged as a
+        delta (docs/refit.md "Delta on the GPU"): ``delta_policy`` auto (the cheaper by the
+        receiver's measurements), always or never; unset: the environment's
+        ROLLOUTCORE_VLLM_DELTA_POLICY, else ``never`` (the GPU delta has not run on a GPU yet).
+        The answer's ``mode`` says which ran and ``delta_choice`` / ``delta_ineligible`` why."""
         st = self._rc_state()
         t0 = time.perf_counter()
         with st.lock:
@@ -1152,13 +1158,19 @@ class Extension:
                 self._rc_ensure_capture(st, specs)
                 capture_ms = (time.perf_counter() - t1) * 1e3
                 remaining = max(1, int(timeout_ms) - int((time.perf_counter() - t0) * 1e3))
+                if delta_policy is None:
+                    delta_policy = os.environ.get("ROLLOUTCORE_VLLM_DELTA_POLICY", "never")
+                if delta_policy not in ("auto", "always", "never"):
+                    raise _Failure("InvalidArgument",
+                                   f"rc_stage delta_policy must be auto, always or never, got {delta_policy!r}")
                 ev = st.stager.stage(directory, model, version, remaining,
-                                     pull_delay_ms=int(st.faults.get("stage_pull_delay_ms", 0)))
+                                     pull_delay_ms=int(st.faults.get("stage_pull_delay_ms", 0)),
+                                     delta_policy=delta_policy)
                 ev["stage_ms"]["capture"] = capture_ms
                 ev["stage_ms"]["total"] = (time.perf_counter() - t0) * 1e3
                 st.published = dict(ev.pop("published"))
                 st.staged_version = version
-                ev.update(ok=True, version=version, model=model, mode="full",
+                ev.update(ok=True, version=version, model=model,
                           fallback_tensors=list(st.fallback), not_loaded=list(st.not_loaded),
                           captured_copies=len(st.capture.copies),
                           suppressed_writes=dict(st.capture.suppressed_writes),

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "cuda/delta_task.h"
 #include "cuda/digest_chunk.h"
 #include "cuda/dtype_bits.h"
 #include "cuda/kernels.h"
@@ -172,6 +173,51 @@ int SizeOf(uint8_t dtype) { return static_cast<int>(refit::DTypeSize(static_cast
 
 }  // namespace
 
+// One delta task per thread. The sums are added per warp where every lane's task is of the same
+// slot (consecutive tasks mostly are: a piece's tiles are consecutive), else per thread.
+__global__ void __launch_bounds__(kThreads) DeltaKernel(const DeltaPieceDesc* pieces, const DeltaOwnedBox* owned,
+                                                        const DeltaTask* tasks, uint64_t count,
+                                                        const unsigned char* bodies, uint64_t* old_sums,
+                                                        uint64_t* new_sums, uint64_t* counts, uint64_t* first_error) {
+  const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  DeltaTaskResult r;
+  uint32_t slot = 0;
+  if (i < count) {
+    const DeltaTask t = tasks[i];
+    slot = pieces[t.piece].tensor;
+    r = RunDeltaTask(pieces[t.piece], t, bodies, owned);
+    if (r.error != kDeltaTaskOk) {
+      atomicMin(reinterpret_cast<unsigned long long*>(first_error), static_cast<unsigned long long>((i << 2) | r.error));
+      r = DeltaTaskResult{};
+    }
+  }
+  const unsigned full = 0xffffffffu;
+  const uint32_t slot0 = __shfl_sync(full, slot, 0);
+  if (i >= count) slot = slot0;
+  uint64_t w = r.writes, o = r.owned;
+  for (int off = 16; off > 0; off >>= 1) {
+    w += __shfl_down_sync(full, w, off);
+    o += __shfl_down_sync(full, o, off);
+  }
+  const int lane = threadIdx.x & 31;
+  if (lane == 0 && w != 0) atomicAdd(reinterpret_cast<unsigned long long*>(counts), static_cast<unsigned long long>(w));
+  if (lane == 0 && o != 0) atomicAdd(reinterpret_cast<unsigned long long*>(counts + 1), static_cast<unsigned long long>(o));
+  if (__all_sync(full, slot == slot0)) {
+    uint64_t a = r.old_terms, b = r.new_terms;
+    for (int off = 16; off > 0; off >>= 1) {
+      a += __shfl_down_sync(full, a, off);
+      b += __shfl_down_sync(full, b, off);
+    }
+    if (lane == 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(old_sums + slot0), static_cast<unsigned long long>(a));
+      atomicAdd(reinterpret_cast<unsigned long long*>(new_sums + slot0), static_cast<unsigned long long>(b));
+    }
+  } else if (r.owned != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(old_sums + slot), static_cast<unsigned long long>(r.old_terms));
+    atomicAdd(reinterpret_cast<unsigned long long*>(new_sums + slot), static_cast<unsigned long long>(r.new_terms));
+  }
+}
+
 cudaError_t LaunchDigest(const DigestChunk* chunks, uint64_t count, uint64_t* sums, cudaStream_t stream) {
   // gridDim.x may be up to 2^31 - 1 blocks.
   constexpr uint64_t kMaxBlocks = (1ull << 31) - 1;
@@ -188,6 +234,17 @@ cudaError_t LaunchFusedInstall(const FusedChunk* chunks, uint64_t count, uint64_
     const uint64_t n = count - begin < kMaxBlocks ? count - begin : kMaxBlocks;
     FusedInstallKernel<<<static_cast<unsigned>(n), kDigestThreads, 0, stream>>>(chunks + begin, sums);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDeltaTasks(const DeltaPieceDesc* pieces, const DeltaOwnedBox* owned, const DeltaTask* tasks,
+                             uint64_t count, const unsigned char* bodies, uint64_t* old_sums, uint64_t* new_sums,
+                             uint64_t* counts, uint64_t* first_error, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const uint64_t blocks = (count + kThreads - 1) / kThreads;
+  if (blocks > (1ull << 31) - 1) return cudaErrorInvalidValue;
+  DeltaKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(pieces, owned, tasks, count, bodies, old_sums,
+                                                                      new_sums, counts, first_error);
   return cudaGetLastError();
 }
 

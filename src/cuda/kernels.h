@@ -67,6 +67,17 @@ inline constexpr uint64_t kCopyChunkBytes = 1 << 20;
 // Device-to-device copies of every chunk (one block per chunk; 16-byte accesses when aligned).
 cudaError_t LaunchCopyChunks(const CopyChunk* chunks, uint64_t count, cudaStream_t stream);
 
+// Delta refit onto a device image (delta_task.h): thread i runs tasks[i] (RunDeltaTask over the
+// bodies). Per slot, old_sums / new_sums += the task's old / new digest terms; counts[0] += writes,
+// counts[1] += digest-owned writes (all zeroed by the caller); a failed task stores nothing and
+// sets *first_error = min(*first_error, task << 2 | error) (the caller sets it to ~0 first).
+struct DeltaPieceDesc;
+struct DeltaOwnedBox;
+struct DeltaTask;
+cudaError_t LaunchDeltaTasks(const DeltaPieceDesc* pieces, const DeltaOwnedBox* owned, const DeltaTask* tasks,
+                             uint64_t count, const unsigned char* bodies, uint64_t* old_sums, uint64_t* new_sums,
+                             uint64_t* counts, uint64_t* first_error, cudaStream_t stream);
+
 // Strided view copy with dtype conversion: element i (row-major over size[0..ndims)) is read at
 // src + sum(idx[d] * sstride[d]) and written at dst + sum(idx[d] * dstride[d]) (strides in
 // elements of the respective dtype). dtypes are refit::DType values; the pair must be identical or

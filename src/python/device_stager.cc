@@ -159,13 +159,40 @@ class PyDeviceStager final : public receiver::DeviceLiveWeights {
   }
 
   py::dict Stage(const std::string& directory, const std::string& model, const std::string& version,
-                 int64_t timeout_ms, int64_t pull_delay_ms) {
-    receiver::DeviceStageRequest req{directory, model, version, timeout_ms, pull_delay_ms};
+                 int64_t timeout_ms, int64_t pull_delay_ms, const std::string& delta_policy) {
+    auto policy = receiver::ParseDeltaPolicy(delta_policy);
+    if (!policy.ok()) Raise(policy.status().WithContext("stage: delta_policy"));
+    receiver::DeviceStageRequest req;
+    req.directory = directory;
+    req.model = model;
+    req.version = version;
+    req.timeout_ms = timeout_ms;
+    req.delta_policy = *policy;
+    req.pull_delay_ms = pull_delay_ms;
     const receiver::DeviceStageReport r = WithoutGil([&] { return receiver_->Stage(req); });
     py::dict stages;
     for (const auto& [k, v] : r.stage_ms) stages[py::str(k)] = v;
     py::dict out;
     out["stage_ms"] = stages;
+    out["mode"] = r.mode;
+    out["delta_ineligible"] = r.delta_ineligible;
+    if (r.delta_choice) {
+      // The stage answer's delta_choice (refit_choice.h DeltaChoice::ToJson), as a dict.
+      py::dict c;
+      c["policy"] = std::string(receiver::DeltaPolicyName(r.delta_choice->policy));
+      c["mode"] = r.delta_choice->delta ? "delta" : "full";
+      c["reason"] = r.delta_choice->reason;
+      c["estimated_full_ms"] = r.delta_choice->full_ms < 0 ? py::object(py::none()) : py::object(py::float_(r.delta_choice->full_ms));
+      c["estimated_delta_ms"] = r.delta_choice->delta_ms < 0 ? py::object(py::none()) : py::object(py::float_(r.delta_choice->delta_ms));
+      c["full_samples"] = r.delta_choice->full_samples;
+      c["delta_samples"] = r.delta_choice->delta_samples;
+      out["delta_choice"] = c;
+    } else {
+      out["delta_choice"] = py::none();
+    }
+    out["changed"] = r.changed;
+    out["delta_writes"] = r.delta_writes;
+    out["bytes_uploaded"] = r.bytes_uploaded;
     out["transport"] = r.transport;
     out["bytes_needed"] = r.bytes_needed;
     out["bytes_planned"] = r.bytes_planned;
@@ -232,7 +259,7 @@ void RegisterDeviceStager(py::module_& m) {
       .def("set_captures", &PyDeviceStager::SetCaptures, py::arg("staging_params"), py::arg("staging_copies"),
            py::arg("live_params"), py::arg("live_copies"))
       .def("stage", &PyDeviceStager::Stage, py::arg("directory"), py::arg("model"), py::arg("version"),
-           py::arg("timeout_ms"), py::arg("pull_delay_ms") = 0)
+           py::arg("timeout_ms"), py::arg("pull_delay_ms") = 0, py::arg("delta_policy") = "auto")
       .def("live_digest", &PyDeviceStager::LiveDigest)
       .def("prepare_install", &PyDeviceStager::PrepareInstall)
       .def("install", &PyDeviceStager::Install);

@@ -697,7 +697,7 @@ Result<TilesNeeded> DeltaTilesNeeded(const refit::Manifest& m, const std::map<st
 
 }  // namespace
 
-Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
+Result<DeltaStaged> PullDelta(const DeltaStageInput& in) {
   const refit::Manifest& m = *in.manifest;
   const auto& captures = *in.captures;
   DeltaStaged out;
@@ -809,10 +809,22 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
     RC_RETURN_IF_ERROR(PlanDeltaRank(m, r, cap, (*in.regions)[r], *in.live, first_shard, tile_at, &out));
     plan_ms += MsSince(t0);
     out.bytes_pulled += rank_bytes;
+    rank_reads[r].rank = r;
     rank_reads[r].bytes_pulled = rank_bytes;
     rank_reads[r].reads = reads;
     rank_reads[r].shards_read = need.size();
   }
+  out.ranks = std::move(rank_reads);
+  out.stages_ms["wire"] = wire_ms;
+  out.stages_ms["planning"] = plan_ms;
+  return out;
+}
+
+Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
+  const refit::Manifest& m = *in.manifest;
+  const auto& captures = *in.captures;
+  RC_ASSIGN_OR_RETURN(DeltaStaged out, PullDelta(in));
+  const std::vector<DeltaRankReport> rank_reads = out.ranks;
 
   // Decode, map, check and digest every job, in parallel.
   auto t0 = std::chrono::steady_clock::now();
@@ -827,8 +839,6 @@ Result<DeltaStaged> StageDelta(const DeltaStageInput& in) {
   // The prediction D_new = D_live + sum (new - old), tensor by tensor, against the manifest.
   t0 = std::chrono::steady_clock::now();
   std::string mismatch = refit::FirstDigestMismatch(out.predicted, *in.published);
-  out.stages_ms["wire"] = wire_ms;
-  out.stages_ms["planning"] = plan_ms;
   out.stages_ms["transform"] = map_ms;
   out.stages_ms["receive_sync"] = MsSince(t0);
   if (!mismatch.empty()) {

@@ -154,6 +154,11 @@ struct DeltaStageInput {
 };
 
 [[nodiscard]] Result<DeltaStaged> StageDelta(const DeltaStageInput& in);
+// StageDelta's wire and planning alone (the device path's first half, device_delta.h): every
+// rank's needed tiles pulled into host memory, its pieces and jobs planned, and per rank the pull's
+// report (bytes_pulled, reads, shards_read); stages_ms wire and planning. Nothing is decoded or
+// predicted, and in.live is only checked to name every captured parameter.
+[[nodiscard]] Result<DeltaStaged> PullDelta(const DeltaStageInput& in);
 
 // The parts of StageDelta after the wire (exposed for unit tests, which build DeltaShards from
 // locally encoded payloads). PlanDeltaRank appends rank r's pieces and jobs for the shards

@@ -13,6 +13,7 @@
 #include <random>
 #include <tuple>
 
+#include "receiver/device_delta.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 
@@ -426,6 +427,129 @@ TEST_P(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("tensor w"), std::string::npos) << s.ToString();
+}
+
+// The device form of the apply pass (device_delta.h): the table of every rank, run through the
+// kernel's own per-task code on host memory, writes exactly what PredictDelta's apply pass writes
+// and predicts the same per-tensor digests; a malformed tile and a non-finite value fail their task
+// (nothing of that tile stored) with the CPU path's own messages.
+TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
+  auto reset_old = [&] {
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, false, true);
+    }
+  };
+  auto snapshot = [&] {
+    std::vector<std::map<std::string, std::vector<std::byte>>> out(caps_.size());
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const auto& [name, p] : params_[r].all()) out[r][name].assign(p.bytes(), p.bytes() + p.nbytes());
+    }
+    return out;
+  };
+  const refit::TensorDigests old_digests = staged_.base_digests;
+  reset_old();
+  ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, 1, &staged_, /*apply=*/true).ok());
+  const auto applied = snapshot();
+  const refit::TensorDigests want = staged_.predicted;
+  reset_old();
+  // The device path runs per rank (one receiver per engine rank); the ranks' sums add up per
+  // tensor as the CPU pass's do (digest ownership is disjoint over ranks).
+  refit::TensorDigests got = old_digests;
+  uint64_t writes = 0;
+  int64_t want_writes = 0;
+  for (size_t r = 0; r < caps_.size(); ++r) {
+    EXPECT_EQ(DeviceDeltaIneligibility(staged_, manifest_, r, caps_[r]), "");
+    auto table = BuildDeviceDeltaTable(staged_, manifest_, r, caps_[r], live_[r]);
+    ASSERT_TRUE(table.ok()) << table.status().ToString();
+    EXPECT_FALSE(table->tasks.empty());
+    const DeviceDeltaSums sums = EvaluateDeviceDeltaOnHost(*table);
+    ASSERT_FALSE(sums.failed_task.has_value());
+    for (size_t i = 0; i < table->tensors.size(); ++i) {
+      got[table->tensors[i]] += sums.new_terms[i] - sums.old_terms[i];
+    }
+    writes += sums.writes;
+    want_writes += staged_.ranks[r].writes;
+  }
+  EXPECT_EQ(snapshot(), applied) << "the device tasks write what the apply pass writes, nothing else";
+  EXPECT_EQ(got, want);
+  for (const Tensor& t : tensors_) EXPECT_EQ(got[t.name], CoveredDigest(t, true)) << t.name;
+  EXPECT_EQ(writes, static_cast<uint64_t>(want_writes));
+  // One rank's prediction is its base plus its own sums (PredictedAfterDeviceDelta).
+  reset_old();
+  auto t0 = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
+  ASSERT_TRUE(t0.ok());
+  const DeviceDeltaSums s0 = EvaluateDeviceDeltaOnHost(*t0);
+  const refit::TensorDigests p0 = PredictedAfterDeviceDelta(old_digests, *t0, s0);
+  EXPECT_EQ(p0.at("t"), CoveredDigest(TensorOf("t"), true)) << "rank 0 alone holds all of t";
+
+  // A missing image parameter is named.
+  refit::DestinationBuffers partial = live_[0];
+  partial.erase("tT");
+  auto missing = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], partial);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status().message().find("tT"), std::string::npos) << missing.status().ToString();
+
+  // A non-finite new value: its task fails before storing anything, the message names the tensor.
+  reset_old();
+  const auto old_image = snapshot();
+  auto table = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
+  ASSERT_TRUE(table.ok());
+  const cuda::internal::DeltaTask first = table->tasks[0];
+  const uint16_t inf = 0x7f80;
+  std::memcpy(table->bodies.data() + first.body + first.bytes - 2, &inf, 2);  // the tile's last value
+  DeviceDeltaSums bad = EvaluateDeviceDeltaOnHost(*table);
+  ASSERT_TRUE(bad.failed_task.has_value());
+  EXPECT_EQ(*bad.failed_task, 0u);
+  EXPECT_EQ(bad.error, cuda::internal::kDeltaTaskNonFinite);
+  Status why = DeviceDeltaTaskError(*table, staged_, manifest_, *bad.failed_task, bad.error);
+  EXPECT_EQ(why.code(), StatusCode::kInvalidArgument) << why.ToString();
+  EXPECT_NE(why.message().find("non-finite"), std::string::npos) << why.ToString();
+  // Nothing of the failed tile was stored: only the other tasks' elements moved.
+  reset_old();
+  auto clean = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
+  ASSERT_TRUE(clean.ok());
+  clean->tasks.erase(clean->tasks.begin());
+  clean->task_piece.erase(clean->task_piece.begin());
+  EXPECT_FALSE(EvaluateDeviceDeltaOnHost(*clean).failed_task.has_value());
+  const auto without_first = snapshot();
+  reset_old();
+  EXPECT_EQ(snapshot(), old_image);
+  EvaluateDeviceDeltaOnHost(*table);
+  EXPECT_EQ(snapshot(), without_first);
+
+  // A malformed tile (its index cut short by one byte): DataLoss in the CPU decoder's words.
+  reset_old();
+  auto cut = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
+  ASSERT_TRUE(cut.ok());
+  size_t varint_task = cut->tasks.size();
+  for (size_t i = 0; i < cut->tasks.size(); ++i) {
+    if (cut->tasks[i].bitmap == 0 && cut->tasks[i].changed > 2) {
+      varint_task = i;
+      break;
+    }
+  }
+  ASSERT_LT(varint_task, cut->tasks.size());
+  cut->tasks[varint_task].changed -= 1;  // the table now disagrees with the body
+  DeviceDeltaSums malformed = EvaluateDeviceDeltaOnHost(*cut);
+  ASSERT_TRUE(malformed.failed_task.has_value());
+  EXPECT_EQ(*malformed.failed_task, varint_task);
+  EXPECT_EQ(malformed.error, cuda::internal::kDeltaTaskMalformed);
+  Status malformed_why = DeviceDeltaTaskError(*cut, staged_, manifest_, *malformed.failed_task, malformed.error);
+  EXPECT_EQ(malformed_why.code(), StatusCode::kDataLoss) << malformed_why.ToString();
+
+  // A dtype pair the device does not convert (bf16 into an f16 parameter) is named, per tensor.
+  DeltaStaged f16 = staged_;
+  for (DeltaPiece& p : f16.pieces) {
+    if (p.rank == 0 && manifest_.tables[f16.shards[p.shard].table].name == "n") p.dest = DType::kF16;
+  }
+  const std::string why_not = DeviceDeltaIneligibility(f16, manifest_, 0, caps_[0]);
+  EXPECT_NE(why_not.find("tensor n"), std::string::npos) << why_not;
+  EXPECT_NE(why_not.find("f16"), std::string::npos) << why_not;
+  auto refused = BuildDeviceDeltaTable(f16, manifest_, 0, caps_[0], live_[0]);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  staged_.base_digests = old_digests;
 }
 
 INSTANTIATE_TEST_SUITE_P(LiveDType, DeltaApplyTest, ::testing::Values(DType::kF32, DType::kBF16),

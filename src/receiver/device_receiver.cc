@@ -3,11 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "cuda/gpu_delta.h"
+#include "receiver/delta_apply.h"
+#include "receiver/device_delta.h"
 #include "receiver/pipeline.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/cuda/gpu_refit.h"
@@ -66,6 +70,14 @@ struct DeviceReceiver::State {
   uint64_t live_digest_key = 0;
   std::unique_ptr<cuda::DeviceInstall> install;
   uint64_t install_key = 0;
+  // What the staging image holds, proven by the last successful stage into the same buffers (a
+  // full stage's digest, or a delta's prediction checked against the manifest); unset while a
+  // stage runs and after any failed one.
+  std::optional<std::string> staging_version;
+  std::optional<std::string> staging_version_before;  // during a stage: what the image held
+  refit::TensorDigests staging_digests;
+  uint64_t staging_key = 0;
+  RefitCostModel costs;  // full vs delta, per transport (refit_choice.h)
 };
 
 Result<std::unique_ptr<DeviceReceiver>> DeviceReceiver::Create(int device, DeviceLiveWeights* weights) {
@@ -104,12 +116,62 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   DeviceStageReport report;
   const auto t_total = std::chrono::steady_clock::now();
   const auto deadline = t_total + std::chrono::milliseconds(req.timeout_ms);
-  auto t = t_total;
   internal::ResolvedVersion resolved;
   RC_RETURN_IF_ERROR(internal::ResolveInDirectory(req.directory, req.model, req.version, deadline, &resolved));
-  report.stage_ms["discover"] = MsSince(t);
+  report.stage_ms["discover"] = MsSince(t_total);
 
-  t = std::chrono::steady_clock::now();
+  // Full or delta: a delta needs the staging image at the delta's base, proven, in these buffers.
+  const uint64_t staging_key = BuffersKey(staging);
+  if (internal::CarriesDelta(resolved.manifest)) {
+    if (!st.staging_version || st.staging_key != staging_key) {
+      report.delta_ineligible = "the staging image holds no proven version (no stage yet, a failed one, or new buffers)";
+    } else {
+      // Tensors the engine does not load (a tied lm_head) have nothing staged to prove: they count
+      // as at their base.
+      refit::TensorDigests base = st.staging_digests;
+      for (const refit::ShardTable& t : resolved.manifest.tables) {
+        if (base.count(t.name) != 0) continue;
+        uint64_t sum = 0;
+        std::set<std::string> seen;
+        for (const refit::ShardInfo& s : t.shards) {
+          if (s.delta && seen.insert(refit::BoxToString(s.box())).second) sum += s.delta->base_digest;
+        }
+        base[t.name] = sum;
+      }
+      report.delta_ineligible = internal::DeltaIneligibility(resolved.manifest, *st.staging_version, &base);
+    }
+    if (report.delta_ineligible.empty()) {
+      RC_ASSIGN_OR_RETURN(const std::string transport, refit::ManifestTransport(resolved.manifest));
+      report.delta_choice = st.costs.Choose(req.delta_policy, transport, WorkOf(resolved.manifest));
+    }
+  }
+  const bool delta = report.delta_choice && report.delta_choice->delta;
+  // The image is about to be written: unproven until this stage succeeds.
+  st.staging_version_before = std::move(st.staging_version);
+  st.staging_version.reset();
+  auto done = delta ? StageDeltaOnDevice(req, resolved, staging, std::move(report))
+                    : StageFull(req, resolved, staging, std::move(report));
+  if (!done.ok()) return done.status();
+  done->stage_ms["total"] = MsSince(t_total);
+  const double work_ms = done->stage_ms["total"] - done->stage_ms["discover"];
+  if (delta) {
+    st.costs.RecordDelta(done->transport, WorkOf(resolved.manifest), work_ms);
+  } else {
+    st.costs.RecordFull(done->transport, WorkOf(resolved.manifest), work_ms);
+  }
+  st.staging_version = req.version;
+  st.staging_key = staging_key;
+  return done;
+}
+
+Result<DeviceStageReport> DeviceReceiver::StageFull(const DeviceStageRequest& req,
+                                                    const internal::ResolvedVersion& resolved,
+                                                    const refit::DestinationBuffers& staging, DeviceStageReport report) {
+  State& st = *state_;
+  const auto t_total = std::chrono::steady_clock::now();
+  const auto deadline = t_total + std::chrono::milliseconds(
+                                      std::max<int64_t>(1, req.timeout_ms - static_cast<int64_t>(report.stage_ms["discover"])));
+  auto t = t_total;
   const uint64_t topology = internal::StageTopology(resolved.manifest, /*receiver_rank=*/0);
   RC_ASSIGN_OR_RETURN(report.plan_cached, st.plans.Ensure(std::span<const refit::Capture>(&st.staging, 1),
                                                           resolved.manifest, topology, /*receiver_rank=*/0));
@@ -130,7 +192,7 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
 
   if (req.pull_delay_ms > 0) {
     t = std::chrono::steady_clock::now();
-    const int64_t left = req.timeout_ms - static_cast<int64_t>(MsSince(t_total));
+    const int64_t left = internal::MsLeft(deadline);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(0, std::min(req.pull_delay_ms, left))));
     report.stage_ms["fault_pull_delay"] = MsSince(t);
   }
@@ -164,8 +226,72 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   report.reads = stats->reads;
   report.staged_digest = ContentDigest(refit::CombineTensorDigests(got));
   report.manifest_digest = ContentDigest(resolved.manifest.content_digest);
-  report.published = std::move(resolved.published);
-  report.stage_ms["total"] = MsSince(t_total);
+  report.published = resolved.published;
+  st.staging_digests = std::move(got);
+  return report;
+}
+
+Result<DeviceStageReport> DeviceReceiver::StageDeltaOnDevice(const DeviceStageRequest& req,
+                                                             const internal::ResolvedVersion& resolved,
+                                                             const refit::DestinationBuffers& staging,
+                                                             DeviceStageReport report) {
+  State& st = *state_;
+  report.mode = "delta";
+  const std::vector<refit::Capture> captures{st.staging};
+  const std::vector<std::vector<refit::DigestRegion>> regions{st.staging_regions};
+  const std::vector<refit::DestinationBuffers> images{staging};
+  internal::DeltaStageInput in;
+  in.manifest = &resolved.manifest;
+  in.published = &resolved.published;
+  in.captures = &captures;
+  in.regions = &regions;
+  in.live = &images;
+  in.live_digests = &st.staging_digests;
+  in.timeout_ms = std::max<int64_t>(1, req.timeout_ms - static_cast<int64_t>(report.stage_ms["discover"]));
+  auto t = std::chrono::steady_clock::now();
+  auto pulled = internal::PullDelta(in);
+  if (pulled.ok()) pulled->base = *st.staging_version_before;
+  if (!pulled.ok()) {
+    return pulled.status().WithContext(fmt::format("pulling the delta of {} of {}", req.version, req.model));
+  }
+  for (const auto& [k, v] : pulled->stages_ms) report.stage_ms[k] = v;
+  t = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(internal::DeviceDeltaTable table,
+                      internal::BuildDeviceDeltaTable(*pulled, resolved.manifest, 0, st.staging, staging));
+  report.stage_ms["table"] = MsSince(t);
+  cuda::DeviceDeltaInput din;
+  din.pieces = table.pieces;
+  din.owned = table.owned;
+  din.tasks = table.tasks;
+  din.bodies = table.bodies;
+  din.slots = table.tensors.size();
+  RC_ASSIGN_OR_RETURN(cuda::DeviceDeltaOutput out, cuda::RunDeltaOnDevice(device_, din));
+  report.stage_ms["upload"] = out.upload_ms;
+  report.stage_ms["kernel"] = out.kernel_ms;
+  if (out.failed_task) {
+    return internal::DeviceDeltaTaskError(table, *pulled, resolved.manifest, *out.failed_task, out.error)
+        .WithContext(fmt::format("applying the delta of {} to GPU staging (the staging image is no longer proven)",
+                                 req.version));
+  }
+  internal::DeviceDeltaSums sums;
+  sums.old_terms = std::move(out.old_terms);
+  sums.new_terms = std::move(out.new_terms);
+  refit::TensorDigests predicted = internal::PredictedAfterDeviceDelta(st.staging_digests, table, sums);
+  RC_RETURN_IF_ERROR(internal::CheckStagedDigests(predicted, resolved.published, req.model, req.version, /*subset=*/true)
+                         .WithContext(fmt::format("the delta of {} on {} (the staging image is no longer proven)",
+                                                  req.version, pulled->base)));
+  RC_ASSIGN_OR_RETURN(report.transport, refit::ManifestTransport(resolved.manifest));
+  // What the plan moved: the tile tables and bodies (the full layout's bytes are not needed).
+  report.bytes_pulled = pulled->bytes_pulled;
+  report.bytes_needed = report.bytes_planned = pulled->bytes_pulled;
+  report.reads = pulled->ranks.empty() ? 0 : pulled->ranks[0].reads;
+  report.changed = static_cast<int64_t>(table.changed_in_tasks);
+  report.delta_writes = out.writes;
+  report.bytes_uploaded = out.uploaded_bytes;
+  report.staged_digest = ContentDigest(refit::CombineTensorDigests(predicted));
+  report.manifest_digest = ContentDigest(resolved.manifest.content_digest);
+  report.published = resolved.published;
+  st.staging_digests = std::move(predicted);
   return report;
 }
 

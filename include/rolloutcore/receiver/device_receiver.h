@@ -30,21 +30,30 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "rolloutcore/base/content_digest.h"
 #include "rolloutcore/base/status.h"
 #include "rolloutcore/receiver/live_weights.h"
+#include "rolloutcore/receiver/refit_choice.h"
 #include "rolloutcore/refit/capture.h"
 #include "rolloutcore/refit/manifest.h"
 
 namespace rc::receiver {
+
+namespace internal {
+struct ResolvedVersion;  // receiver/pipeline.h
+}  // namespace internal
 
 struct DeviceStageRequest {
   std::string directory;  // base URL of the directory
   std::string model;
   std::string version;
   int64_t timeout_ms = 60'000;  // the whole stage: discovery, imports, the pull, the digest
+  // Full or delta (refit_choice.h), for a version published with deltas whose base is the version
+  // the staging image holds (proven: the last stage of this receiver, into the same buffers).
+  DeltaPolicy delta_policy = DeltaPolicy::kAuto;
   // Fault injection for tests (rc_fault stage_pull_delay_ms; 0 in production): holds the pull
   // that long (within the deadline) after the sources were imported and before the reads are
   // posted, so a test can kill the trainer mid-pull.
@@ -52,9 +61,18 @@ struct DeviceStageRequest {
 };
 
 // What a stage did. stage_ms: discover, plan, import, wire, digest, total (and fault_pull_delay
-// when injected), milliseconds.
+// when injected), milliseconds; a delta stage: discover, wire, planning, table, upload, kernel,
+// total.
 struct DeviceStageReport {
   std::map<std::string, double> stage_ms;
+  std::string mode = "full";  // "full" or "delta"
+  // Why the version could not be staged as a delta ("" when it could, or carries none), and the
+  // choice between the two when it could.
+  std::string delta_ineligible;
+  std::optional<DeltaChoice> delta_choice;
+  int64_t changed = 0;          // delta: changed elements the tasks decoded
+  uint64_t delta_writes = 0;    // delta: staging elements overwritten
+  uint64_t bytes_uploaded = 0;  // delta: tables and tile bodies copied to the GPU
   std::string transport;
   uint64_t bytes_needed = 0, bytes_planned = 0, bytes_pulled = 0, descriptors = 0, reads = 0;
   bool plan_cached = false;
@@ -104,6 +122,12 @@ class DeviceReceiver {
   [[nodiscard]] Status SetCaptures(refit::Capture staging, refit::Capture live);
   // Pulls `request.version` into the staging buffers and checks the staged bytes against the
   // published per-tensor digests. FailedPrecondition before SetCaptures.
+  // A version published with deltas on the version the staging image holds may be staged as a
+  // delta (request.delta_policy; docs/refit.md "Delta on the GPU"): only the tiles of the changed
+  // elements the staging capture needs are pulled (into host memory), uploaded, and applied to the
+  // staging image by one kernel, which also sums the digest terms of every old and new value; the
+  // image's per-tensor digests predicted from them must equal the manifest's, as a full stage's
+  // digest must. Any failed stage leaves the staging image unproven (the next stage is full).
   [[nodiscard]] Result<DeviceStageReport> Stage(const DeviceStageRequest& request);
   // Per-tensor digests of the live parameters through the live capture.
   [[nodiscard]] Result<DeviceDigestReport> LiveDigest();
@@ -117,6 +141,11 @@ class DeviceReceiver {
  private:
   struct State;
   DeviceReceiver(int device, DeviceLiveWeights* weights);
+  [[nodiscard]] Result<DeviceStageReport> StageFull(const DeviceStageRequest& request, const internal::ResolvedVersion& resolved,
+                                                    const refit::DestinationBuffers& staging, DeviceStageReport report);
+  [[nodiscard]] Result<DeviceStageReport> StageDeltaOnDevice(const DeviceStageRequest& request, const internal::ResolvedVersion& resolved,
+                                                             const refit::DestinationBuffers& staging,
+                                                             DeviceStageReport report);
   const int device_;
   DeviceLiveWeights* const weights_;
   std::unique_ptr<State> state_;
