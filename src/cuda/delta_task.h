@@ -228,7 +228,8 @@ RC_HD DeltaTaskResult RunDeltaTask(const DeltaPieceDesc& p, const DeltaTask& t, 
   }
   // Pass 2: map, store, sum.
   const int64_t row0 = tr * p.tile_rows, col0 = tc * p.tile_cols;
-  auto* image = reinterpret_cast<unsigned char*>(p.image);
+  // The table carries addresses as integers (one layout for host and device).
+  auto* image = reinterpret_cast<unsigned char*>(p.image);  // NOLINT(performance-no-int-to-ptr)
   int64_t cached_row = -1, rd = 0, rg = 0;
   bool row_in = false;
   DeltaForEachOffset(body, index_bytes, t.bitmap != 0, n, t.changed, [&](int64_t k, uint32_t i) {

@@ -219,7 +219,7 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
     }
     return v;
   };
-  versions["a"].push_back(next(std::vector<uint16_t>(300 * 200), 1.0));
+  versions["a"].push_back(next(std::vector<uint16_t>(size_t{300} * 200), 1.0));
   versions["b"].push_back(next(std::vector<uint16_t>(3000), 1.0));
   auto publish = [&](int k) {
     for (const auto& [name, shape] : {std::pair{std::string("a"), sa}, std::pair{std::string("b"), sb}}) {
