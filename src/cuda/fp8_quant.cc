@@ -15,11 +15,8 @@
 namespace rc::cuda {
 namespace {
 
-Status Check(cudaError_t e, std::string_view what) {
-  if (e == cudaSuccess) return OkStatus();
-  (void)cudaGetLastError();
-  return Internal(fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
-}
+using rc::gpu_internal::CheckCuda;
+
 
 // Per device: the scratch (amax + status) and the stream the quantizer uses, kept between calls
 // (a refit quantizes every projection of a model in a row: 144 calls for an 8B model, and a
@@ -52,7 +49,7 @@ Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp
     RC_ASSIGN_OR_RETURN(state.scratch, DeviceBuffer::Allocate(device, std::max<uint64_t>(amax_bytes + 16, 1 << 20)));
   }
   if (state.stream == nullptr) {
-    RC_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+    RC_RETURN_IF_ERROR(CheckCuda(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   }
   cudaStream_t stream = state.stream;
   std::byte* scratch = state.scratch.data();
@@ -74,21 +71,21 @@ Status QuantizeBf16ToFp8OnDevice(int device, const void* bf16, const formats::Fp
   }
   // The input may have been written on another stream (the legacy default stream of a caller such
   // as torch's current stream): order after everything queued on the device so far.
-  RC_RETURN_IF_ERROR(Check(cudaDeviceSynchronize(), "waiting for the input"));
-  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(scratch, 0, amax_bytes, stream), "cudaMemsetAsync"));
-  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(scratch + amax_bytes, 0xFF, 16, stream), "cudaMemsetAsync"));
-  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Amax(a, stream), "fp8 amax kernel"));
+  RC_RETURN_IF_ERROR(CheckCuda(cudaDeviceSynchronize(), "waiting for the input"));
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemsetAsync(scratch, 0, amax_bytes, stream), "cudaMemsetAsync"));
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemsetAsync(scratch + amax_bytes, 0xFF, 16, stream), "cudaMemsetAsync"));
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchFp8Amax(a, stream), "fp8 amax kernel"));
   // The scale and quantize kernels write nothing once the amax pass found a non-finite element: a
   // non-finite input leaves `scales` and `q` as they were, and the host checks once, at the end.
-  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Scales(a, groups, stream), "fp8 scale kernel"));
-  RC_RETURN_IF_ERROR(Check(internal::LaunchFp8Quantize(a, stream), "fp8 quantize kernel"));
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchFp8Scales(a, groups, stream), "fp8 scale kernel"));
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchFp8Quantize(a, stream), "fp8 quantize kernel"));
   std::array<unsigned long long, 2> status{};  // [1] unused: 16-byte copy
-  RC_RETURN_IF_ERROR(Check(cudaMemcpyAsync(status.data(), scratch + amax_bytes, 16, cudaMemcpyDeviceToHost, stream),
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemcpyAsync(status.data(), scratch + amax_bytes, 16, cudaMemcpyDeviceToHost, stream),
                            "reading the fp8 status"));
-  RC_RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream), "fp8 quantize"));
+  RC_RETURN_IF_ERROR(CheckCuda(cudaStreamSynchronize(stream), "fp8 quantize"));
   if (status[0] != ~0ull) {
     uint16_t bits = 0;
-    RC_RETURN_IF_ERROR(Check(cudaMemcpy(&bits, static_cast<const uint16_t*>(bf16) + status[0], 2,
+    RC_RETURN_IF_ERROR(CheckCuda(cudaMemcpy(&bits, static_cast<const uint16_t*>(bf16) + status[0], 2,
                                         cudaMemcpyDeviceToHost), "reading the non-finite element"));
     const auto row = static_cast<int64_t>(status[0]) / layout.cols, col = static_cast<int64_t>(status[0]) % layout.cols;
     return InvalidArgument(fmt::format("{}[{}, {}] is {} (bf16 0x{:04x}): only finite weights can be quantized to fp8",

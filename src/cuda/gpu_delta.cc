@@ -12,11 +12,8 @@
 namespace rc::cuda {
 namespace {
 
-Status Check(cudaError_t e, std::string_view what) {
-  if (e == cudaSuccess) return OkStatus();
-  (void)cudaGetLastError();
-  return Internal(fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
-}
+using rc::gpu_internal::CheckCuda;
+
 
 template <typename T>
 Result<DeviceBuffer> Upload(int device, std::span<const T> host, uint64_t* bytes) {
@@ -61,22 +58,22 @@ Result<DeviceDeltaOutput> RunDeltaOnDevice(int device, const DeviceDeltaInput& i
   out.upload_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
   cudaEvent_t start = nullptr, stop = nullptr;
-  RC_RETURN_IF_ERROR(Check(cudaEventCreate(&start), "cudaEventCreate"));
-  Status launched = Check(cudaEventCreate(&stop), "cudaEventCreate");
+  RC_RETURN_IF_ERROR(CheckCuda(cudaEventCreate(&start), "cudaEventCreate"));
+  Status launched = CheckCuda(cudaEventCreate(&stop), "cudaEventCreate");
   auto* s = reinterpret_cast<uint64_t*>(sums.data());
-  if (launched.ok()) launched = Check(cudaEventRecord(start, nullptr), "cudaEventRecord");
+  if (launched.ok()) launched = CheckCuda(cudaEventRecord(start, nullptr), "cudaEventRecord");
   if (launched.ok()) {
-    launched = Check(internal::LaunchDeltaTasks(reinterpret_cast<const internal::DeltaPieceDesc*>(pieces.data()),
+    launched = CheckCuda(internal::LaunchDeltaTasks(reinterpret_cast<const internal::DeltaPieceDesc*>(pieces.data()),
                                                 reinterpret_cast<const internal::DeltaOwnedBox*>(owned.data()),
                                                 reinterpret_cast<const internal::DeltaTask*>(tasks.data()),
                                                 in.tasks.size(), reinterpret_cast<const unsigned char*>(bodies.data()),
                                                 s, s + in.slots, s + 2 * in.slots, s + 2 * in.slots + 2, nullptr),
                      "delta kernel launch");
   }
-  if (launched.ok()) launched = Check(cudaEventRecord(stop, nullptr), "cudaEventRecord");
-  if (launched.ok()) launched = Check(cudaEventSynchronize(stop), "delta kernel");
+  if (launched.ok()) launched = CheckCuda(cudaEventRecord(stop, nullptr), "cudaEventRecord");
+  if (launched.ok()) launched = CheckCuda(cudaEventSynchronize(stop), "delta kernel");
   float ms = 0;
-  if (launched.ok()) launched = Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  if (launched.ok()) launched = CheckCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
   if (start != nullptr) (void)cudaEventDestroy(start);
   if (stop != nullptr) (void)cudaEventDestroy(stop);
   RC_RETURN_IF_ERROR(launched);

@@ -21,6 +21,8 @@
 namespace rc::cuda {
 namespace {
 
+using rc::gpu_internal::CheckCuda;
+
 using internal::DigestChunk;
 using internal::FusedChunk;
 using refit::DType;
@@ -31,11 +33,6 @@ std::string CudaText(cudaError_t e) {
 
 using rc::gpu_internal::DeviceGuard;
 
-Status Check(cudaError_t e, std::string_view what) {
-  if (e == cudaSuccess) return OkStatus();
-  (void)cudaGetLastError();
-  return Internal(fmt::format("{}: {}", what, CudaText(e)));
-}
 
 // Times work enqueued on the default stream of the current device.
 class EventTimer {
@@ -53,10 +50,10 @@ class EventTimer {
   // Records the stop event, waits for it, returns the milliseconds between the events.
   Result<double> Stop() {
     if (!ok_) return Internal("cudaEventCreate/Record failed");
-    RC_RETURN_IF_ERROR(Check(cudaEventRecord(stop_, nullptr), "cudaEventRecord"));
-    RC_RETURN_IF_ERROR(Check(cudaEventSynchronize(stop_), "waiting for the GPU"));
+    RC_RETURN_IF_ERROR(CheckCuda(cudaEventRecord(stop_, nullptr), "cudaEventRecord"));
+    RC_RETURN_IF_ERROR(CheckCuda(cudaEventSynchronize(stop_), "waiting for the GPU"));
     float ms = 0;
-    RC_RETURN_IF_ERROR(Check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime"));
+    RC_RETURN_IF_ERROR(CheckCuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime"));
     return static_cast<double>(ms);
   }
 
@@ -275,20 +272,20 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(int device, uint64_t bytes) {
 Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, int device) {
   DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
-  return Check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host");
+  return CheckCuda(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host");
 }
 
 Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes, int device) {
   DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
-  return Check(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
+  return CheckCuda(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
 }
 
 Status FillBytes(void* device_dst, uint8_t value, uint64_t bytes, int device) {
   DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
-  RC_RETURN_IF_ERROR(Check(cudaMemset(device_dst, value, bytes), "cudaMemset"));
-  return Check(cudaDeviceSynchronize(), "cudaMemset");
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemset(device_dst, value, bytes), "cudaMemset"));
+  return CheckCuda(cudaDeviceSynchronize(), "cudaMemset");
 }
 
 Result<double> CopyOnDevice(std::span<const DeviceCopy> copies, int device) {
@@ -303,10 +300,10 @@ Result<double> CopyOnDevice(std::span<const DeviceCopy> copies, int device) {
   }
   if (chunks.empty()) return 0.0;
   RC_ASSIGN_OR_RETURN(DeviceBuffer table, DeviceBuffer::Allocate(device, chunks.size() * sizeof(internal::CopyChunk)));
-  RC_RETURN_IF_ERROR(Check(cudaMemcpy(table.data(), chunks.data(), table.size(), cudaMemcpyHostToDevice),
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemcpy(table.data(), chunks.data(), table.size(), cudaMemcpyHostToDevice),
                            "uploading the copy table"));
   EventTimer timer;
-  RC_RETURN_IF_ERROR(Check(internal::LaunchCopyChunks(reinterpret_cast<const internal::CopyChunk*>(table.data()),
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchCopyChunks(reinterpret_cast<const internal::CopyChunk*>(table.data()),
                                                       chunks.size(), nullptr),
                            "copy kernel launch"));
   return timer.Stop();
@@ -319,7 +316,7 @@ Result<double> TimedMemcpy(void* dst, int dst_device, const void* src, int src_d
   const cudaError_t e = dst_device == src_device
                             ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr)
                             : cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, nullptr);
-  RC_RETURN_IF_ERROR(Check(e, fmt::format("memcpy of {} bytes from device {} to {}", bytes, src_device, dst_device)));
+  RC_RETURN_IF_ERROR(CheckCuda(e, fmt::format("memcpy of {} bytes from device {} to {}", bytes, src_device, dst_device)));
   return timer.Stop();
 }
 
@@ -331,10 +328,10 @@ Status ConvertOnDevice(DType from, const void* src, DType to, void* dst, int64_t
   }
   DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
-  RC_RETURN_IF_ERROR(Check(internal::LaunchConvert(src, static_cast<uint8_t>(from), dst, static_cast<uint8_t>(to), n,
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchConvert(src, static_cast<uint8_t>(from), dst, static_cast<uint8_t>(to), n,
                                                    nullptr),
                            "conversion kernel"));
-  return Check(cudaDeviceSynchronize(), "conversion kernel");
+  return CheckCuda(cudaDeviceSynchronize(), "conversion kernel");
 }
 
 Status FillSeeded(int device, void* dst, DType dtype, uint64_t key, const refit::Shape& tensor_shape,
@@ -361,7 +358,7 @@ Status FillSeeded(int device, void* dst, DType dtype, uint64_t key, const refit:
   }
   DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
-  return Check(internal::LaunchSeededFill(a, nullptr), "seeded fill kernel");
+  return CheckCuda(internal::LaunchSeededFill(a, nullptr), "seeded fill kernel");
 }
 
 // ---- DeviceDigest ---------------------------------------------------------------------------------
@@ -609,14 +606,14 @@ Result<std::vector<uint64_t>> DeviceDigest::RunSlots(double* kernel_ms) {
   RC_RETURN_IF_ERROR(guard.status(device_));
   std::vector<uint64_t> sums(slot_tensors_.size(), 0);
   if (sums.empty()) return sums;
-  RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(sums_.data(), 0, sums.size() * 8, nullptr), "cudaMemset"));
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemsetAsync(sums_.data(), 0, sums.size() * 8, nullptr), "cudaMemset"));
   EventTimer timer;
-  RC_RETURN_IF_ERROR(Check(internal::LaunchDigest(reinterpret_cast<const DigestChunk*>(chunks_.data()), chunk_count_,
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchDigest(reinterpret_cast<const DigestChunk*>(chunks_.data()), chunk_count_,
                                                   reinterpret_cast<uint64_t*>(sums_.data()), nullptr),
                            "digest kernel launch"));
   RC_ASSIGN_OR_RETURN(double ms, timer.Stop());
   if (kernel_ms != nullptr) *kernel_ms = ms;
-  RC_RETURN_IF_ERROR(Check(cudaMemcpy(sums.data(), sums_.data(), sums.size() * 8, cudaMemcpyDeviceToHost),
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemcpy(sums.data(), sums_.data(), sums.size() * 8, cudaMemcpyDeviceToHost),
                            "digest kernel"));
   return sums;
 }
@@ -661,22 +658,22 @@ Result<refit::TensorDigests> DeviceInstall::Run(double* kernel_ms) {
   DeviceGuard guard(device_);
   RC_RETURN_IF_ERROR(guard.status(device_));
   std::vector<uint64_t> sums(slot_tensors_.size(), 0);
-  if (!sums.empty()) RC_RETURN_IF_ERROR(Check(cudaMemsetAsync(sums_.data(), 0, sums.size() * 8, nullptr), "cudaMemset"));
+  if (!sums.empty()) RC_RETURN_IF_ERROR(CheckCuda(cudaMemsetAsync(sums_.data(), 0, sums.size() * 8, nullptr), "cudaMemset"));
   EventTimer timer;
   if (chunk_count_ > 0) {
-    RC_RETURN_IF_ERROR(Check(internal::LaunchFusedInstall(reinterpret_cast<const internal::FusedChunk*>(chunks_.data()),
+    RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchFusedInstall(reinterpret_cast<const internal::FusedChunk*>(chunks_.data()),
                                                           chunk_count_, reinterpret_cast<uint64_t*>(sums_.data()), nullptr),
                              "fused install kernel launch"));
   }
   if (digest_chunk_count_ > 0) {
-    RC_RETURN_IF_ERROR(Check(internal::LaunchDigest(reinterpret_cast<const internal::DigestChunk*>(digest_chunks_.data()),
+    RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchDigest(reinterpret_cast<const internal::DigestChunk*>(digest_chunks_.data()),
                                                     digest_chunk_count_, reinterpret_cast<uint64_t*>(sums_.data()), nullptr),
                              "digest kernel launch (partly owned copies)"));
   }
   RC_ASSIGN_OR_RETURN(double ms, timer.Stop());
   if (kernel_ms != nullptr) *kernel_ms = ms;
   if (!sums.empty()) {
-    RC_RETURN_IF_ERROR(Check(cudaMemcpy(sums.data(), sums_.data(), sums.size() * 8, cudaMemcpyDeviceToHost),
+    RC_RETURN_IF_ERROR(CheckCuda(cudaMemcpy(sums.data(), sums_.data(), sums.size() * 8, cudaMemcpyDeviceToHost),
                              "fused install kernel"));
   }
   refit::TensorDigests out;
@@ -688,9 +685,9 @@ Result<double> TimedReadSweep(const void* src, uint64_t bytes, int device) {
   DeviceGuard guard(device);
   RC_RETURN_IF_ERROR(guard.status(device));
   RC_ASSIGN_OR_RETURN(DeviceBuffer sink, DeviceBuffer::Allocate(device, 8));
-  RC_RETURN_IF_ERROR(Check(cudaMemset(sink.data(), 0, 8), "cudaMemset"));
+  RC_RETURN_IF_ERROR(CheckCuda(cudaMemset(sink.data(), 0, 8), "cudaMemset"));
   EventTimer timer;
-  RC_RETURN_IF_ERROR(Check(internal::LaunchReadSweep(src, bytes, reinterpret_cast<uint64_t*>(sink.data()), nullptr),
+  RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchReadSweep(src, bytes, reinterpret_cast<uint64_t*>(sink.data()), nullptr),
                            fmt::format("read sweep of {} bytes", bytes)));
   return timer.Stop();
 }
@@ -748,9 +745,9 @@ class DevicePlanMemory final : public refit::PlanMemory {
     for (size_t s = begin; s < end; ++s) {
       const refit::InstallStep& in = plan.installs[s];
       RC_ASSIGN_OR_RETURN(internal::ViewCopyArgs a, ViewCopyFor(in, ptr[in.staging], ptr[in.param]));
-      RC_RETURN_IF_ERROR(Check(internal::LaunchViewCopy(a, nullptr), fmt::format("install of {}", in.source)));
+      RC_RETURN_IF_ERROR(CheckCuda(internal::LaunchViewCopy(a, nullptr), fmt::format("install of {}", in.source)));
     }
-    return Check(cudaDeviceSynchronize(), "install kernels");
+    return CheckCuda(cudaDeviceSynchronize(), "install kernels");
   }
   Status CopyToHost(void* dst, const std::byte* src, uint64_t n) override {
     return cuda::CopyToHost(dst, src, n, device_);
@@ -865,7 +862,7 @@ Result<std::unique_ptr<GpuOwner>> GpuOwner::Start(const GpuOwnerOptions& o) {
   }
   {
     DeviceGuard guard(o.device);
-    RC_RETURN_IF_ERROR(Check(cudaDeviceSynchronize(), "seeded fill"));
+    RC_RETURN_IF_ERROR(CheckCuda(cudaDeviceSynchronize(), "seeded fill"));
   }
   owner->fill_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   RC_ASSIGN_OR_RETURN(DeviceDigest digest, DeviceDigest::ForBlocks(blocks, o.device));

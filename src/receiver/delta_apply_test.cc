@@ -255,6 +255,21 @@ class DeltaApplyTest : public ::testing::TestWithParam<DType> {
     return out;
   }
 
+  // Every rank's live parameters back to the old version.
+  void ResetOld() {
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, false, true);
+    }
+  }
+  // Every rank's live parameter bytes, by name.
+  std::vector<std::map<std::string, std::vector<std::byte>>> Snapshot() const {
+    std::vector<std::map<std::string, std::vector<std::byte>>> out(caps_.size());
+    for (size_t r = 0; r < caps_.size(); ++r) {
+      for (const auto& [name, p] : params_[r].all()) out[r][name].assign(p.bytes(), p.bytes() + p.nbytes());
+    }
+    return out;
+  }
+
   std::vector<Tensor> tensors_;
   std::vector<refit::Capture> caps_;
   std::vector<std::vector<refit::DigestRegion>> regions_;
@@ -345,28 +360,16 @@ TEST_P(DeltaApplyTest, PredictApplyAndVerifyMatchTheNewVersion) {
 // install would, and its prediction is the digest of what the image holds — so an image that is not
 // at the claimed base, a wrong delta value, or a store that does not land all show as a mismatch.
 TEST_P(DeltaApplyTest, ApplyPassWritesTheImageAndPredictsItsDigest) {
-  auto reset_old = [&] {
-    for (size_t r = 0; r < caps_.size(); ++r) {
-      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, false, true);
-    }
-  };
-  auto snapshot = [&] {
-    std::vector<std::map<std::string, std::vector<std::byte>>> out(caps_.size());
-    for (size_t r = 0; r < caps_.size(); ++r) {
-      for (const auto& [name, p] : params_[r].all()) out[r][name].assign(p.bytes(), p.bytes() + p.nbytes());
-    }
-    return out;
-  };
   const refit::TensorDigests old_digests = staged_.base_digests;
   for (int threads : {1, 3}) {
     SCOPED_TRACE(threads);
-    reset_old();
+    ResetOld();
     ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_).ok());
     for (size_t r = 0; r < caps_.size(); ++r) ASSERT_TRUE(ApplyDelta(staged_, r, caps_[r], params_[r], threads).ok());
-    const auto installed = snapshot();
-    reset_old();
+    const auto installed = Snapshot();
+    ResetOld();
     ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_, /*apply=*/true).ok());
-    EXPECT_EQ(snapshot(), installed) << "the apply pass writes what the install writes, nothing else";
+    EXPECT_EQ(Snapshot(), installed) << "the apply pass writes what the install writes, nothing else";
     for (const Tensor& t : tensors_) EXPECT_EQ(staged_.predicted[t.name], CoveredDigest(t, true)) << t.name;
     auto read_back = DigestAfterDelta(staged_, caps_, live_, threads);
     ASSERT_TRUE(read_back.ok());
@@ -379,7 +382,7 @@ TEST_P(DeltaApplyTest, ApplyPassWritesTheImageAndPredictsItsDigest) {
     EXPECT_EQ(staged_.predicted, old_digests);
 
     // A wrong delta value (one bit of the last value of every pulled body).
-    reset_old();
+    ResetOld();
     auto flip_last_values = [&] {
       for (DeltaShard& sh : staged_.shards) {
         if (sh.bodies.size() >= 2) sh.bodies[sh.bodies.size() - 2] ^= std::byte{0x01};
@@ -393,7 +396,7 @@ TEST_P(DeltaApplyTest, ApplyPassWritesTheImageAndPredictsItsDigest) {
     flip_last_values();
 
     // A store that does not land as the delta says: the prediction is what the image holds.
-    reset_old();
+    ResetOld();
     ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, threads, &staged_, /*apply=*/true,
                              /*corrupt_first_write=*/true)
                     .ok());
@@ -434,24 +437,12 @@ TEST_P(DeltaApplyTest, NonFiniteNewValuesAreRefusedAtStage) {
 // and predicts the same per-tensor digests; a malformed tile and a non-finite value fail their task
 // (nothing of that tile stored) with the CPU path's own messages.
 TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
-  auto reset_old = [&] {
-    for (size_t r = 0; r < caps_.size(); ++r) {
-      for (const CapturedCopy& c : caps_[r].copies) ForEachCopied(r, c, false, true);
-    }
-  };
-  auto snapshot = [&] {
-    std::vector<std::map<std::string, std::vector<std::byte>>> out(caps_.size());
-    for (size_t r = 0; r < caps_.size(); ++r) {
-      for (const auto& [name, p] : params_[r].all()) out[r][name].assign(p.bytes(), p.bytes() + p.nbytes());
-    }
-    return out;
-  };
   const refit::TensorDigests old_digests = staged_.base_digests;
-  reset_old();
+  ResetOld();
   ASSERT_TRUE(PredictDelta(manifest_, caps_, live_, 1, &staged_, /*apply=*/true).ok());
-  const auto applied = snapshot();
+  const auto applied = Snapshot();
   const refit::TensorDigests want = staged_.predicted;
-  reset_old();
+  ResetOld();
   // The device path runs per rank (one receiver per engine rank); the ranks' sums add up per
   // tensor as the CPU pass's do (digest ownership is disjoint over ranks).
   refit::TensorDigests got = old_digests;
@@ -470,12 +461,12 @@ TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
     writes += sums.writes;
     want_writes += staged_.ranks[r].writes;
   }
-  EXPECT_EQ(snapshot(), applied) << "the device tasks write what the apply pass writes, nothing else";
+  EXPECT_EQ(Snapshot(), applied) << "the device tasks write what the apply pass writes, nothing else";
   EXPECT_EQ(got, want);
   for (const Tensor& t : tensors_) EXPECT_EQ(got[t.name], CoveredDigest(t, true)) << t.name;
   EXPECT_EQ(writes, static_cast<uint64_t>(want_writes));
   // One rank's prediction is its base plus its own sums (PredictedAfterDeviceDelta).
-  reset_old();
+  ResetOld();
   auto t0 = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
   ASSERT_TRUE(t0.ok());
   const DeviceDeltaSums s0 = EvaluateDeviceDeltaOnHost(*t0);
@@ -491,8 +482,8 @@ TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
   EXPECT_NE(missing.status().message().find("tT"), std::string::npos) << missing.status().ToString();
 
   // A non-finite new value: its task fails before storing anything, the message names the tensor.
-  reset_old();
-  const auto old_image = snapshot();
+  ResetOld();
+  const auto old_image = Snapshot();
   auto table = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
   ASSERT_TRUE(table.ok());
   const cuda::internal::DeltaTask first = table->tasks[0];
@@ -506,20 +497,20 @@ TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
   EXPECT_EQ(why.code(), StatusCode::kInvalidArgument) << why.ToString();
   EXPECT_NE(why.message().find("non-finite"), std::string::npos) << why.ToString();
   // Nothing of the failed tile was stored: only the other tasks' elements moved.
-  reset_old();
+  ResetOld();
   auto clean = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
   ASSERT_TRUE(clean.ok());
   clean->tasks.erase(clean->tasks.begin());
   clean->task_piece.erase(clean->task_piece.begin());
   EXPECT_FALSE(EvaluateDeviceDeltaOnHost(*clean).failed_task.has_value());
-  const auto without_first = snapshot();
-  reset_old();
-  EXPECT_EQ(snapshot(), old_image);
+  const auto without_first = Snapshot();
+  ResetOld();
+  EXPECT_EQ(Snapshot(), old_image);
   EvaluateDeviceDeltaOnHost(*table);
-  EXPECT_EQ(snapshot(), without_first);
+  EXPECT_EQ(Snapshot(), without_first);
 
   // A malformed tile (its index cut short by one byte): DataLoss in the CPU decoder's words.
-  reset_old();
+  ResetOld();
   auto cut = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
   ASSERT_TRUE(cut.ok());
   size_t varint_task = cut->tasks.size();

@@ -20,6 +20,14 @@ inline std::string CudaErrorText(cudaError_t e) {
   return fmt::format("{} ({}: {})", cudaGetErrorString(e), cudaGetErrorName(e), static_cast<int>(e));
 }
 
+// OkStatus for cudaSuccess; otherwise clears the sticky last error and returns Internal naming
+// `what` and the error (the cuda module's host code checks every runtime call through it).
+inline Status CheckCuda(cudaError_t e, std::string_view what) {
+  if (e == cudaSuccess) return OkStatus();
+  (void)cudaGetLastError();
+  return Internal(fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+
 // Sets the current device for the scope and restores the previous one.
 class DeviceGuard {
  public:
