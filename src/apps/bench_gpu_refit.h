@@ -4,8 +4,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "rolloutcore/base/status.h"
+#include "rolloutcore/cuda/gpu_refit.h"
+#include "rolloutcore/refit/capture.h"
 
 namespace rc::apps {
 
@@ -25,5 +28,29 @@ struct GpuRefitBenchOptions {
 };
 
 [[nodiscard]] Status RunGpuRefitBench(const GpuRefitBenchOptions& options);
+
+// `rolloutcore bench refit --delta --gpu` (bench_gpu_delta.cc): full and delta stages side by side
+// into GPU staging, through receiver::DeviceReceiver (the vLLM extension's receiver), from a trainer
+// process publishing over a host transport.
+struct GpuDeltaBenchOptions {
+  std::string transport = "shm";
+  std::string model = "qwen3-8b";
+  int ranks = 1;                        // trainer ranks (fsdp:N)
+  std::vector<double> fractions = {0.01};
+  int device = 0;
+  int cycles = 3;                       // full and delta stages each, alternated
+  int64_t timeout_ms = 600'000;         // one stage
+  bool json = false;
+  std::string json_out;
+};
+[[nodiscard]] Status RunGpuDeltaBench(const GpuDeltaBenchOptions& options);
+
+// Every parameter of `params` in one device allocation (256-byte aligned, zeroed), by name.
+struct GpuParamArena {
+  cuda::DeviceBuffer buffer;
+  refit::DestinationBuffers views;
+  uint64_t bytes = 0;  // parameter bytes (without alignment padding)
+};
+[[nodiscard]] Result<GpuParamArena> AllocateGpuParams(const std::vector<refit::TensorSpec>& params, int device);
 
 }  // namespace rc::apps

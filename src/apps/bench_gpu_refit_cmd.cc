@@ -157,29 +157,6 @@ Status RunOwner(const OwnerOptions& o) {
 
 // ---- receiver ---------------------------------------------------------------------------------------
 
-struct ParamArena {
-  cuda::DeviceBuffer buffer;
-  refit::DestinationBuffers views;
-  uint64_t bytes = 0;  // parameter bytes (without alignment padding)
-};
-
-Result<ParamArena> AllocateParams(const std::vector<refit::TensorSpec>& params, int device) {
-  ParamArena a;
-  std::vector<uint64_t> offsets;
-  uint64_t total = 0;
-  for (const refit::TensorSpec& p : params) {
-    offsets.push_back(total);
-    total += (p.bytes() + 255) & ~uint64_t{255};
-    a.bytes += p.bytes();
-  }
-  RC_ASSIGN_OR_RETURN(a.buffer, cuda::DeviceBuffer::Allocate(device, total));
-  RC_RETURN_IF_ERROR(cuda::FillBytes(a.buffer.data(), 0, total, device));
-  for (size_t i = 0; i < params.size(); ++i) {
-    a.views.emplace(params[i].name, std::span<std::byte>(a.buffer.data() + offsets[i], params[i].bytes()));
-  }
-  return a;
-}
-
 Result<Json> WaitForOwner(ChildProcess* owner, const std::string& path, int seconds) {
   const auto t0 = Clk::now();
   while (MsSince(t0) < seconds * 1000.0) {
@@ -248,8 +225,8 @@ Result<Json> CpuCrossCheck(const refit::Capture& capture, const refit::Destinati
 struct GpuReceiver {
   refit::Capture capture;
   double capture_ms = 0;
-  ParamArena staging;
-  ParamArena live;
+  GpuParamArena staging;
+  GpuParamArena live;
   Json owner_report;
   refit::Manifest manifest;
   refit::TransferPlan plan;
@@ -285,8 +262,8 @@ Status PrepareReceiver(const GpuRefitBenchOptions& o, const refit::ModelConfig& 
   auto t0 = Clk::now();
   RC_ASSIGN_OR_RETURN(r->capture, refit::CaptureEngineRank(config, target, 0));
   r->capture_ms = MsSince(t0);
-  RC_ASSIGN_OR_RETURN(r->staging, AllocateParams(r->capture.params, o.device));
-  RC_ASSIGN_OR_RETURN(r->live, AllocateParams(r->capture.params, o.device));
+  RC_ASSIGN_OR_RETURN(r->staging, AllocateGpuParams(r->capture.params, o.device));
+  RC_ASSIGN_OR_RETURN(r->live, AllocateGpuParams(r->capture.params, o.device));
 
   RC_ASSIGN_OR_RETURN(r->owner_report, WaitForOwner(owner, manifest_path, 900));
   RC_ASSIGN_OR_RETURN(r->manifest, refit::ManifestFromJson(r->owner_report["manifest"]));
@@ -388,7 +365,7 @@ struct DigestFigures {
 Result<DigestFigures> MeasureDigest(const GpuRefitBenchOptions& o, const GpuReceiver& r) {
   DigestFigures f;
   const refit::Capture& capture = r.capture;
-  const ParamArena& live = r.live;
+  const GpuParamArena& live = r.live;
   // Digest of the live parameters.
   const refit::Capture* ranks[] = {&capture};
   const std::vector<std::vector<refit::DigestRegion>> owned = refit::AssignDigestOwnership(ranks);
@@ -478,7 +455,7 @@ Bandwidths BandwidthsOf(const GpuReceiver& r, const WireFigures& w, const Instal
 
 Json GpuRefitReport(const GpuRefitBenchOptions& o, const std::string& target_text, GpuReceiver& r,
                     const WireFigures& w, const InstallFigures& in, const DigestFigures& d, const Json& kill) {
-  const ParamArena& live = r.live;
+  const GpuParamArena& live = r.live;
   const refit::TransferPlan& plan = r.plan;
   const Bandwidths bw = BandwidthsOf(r, w, in);
   const double wire_gbps = bw.wire, peer_gbps = bw.peer, install_gbps = bw.install, d2d_gbps = bw.d2d;
@@ -536,7 +513,7 @@ Json GpuRefitReport(const GpuRefitBenchOptions& o, const std::string& target_tex
 void PrintGpuRefitTable(const GpuRefitBenchOptions& o, const std::string& target_text, const GpuReceiver& r,
                         const WireFigures& w, const InstallFigures& in, const DigestFigures& d, const Json& report,
                         const Json& kill) {
-  const ParamArena& live = r.live;
+  const GpuParamArena& live = r.live;
   const refit::TransferPlan& plan = r.plan;
   const Bandwidths bw = BandwidthsOf(r, w, in);
   std::cout << fmt::format(
@@ -560,6 +537,23 @@ void PrintGpuRefitTable(const GpuRefitBenchOptions& o, const std::string& target
 }
 
 }  // namespace
+
+Result<GpuParamArena> AllocateGpuParams(const std::vector<refit::TensorSpec>& params, int device) {
+  GpuParamArena a;
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  for (const refit::TensorSpec& p : params) {
+    offsets.push_back(total);
+    total += (p.bytes() + 255) & ~uint64_t{255};
+    a.bytes += p.bytes();
+  }
+  RC_ASSIGN_OR_RETURN(a.buffer, cuda::DeviceBuffer::Allocate(device, total));
+  RC_RETURN_IF_ERROR(cuda::FillBytes(a.buffer.data(), 0, total, device));
+  for (size_t i = 0; i < params.size(); ++i) {
+    a.views.emplace(params[i].name, std::span<std::byte>(a.buffer.data() + offsets[i], params[i].bytes()));
+  }
+  return a;
+}
 
 Status RunGpuRefitBench(const GpuRefitBenchOptions& o) {
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);

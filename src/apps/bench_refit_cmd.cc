@@ -55,6 +55,7 @@ struct BenchRefitOptions {
   bool kill_owner_mid_transfer = false;
   std::string json_out;
   bool delta = false;  // full and delta refit side by side (bench_refit_delta.cc)
+  bool gpu = false;    // with delta: into GPU staging through the device receiver (bench_gpu_delta.cc)
   std::vector<double> change_fractions = {0.01, 0.1};
 };
 
@@ -231,7 +232,11 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--timeout-ms", o->timeout_ms, "GPU transports: deadline of one stage")->capture_default_str();
   cmd->add_flag("--kill-owner-mid-transfer", o->kill_owner_mid_transfer,
                 "GPU transports: finally SIGKILL the owner during a stage and check the failure is detected in time");
-  cmd->add_option("--json-out", o->json_out, "GPU transports: also write the JSON report to this file");
+  cmd->add_option("--json-out", o->json_out, "GPU transports and --gpu: also write the JSON report to this file");
+  cmd->add_flag("--gpu", o->gpu,
+                "With --delta: the receiver stages into GPU memory through the device receiver vLLM's extension runs "
+                "(the trainer publishes over --transport shm or ucx); --repeats full and delta stages each, "
+                "alternated, then one with --delta-policy auto; on --device (the only GPU when there is one)");
 #endif
   cmd->callback([o, exit_code] {
     Status s = OkStatus();
@@ -251,6 +256,20 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
       g.json = o->json;
       g.json_out = o->json_out;
       s = RunGpuRefitBench(g);
+#endif
+    } else if (o->delta && o->gpu) {
+#ifdef ROLLOUTCORE_WITH_CUDA
+      GpuDeltaBenchOptions g;
+      g.transport = o->transport;
+      g.model = o->model;
+      g.ranks = o->ranks;
+      g.fractions = o->change_fractions;
+      g.device = o->device < cuda::DeviceCount() ? o->device : 0;
+      g.cycles = o->repeats;
+      g.timeout_ms = o->timeout_ms;
+      g.json = o->json;
+      g.json_out = o->json_out;
+      s = RunGpuDeltaBench(g);
 #endif
     } else if (o->delta) {
       DeltaBenchOptions d;

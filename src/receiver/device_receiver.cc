@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <chrono>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "rolloutcore/cuda/gpu_refit.h"
 #include "rolloutcore/receiver/source_imports.h"
 #include "rolloutcore/refit/digest.h"
+#include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/planner.h"
 
 namespace rc::receiver {
@@ -78,6 +80,9 @@ struct DeviceReceiver::State {
   refit::TensorDigests staging_digests;
   uint64_t staging_key = 0;
   RefitCostModel costs;  // full vs delta, per transport (refit_choice.h)
+  // Host mirrors of the staging buffers for a full stage over a host transport (PullThroughHost).
+  std::map<std::string, std::vector<std::byte>> host_staging;
+  uint64_t host_staging_key = 0;
 };
 
 Result<std::unique_ptr<DeviceReceiver>> DeviceReceiver::Create(int device, DeviceLiveWeights* weights) {
@@ -198,10 +203,17 @@ Result<DeviceStageReport> DeviceReceiver::StageFull(const DeviceStageRequest& re
   }
 
   t = std::chrono::steady_clock::now();
-  cuda::DeviceExecuteOptions eo;
-  eo.device = device_;
-  eo.timeout_ms = internal::MsLeft(deadline);
-  auto stats = cuda::ExecutePlanOnDevice(plan, st.sources.transport(), *remotes, staging, eo);
+  Result<refit::ExecuteStats> stats = refit::ExecuteStats{};
+  if (st.sources.transport().capabilities().device_memory) {
+    cuda::DeviceExecuteOptions eo;
+    eo.device = device_;
+    eo.timeout_ms = internal::MsLeft(deadline);
+    stats = cuda::ExecutePlanOnDevice(plan, st.sources.transport(), *remotes, staging, eo);
+  } else {
+    // A host transport (shm, ucx: a trainer publishing from host memory): the plan lands in host
+    // mirrors of the staging buffers (kept while the buffers are), then one copy each to the GPU.
+    stats = PullThroughHost(plan, staging, internal::MsLeft(deadline), &report);
+  }
   if (!stats.ok()) {
     // A failed pull may leave imports to a dead owner: import again next time.
     st.sources.Reset();
@@ -229,6 +241,33 @@ Result<DeviceStageReport> DeviceReceiver::StageFull(const DeviceStageRequest& re
   report.published = resolved.published;
   st.staging_digests = std::move(got);
   return report;
+}
+
+Result<refit::ExecuteStats> DeviceReceiver::PullThroughHost(const refit::TransferPlan& plan,
+                                                             const refit::DestinationBuffers& staging,
+                                                             int64_t timeout_ms, DeviceStageReport* report) {
+  State& st = *state_;
+  const uint64_t key = BuffersKey(staging);
+  if (st.host_staging_key != key) {
+    st.host_staging.clear();
+    for (const auto& [name, span] : staging) st.host_staging[name].resize(span.size());
+    st.host_staging_key = key;
+  }
+  refit::DestinationBuffers host;
+  for (auto& [name, bytes] : st.host_staging) host.emplace(name, std::span<std::byte>(bytes));
+  refit::ExecuteOptions eo;
+  eo.timeout_ms = timeout_ms;
+  eo.imports = &st.sources.imports();
+  auto t = std::chrono::steady_clock::now();
+  RC_ASSIGN_OR_RETURN(refit::ExecuteStats stats, refit::ExecutePlan(plan, st.sources.transport(), host, eo));
+  report->stage_ms["host_pull"] = MsSince(t);
+  t = std::chrono::steady_clock::now();
+  for (const auto& [name, span] : staging) {
+    const std::vector<std::byte>& h = st.host_staging.at(name);
+    RC_RETURN_IF_ERROR(cuda::CopyToDevice(span.data(), h.data(), h.size(), device_).WithContext("host mirror " + name));
+  }
+  report->stage_ms["to_device"] = MsSince(t);
+  return stats;
 }
 
 Result<DeviceStageReport> DeviceReceiver::StageDeltaOnDevice(const DeviceStageRequest& req,

@@ -446,6 +446,20 @@ std::string DescribeElements(const TensorSpec& p, int64_t lo, int64_t hi) {
 
 }  // namespace
 
+Capture DenseStagingCapture(const Capture& live) {
+  Capture s;
+  for (size_t i = 0; i < live.copies.size(); ++i) {
+    const CapturedCopy& c = live.copies[i];
+    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
+    CapturedCopy sc = c;
+    sc.param = static_cast<uint32_t>(i);
+    sc.dest_offset = 0;
+    sc.dest_strides = RowMajorStrides(c.dest_shape);
+    s.copies.push_back(std::move(sc));
+  }
+  return s;
+}
+
 Status CheckDestinationCoverage(const Capture& capture, int64_t max_intervals) {
   std::vector<std::vector<Interval>> per_param(capture.params.size());
   int64_t total = 0;

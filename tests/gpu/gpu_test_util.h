@@ -154,19 +154,7 @@ inline refit::Manifest ReadManifest(const std::string& path) {
 
 // The staging capture the vLLM extension builds for a live capture: copy i lands densely in its
 // own staging parameter "rc.staging.i" of the live parameter's dtype (as digest_table_test.cc).
-inline refit::Capture StagingFor(const refit::Capture& live) {
-  refit::Capture s;
-  for (size_t i = 0; i < live.copies.size(); ++i) {
-    const refit::CapturedCopy& c = live.copies[i];
-    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
-    refit::CapturedCopy sc = c;
-    sc.param = static_cast<uint32_t>(i);
-    sc.dest_offset = 0;
-    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
-    s.copies.push_back(std::move(sc));
-  }
-  return s;
-}
+inline refit::Capture StagingFor(const refit::Capture& live) { return refit::DenseStagingCapture(live); }
 
 // The host reference of an install: every copy of `live` writes its staged parameter (the dense
 // staging parameter i of StagingFor(live), in `host` by name) into the host image of its live

@@ -5,6 +5,8 @@
 // stage's deadline → one plan cached by topology → the import cache keyed by the same topology,
 // source_imports.h → pull → staged digest checked against the manifest), with device memory:
 // the pull lands device to device (cuda_ipc / nccl, no host copy) and every digest runs on the GPU.
+// From a host transport (shm, ucx: a trainer publishing from host memory) a full stage lands in host
+// mirrors of the staging buffers, copied to the GPU after (stage_ms host_pull, to_device).
 //
 // The engine's side is a DeviceLiveWeights (live_weights.h: where the staged image goes, the live
 // parameters the install writes and the live digest reads), given at creation, and two captures of
@@ -38,6 +40,7 @@
 #include "rolloutcore/receiver/live_weights.h"
 #include "rolloutcore/receiver/refit_choice.h"
 #include "rolloutcore/refit/capture.h"
+#include "rolloutcore/refit/executor.h"
 #include "rolloutcore/refit/manifest.h"
 
 namespace rc::receiver {
@@ -143,6 +146,9 @@ class DeviceReceiver {
   DeviceReceiver(int device, DeviceLiveWeights* weights);
   [[nodiscard]] Result<DeviceStageReport> StageFull(const DeviceStageRequest& request, const internal::ResolvedVersion& resolved,
                                                     const refit::DestinationBuffers& staging, DeviceStageReport report);
+  [[nodiscard]] Result<refit::ExecuteStats> PullThroughHost(const refit::TransferPlan& plan,
+                                                            const refit::DestinationBuffers& staging, int64_t timeout_ms,
+                                                            DeviceStageReport* report);
   [[nodiscard]] Result<DeviceStageReport> StageDeltaOnDevice(const DeviceStageRequest& request, const internal::ResolvedVersion& resolved,
                                                              const refit::DestinationBuffers& staging,
                                                              DeviceStageReport report);

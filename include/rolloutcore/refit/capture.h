@@ -205,4 +205,10 @@ class MaterializeContext : public LoadContext {
 [[nodiscard]] Status CheckDestinationCoverage(const Capture& capture,
                                               int64_t max_intervals = int64_t{1} << 24);
 
+// The staging capture of a device receiver (receiver/device_receiver.h): copy i of `live` lands
+// densely (row-major, offset 0) in its own parameter "rc.staging.<i>" of the live parameter's
+// dtype, so every staging byte is written exactly once. What the vLLM extension allocates, and the
+// GPU tests and benchmarks use.
+Capture DenseStagingCapture(const Capture& live);
+
 }  // namespace rc::refit
