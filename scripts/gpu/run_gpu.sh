@@ -2,7 +2,12 @@
 # Runs the GPU tests and the GPU refit benchmarks of issue #7 on a machine with NVIDIA GPUs
 # (written for 2 x H200 with NVLink, no network), leaving logs and JSON in $OUT.
 #
-#   scripts/gpu/run_gpu.sh [all|tests|bench] [OUT_DIR]     (default: all, $OUT or ./out-gpu)
+#   [BUNDLE=build/cuda-bundle] scripts/gpu/run_gpu.sh [all|tests|bench|delta] [OUT_DIR]
+#                                                         (default: all, $OUT or ./out-gpu)
+# delta: the GPU delta (docs/refit.md "Delta on the GPU"): gpu_device_receiver_test, then
+#   `bench refit --delta --gpu` (qwen3-8b, a trainer process over shm, 1 % changed; MODEL and
+#   FRACTIONS override), JSON in $OUT_DIR/bench_gpu_delta.json. BUNDLE may be the Python bundle
+#   (build/cuda-py-bundle, with gpu-tests/ beside bin/).
 #
 # Binaries. The GPU machine may lack the build dependencies (fmt, spdlog, xxhash, sqlite,
 # cpp-httplib, CLI11, nlohmann-json, gtest) and has no network, so the primary path is a bundle
@@ -46,9 +51,10 @@ say "GPUs: $NGPU"
 
 # ---- binaries ---------------------------------------------------------------------------------------
 BIN=""
-if [[ -x "$ROOT/build/cuda-bundle/bin/rolloutcore" ]]; then
-  BIN="$ROOT/build/cuda-bundle/bin"
-  export LD_LIBRARY_PATH="$ROOT/build/cuda-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BUNDLE=${BUNDLE:-$ROOT/build/cuda-bundle}
+if [[ -x "$BUNDLE/bin/rolloutcore" ]]; then
+  BIN="$BUNDLE/bin"
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   say "binaries: carried bundle $BIN"
 else
   say "no build/cuda-bundle: building here"
@@ -111,6 +117,19 @@ if [[ "$MODE" == all || "$MODE" == tests ]]; then
       --gtest_output="xml:$OUT_DIR/gtest_gpu_transport_conformance.xml" || FAILED=1
   fi
   grep -hE "^\[  (PASSED|FAILED)  \]|^\[  SKIPPED \] [0-9]+ test|detected after" "$LOG" | tee -a "$SUMMARY" >&2
+fi
+
+# ---- the GPU delta ----------------------------------------------------------------------------------
+if [[ "$MODE" == delta ]]; then
+  for t in "$BIN/gpu_device_receiver_test" "$BUNDLE/gpu-tests/gpu_device_receiver_test"; do
+    [[ -x "$t" ]] || continue
+    step gpu_device_receiver_test 300 "$t" --gtest_output="xml:$OUT_DIR/gtest_gpu_device_receiver.xml" || FAILED=1
+    break
+  done
+  step "bench refit --delta --gpu" 560 "$BIN/rolloutcore" bench refit --delta --gpu --transport shm \
+    --model "${MODEL:-qwen3-8b}" --change-fractions "${FRACTIONS:-0.01}" --repeats 3 --device 0 \
+    --json-out "$OUT_DIR/bench_gpu_delta.json" || FAILED=1
+  grep -hE "^\[  (PASSED|FAILED)  \]|^F=" "$LOG" | tee -a "$SUMMARY" >&2
 fi
 
 # ---- benchmarks -------------------------------------------------------------------------------------
