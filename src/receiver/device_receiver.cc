@@ -83,6 +83,7 @@ struct DeviceReceiver::State {
   // Host mirrors of the staging buffers for a full stage over a host transport (PullThroughHost).
   std::map<std::string, std::vector<std::byte>> host_staging;
   uint64_t host_staging_key = 0;
+  bool mirrors_allocated = false;  // the stage running now allocated them
 };
 
 Result<std::unique_ptr<DeviceReceiver>> DeviceReceiver::Create(int device, DeviceLiveWeights* weights) {
@@ -154,6 +155,7 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   // The image is about to be written: unproven until this stage succeeds.
   st.staging_version_before = std::move(st.staging_version);
   st.staging_version.reset();
+  st.mirrors_allocated = false;
   auto done = delta ? StageDeltaOnDevice(req, resolved, staging, std::move(report))
                     : StageFull(req, resolved, staging, std::move(report));
   if (!done.ok()) return done.status();
@@ -161,9 +163,12 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   const double work_ms = done->stage_ms["total"] - done->stage_ms["discover"];
   if (delta) {
     st.costs.RecordDelta(done->transport, WorkOf(resolved.manifest), work_ms);
-  } else {
+  } else if (!st.mirrors_allocated) {
+    // A full stage that allocated the host mirrors paid a one-time cost (16 GB of page faults for
+    // an 8B model): not what the next full stage costs, so not learned from.
     st.costs.RecordFull(done->transport, WorkOf(resolved.manifest), work_ms);
   }
+  st.mirrors_allocated = false;
   st.staging_version = req.version;
   st.staging_key = staging_key;
   return done;
@@ -249,6 +254,7 @@ Result<refit::ExecuteStats> DeviceReceiver::PullThroughHost(const refit::Transfe
   State& st = *state_;
   const uint64_t key = BuffersKey(staging);
   if (st.host_staging_key != key) {
+    st.mirrors_allocated = true;
     st.host_staging.clear();
     for (const auto& [name, span] : staging) st.host_staging[name].resize(span.size());
     st.host_staging_key = key;
