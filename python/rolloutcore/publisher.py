@@ -130,9 +130,12 @@ class Publisher:
         keepalive_interval_ms: int = 0,
         delta: bool = False,
     ) -> None:
-        # delta=True: keep one host copy of every shard as last published (memory: one copy of
-        # each shard) so that ``publish(version, delta=True)`` can send sparse deltas against it.
+        # delta=True: keep one copy of every shard as last published (memory: one copy of each
+        # shard, where it lives: host shards on the host in the C++ Publisher, CUDA shards on their
+        # device here) so that ``publish(version, delta=True)`` can send sparse deltas against it.
         self._delta = bool(delta)
+        # (name, offset) -> the CUDA tensor as last published (delta publishing of device shards).
+        self._previous_device: Dict[Any, Any] = {}
         self._impl = core().Publisher(
             directory, model, rank, world_size, transport, lease_ttl_ms, keepalive_interval_ms, self._delta
         )
@@ -270,8 +273,11 @@ class Publisher:
         shard, the elements whose bits changed since this publisher's previous version when the
         directory reports that one COMMITTED (docs/refit.md "Delta refit"); the full shards stay
         published. The report then names ``delta_base``, ``delta_shards``, ``delta_changed`` and
-        ``delta_bytes``. Deltas need the host copy kept since the last publish: ValueError for a
-        publisher made without ``delta=True``. Shards in device memory are published in full.
+        ``delta_bytes``. Deltas need the copy kept since the last publish: ValueError for a
+        publisher made without ``delta=True``. For a shard in CUDA memory (``cuda_ipc``) the copy
+        is a CUDA tensor kept here; the change mask runs on the GPU
+        (:func:`rolloutcore.refit.changed_elements`), only the changed offsets and values come to the
+        host to be encoded, and the payload is published from device memory.
 
         ``fp8=["fp8_per_block", ...]`` also publishes, with every shard of a projection, its part
         of the FP8 image an engine serving that quantization computes from this version (docs/fp8.md,
@@ -297,7 +303,52 @@ class Publisher:
                     raise ValueError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
                                      "fp8_exchange (e.g. rolloutcore.publisher.torch_amax_exchange(group))")
                 self._attach_fp8(version, shards, q, amax, fp8_model)
-        return self._impl.publish(version)
+        if self._delta:
+            self._attach_device_deltas(version)
+        report = self._impl.publish(version)
+        if self._delta:
+            self._remember_device_shards(version)
+        return report
+
+    def _device_shards(self, version: str) -> List[Any]:
+        """[(name, offset, tensor)] of the CUDA torch shards staged for ``version``."""
+        out = []
+        for name, _, offset, array, _ in self._staged.get(version, []):
+            if _is_torch(array) and getattr(array, "is_cuda", False):
+                out.append((name, tuple(offset), array))
+        return out
+
+    def _attach_device_deltas(self, version: str) -> None:
+        """Encodes, for every CUDA shard also published last time, the elements whose bits changed
+        since (on the GPU), and attaches the payload (device memory) to the shard. The C++ Publisher
+        publishes it when that last version is committed and is its delta base, else publishes in
+        full."""
+        shards = self._device_shards(version)
+        if not shards:
+            return
+        import numpy as np
+        import torch  # CUDA shards are torch tensors
+
+        from .refit import changed_elements
+
+        for name, offset, t in shards:
+            prev = self._previous_device.get((name, offset))
+            if prev is None or tuple(prev.shape) != tuple(t.shape) or prev.dtype != t.dtype:
+                continue
+            offsets, values = changed_elements(prev, t)
+            o = offsets.to(torch.int64).cpu().numpy()
+            v = values.contiguous().view(torch.uint8).cpu().numpy() if values.numel() else np.zeros(0, np.uint8)
+            payload, changed = core().encode_delta_from_changes(refit_dtype_name(t.dtype), list(t.shape), o, v)
+            on_device = torch.from_numpy(payload).to(t.device)
+            self._impl.attach_delta_payload(version, name, list(offset), on_device, int(changed))
+
+    def _remember_device_shards(self, version: str) -> None:
+        """Keeps a copy of every CUDA shard of ``version`` on its device: the next version's delta
+        base."""
+        shards = self._device_shards(version)
+        if not shards:
+            return
+        self._previous_device = {(name, offset): t.detach().clone() for name, offset, t in shards}
 
     def attach_probes(self, version: str, probes: Sequence[Mapping[str, Any]]) -> None:
         """Attaches replay probes to ``version`` (rank 0 only), published with this rank's tables

@@ -124,3 +124,26 @@ def test_delta_published_from_python_round_trips_through_a_receiver(cluster, ver
     assert live["weight_version"] == nxt
     assert live["content_digest"] == r1["content_digest"] == expected_digest(nxt_weights)
     pub.close()
+
+
+def test_encode_delta_from_changes_counts_and_refuses_bad_lists():
+    """The encoder the Publisher uses for shards in device memory (the change list comes from the
+    GPU mask): the payload holds exactly the changes; offsets out of order or out of the shard, or
+    values of the wrong length, are refused naming the problem."""
+    from rolloutcore.refit import core
+
+    old = np.arange(64 * 300, dtype=np.uint16).reshape(64, 300)
+    new = _flip(old, 97)
+    offsets, values = changed_elements(old, new)
+    payload, count = core().encode_delta_from_changes("bf16", [64, 300], offsets, values.view(np.uint8))
+    assert count == offsets.size > 0
+    assert payload.dtype == np.uint8 and bytes(payload[:4]) == b"RCDL"
+    # Sparse: a few bytes per change plus the tile table, far below the shard's 38 400 bytes.
+    assert payload.size < old.nbytes * 0.1
+    with pytest.raises(rolloutcore.InvalidArgumentError):
+        core().encode_delta_from_changes("bf16", [64, 300], offsets[::-1].copy(), values.view(np.uint8))
+    with pytest.raises(rolloutcore.InvalidArgumentError):
+        core().encode_delta_from_changes("bf16", [64, 300], np.array([64 * 300], dtype=np.int64),
+                                         np.zeros(2, np.uint8))
+    with pytest.raises(rolloutcore.InvalidArgumentError):
+        core().encode_delta_from_changes("bf16", [64, 300], offsets, values.view(np.uint8)[:-1])

@@ -31,6 +31,7 @@
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/types.h"
+#include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -210,6 +211,24 @@ class PyPublisher {
     auto probes = refit::ProbesFromJson(*j);
     if (!probes.ok()) Raise(probes.status());
     Check(publisher_->AttachProbes(version, std::move(*probes)));
+  }
+
+  // A delta payload the caller encoded for a staged device shard (Publisher::AttachDeltaPayload):
+  // `payload` is a 1-d uint8 array (a CUDA tensor for cuda_ipc), held until the version is released.
+  void AttachDeltaPayload(const std::string& version, const std::string& name, const refit::Shape& offset,
+                          const py::handle& payload, int64_t changed) {
+    const std::string what = fmt::format("delta payload of tensor {} (rank {}, version {})", name, rank_, version);
+    ArrayMemory mem = Unwrap(ReadArrayMemory(payload, refit::DType::kU8, what));
+    trainer::DeltaPayloadSource d;
+    d.tensor = name;
+    d.offset = offset;
+    d.data = mem.data;
+    d.bytes = mem.bytes;
+    d.memory_kind = mem.device >= 0 ? transport::MemoryKind::kDevice : transport::MemoryKind::kHost;
+    d.device = mem.device;
+    d.changed = changed;
+    d.keep_alive = mem.owner;
+    Check(publisher_->AttachDeltaPayload(version, std::move(d)));
   }
 
   // parts = [(tensor, offset, quantization, bytes digest, scales digest)].
@@ -514,6 +533,8 @@ PYBIND11_MODULE(_core, m) {
           "publish_empty", [](PyPublisher& p, const std::string& v) { return p.Publish(v, true); }, py::arg("version"))
       .def("attach_probes", &PyPublisher::AttachProbes, py::arg("version"), py::arg("probes_json"))
       .def("attach_fp8_parts", &PyPublisher::AttachFp8Parts, py::arg("version"), py::arg("parts"))
+      .def("attach_delta_payload", &PyPublisher::AttachDeltaPayload, py::arg("version"), py::arg("name"),
+           py::arg("offset"), py::arg("payload"), py::arg("changed"))
       .def("release", &PyPublisher::Release, py::arg("version"), py::arg("in_directory") = true)
       .def("shards", &PyPublisher::Shards, py::arg("version"))
       .def("versions", &PyPublisher::Versions)
@@ -541,6 +562,30 @@ PYBIND11_MODULE(_core, m) {
   m.def("tensor_digest", &rc::python::TensorDigest, py::arg("array"), py::arg("global_shape") = py::none(),
         py::arg("offset") = py::none(), py::arg("dtype") = py::none());
   m.def("combine_digests", &rc::python::CombineDigests, py::arg("digests"));
+  // refit::EncodeShardDeltaFromChanges: the delta payload (bytes) of a shard of `dtype` and
+  // `shape` from its changed row-major offsets (int64, increasing) and their new values' bytes.
+  m.def(
+      "encode_delta_from_changes",
+      [](const std::string& dtype, const rc::refit::Shape& shape,
+         const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+         const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& values) {
+        auto d = rc::refit::ParseDType(dtype);
+        if (!d.ok()) rc::python::Raise(d.status());
+        rc::Result<rc::refit::EncodedDelta> e = rc::Internal("encode did not run");
+        {
+          py::gil_scoped_release nogil;
+          e = rc::refit::EncodeShardDeltaFromChanges(
+              *d, shape, std::span<const int64_t>(offsets.data(), static_cast<size_t>(offsets.size())),
+              std::span<const std::byte>(reinterpret_cast<const std::byte*>(values.data()),
+                                         static_cast<size_t>(values.size())));
+        }
+        if (!e.ok()) rc::python::Raise(e.status());
+        // A copy of the bytes (no base object: the array owns its memory).
+        py::array_t<uint8_t> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(e->bytes.size())},
+                                 reinterpret_cast<const uint8_t*>(e->bytes.data()));
+        return py::make_tuple(out, e->changed);
+      },
+      py::arg("dtype"), py::arg("shape"), py::arg("offsets"), py::arg("values"));
   m.def("transports", &rc::python::Transports);
   rc::python::RegisterFp8(m);
 #ifdef ROLLOUTCORE_WITH_CUDA

@@ -25,6 +25,41 @@ int64_t NowNs() {
 
 }  // namespace
 
+Status Publisher::AttachDeltaPayload(std::string_view version, DeltaPayloadSource payload) {
+  if (payload.memory_kind == transport::MemoryKind::kHost) {
+    return InvalidArgument(fmt::format("delta payload of tensor {}: the shard is in host memory, whose delta the "
+                                       "Publisher computes itself (PublisherOptions::delta)",
+                                       payload.tensor));
+  }
+  rc::MutexLock lock(mu_);
+  auto it = versions_.find(version);
+  if (it == versions_.end()) {
+    return NotFound(fmt::format("rank {} has no shards staged for version {} of model {}", rank_, version, model_));
+  }
+  if (it->second.state != VersionEntry::State::kStaged) {
+    return FailedPrecondition(fmt::format("rank {} cannot attach a delta to version {} of model {}: it is already {}",
+                                          rank_, version, model_, StateWord(it->second.state)));
+  }
+  for (StagedShard& s : it->second.shards) {
+    if (s.source.name != payload.tensor || s.source.offset != payload.offset) continue;
+    const uint64_t table = refit::TilingFor(s.source.local_shape).table_bytes();
+    if (payload.data == nullptr || payload.bytes < table || payload.changed < 0) {
+      return InvalidArgument(fmt::format("delta payload of tensor {} (rank {}, version {}): {} bytes at {} for a shard "
+                                         "whose header and tile table alone take {}",
+                                         payload.tensor, rank_, version, payload.bytes, payload.data, table));
+    }
+    if (s.source.memory_kind == transport::MemoryKind::kHost) {
+      return InvalidArgument(fmt::format("delta payload of tensor {}: the shard is in host memory, whose delta the "
+                                         "Publisher computes itself (PublisherOptions::delta)",
+                                         payload.tensor));
+    }
+    s.attached_delta = std::move(payload);
+    return OkStatus();
+  }
+  return NotFound(fmt::format("rank {} version {}: no staged shard of tensor {} at offset {}", rank_, version,
+                              payload.tensor, refit::ShapeToString(payload.offset)));
+}
+
 Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard>& shards, PublishReport* report) {
   const int64_t t0 = NowNs();
   bool computed = false;  // an unresolved version resumed: its deltas exist already
@@ -33,20 +68,25 @@ Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard
     std::string base;
     std::vector<std::pair<size_t, refit::EncodedDelta>> encoded;
     std::vector<uint64_t> base_digests;
+    std::vector<std::pair<size_t, uint64_t>> attached;  // device shards with a caller's payload, base digest
     {
       rc::MutexLock lock(mu_);
       base = previous_version_;
       if (base.empty() || base == version) return OkStatus();
       for (size_t i = 0; i < shards.size(); ++i) {
         const ShardSource& src = shards[i].source;
-        if (src.memory_kind != transport::MemoryKind::kHost) continue;
         auto it = previous_.find(ShardKey(src));
-        if (it == previous_.end() || it->second.dtype != src.dtype || it->second.bytes.size() != src.bytes()) continue;
+        if (it == previous_.end() || it->second.dtype != src.dtype) continue;
+        if (src.memory_kind != transport::MemoryKind::kHost) {
+          if (shards[i].attached_delta) attached.emplace_back(i, it->second.digest);
+          continue;
+        }
+        if (it->second.bytes.size() != src.bytes()) continue;
         encoded.emplace_back(i, refit::EncodeShardDelta(src.dtype, src.local_shape, it->second.bytes.data(), src.data));
         base_digests.push_back(it->second.digest);
       }
     }
-    if (encoded.empty()) return OkStatus();
+    if (encoded.empty() && attached.empty()) return OkStatus();
     // A delta names a base every receiver can prove it holds: a committed version.
     auto info = store_->GetInfo(model_, base);
     if (!info.ok() || info->state != directory::VersionState::kCommitted) {
@@ -55,6 +95,27 @@ Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard
                   info.ok() ? std::string(directory::VersionStateName(info->state)) : info.status().ToString());
       return OkStatus();
     }
+    for (const auto& [i, base_digest] : attached) {
+      const DeltaPayloadSource& a = *shards[i].attached_delta;
+      auto reg = transport_->RegisterMemory(
+          transport::MemoryRegion{const_cast<void*>(a.data), a.bytes, a.memory_kind, a.device});
+      if (!reg.ok()) {
+        return reg.status().WithContext(fmt::format("rank {} registering the {}-byte delta payload of tensor {} of "
+                                                    "version {}",
+                                                    rank_, a.bytes, a.tensor, version));
+      }
+      shards[i].delta_registration_id = reg->id;
+      shards[i].delta_keep_alive = a.keep_alive;
+      refit::ShardDelta d;
+      d.base = base;
+      d.base_digest = base_digest;
+      d.handle = reg->descriptor;
+      d.offset = 0;
+      d.bytes = a.bytes;
+      d.changed = a.changed;
+      shards[i].delta = std::move(d);
+    }
+    if (encoded.empty()) return FillDeltaReport(shards, report, t0);
     uint64_t total = 0;
     std::vector<uint64_t> at;
     for (auto& [i, e] : encoded) {
@@ -87,6 +148,10 @@ Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard
       shards[encoded[k].first].delta = std::move(d);
     }
   }
+  return FillDeltaReport(shards, report, t0);
+}
+
+Status Publisher::FillDeltaReport(const std::vector<StagedShard>& shards, PublishReport* report, int64_t t0) {
   for (const StagedShard& s : shards) {
     if (!s.delta) continue;
     for (refit::ShardTable& t : report->tables) {
@@ -109,10 +174,13 @@ void Publisher::RememberPublished(std::string_view version, const std::vector<St
   // was published (the memory contract forbids changing them until Release).
   previous_.clear();
   for (const StagedShard& s : shards) {
-    if (s.source.memory_kind != transport::MemoryKind::kHost || s.source.data == nullptr) continue;
+    if (s.source.data == nullptr) continue;
     PreviousShard& p = previous_[ShardKey(s.source)];
     p.dtype = s.source.dtype;
     p.digest = s.digest;
+    // A device shard's bytes stay where they are: its next delta comes from the caller
+    // (AttachDeltaPayload); the digest is the base digest that delta names.
+    if (s.source.memory_kind != transport::MemoryKind::kHost) continue;
     const auto* b = static_cast<const std::byte*>(s.source.data);
     p.bytes.assign(b, b + s.source.bytes());
   }
@@ -131,11 +199,17 @@ Result<std::string> Publisher::CorruptDeltaForTesting(std::string_view version, 
   auto it = versions_.find(version);
   if (it == versions_.end()) return NotFound(fmt::format("rank {} holds no version {}", rank_, version));
   std::byte* region = nullptr;
+  // The host shards' payloads share one ShmBuffer (AttachDeltas); a device shard's payload is the
+  // caller's (AttachDeltaPayload) and is not rewritten here.
   for (const StagedShard& s : it->second.shards) {
-    if (s.delta_keep_alive) region = static_cast<const transport::ShmBuffer*>(s.delta_keep_alive.get())->data();
+    if (s.delta_keep_alive && s.source.memory_kind == transport::MemoryKind::kHost) {
+      region = static_cast<const transport::ShmBuffer*>(s.delta_keep_alive.get())->data();
+    }
   }
   for (const StagedShard& s : it->second.shards) {
-    if (!s.delta || s.delta->changed < 2 || region == nullptr) continue;
+    if (!s.delta || s.delta->changed < 2 || region == nullptr || s.source.memory_kind != transport::MemoryKind::kHost) {
+      continue;
+    }
     const ShardSource& src = s.source;
     const size_t es = refit::DTypeSize(src.dtype);
     std::span<std::byte> payload(region + s.delta->offset, s.delta->bytes);

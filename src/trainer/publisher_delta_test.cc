@@ -124,6 +124,56 @@ TEST_F(PublisherDeltaTest, WithoutTheOptionNothingIsKeptOrPublished) {
   EXPECT_FALSE(r1->tables[0].shards[0].delta.has_value());
 }
 
+// AttachDeltaPayload (a delta the caller computed for a shard in device memory): refused, naming
+// the shard, for a host shard (the Publisher diffs those itself), a shard that is not staged, a
+// payload shorter than the shard's tile table, and a version already published. (Publishing a
+// device shard's payload needs a transport that registers device memory: test_delta_cuda.py.)
+TEST_F(PublisherDeltaTest, AttachDeltaPayloadRefusesWhatItCannotPublish) {
+  PublisherOptions o;
+  o.delta = true;
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1, o);
+  std::vector<uint16_t> host(128, 1);
+  ASSERT_TRUE(p.AddShard("v0", Whole("h", {128}, host.data())).ok());
+  ShardSource dev = Whole("d", {64, 300}, host.data());  // never read: staged only
+  dev.memory_kind = transport::MemoryKind::kDevice;
+  dev.device = 0;
+  dev.digest = 1;
+  ASSERT_TRUE(p.AddShard("v0", dev).ok());
+  std::vector<std::byte> payload(4096);
+  auto attach = [&](const std::string& version, const std::string& tensor, uint64_t bytes) {
+    DeltaPayloadSource d;
+    d.tensor = tensor;
+    d.offset = tensor == "h" ? refit::Shape{0} : refit::Shape{0, 0};
+    d.data = payload.data();
+    d.bytes = bytes;
+    d.device = 0;
+    d.changed = 3;
+    return p.AttachDeltaPayload(version, std::move(d));
+  };
+  Status host_shard = attach("v0", "h", payload.size());
+  EXPECT_EQ(host_shard.code(), StatusCode::kInvalidArgument) << host_shard.ToString();
+  EXPECT_NE(host_shard.message().find("host memory"), std::string::npos) << host_shard.ToString();
+  Status missing = attach("v0", "x", payload.size());
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+  EXPECT_NE(missing.message().find("tensor x"), std::string::npos) << missing.ToString();
+  Status no_version = attach("v9", "d", payload.size());
+  EXPECT_EQ(no_version.code(), StatusCode::kNotFound) << no_version.ToString();
+  const uint64_t table = refit::TilingFor({64, 300}).table_bytes();
+  Status too_short = attach("v0", "d", table - 1);
+  EXPECT_EQ(too_short.code(), StatusCode::kInvalidArgument) << too_short.ToString();
+  EXPECT_NE(too_short.message().find("tile table"), std::string::npos) << too_short.ToString();
+  EXPECT_TRUE(attach("v0", "d", table + 16).ok());
+  // Published (here: refused by the host transport, which registers host memory only): the version
+  // is no longer staged, and a late payload is refused.
+  (void)p.Publish("v0");
+  std::vector<uint16_t> h1(128, 2);
+  ASSERT_TRUE(p.AddShard("v1", Whole("h", {128}, h1.data())).ok());
+  ASSERT_TRUE(p.Publish("v1").ok());
+  Status late = attach("v1", "h", payload.size());
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late.ToString();
+  EXPECT_NE(late.message().find("already published"), std::string::npos) << late.ToString();
+}
+
 TEST(SyntheticChangeFractionTest, StepsChangeAboutFOfTheBf16ElementsClusteredByTensor) {
   SyntheticWeights w{7, 1e-3f, 0.01f};
   int64_t total = 0, changed = 0;

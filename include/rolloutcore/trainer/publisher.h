@@ -136,6 +136,22 @@ struct Fp8ShardPart {
   refit::Fp8ImageDigest part;
 };
 
+// A delta the caller computed for a staged shard in device memory (Publisher::AttachDeltaPayload):
+// the encoded payload (refit/delta.h; e.g. refit::EncodeShardDeltaFromChanges of the change list
+// rolloutcore.refit.changed_elements computes on the GPU) of the shard's changes since the version
+// this Publisher published last, in memory the caller owns (device memory for cuda_ipc), held (not
+// read) until the version is released.
+struct DeltaPayloadSource {
+  std::string tensor;
+  refit::Shape offset;  // the shard's global start, as given to AddShard
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+  transport::MemoryKind memory_kind = transport::MemoryKind::kDevice;
+  int32_t device = -1;
+  int64_t changed = 0;  // changed elements the payload holds
+  std::shared_ptr<const void> keep_alive;
+};
+
 // What one Publish did.
 struct PublishReport {
   std::string version;
@@ -185,6 +201,14 @@ class Publisher {
   // served in bf16; NotFound naming a part whose shard (tensor, offset) is not staged;
   // FailedPrecondition once the version is being published or published.
   [[nodiscard]] Status AttachFp8Parts(std::string_view version, const std::vector<Fp8ShardPart>& parts);
+  // Attaches a delta payload the caller computed for a staged shard of `version` that lives in
+  // device memory (the Publisher keeps no copy of device shards to diff against). Published with
+  // the version when this Publisher was made with PublisherOptions::delta and its previous publish
+  // (the delta's base) is committed and held the same shard; otherwise the version is published in
+  // full, as ever. InvalidArgument for a payload shorter than the shard's tile table or a shard in
+  // host memory (the Publisher computes those itself); NotFound naming a shard that is not
+  // staged; FailedPrecondition once the version is being published or published.
+  [[nodiscard]] Status AttachDeltaPayload(std::string_view version, DeltaPayloadSource payload);
   // Registers, digests and publishes every staged shard of `version` (see the header comment).
   // A rank that owns nothing of the model may publish with no shards (its empty table set still
   // counts as its publish). NotFound when the version was never staged; FailedPrecondition when it
@@ -230,6 +254,7 @@ class Publisher {
     // payload of the version (0 otherwise) and keeps that region alive.
     uint64_t delta_registration_id = 0;
     std::shared_ptr<const void> delta_keep_alive = nullptr;
+    std::optional<DeltaPayloadSource> attached_delta = std::nullopt;  // AttachDeltaPayload
   };
   // Fills ShardSource::fp8 of host shards for every PublisherOptions::fp8_quantizations entry.
   Status ComputeFp8Parts(std::string_view version, std::vector<StagedShard>& shards);
@@ -262,6 +287,7 @@ class Publisher {
   // Delta publishing (publisher_delta.cc): encodes, registers and records each shard's delta
   // against the previous published version when that one is COMMITTED; then the remembered copy.
   [[nodiscard]] Status AttachDeltas(std::string_view version, std::vector<StagedShard>& shards, PublishReport* report);
+  static Status FillDeltaReport(const std::vector<StagedShard>& shards, PublishReport* report, int64_t t0);
   void RememberPublished(std::string_view version, const std::vector<StagedShard>& shards) REQUIRES(mu_);
   // MarkUnavailable for a version whose registrations are about to be dropped; logs failures.
   Status MarkSourcesGone(std::string_view version);
