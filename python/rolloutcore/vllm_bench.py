@@ -69,7 +69,7 @@ from rolloutcore.vllm_harness import (OUT, VLLM_KIT, VLLM_SITE, Trainer, Vllm, h
 MAKE_TINY = os.environ.get("MAKE_TINY") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_models.py")
 
 
-def shapes_trainer(cfg_dir: str, durl: str, model: str):
+def shapes_trainer(cfg_dir: str, durl: str, model: str, transport: str = "cuda_ipc", delta: bool = False):
     """A Trainer whose base tensors are random bf16 on the GPU, named and shaped like HF's Qwen3."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -90,7 +90,8 @@ def shapes_trainer(cfg_dir: str, durl: str, model: str):
         t.base[name] = x
     from rolloutcore import Publisher
 
-    t.pubs = [Publisher(durl, model, rank=r, world_size=2, transport="cuda_ipc") for r in range(2)]
+    t.transport = transport
+    t.pubs = [Publisher(durl, model, rank=r, world_size=2, transport=transport, delta=delta) for r in range(2)]
     t.versions = {}
     t.fp8 = []  # no FP8 parts: the bench measures the update path, not the trainer's FP8 digests
     return t
@@ -125,13 +126,15 @@ def reset_and_resume(v: Vllm, via_sleep: bool, own_label: bool, ver: str) -> Tup
 
 
 def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bool, own_label: bool,
-                      t_ready: Optional[float] = None) -> Dict[str, Any]:
+                      t_ready: Optional[float] = None, delta_policy: Optional[str] = None) -> Dict[str, Any]:
     """One hot cycle driven from here: stage while serving -> pause -> rc_install -> [label] ->
     reset_prefix_cache -> resume -> first token; ``ver`` is published. With ``t_ready`` (when the
-    trainer's tensors were ready, before its publish) the row also has ready_to_serving_ms."""
+    trainer's tensors were ready, before its publish) the row also has ready_to_serving_ms. With
+    ``delta_policy`` the stage is asked for that full-or-delta policy (rc_stage's delta_policy)."""
     row: Dict[str, Any] = {"version": ver}
     c0 = time.perf_counter()
-    ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000)
+    kw = {} if delta_policy is None else {"delta_policy": delta_policy}
+    ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000, **kw)
     assert ev["ok"], ev
     c1 = time.perf_counter()
     st, body = v.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
@@ -161,7 +164,10 @@ def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bo
                reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
                bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
                digest_equals_manifest=inst["content_digest"] == ev.get("manifest_digest"),
-               label=inst["label"], vllm_label=vllm_label, cache_reset=cache_reset)
+               label=inst["label"], vllm_label=vllm_label, cache_reset=cache_reset,
+               mode=ev.get("mode"), delta_choice=ev.get("delta_choice"), delta_ineligible=ev.get("delta_ineligible"),
+               changed=ev.get("changed"), bytes_uploaded=ev.get("bytes_uploaded"),
+               stage_install_verify_ms=(c1 - c0 + c_installed - c2) * 1e3)
     if a.quantization:
         f = inst.get("fp8") or {}
         assert f.get("match") is True, f  # the FP8 image is the quantization of the proven bf16
@@ -539,6 +545,75 @@ def versus_finish(v: Vllm, vs: Dict[str, Any], digest_bench: Optional[Dict[str, 
     vs.update(versus_summary(vs["rows"]["rolloutcore"], vs["rows"]["native"]))
 
 
+# ---- --delta F: full and delta stages of the same trainer's versions, alternated --------------------
+
+DELTA_METRICS: Tuple[Tuple[str, str], ...] = (
+    ("bytes_pulled", "bytes on the wire (the stage's pull)"),
+    ("stage_ms", "rc_stage: pull + apply + proof (serving)"),
+    ("stage_install_verify_ms", "stage + install + verify (rc_stage + rc_install calls)"),
+    ("pause_window_ms", "pause window"),
+    ("ready_to_serving_ms", "weights ready -> first token on the new version"),
+)
+
+
+def delta_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str, own_label: bool
+                 ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """v1 staged in full (the base, a warm-up), then ``--cycles`` pairs of versions that change
+    about ``--delta`` of the elements, staged as a delta (policy always) and in full (never) in
+    turn, each installed and proven like any cycle, and a last one under policy auto. The trainer
+    publishes every version with its delta on the last (over ``--delta-transport``)."""
+    via_sleep = a.pause_call == "sleep"
+    trainer.make("v1", seed=1, scale=0.01)
+    trainer.publish("v1")
+    rows = [dict(rolloutcore_cycle(v, a, model, durl, "v1", via_sleep, own_label, delta_policy="never"),
+                 policy="never", warmup=True)]
+    print(json.dumps(rows[-1]), flush=True)
+    policies = ["always", "never"] * a.cycles + ["auto"]
+    for k, policy in enumerate(policies, start=2):
+        ver = f"v{k}"
+        if k > 2:
+            trainer.release(f"v{k - 2}")  # installed and superseded: only the base v{k-1} is kept
+        trainer.make_changed(ver, f"v{k - 1}", a.delta, seed=k)
+        t_ready = time.perf_counter()
+        pub = trainer.publish(ver)
+        row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label, t_ready=t_ready, delta_policy=policy)
+        row.update(policy=policy, delta_published=sum(r.get("delta_changed", 0) for r in pub),
+                   delta_bytes_published=sum(r.get("delta_bytes", 0) for r in pub))
+        assert row["digest_equals_manifest"], row
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows, delta_summary(a, rows)
+
+
+def delta_summary(a, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Medians per mode of the policy-pinned rows (not the warm-up, not auto), their ratios
+    delta / full, and what auto took."""
+    out: Dict[str, Any] = {"change_fraction": a.delta, "transport": a.delta_transport}
+    for mode in ("delta", "full"):
+        sel = [r for r in rows if not r.get("warmup") and r.get("policy") != "auto" and r.get("mode") == mode]
+        out[mode] = {k: median([r[k] for r in sel if r.get(k) is not None]) for k, _ in DELTA_METRICS}
+        out[mode]["n"] = len(sel)
+    for k, _ in DELTA_METRICS:
+        d, f = out["delta"].get(k), out["full"].get(k)
+        out[k + "_delta_over_full"] = round(d / f, 4) if d is not None and f else None
+    auto = [r for r in rows if r.get("policy") == "auto"]
+    if auto:
+        out["auto"] = {"mode": auto[-1].get("mode"), "delta_choice": auto[-1].get("delta_choice"),
+                       "delta_ineligible": auto[-1].get("delta_ineligible")}
+    return out
+
+
+def delta_table(ds: Dict[str, Any]) -> List[str]:
+    lines = [f"DELTA {ds['transport']}, change fraction {ds['change_fraction']}: medians "
+             f"(delta n={ds['delta']['n']}, full n={ds['full']['n']})"]
+    for k, what in DELTA_METRICS:
+        d, f, r = ds["delta"].get(k), ds["full"].get(k), ds.get(k + "_delta_over_full")
+        lines.append(f"  {what:<58} delta {_fmt(d):>14}  full {_fmt(f):>14}  delta/full {_fmt(r, 4)}")
+    if "auto" in ds:
+        lines.append(f"  auto took: {ds['auto']['mode']} {json.dumps(ds['auto']['delta_choice'])}")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rolloutcore bench cycle --engine vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -564,6 +639,14 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-bf16", action="store_true",
                     help="with --quantization: run the same cycles on bf16 vLLM first, then on FP8, in this one "
                          "call, and print the two side by side (COMPARE line, $OUT/bench_vllm_<shape>_fp8_vs_bf16.json)")
+    ap.add_argument("--delta", type=float, default=None, metavar="F",
+                    help="full and delta stages side by side (docs/refit.md \"Delta on the GPU\"): the trainer "
+                         "publishes with deltas, each version changing about F of the elements; v1 full, then "
+                         "--cycles pairs staged as a delta and in full in turn (rc_stage delta_policy always / "
+                         "never), then one under auto; DELTA lines and \"delta\" in $OUT/bench_vllm_<shape>.json")
+    ap.add_argument("--delta-transport", choices=["cuda_ipc", "shm"], default="cuda_ipc",
+                    help="with --delta: the trainer's transport: cuda_ipc (same GPU, from its memory) or shm "
+                         "(copied to host memory at publish: the cross-process, wire-bound path)")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart measurement")
     ap.add_argument("--no-digest-bench", action="store_true", help="skip rc_bench_digest")
     ap.add_argument("--dry-run", action="store_true", help="print the configuration as JSON and exit")
@@ -574,8 +657,12 @@ def main(argv=None) -> int:
         ap.error("--versus native drives both paths from here, call by call: not with --controller")
     if a.versus and a.quantization:
         ap.error("--versus native compares bf16 updates: not with --quantization")
+    if a.delta is not None and not 0 < a.delta < 1:
+        ap.error(f"--delta is a change fraction in (0, 1), got {a.delta}")
+    if a.delta is not None and (a.versus or a.controller or a.quantization):
+        ap.error("--delta drives its own cycles from here: not with --versus, --controller or --quantization")
     if a.pause_call is None:
-        a.pause_call = "pause" if a.versus else "both"
+        a.pause_call = "pause" if (a.versus or a.delta is not None) else "both"
     if a.versus == "native":
         why = native_unavailable(site_version(VLLM_SITE) or VLLM_KIT)
         if why is not None:
@@ -613,7 +700,8 @@ def run(a) -> dict:
     """One bench run (a shape, bf16 or one FP8 method); returns its summary."""
     from rolloutcore.cluster import Server, find_binary
 
-    tag = a.shape + (f"_{a.quantization}" if a.quantization else "")
+    tag = (a.shape + (f"_{a.quantization}" if a.quantization else "")
+           + (f"_delta_{a.delta_transport}" if getattr(a, "delta", None) is not None else ""))
     work = OUT / f"bench_{tag}"
     work.mkdir(exist_ok=True)
     cfg = str(work / "model")
@@ -653,7 +741,8 @@ def run(a) -> dict:
     own_label = v.is_033()
     cold_first = first_token_ms(v)
     cold_total = time.time() - t0
-    trainer = shapes_trainer(cfg, durl, model) if dummy else Trainer(cfg, durl, model)
+    tkw = {"transport": a.delta_transport, "delta": True} if a.delta is not None else {}
+    trainer = shapes_trainer(cfg, durl, model, **tkw) if dummy else Trainer(cfg, durl, model, **tkw)
     total_bytes = sum(x.numel() * x.element_size() for x in trainer.base.values())
     ctl = None
     if a.controller:
@@ -665,8 +754,11 @@ def run(a) -> dict:
                      OUT / f"bench_controller_{tag}.log", find_binary())
         curl = ctl.wait_url(60)
     versus: Optional[Dict[str, Any]] = None
+    delta: Optional[Dict[str, Any]] = None
     if a.versus == "native":
         rows, versus = versus_cycles(a, v, trainer, model, durl, own_label)
+    elif a.delta is not None:
+        rows, delta = delta_cycles(a, v, trainer, model, durl, own_label)
     else:
         rows = []
         for k in range(1, a.cycles + 1):
@@ -723,6 +815,8 @@ def run(a) -> dict:
     }
     if versus is not None:
         summary["versus_native"] = versus
+    if delta is not None:
+        summary["delta"] = delta
     for key in ("stage_ms", "stage_engine_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
                 "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms",
                 "fp8_quantize_ms", "fp8_proof_ms"):
@@ -733,7 +827,11 @@ def run(a) -> dict:
             vals = [r[key] for r in rows[1:] if r.get(key) is not None and r.get("pause_via") == via]
             if vals and a.pause_call == "both":
                 summary[f"{key}_median_via_{via}"] = median(vals)
-    print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k not in ("rows", "versus_native")}), flush=True)
+    print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k not in ("rows", "versus_native", "delta")}),
+          flush=True)
+    if delta is not None:
+        print("\n".join(delta_table(delta)), flush=True)
+        print("DELTA " + json.dumps(delta), flush=True)
     if versus is not None:
         print("\n".join(versus_table(versus)), flush=True)
         print("VERSUS " + json.dumps({k: x for k, x in versus.items() if k != "rows"}), flush=True)

@@ -204,7 +204,7 @@ class Trainer:
     """Torch CUDA trainer stand-in: versions by perturbation, fsdp:2 row shards over cuda_ipc."""
 
     def __init__(self, base_dir: str, directory_url: str, model: str, device: int = 0, world: int = 2,
-                 fp8: Optional[List[str]] = None) -> None:
+                 fp8: Optional[List[str]] = None, transport: str = "cuda_ipc", delta: bool = False) -> None:
         import torch
         from safetensors.torch import load_file
 
@@ -219,7 +219,11 @@ class Trainer:
                 self.base.update(load_file(os.path.join(base_dir, fn), device=f"cuda:{device}"))
         from rolloutcore import Publisher
 
-        self.pubs = [Publisher(directory_url, model, rank=r, world_size=world, transport="cuda_ipc")
+        # cuda_ipc: the shards are published from the trainer's GPU memory (zero copy); a host
+        # transport (shm) copies each shard to shared host memory at publish. delta: every version
+        # after the first also carries its changes on the last (docs/refit.md "Delta refit").
+        self.transport = transport
+        self.pubs = [Publisher(directory_url, model, rank=r, world_size=world, transport=transport, delta=delta)
                      for r in range(world)]
         self.versions: Dict[str, Dict[str, Any]] = {}
         # Quantizations whose FP8 parts every rank publishes (docs/fp8.md, "The expected image, from
@@ -233,6 +237,21 @@ class Trainer:
         for name, t in sorted(self.base.items()):
             noise = torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32) * scale
             out[name] = (t.float() + noise).to(t.dtype).contiguous()
+        self.versions[version] = out
+        return out
+
+    def make_changed(self, version: str, previous: str, fraction: float, seed: int) -> Dict[str, Any]:
+        """``previous`` with about ``fraction`` of the elements of every tensor changed in their
+        lowest bit (the sparse steps of RL fine-tuning: docs/refit.md "Delta refit")."""
+        torch = self.torch
+        g = torch.Generator(device=f"cuda:{self.device}").manual_seed(seed)
+        out = {}
+        for name, t in sorted(self.versions[previous].items()):
+            u = t.clone()
+            bits = u.view(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[u.element_size()])
+            mask = torch.rand(bits.shape, generator=g, device=u.device) < fraction
+            bits ^= mask.to(bits.dtype)
+            out[name] = u
         self.versions[version] = out
         return out
 
@@ -256,7 +275,8 @@ class Trainer:
                 if hi <= lo:
                     continue
                 shard = t[lo:hi]  # rows of a contiguous tensor: contiguous, zero copy
-                pub.add_shard(version, name, shard, offset=[lo] + [0] * (t.dim() - 1), global_shape=list(t.shape))
+                pub.add_shard(version, name, shard, offset=[lo] + [0] * (t.dim() - 1), global_shape=list(t.shape),
+                              copy=self.transport != "cuda_ipc")
         for q in self.fp8:
             import numpy as np
 

@@ -388,3 +388,72 @@ def test_a_failed_native_update_stops_the_alternation_and_leaves_vllm_serving(fa
     assert tail[:4] == ["/update_weights", "/finish_weight_update", "/resume", "rc_native_state"]
     assert v.calls.count("rc_stage") == 2 and v.calls[-2:] == ["rc_bench_digest", "rc_describe"]
     assert "FAILED, alternation stopped: ipc2" in vb.versus_table(vs)[-1]
+
+
+# ---- --delta F ---------------------------------------------------------------------------------------
+
+class FakeDeltaTrainer(FakeTrainer):
+    def make_changed(self, version, previous, fraction, seed):
+        assert previous in self.alive, (previous, self.alive)
+        return self.make(version, seed, 0.0)
+
+    def publish(self, version):
+        super().publish(version)
+        return [{"delta_changed": 5, "delta_bytes": 40}, {"delta_changed": 6, "delta_bytes": 44}]
+
+
+class FakeDeltaVllm(FakeVllm):
+    """rc_stage follows its delta_policy: a delta pulls 100 bytes in 2 ms, a full stage 10 000 in
+    10 ms; auto takes the delta and says why."""
+
+    def __init__(self):
+        super().__init__()
+        self.policies = []
+
+    def rpc1(self, method, **kw):
+        if method != "rc_stage":
+            return super().rpc1(method, **kw)
+        self.calls.append(method)
+        self.current = kw["version"]
+        policy = kw.get("delta_policy")
+        self.policies.append(policy)
+        delta = policy in ("always", "auto") and kw["version"] != "v1"
+        choice = None if policy is None or kw["version"] == "v1" else {
+            "policy": policy, "mode": "delta" if delta else "full", "reason": "fake",
+            "estimated_full_ms": 10.0, "estimated_delta_ms": 2.0, "full_samples": 1, "delta_samples": 1}
+        return {"ok": True, "stage_ms": {"total": 2.0 if delta else 10.0}, "bytes_pulled": 100 if delta else 10_000,
+                "manifest_digest": "d-" + kw["version"], "mode": "delta" if delta else "full",
+                "delta_choice": choice, "delta_ineligible": "", "changed": 11 if delta else 0}
+
+
+def test_delta_alternates_pinned_policies_then_auto_and_sums_up_per_mode(fakes):
+    import argparse
+
+    a = argparse.Namespace(cycles=2, pause_call="pause", quantization=None, shape="tiny", delta=0.01,
+                           delta_transport="shm")
+    v, trainer = FakeDeltaVllm(), FakeDeltaTrainer()
+    rows, ds = vb.delta_cycles(a, v, trainer, "m", "http://dir", own_label=True)
+    assert v.policies == ["never", "always", "never", "always", "never", "auto"]
+    assert [r["mode"] for r in rows] == ["full", "delta", "full", "delta", "full", "delta"]
+    assert rows[0]["warmup"] and all(r["digest_equals_manifest"] for r in rows)
+    assert rows[1]["delta_published"] == 11 and rows[1]["delta_bytes_published"] == 84
+    # Every cycle is a whole rolloutcore cycle (stage while serving, install while paused, resume).
+    assert v.calls.count("rc_install") == len(rows) and v.calls.count("/resume") == len(rows)
+    assert trainer.most_alive <= 2  # the base and the next version, no more
+    assert ds["delta"]["n"] == 2 and ds["full"]["n"] == 2
+    assert ds["delta"]["bytes_pulled"] == 100 and ds["full"]["bytes_pulled"] == 10_000
+    assert ds["bytes_pulled_delta_over_full"] == 0.01
+    assert ds["auto"]["mode"] == "delta" and ds["auto"]["delta_choice"]["estimated_delta_ms"] == 2.0
+    lines = vb.delta_table(ds)
+    assert lines[0].startswith("DELTA shm, change fraction 0.01") and "auto took: delta" in lines[-1]
+
+
+def test_main_checks_the_delta_arguments(capsys):
+    for argv in (["--delta", "1.5"], ["--delta", "0"], ["--delta", "0.01", "--controller"],
+                 ["--delta", "0.01", "--quantization", "fp8_per_block"]):
+        with pytest.raises(SystemExit) as e:
+            vb.main(argv + ["--dry-run"])
+        assert e.value.code == 2, argv
+    assert vb.main(["--delta", "0.01", "--delta-transport", "shm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert '"pause_call": "pause"' in out and '"delta_transport": "shm"' in out
