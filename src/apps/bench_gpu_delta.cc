@@ -138,17 +138,11 @@ Status RunGpuDeltaBench(const GpuDeltaBenchOptions& o) {
   Json rows = Json::array();
   for (double f : o.fractions) {
     const std::string name = fmt::format("bench-gpu-f{}", f);
-    RC_ASSIGN_OR_RETURN(int trainer_port, FreePort());
     std::cerr << fmt::format("bench refit --delta --gpu: F = {}: trainer {} (fsdp:{}, {}), work dir {}\n", f, o.model,
                              o.ranks, o.transport, dir);
-    RC_ASSIGN_OR_RETURN(auto t, ChildProcess::Spawn("trainer-" + name,
-                                                    {"trainer", "serve", "--model", o.model, "--name", name, "--layout",
-                                                     "fsdp:" + std::to_string(o.ranks), "--directory", dir_url,
-                                                     "--transport", o.transport, "--keep", "1", "--change-fraction",
-                                                     fmt::format("{}", f), "--delta", "--port",
-                                                     std::to_string(trainer_port)},
-                                                    log("trainer-" + name)));
-    RC_RETURN_IF_ERROR(BenchWaitHealthy(t.get(), trainer_port, "/status", 1800));
+    int trainer_port = 0;
+    RC_ASSIGN_OR_RETURN(auto t, SpawnDeltaTrainer(name, o.model, o.ranks, dir_url, o.transport, f,
+                                                  log("trainer-" + name), 1800, &trainer_port));
     // A receiver per F: its cost model starts unmeasured.
     ArenaWeights weights(&staging, &live);
     RC_ASSIGN_OR_RETURN(auto r, receiver::DeviceReceiver::Create(o.device, &weights));

@@ -257,8 +257,8 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
       g.json_out = o->json_out;
       s = RunGpuRefitBench(g);
 #endif
-    } else if (o->delta && o->gpu) {
 #ifdef ROLLOUTCORE_WITH_CUDA
+    } else if (o->delta && o->gpu) {
       GpuDeltaBenchOptions g;
       g.transport = o->transport;
       g.model = o->model;

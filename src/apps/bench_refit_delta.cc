@@ -88,17 +88,11 @@ Status RunDeltaRefitBench(const DeltaBenchOptions& o) {
   Json rows = Json::array();
   for (double f : o.fractions) {
     const std::string name = fmt::format("bench-f{}", f);
-    RC_ASSIGN_OR_RETURN(int trainer_port, FreePort());
     std::cerr << fmt::format("bench refit --delta: F = {}: trainer {} (fsdp:{}, {})\n", f, o.model, o.ranks,
                              o.transport);
-    RC_ASSIGN_OR_RETURN(auto t, ChildProcess::Spawn("trainer-" + name,
-                                                    {"trainer", "serve", "--model", o.model, "--name", name, "--layout",
-                                                     "fsdp:" + std::to_string(o.ranks), "--directory", dir_url,
-                                                     "--transport", o.transport, "--keep", "1", "--change-fraction",
-                                                     fmt::format("{}", f), "--delta", "--port",
-                                                     std::to_string(trainer_port)},
-                                                    log("trainer-" + name)));
-    RC_RETURN_IF_ERROR(BenchWaitHealthy(t.get(), trainer_port, "/status", 600));
+    int trainer_port = 0;
+    RC_ASSIGN_OR_RETURN(auto t, SpawnDeltaTrainer(name, o.model, o.ranks, dir_url, o.transport, f,
+                                                  log("trainer-" + name), 600, &trainer_port));
     // Warm-up: the first stage of an engine allocates its shadow parameters and faults their pages
     // in; the full row is the steady-state refit every later full refit costs.
     RC_ASSIGN_OR_RETURN(Json warm, BenchCall(engine_port, "POST", "/rc/refit/stage",

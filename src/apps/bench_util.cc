@@ -1,5 +1,7 @@
 #include "apps/bench_util.h"
 
+#include <fmt/format.h>
+
 #include <httplib.h>
 
 #include <algorithm>
@@ -20,6 +22,22 @@ Result<Json> BenchCall(int port, const std::string& method, const std::string& p
   if (!r) return Unavailable(method + " " + path + ": " + httplib::to_string(r.error()));
   if (r->status != 200) return Internal(method + " " + path + " answered " + std::to_string(r->status) + ": " + r->body);
   return ParseJson(r->body, path);
+}
+
+Result<std::unique_ptr<ChildProcess>> SpawnDeltaTrainer(const std::string& name, const std::string& model, int ranks,
+                                                       const std::string& dir_url, const std::string& transport,
+                                                       double fraction, const std::string& log_path, int wait_s,
+                                                       int* port) {
+  RC_ASSIGN_OR_RETURN(*port, FreePort());
+  RC_ASSIGN_OR_RETURN(auto t, ChildProcess::Spawn("trainer-" + name,
+                                                  {"trainer", "serve", "--model", model, "--name", name, "--layout",
+                                                   "fsdp:" + std::to_string(ranks), "--directory", dir_url,
+                                                   "--transport", transport, "--keep", "1", "--change-fraction",
+                                                   fmt::format("{}", fraction), "--delta", "--port",
+                                                   std::to_string(*port)},
+                                                  log_path));
+  RC_RETURN_IF_ERROR(BenchWaitHealthy(t.get(), *port, "/status", wait_s));
+  return t;
 }
 
 Status BenchWaitHealthy(ChildProcess* c, int port, const std::string& path, int seconds) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,13 @@ Result<Json> BenchCall(int port, const std::string& method, const std::string& p
 // Polls GET path until 200; Unavailable with the child's log tail when it exits first,
 // DeadlineExceeded after `seconds`.
 Status BenchWaitHealthy(ChildProcess* child, int port, const std::string& path, int seconds);
+// A `rolloutcore trainer serve --delta` child for the delta benches: model `model` as fsdp:`ranks`
+// named `name`, publishing into the directory at `dir_url` over `transport`, every step changing
+// about `fraction` of the elements; healthy within `wait_s` seconds. Its port in *port.
+Result<std::unique_ptr<ChildProcess>> SpawnDeltaTrainer(const std::string& name, const std::string& model, int ranks,
+                                                       const std::string& dir_url, const std::string& transport,
+                                                       double fraction, const std::string& log_path, int wait_s,
+                                                       int* port);
 // Best of three single-thread memcpy runs over `bytes`, in GB/s.
 double MemcpyGbps(uint64_t bytes);
 // Best of three memcpy runs over `bytes` split evenly over `threads` threads (threads <= 0: all

@@ -20,7 +20,7 @@ std::string ListPreview(const std::vector<int64_t>& v) {
 
 // ---- SourceView ---------------------------------------------------------------------------------
 
-SourceView::SourceView(std::string name, DType dtype, Shape shape)
+SourceView::SourceView(std::string name, DType dtype, const Shape& shape)
     : name_(std::move(name)), dtype_(dtype), source_shape_(shape), box_(FullBox(shape)) {
   view_to_source_.resize(shape.size());
   std::iota(view_to_source_.begin(), view_to_source_.end(), 0);

@@ -44,7 +44,7 @@ TEST_F(PublisherDeltaTest, SecondVersionCarriesADeltaThatDecodesToTheChanges) {
   o.delta = true;
   Publisher p(transport_.get(), store_.get(), "m", 0, 1, o);
   const Shape shape{64, 300};
-  std::vector<uint16_t> v0(64 * 300), v1;
+  std::vector<uint16_t> v0(size_t{64} * 300), v1;
   for (size_t i = 0; i < v0.size(); ++i) v0[i] = static_cast<uint16_t>(i * 13);
   v1 = v0;
   std::map<int64_t, uint16_t> changed;

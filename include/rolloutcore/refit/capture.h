@@ -40,7 +40,7 @@ class SourceView {
  public:
   SourceView() = default;
   // The whole tensor.
-  SourceView(std::string name, DType dtype, Shape shape);
+  SourceView(std::string name, DType dtype, const Shape& shape);
 
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
