@@ -161,7 +161,7 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   if (!done.ok()) return done.status();
   done->stage_ms["total"] = MsSince(t_total);
   const double work_ms = done->stage_ms["total"] - done->stage_ms["discover"];
-  if (delta) {
+  if (done->mode == "delta") {
     st.costs.RecordDelta(done->transport, WorkOf(resolved.manifest), work_ms);
   } else if (!st.mirrors_allocated) {
     // A full stage that allocated the host mirrors paid a one-time cost (16 GB of page faults for
@@ -300,6 +300,12 @@ Result<DeviceStageReport> DeviceReceiver::StageDeltaOnDevice(const DeviceStageRe
     return pulled.status().WithContext(fmt::format("pulling the delta of {} of {}", req.version, req.model));
   }
   for (const auto& [k, v] : pulled->stages_ms) report.stage_ms[k] = v;
+  if (std::string why = internal::DeviceDeltaIneligibility(*pulled, resolved.manifest, 0, st.staging); !why.empty()) {
+    // Nothing was written: the version is staged in full instead (its full shards are published).
+    report.mode = "full";
+    report.delta_ineligible = "on the device: " + why;
+    return StageFull(req, resolved, staging, std::move(report));
+  }
   t = std::chrono::steady_clock::now();
   RC_ASSIGN_OR_RETURN(internal::DeviceDeltaTable table,
                       internal::BuildDeviceDeltaTable(*pulled, resolved.manifest, 0, st.staging, staging));
