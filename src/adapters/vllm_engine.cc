@@ -799,6 +799,7 @@ Result<Json> VllmEngine::StageWorkers(const UpdateTarget& target, int64_t* bytes
               {"version", target.label},
               {"directory", options_.directory_url},
               {"timeout_ms", options_.stage_timeout_ms}};
+  if (!options_.vllm.delta_policy.empty()) kwargs["delta_policy"] = options_.vllm.delta_policy;
   RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_stage", kwargs, options_.stage_timeout_ms + 5000));
   Json detail{{"workers", workers}};
   int64_t needed = 0, planned = 0, pulled = 0;

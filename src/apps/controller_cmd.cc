@@ -56,6 +56,7 @@ struct ServeOptions {
   std::string vllm_native_trainer;
   std::string vllm_native_init = "controller";
   std::string vllm_pause_call = "sleep";
+  std::string vllm_delta_policy;  // empty: the worker's default
   int vllm_reset_attempts = 5;
   bool vllm_allow_untested_version = false;
   int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
@@ -182,6 +183,13 @@ void AddVllmFlags(CLI::App* serve, ServeOptions* o) {
       ->check(CLI::IsMember({"pause", "sleep"}))
       ->capture_default_str();
   serve
+      ->add_option("--vllm-delta-policy", o->vllm_delta_policy,
+                   "vLLM engines: full or delta per stage for versions published with deltas on the version the "
+                   "worker's staging image holds (docs/refit.md \"Delta on the GPU\"): auto (the cheaper by the "
+                   "worker's measurements), always or never. Unset: the worker's ROLLOUTCORE_VLLM_DELTA_POLICY, else "
+                   "never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
+  serve
       ->add_option("--vllm-reset-attempts", o->vllm_reset_attempts,
                    "vLLM engines: /reset_prefix_cache calls per reset while it answers success:false (backoff 10 ms, "
                    "doubling); the controller retries refused resets within --reset-deadline-ms on top")
@@ -237,6 +245,7 @@ adapters::EngineSpec EngineSpecFor(const ServeOptions& o, const std::string& url
   adapters::VllmOptions& vo = spec.http.vllm;
   vo.reset_attempts = o.vllm_reset_attempts;
   vo.pause_via_sleep = o.vllm_pause_call == "sleep";
+  vo.delta_policy = o.vllm_delta_policy;
   vo.native_transfer = o.vllm_transfer == "native-nccl";
   vo.native_trainer_url = o.vllm_native_trainer;
   vo.native_init = o.vllm_native_init == "controller";

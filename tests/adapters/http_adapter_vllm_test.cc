@@ -196,6 +196,27 @@ TEST(HttpAdapterVllmTest, StageWarmsTheCanaryThenStagesOnEveryWorker) {
   EXPECT_EQ(call["kwargs"]["timeout_ms"], 120000);
 }
 
+// --vllm-delta-policy: sent as rc_stage's delta_policy when set, not sent otherwise (the worker's
+// default decides), and the workers' answers (their mode) are kept in the evidence.
+TEST(HttpAdapterVllmTest, StageSendsTheDeltaPolicyOnlyWhenSet) {
+  FakeVllm vllm;
+  for (const std::string policy : {"", "always"}) {
+    HttpAdapterOptions o = Options(vllm.url());
+    o.vllm.delta_policy = policy;
+    HttpEngineAdapter a(o);
+    ASSERT_TRUE(a.Describe().ok());
+    auto st = Await(a.Stage(Target()));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(st->detail["workers"][0]["mode"], "full");
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    const Json& kwargs = vllm.rpc_calls_.back()["kwargs"];
+    EXPECT_EQ(kwargs.contains("delta_policy"), !policy.empty()) << kwargs.dump();
+    if (!policy.empty()) {
+      EXPECT_EQ(kwargs["delta_policy"], policy);
+    }
+  }
+}
+
 TEST(HttpAdapterVllmTest, AWorkersStageFailureKeepsItsCode) {
   FakeVllm vllm;
   vllm.Script([&] {

@@ -51,6 +51,10 @@ struct VllmOptions {
   // runs with the behaviour of the nearest supported release and the description says so (the
   // controller journals it).
   bool allow_untested_version = false;
+  // Full or delta per stage (docs/refit.md "Delta on the GPU"): sent as rc_stage's delta_policy
+  // ("auto", "always" or "never"); empty: not sent, the worker's ROLLOUTCORE_VLLM_DELTA_POLICY or
+  // never decides. `controller serve --vllm-delta-policy`.
+  std::string delta_policy;
   // Replay validation (docs/lifecycle.md): the log-probability bound proposed for vLLM's bf16
   // kernels against the trainer's torch f32 reference. Measured on the H200 (vLLM 0.26, TP=1,
   // tiny Qwen3, 3 versions x 4 probes x 16 steps, top-5: worst 0.060, p99 0.035, median 0.0076;
