@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/digest_chunk.h"
+#include "gpu/gpu_test_util.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -105,22 +106,8 @@ TEST(DigestTableTest, InstalledMatchesDigestInstalled) {
   CheckInstalled("tiny-llama", "tp:2@bf16");
 }
 
-// The staging capture the vLLM extension builds for a live capture: copy i lands densely in its
-// own staging parameter "rc.staging.i" of the live parameter's dtype.
-refit::Capture StagingFor(const refit::Capture& live) {
-  refit::Capture s;
-  for (size_t i = 0; i < live.copies.size(); ++i) {
-    const refit::CapturedCopy& c = live.copies[i];
-    s.params.push_back({"rc.staging." + std::to_string(i), live.params[c.param].dtype, c.dest_shape});
-    refit::CapturedCopy sc = c;
-    sc.param = static_cast<uint32_t>(i);
-    sc.dest_offset = 0;
-    sc.dest_strides = refit::RowMajorStrides(c.dest_shape);
-    s.copies.push_back(std::move(sc));
-  }
-  return s;
-}
-
+// Staging captures are refit::DenseStagingCapture's: what the vLLM extension builds (copy i lands
+// densely in its own staging parameter "rc.staging.i" of the live parameter's dtype).
 using Bytes = std::map<std::string, std::vector<std::byte>>;
 
 refit::DestinationBuffers ViewsOf(const refit::Capture& cap, Bytes& bytes, std::mt19937_64& rng) {
@@ -134,38 +121,19 @@ refit::DestinationBuffers ViewsOf(const refit::Capture& cap, Bytes& bytes, std::
   return views;
 }
 
-// torch's dst.copy_(staging_view), element by element, as the reference of the fused copy.
-void ReferenceInstall(const refit::Capture& live, Bytes& live_bytes, const refit::Capture& staging, Bytes& staging_bytes) {
-  for (size_t i = 0; i < live.copies.size(); ++i) {
-    const refit::CapturedCopy& c = live.copies[i];
-    const size_t es = refit::DTypeSize(live.params[c.param].dtype);
-    const refit::Shape dense = refit::RowMajorStrides(c.dest_shape);
-    int64_t n = 1;
-    for (int64_t x : c.dest_shape) n *= x;
-    for (int64_t e = 0; e < n; ++e) {
-      int64_t rest = e, soff = 0, doff = c.dest_offset;
-      for (size_t k = c.dest_shape.size(); k-- > 0;) {
-        const int64_t idx = rest % c.dest_shape[k];
-        rest /= c.dest_shape[k];
-        soff += idx * dense[k];
-        doff += idx * c.dest_strides[k];
-      }
-      std::memcpy(live_bytes[live.params[c.param].name].data() + doff * es,
-                  staging_bytes[staging.params[i].name].data() + soff * es, es);
-    }
-  }
-}
-
 void CheckFused(const refit::Capture& live, const std::string& what) {
-  const refit::Capture staging = StagingFor(live);
+  const refit::Capture staging = refit::DenseStagingCapture(live);
   const refit::Capture* ranks[] = {&live};
   const auto regions = refit::AssignDigestOwnership(ranks)[0];
   std::mt19937_64 rng(11);
   Bytes live_bytes, staging_bytes;
   refit::DestinationBuffers live_views = ViewsOf(live, live_bytes, rng);
   refit::DestinationBuffers staging_views = ViewsOf(staging, staging_bytes, rng);
+  // The reference of the fused copy: torch's dst.copy_(staging_view), element by element.
   Bytes want_live = live_bytes;
-  ReferenceInstall(live, want_live, staging, staging_bytes);
+  want_live.insert(staging_bytes.begin(), staging_bytes.end());
+  testing::InstallStagedOnHost(live, staging, &want_live);
+  for (const auto& [name, bytes] : staging_bytes) want_live.erase(name);
   auto table = BuildFusedInstallTable(live, live_views, staging, staging_views, regions);
   ASSERT_TRUE(table.ok()) << what << ": " << table.status().ToString();
   const std::vector<uint64_t> sums = EvaluateFusedInstallOnHost(*table);
@@ -205,7 +173,7 @@ TEST(DigestTableTest, FusedInstallDigestsATwiceInstalledSourceOnce) {
   again.param = static_cast<uint32_t>(live.params.size() - 1);
   live.copies.push_back(again);
   CheckFused(live, "twin");
-  const refit::Capture staging = StagingFor(live);
+  const refit::Capture staging = refit::DenseStagingCapture(live);
   const refit::Capture* ranks[] = {&live};
   const auto regions = refit::AssignDigestOwnership(ranks)[0];
   std::mt19937_64 rng(3);
@@ -221,7 +189,7 @@ TEST(DigestTableTest, FusedInstallRefusesOverlappingCopies) {
   auto live = refit::CaptureEngineRank(refit::ModelPreset("tiny").value(), refit::ParseEngineLayout("tp:1@bf16").value(), 0)
                   .value();
   live.copies.push_back(live.copies[0]);  // the same live elements written twice
-  const refit::Capture staging = StagingFor(live);
+  const refit::Capture staging = refit::DenseStagingCapture(live);
   const refit::Capture* ranks[] = {&live};
   const auto regions = refit::AssignDigestOwnership(ranks)[0];
   std::mt19937_64 rng(4);

@@ -467,7 +467,7 @@ bool CarriesDelta(const refit::Manifest& manifest) {
 }
 
 std::string DeltaIneligibility(const refit::Manifest& manifest, const std::string& live_version,
-                               const refit::TensorDigests* live) {
+                               const refit::TensorDigests* live, bool loaded_only) {
   std::string base;
   for (const refit::ShardTable& t : manifest.tables) {
     for (const refit::ShardInfo& s : t.shards) {
@@ -499,6 +499,7 @@ std::string DeltaIneligibility(const refit::Manifest& manifest, const std::strin
       if (seen.insert(refit::BoxToString(s.box())).second) want += s.delta->base_digest;
     }
     auto it = live->find(t.name);
+    if (it == live->end() && loaded_only) continue;
     if (it == live->end()) return fmt::format("tensor {} is not among the live weights", t.name);
     if (it->second != want) {
       return fmt::format("tensor {}: live digest {} is not the base {}'s {}", t.name, Hex64(it->second), base,
@@ -701,6 +702,12 @@ Result<DeltaStaged> PullDelta(const DeltaStageInput& in) {
   const refit::Manifest& m = *in.manifest;
   const auto& captures = *in.captures;
   DeltaStaged out;
+  for (const refit::ShardTable& t : m.tables) {
+    if (!t.shards.empty() && t.shards.front().delta) {
+      out.base = t.shards.front().delta->base;
+      break;
+    }
+  }
   out.generation = in.generation;
   out.base_digests = *in.live_digests;
   out.rank_jobs.assign(captures.size(), {0, 0});

@@ -46,9 +46,11 @@ namespace rc::receiver::internal {
 // Why `manifest` cannot be applied as a delta on live weights labelled `live_version` whose
 // per-tensor digests are `live` (nullptr: none known for the current install generation); ""
 // when it can: every shard carries a delta on one base, the base is the live label, and every
-// tensor's live digest equals the sum of its shards' base digests.
+// tensor's live digest equals the sum of its shards' base digests. With `loaded_only`, tensors
+// absent from `live` are not required (an engine that does not load some tensors, e.g. a tied
+// lm_head, has nothing of them to prove; the device receiver's staging digests hold what it loads).
 std::string DeltaIneligibility(const refit::Manifest& manifest, const std::string& live_version,
-                               const refit::TensorDigests* live);
+                               const refit::TensorDigests* live, bool loaded_only = false);
 
 // True when every shard of `manifest` carries a delta.
 bool CarriesDelta(const refit::Manifest& manifest);
@@ -156,8 +158,9 @@ struct DeltaStageInput {
 [[nodiscard]] Result<DeltaStaged> StageDelta(const DeltaStageInput& in);
 // StageDelta's wire and planning alone (the device path's first half, device_delta.h): every
 // rank's needed tiles pulled into host memory, its pieces and jobs planned, and per rank the pull's
-// report (bytes_pulled, reads, shards_read); stages_ms wire and planning. Nothing is decoded or
-// predicted, and in.live is only checked to name every captured parameter.
+// report (bytes_pulled, reads, shards_read); stages_ms wire and planning; `base` the version the
+// shards' deltas are on. Nothing is decoded or predicted, and in.live is only checked to name every
+// captured parameter.
 [[nodiscard]] Result<DeltaStaged> PullDelta(const DeltaStageInput& in);
 
 // The parts of StageDelta after the wire (exposed for unit tests, which build DeltaShards from

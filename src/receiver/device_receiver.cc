@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -76,7 +75,6 @@ struct DeviceReceiver::State {
   // full stage's digest, or a delta's prediction checked against the manifest); unset while a
   // stage runs and after any failed one.
   std::optional<std::string> staging_version;
-  std::optional<std::string> staging_version_before;  // during a stage: what the image held
   refit::TensorDigests staging_digests;
   uint64_t staging_key = 0;
   RefitCostModel costs;  // full vs delta, per transport (refit_choice.h)
@@ -132,19 +130,9 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
     if (!st.staging_version || st.staging_key != staging_key) {
       report.delta_ineligible = "the staging image holds no proven version (no stage yet, a failed one, or new buffers)";
     } else {
-      // Tensors the engine does not load (a tied lm_head) have nothing staged to prove: they count
-      // as at their base.
-      refit::TensorDigests base = st.staging_digests;
-      for (const refit::ShardTable& t : resolved.manifest.tables) {
-        if (base.count(t.name) != 0) continue;
-        uint64_t sum = 0;
-        std::set<std::string> seen;
-        for (const refit::ShardInfo& s : t.shards) {
-          if (s.delta && seen.insert(refit::BoxToString(s.box())).second) sum += s.delta->base_digest;
-        }
-        base[t.name] = sum;
-      }
-      report.delta_ineligible = internal::DeltaIneligibility(resolved.manifest, *st.staging_version, &base);
+      // Tensors the engine does not load (a tied lm_head) have nothing staged to prove.
+      report.delta_ineligible = internal::DeltaIneligibility(resolved.manifest, *st.staging_version,
+                                                             &st.staging_digests, /*loaded_only=*/true);
     }
     if (report.delta_ineligible.empty()) {
       RC_ASSIGN_OR_RETURN(const std::string transport, refit::ManifestTransport(resolved.manifest));
@@ -153,7 +141,6 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   }
   const bool delta = report.delta_choice && report.delta_choice->delta;
   // The image is about to be written: unproven until this stage succeeds.
-  st.staging_version_before = std::move(st.staging_version);
   st.staging_version.reset();
   st.mirrors_allocated = false;
   auto done = delta ? StageDeltaOnDevice(req, resolved, staging, std::move(report))
@@ -295,7 +282,6 @@ Result<DeviceStageReport> DeviceReceiver::StageDeltaOnDevice(const DeviceStageRe
   in.timeout_ms = std::max<int64_t>(1, req.timeout_ms - static_cast<int64_t>(report.stage_ms["discover"]));
   auto t = std::chrono::steady_clock::now();
   auto pulled = internal::PullDelta(in);
-  if (pulled.ok()) pulled->base = *st.staging_version_before;
   if (!pulled.ok()) {
     return pulled.status().WithContext(fmt::format("pulling the delta of {} of {}", req.version, req.model));
   }
