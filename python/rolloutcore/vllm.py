@@ -582,6 +582,126 @@ def _safetensors_specs(folder: str) -> List[Tuple[str, str, List[int]]]:
     return sorted(out)
 
 
+# ---- install by exchange and the atomic install (docs/vllm.md "Install by exchange", "Atomic install") ----
+
+INSTALL_MODES = ("copy", "exchange")
+VERIFY_MODES = ("reread", "staged")
+
+
+def _install_mode(requested: Optional[str]) -> str:
+    """rc_install's install mode: the argument, else ROLLOUTCORE_VLLM_INSTALL, else copy."""
+    mode = requested if requested is not None else os.environ.get("ROLLOUTCORE_VLLM_INSTALL", "copy")
+    if mode not in INSTALL_MODES:
+        raise _Failure("InvalidArgument", f"install mode must be one of {', '.join(INSTALL_MODES)}, got {mode!r} "
+                                          "(rc_install's install= or ROLLOUTCORE_VLLM_INSTALL)")
+    return mode
+
+
+def _verify_mode(requested: Optional[str]) -> str:
+    """How an exchange proves the live weights: the argument, else ROLLOUTCORE_VLLM_EXCHANGE_VERIFY, else
+    reread (the digest kernel re-reads them inside the pause)."""
+    mode = requested if requested is not None else os.environ.get("ROLLOUTCORE_VLLM_EXCHANGE_VERIFY", "reread")
+    if mode not in VERIFY_MODES:
+        raise _Failure("InvalidArgument", f"verify must be one of {', '.join(VERIFY_MODES)}, got {mode!r} "
+                                          "(rc_install's verify= or ROLLOUTCORE_VLLM_EXCHANGE_VERIFY)")
+    return mode
+
+
+def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when ``strides`` walk ``shape`` row-major without gaps (unit dims may carry any stride)."""
+    if len(shape) != len(strides):
+        return False
+    expect = 1
+    for n, st in zip(reversed(list(shape)), reversed(list(strides))):
+        if n == 1:
+            continue
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _tiling_issue(name: str, numel: int, copies: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """Why the copies into parameter ``name`` (``numel`` elements) do not tile it with dense boxes,
+    each byte written once (None when they do): only then can a slab of the parameter's shape hold
+    every copy's staging buffer at the copy's own offset (receiver/exchange.h)."""
+    if not copies:
+        return f"{name}: no copy writes it"
+    at = 0
+    for c in sorted(copies, key=lambda c: c["dest_offset"]):
+        if not _dense(c["dest_shape"], c["dest_strides"]):
+            return f"{name}: the copy of {c['source']} is a strided box (strides {list(c['dest_strides'])})"
+        if c["dest_offset"] != at:
+            what = "overlaps the one before" if c["dest_offset"] < at else f"leaves elements {at}..{c['dest_offset']} unwritten"
+            return f"{name}: the copy of {c['source']} at element {c['dest_offset']} {what}"
+        n = 1
+        for x in c["dest_shape"]:
+            n *= int(x)
+        at += n
+    if at != numel:
+        return f"{name}: the copies write {at} of its {numel} elements"
+    return None
+
+
+def _use_count(torch: Any, t: Any) -> int:
+    """References to the storage under ``t`` (tensors sharing it, plus the probe's own)."""
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+def _alias_issue(torch: Any, params: Dict[str, Any], names: Iterable[str]) -> Optional[str]:
+    """Why exchanging the storage of these parameters would leave someone reading the old one: another
+    tensor sharing a parameter's storage (a view kept by a layer, a second Parameter over the same
+    bytes) would keep computing with what becomes the next staging image. None when no parameter's
+    storage has more references than a fresh Parameter's."""
+    probe = torch.nn.Parameter(torch.empty(1), requires_grad=False)
+    base = _use_count(torch, probe)
+    for n in names:
+        p = params[n]
+        if p.storage_offset() != 0 or not p.is_contiguous() or \
+                p.untyped_storage().nbytes() != p.numel() * p.element_size():
+            return f"{n}: not the whole of its own contiguous storage"
+        extra = _use_count(torch, p) - base
+        if extra > 0:
+            return f"{n}: {extra} other reference(s) to its storage (a tensor sharing it)"
+    return None
+
+
+def _engine_core_of(worker: Any) -> Tuple[Optional[Any], str]:
+    """vLLM's engine core when this worker runs inside it (vLLM's uniproc executor: TP=1, no Ray), found
+    on the call stack of the collective_rpc now running; else (None, why). The engine core runs utility
+    calls between two engine steps on its one busy-loop thread, so whatever this call does to the
+    engine's caches and label is atomic with respect to every step."""
+    import sys
+
+    f = sys._getframe(1)
+    while f is not None:
+        obj = f.f_locals.get("self")
+        if obj is not None and type(obj).__module__.startswith("vllm.v1.engine.core") \
+                and hasattr(obj, "scheduler") and callable(getattr(obj, "reset_prefix_cache", None)):
+            driver = getattr(getattr(obj, "model_executor", None), "driver_worker", None)
+            if getattr(driver, "worker", None) is not worker:
+                return None, (f"the engine core's executor ({type(getattr(obj, 'model_executor', None)).__name__}) "
+                              "does not run this worker in its thread")
+            return obj, ""
+        f = f.f_back
+    return None, ("vLLM's engine core is not on this call's stack: the worker runs in its own process "
+                  "(multiprocessing or Ray executor: TP > 1, or VLLM_ENABLE_V1_MULTIPROCESSING) or the call "
+                  "did not come through collective_rpc")
+
+
+def _engine_busy(core: Any) -> Optional[str]:
+    """Why the engine core has a step's work outstanding (None when idle)."""
+    sched = core.scheduler
+    n = sched.get_num_unfinished_requests() if callable(getattr(sched, "get_num_unfinished_requests", None)) else None
+    if n:
+        return f"{n} request(s) in flight"
+    if n is None and sched.has_unfinished_requests():
+        return "requests in flight"
+    if getattr(core, "batch_queue", None):
+        return "an engine step is in flight (batch queue)"
+    return None
+
+
 class _State:
     """Per-worker state of the extension (one per vLLM worker process)."""
 
@@ -606,6 +726,14 @@ class _State:
         self.fused: Optional[Dict[str, Any]] = None  # prepare_install's reply for the staged buffers
         # FP8 serving (docs/fp8.md): the scheme, and per FP8 vLLM parameter (module, bf16 shadow name).
         self.fp8: Optional[Dict[str, Any]] = None
+        # Install by exchange: one slab per live parameter (its twin; the copies' staging buffers are
+        # views at their live offsets), or None with the reason the staging image is one dense
+        # allocation instead. staged_mode: the last stage's mode (full / delta); exchange: the
+        # stager's prepare_exchange reply for the staged version.
+        self.slabs: Optional[Dict[str, Any]] = None
+        self.exchange_issue: Optional[str] = None
+        self.staged_mode: Optional[str] = None
+        self.exchange: Optional[Dict[str, Any]] = None
 
 
 class Extension:
@@ -945,8 +1073,22 @@ class Extension:
             layout.append((dt, list(shape), off, nbytes))
             off += (nbytes + 255) & ~255
         device = self._rc_device()
-        staging = torch.empty(max(off, 256), dtype=torch.uint8, device=f"cuda:{device}")
-        views = [staging[o : o + n].view(_torch_dtype(dt)).view(shape) for dt, shape, o, n in layout]
+        # Install by exchange wants the staging image laid out as the live parameters are (a slab
+        # per parameter); otherwise it is one dense allocation.
+        slabs, st.exchange_issue = None, None
+        if _install_mode(None) == "exchange":
+            st.exchange_issue = self._rc_exchange_static_issue(cap, fp8, fallback)
+            if st.exchange_issue is None:
+                slabs = {n: torch.empty_like(params[n], memory_format=torch.contiguous_format)
+                         for n in sorted({c["param_name"] for c in cap.copies})}
+        else:
+            st.exchange_issue = "ROLLOUTCORE_VLLM_INSTALL is not exchange when vLLM started (the staging layout)"
+        if slabs is None:
+            staging = torch.empty(max(off, 256), dtype=torch.uint8, device=f"cuda:{device}")
+            views = [staging[o : o + n].view(_torch_dtype(dt)).view(shape) for dt, shape, o, n in layout]
+        else:
+            staging = None
+            views = self._rc_slab_views(cap, slabs)
         staging_params, staging_copies = [], []
         for i, c in enumerate(cap.copies):
             dt, shape, _, _ = layout[i]
@@ -989,7 +1131,8 @@ class Extension:
         stager = _core.DeviceStager(device, staging_buffers=lambda: cls._rc_staging_buffers(st_ref()),
                                     live_buffers=lambda: cls._rc_live_buffers(st_ref()))
         stager.set_captures(staging_params, staging_copies, live_params, live_copies)
-        st.capture, st.stager, st.staging, st.staging_views = cap, stager, staging, views
+        st.capture, st.stager, st.staging, st.staging_views, st.slabs = cap, stager, staging, views, slabs
+        st.exchange = None
         st.fallback, st.not_loaded, st.sources_key = fallback, not_loaded, key
         st.staged_version = None
         st.fused = None
@@ -997,6 +1140,50 @@ class Extension:
         st.capture_ms = (time.perf_counter() - t0) * 1e3
         if st.first_ptrs is None:
             st.first_ptrs = {n: p.data_ptr() for n, p in params.items()}
+
+    def _rc_exchange_static_issue(self, cap: _Capture, fp8: Any, fallback: List[str]) -> Optional[str]:
+        """Why this worker's live parameters cannot be installed by exchange (None when they can; the
+        storage aliases are checked again at every install)."""
+        torch = _torch()
+        if fp8 is not None:
+            return "vLLM serves FP8: the install quantizes into the live parameters"
+        if fallback:
+            return f"fallback tensors {fallback[:4]} load through load_weights"
+        cc = getattr(getattr(self, "vllm_config", None), "compilation_config", None)
+        if cc is None:
+            return "vLLM's compilation config is not readable: cannot tell whether CUDA graphs hold the addresses"
+        graphs = getattr(getattr(cc, "cudagraph_mode", None), "name", str(getattr(cc, "cudagraph_mode", None)))
+        compiled = getattr(getattr(cc, "mode", None), "name", str(getattr(cc, "mode", None)))
+        if graphs != "NONE" or compiled != "NONE":
+            return (f"CUDA graphs / torch.compile keep the parameters' addresses (cudagraph_mode={graphs}, "
+                    f"mode={compiled}): exchange needs vLLM started with --enforce-eager")
+        by_param: Dict[str, List[Dict[str, Any]]] = {}
+        for c in cap.copies:
+            by_param.setdefault(c["param_name"], []).append(c)
+        for n, copies in sorted(by_param.items()):
+            why = _tiling_issue(n, cap.params[n].numel(), copies)
+            if why:
+                return why
+        return _alias_issue(torch, cap.params, sorted(by_param))
+
+    @staticmethod
+    def _rc_views(st: _State) -> List[Any]:
+        """The staging views (rebuilt from the slabs after an exchange dropped them)."""
+        if st.staging_views is None:
+            st.staging_views = Extension._rc_slab_views(st.capture, st.slabs)
+        return st.staging_views
+
+    @staticmethod
+    def _rc_slab_views(cap: _Capture, slabs: Dict[str, Any]) -> List[Any]:
+        """Copy i's staging buffer: the dense box at its live offset inside its parameter's slab."""
+        views = []
+        for c in cap.copies:
+            n = 1
+            for x in c["dest_shape"]:
+                n *= int(x)
+            o = int(c["dest_offset"])
+            views.append(slabs[c["param_name"]].view(-1)[o : o + n].view(list(c["dest_shape"])))
+        return views
 
     @staticmethod
     def _rc_live_buffers(st: _State) -> Dict[str, Tuple[int, int]]:
@@ -1017,7 +1204,7 @@ class Extension:
     @staticmethod
     def _rc_staging_buffers(st: _State) -> Dict[str, Tuple[int, int]]:
         return {f"rc.staging.{i}": (v.data_ptr(), v.numel() * v.element_size())
-                for i, v in enumerate(st.staging_views)}
+                for i, v in enumerate(Extension._rc_views(st))}
 
     def _rc_digest_fields(self, st: _State, d: Dict[str, Any], per_tensor: bool) -> Dict[str, Any]:
         """The digest part of rc_digest's reply for the live digest ``d`` (also part of rc_install's)."""
@@ -1056,19 +1243,26 @@ class Extension:
         st = self._rc_state()
         with st.lock:
             try:
-                if st.capture is None or st.staging is None:
+                if st.capture is None:
                     raise _Failure("FailedPrecondition", "nothing captured yet: stage a version first")
                 dev = self._rc_device()
-                staged_bytes = sum(v.numel() * v.element_size() for v in st.staging_views)
-                total = (st.staging.numel() // 16) * 16
-                read = [float(_core.read_sweep_ms(st.staging.data_ptr(), total, dev)) for _ in range(int(repeats))]
+                views = self._rc_views(st)
+                staged_bytes = sum(v.numel() * v.element_size() for v in views)
+                # The read sweep over the staging allocation, or over every slab (summed) in the
+                # exchange layout.
+                allocs = [st.staging] if st.staging is not None else list(st.slabs.values())
+                spans = [(a.data_ptr(), (a.numel() * a.element_size() // 16) * 16) for a in allocs]
+                total = sum(n for _, n in spans)
+                read = [sum(float(_core.read_sweep_ms(ptr, n, dev)) for ptr, n in spans if n)
+                        for _ in range(int(repeats))]
                 live = [float(self._rc_digest_live(st)["kernel_ms"]) for _ in range(int(repeats))]
                 live_bytes = sum(b for _, b in self._rc_live_buffers(st).values())
                 out = {"ok": True, "staging_alloc_bytes": total, "staged_bytes": staged_bytes,
                        "read_sweep_ms": min(read), "read_gbps": total / min(read) / 1e6,
                        "live_digest_kernel_ms": min(live), "live_param_bytes": live_bytes,
                        "live_digest_gbps": staged_bytes / min(live) / 1e6,
-                       "digest_to_read_ratio": (staged_bytes / min(live)) / (total / min(read))}
+                       "digest_to_read_ratio": (staged_bytes / min(live)) / (total / min(read)),
+                       "staging_layout": "dense" if st.staging is not None else "slabs"}
                 return out
             except _Failure as f:
                 return _fail(f.code, str(f))
@@ -1104,6 +1298,14 @@ class Extension:
                 "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params.values())),
                 "captured": st.capture is not None,
                 "data_ptrs_stable": stable,
+                # How rc_install installs (docs/vllm.md "Install by exchange", "Atomic install"): the
+                # mode vLLM started with, the staging layout, why an exchange cannot run (None: it
+                # can), and whether an atomic install can reach vLLM's engine core from here.
+                "install": {"mode": os.environ.get("ROLLOUTCORE_VLLM_INSTALL", "copy"),
+                            "staging_layout": None if st.capture is None else (
+                                "slabs" if st.slabs is not None else "dense"),
+                            "exchange_issue": st.exchange_issue,
+                            "atomic": dict(zip(("available", "reason"), self._rc_atomic_available()))},
                 # rc_replay: on by default; ROLLOUTCORE_VLLM_REPLAY=0 in vllm serve's environment opts out.
                 "offers_replay": os.environ.get("ROLLOUTCORE_VLLM_REPLAY", "1") != "0",
                 # What the kernels compute with: vLLM's --quantization when it keeps weights in FP8
@@ -1119,13 +1321,17 @@ class Extension:
             return _fail("Internal", f"rc_describe: {type(e).__name__}: {e}", traceback=traceback.format_exc())
 
     def rc_stage(self, model: str, version: str, directory: str, timeout_ms: int = 120_000,
-                 api_key: Optional[str] = None, delta_policy: Optional[str] = None) -> Dict[str, Any]:
+                 api_key: Optional[str] = None, delta_policy: Optional[str] = None,
+                 install: Optional[str] = None) -> Dict[str, Any]:
         """Stages ``version`` into the GPU staging image while vLLM serves (receiver::DeviceReceiver).
         A version published with deltas on the version the staging image holds may be staged as a
         delta (docs/refit.md "Delta on the GPU"): ``delta_policy`` auto (the cheaper by the
         receiver's measurements), always or never; unset: the environment's
         ROLLOUTCORE_VLLM_DELTA_POLICY, else ``never`` (the GPU delta has not run on a GPU yet).
-        The answer's ``mode`` says which ran and ``delta_choice`` / ``delta_ineligible`` why."""
+        The answer's ``mode`` says which ran and ``delta_choice`` / ``delta_ineligible`` why.
+        ``install``: the install that will follow (rc_install's; default ROLLOUTCORE_VLLM_INSTALL):
+        what is prepared for it while vLLM still serves (``install_prepared`` for a copy,
+        ``exchange_prepared`` for an exchange)."""
         st = self._rc_state()
         t0 = time.perf_counter()
         with st.lock:
@@ -1152,8 +1358,10 @@ class Extension:
                 specs = sorted((t["name"], t["dtype"], [int(x) for x in t["shape"]]) for t in m["tensors"])
                 if not specs:
                     raise _Failure("InvalidArgument", f"version {version} of {model} has no tensors")
+                mode = _install_mode(install)
                 st.staged_version = None
                 st.fused = None
+                st.exchange = None
                 t1 = time.perf_counter()
                 self._rc_ensure_capture(st, specs)
                 capture_ms = (time.perf_counter() - t1) * 1e3
@@ -1170,14 +1378,26 @@ class Extension:
                 ev["stage_ms"]["total"] = (time.perf_counter() - t0) * 1e3
                 st.published = dict(ev.pop("published"))
                 st.staged_version = version
+                st.staged_mode = ev.get("mode", "full")
                 ev.update(ok=True, version=version, model=model,
                           fallback_tensors=list(st.fallback), not_loaded=list(st.not_loaded),
                           captured_copies=len(st.capture.copies),
                           suppressed_writes=dict(st.capture.suppressed_writes),
                           fallback_reasons={n: st.capture.unsupported[n] for n in st.fallback})
+                # An exchange: the stager checks now, while vLLM serves, that pointing the live
+                # parameters at the slabs makes them exactly the staged bytes, and builds the live
+                # digest table of the slabs.
+                if mode == "exchange" and st.slabs is not None and st.staged_mode != "delta":
+                    live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
+                    st.exchange = dict(st.stager.prepare_exchange(live_after))
+                    ev["exchange_prepared"] = dict(st.exchange)
+                elif mode == "exchange":
+                    ev["exchange_prepared"] = {"ok": False, "reason": self._rc_exchange_refusal(st)}
                 # The fused install table (copy + digest in one launch) is built and uploaded now, while
                 # vLLM still serves, so the install inside the pause only launches it.
-                if st.fallback:
+                if st.exchange and st.exchange.get("ok"):
+                    st.fused = {"ok": False, "reason": "an exchange is prepared (the copy's table is built if needed)"}
+                elif st.fallback:
                     st.fused = {"ok": False, "reason": f"fallback tensors {st.fallback[:4]} load through load_weights"}
                 elif os.environ.get("ROLLOUTCORE_VLLM_FUSED_INSTALL", "1") == "0":
                     st.fused = {"ok": False, "reason": "ROLLOUTCORE_VLLM_FUSED_INSTALL=0"}
@@ -1198,20 +1418,136 @@ class Extension:
                 return _fail(_code_of(e), f"rc_stage {version}: {type(e).__name__}: {e}",
                              traceback=traceback.format_exc())
 
-    def rc_install(self, version: str) -> Dict[str, Any]:
+    def _rc_exchange_refusal(self, st: _State) -> Optional[str]:
+        """Why this install cannot be an exchange (None when it can)."""
+        if st.slabs is None:
+            return st.exchange_issue or "the staging image is not laid out in slabs"
+        if st.staged_mode == "delta":
+            return ("the version was staged as a delta: an install by copy keeps the staging image at the base "
+                    "of the next delta")
+        if not (st.exchange and st.exchange.get("ok")):
+            return "prepare_exchange: " + str((st.exchange or {}).get("reason", "not run for this stage"))
+        return _alias_issue(_torch(), st.capture.params, list(st.slabs))
+
+    def _rc_exchange(self, st: _State, reread: bool) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        """Points every live parameter at its staged slab and keeps the old storage as the next slab,
+        then has the stager prove the live weights. On any failure every parameter gets its storage
+        back (nothing live changed) and the reason is returned instead of a digest."""
+        torch = _torch()
+        params = st.capture.params
+        swapped: List[str] = []
+        st.staging_views = None
+        try:
+            with torch.no_grad():
+                for n in st.slabs:
+                    p = params[n]
+                    old = p.data
+                    p.data = st.slabs[n]
+                    st.slabs[n] = old
+                    swapped.append(n)
+            return dict(st.stager.complete_exchange(reread=reread)), None
+        except Exception as e:  # noqa: BLE001 - undone below and reported
+            with torch.no_grad():
+                for n in reversed(swapped):
+                    p = params[n]
+                    cur = p.data
+                    p.data = st.slabs[n]
+                    st.slabs[n] = cur
+            return None, f"{type(e).__name__}: {e}"
+
+    def _rc_atomic_available(self) -> Tuple[bool, Optional[str]]:
+        core, why = _engine_core_of(self)
+        return (core is not None), (why or None)
+
+    @staticmethod
+    def _rc_engine_side(core: Any, version: str) -> Dict[str, Any]:
+        """The atomic install's engine half, on the engine core's thread between two steps: every cache
+        computed under the old weights reset, vLLM's own weight version set (0.33; 0.26 has none)."""
+        t0 = time.perf_counter()
+        out: Dict[str, Any] = {"engine": type(core).__name__}
+        if core.reset_prefix_cache() is False:
+            raise _Failure("Internal", "vLLM's reset_prefix_cache answered false after the install (a KV block is "
+                                       "still held): cached prefixes of the old weights may be served")
+        out["prefix_cache_reset"] = True
+        for m in ("reset_mm_cache", "reset_encoder_cache"):
+            f = getattr(core, m, None)
+            out[m] = callable(f)
+            if callable(f):
+                f()
+        setv = getattr(core, "set_weight_version", None)
+        if callable(setv):
+            setv(version)
+        out["vllm_label"] = version if callable(setv) else None
+        out["ms"] = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def rc_install(self, version: str, install: Optional[str] = None, verify: Optional[str] = None,
+                   atomic: bool = False) -> Dict[str, Any]:
+        """Installs the staged ``version`` into the live parameters, only while vLLM runs no step on
+        them (paused, or ``atomic``), and proves them.
+
+        * ``install="copy"`` (default; ROLLOUTCORE_VLLM_INSTALL): one fused kernel copies the staging
+          image into the live storage and digests what it writes; the addresses stay.
+        * ``install="exchange"``: every live parameter is pointed at its staged slab and the old
+          storage becomes the next slab: no byte moves (docs/vllm.md "Install by exchange"). Only
+          when vLLM started with the slab layout (ROLLOUTCORE_VLLM_INSTALL=exchange), runs without
+          CUDA graphs, no other tensor shares a parameter's storage and the version was staged in
+          full; otherwise by copy, the reply's ``exchange_refused`` says why. ``verify``: reread
+          (default; ROLLOUTCORE_VLLM_EXCHANGE_VERIFY) re-digests the live weights, staged takes
+          the digest the stage proved for these very bytes.
+        * ``atomic=True``: in the same call, vLLM's prefix, multimodal and encoder caches are reset
+          and vLLM's own weight version set, on the engine core's thread between two steps, so no
+          pause is needed (docs/vllm.md "Atomic install"). Refused untouched unless the engine core
+          runs this worker in its thread and holds no request.
+        """
         torch = _torch()
         st = self._rc_state()
         with st.lock:
+            def refuse(code: str, msg: str) -> Dict[str, Any]:
+                return _fail(code, msg, outcome="refused_untouched", label=st.label, generation=st.generation)
+
             if st.staged_version != version or st.capture is None:
-                return _fail("FailedPrecondition",
-                             f"nothing staged for {version} (staged: {st.staged_version})",
-                             outcome="refused_untouched", label=st.label, generation=st.generation)
+                return refuse("FailedPrecondition", f"nothing staged for {version} (staged: {st.staged_version})")
+            try:
+                mode, vmode = _install_mode(install), _verify_mode(verify)
+            except _Failure as f:
+                return refuse(f.code, str(f))
+            core = None
+            if atomic:
+                core, why = _engine_core_of(self)
+                if core is None:
+                    return refuse("FailedPrecondition", f"atomic install: {why}")
+                busy = _engine_busy(core)
+                if busy:
+                    return refuse("FailedPrecondition", f"atomic install: the engine is not idle ({busy}): "
+                                                        "drain or pause it first")
             t0 = time.perf_counter()
             mutated = False
             try:
                 params = st.capture.params
                 nbytes = 0
-                fused = bool(st.fused and st.fused.get("ok"))
+                d = None
+                path = None
+                exchange_refused = None
+                if mode == "exchange":
+                    exchange_refused = self._rc_exchange_refusal(st)
+                    if exchange_refused is None:
+                        torch.cuda.synchronize()
+                        mutated = True
+                        d, exchange_refused = self._rc_exchange(st, reread=vmode == "reread")
+                        if d is None:
+                            mutated = False  # every parameter has its storage back
+                        else:
+                            path = "exchange"
+                            nbytes = sum(p.numel() * p.element_size() for p in (params[n] for n in st.slabs))
+                            if st.faults.get("install_sleep_ms"):
+                                time.sleep(st.faults["install_sleep_ms"] / 1e3)
+                            install_ms = (time.perf_counter() - t0) * 1e3
+                fused = path is None and bool(st.fused and st.fused.get("ok"))
+                if path is None and not fused and st.slabs is not None and not st.fallback and st.fp8 is None:
+                    # The stage prepared an exchange only: the fused table now (inside the pause).
+                    st.fused = dict(st.stager.prepare_install())
+                    fused = bool(st.fused.get("ok"))
                 fused_refused = None
                 if fused:
                     # One launch: every staging copy into its live destination, digesting what it
@@ -1221,34 +1557,36 @@ class Extension:
                     mutated = True
                     d = dict(st.stager.install())
                     if not d.get("ok"):
-                        mutated, fused, fused_refused = False, False, d.get("reason")
+                        mutated, fused, fused_refused, d = False, False, d.get("reason"), None
                 if fused:
+                    path = "fused"
                     nbytes = int(d["bytes"])
                     if st.faults.get("install_sleep_ms"):
                         time.sleep(st.faults["install_sleep_ms"] / 1e3)
                     install_ms = (time.perf_counter() - t0) * 1e3
-                if not fused:
+                if path is None:
+                    path = "copy_then_digest"
+                    views = self._rc_views(st)
                     with torch.no_grad():
                         for i, c in enumerate(st.capture.copies):
                             p = params[c["param_name"]]
                             dst = torch.as_strided(p.data, c["dest_shape"], c["dest_strides"],
                                                    p.data.storage_offset() + c["dest_offset"])
                             mutated = True
-                            dst.copy_(st.staging_views[i])
+                            dst.copy_(views[i])
                             if i == 0 and st.faults.get("install_sleep_ms"):
                                 torch.cuda.synchronize()
                                 time.sleep(st.faults["install_sleep_ms"] / 1e3)
-                            nbytes += st.staging_views[i].numel() * st.staging_views[i].element_size()
+                            nbytes += views[i].numel() * views[i].element_size()
                         if st.fallback:
                             base = len(st.capture.copies)
                             model = self._rc_model()
                             for j, name in enumerate(st.fallback):
                                 mutated = True
-                                model.load_weights([(name, st.staging_views[base + j])])
-                                nbytes += st.staging_views[base + j].numel() * st.staging_views[base + j].element_size()
+                                model.load_weights([(name, views[base + j])])
+                                nbytes += views[base + j].numel() * views[base + j].element_size()
                     torch.cuda.synchronize()
                     install_ms = (time.perf_counter() - t0) * 1e3
-                    d = None
                 fp8_report = None
                 if st.fp8 is not None:
                     fault = str(st.faults.pop("fp8_install", ""))
@@ -1264,6 +1602,7 @@ class Extension:
                 st.label = version
                 st.generation += 1
                 st.staged_version = None
+                st.exchange = None
                 if d is None:
                     d = self._rc_digest_live(st)
                 else:
@@ -1271,11 +1610,16 @@ class Extension:
                 mismatch = [n for n, h in d["tensors"].items() if st.published.get(n) != h]
                 out = {"ok": True, "outcome": "installed", "label": st.label, "generation": st.generation,
                        "boot_id": _BOOT_ID, "bytes_installed": nbytes, "install_ms": install_ms,
-                       "install_path": "fused" if fused else "copy_then_digest",
-                       "fused_refused": fused_refused if fused_refused else (None if fused else (st.fused or {}).get("reason")),
-                       "digest_ms": 0.0 if fused else d["digest_ms"], "kernel_ms": d.get("kernel_ms"),
+                       "install_path": path, "install_mode": mode,
+                       "bytes_copied": 0 if path == "exchange" else nbytes,
+                       "exchange_refused": exchange_refused if mode == "exchange" else None,
+                       "fused_refused": fused_refused if fused_refused else (
+                           None if path in ("fused", "exchange") else (st.fused or {}).get("reason")),
+                       "digest_ms": d["digest_ms"] if path != "fused" else 0.0, "kernel_ms": d.get("kernel_ms"),
                        "verified": not mismatch, "mismatched_tensors": mismatch[:16],
                        "fallback_tensors": list(st.fallback), "not_loaded": list(st.not_loaded)}
+                if path == "exchange":
+                    out["exchange_verify"] = vmode
                 if fp8_report is not None:
                     # The proof of the FP8 image, inside the pause (read by the adapter with the digest).
                     pre = st.fp8.pop("expected", None)
@@ -1287,6 +1631,12 @@ class Extension:
                 # What rc_label and rc_digest(fresh=False) would answer now, so the adapter needs no
                 # further round trip inside the pause.
                 out.update(self._rc_digest_fields(st, d, per_tensor=False))
+                if core is not None:
+                    if mismatch:
+                        # Not proven: the engine keeps its caches and label, the caller taints.
+                        out["atomic"] = {"engine": type(core).__name__, "skipped": "the live digest did not verify"}
+                    else:
+                        out["atomic"] = self._rc_engine_side(core, version)
                 out["call_ms"] = (time.perf_counter() - t0) * 1e3
                 return out
             except Exception as e:

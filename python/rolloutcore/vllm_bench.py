@@ -125,49 +125,190 @@ def reset_and_resume(v: Vllm, via_sleep: bool, own_label: bool, ver: str) -> Tup
     return reset_done, resumed, vllm_label
 
 
+# ---- --window: how the pause window is run (issue 39 item 2; docs/vllm.md "Closing the pause window") ----
+#
+# A variant is SEQUENCE:INSTALL[:VERIFY]:
+#   serial   pause -> rc_install -> [0.33: label] -> reset_prefix_cache -> resume (one call after another)
+#   overlap  pause -> rc_install beside reset_prefix_cache (two connections: the reset commutes with the
+#            install inside the pause) -> [label] -> resume
+#   atomic   one call, no pause: rc_install(atomic=True) installs, resets vLLM's caches and sets its label
+#            on the engine core's thread between two steps (refused unless the engine is idle)
+#   INSTALL  copy (one fused copy + digest launch) | exchange (the live parameters take the staged slabs)
+#   VERIFY   reread (the live weights digested inside the window) | staged (exchange only: the digest the
+#            stage proved for those very bytes)
+# Every call inside the window goes over a persistent HTTP/1.1 connection opened before the window.
+
+WINDOW_SEQUENCES = ("serial", "overlap", "atomic")
+
+
+def parse_windows(spec: str) -> List[Tuple[str, str, str]]:
+    """--window's comma list -> [(sequence, install, verify)]; ValueError naming the bad item."""
+    out = []
+    for item in spec.split(","):
+        parts = item.strip().split(":")
+        ok = (2 <= len(parts) <= 3 and parts[0] in WINDOW_SEQUENCES and parts[1] in ("copy", "exchange")
+              and (len(parts) == 2 or parts[2] in ("reread", "staged")))
+        if not ok:
+            raise ValueError(f"--window: {item.strip()!r} is not SEQUENCE:INSTALL[:VERIFY] (sequence "
+                             f"{'|'.join(WINDOW_SEQUENCES)}, install copy|exchange, verify reread|staged)")
+        if len(parts) == 3 and parts[2] == "staged" and parts[1] != "exchange":
+            raise ValueError(f"--window: {item.strip()!r}: verify=staged is for an exchange only (a copy "
+                             "digests what it writes)")
+        out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else "reread"))
+    return out
+
+
+def window_of(a, k: int) -> Tuple[str, str, str]:
+    """The --window variant of cycle ``k`` (1-based; the variants are taken in turn)."""
+    ws = getattr(a, "windows", None) or [("serial", "copy", "reread")]
+    return ws[(k - 1) % len(ws)]
+
+
+def window_name(w: Tuple[str, str, str]) -> str:
+    return ":".join(w) if w[2] != "reread" else f"{w[0]}:{w[1]}"
+
+
+class KeepAlive:
+    """One persistent HTTP/1.1 connection to vLLM, opened (and used once) before the pause window so
+    that no call inside it pays a connect."""
+
+    def __init__(self, base: str) -> None:
+        import http.client
+        import urllib.parse
+
+        u = urllib.parse.urlsplit(base)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+        st, _ = self.request("GET", "/health")
+        assert st == 200, f"GET /health answered {st}"
+
+    def request(self, method: str, path: str, body: Any = None) -> Tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        self.conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        r = self.conn.getresponse()
+        raw = r.read()
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        return r.status, parsed
+
+    def post(self, path: str, body: Any = None) -> Tuple[int, Any]:
+        return self.request("POST", path, body)
+
+    def rpc1(self, method: str, **kwargs: Any) -> Dict[str, Any]:
+        st, body = self.post("/collective_rpc", {"method": method, "args": [], "kwargs": kwargs})
+        assert st == 200, f"collective_rpc {method} answered {st}: {body}"
+        (r,) = body["results"]
+        return r
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def connect(v: Vllm) -> KeepAlive:
+    """A persistent connection to ``v`` for the calls inside a pause window."""
+    return KeepAlive(v.base)
+
+
 def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bool, own_label: bool,
-                      t_ready: Optional[float] = None, delta_policy: Optional[str] = None) -> Dict[str, Any]:
-    """One hot cycle driven from here: stage while serving -> pause -> rc_install -> [label] ->
-    reset_prefix_cache -> resume -> first token; ``ver`` is published. With ``t_ready`` (when the
-    trainer's tensors were ready, before its publish) the row also has ready_to_serving_ms. With
-    ``delta_policy`` the stage is asked for that full-or-delta policy (rc_stage's delta_policy)."""
-    row: Dict[str, Any] = {"version": ver}
+                      t_ready: Optional[float] = None, delta_policy: Optional[str] = None,
+                      window: Tuple[str, str, str] = ("serial", "copy", "reread")) -> Dict[str, Any]:
+    """One hot cycle driven from here: stage while serving -> the pause window as ``window`` says
+    (see above; serial: pause -> rc_install -> [label] -> reset_prefix_cache -> resume) -> first
+    token; ``ver`` is published. With ``t_ready`` (when the trainer's tensors were ready, before its
+    publish) the row also has ready_to_serving_ms. With ``delta_policy`` the stage is asked for that
+    full-or-delta policy (rc_stage's delta_policy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sequence, install, verify = window
+    row: Dict[str, Any] = {"version": ver, "window": window_name(window), "sequence": sequence}
     c0 = time.perf_counter()
     kw = {} if delta_policy is None else {"delta_policy": delta_policy}
-    ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000, **kw)
+    ev = v.rpc1("rc_stage", model=model, version=ver, directory=durl, timeout_ms=120000, install=install, **kw)
     assert ev["ok"], ev
-    c1 = time.perf_counter()
-    st, body = v.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
-    assert st == 200, body
-    c2 = time.perf_counter()
-    inst = v.rpc1("rc_install", version=ver)
+    c_staged = time.perf_counter()
+    conn = connect(v)
+    side = connect(v) if sequence == "overlap" else None
+    pool = ThreadPoolExecutor(1) if side is not None else None
+    ikw = {"version": ver, "install": install}
+    if install == "exchange":
+        ikw["verify"] = verify
+    label_ms = reset_ms = pause_ms = resume_ms = None
+    try:
+        c1 = time.perf_counter()
+        if sequence == "atomic":
+            inst = conn.rpc1("rc_install", atomic=True, **ikw)
+            c_installed = c5 = time.perf_counter()
+        else:
+            st, body = conn.post("/sleep?level=0&mode=wait" if via_sleep else "/pause?mode=wait&clear_cache=false")
+            assert st == 200, body
+            c2 = time.perf_counter()
+            pause_ms = (c2 - c1) * 1e3
+            reset = None
+            if side is not None:
+                # The reset commutes with the install inside the pause: nothing runs a step to refill it.
+                def timed_reset() -> Tuple[int, Any, float]:
+                    t = time.perf_counter()
+                    r = side.post("/reset_prefix_cache")
+                    return r[0], r[1], (time.perf_counter() - t) * 1e3
+                reset = pool.submit(timed_reset)
+            inst = conn.rpc1("rc_install", **ikw)
+            c_installed = time.perf_counter()
+            if reset is not None:
+                st, body, reset_ms = reset.result()
+                assert body == {"success": True}, body
+            if own_label:
+                st, body = conn.post("/update_weight_version", {"new_version": ver})
+                assert st == 200 and body == {"success": True, "new_version": ver}, f"update_weight_version: {st} {body}"
+            c3 = time.perf_counter()
+            label_ms = (c3 - c_installed) * 1e3 if own_label else None
+            if reset is None:
+                st, body = conn.post("/reset_prefix_cache")
+                assert body == {"success": True}, body
+                reset_ms = (time.perf_counter() - c3) * 1e3
+            c4 = time.perf_counter()
+            st, body = conn.post("/wake_up?tags=scheduling" if via_sleep else "/resume")
+            assert st == 200, body
+            c5 = time.perf_counter()
+            resume_ms = (c5 - c4) * 1e3
+    finally:
+        conn.close()
+        if side is not None:
+            side.close()
+            pool.shutdown()
     assert inst["ok"] and inst["verified"], inst
     # The install's reply is what rc_label would answer (the label rc_install set) and what
     # rc_digest(fresh=false) would: no further round trip inside the pause.
     assert inst["label"] == ver and inst["content_digest"], inst
-    c_installed = time.perf_counter()
-    label_ms = None
-    if own_label:
-        v.set_weight_version(ver)
-        label_ms = (time.perf_counter() - c_installed) * 1e3
-    c3 = time.perf_counter()
-    c4, c5, vllm_label = reset_and_resume(v, via_sleep, own_label, ver)
-    cache_reset = True
+    if sequence == "atomic":
+        eng = inst.get("atomic") or {}
+        assert eng.get("prefix_cache_reset") is True, inst
+        assert eng.get("vllm_label") == (ver if own_label else None), inst
+    # Outside the window: vLLM serves, labelled ver (0.33).
+    st, paused = http("GET", v.base + "/is_paused")
+    assert paused == {"is_paused": False}, paused
+    vllm_label = v.weight_info() if own_label else None
+    assert vllm_label in (None, ver), vllm_label
     # stage_ms is the rc_stage call's wall time (vLLM's collective_rpc and the extension
     # around it); stage_engine_ms the receiver's own total, stage_parts_ms its steps.
-    row.update(stage_ms=(c1 - c0) * 1e3, stage_engine_ms=ev["stage_ms"].get("total"),
+    row.update(stage_ms=(c_staged - c0) * 1e3, stage_engine_ms=ev["stage_ms"].get("total"),
                stage_parts_ms=ev["stage_ms"], stage_wire_ms=ev["stage_ms"].get("wire"),
-               stage_digest_ms=ev["stage_ms"].get("digest"), pause_via=("sleep" if via_sleep else "pause"),
-               pause_call_ms=(c2 - c1) * 1e3, install_call_ms=(c_installed - c2) * 1e3,
-               install_ms=inst["install_ms"], install_path=inst.get("install_path"), label_ms=label_ms,
+               stage_digest_ms=ev["stage_ms"].get("digest"),
+               pause_via=None if sequence == "atomic" else ("sleep" if via_sleep else "pause"),
+               pause_call_ms=pause_ms, install_call_ms=(c_installed - (c1 if sequence == "atomic" else c2)) * 1e3,
+               install_ms=inst["install_ms"], install_path=inst.get("install_path"), install_mode=install,
+               exchange_verify=inst.get("exchange_verify"), exchange_refused=inst.get("exchange_refused"),
+               digest_source=inst.get("digest_source"), label_ms=label_ms,
                install_kernel_ms=inst.get("kernel_ms"), live_digest_ms=inst.get("digest_ms"),
-               reset_ms=(c4 - c3) * 1e3, resume_ms=(c5 - c4) * 1e3, pause_window_ms=(c5 - c1) * 1e3,
+               worker_call_ms=inst.get("call_ms"), atomic=inst.get("atomic"),
+               reset_ms=reset_ms, resume_ms=resume_ms, pause_window_ms=(c5 - c1) * 1e3,
                bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
+               exchange_prepared=ev.get("exchange_prepared"),
                digest_equals_manifest=inst["content_digest"] == ev.get("manifest_digest"),
-               label=inst["label"], vllm_label=vllm_label, cache_reset=cache_reset,
+               label=inst["label"], vllm_label=vllm_label, cache_reset=True,
                mode=ev.get("mode"), delta_choice=ev.get("delta_choice"), delta_ineligible=ev.get("delta_ineligible"),
                changed=ev.get("changed"), bytes_uploaded=ev.get("bytes_uploaded"),
-               stage_install_verify_ms=(c1 - c0 + c_installed - c2) * 1e3)
+               stage_install_verify_ms=(c_staged - c0 + c_installed - (c1 if sequence == "atomic" else c2)) * 1e3)
     if a.quantization:
         f = inst.get("fp8") or {}
         assert f.get("match") is True, f  # the FP8 image is the quantization of the proven bf16
@@ -179,6 +320,49 @@ def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bo
     if t_ready is not None:
         row["ready_to_serving_ms"] = (end - t_ready) * 1e3
     return row
+
+
+WINDOW_COLUMNS: Tuple[Tuple[str, str], ...] = (
+    ("pause_window_ms", "window"), ("pause_call_ms", "pause"), ("install_call_ms", "install call"),
+    ("worker_call_ms", "worker"), ("install_kernel_ms", "kernel"), ("label_ms", "label"), ("reset_ms", "reset"),
+    ("resume_ms", "resume"), ("stage_ms", "stage"), ("hot_cycle_ms", "hot cycle"))
+
+
+def window_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Medians per --window variant, each variant's first cycle left out (its warm-up)."""
+    out: Dict[str, Any] = {}
+    seen: Dict[str, int] = {}
+    for r in rows:
+        w = r.get("window")
+        if w is None:
+            continue
+        seen[w] = seen.get(w, 0) + 1
+        if seen[w] == 1:
+            continue
+        out.setdefault(w, []).append(r)
+    summary = {}
+    for w, rs in out.items():
+        s: Dict[str, Any] = {"n": len(rs), "install_path": sorted({str(r.get("install_path")) for r in rs}),
+                             "exchange_refused": sorted({r["exchange_refused"] for r in rs if r.get("exchange_refused")}),
+                             "digest_equals_manifest": all(r.get("digest_equals_manifest") for r in rs)}
+        for key, _ in WINDOW_COLUMNS:
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            s[key] = median(vals) if vals else None
+        summary[w] = s
+    return summary
+
+
+def window_table(ws: Dict[str, Any]) -> List[str]:
+    head = "| variant | n | " + " | ".join(c for _, c in WINDOW_COLUMNS) + " | path | digest = manifest |"
+    lines = ["WINDOW medians in ms (each variant's first cycle left out)", head,
+             "|" + "---|" * (len(WINDOW_COLUMNS) + 4)]
+    for w, s in ws.items():
+        cells = [_fmt(s.get(k), 2) for k, _ in WINDOW_COLUMNS]
+        lines.append(f"| {w} | {s['n']} | " + " | ".join(cells) + f" | {','.join(s['install_path'])} | "
+                     f"{str(s['digest_equals_manifest']).lower()} |")
+        for why in s["exchange_refused"]:
+            lines.append(f"|   exchange refused: {why} |")
+    return lines
 
 
 # ---- --versus native: vLLM's own ipc weight transfer, alternating with rolloutcore's cycle -------
@@ -413,7 +597,8 @@ def versus_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str,
             if path == "rolloutcore":
                 trainer.publish(ver)
                 publish_ms = (time.perf_counter() - t_ready) * 1e3
-                row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label, t_ready=t_ready)
+                row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label, t_ready=t_ready,
+                                        window=window_of(a, k))
                 row.update(path=path, publish_ms=publish_ms)
             else:
                 try:
@@ -647,6 +832,14 @@ def main(argv=None) -> int:
     ap.add_argument("--delta-transport", choices=["cuda_ipc", "shm"], default="cuda_ipc",
                     help="with --delta: the trainer's transport: cuda_ipc (same GPU, from its memory) or shm "
                          "(copied to host memory at publish: the cross-process, wire-bound path)")
+    ap.add_argument("--window", default="serial:copy", metavar="VARIANTS",
+                    help="how rolloutcore's pause window runs, a comma list of SEQUENCE:INSTALL[:VERIFY] taken "
+                         "in turn cycle by cycle (docs/vllm.md \"Closing the pause window\"): sequence serial "
+                         "(pause, install, [label], reset, resume), overlap (the reset beside the install) or "
+                         "atomic (one rc_install(atomic=True), no pause); install copy or exchange (vLLM then "
+                         "starts with ROLLOUTCORE_VLLM_INSTALL=exchange); verify reread or staged (exchange "
+                         "only). WINDOW lines and \"windows\" in the JSON. Default serial:copy. With --versus, "
+                         "rolloutcore's side runs them")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart measurement")
     ap.add_argument("--no-digest-bench", action="store_true", help="skip rc_bench_digest")
     ap.add_argument("--dry-run", action="store_true", help="print the configuration as JSON and exit")
@@ -661,8 +854,17 @@ def main(argv=None) -> int:
         ap.error(f"--delta is a change fraction in (0, 1), got {a.delta}")
     if a.delta is not None and (a.versus or a.controller or a.quantization):
         ap.error("--delta drives its own cycles from here: not with --versus, --controller or --quantization")
+    try:
+        a.windows = parse_windows(a.window)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.controller and a.window != "serial:copy":
+        ap.error("--window drives the pause window from here: not with --controller")
+    if a.quantization and any(w[1] == "exchange" for w in a.windows):
+        ap.error("--window ...:exchange: vLLM serving FP8 installs by quantizing into its parameters, not by exchange")
     if a.pause_call is None:
-        a.pause_call = "pause" if (a.versus or a.delta is not None) else "both"
+        a.pause_call = ("pause" if (a.versus or a.delta is not None) else
+                        "sleep" if a.window != "serial:copy" else "both")
     if a.versus == "native":
         why = native_unavailable(site_version(VLLM_SITE) or VLLM_KIT)
         if why is not None:
@@ -715,11 +917,14 @@ def run(a) -> dict:
     util = a.gpu_util or (0.3 if a.shape == "8b" else 0.25)
     extra = (["--load-format", "dummy"] if dummy else []) + (["--quantization", a.quantization] if a.quantization else [])
     env_extra = None
+    if any(w[1] == "exchange" for w in getattr(a, "windows", ())):
+        # The staging image laid out in slabs (one per live parameter), so an install can exchange them.
+        env_extra = {"ROLLOUTCORE_VLLM_INSTALL": "exchange"}
     if a.versus == "native":
         # vLLM's own ipc transfer in the same server as the extension (both are loaded per worker,
         # neither redefines the other's names); the pickled IPC handles need the opt-in.
         extra += ["--weight-transfer-config", IPC_TRANSFER_CONFIG]
-        env_extra = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        env_extra = {**(env_extra or {}), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     t0 = time.time()
     v = Vllm(cfg, a.port, f"bench_{tag}", extra=extra, gpu_util=util, max_len=1024, env_extra=env_extra)
     try:
@@ -769,7 +974,8 @@ def run(a) -> dict:
                 trainer.release(f"v{k - 2}")
             if ctl is None:
                 via_sleep = a.pause_call == "sleep" or (a.pause_call == "both" and k % 2 == 0)
-                row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label)
+                row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label,
+                                        window=window_of(a, k))
             else:
                 row = {"version": ver}
                 c0 = time.perf_counter()
@@ -817,6 +1023,9 @@ def run(a) -> dict:
         summary["versus_native"] = versus
     if delta is not None:
         summary["delta"] = delta
+    windows = window_summary(rows)
+    if windows:
+        summary["windows"] = windows
     for key in ("stage_ms", "stage_engine_ms", "stage_wire_ms", "stage_digest_ms", "pause_call_ms", "install_call_ms", "install_ms",
                 "install_kernel_ms", "label_ms", "reset_ms", "resume_ms", "pause_window_ms", "first_token_ms",
                 "fp8_quantize_ms", "fp8_proof_ms"):
@@ -827,8 +1036,11 @@ def run(a) -> dict:
             vals = [r[key] for r in rows[1:] if r.get(key) is not None and r.get("pause_via") == via]
             if vals and a.pause_call == "both":
                 summary[f"{key}_median_via_{via}"] = median(vals)
-    print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k not in ("rows", "versus_native", "delta")}),
-          flush=True)
+    print("SUMMARY " + json.dumps({k: v for k, v in summary.items()
+                                   if k not in ("rows", "versus_native", "delta", "windows")}), flush=True)
+    if windows:
+        print("\n".join(window_table(windows)), flush=True)
+        print("WINDOWS " + json.dumps(windows), flush=True)
     if delta is not None:
         print("\n".join(delta_table(delta)), flush=True)
         print("DELTA " + json.dumps(delta), flush=True)

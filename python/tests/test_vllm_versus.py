@@ -257,6 +257,7 @@ class FakeVllm:
         self.live, self.label = "d-v0", "default"
         self.wrong, self.fail_update = set(wrong), set(fail_update)
         self.pending = None
+        self.installs = []
         self.proc = type("P", (), {"pid": 4242})()
 
     def post(self, path, body=None, timeout=300.0):
@@ -273,6 +274,9 @@ class FakeVllm:
             self.label = body["weight_version"]
         if path == "/reset_prefix_cache":
             return 200, {"success": True}
+        if path == "/update_weight_version":
+            self.label = body["new_version"]
+            return 200, {"success": True, "new_version": body["new_version"]}
         return 200, {"message": "ok"}
 
     def rpc1(self, method, **kw):
@@ -281,9 +285,15 @@ class FakeVllm:
             self.current = kw["version"]
             return {"ok": True, "stage_ms": {"total": 1.0}, "bytes_pulled": 96, "manifest_digest": "d-" + kw["version"]}
         if method == "rc_install":
+            self.installs.append(dict(kw))
             self.live = "d-" + kw["version"]
-            return {"ok": True, "verified": True, "label": kw["version"], "content_digest": self.live,
-                    "install_ms": 0.5}
+            out = {"ok": True, "verified": True, "label": kw["version"], "content_digest": self.live,
+                   "install_ms": 0.5, "install_path": "exchange" if kw.get("install") == "exchange" else "fused"}
+            if kw.get("atomic"):
+                # The engine half ran in the same call: caches reset, vLLM's own label set.
+                self.label = kw["version"]
+                out["atomic"] = {"engine": "EngineCoreProc", "prefix_cache_reset": True, "vllm_label": kw["version"]}
+            return out
         if method == "rc_digest":
             assert kw == {"fresh": True}
             return {"ok": True, "content_digest": self.live, "not_loaded": [], "fallback_tensors": []}
@@ -309,6 +319,22 @@ class FakeVllm:
         return ""
 
 
+class FakeConn:
+    """The bench's persistent connection for the calls inside the window, onto the fake."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def post(self, path, body=None):
+        return self.v.post(path, body)
+
+    def rpc1(self, method, **kw):
+        return self.v.rpc1(method, **kw)
+
+    def close(self):
+        pass
+
+
 @pytest.fixture
 def fakes(monkeypatch):
     import sys
@@ -325,6 +351,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(vb, "http", lambda method, url, body=None, timeout=120.0: (200, {"is_paused": False}))
     monkeypatch.setattr(vb, "manifest_digests", lambda durl, model, ver: ("d-" + ver, {}))
     monkeypatch.setattr(vb, "gpu_memory", lambda session: {"vllm_mib": 100.0})
+    monkeypatch.setattr(vb, "connect", FakeConn)
 
     def first_token(v):
         v.calls.append("first token")
@@ -457,3 +484,133 @@ def test_main_checks_the_delta_arguments(capsys):
     assert vb.main(["--delta", "0.01", "--delta-transport", "shm", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert '"pause_call": "pause"' in out and '"delta_transport": "shm"' in out
+
+
+# ---- --window: the pause window's variants ------------------------------------------------------
+
+
+def test_parse_windows_takes_variants_in_turn_and_names_a_bad_one():
+    ws = vb.parse_windows("serial:copy, atomic:exchange:staged,overlap:exchange")
+    assert ws == [("serial", "copy", "reread"), ("atomic", "exchange", "staged"), ("overlap", "exchange", "reread")]
+    import argparse
+    a = argparse.Namespace(windows=ws)
+    assert [vb.window_name(vb.window_of(a, k)) for k in range(1, 5)] == [
+        "serial:copy", "atomic:exchange:staged", "overlap:exchange", "serial:copy"]
+    for bad, why in (("serial", "SEQUENCE:INSTALL"), ("pipelined:copy", "SEQUENCE:INSTALL"),
+                     ("atomic:swap", "SEQUENCE:INSTALL"), ("atomic:copy:staged", "exchange only")):
+        with pytest.raises(ValueError, match=why):
+            vb.parse_windows(bad)
+
+
+def test_main_checks_the_window_arguments(capsys):
+    for argv in (["--window", "atomic:swap"], ["--window", "atomic:copy", "--controller"],
+                 ["--window", "serial:exchange", "--quantization", "fp8_per_block"]):
+        with pytest.raises(SystemExit) as e:
+            vb.main(argv + ["--dry-run"])
+        assert e.value.code == 2, argv
+    assert "atomic:swap" in capsys.readouterr().err
+    assert vb.main(["--window", "serial:copy,atomic:exchange", "--dry-run"]) == 0
+    assert '"pause_call": "sleep"' in capsys.readouterr().out  # the faster pause for the window study
+
+
+def run_cycle(v, window, own_label=True):
+    import argparse
+
+    a = argparse.Namespace(quantization=None)
+    v.calls.clear()
+    return vb.rolloutcore_cycle(v, a, "m", "http://dir", "v7", True, own_label, window=window)
+
+
+def test_the_three_sequences_make_exactly_their_calls(fakes):
+    v = FakeVllm()
+    row = run_cycle(v, ("serial", "copy", "reread"))
+    assert v.calls == ["rc_stage", "/sleep?level=0&mode=wait", "rc_install", "/update_weight_version",
+                       "/reset_prefix_cache", "/wake_up?tags=scheduling", "first token"]
+    assert v.installs[-1] == {"version": "v7", "install": "copy"}
+    assert row["window"] == "serial:copy" and row["pause_call_ms"] is not None and row["label"] == "v7"
+    row = run_cycle(v, ("overlap", "exchange", "staged"))
+    # The reset runs beside the install (either may reach vLLM first); the label only after both.
+    assert v.calls[:2] == ["rc_stage", "/sleep?level=0&mode=wait"]
+    assert sorted(v.calls[2:4]) == ["/reset_prefix_cache", "rc_install"]
+    assert v.calls[4:] == ["/update_weight_version", "/wake_up?tags=scheduling", "first token"]
+    assert v.installs[-1] == {"version": "v7", "install": "exchange", "verify": "staged"}
+    assert row["install_path"] == "exchange" and row["reset_ms"] is not None
+    row = run_cycle(v, ("atomic", "exchange", "reread"))
+    # One call: no pause, no reset, no label, no resume sent; the reply says the engine half ran.
+    assert v.calls == ["rc_stage", "rc_install", "first token"]
+    assert v.installs[-1] == {"version": "v7", "install": "exchange", "verify": "reread", "atomic": True}
+    assert row["pause_call_ms"] is None and row["resume_ms"] is None and row["atomic"]["prefix_cache_reset"]
+    assert row["pause_window_ms"] == pytest.approx(row["install_call_ms"])
+    assert v.label == "v7"
+
+
+def test_an_atomic_reply_without_the_engine_half_fails_the_cycle(fakes):
+    v = FakeVllm()
+    real = v.rpc1
+
+    def no_engine_half(method, **kw):
+        out = real(method, **kw)
+        out.pop("atomic", None)
+        return out
+
+    v.rpc1 = no_engine_half
+    with pytest.raises(AssertionError):
+        run_cycle(v, ("atomic", "copy", "reread"))
+
+
+def test_window_summary_leaves_each_variants_first_cycle_out_and_the_table_names_refusals():
+    rows = []
+    for k, (w, ms) in enumerate([("serial:copy", 90.0), ("atomic:exchange", 80.0), ("serial:copy", 30.0),
+                                 ("atomic:exchange", 10.0), ("serial:copy", 32.0), ("atomic:exchange", 12.0)]):
+        rows.append({"window": w, "pause_window_ms": ms, "install_path": w.split(":")[1].replace("copy", "fused"),
+                     "digest_equals_manifest": True,
+                     "exchange_refused": "norm: 2 other reference(s)" if (w == "atomic:exchange" and k == 5) else None})
+    ws = vb.window_summary(rows)
+    assert ws["serial:copy"]["n"] == 2 and ws["serial:copy"]["pause_window_ms"] == 31.0
+    assert ws["atomic:exchange"]["pause_window_ms"] == 11.0
+    lines = vb.window_table(ws)
+    assert lines[0].startswith("WINDOW") and any(l.startswith("| atomic:exchange | 2 | 11.00") for l in lines)
+    assert any("exchange refused: norm: 2 other reference(s)" in l for l in lines)
+
+
+def test_keepalive_uses_one_connection_for_every_call():
+    import http.server
+    import json
+    import threading
+
+    peers = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, body):
+            peers.append(self.client_address)
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._answer({"ok": True})
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", 0))
+            req = json.loads(self.rfile.read(n)) if n else None
+            self._answer({"results": [{"echo": req}]} if self.path == "/collective_rpc" else {"path": self.path})
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = vb.KeepAlive(f"http://127.0.0.1:{srv.server_address[1]}")
+        assert c.post("/sleep?level=0") == (200, {"path": "/sleep?level=0"})
+        assert c.rpc1("rc_install", version="v1") == {"echo": {"method": "rc_install", "args": [],
+                                                                "kwargs": {"version": "v1"}}}
+        c.close()
+    finally:
+        srv.shutdown()
+    assert len(peers) == 3 and len(set(peers)) == 1  # /health, then the two calls, on one connection

@@ -229,6 +229,32 @@ class PyDeviceStager final : public receiver::DeviceLiveWeights {
     return out;
   }
 
+  // {ok: true, bytes, parameters, prepare_ms} or {ok: false, reason} (nothing kept): install by
+  // exchange, `live_after` = {live parameter: (address, bytes)} of the slabs (device_receiver.h).
+  py::dict PrepareExchange(const py::dict& live_after) {
+    refit::DestinationBuffers after = Take(BuffersFrom(live_after, "prepare_exchange: live_after"));
+    const receiver::DevicePrepareReport r = WithoutGil([&] { return receiver_->PrepareExchange(after); });
+    py::dict out;
+    out["ok"] = r.ok;
+    if (!r.ok) {
+      out["reason"] = r.reason;
+      return out;
+    }
+    out["bytes"] = r.bytes;
+    out["parameters"] = r.chunks;
+    out["prepare_ms"] = r.prepare_ms;
+    return out;
+  }
+
+  // The live digest after the exchange: {tensors, content_digest, kernel_ms, digest_ms, source:
+  // "reread" | "staged", table_cached}.
+  py::dict CompleteExchange(bool reread) {
+    const receiver::DeviceDigestReport r = WithoutGil([&] { return receiver_->CompleteExchange(reread); });
+    py::dict out = DigestReportDict(r, r.staged ? "staged" : "reread");
+    out["table_cached"] = r.table_cached;
+    return out;
+  }
+
   // {ok: true, tensors, content_digest, kernel_ms, digest_ms, bytes, source: "fused"} or
   // {ok: false, reason} (nothing written).
   py::dict Install() {
@@ -262,7 +288,9 @@ void RegisterDeviceStager(py::module_& m) {
            py::arg("timeout_ms"), py::arg("pull_delay_ms") = 0, py::arg("delta_policy") = "auto")
       .def("live_digest", &PyDeviceStager::LiveDigest)
       .def("prepare_install", &PyDeviceStager::PrepareInstall)
-      .def("install", &PyDeviceStager::Install);
+      .def("install", &PyDeviceStager::Install)
+      .def("prepare_exchange", &PyDeviceStager::PrepareExchange, py::arg("live_after"))
+      .def("complete_exchange", &PyDeviceStager::CompleteExchange, py::arg("reread") = true);
   // GPU milliseconds of a plain 16-byte-load read of `nbytes` at device address `address`.
   m.def(
       "read_sweep_ms",

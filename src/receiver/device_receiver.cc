@@ -12,6 +12,7 @@
 #include "cuda/gpu_delta.h"
 #include "receiver/delta_apply.h"
 #include "receiver/device_delta.h"
+#include "receiver/exchange.h"
 #include "receiver/pipeline.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/cuda/gpu_refit.h"
@@ -66,9 +67,9 @@ struct DeviceReceiver::State {
   // The pipeline's caches (pipeline.h, source_imports.h), keyed by the stage topology.
   internal::RankPlans plans;
   SourceImports sources;
-  // Device tables kept while their buffers are unchanged.
-  std::unique_ptr<cuda::DeviceDigest> live_digest;
-  uint64_t live_digest_key = 0;
+  // Device tables kept while their buffers are unchanged: the live digest's for the last two live
+  // buffer sets (most recent last; an exchange install alternates two), the fused install's.
+  std::vector<std::pair<uint64_t, std::unique_ptr<cuda::DeviceDigest>>> live_digests;
   std::unique_ptr<cuda::DeviceInstall> install;
   uint64_t install_key = 0;
   // What the staging image holds, proven by the last successful stage into the same buffers (a
@@ -82,6 +83,9 @@ struct DeviceReceiver::State {
   std::map<std::string, std::vector<std::byte>> host_staging;
   uint64_t host_staging_key = 0;
   bool mirrors_allocated = false;  // the stage running now allocated them
+  // PrepareExchange: the live buffers after the exchange, and the staged proof they will hold.
+  std::optional<uint64_t> exchange_key;
+  refit::TensorDigests exchange_digests;
 };
 
 Result<std::unique_ptr<DeviceReceiver>> DeviceReceiver::Create(int device, DeviceLiveWeights* weights) {
@@ -142,6 +146,7 @@ Result<DeviceStageReport> DeviceReceiver::Stage(const DeviceStageRequest& req) {
   const bool delta = report.delta_choice && report.delta_choice->delta;
   // The image is about to be written: unproven until this stage succeeds.
   st.staging_version.reset();
+  st.exchange_key.reset();
   st.mirrors_allocated = false;
   auto done = delta ? StageDeltaOnDevice(req, resolved, staging, std::move(report))
                     : StageFull(req, resolved, staging, std::move(report));
@@ -336,22 +341,75 @@ Result<DeviceDigestReport> DeviceReceiver::LiveDigest() {
   State& st = *state_;
   if (st.live.copies.empty()) return FailedPrecondition("DeviceReceiver: set_captures was not called");
   RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers live, LiveBuffersOf(*weights_));
+  return DigestLive(live, /*run=*/true);
+}
+
+Result<DeviceDigestReport> DeviceReceiver::DigestLive(const refit::DestinationBuffers& live, bool run) {
+  State& st = *state_;
   DeviceDigestReport report;
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t key = BuffersKey(live);
-  report.table_cached = st.live_digest && key == st.live_digest_key;
-  if (!report.table_cached) {
-    st.live_digest.reset();
+  auto it = std::find_if(st.live_digests.begin(), st.live_digests.end(), [&](const auto& e) { return e.first == key; });
+  report.table_cached = it != st.live_digests.end();
+  if (report.table_cached) {
+    std::rotate(it, it + 1, st.live_digests.end());  // most recently used last
+  } else {
     auto digest = cuda::DeviceDigest::ForInstalled(st.live, live, st.live_regions, device_);
     if (!digest.ok()) return digest.status().WithContext("live digest");
-    st.live_digest = std::make_unique<cuda::DeviceDigest>(std::move(*digest));
-    st.live_digest_key = key;
+    if (st.live_digests.size() >= 2) st.live_digests.erase(st.live_digests.begin());
+    st.live_digests.emplace_back(key, std::make_unique<cuda::DeviceDigest>(std::move(*digest)));
   }
-  auto tensors = st.live_digest->Run(&report.kernel_ms);
-  if (!tensors.ok()) return tensors.status().WithContext("live digest");
-  report.tensors = std::move(*tensors);
-  report.content_digest = ContentDigest(refit::CombineTensorDigests(report.tensors));
+  if (run) {
+    auto tensors = st.live_digests.back().second->Run(&report.kernel_ms);
+    if (!tensors.ok()) return tensors.status().WithContext("live digest");
+    report.tensors = std::move(*tensors);
+    report.content_digest = ContentDigest(refit::CombineTensorDigests(report.tensors));
+  }
   report.digest_ms = MsSince(t0);
+  return report;
+}
+
+Result<DevicePrepareReport> DeviceReceiver::PrepareExchange(const refit::DestinationBuffers& live_after) {
+  State& st = *state_;
+  if (st.live.copies.empty()) return FailedPrecondition("DeviceReceiver: set_captures was not called");
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers staging, StagingBuffersOf(*weights_));
+  DevicePrepareReport report;
+  const auto t0 = std::chrono::steady_clock::now();
+  st.exchange_key.reset();
+  if (!st.staging_version || st.staging_key != BuffersKey(staging)) {
+    report.reason = "the staging image holds no version proven by the last stage into these buffers";
+    return report;
+  }
+  report.reason = internal::ExchangeLayoutIssue(st.staging, st.live, staging, live_after);
+  if (!report.reason.empty()) return report;
+  // The digest table of the live weights as they will be, built now while vLLM serves.
+  RC_RETURN_IF_ERROR(DigestLive(live_after, /*run=*/false).status());
+  for (const auto& [name, span] : live_after) report.bytes += span.size();
+  st.exchange_key = BuffersKey(live_after);
+  st.exchange_digests = st.staging_digests;
+  report.ok = true;
+  report.chunks = live_after.size();
+  report.prepare_ms = MsSince(t0);
+  return report;
+}
+
+Result<DeviceDigestReport> DeviceReceiver::CompleteExchange(bool reread) {
+  State& st = *state_;
+  if (!st.exchange_key) return FailedPrecondition("complete_exchange: nothing was prepared (prepare_exchange after the stage)");
+  RC_ASSIGN_OR_RETURN(const refit::DestinationBuffers live, LiveBuffersOf(*weights_));
+  if (BuffersKey(live) != *st.exchange_key) {
+    return FailedPrecondition("complete_exchange: the live parameters are not the prepared slabs");
+  }
+  st.exchange_key.reset();
+  // The staging buffers are now the old live storages: unproven.
+  st.staging_version.reset();
+  if (reread) return DigestLive(live, /*run=*/true);
+  DeviceDigestReport report;
+  report.staged = true;
+  report.table_cached = true;
+  report.tensors = std::move(st.exchange_digests);
+  st.exchange_digests.clear();
+  report.content_digest = ContentDigest(refit::CombineTensorDigests(report.tensors));
   return report;
 }
 

@@ -91,6 +91,8 @@ struct DeviceDigestReport {
   double kernel_ms = 0;   // GPU time of the kernel
   double digest_ms = 0;   // wall time of the call
   bool table_cached = false;  // the uploaded table was kept (same buffers as last time)
+  // CompleteExchange without a re-read: the staged image's proven digests, not a kernel's.
+  bool staged = false;
 };
 
 // PrepareInstall: ok, or why the copies cannot run as one launch (overlapping live elements; the
@@ -141,9 +143,28 @@ class DeviceReceiver {
   // when nothing was prepared for exactly the current buffers.
   [[nodiscard]] Result<DeviceInstallReport> Install();
 
+  // Install by exchange (receiver/exchange.h; docs/vllm.md "Install by exchange"): the caller
+  // points every live parameter at the staged storage instead of copying it.
+  // PrepareExchange, after a successful stage and while vLLM still serves: `live_after` is where
+  // the live parameters will be after the exchange (one slab per live parameter, by the live
+  // capture's names). ok only when the staging image holds a version proven by the last stage into
+  // the current buffers and making `live_after` the live parameters makes every live copy read
+  // exactly the staged bytes (ExchangeLayoutIssue); then the live digest table of those buffers is
+  // built and kept. Otherwise ok=false with the reason, and nothing is kept.
+  [[nodiscard]] Result<DevicePrepareReport> PrepareExchange(const refit::DestinationBuffers& live_after);
+  // After the caller exchanged the storages (inside the pause): FailedPrecondition unless the live
+  // buffers are now exactly the prepared `live_after` and no stage ran since. Returns the digest of
+  // the live weights: re-read by the kernel (reread), or the digests the stage proved for these very
+  // bytes (staged = true). Either way the staging image is unproven afterwards: its buffers are the
+  // old live storages, holding the version that was live.
+  [[nodiscard]] Result<DeviceDigestReport> CompleteExchange(bool reread);
+
  private:
   struct State;
   DeviceReceiver(int device, DeviceLiveWeights* weights);
+  // The live digest of `live` through the live capture (the table kept for the last two buffer
+  // sets: an exchange install alternates two).
+  [[nodiscard]] Result<DeviceDigestReport> DigestLive(const refit::DestinationBuffers& live, bool run);
   [[nodiscard]] Result<DeviceStageReport> StageFull(const DeviceStageRequest& request, const internal::ResolvedVersion& resolved,
                                                     const refit::DestinationBuffers& staging, DeviceStageReport report);
   [[nodiscard]] Result<refit::ExecuteStats> PullThroughHost(const refit::TransferPlan& plan,

@@ -1,0 +1,383 @@
+"""The vLLM extension's install by exchange and atomic install (docs/vllm.md "Install by exchange",
+"Atomic install"), on CPU PyTorch tensors.
+
+What runs for real: the extension's Python (rc_stage's preparation, rc_install, the storage exchange
+on real nn.Parameters, the alias check on PyTorch's storage reference counts, the undo, the call
+stack walk to the engine core). What stands in: the C++ DeviceStager (CUDA-only) is played by
+HostStager below, which reads and writes the host addresses the extension's own buffer callbacks
+give it (ctypes), and checks the exchange geometry from those addresses as receiver/exchange.h
+does (that check itself is tested in C++, src/receiver/exchange_test.cc); and vLLM's engine core is
+a class that runs the call the way vLLM's uniproc executor does (EngineCore.collective_rpc ->
+driver_worker.worker.<method>). The real pair runs on the GPU machine (tests/vllm).
+
+Runs where PyTorch is installed (build/trl-venv: CTest python_trl_tests); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import types
+from typing import Any, Dict, List
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rolloutcore.vllm as ext  # noqa: E402
+from rolloutcore.vllm import Extension  # noqa: E402
+
+
+def _digest(chunks: List[bytes]) -> str:
+    return hashlib.sha256(b"".join(chunks)).hexdigest()[:16]
+
+
+class HostStager:
+    """The DeviceStager's contract on host memory: digests are per source tensor over the bytes its
+    copies hold, read at the addresses the extension's callbacks answer."""
+
+    def __init__(self, copies: List[Dict[str, Any]], staging_buffers, live_buffers) -> None:
+        self.copies = copies
+        self.staging_buffers = staging_buffers
+        self.live_buffers = live_buffers
+        self.prepared = None
+        self.proven = None
+        self.calls: List[str] = []
+        self.fail_complete = None
+
+    def _read(self, ptr: int, n: int) -> bytes:
+        return ctypes.string_at(ptr, n)
+
+    def _digests(self, where) -> Dict[str, str]:
+        parts: Dict[str, List[bytes]] = {}
+        for i, c in enumerate(self.copies):
+            ptr, n = where(i, c)
+            parts.setdefault(c["source"], []).append(self._read(ptr, n))
+        return {k: _digest(v) for k, v in parts.items()}
+
+    def _staging_at(self, i, c):
+        return self.staging_buffers()[f"rc.staging.{i}"]
+
+    def _live_at(self, i, c):
+        base, _ = self.live_buffers()[c["param_name"]]
+        n = c["nbytes"]
+        return base + c["dest_offset"] * c["esize"], n
+
+    def stage(self, sources: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+        """Writes each copy's box of its source into the staging buffer the extension names."""
+        self.calls.append("stage")
+        bufs = self.staging_buffers()
+        for i, c in enumerate(self.copies):
+            ptr, n = bufs[f"rc.staging.{i}"]
+            src = sources[c["source"]].contiguous()
+            assert src.numel() * src.element_size() == n
+            ctypes.memmove(ptr, src.data_ptr(), n)
+        self.proven = self._digests(self._staging_at)
+        self.prepared = None
+        return {"stage_ms": {}, "mode": "full", "published": dict(self.proven), "bytes_pulled": 0}
+
+    def prepare_exchange(self, live_after: Dict[str, Any]) -> Dict[str, Any]:
+        self.calls.append("prepare_exchange")
+        bufs = self.staging_buffers()
+        for i, c in enumerate(self.copies):
+            base, _ = live_after[c["param_name"]]
+            if bufs[f"rc.staging.{i}"][0] != base + c["dest_offset"] * c["esize"]:
+                return {"ok": False, "reason": f"copy {i} off its live offset"}
+        self.prepared = dict(live_after)
+        return {"ok": True, "bytes": sum(n for _, n in live_after.values()), "parameters": len(live_after)}
+
+    def complete_exchange(self, reread: bool = True) -> Dict[str, Any]:
+        self.calls.append("complete_exchange")
+        if self.fail_complete:
+            raise RuntimeError(self.fail_complete)
+        live = self.live_buffers()
+        if self.prepared is None or any(live[n][0] != self.prepared[n][0] for n in self.prepared):
+            raise RuntimeError("complete_exchange: the live parameters are not the prepared slabs")
+        self.prepared = None
+        tensors = self._digests(self._live_at) if reread else dict(self.proven)
+        self.proven = None
+        return {"tensors": tensors, "content_digest": _digest([v.encode() for _, v in sorted(tensors.items())]),
+                "kernel_ms": 0.0, "digest_ms": 0.0, "source": "reread" if reread else "staged"}
+
+    def prepare_install(self) -> Dict[str, Any]:
+        self.calls.append("prepare_install")
+        return {"ok": True}
+
+    def install(self) -> Dict[str, Any]:
+        """The fused copy: staging bytes into the live boxes, digesting what was written."""
+        self.calls.append("install")
+        for i, c in enumerate(self.copies):
+            sptr, n = self._staging_at(i, c)
+            lptr, _ = self._live_at(i, c)
+            ctypes.memmove(lptr, sptr, n)
+        tensors = self._digests(self._live_at)
+        return {"ok": True, "bytes": sum(c["nbytes"] for c in self.copies), "tensors": tensors,
+                "content_digest": _digest([v.encode() for _, v in sorted(tensors.items())]), "kernel_ms": 0.0,
+                "digest_ms": 0.0, "source": "fused"}
+
+    def live_digest(self) -> Dict[str, Any]:
+        self.calls.append("live_digest")
+        tensors = self._digests(self._live_at)
+        return {"tensors": tensors, "content_digest": _digest([v.encode() for _, v in sorted(tensors.items())]),
+                "kernel_ms": 0.0, "digest_ms": 0.0, "source": "reread"}
+
+
+class Model(torch.nn.Module):
+    """vLLM's shapes in miniature: a fused qkv_proj tiled by q, k, v and a norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv_proj = torch.nn.Linear(4, 6, bias=False, dtype=torch.bfloat16)
+        self.norm = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+        self.qkv_proj.weight.requires_grad_(False)
+
+
+def _copy(source, param, offset, shape, esize):
+    n = 1
+    for x in shape:
+        n *= x
+    strides, acc = [], 1
+    for x in reversed(shape):
+        strides.append(acc)
+        acc *= x
+    return {"source": source, "param_name": param, "dest_offset": offset, "dest_shape": list(shape),
+            "dest_strides": list(reversed(strides)), "nbytes": n * esize, "esize": esize}
+
+
+def sources(seed: int) -> Dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"q": torch.randn(2, 4, generator=g).to(torch.bfloat16),
+            "k": torch.randn(2, 4, generator=g).to(torch.bfloat16),
+            "v": torch.randn(2, 4, generator=g).to(torch.bfloat16),
+            "norm": torch.randn(4, generator=g)}
+
+
+class Worker(Extension):
+    pass
+
+
+@pytest.fixture
+def rig(monkeypatch):
+    """A worker in the exchange layout, its capture and the host stager, as _rc_ensure_capture leaves
+    them (the capture of vLLM's loader itself is tested on the GPU machine)."""
+    monkeypatch.setenv("ROLLOUTCORE_VLLM_INSTALL", "exchange")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    model = Model()
+    w = Worker()
+    w.model_runner = types.SimpleNamespace(model=model)
+    none = types.SimpleNamespace(name="NONE")
+    w.vllm_config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=none, mode=none))
+    params = dict(model.named_parameters())
+    cap = types.SimpleNamespace(params=params, unsupported={}, suppressed_writes={}, copies=[
+        _copy("q", "qkv_proj.weight", 0, [2, 4], 2), _copy("k", "qkv_proj.weight", 8, [2, 4], 2),
+        _copy("v", "qkv_proj.weight", 16, [2, 4], 2), _copy("norm", "norm", 0, [4], 4)])
+    st = w._rc_state()
+    st.capture, st.fallback, st.not_loaded = cap, [], []
+    assert w._rc_exchange_static_issue(cap, None, []) is None
+    st.slabs = {n: torch.empty_like(params[n]) for n in ("norm", "qkv_proj.weight")}
+    st.staging_views = Extension._rc_slab_views(cap, st.slabs)
+    st.stager = HostStager(cap.copies, lambda: Extension._rc_staging_buffers(st),
+                           lambda: Extension._rc_live_buffers(st))
+    return types.SimpleNamespace(w=w, st=st, model=model, params=params)
+
+
+def stage(rig, version: str, seed: int, install: str = "exchange") -> Dict[str, Any]:
+    """rc_stage's preparation after the stager's pull (the directory lookup stands aside)."""
+    st = rig.st
+    src = sources(seed)
+    ev = st.stager.stage(src)
+    st.published = dict(ev.pop("published"))
+    st.staged_version, st.staged_mode = version, ev["mode"]
+    st.exchange = None
+    if install == "exchange":
+        live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
+        st.exchange = dict(st.stager.prepare_exchange(live_after))
+        st.fused = {"ok": False, "reason": "an exchange is prepared"}
+    else:
+        st.fused = dict(st.stager.prepare_install())
+    return src
+
+
+def expect_live(rig, src) -> None:
+    w = rig.model.qkv_proj.weight
+    assert torch.equal(w[0:2], src["q"]) and torch.equal(w[2:4], src["k"]) and torch.equal(w[4:6], src["v"])
+    assert torch.equal(rig.model.norm, src["norm"])
+
+
+def test_tiling_rule_names_strided_gapped_and_overlapping_copies():
+    c = lambda o, shape, strides=None: {"source": "s", "dest_offset": o, "dest_shape": shape,  # noqa: E731
+                                        "dest_strides": strides or [shape[-1], 1][-len(shape):]}
+    assert ext._tiling_issue("p", 8, [c(4, [1, 4]), c(0, [1, 4])]) is None
+    assert "strided box" in ext._tiling_issue("p", 8, [c(0, [2, 2], [4, 1]), c(2, [2, 2], [4, 1])])
+    assert "leaves elements 4..5 unwritten" in ext._tiling_issue("p", 9, [c(0, [1, 4]), c(5, [1, 4])])
+    assert "overlaps" in ext._tiling_issue("p", 8, [c(0, [1, 4]), c(2, [1, 4])])
+    assert "write 4 of its 8" in ext._tiling_issue("p", 8, [c(0, [1, 4])])
+    assert ext._dense([3, 1, 4], [4, 99, 1]) and not ext._dense([3, 4], [1, 3])
+
+
+def test_alias_rule_sees_a_view_kept_elsewhere_and_a_shared_storage():
+    m = Model()
+    params = dict(m.named_parameters())
+    assert ext._alias_issue(torch, params, params) is None
+    kept = m.qkv_proj.weight.data[1:]  # a layer keeping a view of its weight
+    assert "qkv_proj.weight: 2 other reference(s) to its storage" in ext._alias_issue(torch, params, params)
+    del kept
+    assert ext._alias_issue(torch, params, params) is None
+    part = {"p": torch.nn.Parameter(torch.zeros(8)[2:], requires_grad=False)}
+    assert "not the whole of its own contiguous storage" in ext._alias_issue(torch, part, part)
+
+
+def test_exchange_installs_the_staged_bytes_without_copying_and_alternates_storages(rig):
+    before = {n: p.data_ptr() for n, p in rig.params.items()}
+    slabs = {n: t.data_ptr() for n, t in rig.st.slabs.items()}
+    src = stage(rig, "v1", 1)
+    r = rig.w.rc_install("v1")
+    assert r["ok"] and r["install_path"] == "exchange" and r["verified"], r
+    assert r["bytes_copied"] == 0 and r["bytes_installed"] == 6 * 4 * 2 + 4 * 4 and r["exchange_verify"] == "reread"
+    assert "install" not in rig.st.stager.calls  # no copy ran
+    expect_live(rig, src)
+    # The live parameters are the slabs; the old storages are the next slabs.
+    assert {n: p.data_ptr() for n, p in rig.params.items()} == slabs
+    assert {n: t.data_ptr() for n, t in rig.st.slabs.items()} == before
+    assert r["label"] == "v1" and r["generation"] == 1 and r["content_digest"]
+    # The next version stages into the old storages while v1 serves, and exchanges back.
+    src2 = stage(rig, "v2", 2)
+    expect_live(rig, src)  # staging v2 did not touch the live v1
+    r2 = rig.w.rc_install("v2", verify="staged")
+    assert r2["ok"] and r2["install_path"] == "exchange" and r2["verified"] and r2["digest_source"] == "staged", r2
+    expect_live(rig, src2)
+    assert {n: p.data_ptr() for n, p in rig.params.items()} == before
+
+
+def test_an_alias_or_a_failed_proof_installs_by_copy_instead_with_the_reason(rig):
+    src = stage(rig, "v1", 3)
+    kept = rig.model.norm.data[:2]  # someone keeps a view: exchanging would leave it on the old bytes
+    r = rig.w.rc_install("v1")
+    assert r["ok"] and r["install_path"] == "fused" and r["verified"], r
+    assert "norm: 2 other reference(s) to its storage" in r["exchange_refused"]
+    expect_live(rig, src)
+    assert torch.equal(kept, src["norm"][:2])  # the view sees the install: it was a copy
+    del kept
+    # The stager fails its proof after the storages were exchanged: every one is given back.
+    src2 = stage(rig, "v2", 4)
+    before = {n: p.data_ptr() for n, p in rig.params.items()}
+    rig.st.stager.fail_complete = "kernel launch failed"
+    r = rig.w.rc_install("v2")
+    assert r["ok"] and r["install_path"] == "fused" and "kernel launch failed" in r["exchange_refused"], r
+    assert {n: p.data_ptr() for n, p in rig.params.items()} == before
+    expect_live(rig, src2)
+
+
+def test_a_delta_stage_or_a_copy_request_installs_by_copy(rig):
+    src = stage(rig, "v1", 5, install="copy")
+    r = rig.w.rc_install("v1", install="copy")
+    assert r["ok"] and r["install_path"] == "fused" and r["exchange_refused"] is None, r
+    expect_live(rig, src)
+    src = stage(rig, "v2", 6)
+    rig.st.staged_mode = "delta"
+    r = rig.w.rc_install("v2")
+    assert r["install_path"] == "fused" and "staged as a delta" in r["exchange_refused"], r
+    expect_live(rig, src)
+
+
+def test_bad_modes_are_refused_untouched_and_named(rig):
+    stage(rig, "v1", 7)
+    before = {n: p.detach().clone() for n, p in rig.params.items()}
+    r = rig.w.rc_install("v1", install="swap")
+    assert not r["ok"] and r["outcome"] == "refused_untouched" and "'swap'" in r["error"], r
+    r = rig.w.rc_install("v1", verify="trust")
+    assert not r["ok"] and "verify must be one of reread, staged" in r["error"], r
+    assert all(torch.equal(p, before[n]) for n, p in rig.params.items())
+
+
+def test_static_refusals_name_graphs_fp8_and_fallbacks(rig):
+    cap = rig.st.capture
+    rig.w.vllm_config.compilation_config.cudagraph_mode = types.SimpleNamespace(name="FULL_AND_PIECEWISE")
+    assert "--enforce-eager" in rig.w._rc_exchange_static_issue(cap, None, [])
+    assert "FP8" in rig.w._rc_exchange_static_issue(cap, {"scheme": "block"}, [])
+    assert "fallback tensors" in rig.w._rc_exchange_static_issue(cap, None, ["lm_head.weight"])
+
+
+# ---- the atomic install -----------------------------------------------------------------------
+
+
+class EngineCore:
+    """vLLM's engine core as the uniproc executor runs a utility call: collective_rpc ->
+    driver_worker.worker.<method>(**kwargs), on one thread, between two steps."""
+
+    __module__ = "vllm.v1.engine.core"
+
+    def __init__(self, worker, unfinished: int = 0, reset_ok: bool = True) -> None:
+        self.model_executor = types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=worker))
+        self.unfinished = unfinished
+        self.scheduler = types.SimpleNamespace(get_num_unfinished_requests=lambda: self.unfinished,
+                                               has_unfinished_requests=lambda: self.unfinished > 0)
+        self.batch_queue = None
+        self.reset_ok = reset_ok
+        self.events: List[str] = []
+        self.version = "default"
+
+    def collective_rpc(self, method: str, kwargs: Dict[str, Any]):
+        return [getattr(self.model_executor.driver_worker.worker, method)(**kwargs)]
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        self.events.append("reset_prefix_cache")
+        return self.reset_ok
+
+    def reset_mm_cache(self) -> None:
+        self.events.append("reset_mm_cache")
+
+    def reset_encoder_cache(self) -> None:
+        self.events.append("reset_encoder_cache")
+
+    def set_weight_version(self, v: str) -> None:
+        self.events.append("set_weight_version " + v)
+        self.version = v
+
+
+def test_atomic_install_resets_the_engine_and_labels_it_in_the_same_call(rig):
+    core = EngineCore(rig.w)
+    src = stage(rig, "v1", 8)
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert r["ok"] and r["verified"] and r["install_path"] == "exchange", r
+    a = r["atomic"]
+    assert a["engine"] == "EngineCore" and a["prefix_cache_reset"] and a["reset_mm_cache"] and a["vllm_label"] == "v1"
+    assert core.events == ["reset_prefix_cache", "reset_mm_cache", "reset_encoder_cache", "set_weight_version v1"]
+    assert core.version == "v1"
+    expect_live(rig, src)
+    # What rc_describe reports as install.atomic, asked through the engine core and from outside it.
+    assert core.collective_rpc("_rc_atomic_available", {}) == [(True, None)]
+    assert rig.w._rc_atomic_available()[0] is False
+
+
+def test_atomic_install_is_refused_untouched_when_busy_or_out_of_reach(rig):
+    stage(rig, "v1", 9)
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in rig.params.items()}
+    core = EngineCore(rig.w, unfinished=2)
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and r["outcome"] == "refused_untouched" and "2 request(s) in flight" in r["error"], r
+    core.unfinished, core.batch_queue = 0, [object()]
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and "batch queue" in r["error"], r
+    r = rig.w.rc_install("v1", atomic=True)  # called from no engine core at all
+    assert not r["ok"] and "not on this call's stack" in r["error"], r
+    assert core.events == [] and rig.st.label != "v1"
+    assert all(p.data_ptr() == before[n][0] and torch.equal(p, before[n][1]) for n, p in rig.params.items())
+    # Reached, but the engine core runs another worker.
+    foreign = EngineCore(Worker())
+    foreign.model_executor.driver_worker.worker = object()
+
+    def call_from(core_obj):
+        self = core_obj  # noqa: F841 - the frame the walk looks for
+        return rig.w.rc_install("v1", atomic=True)
+
+    r = call_from(foreign)
+    assert not r["ok"] and "does not run this worker" in r["error"], r
+
+
+def test_atomic_install_whose_cache_reset_fails_is_failed_after_mutation(rig):
+    core = EngineCore(rig.w, reset_ok=False)
+    stage(rig, "v1", 10)
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and r["outcome"] == "failed_after_mutation" and "reset_prefix_cache answered false" in r["error"]
+    assert r["label"].startswith("<unknown after a failed install of v1")
