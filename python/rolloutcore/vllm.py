@@ -31,7 +31,12 @@ How it works, per worker (one tensor-parallel rank):
   parameters *in place* (``copy_`` into strided views of the live storage: the addresses CUDA graphs
   captured stay valid), runs ``load_weights`` for fallback tensors, then digests the live weights
   and sets the label and generation. The outcome is typed where the first live byte is written:
-  ``refused_untouched`` / ``installed`` / ``failed_after_mutation``.
+  ``refused_untouched`` / ``installed`` / ``failed_after_mutation``. With
+  ``ROLLOUTCORE_VLLM_INSTALL=exchange`` (and vLLM in eager mode) the staging image is laid out in
+  slabs, one per live parameter, and ``rc_install(install="exchange")`` points every live parameter
+  at its slab instead of copying (the old storage becomes the next slab); ``atomic=True`` also
+  resets vLLM's caches and sets its label in the same call, between two engine steps, without a
+  pause (docs/vllm.md "Closing the pause window").
 * **Digest**: the content digest of the live parameters in source (HF) coordinates, on the GPU,
   through the captured mapping: the same definition as the directory's manifest digest.
 * **Label**: the label and generation are written only by ``rc_install``, and by ``rc_adopt`` after
@@ -733,6 +738,7 @@ class _State:
         self.slabs: Optional[Dict[str, Any]] = None
         self.exchange_issue: Optional[str] = None
         self.staged_mode: Optional[str] = None
+        self.staged_policy: Optional[str] = None
         self.exchange: Optional[Dict[str, Any]] = None
 
 
@@ -1379,6 +1385,7 @@ class Extension:
                 st.published = dict(ev.pop("published"))
                 st.staged_version = version
                 st.staged_mode = ev.get("mode", "full")
+                st.staged_policy = delta_policy
                 ev.update(ok=True, version=version, model=model,
                           fallback_tensors=list(st.fallback), not_loaded=list(st.not_loaded),
                           captured_copies=len(st.capture.copies),
@@ -1387,7 +1394,8 @@ class Extension:
                 # An exchange: the stager checks now, while vLLM serves, that pointing the live
                 # parameters at the slabs makes them exactly the staged bytes, and builds the live
                 # digest table of the slabs.
-                if mode == "exchange" and st.slabs is not None and st.staged_mode != "delta":
+                if mode == "exchange" and st.slabs is not None and st.staged_mode != "delta" \
+                        and delta_policy == "never":
                     live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
                     st.exchange = dict(st.stager.prepare_exchange(live_after))
                     ev["exchange_prepared"] = dict(st.exchange)
@@ -1422,9 +1430,10 @@ class Extension:
         """Why this install cannot be an exchange (None when it can)."""
         if st.slabs is None:
             return st.exchange_issue or "the staging image is not laid out in slabs"
-        if st.staged_mode == "delta":
-            return ("the version was staged as a delta: an install by copy keeps the staging image at the base "
-                    "of the next delta")
+        if st.staged_mode == "delta" or st.staged_policy in ("auto", "always"):
+            how = "as a delta" if st.staged_mode == "delta" else f"under delta policy {st.staged_policy}"
+            return (f"the version was staged {how}: an install by copy keeps the staging image at the live "
+                    "version, the base of the next delta (an exchange would leave the previous version there)")
         if not (st.exchange and st.exchange.get("ok")):
             return "prepare_exchange: " + str((st.exchange or {}).get("reason", "not run for this stage"))
         return _alias_issue(_torch(), st.capture.params, list(st.slabs))

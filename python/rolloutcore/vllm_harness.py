@@ -317,6 +317,57 @@ def manifest_digests(directory_url: str, model: str, version: str) -> Tuple[str,
     return m["content_digest"], per
 
 
+def tiny_env(work: Path, port: int, vllm_name: str, directory_log: str, model: str = "tiny",
+             env_extra: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, Any], Any]:
+    """A GPU test module's setup in ``work``: a random tiny Qwen3 (seed 0, $MAKE_TINY), a directory,
+    the torch trainer and vLLM with rolloutcore's extension on ``port`` (``env_extra`` in its
+    environment), started, not yet healthy. Returns (env, stop); stop stops whatever env["vllm"] is
+    then (a test may have restarted it), the trainer and the directory."""
+    import sys
+
+    from .cluster import Server, find_binary
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    tiny = str(work / "tiny")
+    subprocess.run([sys.executable, os.environ["MAKE_TINY"], tiny, "--seed", "0"], check=True,
+                   stdout=subprocess.DEVNULL)
+    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"], OUT / directory_log,
+               find_binary())
+    durl = d.wait_url(30)
+    trainer = Trainer(tiny, durl, model)
+    v = Vllm(tiny, port, vllm_name, env_extra=env_extra)
+    e = {"work": work, "tiny": tiny, "directory": durl, "trainer": trainer, "vllm": v, "port": port}
+
+    def stop() -> None:
+        e["vllm"].stop()
+        trainer.close()
+        d.stop()
+
+    return e, stop
+
+
+def require_gpu_vllm() -> Any:
+    """The module-level skips of a GPU test module of tests/vllm: without torch, a CUDA device, vLLM
+    (importable, or the kit at VLLM_SITE) or the CUDA build of rolloutcore._core, the module is
+    skipped, named. Returns torch."""
+    import importlib.util
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device", allow_module_level=True)
+    if importlib.util.find_spec("vllm") is None and not os.path.isdir(VLLM_SITE):
+        pytest.skip("vLLM is not available (VLLM_SITE)", allow_module_level=True)
+    try:
+        from rolloutcore import _core
+    except ImportError as e:  # pragma: no cover
+        pytest.skip(f"rolloutcore not importable: {e}", allow_module_level=True)
+    if not getattr(_core, "cuda_built", False):
+        pytest.skip("rolloutcore._core is not the CUDA build", allow_module_level=True)
+    return torch
+
+
 class Background:
     """Runs fn in a thread and keeps its result or exception."""
 

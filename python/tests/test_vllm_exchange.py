@@ -187,7 +187,7 @@ def stage(rig, version: str, seed: int, install: str = "exchange") -> Dict[str, 
     src = sources(seed)
     ev = st.stager.stage(src)
     st.published = dict(ev.pop("published"))
-    st.staged_version, st.staged_mode = version, ev["mode"]
+    st.staged_version, st.staged_mode, st.staged_policy = version, ev["mode"], "never"
     st.exchange = None
     if install == "exchange":
         live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
@@ -277,6 +277,11 @@ def test_a_delta_stage_or_a_copy_request_installs_by_copy(rig):
     rig.st.staged_mode = "delta"
     r = rig.w.rc_install("v2")
     assert r["install_path"] == "fused" and "staged as a delta" in r["exchange_refused"], r
+    expect_live(rig, src)
+    src = stage(rig, "v3", 7)
+    rig.st.staged_policy = "auto"  # a full stage that may be followed by deltas
+    r = rig.w.rc_install("v3")
+    assert r["install_path"] == "fused" and "under delta policy auto" in r["exchange_refused"], r
     expect_live(rig, src)
 
 

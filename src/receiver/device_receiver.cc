@@ -53,6 +53,17 @@ Result<refit::DestinationBuffers> LiveBuffersOf(DeviceLiveWeights& weights) {
   return b;
 }
 
+// Names and sizes only: what host mirrors of the buffers depend on (an exchange install moves the
+// staging buffers to other addresses every update; the mirrors stay).
+uint64_t SizesKey(const refit::DestinationBuffers& b) {
+  Hasher h;
+  for (const auto& [name, span] : b) {
+    h.Update(name);
+    h.UpdateU64(span.size());
+  }
+  return h.Digest();
+}
+
 uint64_t InstallKey(const refit::DestinationBuffers& staging, const refit::DestinationBuffers& live) {
   return BuffersKey(staging) * 31 + BuffersKey(live);
 }
@@ -79,7 +90,8 @@ struct DeviceReceiver::State {
   refit::TensorDigests staging_digests;
   uint64_t staging_key = 0;
   RefitCostModel costs;  // full vs delta, per transport (refit_choice.h)
-  // Host mirrors of the staging buffers for a full stage over a host transport (PullThroughHost).
+  // Host mirrors of the staging buffers for a full stage over a host transport (PullThroughHost),
+  // kept while the buffers' names and sizes are.
   std::map<std::string, std::vector<std::byte>> host_staging;
   uint64_t host_staging_key = 0;
   bool mirrors_allocated = false;  // the stage running now allocated them
@@ -244,7 +256,7 @@ Result<refit::ExecuteStats> DeviceReceiver::PullThroughHost(const refit::Transfe
                                                              const refit::DestinationBuffers& staging,
                                                              int64_t timeout_ms, DeviceStageReport* report) {
   State& st = *state_;
-  const uint64_t key = BuffersKey(staging);
+  const uint64_t key = SizesKey(staging);
   if (st.host_staging_key != key) {
     st.mirrors_allocated = true;
     st.host_staging.clear();

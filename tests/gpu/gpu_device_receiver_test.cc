@@ -8,11 +8,14 @@
 // delta stage (issue 39, "Delta on the GPU") runs here against a real directory and a trainer
 // Publisher over shm (a cross-process copy): only the changed elements' tiles cross, the kernel
 // applies them to the GPU staging image, and the prediction, the staged bytes and the installed
-// live digest all equal a full stage's.
+// live digest all equal a full stage's. The install by exchange runs here too, on slabs this test
+// allocates, with versions staged from the directory.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -194,19 +197,40 @@ TEST(DeviceReceiverTest, DigestsAndInstallsThroughTheBuffersTheLiveWeightsAnswer
   EXPECT_NE(no_stage.status().ToString().find("staging was freed"), std::string::npos) << no_stage.status().ToString();
 }
 
+// A real directory (memory store, loopback) and a trainer Publisher over shm (a cross-process copy).
+struct ShmPublishing {
+  explicit ShmPublishing(bool delta)
+      : store(directory::NewMemoryStore(SystemClock::Default())), server(store.get(), directory::ServerOptions{}) {
+    EXPECT_TRUE(server.Start().ok());
+    auto t = trainer::CreateTrainerTransport("shm");
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    transport = std::move(*t);
+    trainer::PublisherOptions po;
+    po.delta = delta;
+    pub = std::make_unique<trainer::Publisher>(transport.get(), store.get(), "m", 0, 1, po);
+  }
+  ~ShmPublishing() { server.Stop(); }
+  // A stage request of "v<k>" of model "m" from this directory.
+  DeviceStageRequest Request(int k, DeltaPolicy policy) const {
+    DeviceStageRequest q{server.url(), std::string("m"), fmt::format("v{}", k)};
+    q.timeout_ms = 30'000;
+    q.delta_policy = policy;
+    return q;
+  }
+
+  std::unique_ptr<directory::DirectoryStore> store;
+  directory::DirectoryServer server;
+  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<trainer::Publisher> pub;
+};
+
 // A delta stage onto the GPU staging image. Two bf16 tensors published whole over shm by a
 // Publisher(delta) into a real directory; the engine's capture stages "a" [300, 200] into a bf16
 // parameter transposed and "b" [3000] into an f32 parameter (the kernel's bf16 -> f32 widening).
 TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   RC_SKIP_WITHOUT_GPUS(1);
-  auto store = directory::NewMemoryStore(SystemClock::Default());
-  directory::DirectoryServer server(store.get(), directory::ServerOptions{});
-  ASSERT_TRUE(server.Start().ok());
-  auto transport = trainer::CreateTrainerTransport("shm");
-  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
-  trainer::PublisherOptions po;
-  po.delta = true;
-  trainer::Publisher pub(transport->get(), store.get(), "m", 0, 1, po);
+  ShmPublishing shm(/*delta=*/true);
+  trainer::Publisher& pub = *shm.pub;
 
   const refit::Shape sa{300, 200}, sb{3000};
   std::mt19937_64 rng(5);
@@ -229,9 +253,9 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
       src.offset = refit::Shape(shape.size(), 0);
       src.local_shape = shape;
       src.data = versions[name][static_cast<size_t>(k)].data();
-      ASSERT_TRUE(pub.AddShard("v" + std::to_string(k), src).ok());
+      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), src).ok());
     }
-    auto r = pub.Publish("v" + std::to_string(k));
+    auto r = pub.Publish(fmt::format("v{}", k));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
   };
   for (int k = 1; k <= 4; ++k) {
@@ -268,15 +292,7 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   DeviceReceiver& r = **created;
   ASSERT_TRUE(r.SetCaptures(staging_cap, live_cap).ok());
-  auto request = [&](int k, DeltaPolicy policy) {
-    DeviceStageRequest q;
-    q.directory = server.url();
-    q.model = "m";
-    q.version = "v" + std::to_string(k);
-    q.timeout_ms = 30'000;
-    q.delta_policy = policy;
-    return q;
-  };
+  auto request = [&](int k, DeltaPolicy policy) { return shm.Request(k, policy); };
   // The staging image version k must hold: a transposed (bf16 bits), b widened to f32.
   auto expect_staging = [&](int k) {
     const auto& a = versions["a"][static_cast<size_t>(k)];
@@ -361,7 +377,152 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   EXPECT_EQ(s4->mode, c.delta_ms <= c.full_ms ? "delta" : "full") << c.ToJson().dump();
   EXPECT_EQ(s4->staged_digest, s4->manifest_digest);
   expect_staging(4);
-  server.Stop();
+}
+
+
+// Install by exchange (receiver/exchange.h): the staging buffers are views inside slabs shaped like
+// the live parameters; PrepareExchange checks from the addresses that pointing the live parameters
+// at the slabs makes them the staged bytes, CompleteExchange proves them (re-read, or the stage's
+// own digests), and refuses when the live parameters are not the prepared slabs.
+class SlabWeights final : public DeviceLiveWeights {
+ public:
+  Result<refit::DestinationBuffers> StagingBuffers() override {
+    refit::DestinationBuffers out;
+    std::byte* ab = slab["ab"].data();
+    constexpr size_t kA = size_t{40} * 64 * 2, kB = size_t{24} * 64 * 2;  // bytes of a and of b
+    out.emplace("rc.staging.0", std::span<std::byte>(ab, kA));
+    out.emplace("rc.staging.1", std::span<std::byte>(ab + kA, kB));
+    out.emplace("rc.staging.2", std::span<std::byte>(slab["n"].data(), slab["n"].size()));
+    return out;
+  }
+  Result<refit::DestinationBuffers> LiveBuffers() override { return Spans(live); }
+  refit::DestinationBuffers SlabSpans() { return Spans(slab); }
+  void Exchange() { std::swap(live, slab); }
+
+  std::map<std::string, DeviceBuffer> live, slab;
+
+ private:
+  static refit::DestinationBuffers Spans(std::map<std::string, DeviceBuffer>& m) {
+    refit::DestinationBuffers out;
+    for (auto& [name, b] : m) out.emplace(name, std::span<std::byte>(b.data(), b.size()));
+    return out;
+  }
+};
+
+TEST(DeviceReceiverTest, ExchangesTheStagedSlabsForTheLiveParameters) {
+  RC_SKIP_WITHOUT_GPUS(1);
+  ShmPublishing shm(/*delta=*/false);
+  trainer::Publisher& pub = *shm.pub;
+  std::mt19937_64 rng(9);
+  // a [40, 64] and b [24, 64] fused into "ab" [64, 64] (as q/k/v into qkv_proj), n [64] into "n".
+  const std::map<std::string, refit::Shape> shapes{{"a", {40, 64}}, {"b", {24, 64}}, {"n", {64}}};
+  std::map<int, std::map<std::string, std::vector<uint16_t>>> versions;
+  auto publish = [&](int k) {
+    for (const auto& [name, shape] : shapes) {
+      auto& v = versions[k][name];
+      size_t numel = 1;
+      for (int64_t x : shape) numel *= static_cast<size_t>(x);
+      v.resize(numel);
+      for (auto& x : v) x = static_cast<uint16_t>(0x3c00 + rng() % 0x0400);
+      trainer::ShardSource src;
+      src.name = name;
+      src.global_shape = shape;
+      src.offset = refit::Shape(shape.size(), 0);
+      src.local_shape = shape;
+      src.data = v.data();
+      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), src).ok());
+    }
+    ASSERT_TRUE(pub.Publish(fmt::format("v{}", k)).ok());
+  };
+  auto copy = [](const std::string& src, const refit::Shape& shape, uint32_t param, int64_t offset) {
+    refit::CapturedCopy c;
+    c.source = src;
+    c.source_dtype = refit::DType::kBF16;
+    c.source_shape = shape;
+    c.box = refit::FullBox(shape);
+    for (size_t k = 0; k < shape.size(); ++k) c.view_to_source.push_back(static_cast<int32_t>(k));
+    c.param = param;
+    c.dest_offset = offset;
+    c.dest_shape = shape;
+    c.dest_strides = refit::RowMajorStrides(shape);
+    return c;
+  };
+  refit::Capture live_cap;
+  live_cap.params = {{"ab", refit::DType::kBF16, {64, 64}}, {"n", refit::DType::kBF16, {64}}};
+  live_cap.copies = {copy("a", {40, 64}, 0, 0), copy("b", {24, 64}, 0, int64_t{40} * 64), copy("n", {64}, 1, 0)};
+  const refit::Capture staging_cap = refit::DenseStagingCapture(live_cap);
+
+  SlabWeights w;
+  for (const refit::TensorSpec& p : live_cap.params) {
+    w.live[p.name] = DeviceBuffer::Allocate(0, p.bytes()).value();
+    w.slab[p.name] = DeviceBuffer::Allocate(0, p.bytes()).value();
+  }
+  auto created = DeviceReceiver::Create(0, &w);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  DeviceReceiver& r = **created;
+  ASSERT_TRUE(r.SetCaptures(staging_cap, live_cap).ok());
+  auto stage = [&](int k) { return r.Stage(shm.Request(k, DeltaPolicy::kNever)); };
+  // The live parameters must hold version k: "ab" = a then b, "n" = n.
+  auto expect_live = [&](int k) {
+    std::vector<uint16_t> ab(size_t{64} * 64), n(64);
+    ASSERT_TRUE(cuda::CopyToHost(ab.data(), w.live["ab"].data(), ab.size() * 2, 0).ok());
+    ASSERT_TRUE(cuda::CopyToHost(n.data(), w.live["n"].data(), n.size() * 2, 0).ok());
+    std::vector<uint16_t> want = versions[k]["a"];
+    want.insert(want.end(), versions[k]["b"].begin(), versions[k]["b"].end());
+    EXPECT_EQ(ab, want) << "v" << k;
+    EXPECT_EQ(n, versions[k]["n"]) << "v" << k;
+  };
+
+  // Nothing staged: nothing to exchange.
+  auto early = r.PrepareExchange(w.SlabSpans());
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
+  EXPECT_FALSE(early->ok);
+  EXPECT_NE(early->reason.find("no version proven"), std::string::npos) << early->reason;
+
+  publish(1);
+  auto s1 = stage(1);
+  ASSERT_TRUE(s1.ok()) << s1.status().ToString();
+  // Slabs that are not where the staging buffers lie are refused, named.
+  refit::DestinationBuffers off = w.SlabSpans();
+  off["ab"] = std::span<std::byte>(w.live["ab"].data(), w.live["ab"].size());
+  auto wrong = r.PrepareExchange(off);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_FALSE(wrong->ok);
+  EXPECT_NE(wrong->reason.find("rc.staging.0"), std::string::npos) << wrong->reason;
+  // Prepared, but the engine did not exchange: refused.
+  auto prepared = r.PrepareExchange(w.SlabSpans());
+  ASSERT_TRUE(prepared.ok() && prepared->ok) << (prepared.ok() ? prepared->reason : prepared.status().ToString());
+  EXPECT_EQ(prepared->bytes, uint64_t{64 * 64 * 2 + 64 * 2});
+  auto not_swapped = r.CompleteExchange(true);
+  ASSERT_FALSE(not_swapped.ok());
+  EXPECT_NE(not_swapped.status().ToString().find("not the prepared slabs"), std::string::npos);
+  // Exchanged: the live parameters are v1, proven by a re-read.
+  w.Exchange();
+  auto done = r.CompleteExchange(true);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_FALSE(done->staged);
+  EXPECT_TRUE(done->table_cached) << "the table was built by PrepareExchange, while serving";
+  EXPECT_EQ(done->content_digest, s1->manifest_digest);
+  expect_live(1);
+  EXPECT_EQ(r.CompleteExchange(true).status().code(), StatusCode::kFailedPrecondition) << "one exchange per prepare";
+
+  // v2 stages into the storages v0 lived in (v1 keeps serving), exchanges back, proven by the
+  // stage's own digests; a re-read agrees.
+  publish(2);
+  auto s2 = stage(2);
+  ASSERT_TRUE(s2.ok()) << s2.status().ToString();
+  expect_live(1);
+  ASSERT_TRUE(r.PrepareExchange(w.SlabSpans()).value().ok);
+  w.Exchange();
+  auto done2 = r.CompleteExchange(false);
+  ASSERT_TRUE(done2.ok()) << done2.status().ToString();
+  EXPECT_TRUE(done2->staged);
+  EXPECT_EQ(done2->content_digest, s2->manifest_digest);
+  expect_live(2);
+  auto reread = r.LiveDigest();
+  ASSERT_TRUE(reread.ok());
+  EXPECT_TRUE(reread->table_cached);
+  EXPECT_EQ(reread->content_digest, s2->manifest_digest);
 }
 
 }  // namespace

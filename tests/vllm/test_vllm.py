@@ -25,25 +25,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
 try:
-    import importlib.util
-
-    from vllm_harness import VLLM_SITE
-
-    if importlib.util.find_spec("vllm") is None and not os.path.isdir(VLLM_SITE):
-        pytest.skip("vLLM is not available (VLLM_SITE)", allow_module_level=True)
-    from rolloutcore import _core
-
-    if not getattr(_core, "cuda_built", False):
-        pytest.skip("rolloutcore._core is not the CUDA build", allow_module_level=True)
+    from vllm_harness import require_gpu_vllm
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"rolloutcore not importable: {e}", allow_module_level=True)
+torch = require_gpu_vllm()
 
 from vllm_harness import (  # noqa: E402
-    OUT, VLLM_KIT, Background, Trainer, Vllm, cached_tokens, http, manifest_digests, tokens_of)
+    OUT, VLLM_KIT, Background, Vllm, cached_tokens, http, manifest_digests, tiny_env, tokens_of)
 
 from rolloutcore.cluster import Server, find_binary  # noqa: E402
 
@@ -60,28 +49,12 @@ def figure(name: str, value) -> None:
 
 
 def start_env(tmp_path_factory, name: str, port: int, vllm_name: str, directory_log: str):
-    """A module's setup: a random tiny Qwen3 (seed 0), a directory, the torch trainer and vLLM with
-    rolloutcore's extension on `port`. Returns (env, stop, seconds to healthy); stop stops whatever
-    env["vllm"] is then (a test may have restarted it)."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    work = tmp_path_factory.mktemp(name)
-    tiny = str(work / "tiny")
-    subprocess.run([sys.executable, os.environ["MAKE_TINY"], tiny, "--seed", "0"], check=True,
-                   stdout=subprocess.DEVNULL)
-    d = Server("directory", ["directory", "serve", "--store", "memory", "--port", "0"], OUT / directory_log,
-               find_binary())
-    durl = d.wait_url(30)
-    trainer = Trainer(tiny, durl, MODEL)
-    v = Vllm(tiny, port, vllm_name)
-    e = {"work": work, "tiny": tiny, "directory": durl, "trainer": trainer, "vllm": v, "port": port}
-
-    def stop() -> None:
-        e["vllm"].stop()
-        trainer.close()
-        d.stop()
-
-    healthy = v.wait_healthy()
-    figure(f"{vllm_name}_vllm_version", v.version())
+    """A module's setup (vllm_harness.tiny_env): a random tiny Qwen3 (seed 0), a directory, the torch
+    trainer and vLLM with rolloutcore's extension on `port`. Returns (env, stop, seconds to healthy);
+    stop stops whatever env["vllm"] is then (a test may have restarted it)."""
+    e, stop = tiny_env(tmp_path_factory.mktemp(name), port, vllm_name, directory_log, model=MODEL)
+    healthy = e["vllm"].wait_healthy()
+    figure(f"{vllm_name}_vllm_version", e["vllm"].version())
     return e, stop, healthy
 
 

@@ -21,22 +21,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
 try:
-    import importlib.util
-
-    from vllm_harness import VLLM_SITE
-
-    if importlib.util.find_spec("vllm") is None and not os.path.isdir(VLLM_SITE):
-        pytest.skip("vLLM is not available (VLLM_SITE)", allow_module_level=True)
-    from rolloutcore import _core
-
-    if not getattr(_core, "cuda_built", False):
-        pytest.skip("rolloutcore._core is not the CUDA build", allow_module_level=True)
+    from vllm_harness import require_gpu_vllm
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"rolloutcore not importable: {e}", allow_module_level=True)
+torch = require_gpu_vllm()
 
 from vllm_harness import OUT, Trainer, Vllm, http, manifest_digests, tokens_of  # noqa: E402
 

@@ -4,4 +4,4 @@
 from rolloutcore.vllm_harness import *  # noqa: F401,F403
 from rolloutcore.vllm_harness import (  # noqa: F401
     OUT, VLLM_KIT, VLLM_OTHER_SITE, VLLM_SITE, Background, Trainer, Vllm, cached_tokens, http, manifest_digests,
-    site_version, tokens_of)
+    require_gpu_vllm, site_version, tiny_env, tokens_of)
