@@ -56,6 +56,7 @@ in either release, starts with ``rc_`` or ``_rc_`` (checked against both release
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -1148,9 +1149,8 @@ class Extension:
             st.first_ptrs = {n: p.data_ptr() for n, p in params.items()}
 
     def _rc_exchange_static_issue(self, cap: _Capture, fp8: Any, fallback: List[str]) -> Optional[str]:
-        """Why this worker's live parameters cannot be installed by exchange (None when they can; the
-        storage aliases are checked again at every install)."""
-        torch = _torch()
+        """Why this worker's live parameters can never be installed by exchange (None when they can;
+        the storage aliases are checked at every install)."""
         if fp8 is not None:
             return "vLLM serves FP8: the install quantizes into the live parameters"
         if fallback:
@@ -1170,7 +1170,9 @@ class Extension:
             why = _tiling_issue(n, cap.params[n].numel(), copies)
             if why:
                 return why
-        return _alias_issue(torch, cap.params, sorted(by_param))
+        # Shared storages are checked at every install (_rc_exchange_refusal), not here: right after
+        # the capture, garbage of the loader's run may still hold views that the next collection frees.
+        return None
 
     @staticmethod
     def _rc_views(st: _State) -> List[Any]:
@@ -1396,8 +1398,18 @@ class Extension:
                 # digest table of the slabs.
                 if mode == "exchange" and st.slabs is not None and st.staged_mode != "delta" \
                         and delta_policy == "never":
-                    live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
-                    st.exchange = dict(st.stager.prepare_exchange(live_after))
+                    torch = _torch()
+                    alias = _alias_issue(torch, st.capture.params, list(st.slabs))
+                    if alias is not None:
+                        # Garbage (a loader's views in a reference cycle) is collected now, while
+                        # serving, so that the install's own check finds only what lives on.
+                        gc.collect()
+                        alias = _alias_issue(torch, st.capture.params, list(st.slabs))
+                    if alias is None:
+                        live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
+                        st.exchange = dict(st.stager.prepare_exchange(live_after))
+                    else:
+                        st.exchange = {"ok": False, "reason": alias}
                     ev["exchange_prepared"] = dict(st.exchange)
                 elif mode == "exchange":
                     ev["exchange_prepared"] = {"ok": False, "reason": self._rc_exchange_refusal(st)}

@@ -22,6 +22,13 @@ restarted on the same checkpoint: process start -> /health -> first token. Print
 hot cycle (medians), the pause window, the restart / hot-cycle ratio, and the GPU digest against a
 plain read of the same bytes (rc_bench_digest), and writes them to $OUT/bench_vllm_<shape>.json.
 
+The calls inside the pause window go over a persistent HTTP/1.1 connection opened before it (as the
+controller's adapter keeps its connections alive; until 2026-12-05 the bench opened one per call).
+--window runs rolloutcore's pause window other ways, cycle by cycle in turn (docs/vllm.md "Closing
+the pause window"): the prefix reset beside the install (overlap), one rc_install(atomic=True)
+without a pause (atomic), the install by exchange instead of the copy, and its proof from the stage
+(verify staged); WINDOW lines print the medians per variant.
+
 With --controller the cycles go through `rolloutcore controller serve --engine vllm+http://...`
 (POST /v1/updates, phase times from GET /v1/updates/{id}) instead of being driven from here.
 

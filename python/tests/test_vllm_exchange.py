@@ -44,6 +44,8 @@ class HostStager:
         self.proven = None
         self.calls: List[str] = []
         self.fail_complete = None
+        self.sources: Dict[str, torch.Tensor] = {}
+        self.mode = "full"
 
     def _read(self, ptr: int, n: int) -> bytes:
         return ctypes.string_at(ptr, n)
@@ -63,9 +65,11 @@ class HostStager:
         n = c["nbytes"]
         return base + c["dest_offset"] * c["esize"], n
 
-    def stage(self, sources: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-        """Writes each copy's box of its source into the staging buffer the extension names."""
+    def stage(self, directory, model, version, timeout_ms, pull_delay_ms=0, delta_policy="never") -> Dict[str, Any]:
+        """Writes each copy's box of its source (``self.sources``, the trainer's version) into the
+        staging buffer the extension names."""
         self.calls.append("stage")
+        sources = self.sources
         bufs = self.staging_buffers()
         for i, c in enumerate(self.copies):
             ptr, n = bufs[f"rc.staging.{i}"]
@@ -74,7 +78,7 @@ class HostStager:
             ctypes.memmove(ptr, src.data_ptr(), n)
         self.proven = self._digests(self._staging_at)
         self.prepared = None
-        return {"stage_ms": {}, "mode": "full", "published": dict(self.proven), "bytes_pulled": 0}
+        return {"stage_ms": {}, "mode": self.mode, "published": dict(self.proven), "bytes_pulled": 0}
 
     def prepare_exchange(self, live_after: Dict[str, Any]) -> Dict[str, Any]:
         self.calls.append("prepare_exchange")
@@ -174,6 +178,9 @@ def rig(monkeypatch):
     st = w._rc_state()
     st.capture, st.fallback, st.not_loaded = cap, [], []
     assert w._rc_exchange_static_issue(cap, None, []) is None
+    # What rc_stage's capture step leaves for this manifest (the loader's capture runs on the GPU).
+    monkeypatch.setattr(ext, "_http_get_json", lambda url, timeout, key: {"manifest": {"tensors": MANIFEST_TENSORS}})
+    st.sources_key = tuple((t["name"], t["dtype"], tuple(t["shape"])) for t in MANIFEST_TENSORS)
     st.slabs = {n: torch.empty_like(params[n]) for n in ("norm", "qkv_proj.weight")}
     st.staging_views = Extension._rc_slab_views(cap, st.slabs)
     st.stager = HostStager(cap.copies, lambda: Extension._rc_staging_buffers(st),
@@ -181,20 +188,16 @@ def rig(monkeypatch):
     return types.SimpleNamespace(w=w, st=st, model=model, params=params)
 
 
-def stage(rig, version: str, seed: int, install: str = "exchange") -> Dict[str, Any]:
-    """rc_stage's preparation after the stager's pull (the directory lookup stands aside)."""
-    st = rig.st
+MANIFEST_TENSORS = [{"name": "k", "dtype": "bf16", "shape": [2, 4]}, {"name": "norm", "dtype": "f32", "shape": [4]},
+                    {"name": "q", "dtype": "bf16", "shape": [2, 4]}, {"name": "v", "dtype": "bf16", "shape": [2, 4]}]
+
+
+def stage(rig, version: str, seed: int, install: str = "exchange", delta_policy: str = "never") -> Dict[str, Any]:
+    """rc_stage itself, the directory's answer and the stager's pull standing in."""
     src = sources(seed)
-    ev = st.stager.stage(src)
-    st.published = dict(ev.pop("published"))
-    st.staged_version, st.staged_mode, st.staged_policy = version, ev["mode"], "never"
-    st.exchange = None
-    if install == "exchange":
-        live_after = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in st.slabs.items()}
-        st.exchange = dict(st.stager.prepare_exchange(live_after))
-        st.fused = {"ok": False, "reason": "an exchange is prepared"}
-    else:
-        st.fused = dict(st.stager.prepare_install())
+    rig.st.stager.sources = src
+    ev = rig.w.rc_stage("m", version, "http://dir", install=install, delta_policy=delta_policy)
+    assert ev["ok"], ev
     return src
 
 
@@ -273,13 +276,13 @@ def test_a_delta_stage_or_a_copy_request_installs_by_copy(rig):
     r = rig.w.rc_install("v1", install="copy")
     assert r["ok"] and r["install_path"] == "fused" and r["exchange_refused"] is None, r
     expect_live(rig, src)
+    rig.st.stager.mode = "delta"
     src = stage(rig, "v2", 6)
-    rig.st.staged_mode = "delta"
     r = rig.w.rc_install("v2")
     assert r["install_path"] == "fused" and "staged as a delta" in r["exchange_refused"], r
     expect_live(rig, src)
-    src = stage(rig, "v3", 7)
-    rig.st.staged_policy = "auto"  # a full stage that may be followed by deltas
+    rig.st.stager.mode = "full"
+    src = stage(rig, "v3", 7, delta_policy="auto")  # a full stage that may be followed by deltas
     r = rig.w.rc_install("v3")
     assert r["install_path"] == "fused" and "under delta policy auto" in r["exchange_refused"], r
     expect_live(rig, src)
@@ -386,3 +389,30 @@ def test_atomic_install_whose_cache_reset_fails_is_failed_after_mutation(rig):
     (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
     assert not r["ok"] and r["outcome"] == "failed_after_mutation" and "reset_prefix_cache answered false" in r["error"]
     assert r["label"].startswith("<unknown after a failed install of v1")
+
+
+def test_the_stage_collects_garbage_views_and_names_a_view_that_lives_on(rig):
+    import gc
+
+    gc.disable()  # the cycle below stays until a collection
+    try:
+        class Holder:
+            pass
+
+        h = Holder()
+        h.me, h.view = h, rig.model.qkv_proj.weight.data[:1]  # garbage with a view, in a cycle
+        del h
+        src = stage(rig, "v1", 11)
+        ev = rig.st.exchange
+        assert ev["ok"], ev  # collected at the stage, while serving
+        r = rig.w.rc_install("v1")
+        assert r["install_path"] == "exchange", r
+        expect_live(rig, src)
+        kept = rig.model.norm.data[1:]  # a view that lives on
+        stage(rig, "v2", 12)
+        assert not rig.st.exchange["ok"] and "norm: 2 other reference(s)" in rig.st.exchange["reason"]
+        r = rig.w.rc_install("v2")
+        assert r["install_path"] == "fused" and "norm" in r["exchange_refused"], r
+        del kept
+    finally:
+        gc.enable()
