@@ -1550,12 +1550,24 @@ class Extension:
                 d = None
                 path = None
                 exchange_refused = None
+                # Where the worker's time goes (the bench names every part of the pause window).
+                split: Dict[str, float] = {}
+                tick = [time.perf_counter()]
+
+                def lap(name: str) -> None:
+                    now = time.perf_counter()
+                    split[name] = split.get(name, 0.0) + (now - tick[0]) * 1e3
+                    tick[0] = now
+
                 if mode == "exchange":
                     exchange_refused = self._rc_exchange_refusal(st)
+                    lap("checks")
                     if exchange_refused is None:
                         torch.cuda.synchronize()
+                        lap("synchronize")
                         mutated = True
                         d, exchange_refused = self._rc_exchange(st, reread=vmode == "reread")
+                        lap("exchange_and_proof")
                         if d is None:
                             mutated = False  # every parameter has its storage back
                         else:
@@ -1569,14 +1581,17 @@ class Extension:
                     # The stage prepared an exchange only: the fused table now (inside the pause).
                     st.fused = dict(st.stager.prepare_install())
                     fused = bool(st.fused.get("ok"))
+                    lap("prepare_install")
                 fused_refused = None
                 if fused:
                     # One launch: every staging copy into its live destination, digesting what it
                     # writes (the digest of the live weights without a second pass over them). The
                     # stager refuses, writing nothing, when the buffers are not the prepared ones.
                     torch.cuda.synchronize()
+                    lap("synchronize")
                     mutated = True
                     d = dict(st.stager.install())
+                    lap("fused_install_call")
                     if not d.get("ok"):
                         mutated, fused, fused_refused, d = False, False, d.get("reason"), None
                 if fused:
@@ -1608,6 +1623,7 @@ class Extension:
                                 nbytes += views[base + j].numel() * views[base + j].element_size()
                     torch.cuda.synchronize()
                     install_ms = (time.perf_counter() - t0) * 1e3
+                    lap("copies")
                 fp8_report = None
                 if st.fp8 is not None:
                     fault = str(st.faults.pop("fp8_install", ""))
@@ -1624,8 +1640,10 @@ class Extension:
                 st.generation += 1
                 st.staged_version = None
                 st.exchange = None
+                lap("fp8_and_label")
                 if d is None:
                     d = self._rc_digest_live(st)
+                    lap("live_digest")
                 else:
                     st.live_digest = d
                 mismatch = [n for n, h in d["tensors"].items() if st.published.get(n) != h]
@@ -1658,6 +1676,8 @@ class Extension:
                         out["atomic"] = {"engine": type(core).__name__, "skipped": "the live digest did not verify"}
                     else:
                         out["atomic"] = self._rc_engine_side(core, version)
+                lap("reply" if core is None else "reply_and_engine_side")
+                out["worker_split_ms"] = {k: round(v, 3) for k, v in split.items()}
                 out["call_ms"] = (time.perf_counter() - t0) * 1e3
                 return out
             except Exception as e:

@@ -307,7 +307,7 @@ def rolloutcore_cycle(v: Vllm, a, model: str, durl: str, ver: str, via_sleep: bo
                exchange_verify=inst.get("exchange_verify"), exchange_refused=inst.get("exchange_refused"),
                digest_source=inst.get("digest_source"), label_ms=label_ms,
                install_kernel_ms=inst.get("kernel_ms"), live_digest_ms=inst.get("digest_ms"),
-               worker_call_ms=inst.get("call_ms"), atomic=inst.get("atomic"),
+               worker_call_ms=inst.get("call_ms"), worker_split_ms=inst.get("worker_split_ms"), atomic=inst.get("atomic"),
                reset_ms=reset_ms, resume_ms=resume_ms, pause_window_ms=(c5 - c1) * 1e3,
                bytes_pulled=ev["bytes_pulled"], prepare=ev.get("install_prepared"),
                exchange_prepared=ev.get("exchange_prepared"),
@@ -355,6 +355,10 @@ def window_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         for key, _ in WINDOW_COLUMNS:
             vals = [r[key] for r in rs if r.get(key) is not None]
             s[key] = median(vals) if vals else None
+        # The worker's own time, part by part (rc_install's worker_split_ms).
+        parts = sorted({k for r in rs for k in (r.get("worker_split_ms") or {})})
+        s["worker_split_ms"] = {k: median([r["worker_split_ms"][k] for r in rs if k in (r.get("worker_split_ms") or {})])
+                                for k in parts}
         summary[w] = s
     return summary
 
@@ -367,6 +371,9 @@ def window_table(ws: Dict[str, Any]) -> List[str]:
         cells = [_fmt(s.get(k), 2) for k, _ in WINDOW_COLUMNS]
         lines.append(f"| {w} | {s['n']} | " + " | ".join(cells) + f" | {','.join(s['install_path'])} | "
                      f"{str(s['digest_equals_manifest']).lower()} |")
+        if s.get("worker_split_ms"):
+            lines.append("|   in the worker: " + ", ".join(f"{k} {_fmt(v, 2)}" for k, v in s["worker_split_ms"].items())
+                         + " |")
         for why in s["exchange_refused"]:
             lines.append(f"|   exchange refused: {why} |")
     return lines

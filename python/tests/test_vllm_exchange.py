@@ -243,6 +243,7 @@ def test_exchange_installs_the_staged_bytes_without_copying_and_alternates_stora
     assert {n: p.data_ptr() for n, p in rig.params.items()} == slabs
     assert {n: t.data_ptr() for n, t in rig.st.slabs.items()} == before
     assert r["label"] == "v1" and r["generation"] == 1 and r["content_digest"]
+    assert set(r["worker_split_ms"]) == {"checks", "synchronize", "exchange_and_proof", "fp8_and_label", "reply"}
     # The next version stages into the old storages while v1 serves, and exchanges back.
     src2 = stage(rig, "v2", 2)
     expect_live(rig, src)  # staging v2 did not touch the live v1
@@ -352,6 +353,7 @@ def test_atomic_install_resets_the_engine_and_labels_it_in_the_same_call(rig):
     assert a["engine"] == "EngineCore" and a["prefix_cache_reset"] and a["reset_mm_cache"] and a["vllm_label"] == "v1"
     assert core.events == ["reset_prefix_cache", "reset_mm_cache", "reset_encoder_cache", "set_weight_version v1"]
     assert core.version == "v1"
+    assert "reply_and_engine_side" in r["worker_split_ms"], r["worker_split_ms"]
     expect_live(rig, src)
     # What rc_describe reports as install.atomic, asked through the engine core and from outside it.
     assert core.collective_rpc("_rc_atomic_available", {}) == [(True, None)]

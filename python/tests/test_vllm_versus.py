@@ -563,6 +563,7 @@ def test_window_summary_leaves_each_variants_first_cycle_out_and_the_table_names
     for k, (w, ms) in enumerate([("serial:copy", 90.0), ("atomic:exchange", 80.0), ("serial:copy", 30.0),
                                  ("atomic:exchange", 10.0), ("serial:copy", 32.0), ("atomic:exchange", 12.0)]):
         rows.append({"window": w, "pause_window_ms": ms, "install_path": w.split(":")[1].replace("copy", "fused"),
+                     "worker_split_ms": {"synchronize": 0.1, "exchange_and_proof": ms / 4},
                      "digest_equals_manifest": True,
                      "exchange_refused": "norm: 2 other reference(s)" if (w == "atomic:exchange" and k == 5) else None})
     ws = vb.window_summary(rows)
@@ -571,6 +572,8 @@ def test_window_summary_leaves_each_variants_first_cycle_out_and_the_table_names
     lines = vb.window_table(ws)
     assert lines[0].startswith("WINDOW") and any(l.startswith("| atomic:exchange | 2 | 11.00") for l in lines)
     assert any("exchange refused: norm: 2 other reference(s)" in l for l in lines)
+    assert ws["atomic:exchange"]["worker_split_ms"] == {"exchange_and_proof": 2.75, "synchronize": 0.1}
+    assert any("in the worker: exchange_and_proof 2.75, synchronize 0.10" in l for l in lines)
 
 
 def test_keepalive_uses_one_connection_for_every_call():
