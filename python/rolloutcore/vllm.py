@@ -1086,7 +1086,8 @@ class Extension:
         if _install_mode(None) == "exchange":
             st.exchange_issue = self._rc_exchange_static_issue(cap, fp8, fallback)
             if st.exchange_issue is None:
-                slabs = {n: torch.empty_like(params[n], memory_format=torch.contiguous_format)
+                # Plain contiguous tensors (not Parameters: the parameter object stays vLLM's).
+                slabs = {n: torch.empty(tuple(params[n].shape), dtype=params[n].dtype, device=params[n].device)
                          for n in sorted({c["param_name"] for c in cap.copies})}
         else:
             st.exchange_issue = "ROLLOUTCORE_VLLM_INSTALL is not exchange when vLLM started (the staging layout)"

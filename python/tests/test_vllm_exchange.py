@@ -418,3 +418,88 @@ def test_the_stage_collects_garbage_views_and_names_a_view_that_lives_on(rig):
         del kept
     finally:
         gc.enable()
+
+
+class LoaderModel(Model):
+    """A vLLM-style loader: q, k, v narrowed into the fused qkv_proj, the norm copied whole."""
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            if name in ("q", "k", "v"):
+                self.qkv_proj.weight.data.narrow(0, {"q": 0, "k": 2, "v": 4}[name], 2).copy_(t)
+            else:
+                self.norm.data.copy_(t)
+
+
+def test_rc_stage_captures_the_loader_into_slabs_and_exchanges(monkeypatch):
+    """The first stage of a source set: vLLM's own loader captured (rolloutcore.vllm's capture on
+    meta tensors), the staging image laid out in slabs at the captured offsets, prepared, exchanged."""
+    from rolloutcore import _core
+
+    monkeypatch.setenv("ROLLOUTCORE_VLLM_INSTALL", "exchange")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    made = []
+    trainer: Dict[str, Any] = {}
+
+    class CaptureStager(HostStager):
+        def __init__(self, device, staging_buffers, live_buffers):
+            super().__init__([], staging_buffers, live_buffers)
+            made.append(self)
+
+        def stage(self, *a, **kw):
+            self.sources = trainer["version"]  # what the trainer published
+            return super().stage(*a, **kw)
+
+        def set_captures(self, staging_params, staging_copies, live_params, live_copies):
+            esize = {"bf16": 2, "f32": 4}
+            dtype = {n: d for n, d, _ in live_params}
+            names = [n for n, _, _ in live_params]
+            self.copies = []
+            for c in live_copies:
+                n = 1
+                for x in c["dest_shape"]:
+                    n *= x
+                e = esize[dtype[names[c["param"]]]]
+                self.copies.append({**c, "param_name": names[c["param"]], "esize": e, "nbytes": n * e})
+
+    monkeypatch.setattr(_core, "cuda_built", True, raising=False)
+    monkeypatch.setattr(_core, "DeviceStager", CaptureStager, raising=False)
+    monkeypatch.setattr(ext, "_http_get_json", lambda url, timeout, key: {"manifest": {"tensors": MANIFEST_TENSORS}})
+    model = LoaderModel()
+    w = Worker()
+    w.model_runner = types.SimpleNamespace(model=model)
+    w.device = torch.device("cpu", 0)
+    none = types.SimpleNamespace(name="NONE")
+    w.vllm_config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=none, mode=none))
+    src = sources(21)
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+
+    def stage_version(version, s):
+        trainer["version"] = s
+        ev = w.rc_stage("m", version, "http://dir")
+        assert ev["ok"], ev
+        return ev
+
+    ev = stage_version("v1", src)
+    st = w._rc_state()
+    assert st.slabs is not None and set(st.slabs) == {"qkv_proj.weight", "norm"} and st.staging is None
+    assert ev["captured_copies"] == 4 and ev["fallback_tensors"] == [], ev
+    assert ev["exchange_prepared"]["ok"], ev["exchange_prepared"]
+    # Each copy's staging buffer lies at its live offset inside its parameter's slab.
+    base = st.slabs["qkv_proj.weight"].data_ptr()
+    offsets = sorted(v.data_ptr() - base for v, c in zip(st.staging_views, st.capture.copies)
+                     if c["param_name"] == "qkv_proj.weight")
+    assert offsets == [0, 16, 32]
+    r = w.rc_install("v1")
+    assert r["ok"] and r["install_path"] == "exchange" and r["verified"], r
+    w_ = model.qkv_proj.weight
+    assert torch.equal(w_[0:2], src["q"]) and torch.equal(w_[2:4], src["k"]) and torch.equal(w_[4:6], src["v"])
+    assert torch.equal(model.norm, src["norm"])
+    assert all(p.data_ptr() != before[n] for n, p in model.named_parameters())
+    src2 = sources(22)
+    stage_version("v2", src2)
+    r = w.rc_install("v2")
+    assert r["ok"] and r["install_path"] == "exchange", r
+    assert torch.equal(model.qkv_proj.weight[2:4], src2["k"])
+    assert all(p.data_ptr() == before[n] for n, p in model.named_parameters())
+    assert len(made) == 1  # one capture for the source set
