@@ -327,6 +327,10 @@ class RolloutcoreGRPO(TrainerCallback):
             staging = self._stage(version, module)
             report = self._pub.publish(version) if staging["staged"] else self._pub.publish_empty(version)
         self._published.append((version, staging["in_place"] > 0))
+        # Every rank has published once all have passed this barrier, and the publish that completes
+        # a version returns only after the directory committed it: rank 0 never asks the controller
+        # for a version still STAGING (it did when rank 1 published later than rank 0's update).
+        self._barrier()
         t1 = time.perf_counter()
         row: Dict[str, Any] = {"kind": "sync", "step": step, "version": version, "publish_ms": (t1 - t0) * 1e3,
                                **staging}

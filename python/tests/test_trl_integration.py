@@ -275,6 +275,10 @@ def _two_rank_worker(rank: int, port: int, controller: str, directory: str, mode
             for name, p in list(module.named_parameters(recurse=False)):
                 module.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
         rc = rc_trl.RolloutcoreGRPO(controller, directory, MODEL, update_timeout_s=60)
+        if rank == 1:
+            # Rank 1 publishes last: rank 0 must not ask the controller for the version before it
+            # commits (it did, now and then, when rank 1 happened to be the slower one).
+            time.sleep(1.0)
         row = rc.sync(model, 0)
         out = {k: row.get(k) for k in ("version", "staged", "in_place", "host_copy", "transport", "update_id",
                                        "content_digest")}
