@@ -165,6 +165,20 @@ def parse_windows(spec: str) -> List[Tuple[str, str, str]]:
     return out
 
 
+def find_key(obj: Any, key: str) -> Any:
+    """The first value of ``key`` in nested dicts and lists (depth first), or None."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        obj = list(obj.values())
+    if isinstance(obj, list):
+        for x in obj:
+            v = find_key(x, key)
+            if v is not None:
+                return v
+    return None
+
+
 def window_of(a, k: int) -> Tuple[str, str, str]:
     """The --window variant of cycle ``k`` (1-based; the variants are taken in turn)."""
     ws = getattr(a, "windows", None) or [("serial", "copy", "reread")]
@@ -853,7 +867,8 @@ def main(argv=None) -> int:
                          "atomic (one rc_install(atomic=True), no pause); install copy or exchange (vLLM then "
                          "starts with ROLLOUTCORE_VLLM_INSTALL=exchange); verify reread or staged (exchange "
                          "only). WINDOW lines and \"windows\" in the JSON. Default serial:copy. With --versus, "
-                         "rolloutcore's side runs them")
+                         "rolloutcore's side runs them; with --controller, serial:exchange starts vLLM with the "
+                         "exchange layout and the controller installs by exchange")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart measurement")
     ap.add_argument("--no-digest-bench", action="store_true", help="skip rc_bench_digest")
     ap.add_argument("--dry-run", action="store_true", help="print the configuration as JSON and exit")
@@ -872,8 +887,9 @@ def main(argv=None) -> int:
         a.windows = parse_windows(a.window)
     except ValueError as e:
         ap.error(str(e))
-    if a.controller and a.window != "serial:copy":
-        ap.error("--window drives the pause window from here: not with --controller")
+    if a.controller and a.window not in ("serial:copy", "serial:exchange"):
+        ap.error("with --controller the controller drives the pause window: --window serial:copy or "
+                 "serial:exchange only (an exchange comes from vLLM's ROLLOUTCORE_VLLM_INSTALL=exchange)")
     if a.quantization and any(w[1] == "exchange" for w in a.windows):
         ap.error("--window ...:exchange: vLLM serving FP8 installs by quantizing into its parameters, not by exchange")
     if a.pause_call is None:
@@ -998,7 +1014,9 @@ def run(a) -> dict:
                 st, upd = http("GET", f"{curl}/v1/updates/{body['id']}?wait_ms=120000", timeout=180)
                 eng = upd["engines"][0]
                 assert eng["outcome"] == "committed", upd
-                row.update(phases_ms=eng.get("phases_ms"), controller_cycle_ms=(time.perf_counter() - c0) * 1e3)
+                row.update(phases_ms=eng.get("phases_ms"), controller_cycle_ms=(time.perf_counter() - c0) * 1e3,
+                           install_path=find_key(eng.get("evidence"), "install_path"),
+                           exchange_refused=find_key(eng.get("evidence"), "exchange_refused"))
                 row["first_token_ms"] = first_token_ms(v)
                 row["hot_cycle_ms"] = (time.perf_counter() - c0) * 1e3
             rows.append(row)

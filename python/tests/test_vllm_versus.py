@@ -503,6 +503,8 @@ def test_parse_windows_takes_variants_in_turn_and_names_a_bad_one():
 
 
 def test_main_checks_the_window_arguments(capsys):
+    assert vb.main(["--window", "serial:exchange", "--controller", "--dry-run"]) == 0
+    capsys.readouterr()
     for argv in (["--window", "atomic:swap"], ["--window", "atomic:copy", "--controller"],
                  ["--window", "serial:exchange", "--quantization", "fp8_per_block"]):
         with pytest.raises(SystemExit) as e:
@@ -617,3 +619,10 @@ def test_keepalive_uses_one_connection_for_every_call():
     finally:
         srv.shutdown()
     assert len(peers) == 3 and len(set(peers)) == 1  # /health, then the two calls, on one connection
+
+
+def test_find_key_reads_the_install_path_out_of_an_update_record():
+    ev = {"validated": {"digest_checked": True}, "install": {"detail": {"workers": [
+        {"ok": True, "install_path": "exchange", "exchange_refused": None}]}}}
+    assert vb.find_key(ev, "install_path") == "exchange"
+    assert vb.find_key(ev, "exchange_refused") is None and vb.find_key(None, "x") is None
