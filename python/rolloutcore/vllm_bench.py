@@ -869,6 +869,9 @@ def main(argv=None) -> int:
                          "only). WINDOW lines and \"windows\" in the JSON. Default serial:copy. With --versus, "
                          "rolloutcore's side runs them; with --controller, serial:exchange starts vLLM with the "
                          "exchange layout and the controller installs by exchange")
+    ap.add_argument("--fold-engine-calls", action="store_true",
+                    help="with --controller: controller serve --vllm-fold-engine-calls (the cache resets and vLLM's "
+                         "label inside rc_install's call, within the controller's pause; docs/vllm.md)")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart measurement")
     ap.add_argument("--no-digest-bench", action="store_true", help="skip rc_bench_digest")
     ap.add_argument("--dry-run", action="store_true", help="print the configuration as JSON and exit")
@@ -887,6 +890,9 @@ def main(argv=None) -> int:
         a.windows = parse_windows(a.window)
     except ValueError as e:
         ap.error(str(e))
+    if a.fold_engine_calls and not a.controller:
+        ap.error("--fold-engine-calls is a controller flag: with --controller only (--window atomic:... is the "
+                 "bench's own folded install)")
     if a.controller and a.window not in ("serial:copy", "serial:exchange"):
         ap.error("with --controller the controller drives the pause window: --window serial:copy or "
                  "serial:exchange only (an exchange comes from vLLM's ROLLOUTCORE_VLLM_INSTALL=exchange)")
@@ -985,6 +991,8 @@ def run(a) -> dict:
                     "--model", model, "--state-dir", str(work / "controller"), "--port", "0"]
         if a.pause_call == "sleep":
             ctl_args += ["--vllm-pause-call", "sleep"]
+        if getattr(a, "fold_engine_calls", False):
+            ctl_args += ["--vllm-fold-engine-calls"]
         ctl = Server("controller", ctl_args,
                      OUT / f"bench_controller_{tag}.log", find_binary())
         curl = ctl.wait_url(60)

@@ -503,8 +503,11 @@ def test_parse_windows_takes_variants_in_turn_and_names_a_bad_one():
 
 
 def test_main_checks_the_window_arguments(capsys):
-    assert vb.main(["--window", "serial:exchange", "--controller", "--dry-run"]) == 0
+    assert vb.main(["--window", "serial:exchange", "--controller", "--fold-engine-calls", "--dry-run"]) == 0
     capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        vb.main(["--fold-engine-calls", "--dry-run"])
+    assert e.value.code == 2 and "with --controller only" in capsys.readouterr().err
     for argv in (["--window", "atomic:swap"], ["--window", "atomic:copy", "--controller"],
                  ["--window", "serial:exchange", "--quantization", "fp8_per_block"]):
         with pytest.raises(SystemExit) as e:

@@ -437,6 +437,7 @@ Result<EngineDescription> VllmEngine::Describe() {
     native_preflight_.reset();
     cycle_mode_ = lifecycle::PolicyMode::kStrict;
     cycle_frozen_ = Json();
+    folded_.reset();
   }
   // A rolloutcore engine answers GET /rc/engine/state; vLLM does not (404).
   RC_ASSIGN_OR_RETURN(HttpReply state, call_("GET", "/rc/engine/state", ""));
@@ -474,6 +475,14 @@ Result<EngineDescription> VllmEngine::Describe() {
   {
     rc::MutexLock lock(mu_);
     boot_id_ = workers.empty() ? std::string() : workers[0].value("boot_id", std::string());
+    // Whether rc_install can fold the engine's resets and label into its call (one worker: the
+    // engine core runs it in its own thread).
+    const Json* atomic = nullptr;
+    if (workers.size() == 1 && workers[0].is_object() && workers[0].contains("install") &&
+        workers[0]["install"].is_object() && workers[0]["install"].contains("atomic")) {
+      atomic = &workers[0]["install"]["atomic"];
+    }
+    engine_side_available_ = atomic != nullptr && atomic->is_object() && atomic->value("available", false) == true;
   }
   for (size_t i = 0; i < workers.size(); ++i) {
     RC_RETURN_IF_ERROR(WorkerStatus(workers[i], i, "rc_describe", options_.base_url));
@@ -881,10 +890,21 @@ Result<InstallEvidence> VllmEngine::Install(const UpdateTarget& target, bool ful
     current_label_ = target.label;
   }
   if (Is033()) {
-    Status set = SetWeightVersion(target.label);
-    // Not an install failure (the weights are in): VALIDATING reads /weight_info back and fails
-    // the update when vLLM does not report the label.
-    e.detail["vllm_weight_version_set"] = set.ok() ? Json(target.label) : Json(set.ToString());
+    std::optional<Json> folded;
+    {
+      rc::MutexLock lock(mu_);
+      folded = folded_;
+    }
+    if (folded && folded->value("vllm_label", Json()) == Json(target.label)) {
+      // Set by rc_install on the engine core's thread (fold_engine_calls); VALIDATING reads it back.
+      e.detail["vllm_weight_version_set"] = target.label;
+      e.detail["vllm_weight_version_set_by"] = "rc_install (engine side)";
+    } else {
+      Status set = SetWeightVersion(target.label);
+      // Not an install failure (the weights are in): VALIDATING reads /weight_info back and fails
+      // the update when vLLM does not report the label.
+      e.detail["vllm_weight_version_set"] = set.ok() ? Json(target.label) : Json(set.ToString());
+    }
   }
   return e;
 }
@@ -937,9 +957,40 @@ Result<InstallEvidence> VllmEngine::ExtensionInstall(const UpdateTarget& target,
     rc::MutexLock lock(mu_);
     install_replies_.reset();
   }
-  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
+  // Folded: the engine's cache resets and label in rc_install's own call (fold_engine_calls).
+  bool fold = false;
+  {
+    rc::MutexLock lock(mu_);
+    folded_.reset();
+    fold = options_.vllm.fold_engine_calls && engine_side_available_ &&
+           (cycle_mode_ == lifecycle::PolicyMode::kStrict || cycle_mode_ == lifecycle::PolicyMode::kAbort);
+  }
+  Json kwargs{{"version", target.label}};
+  if (fold) kwargs["atomic"] = true;
+  RC_ASSIGN_OR_RETURN(std::vector<Json> workers, CollectiveRpc("rc_install", kwargs, 0));
+  Json engine_side;
+  if (fold && workers.size() == 1 && workers[0].is_object() &&
+      workers[0].value("outcome", std::string()) == "refused_untouched" &&
+      workers[0].value("error", std::string()).rfind("atomic install:", 0) == 0) {
+    // Nothing was written: the engine core was out of reach or not idle. Install as usual; the
+    // separate calls follow.
+    engine_side = Json{{"folded", false}, {"why", workers[0]["error"]}};
+    RC_ASSIGN_OR_RETURN(workers, CollectiveRpc("rc_install", Json{{"version", target.label}}, 0));
+  }
   RC_ASSIGN_OR_RETURN(InstallEvidence e, InstallEvidenceFromOutcomes(workers, target.label, options_.base_url));
   if (!staged.is_null()) e.detail["staged_in_install"] = staged;
+  if (fold && engine_side.is_null() && e.outcome == InstallOutcome::kInstalled) {
+    const Json a = workers[0].value("atomic", Json());
+    if (a.is_object() && a.value("prefix_cache_reset", false) == true) {
+      engine_side = a;
+      engine_side["folded"] = true;
+      rc::MutexLock lock(mu_);
+      folded_ = a;
+    } else {
+      engine_side = Json{{"folded", false}, {"why", "rc_install reported no engine side: " + a.dump()}};
+    }
+  }
+  if (!engine_side.is_null()) e.detail["engine_side"] = engine_side;
   bool complete = !workers.empty();
   for (const Json& w : workers) {
     complete = complete && w.is_object() && w.contains("label") && w.contains("generation") &&
@@ -955,6 +1006,26 @@ Result<InstallEvidence> VllmEngine::ExtensionInstall(const UpdateTarget& target,
 Result<CacheResetResult> VllmEngine::ResetCache(CacheKind kind) {
   CacheResetResult r;
   r.kind = kind;
+  {
+    // Folded into this cycle's rc_install (fold_engine_calls): the engine core reset the cache in
+    // that call, after the install and before any step; no further call (attempts 0).
+    rc::MutexLock lock(mu_);
+    if (folded_) {
+      const char* key = kind == CacheKind::kPrefix    ? "prefix_cache_reset"
+                        : kind == CacheKind::kEncoder ? "reset_encoder_cache"
+                                                      : "reset_mm_cache";
+      if (folded_->value(key, false) == true) {
+        r.success = true;
+        r.attempts = 0;
+        // The prefix reset's success is vLLM's own answer (reset_prefix_cache returned true); the
+        // others report nothing, as their HTTP endpoints do.
+        r.verified = kind == CacheKind::kPrefix;
+        r.blocks_in_use = kind == CacheKind::kPrefix ? 0 : -1;
+        if (kind == CacheKind::kPrefix) prefix_reset_done_ = true;
+        return r;
+      }
+    }
+  }
   if (kind != CacheKind::kPrefix) {
     // vLLM answers an empty 200 and reports nothing: sent, accepted, not verified.
     const std::string path = kind == CacheKind::kEncoder ? "/reset_encoder_cache" : "/reset_mm_cache";
@@ -1102,6 +1173,7 @@ Result<ResumeEvidence> VllmEngine::Resume() {
   {
     rc::MutexLock lock(mu_);
     install_replies_.reset();
+    folded_.reset();
   }
   // /wake_up?tags=scheduling: EngineCore.wake_up with only the scheduling tag resumes the
   // scheduler and wakes no memory (the pair of /sleep?level=0).

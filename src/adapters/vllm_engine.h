@@ -187,6 +187,12 @@ class VllmEngine final : public BlockingEngine {
   // generation and digest fields rc_label / rc_digest(fresh=false) would answer: ReadLabel and
   // ReadContentDigest use it once instead of two more round trips inside the pause.
   std::optional<std::vector<Json>> install_replies_ GUARDED_BY(mu_);
+  // rc_describe's install.atomic.available at the last Describe (one worker only): rc_install can
+  // reach vLLM's engine core (options_.vllm.fold_engine_calls).
+  bool engine_side_available_ GUARDED_BY(mu_) = false;
+  // This cycle's rc_install engine-side report when the install folded the cache resets and vLLM's
+  // label into its call (rc_install's "atomic"); ResetCache and Install then make no further call.
+  std::optional<Json> folded_ GUARDED_BY(mu_);
   std::string boot_id_ GUARDED_BY(mu_);                   // rank 0's boot_id at the last Describe
   std::string native_group_boot_ GUARDED_BY(mu_);         // the vLLM boot the adapter formed the group with
   std::optional<Json> native_preflight_ GUARDED_BY(mu_);  // this cycle's NativePreflight (for staged_version_)

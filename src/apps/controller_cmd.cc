@@ -57,6 +57,7 @@ struct ServeOptions {
   std::string vllm_native_init = "controller";
   std::string vllm_pause_call = "sleep";
   std::string vllm_delta_policy;  // empty: the worker's default
+  bool vllm_fold_engine_calls = false;
   int vllm_reset_attempts = 5;
   bool vllm_allow_untested_version = false;
   int64_t drain_ms = 30000, stage_ms = 120000, pause_ms = 10000, install_ms = 60000, reset_ms = 5000,
@@ -189,6 +190,11 @@ void AddVllmFlags(CLI::App* serve, ServeOptions* o) {
                    "worker's measurements), always or never. Unset: the worker's ROLLOUTCORE_VLLM_DELTA_POLICY, else "
                    "never")
       ->check(CLI::IsMember({"auto", "always", "never"}));
+  serve->add_flag("--vllm-fold-engine-calls", o->vllm_fold_engine_calls,
+                  "vLLM engines (TP=1, strict and abort modes): inside the pause, rc_install also resets vLLM's "
+                  "prefix, multimodal and encoder caches and sets vLLM 0.33's label in the same call, on the "
+                  "engine core's thread, instead of four more HTTP round trips (docs/vllm.md \"Closing the pause "
+                  "window\"); falls back to the separate calls where the engine core is out of reach");
   serve
       ->add_option("--vllm-reset-attempts", o->vllm_reset_attempts,
                    "vLLM engines: /reset_prefix_cache calls per reset while it answers success:false (backoff 10 ms, "
@@ -246,6 +252,7 @@ adapters::EngineSpec EngineSpecFor(const ServeOptions& o, const std::string& url
   vo.reset_attempts = o.vllm_reset_attempts;
   vo.pause_via_sleep = o.vllm_pause_call == "sleep";
   vo.delta_policy = o.vllm_delta_policy;
+  vo.fold_engine_calls = o.vllm_fold_engine_calls;
   vo.native_transfer = o.vllm_transfer == "native-nccl";
   vo.native_trainer_url = o.vllm_native_trainer;
   vo.native_init = o.vllm_native_init == "controller";

@@ -4,6 +4,7 @@
 // the engine registry. Each difference between the releases is tested for both.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <mutex>
 
 #include "rolloutcore/adapters/http_adapter.h"
@@ -48,6 +49,24 @@ lifecycle::UpdateTarget Target(const std::string& label = "v8", PolicyMode mode 
   t.identity.content_digest = "0123456789abcdef";
   return t;
 }
+
+// A controller on the journal in memory, at v7 generation 3, and its runner over `adapter`.
+struct RunnerRig {
+  explicit RunnerRig(HttpEngineAdapter* adapter)
+      : c(std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal)).value()) {
+    EXPECT_TRUE(c->Initialize({"v7", 3}, {"", "", "", 0}).ok());
+    lifecycle::RunnerOptions ro;
+    ro.deadlines.reset_ms = 2000;
+    runner = std::make_unique<lifecycle::Runner>(c.get(), adapter, SystemClock::Default(), ro);
+  }
+  Result<lifecycle::UpdateRecord> Update(const lifecycle::UpdateTarget& t) {
+    RC_RETURN_IF_ERROR(runner->StartUpdate(t));
+    return runner->RunToCompletion();
+  }
+  lifecycle::MemoryJournal journal;
+  std::unique_ptr<lifecycle::Controller> c;
+  std::unique_ptr<lifecycle::Runner> runner;
+};
 
 TEST(VllmReleaseTest, SupportedReleasesAreReadAndOthersRefusedNamingBoth) {
   for (const char* v : {"0.26.0", "0.33.0"}) {
@@ -285,14 +304,8 @@ TEST(Vllm033Test, AnUpdateThroughTheRunnerJournalsBothLabelsAndTaintsWhenVllmDoe
     FakeVllm vllm(Release("0.33.0"));
     vllm.Script([&] { vllm.ignore_weight_version_ = ignore; });
     HttpEngineAdapter adapter(Options(vllm.url()));
-    lifecycle::MemoryJournal journal;
-    auto c = std::move(lifecycle::Controller::Open(SystemClock::Default(), &journal)).value();
-    ASSERT_TRUE(c->Initialize({"v7", 3}, {"", "", "", 0}).ok());
-    lifecycle::RunnerOptions ro;
-    ro.deadlines.reset_ms = 2000;
-    lifecycle::Runner runner(c.get(), &adapter, SystemClock::Default(), ro);
-    ASSERT_TRUE(runner.StartUpdate(Target()).ok());
-    auto u = runner.RunToCompletion();
+    RunnerRig rig(&adapter);
+    auto u = rig.Update(Target());
     ASSERT_TRUE(u.ok()) << u.status().ToString();
     if (!ignore) {
       ASSERT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << u->evidence.dump();
@@ -300,9 +313,122 @@ TEST(Vllm033Test, AnUpdateThroughTheRunnerJournalsBothLabelsAndTaintsWhenVllmDoe
       std::lock_guard<std::mutex> lock(vllm.mu_);
       EXPECT_EQ(vllm.weight_version_, "v8");
     } else {
-      EXPECT_EQ(c->state(), lifecycle::State::kTainted) << u->evidence.dump();
+      EXPECT_EQ(rig.c->state(), lifecycle::State::kTainted) << u->evidence.dump();
     }
   }
+}
+
+// A vLLM whose engine core rc_install can reach (TP=1), and an adapter that folds into it.
+FakeVllm::Config Reachable(const std::string& release) {
+  FakeVllm::Config c = Release(release);
+  c.engine_side = true;
+  return c;
+}
+
+HttpAdapterOptions Folding(const std::string& url) {
+  HttpAdapterOptions o = Options(url);
+  o.vllm.fold_engine_calls = true;
+  return o;
+}
+
+// --vllm-fold-engine-calls: inside the pause, rc_install(atomic=True) also resets vLLM's caches
+// and sets 0.33's label; the adapter then sends no /reset_prefix_cache, /reset_mm_cache,
+// /reset_encoder_cache or /update_weight_version, and the lifecycle's evidence says who did.
+TEST(VllmFoldTest, AnUpdateFoldsTheResetsAndTheLabelIntoTheInstallCall) {
+  for (const char* release : {"0.33.0", "0.26.0"}) {
+    FakeVllm vllm(Reachable(release));
+    HttpEngineAdapter adapter(Folding(vllm.url()));
+    RunnerRig rig(&adapter);
+    auto u = rig.Update(Target());
+    ASSERT_TRUE(u.ok()) << u.status().ToString();
+    ASSERT_EQ(u->outcome, lifecycle::UpdateOutcome::kCommitted) << release << " " << u->evidence.dump();
+    const std::string ev = u->evidence.dump();
+    EXPECT_NE(ev.find("\"folded\":true"), std::string::npos) << ev;
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.engine_side_installs_, 1) << release;
+    EXPECT_EQ(vllm.prefix_resets_, 0) << release << ": the reset ran inside rc_install";
+    EXPECT_TRUE(vllm.other_resets_.empty()) << release;
+    bool atomic_sent = false;
+    for (const Json& call : vllm.rpc_calls_) {
+      if (call.value("method", std::string()) == "rc_install") atomic_sent = call["kwargs"].value("atomic", false);
+    }
+    EXPECT_TRUE(atomic_sent) << release;
+    if (std::string(release) == "0.33.0") {
+      // vLLM's label came from the install call, not /update_weight_version, and VALIDATING read it.
+      EXPECT_EQ(vllm.weight_version_, "v8");
+      // Only Describe's (the fake starts unlabelled, "default": it is given the workers' v7).
+      EXPECT_EQ(vllm.weight_version_calls_, std::vector<std::string>{"v7"});
+      EXPECT_EQ(u->evidence["validated"]["label_evidence"]["vllm_weight_version"], "v8") << ev;
+    }
+  }
+}
+
+TEST(VllmFoldTest, OutOfReachOrKeepModeMakesTheSeparateCalls) {
+  // The engine core out of reach (rc_describe says so): not even asked.
+  {
+    FakeVllm vllm(Release("0.33.0"));  // engine_side false
+    HttpEngineAdapter a(Folding(vllm.url()));
+    ASSERT_TRUE(a.Describe().ok());
+    ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+    auto inst = Await(a.Install(Target(), false));
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kInstalled);
+    EXPECT_FALSE(inst->detail.contains("engine_side")) << inst->detail.dump();
+    auto reset = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
+    ASSERT_TRUE(reset.ok() && reset->success);
+    EXPECT_EQ(reset->attempts, 1);
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.prefix_resets_, 1);
+    EXPECT_EQ(vllm.engine_side_installs_, 0);
+    for (const Json& call : vllm.rpc_calls_) EXPECT_FALSE(call["kwargs"].value("atomic", false)) << call.dump();
+  }
+  // Reachable at Describe, refused at the install (a request in flight): installed the usual way,
+  // the refusal recorded, the separate calls made.
+  {
+    FakeVllm vllm(Reachable("0.33.0"));
+    HttpEngineAdapter a(Folding(vllm.url()));
+    ASSERT_TRUE(a.Describe().ok());
+    ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+    vllm.running_ = 1;
+    auto inst = Await(a.Install(Target(), false));
+    vllm.running_ = 0;
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_EQ(inst->outcome, lifecycle::InstallOutcome::kInstalled);
+    EXPECT_EQ(inst->detail["engine_side"]["folded"], false) << inst->detail.dump();
+    EXPECT_NE(inst->detail["engine_side"]["why"].get<std::string>().find("not idle"), std::string::npos);
+    EXPECT_EQ(inst->detail["vllm_weight_version_set"], "v8");
+    auto reset = Await(a.ResetCache(lifecycle::CacheKind::kPrefix));
+    ASSERT_TRUE(reset.ok() && reset->success);
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.prefix_resets_, 1);
+    EXPECT_EQ(vllm.engine_side_installs_, 0);
+    EXPECT_EQ(vllm.weight_version_calls_.back(), "v8");
+  }
+  // keep: the frozen requests' reset is the adapter's own (refused, then isolated): not folded.
+  {
+    FakeVllm vllm(Reachable("0.33.0"));
+    HttpEngineAdapter a(Folding(vllm.url()));
+    ASSERT_TRUE(a.Describe().ok());
+    ASSERT_TRUE(Await(a.PauseForUpdate(PolicyMode::kKeep)).ok());
+    auto inst = Await(a.Install(Target("v8", PolicyMode::kKeep), false));
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    EXPECT_FALSE(inst->detail.contains("engine_side")) << inst->detail.dump();
+    std::lock_guard<std::mutex> lock(vllm.mu_);
+    EXPECT_EQ(vllm.engine_side_installs_, 0);
+  }
+}
+
+TEST(VllmFoldTest, AFoldedResetThatFailsIsAFailureAfterMutation) {
+  FakeVllm vllm(Reachable("0.33.0"));
+  vllm.Script([&] { vllm.reset_answers_ = {false}; });
+  HttpEngineAdapter a(Folding(vllm.url()));
+  ASSERT_TRUE(a.Describe().ok());
+  ASSERT_TRUE(Await(a.Pause(lifecycle::PauseMode::kWait)).ok());
+  auto inst = Await(a.Install(Target(), false));
+  // Not "refused": the weights changed and the cache was not reset; the lifecycle taints on it.
+  ASSERT_FALSE(inst.ok());
+  EXPECT_EQ(inst.status().code(), StatusCode::kInternal) << inst.status().ToString();
+  EXPECT_NE(inst.status().message().find("failed_after_mutation"), std::string::npos) << inst.status().message();
 }
 
 TEST(VllmRequestIdTest, RolloutIdsAreReadBackFromVllmsInternalIds) {

@@ -45,6 +45,10 @@ struct FakeVllmConfig {
   std::string version = "0.26.0";  // GET /version; "0.33.x" switches on 0.33's behaviour
   // rc_describe's quantization per worker (empty: the key is left out, as older extensions do).
   std::vector<std::string> quantization = {};
+  // rc_install(atomic=True) reaches the engine core (vLLM's uniproc executor, TP=1): it installs,
+  // resets the prefix, multimodal and encoder caches and sets 0.33's label in the same call;
+  // false: refused untouched ("atomic install: ..."), as from a multiprocessing worker.
+  bool engine_side = false;
 };
 
 class FakeVllm {
@@ -306,6 +310,7 @@ class FakeVllm {
   std::vector<std::string> pause_queries_;
   std::vector<Json> rpc_calls_;
   int prefix_resets_ = 0;
+  int engine_side_installs_ = 0;  // rc_install(atomic=True) calls that installed and reset
   std::map<std::string, int> other_resets_;
   int completions_ = 0;
   int completions_while_paused_ = 0;
@@ -346,6 +351,9 @@ class FakeVllm {
                   {"captured", true},
                   {"data_ptrs_stable", true}};
       if (static_cast<size_t>(rank) < cfg_.quantization.size()) d["quantization"] = cfg_.quantization[rank];
+      d["install"] = Json{{"mode", "copy"},
+                          {"atomic", {{"available", cfg_.engine_side},
+                                      {"reason", cfg_.engine_side ? Json() : Json("worker in its own process")}}}};
       return d;
     }
     if (method == "rc_stage") {
@@ -361,6 +369,13 @@ class FakeVllm {
                   {"staged_digest", "00000000000000aa"}};
     }
     if (method == "rc_install") {
+      const bool atomic = kwargs.value("atomic", false);
+      if (atomic && (!cfg_.engine_side || running_.load() > 0)) {
+        return Json{{"ok", false}, {"outcome", "refused_untouched"}, {"code", "FailedPrecondition"},
+                    {"error", cfg_.engine_side ? "atomic install: the engine is not idle (1 request(s) in flight)"
+                                               : "atomic install: vLLM's engine core is not on this call's stack"},
+                    {"label", labels_[rank]}, {"generation", generations_[rank]}};
+      }
       std::string outcome = install_outcomes_.empty() ? "installed" : install_outcomes_[rank];
       Json r{{"ok", outcome == "installed"}, {"outcome", outcome}};
       if (outcome == "installed") {
@@ -383,6 +398,22 @@ class FakeVllm {
           if (d.contains(k)) r[k] = d[k];
         }
         r["digest_source"] = "fused";
+      }
+      if (atomic && outcome == "installed") {
+        // The engine half, in this call: the caches reset (as a successful /reset_prefix_cache
+        // does) and, on 0.33, vLLM's own label.
+        ++engine_side_installs_;
+        const bool ok = reset_answers_.empty() || reset_answers_.front();
+        if (!ok) {
+          // The extension: the weights are in, the cache is not reset: failed after mutation.
+          return Json{{"ok", false}, {"outcome", "failed_after_mutation"}, {"code", "Internal"},
+                      {"error", "rc_install: vLLM's reset_prefix_cache answered false after the install"},
+                      {"label", "<unknown after a failed install>"}, {"generation", generations_[rank]}};
+        }
+        if (cfg_.reset_clears) cached_ = false;
+        if (is033() && !ignore_weight_version_) weight_version_ = kwargs["version"].get<std::string>();
+        r["atomic"] = Json{{"engine", "EngineCoreProc"}, {"prefix_cache_reset", true}, {"reset_mm_cache", true},
+                           {"reset_encoder_cache", true}, {"vllm_label", is033() ? kwargs["version"] : Json()}};
       }
       return r;
     }

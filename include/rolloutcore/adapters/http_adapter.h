@@ -55,6 +55,14 @@ struct VllmOptions {
   // ("auto", "always" or "never"); empty: not sent, the worker's ROLLOUTCORE_VLLM_DELTA_POLICY or
   // never decides. `controller serve --vllm-delta-policy`.
   std::string delta_policy;
+  // `controller serve --vllm-fold-engine-calls` (docs/vllm.md "Closing the pause window"): inside
+  // the pause, rc_install(atomic=True) also resets vLLM's prefix, multimodal and encoder caches and
+  // sets vLLM 0.33's label in the same call (on the engine core's thread), instead of the adapter's
+  // /reset_prefix_cache, /reset_mm_cache, /reset_encoder_cache and /update_weight_version round
+  // trips. Only where rc_describe says the engine core is reachable (TP=1) and in the strict and
+  // abort modes (keep and recompute reset around frozen requests); otherwise, or when rc_install
+  // refuses it untouched, the separate calls as before.
+  bool fold_engine_calls = false;
   // Replay validation (docs/lifecycle.md): the log-probability bound proposed for vLLM's bf16
   // kernels against the trainer's torch f32 reference. Measured on the H200 (vLLM 0.26, TP=1,
   // tiny Qwen3, 3 versions x 4 probes x 16 steps, top-5: worst 0.060, p99 0.035, median 0.0076;
