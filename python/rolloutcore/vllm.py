@@ -696,13 +696,28 @@ def _engine_core_of(worker: Any) -> Tuple[Optional[Any], str]:
 
 
 def _engine_busy(core: Any) -> Optional[str]:
-    """Why the engine core has a step's work outstanding (None when idle)."""
+    """Why the engine core has work that an install now would split across two versions (None when
+    it has none): a running request, a waiting one that already computed tokens (preempted, or
+    holding KV), or a step in flight. A request queued and never started is not: it runs after
+    this call, on the new weights. (vLLM's own count is not used: under a keep pause it answers 0
+    with frozen requests running.)"""
     sched = core.scheduler
-    n = sched.get_num_unfinished_requests() if callable(getattr(sched, "get_num_unfinished_requests", None)) else None
-    if n:
-        return f"{n} request(s) in flight"
-    if n is None and sched.has_unfinished_requests():
-        return "requests in flight"
+    running = getattr(sched, "running", None)
+    if running is None:  # another scheduler: its own count
+        n = sched.get_num_unfinished_requests() if callable(getattr(sched, "get_num_unfinished_requests", None)) else None
+        if n:
+            return f"{n} request(s) in flight"
+        if n is None and sched.has_unfinished_requests():
+            return "requests in flight"
+    else:
+        if len(running):
+            return f"{len(running)} request(s) in flight (running)"
+        started = 0
+        for queue in (getattr(sched, "waiting", None), getattr(sched, "kv_holding_waiting", None)):
+            for r in list(queue or []):
+                started += int(getattr(r, "num_computed_tokens", 0) or 0) > 0
+        if started:
+            return f"{started} request(s) in flight (waiting with computed tokens: preempted or holding KV)"
     if getattr(core, "batch_queue", None):
         return "an engine step is in flight (batch queue)"
     return None

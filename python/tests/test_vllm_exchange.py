@@ -318,9 +318,11 @@ class EngineCore:
 
     def __init__(self, worker, unfinished: int = 0, reset_ok: bool = True) -> None:
         self.model_executor = types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=worker))
-        self.unfinished = unfinished
-        self.scheduler = types.SimpleNamespace(get_num_unfinished_requests=lambda: self.unfinished,
-                                               has_unfinished_requests=lambda: self.unfinished > 0)
+        # vLLM's scheduler queues: requests running, and waiting (never started, or preempted with
+        # computed tokens).
+        self.scheduler = types.SimpleNamespace(
+            running=[types.SimpleNamespace(num_computed_tokens=5) for _ in range(unfinished)],
+            waiting=[], kv_holding_waiting=[])
         self.batch_queue = None
         self.reset_ok = reset_ok
         self.events: List[str] = []
@@ -346,6 +348,9 @@ class EngineCore:
 
 def test_atomic_install_resets_the_engine_and_labels_it_in_the_same_call(rig):
     core = EngineCore(rig.w)
+    # A request queued and never started (it arrived during the call, or while paused) runs after
+    # the install, on the new weights: it does not block it.
+    core.scheduler.waiting.append(types.SimpleNamespace(num_computed_tokens=0))
     src = stage(rig, "v1", 8)
     (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
     assert r["ok"] and r["verified"] and r["install_path"] == "exchange", r
@@ -366,7 +371,12 @@ def test_atomic_install_is_refused_untouched_when_busy_or_out_of_reach(rig):
     core = EngineCore(rig.w, unfinished=2)
     (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
     assert not r["ok"] and r["outcome"] == "refused_untouched" and "2 request(s) in flight" in r["error"], r
-    core.unfinished, core.batch_queue = 0, [object()]
+    core.scheduler.running.clear()
+    core.scheduler.waiting.append(types.SimpleNamespace(num_computed_tokens=40))  # preempted: old KV
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and "preempted" in r["error"], r
+    core.scheduler.waiting.clear()
+    core.batch_queue = [object()]
     (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
     assert not r["ok"] and "batch queue" in r["error"], r
     r = rig.w.rc_install("v1", atomic=True)  # called from no engine core at all
