@@ -1535,7 +1535,7 @@ class Extension:
         * ``atomic=True``: in the same call, vLLM's prefix, multimodal and encoder caches are reset
           and vLLM's own weight version set, on the engine core's thread between two steps, so no
           pause is needed (docs/vllm.md "Atomic install"). Refused untouched unless the engine core
-          runs this worker in its thread and holds no request.
+          runs this worker in its thread and has no request in flight (a queued, never-started one runs after).
         """
         torch = _torch()
         st = self._rc_state()
