@@ -127,6 +127,21 @@ py::dict DigestReportDict(const receiver::DeviceDigestReport& r, const char* sou
   return out;
 }
 
+// A DevicePrepareReport as the extension reads it; `units` names what `chunks` counts.
+py::dict PrepareDict(const receiver::DevicePrepareReport& r, const char* units) {
+  py::dict out;
+  out["ok"] = r.ok;
+  if (!r.ok) {
+    out["reason"] = r.reason;
+    return out;
+  }
+  out[units] = r.chunks;
+  out["bytes"] = r.bytes;
+  out["elements"] = r.elements;
+  out["prepare_ms"] = r.prepare_ms;
+  return out;
+}
+
 // Runs `f` (a DeviceReceiver call returning Result<T>) without the GIL; raises its error.
 template <typename F>
 auto WithoutGil(F&& f) {
@@ -215,35 +230,15 @@ class PyDeviceStager final : public receiver::DeviceLiveWeights {
 
   // {ok: true, chunks, bytes, elements, prepare_ms} or {ok: false, reason}.
   py::dict PrepareInstall() {
-    const receiver::DevicePrepareReport r = WithoutGil([&] { return receiver_->PrepareInstall(); });
-    py::dict out;
-    out["ok"] = r.ok;
-    if (!r.ok) {
-      out["reason"] = r.reason;
-      return out;
-    }
-    out["chunks"] = r.chunks;
-    out["bytes"] = r.bytes;
-    out["elements"] = r.elements;
-    out["prepare_ms"] = r.prepare_ms;
-    return out;
+    return PrepareDict(WithoutGil([&] { return receiver_->PrepareInstall(); }), "chunks");
   }
 
-  // {ok: true, bytes, parameters, prepare_ms} or {ok: false, reason} (nothing kept): install by
-  // exchange, `live_after` = {live parameter: (address, bytes)} of the slabs (device_receiver.h).
+  // {ok: true, parameters, bytes, elements (0), prepare_ms} or {ok: false, reason} (nothing kept):
+  // install by exchange, `live_after` = {live parameter: (address, bytes)} of the slabs
+  // (device_receiver.h).
   py::dict PrepareExchange(const py::dict& live_after) {
     refit::DestinationBuffers after = Take(BuffersFrom(live_after, "prepare_exchange: live_after"));
-    const receiver::DevicePrepareReport r = WithoutGil([&] { return receiver_->PrepareExchange(after); });
-    py::dict out;
-    out["ok"] = r.ok;
-    if (!r.ok) {
-      out["reason"] = r.reason;
-      return out;
-    }
-    out["bytes"] = r.bytes;
-    out["parameters"] = r.chunks;
-    out["prepare_ms"] = r.prepare_ms;
-    return out;
+    return PrepareDict(WithoutGil([&] { return receiver_->PrepareExchange(after); }), "parameters");
   }
 
   // The live digest after the exchange: {tensors, content_digest, kernel_ms, digest_ms, source:
