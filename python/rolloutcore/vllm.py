@@ -56,6 +56,7 @@ in either release, starts with ``rc_`` or ``_rc_`` (checked against both release
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -99,6 +100,17 @@ def _torch():
     import torch
 
     return torch
+
+
+def _plain(torch: Any) -> Any:
+    """A context in which tensor methods skip subclasses' ``__torch_function__``. vLLM's parameters
+    (``BasevLLMParameter``) define one that only forwards, yet costs a Python round per call: ~10 us
+    on every ``data_ptr()``, ``numel()``, ``.data`` of 291 parameters, several milliseconds inside the
+    pause window (measured on the H200, 2026-12-05). The extension's own walks over the parameters
+    (addresses, sizes, storage checks, the exchange's swaps) run inside it; what vLLM computes does
+    not."""
+    ctx = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+    return ctx() if ctx is not None else contextlib.nullcontext()
 
 
 def _torch_dtype(refit_name: str):
@@ -661,14 +673,15 @@ def _alias_issue(torch: Any, params: Dict[str, Any], names: Iterable[str]) -> Op
     storage has more references than a fresh Parameter's."""
     probe = torch.nn.Parameter(torch.empty(1), requires_grad=False)
     base = _use_count(torch, probe)
-    for n in names:
-        p = params[n]
-        if p.storage_offset() != 0 or not p.is_contiguous() or \
-                p.untyped_storage().nbytes() != p.numel() * p.element_size():
-            return f"{n}: not the whole of its own contiguous storage"
-        extra = _use_count(torch, p) - base
-        if extra > 0:
-            return f"{n}: {extra} other reference(s) to its storage (a tensor sharing it)"
+    with _plain(torch):
+        for n in names:
+            p = params[n]
+            if p.storage_offset() != 0 or not p.is_contiguous() or \
+                    p.untyped_storage().nbytes() != p.numel() * p.element_size():
+                return f"{n}: not the whole of its own contiguous storage"
+            extra = _use_count(torch, p) - base
+            if extra > 0:
+                return f"{n}: {extra} other reference(s) to its storage (a tensor sharing it)"
     return None
 
 
@@ -1194,7 +1207,8 @@ class Extension:
     def _rc_views(st: _State) -> List[Any]:
         """The staging views (rebuilt from the slabs after an exchange dropped them)."""
         if st.staging_views is None:
-            st.staging_views = Extension._rc_slab_views(st.capture, st.slabs)
+            with _plain(_torch()):
+                st.staging_views = Extension._rc_slab_views(st.capture, st.slabs)
         return st.staging_views
 
     @staticmethod
@@ -1213,9 +1227,10 @@ class Extension:
     def _rc_live_buffers(st: _State) -> Dict[str, Tuple[int, int]]:
         params = st.capture.params
         out = {}
-        for c in st.capture.copies:
-            p = params[c["param_name"]]
-            out[c["param_name"]] = (p.data_ptr(), p.numel() * p.element_size())
+        with _plain(_torch()):
+            for c in st.capture.copies:
+                p = params[c["param_name"]]
+                out[c["param_name"]] = (p.data_ptr(), p.numel() * p.element_size())
         return out
 
     def _rc_digest_live(self, st: _State) -> Dict[str, Any]:
@@ -1227,8 +1242,9 @@ class Extension:
 
     @staticmethod
     def _rc_staging_buffers(st: _State) -> Dict[str, Tuple[int, int]]:
-        return {f"rc.staging.{i}": (v.data_ptr(), v.numel() * v.element_size())
-                for i, v in enumerate(Extension._rc_views(st))}
+        views = Extension._rc_views(st)
+        with _plain(_torch()):
+            return {f"rc.staging.{i}": (v.data_ptr(), v.numel() * v.element_size()) for i, v in enumerate(views)}
 
     def _rc_digest_fields(self, st: _State, d: Dict[str, Any], per_tensor: bool) -> Dict[str, Any]:
         """The digest part of rc_digest's reply for the live digest ``d`` (also part of rc_install's)."""
@@ -1475,7 +1491,7 @@ class Extension:
         swapped: List[str] = []
         st.staging_views = None
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _plain(torch):
                 for n in st.slabs:
                     p = params[n]
                     old = p.data
@@ -1484,7 +1500,7 @@ class Extension:
                     swapped.append(n)
             return dict(st.stager.complete_exchange(reread=reread)), None
         except Exception as e:  # noqa: BLE001 - undone below and reported
-            with torch.no_grad():
+            with torch.no_grad(), _plain(torch):
                 for n in reversed(swapped):
                     p = params[n]
                     cur = p.data
@@ -1588,7 +1604,8 @@ class Extension:
                             mutated = False  # every parameter has its storage back
                         else:
                             path = "exchange"
-                            nbytes = sum(p.numel() * p.element_size() for p in (params[n] for n in st.slabs))
+                            with _plain(torch):
+                                nbytes = sum(p.numel() * p.element_size() for p in (params[n] for n in st.slabs))
                             if st.faults.get("install_sleep_ms"):
                                 time.sleep(st.faults["install_sleep_ms"] / 1e3)
                             install_ms = (time.perf_counter() - t0) * 1e3

@@ -678,11 +678,24 @@ def versus_summary(rc_rows: List[Dict[str, Any]], native_rows: List[Dict[str, An
         memory[path] = {"first_update_growth_mib": g[0]["mib"] if g else None,
                         "later_updates_growth_mib_max": max(later) if later else None,
                         "ruler": next((x["ruler"] for x in g if x["ruler"]), None)}
+    # Several --window variants taken in turn: each against vLLM's path on its own (each variant's
+    # first cycle left out, as window_summary does); "median_ms" mixes them.
+    by_window: Dict[str, Any] = {}
+    variants = list(dict.fromkeys(r["window"] for r in rc_rows if r.get("window")))
+    if len(variants) > 1:
+        for w in variants:
+            kept = [r for r in rc_rows if r.get("window") == w][warmup:]
+            m = {key: median([r[key] for r in kept if r.get(key) is not None])
+                 for key, _ in VERSUS_METRICS if any(r.get(key) is not None for r in kept)}
+            by_window[w] = {"n": len(kept), "median_ms": m,
+                            "rolloutcore_over_native": {k: round(x / med["native"][k], 3) for k, x in m.items()
+                                                        if med["native"].get(k)}}
     return {
         "warmup_cycles_left_out": warmup,
         "measured_cycles": {"rolloutcore": len(rc_rows[warmup:]), "native": len(native_rows[warmup:])},
         "median_ms": med,
         "rolloutcore_over_native": ratio,
+        "rolloutcore_by_window": by_window,
         "rolloutcore_proved": {
             "cycles": len(rc_rows),
             "live_digest_equals_manifest": sum(1 for r in rc_rows if r.get("digest_equals_manifest") is True),
@@ -718,6 +731,16 @@ def versus_table(vs: Dict[str, Any]) -> List[str]:
         if a is None and b is None:
             continue
         lines.append(f"{label:<{w}} {_fmt(a, 2):>12} {_fmt(b, 2):>12} {_fmt(ratio.get(key), 3):>10}")
+    by_window = vs.get("rolloutcore_by_window") or {}
+    if by_window:
+        lines[0] += f"; rolloutcore ran {len(by_window)} --window variants in turn, mixed in the column above"
+        lines.append("per --window variant (each one's first cycle left out): pause window / weights ready -> first "
+                     "token, ms, and rc/native")
+        for variant, x in by_window.items():
+            m, r = x["median_ms"], x["rolloutcore_over_native"]
+            lines.append(f"  {variant:<28} n={x['n']:<3} window {_fmt(m.get('pause_window_ms'), 2):>8} "
+                         f"({_fmt(r.get('pause_window_ms'), 3)})  ready->serving "
+                         f"{_fmt(m.get('ready_to_serving_ms'), 2):>8} ({_fmt(r.get('ready_to_serving_ms'), 3)})")
     mem = vs["gpu_memory"]
     staging = vs.get("rolloutcore_staging_bytes")
     lines.append(f"{'GPU MiB: staging kept between updates':<{w}} {_fmt(staging and staging / 2**20):>12} {'-':>12}")

@@ -183,6 +183,29 @@ def test_versus_summary_one_wrong_native_update_makes_it_false():
     assert vb.versus_summary([rc_row(1, 1.0, 1.0)], [])["native_weights_correct"] is False
 
 
+def test_versus_summary_and_table_split_the_window_variants():
+    rc = []
+    for k in range(1, 7):  # serial:copy and atomic:exchange in turn
+        r = rc_row(k, 30.0 + k if k % 2 else 10.0 + k, 190.0 if k % 2 else 170.0)
+        r["window"] = "serial:copy" if k % 2 else "atomic:exchange"
+        rc.append(r)
+    nat = [native_row(k, 1000.0, 1000.0) for k in range(1, 7)]
+    s = vb.versus_summary(rc, nat)
+    bw = s["rolloutcore_by_window"]
+    assert list(bw) == ["serial:copy", "atomic:exchange"]
+    assert bw["serial:copy"]["n"] == 2 and bw["serial:copy"]["median_ms"]["pause_window_ms"] == 34.0  # 33, 35
+    assert bw["atomic:exchange"]["median_ms"]["pause_window_ms"] == 15.0  # 14, 16 (12 left out)
+    assert bw["atomic:exchange"]["rolloutcore_over_native"]["pause_window_ms"] == 0.015
+    vs = {"shape": "8b", "bytes": 1, "tensors": 1, "vllm_version": "0.33.0", "pause_call": "pause", "error": None}
+    vs.update(s)
+    lines = vb.versus_table(vs)
+    assert "2 --window variants in turn, mixed in the column above" in lines[0]
+    row = next(ln for ln in lines if ln.strip().startswith("atomic:exchange"))
+    assert "n=2" in row and "window    15.00 (0.015)" in row and "ready->serving   170.00 (0.170)" in row
+    # One variant: no split.
+    assert vb.versus_summary([rc_row(1, 1.0, 1.0)], nat)["rolloutcore_by_window"] == {}
+
+
 def test_versus_table():
     rc = [rc_row(k, 30.0, 190.0) for k in range(1, 4)]
     nat = [native_row(k, 1000.0, 1000.0) for k in range(1, 4)]

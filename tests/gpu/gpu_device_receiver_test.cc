@@ -432,7 +432,8 @@ TEST(DeviceReceiverTest, ExchangesTheStagedSlabsForTheLiveParameters) {
       src.data = v.data();
       ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), src).ok());
     }
-    ASSERT_TRUE(pub.Publish(fmt::format("v{}", k)).ok());
+    auto r = pub.Publish(fmt::format("v{}", k));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
   };
   auto copy = [](const std::string& src, const refit::Shape& shape, uint32_t param, int64_t offset) {
     refit::CapturedCopy c;
