@@ -769,6 +769,7 @@ class _State:
         self.staged_mode: Optional[str] = None
         self.staged_policy: Optional[str] = None
         self.exchange: Optional[Dict[str, Any]] = None
+        self.exchange_swaps_ms = 0.0  # the last exchange's pointer swaps (rc_install's worker split)
 
 
 class Extension:
@@ -1490,6 +1491,7 @@ class Extension:
         params = st.capture.params
         swapped: List[str] = []
         st.staging_views = None
+        t0 = time.perf_counter()
         try:
             with torch.no_grad(), _plain(torch):
                 for n in st.slabs:
@@ -1498,6 +1500,7 @@ class Extension:
                     p.data = st.slabs[n]
                     st.slabs[n] = old
                     swapped.append(n)
+            st.exchange_swaps_ms = (time.perf_counter() - t0) * 1e3
             return dict(st.stager.complete_exchange(reread=reread)), None
         except Exception as e:  # noqa: BLE001 - undone below and reported
             with torch.no_grad(), _plain(torch):
@@ -1600,6 +1603,10 @@ class Extension:
                         mutated = True
                         d, exchange_refused = self._rc_exchange(st, reread=vmode == "reread")
                         lap("exchange_and_proof")
+                        if d is not None:
+                            # The pointer swaps, and the rest: complete_exchange (the proof).
+                            split["exchange_swaps"] = st.exchange_swaps_ms
+                            split["exchange_proof"] = split.pop("exchange_and_proof") - st.exchange_swaps_ms
                         if d is None:
                             mutated = False  # every parameter has its storage back
                         else:

@@ -243,7 +243,8 @@ def test_exchange_installs_the_staged_bytes_without_copying_and_alternates_stora
     assert {n: p.data_ptr() for n, p in rig.params.items()} == slabs
     assert {n: t.data_ptr() for n, t in rig.st.slabs.items()} == before
     assert r["label"] == "v1" and r["generation"] == 1 and r["content_digest"]
-    assert set(r["worker_split_ms"]) == {"checks", "synchronize", "exchange_and_proof", "fp8_and_label", "reply"}
+    assert set(r["worker_split_ms"]) == {"checks", "synchronize", "exchange_swaps", "exchange_proof", "fp8_and_label",
+                                        "reply"}
     # The next version stages into the old storages while v1 serves, and exchanges back.
     src2 = stage(rig, "v2", 2)
     expect_live(rig, src)  # staging v2 did not touch the live v1

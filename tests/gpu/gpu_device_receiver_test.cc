@@ -33,6 +33,7 @@
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
+#include "rolloutcore/transport/shm.h"
 
 namespace rc::receiver {
 namespace {
@@ -210,6 +211,25 @@ struct ShmPublishing {
     pub = std::make_unique<trainer::Publisher>(transport.get(), store.get(), "m", 0, 1, po);
   }
   ~ShmPublishing() { server.Stop(); }
+  // A whole bf16 tensor `name` of `shape` holding `bits`, in shm memory (the shm transport shares
+  // memfd memory: a shard's bytes must live in a ShmBuffer, which the source keeps alive).
+  static trainer::ShardSource Source(const std::string& name, const refit::Shape& shape,
+                                     const std::vector<uint16_t>& bits) {
+    trainer::ShardSource src;
+    auto created = transport::ShmBuffer::Create(bits.size() * 2);
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    if (!created.ok()) return src;
+    auto buf = std::make_shared<transport::ShmBuffer>(std::move(created).value());
+    std::memcpy(buf->data(), bits.data(), bits.size() * 2);
+    src.name = name;
+    src.dtype = refit::DType::kBF16;
+    src.global_shape = shape;
+    src.offset = refit::Shape(shape.size(), 0);
+    src.local_shape = shape;
+    src.data = buf->data();
+    src.keep_alive = buf;
+    return src;
+  }
   // A stage request of "v<k>" of model "m" from this directory.
   DeviceStageRequest Request(int k, DeltaPolicy policy) const {
     DeviceStageRequest q{server.url(), std::string("m"), fmt::format("v{}", k)};
@@ -247,13 +267,8 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   versions["b"].push_back(next(std::vector<uint16_t>(3000), 1.0));
   auto publish = [&](int k) {
     for (const auto& [name, shape] : {std::pair{std::string("a"), sa}, std::pair{std::string("b"), sb}}) {
-      trainer::ShardSource src;
-      src.name = name;
-      src.global_shape = shape;
-      src.offset = refit::Shape(shape.size(), 0);
-      src.local_shape = shape;
-      src.data = versions[name][static_cast<size_t>(k)].data();
-      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), src).ok());
+      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), ShmPublishing::Source(name, shape, versions[name][static_cast<size_t>(k)]))
+                      .ok());
     }
     auto r = pub.Publish(fmt::format("v{}", k));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -424,13 +439,7 @@ TEST(DeviceReceiverTest, ExchangesTheStagedSlabsForTheLiveParameters) {
       for (int64_t x : shape) numel *= static_cast<size_t>(x);
       v.resize(numel);
       for (auto& x : v) x = static_cast<uint16_t>(0x3c00 + rng() % 0x0400);
-      trainer::ShardSource src;
-      src.name = name;
-      src.global_shape = shape;
-      src.offset = refit::Shape(shape.size(), 0);
-      src.local_shape = shape;
-      src.data = v.data();
-      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), src).ok());
+      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), ShmPublishing::Source(name, shape, v)).ok());
     }
     auto r = pub.Publish(fmt::format("v{}", k));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
