@@ -177,7 +177,9 @@ class Publisher:
         ``dtype`` reinterprets raw bits of the same width (a uint16 array as ``"bf16"``); with
         ``copy=True`` it converts instead. Geometry is checked at once (box inside the tensor, no
         overlap with this rank's other shards of it, same dtype and global shape as earlier
-        shards): InvalidArgumentError naming the tensor, rank and version.
+        shards): InvalidArgumentError naming the tensor, rank and version. The bytes are read
+        (digested) at :meth:`publish`, not here; a CUDA tensor's digest runs on its GPU, one launch
+        for every CUDA shard of the version.
         """
         if copy:
             array, dtype = self._copy_to_shared(array, dtype)

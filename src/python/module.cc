@@ -117,6 +117,32 @@ struct ShardRecord {
   bool published = false;
 };
 
+#ifdef ROLLOUTCORE_WITH_CUDA
+// PublisherOptions::device_digester: every shard's DigestBlock on its GPU, one kernel launch per
+// device over all of that device's shards (one launch per shard cost ~0.25 ms each, 0.2 s for a
+// two-rank 8B model of 399 tensors).
+Result<std::vector<uint64_t>> DigestDeviceShards(const std::vector<const trainer::ShardSource*>& shards) {
+  std::map<int32_t, std::vector<size_t>> by_device;
+  for (size_t i = 0; i < shards.size(); ++i) by_device[shards[i]->device].push_back(i);
+  std::vector<uint64_t> out(shards.size());
+  for (const auto& [device, idx] : by_device) {
+    std::vector<cuda::DeviceBlock> blocks;
+    blocks.reserve(idx.size());
+    for (size_t i : idx) {
+      const trainer::ShardSource& s = *shards[i];
+      blocks.push_back(cuda::DeviceBlock{s.name, s.dtype, s.global_shape, refit::Box{s.offset, s.local_shape}, s.data});
+    }
+    RC_ASSIGN_OR_RETURN(cuda::DeviceDigest digest, cuda::DeviceDigest::ForBlocks(blocks, device));
+    RC_ASSIGN_OR_RETURN(std::vector<uint64_t> sums, digest.RunSlots());
+    if (sums.size() != idx.size()) {
+      return Internal(fmt::format("device {}: {} digests for {} shards", device, sums.size(), idx.size()));
+    }
+    for (size_t k = 0; k < idx.size(); ++k) out[idx[k]] = sums[k];
+  }
+  return out;
+}
+#endif
+
 class PyPublisher {
  public:
   PyPublisher(std::string directory, std::string model, int32_t rank, int32_t world_size, std::string transport,
@@ -132,6 +158,10 @@ class PyPublisher {
     options.lease_ttl_ms = lease_ttl_ms;
     options.keepalive_interval_ms = keepalive_interval_ms;
     options.delta = delta;
+#ifdef ROLLOUTCORE_WITH_CUDA
+    // Device shards are digested at Publish, all of a version in one launch per device.
+    options.device_digester = DigestDeviceShards;
+#endif
     publisher_ =
         std::make_unique<trainer::Publisher>(transport_.get(), directory_.get(), model_, rank, world_size, options);
   }
@@ -170,22 +200,10 @@ class PyPublisher {
                                           "reads host memory only; publish with transport='cuda_ipc'",
                                           what, mem.device, transport_->name())));
       }
-      // The digest is computed where the bytes live (no host copy of the model).
-      cuda::DeviceBlock block{name, s.dtype, s.global_shape, refit::Box{s.offset, s.local_shape}, s.data};
-      std::vector<uint64_t> sums;
-      {
-        py::gil_scoped_release nogil;
-        auto digest = cuda::DeviceDigest::ForBlocks(std::span<const cuda::DeviceBlock>(&block, 1), mem.device);
-        auto r = digest.ok() ? digest->RunSlots() : Result<std::vector<uint64_t>>(digest.status());
-        if (!r.ok()) {
-          py::gil_scoped_acquire gil;
-          Raise(r.status().WithContext(what));
-        }
-        sums = std::move(*r);
-      }
+      // The digest is computed where the bytes live (no host copy of the model), at Publish, for
+      // every device shard of the version at once (DigestDeviceShards).
       s.memory_kind = transport::MemoryKind::kDevice;
       s.device = mem.device;
-      s.digest = sums.at(0);
 #else
       Raise(InvalidArgument(what + ": device memory needs a CUDA build of rolloutcore._core"));
 #endif

@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <span>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -155,6 +158,108 @@ TEST_F(PublisherTest, TwoRanksCommitAndShardsReadBackWithTheirDigests) {
   ASSERT_TRUE(digests.ok());
   EXPECT_EQ(digests->at("w"), refit::DigestBlock(DType::kBF16, shape, refit::FullBox(shape), full.data()));
   EXPECT_EQ(m->content_digest, r1->result.content_digest);
+}
+
+// A transport that takes "device" regions as host memory: the device-shard paths of the Publisher
+// run on the CPU (the bytes are host memory the test digests itself).
+class DeviceAsHost final : public transport::Transport {
+ public:
+  explicit DeviceAsHost(transport::Transport* inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_->name(); }
+  transport::Capabilities capabilities() const override {
+    transport::Capabilities c = inner_->capabilities();
+    c.device_memory = true;
+    return c;
+  }
+  Clock& clock() const override { return inner_->clock(); }
+  Result<transport::Registration> RegisterMemory(const transport::MemoryRegion& region) override {
+    transport::MemoryRegion host = region;
+    host.kind = transport::MemoryKind::kHost;
+    host.device = -1;
+    return inner_->RegisterMemory(host);
+  }
+  Status Deregister(uint64_t id) override { return inner_->Deregister(id); }
+  Result<transport::RemoteMemory> Import(std::string_view d) override { return inner_->Import(d); }
+  Status ReleaseRemote(const transport::RemoteMemory& r) override { return inner_->ReleaseRemote(r); }
+  Result<std::unique_ptr<transport::Transfer>> PostReads(std::span<const transport::ReadOp> ops) override {
+    return inner_->PostReads(ops);
+  }
+
+ private:
+  transport::Transport* inner_;
+};
+
+// PublisherOptions::device_digester: every device shard added without a digest is digested in one
+// call at Publish (host shards and shards with a digest are not passed); its failure or a wrong
+// count fails the publish, names it, and leaves the version staged to retry.
+TEST_F(PublisherTest, DeviceShardsWithoutADigestAreDigestedInOneCallAtPublish) {
+  DeviceAsHost device(transport_.get());
+  int calls = 0;
+  size_t passed = 0;
+  int mode = 0;  // 0: digest, 1: fail, 2: one digest short
+  PublisherOptions o;
+  o.device_digester = [&](const std::vector<const ShardSource*>& shards) -> Result<std::vector<uint64_t>> {
+    ++calls;
+    passed = shards.size();
+    if (mode == 1) return Unavailable("cudaErrorLaunchFailure");
+    std::vector<uint64_t> out;
+    for (const ShardSource* s : shards) {
+      EXPECT_EQ(s->memory_kind, transport::MemoryKind::kDevice) << s->name;
+      out.push_back(refit::DigestBlock(s->dtype, s->global_shape, refit::Box{s->offset, s->local_shape}, s->data));
+    }
+    if (mode == 2) out.pop_back();
+    return out;
+  };
+  Publisher p(&device, store_.get(), "m", 0, 1, o);
+  const Shape shape = {8, 4};
+  const std::vector<uint16_t> w = Pattern(32, 300), n = Pattern(4, 7), h = Pattern(6, 50);
+  ShardSource a = Rows("w", shape, 0, 8, w.data());
+  a.memory_kind = transport::MemoryKind::kDevice;
+  a.device = 0;
+  ShardSource b = Rows("n", {4}, 0, 4, n.data());
+  b.memory_kind = transport::MemoryKind::kDevice;
+  b.device = 0;
+  ASSERT_TRUE(p.AddShard("v0", a).ok());
+  ASSERT_TRUE(p.AddShard("v0", b).ok());
+  ASSERT_TRUE(p.AddShard("v0", Rows("h", {6}, 0, 6, h.data())).ok());  // host: the Publisher digests it
+
+  mode = 1;
+  auto failed = p.Publish("v0");
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable) << failed.status().ToString();
+  EXPECT_NE(failed.status().ToString().find("rank 0 digesting 2 device shards of version v0"), std::string::npos)
+      << failed.status().ToString();
+  mode = 2;
+  auto short_answer = p.Publish("v0");
+  ASSERT_FALSE(short_answer.ok());
+  EXPECT_EQ(short_answer.status().code(), StatusCode::kInternal) << short_answer.status().ToString();
+  EXPECT_NE(short_answer.status().ToString().find("answered 1 digests for 2 shards"), std::string::npos)
+      << short_answer.status().ToString();
+  EXPECT_FALSE(p.IsPublished("v0"));
+
+  mode = 0;
+  calls = 0;
+  auto r = p.Publish("v0");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(passed, 2u);
+  EXPECT_EQ(r->result.state, directory::VersionState::kCommitted);
+  auto m = store_->Get("m", "v0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto digests = refit::TensorDigestsFromShards(*m);
+  ASSERT_TRUE(digests.ok());
+  EXPECT_EQ(digests->at("w"), refit::DigestBlock(DType::kBF16, shape, refit::FullBox(shape), w.data()));
+  EXPECT_EQ(digests->at("n"), refit::DigestBlock(DType::kBF16, {4}, refit::FullBox({4}), n.data()));
+  EXPECT_EQ(digests->at("h"), refit::DigestBlock(DType::kBF16, {6}, refit::FullBox({6}), h.data()));
+
+  // Without a digester a device shard without a digest is refused, named.
+  Publisher plain(&device, store_.get(), "m2", 0, 1);
+  ASSERT_TRUE(plain.AddShard("v0", a).ok());
+  auto refused = plain.Publish("v0");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().ToString().find("tensor w of version v0: a shard in device memory needs its digest"),
+            std::string::npos)
+      << refused.status().ToString();
 }
 
 // FP8 parts (PublisherOptions::fp8_quantizations): each rank publishes its shards' parts, and the

@@ -90,7 +90,8 @@ struct ShardSource {
   std::shared_ptr<const void> keep_alive;
   // The box's content digest (refit::DigestBlock), computed by the caller where the bytes live.
   // Required for device memory (the Publisher reads only host memory; e.g. rc::cuda::DeviceDigest
-  // computes it on the GPU); ignored for host memory, whose digest the Publisher computes itself.
+  // computes it on the GPU) unless PublisherOptions::device_digester computes it at Publish;
+  // ignored for host memory, whose digest the Publisher computes itself.
   std::optional<uint64_t> digest;
   // The shard's parts of the FP8 images engines compute from it (refit::ShardInfo::fp8, keyed by
   // quantization; fp8_parts.h computes them). Set by the caller for device memory, or attached
@@ -100,6 +101,9 @@ struct ShardSource {
 
   uint64_t bytes() const;
 };
+
+// Digests (refit::DigestBlock) of device shards, one per shard in order (PublisherOptions::device_digester).
+using DeviceDigester = std::function<Result<std::vector<uint64_t>>(const std::vector<const ShardSource*>& shards)>;
 
 struct PublisherOptions {
   int64_t lease_ttl_ms = 30'000;
@@ -126,6 +130,11 @@ struct PublisherOptions {
   // The model's tensors (name, dtype, global shape), for a rank that holds no shard of some part of
   // a fused parameter (fsdp over more ranks than a k_proj has rows): fp8_parts.h's `model`.
   std::vector<refit::TensorSpec> fp8_model = {};
+  // Computes, in one call at Publish, the digest of every device shard of the version added
+  // without one (ShardSource::digest unset), over the bytes as they are at Publish: one GPU launch
+  // for the whole version instead of one per shard (a model has hundreds). Without it such a shard
+  // fails the publish (InvalidArgument naming it).
+  DeviceDigester device_digester = nullptr;
 };
 
 // One FP8 part a caller computed for a staged shard (Publisher::AttachFp8Parts).
