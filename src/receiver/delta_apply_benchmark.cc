@@ -9,6 +9,7 @@
 #include <random>
 
 #include "receiver/delta_apply.h"
+#include "receiver/device_delta.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 
@@ -146,6 +147,18 @@ void BM_DeltaSequence(benchmark::State& state) {
                                                                    benchmark::Counter::kInvert);
 }
 
+// The host side of a GPU delta stage (device_delta.h): the task table and the one bodies buffer
+// the kernel reads, built from the planned delta; ms per build (the table the receiver uploads).
+void BM_BuildDeviceDeltaTable(benchmark::State& state) {
+  Setup& s = Get(static_cast<int>(state.range(0)));
+  for (auto _ : state) {
+    auto t = BuildDeviceDeltaTable(s.staged, s.manifest, 0, s.caps[0], s.live[0]);
+    if (!t.ok()) state.SkipWithError(t.status().ToString().c_str());
+    benchmark::DoNotOptimize(t);
+  }
+}
+
+BENCHMARK(BM_BuildDeviceDeltaTable)->Arg(10)->Arg(100)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DeltaSequence)->Args({10, 1})->Args({100, 1})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DeltaStagePass)->Args({10, 1})->Args({10, 2})->Args({100, 1})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DeltaStagingApply)->Args({10, 1})->Args({10, 2})->Args({100, 1})->Unit(benchmark::kMillisecond);
