@@ -145,7 +145,7 @@ Result<std::vector<uint64_t>> DigestDeviceShards(const std::vector<const trainer
 
 class PyPublisher {
  public:
-  PyPublisher(std::string directory, std::string model, int32_t rank, int32_t world_size, std::string transport,
+  PyPublisher(std::string directory, std::string model, int32_t rank, int32_t world_size, const std::string& transport,
               int64_t lease_ttl_ms, int64_t keepalive_interval_ms, bool delta)
       : model_(std::move(model)), rank_(rank), world_size_(world_size) {
     if (world_size < 1) Raise(InvalidArgument(fmt::format("world_size must be >= 1, got {}", world_size)));
@@ -257,7 +257,7 @@ class PyPublisher {
       out.push_back(trainer::Fp8ShardPart{std::get<0>(t), std::get<1>(t), std::get<2>(t),
                                           refit::Fp8ImageDigest{std::get<3>(t), std::get<4>(t)}});
     }
-    Check(publisher_->AttachFp8Parts(version, std::move(out)));
+    Check(publisher_->AttachFp8Parts(version, out));
   }
 
   py::dict Publish(const std::string& version, bool empty) {

@@ -267,8 +267,8 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   versions["b"].push_back(next(std::vector<uint16_t>(3000), 1.0));
   auto publish = [&](int k) {
     for (const auto& [name, shape] : {std::pair{std::string("a"), sa}, std::pair{std::string("b"), sb}}) {
-      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), ShmPublishing::Source(name, shape, versions[name][static_cast<size_t>(k)]))
-                      .ok());
+      const std::vector<uint16_t>& bits = versions[name][static_cast<size_t>(k)];
+      ASSERT_TRUE(pub.AddShard(fmt::format("v{}", k), ShmPublishing::Source(name, shape, bits)).ok());
     }
     auto r = pub.Publish(fmt::format("v{}", k));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
