@@ -121,7 +121,7 @@ struct ShardRecord {
 // PublisherOptions::device_digester: every shard's DigestBlock on its GPU, one kernel launch per
 // device over all of that device's shards (one launch per shard cost ~0.25 ms each, 0.2 s for a
 // two-rank 8B model of 399 tensors).
-Result<std::vector<uint64_t>> DigestDeviceShards(const std::vector<const trainer::ShardSource*>& shards) {
+Result<std::vector<uint64_t>> DigestShardsOnTheirGpus(const std::vector<const trainer::ShardSource*>& shards) {
   std::map<int32_t, std::vector<size_t>> by_device;
   for (size_t i = 0; i < shards.size(); ++i) by_device[shards[i]->device].push_back(i);
   std::vector<uint64_t> out(shards.size());
@@ -160,7 +160,7 @@ class PyPublisher {
     options.delta = delta;
 #ifdef ROLLOUTCORE_WITH_CUDA
     // Device shards are digested at Publish, all of a version in one launch per device.
-    options.device_digester = DigestDeviceShards;
+    options.device_digester = DigestShardsOnTheirGpus;
 #endif
     publisher_ =
         std::make_unique<trainer::Publisher>(transport_.get(), directory_.get(), model_, rank, world_size, options);
@@ -201,7 +201,7 @@ class PyPublisher {
                                           what, mem.device, transport_->name())));
       }
       // The digest is computed where the bytes live (no host copy of the model), at Publish, for
-      // every device shard of the version at once (DigestDeviceShards).
+      // every device shard of the version at once (DigestShardsOnTheirGpus).
       s.memory_kind = transport::MemoryKind::kDevice;
       s.device = mem.device;
 #else

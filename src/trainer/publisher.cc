@@ -353,6 +353,36 @@ Result<directory::PublishResult> Publisher::ResolveOutcome(directory::PublishReq
       options_.outcome_timeout_ms, what, rank_, last.ToString()));
 }
 
+// Device shards added without a digest: all of them digested in one call (where they live), at
+// Publish (PublisherOptions::device_digester).
+Status Publisher::DigestDeviceShards(std::string_view version, std::vector<StagedShard>& shards,
+                                     PublishReport* report) {
+  if (!options_.device_digester) return OkStatus();
+  std::vector<StagedShard*> pending;
+  for (StagedShard& s : shards) {
+    if (s.registration_id == 0 && s.source.memory_kind != transport::MemoryKind::kHost && !s.source.digest) {
+      pending.push_back(&s);
+    }
+  }
+  if (pending.empty()) return OkStatus();
+  const int64_t t0 = NowNs();
+  std::vector<const ShardSource*> sources;
+  sources.reserve(pending.size());
+  for (const StagedShard* s : pending) sources.push_back(&s->source);
+  auto sums = options_.device_digester(sources);
+  if (!sums.ok()) {
+    return sums.status().WithContext(
+        fmt::format("rank {} digesting {} device shards of version {}", rank_, pending.size(), version));
+  }
+  if (sums->size() != pending.size()) {
+    return Internal(fmt::format("rank {} version {}: the device digester answered {} digests for {} shards", rank_,
+                                version, sums->size(), pending.size()));
+  }
+  for (size_t i = 0; i < pending.size(); ++i) pending[i]->source.digest = (*sums)[i];
+  report->digest_ns += NowNs() - t0;
+  return OkStatus();
+}
+
 Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allow_create) {
   std::vector<StagedShard> shards;
   std::vector<refit::Probe> probes;
@@ -402,32 +432,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     if (!f.ok()) return fail(f);
     report.fp8_ns = NowNs() - t0;
   }
-  // Device shards added without a digest: all of them digested in one call (where they live).
-  if (options_.device_digester) {
-    std::vector<StagedShard*> pending;
-    for (StagedShard& s : shards) {
-      if (s.registration_id == 0 && s.source.memory_kind != transport::MemoryKind::kHost && !s.source.digest) {
-        pending.push_back(&s);
-      }
-    }
-    if (!pending.empty()) {
-      const int64_t t0 = NowNs();
-      std::vector<const ShardSource*> sources;
-      sources.reserve(pending.size());
-      for (const StagedShard* s : pending) sources.push_back(&s->source);
-      auto sums = options_.device_digester(sources);
-      if (!sums.ok()) {
-        return fail(sums.status().WithContext(
-            fmt::format("rank {} digesting {} device shards of version {}", rank_, pending.size(), version)));
-      }
-      if (sums->size() != pending.size()) {
-        return fail(Internal(fmt::format("rank {} version {}: the device digester answered {} digests for {} shards",
-                                         rank_, version, sums->size(), pending.size())));
-      }
-      for (size_t i = 0; i < pending.size(); ++i) pending[i]->source.digest = (*sums)[i];
-      report.digest_ns += NowNs() - t0;
-    }
-  }
+  if (Status d = DigestDeviceShards(version, shards, &report); !d.ok()) return fail(d);
   // Register and digest (shards of an unresolved version are registered already, and must keep
   // their handles). Shards of one tensor share a table; tables keep first-seen order.
   std::map<std::string, size_t, std::less<>> table_index;

@@ -267,6 +267,9 @@ class Publisher {
   };
   // Fills ShardSource::fp8 of host shards for every PublisherOptions::fp8_quantizations entry.
   Status ComputeFp8Parts(std::string_view version, std::vector<StagedShard>& shards);
+  // PublisherOptions::device_digester over the version's unregistered device shards without a digest.
+  [[nodiscard]] Status DigestDeviceShards(std::string_view version, std::vector<StagedShard>& shards,
+                                          PublishReport* report);
   // A shard's bytes as last published (delta publishing).
   struct PreviousShard {
     refit::DType dtype = refit::DType::kBF16;
