@@ -769,7 +769,6 @@ class _State:
         self.staged_mode: Optional[str] = None
         self.staged_policy: Optional[str] = None
         self.exchange: Optional[Dict[str, Any]] = None
-        self.exchange_swaps_ms = 0.0  # the last exchange's pointer swaps (rc_install's worker split)
 
 
 class Extension:
@@ -1483,7 +1482,8 @@ class Extension:
             return "prepare_exchange: " + str((st.exchange or {}).get("reason", "not run for this stage"))
         return _alias_issue(_torch(), st.capture.params, list(st.slabs))
 
-    def _rc_exchange(self, st: _State, reread: bool) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    def _rc_exchange(self, st: _State, reread: bool,
+                     lap: Any = lambda name: None) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         """Points every live parameter at its staged slab and keeps the old storage as the next slab,
         then has the stager prove the live weights. On any failure every parameter gets its storage
         back (nothing live changed) and the reason is returned instead of a digest."""
@@ -1491,7 +1491,6 @@ class Extension:
         params = st.capture.params
         swapped: List[str] = []
         st.staging_views = None
-        t0 = time.perf_counter()
         try:
             with torch.no_grad(), _plain(torch):
                 for n in st.slabs:
@@ -1500,8 +1499,10 @@ class Extension:
                     p.data = st.slabs[n]
                     st.slabs[n] = old
                     swapped.append(n)
-            st.exchange_swaps_ms = (time.perf_counter() - t0) * 1e3
-            return dict(st.stager.complete_exchange(reread=reread)), None
+            lap("exchange_swaps")
+            d = dict(st.stager.complete_exchange(reread=reread))
+            lap("exchange_proof")
+            return d, None
         except Exception as e:  # noqa: BLE001 - undone below and reported
             with torch.no_grad(), _plain(torch):
                 for n in reversed(swapped):
@@ -1601,18 +1602,13 @@ class Extension:
                         torch.cuda.synchronize()
                         lap("synchronize")
                         mutated = True
-                        d, exchange_refused = self._rc_exchange(st, reread=vmode == "reread")
-                        lap("exchange_and_proof")
-                        if d is not None:
-                            # The pointer swaps, and the rest: complete_exchange (the proof).
-                            split["exchange_swaps"] = st.exchange_swaps_ms
-                            split["exchange_proof"] = split.pop("exchange_and_proof") - st.exchange_swaps_ms
+                        d, exchange_refused = self._rc_exchange(st, reread=vmode == "reread", lap=lap)
                         if d is None:
+                            lap("exchange_undone")
                             mutated = False  # every parameter has its storage back
                         else:
                             path = "exchange"
-                            with _plain(torch):
-                                nbytes = sum(p.numel() * p.element_size() for p in (params[n] for n in st.slabs))
+                            nbytes = int(st.exchange["bytes"])  # the slabs' bytes, summed by prepare_exchange
                             if st.faults.get("install_sleep_ms"):
                                 time.sleep(st.faults["install_sleep_ms"] / 1e3)
                             install_ms = (time.perf_counter() - t0) * 1e3

@@ -213,28 +213,25 @@ TEST_F(PublisherTest, DeviceShardsWithoutADigestAreDigestedInOneCallAtPublish) {
   Publisher p(&device, store_.get(), "m", 0, 1, o);
   const Shape shape = {8, 4};
   const std::vector<uint16_t> w = Pattern(32, 300), n = Pattern(4, 7), h = Pattern(6, 50);
-  ShardSource a = Rows("w", shape, 0, 8, w.data());
-  a.memory_kind = transport::MemoryKind::kDevice;
-  a.device = 0;
-  ShardSource b = Rows("n", {4}, 0, 4, n.data());
-  b.memory_kind = transport::MemoryKind::kDevice;
-  b.device = 0;
+  auto on_device = [](ShardSource s) {
+    s.memory_kind = transport::MemoryKind::kDevice;
+    s.device = 0;
+    return s;
+  };
+  const ShardSource a = on_device(Rows("w", shape, 0, 8, w.data()));
   ASSERT_TRUE(p.AddShard("v0", a).ok());
-  ASSERT_TRUE(p.AddShard("v0", b).ok());
+  ASSERT_TRUE(p.AddShard("v0", on_device(Rows("n", {4}, 0, 4, n.data()))).ok());
   ASSERT_TRUE(p.AddShard("v0", Rows("h", {6}, 0, 6, h.data())).ok());  // host: the Publisher digests it
 
-  mode = 1;
-  auto failed = p.Publish("v0");
-  ASSERT_FALSE(failed.ok());
-  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable) << failed.status().ToString();
-  EXPECT_NE(failed.status().ToString().find("rank 0 digesting 2 device shards of version v0"), std::string::npos)
-      << failed.status().ToString();
-  mode = 2;
-  auto short_answer = p.Publish("v0");
-  ASSERT_FALSE(short_answer.ok());
-  EXPECT_EQ(short_answer.status().code(), StatusCode::kInternal) << short_answer.status().ToString();
-  EXPECT_NE(short_answer.status().ToString().find("answered 1 digests for 2 shards"), std::string::npos)
-      << short_answer.status().ToString();
+  auto expect_refused = [&](int m, StatusCode code, const std::string& text) {
+    mode = m;
+    auto r = p.Publish("v0");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+    EXPECT_NE(r.status().ToString().find(text), std::string::npos) << r.status().ToString();
+  };
+  expect_refused(1, StatusCode::kUnavailable, "rank 0 digesting 2 device shards of version v0");
+  expect_refused(2, StatusCode::kInternal, "answered 1 digests for 2 shards");
   EXPECT_FALSE(p.IsPublished("v0"));
 
   mode = 0;
