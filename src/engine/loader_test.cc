@@ -14,9 +14,16 @@
 #include <future>
 
 #include "rolloutcore/base/json.h"
+#include "testing/temp_dir.h"
 
 namespace rc::engine {
 namespace {
+
+// This process's model folders (removed at exit).
+const rc::testing::TempDir& Scratch() {
+  static const rc::testing::TempDir dir("rc_loader_test_");
+  return dir;
+}
 
 std::vector<int32_t> GreedyTokens(Engine* e, std::vector<int32_t> prompt) {
   GenerateRequest r;
@@ -32,7 +39,7 @@ std::vector<int32_t> GreedyTokens(Engine* e, std::vector<int32_t> prompt) {
 
 TEST(LoaderTest, ModelFolderLoadsExactlyWhatDummyComputes) {
   for (const char* preset : {"tiny", "tiny-qwen2", "tiny-llama", "tiny-tied"}) {
-    const std::string dir = ::testing::TempDir() + "/model_" + preset;
+    const std::string dir = Scratch() / (std::string("model_") + preset);
     auto spec = ResolveModel(preset);
     ASSERT_TRUE(spec.ok());
     auto src = MakeDummySource(*spec, 5);
@@ -53,7 +60,7 @@ TEST(LoaderTest, ModelFolderLoadsExactlyWhatDummyComputes) {
 
 TEST(LoaderTest, ErrorsNameTheTensor) {
   auto spec = *ResolveModel("tiny");
-  const std::string dir = ::testing::TempDir() + "/model_bad";
+  const std::string dir = Scratch() / "model_bad";
   std::filesystem::create_directories(dir);
   {
     std::ofstream(dir + "/config.json") << ModelConfigJson(spec);
@@ -92,7 +99,7 @@ TEST(LoaderTest, TensorParallelLayoutErrors) {
 // A tiny model folder written from dummy weights, with one tensor's element replaced.
 std::string WriteTinyFolder(const std::string& name, const std::string& tensor = "", size_t element = 0,
                             float value = 0) {
-  const std::string dir = ::testing::TempDir() + "/" + name;
+  const std::string dir = Scratch() / name;
   std::filesystem::remove_all(dir);
   auto spec = *ResolveModel("tiny");
   auto src = MakeDummySource(spec, 5);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "testing/temp_dir.h"
+
 namespace rc::formats {
 namespace {
 
@@ -64,8 +66,8 @@ TEST(SafetensorsTest, RejectsHostileHeaders) {
 }
 
 TEST(SafetensorsTest, WriteThenReadRoundTrips) {
-  const std::string dir = ::testing::TempDir() + "/st_roundtrip";
-  std::filesystem::create_directories(dir);
+  const rc::testing::TempDir scratch("rc_st_roundtrip_");
+  const std::string& dir = scratch.path();
   std::vector<float> a = {1.f, -2.f, 3.5f, 0.25f};
   std::vector<uint16_t> b = {F32ToBF16(1.f), F32ToBF16(-0.5f)};
   ASSERT_TRUE(WriteSafetensors(dir + "/m.safetensors",

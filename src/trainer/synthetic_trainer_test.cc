@@ -17,6 +17,7 @@
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/trainer/export.h"
 #include "rolloutcore/transport/shm.h"
+#include "testing/temp_dir.h"
 #include "trainer/read_shards.h"
 
 namespace rc::trainer {
@@ -136,8 +137,8 @@ TEST_F(SyntheticTrainerTest, PublishedVersionsMatchTheReferenceAndTheExport) {
   }
 
   // Against the export: bytes identical, digests identical.
-  const std::string dir = ::testing::TempDir() + "/trainer_export_v2";
-  std::filesystem::remove_all(dir);
+  const rc::testing::TempDir scratch("rc_trainer_export_");
+  const std::string dir = scratch / "v2";
   auto ex = ExportVersion(config, {11, 5e-3f}, 2, dir);
   ASSERT_TRUE(ex.ok()) << ex.status().ToString();
   auto file = formats::SafetensorsFile::Open(ex->weights_path);

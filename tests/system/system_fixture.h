@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -103,9 +104,11 @@ struct Stack {
 class SystemTest : public ::testing::Test {
  public:  // helpers are used by free functions of the tests too
   void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("rc_system_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
+    // A parameterized test's name holds a '/' ("Name/0"): flattened, so the folder removed at
+    // TearDown is the one made here (not a subfolder of a leftover parent).
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = (fs::temp_directory_path() / ("rc_system_" + std::to_string(::getpid()) + "_" + name)).string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     // Every process of the stack requires this key for mutating requests (inherited through the
