@@ -21,8 +21,8 @@ namespace {
 
 // This process's model folders (removed at exit).
 const rc::testing::TempDir& Scratch() {
-  static const rc::testing::TempDir dir("rc_loader_test_");
-  return dir;
+  static const rc::testing::TempDir kDir("rc_loader_test_");
+  return kDir;
 }
 
 std::vector<int32_t> GreedyTokens(Engine* e, std::vector<int32_t> prompt) {
@@ -66,7 +66,7 @@ TEST(LoaderTest, ErrorsNameTheTensor) {
     std::ofstream(dir + "/config.json") << ModelConfigJson(spec);
   }
   // Only the embedding, with a wrong shape.
-  std::vector<float> w(10 * 64);
+  std::vector<float> w(size_t{10} * 64);
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors",
                                {{"model.embed_tokens.weight", DType::kF32, {10, 64},
                                  {reinterpret_cast<uint8_t*>(w.data()), w.size() * 4}}})
@@ -74,7 +74,7 @@ TEST(LoaderTest, ErrorsNameTheTensor) {
   auto e = CreateEngine({dir, "auto", 0}, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("model.embed_tokens.weight"), std::string::npos) << e.status().message();
-  std::vector<float> w2(256 * 64);
+  std::vector<float> w2(size_t{256} * 64);
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors",
                                {{"model.embed_tokens.weight", DType::kF32, {256, 64},
                                  {reinterpret_cast<uint8_t*>(w2.data()), w2.size() * 4}}})
@@ -99,7 +99,7 @@ TEST(LoaderTest, TensorParallelLayoutErrors) {
 // A tiny model folder written from dummy weights, with one tensor's element replaced.
 std::string WriteTinyFolder(const std::string& name, const std::string& tensor = "", size_t element = 0,
                             float value = 0) {
-  const std::string dir = Scratch() / name;
+  std::string dir = Scratch() / name;
   std::filesystem::remove_all(dir);
   auto spec = *ResolveModel("tiny");
   auto src = MakeDummySource(spec, 5);
