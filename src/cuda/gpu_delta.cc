@@ -24,14 +24,30 @@ Result<DeviceBuffer> Upload(int device, std::span<const T> host, uint64_t* bytes
   return b;
 }
 
+// The views, back to back, in one device buffer.
+Result<DeviceBuffer> UploadConcatenated(int device, std::span<const std::span<const std::byte>> views, uint64_t total,
+                                        uint64_t* bytes) {
+  RC_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(device, total));
+  uint64_t at = 0;
+  for (const std::span<const std::byte> v : views) {
+    if (v.empty()) continue;
+    RC_RETURN_IF_ERROR(CopyToDevice(b.data() + at, v.data(), v.size(), device));
+    at += v.size();
+  }
+  *bytes += total;
+  return b;
+}
+
 }  // namespace
 
 Result<DeviceDeltaOutput> RunDeltaOnDevice(int device, const DeviceDeltaInput& in) {
+  uint64_t body_bytes = 0;
+  for (const std::span<const std::byte> v : in.bodies) body_bytes += v.size();
   for (size_t i = 0; i < in.tasks.size(); ++i) {
     const internal::DeltaTask& t = in.tasks[i];
-    if (t.piece >= in.pieces.size() || t.body + t.bytes > in.bodies.size()) {
+    if (t.piece >= in.pieces.size() || t.body > body_bytes || t.bytes > body_bytes - t.body) {
       return InvalidArgument(fmt::format("device delta: task {} names piece {} of {} and body bytes [{}, {}) of {}", i,
-                                         t.piece, in.pieces.size(), t.body, t.body + t.bytes, in.bodies.size()));
+                                         t.piece, in.pieces.size(), t.body, t.body + t.bytes, body_bytes));
     }
   }
   for (const internal::DeltaPieceDesc& p : in.pieces) {
@@ -50,7 +66,7 @@ Result<DeviceDeltaOutput> RunDeltaOnDevice(int device, const DeviceDeltaInput& i
   RC_ASSIGN_OR_RETURN(DeviceBuffer pieces, Upload(device, in.pieces, &out.uploaded_bytes));
   RC_ASSIGN_OR_RETURN(DeviceBuffer owned, Upload(device, in.owned, &out.uploaded_bytes));
   RC_ASSIGN_OR_RETURN(DeviceBuffer tasks, Upload(device, in.tasks, &out.uploaded_bytes));
-  RC_ASSIGN_OR_RETURN(DeviceBuffer bodies, Upload(device, in.bodies, &out.uploaded_bytes));
+  RC_ASSIGN_OR_RETURN(DeviceBuffer bodies, UploadConcatenated(device, in.bodies, body_bytes, &out.uploaded_bytes));
   // old sums, new sums, then counts[2] and first_error.
   std::vector<uint64_t> results(2 * in.slots + 3, 0);
   results.back() = ~uint64_t{0};

@@ -21,7 +21,10 @@ struct DeviceDeltaInput {
   std::span<const internal::DeltaPieceDesc> pieces;
   std::span<const internal::DeltaOwnedBox> owned;
   std::span<const internal::DeltaTask> tasks;
-  std::span<const std::byte> bodies;
+  // The tile bodies: the concatenation of these views, uploaded into one device buffer (a task's
+  // `body` is an offset into it). Views, so the receiver's pulled shard bodies are not copied on
+  // the host first.
+  std::span<const std::span<const std::byte>> bodies;
   size_t slots = 0;  // output slots (tensors)
 };
 

@@ -453,6 +453,17 @@ TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
     auto table = BuildDeviceDeltaTable(staged_, manifest_, r, caps_[r], live_[r]);
     ASSERT_TRUE(table.ok()) << table.status().ToString();
     EXPECT_FALSE(table->tasks.empty());
+    // The bodies are views of the rank's pulled shard bodies, back to back, none copied.
+    uint64_t rank_body_bytes = 0;
+    std::vector<const std::byte*> rank_bodies;
+    for (const DeltaShard& sh : staged_.shards) {
+      if (sh.rank != r || sh.bodies.empty()) continue;
+      rank_body_bytes += sh.bodies.size();
+      rank_bodies.push_back(sh.bodies.data());
+    }
+    EXPECT_EQ(table->body_bytes, rank_body_bytes);
+    ASSERT_EQ(table->bodies.size(), rank_bodies.size());
+    for (size_t v = 0; v < rank_bodies.size(); ++v) EXPECT_EQ(table->bodies[v].data(), rank_bodies[v]);
     const DeviceDeltaSums sums = EvaluateDeviceDeltaOnHost(*table);
     ASSERT_FALSE(sums.failed_task.has_value());
     for (size_t i = 0; i < table->tensors.size(); ++i) {
@@ -482,18 +493,29 @@ TEST_P(DeltaApplyTest, DeviceTableOnHostEqualsTheApplyPass) {
   EXPECT_NE(missing.status().message().find("tT"), std::string::npos) << missing.status().ToString();
 
   // A non-finite new value: its task fails before storing anything, the message names the tensor.
+  // The table views the pulled bodies (not a copy), so the value goes into a copy of the staged delta.
   ResetOld();
   const auto old_image = Snapshot();
-  auto table = BuildDeviceDeltaTable(staged_, manifest_, 0, caps_[0], live_[0]);
+  DeltaStaged with_inf = staged_;
+  auto table = BuildDeviceDeltaTable(with_inf, manifest_, 0, caps_[0], live_[0]);
   ASSERT_TRUE(table.ok());
   const cuda::internal::DeltaTask first = table->tasks[0];
+  const std::span<const std::byte> first_body = TaskBody(*table, first);
+  ASSERT_EQ(first_body.size(), first.bytes);
+  DeltaShard& first_shard = with_inf.shards[with_inf.pieces[table->task_piece[0]].shard];
+  ASSERT_GE(first_body.data(), first_shard.bodies.data()) << "the table views the shard's bodies, not a copy";
+  const auto at = static_cast<size_t>(first_body.data() - first_shard.bodies.data());
+  ASSERT_LE(at + first.bytes, first_shard.bodies.size());
   const uint16_t inf = 0x7f80;
-  std::memcpy(table->bodies.data() + first.body + first.bytes - 2, &inf, 2);  // the tile's last value
+  std::memcpy(first_shard.bodies.data() + at + first.bytes - 2, &inf, 2);  // the tile's last value
+  cuda::internal::DeltaTask outside = first;
+  outside.body = table->body_bytes - 1;  // past the end of the last view
+  EXPECT_TRUE(TaskBody(*table, outside).empty());
   DeviceDeltaSums bad = EvaluateDeviceDeltaOnHost(*table);
   ASSERT_TRUE(bad.failed_task.has_value());
   EXPECT_EQ(*bad.failed_task, 0u);
   EXPECT_EQ(bad.error, cuda::internal::kDeltaTaskNonFinite);
-  Status why = DeviceDeltaTaskError(*table, staged_, manifest_, *bad.failed_task, bad.error);
+  Status why = DeviceDeltaTaskError(*table, with_inf, manifest_, *bad.failed_task, bad.error);
   EXPECT_EQ(why.code(), StatusCode::kInvalidArgument) << why.ToString();
   EXPECT_NE(why.message().find("non-finite"), std::string::npos) << why.ToString();
   // Nothing of the failed tile was stored: only the other tasks' elements moved.

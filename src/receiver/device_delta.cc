@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 
@@ -68,19 +69,16 @@ Result<DeviceDeltaTable> BuildDeviceDeltaTable(const DeltaStaged& staged, const 
   }
   DeviceDeltaTable t;
   t.tensors = staged.tensors;
-  // Every body of the rank's shards in one buffer (sized once: an 8B model's 1 % delta is ~0.3 GB
-  // of bodies and ~2 M tasks, which growing by doubling copied and page-faulted several times).
-  uint64_t body_bytes = 0;
-  for (const DeltaShard& sh : staged.shards) {
-    if (sh.rank == rank) body_bytes += sh.bodies.size();
-  }
-  t.bodies.reserve(body_bytes);
+  // The rank's shard bodies as views at their offsets in the concatenation the device uploads.
   std::vector<uint64_t> shard_base(staged.shards.size(), UINT64_MAX);
   for (size_t s = 0; s < staged.shards.size(); ++s) {
     const DeltaShard& sh = staged.shards[s];
     if (sh.rank != rank) continue;
-    shard_base[s] = t.bodies.size();
-    t.bodies.insert(t.bodies.end(), sh.bodies.begin(), sh.bodies.end());
+    shard_base[s] = t.body_bytes;
+    if (sh.bodies.empty()) continue;
+    t.bodies.emplace_back(sh.bodies);
+    t.body_begin.push_back(t.body_bytes);
+    t.body_bytes += sh.bodies.size();
   }
   if (staged.rank_jobs.size() <= rank) return t;
   const auto [job_begin, job_end] = staged.rank_jobs[rank];
@@ -157,11 +155,26 @@ Result<DeviceDeltaTable> BuildDeviceDeltaTable(const DeltaStaged& staged, const 
   return t;
 }
 
+std::span<const std::byte> TaskBody(const DeviceDeltaTable& table, const ci::DeltaTask& task) {
+  const auto after = std::upper_bound(table.body_begin.begin(), table.body_begin.end(), task.body);
+  if (after == table.body_begin.begin()) return {};
+  const size_t view = static_cast<size_t>(after - table.body_begin.begin()) - 1;
+  const uint64_t at = task.body - table.body_begin[view];
+  const std::span<const std::byte> v = table.bodies[view];
+  if (at > v.size() || task.bytes > v.size() - at) return {};
+  return v.subspan(at, task.bytes);
+}
+
 DeviceDeltaSums EvaluateDeviceDeltaOnHost(const DeviceDeltaTable& table) {
   DeviceDeltaSums s;
   s.old_terms.assign(table.tensors.size(), 0);
   s.new_terms.assign(table.tensors.size(), 0);
-  const auto* bodies = reinterpret_cast<const unsigned char*>(table.bodies.data());
+  // One buffer, as the device's: the tasks address the concatenation.
+  std::vector<unsigned char> all(table.body_bytes);
+  for (size_t v = 0; v < table.bodies.size(); ++v) {
+    std::memcpy(all.data() + table.body_begin[v], table.bodies[v].data(), table.bodies[v].size());
+  }
+  const unsigned char* bodies = all.data();
   for (uint64_t i = 0; i < table.tasks.size(); ++i) {
     const ci::DeltaTask& task = table.tasks[i];
     const ci::DeltaPieceDesc& p = table.pieces[task.piece];
@@ -191,7 +204,11 @@ Status DeviceDeltaTaskError(const DeviceDeltaTable& table, const DeltaStaged& st
   const refit::ShardInfo& info = tab.shards[sh.shard];
   const refit::DeltaTile& entry = sh.entries[static_cast<size_t>(t.tile)];
   const size_t es = refit::DTypeSize(sh.dtype);
-  const auto body = std::span<const std::byte>(table.bodies).subspan(t.body, t.bytes);
+  const std::span<const std::byte> body = TaskBody(table, t);
+  if (body.size() != t.bytes) {
+    return Internal(fmt::format("device delta: task {} names body bytes [{}, {}) outside the pulled bodies", task,
+                                t.body, t.body + t.bytes));
+  }
   std::vector<uint16_t> offsets(static_cast<size_t>(refit::kDeltaTargetTileElements));
   auto decoded = refit::DecodeDeltaTileOffsets(sh.tiling, es, t.tile, entry, body, offsets.data());
   if (!decoded.ok()) {

@@ -2,7 +2,9 @@
 // GPU"): the device form of the apply pass of delta_apply.h. The receiver pulls and plans a delta as
 // the CPU path does (PullDelta: only the tiles its copies touch, into host memory, ~3.3 bytes per
 // changed bf16 element), then BuildDeviceDeltaTable flattens the plan into one task per (piece,
-// tile) (cuda/delta_task.h) over one buffer of every pulled body, which the device uploads and runs
+// tile) (cuda/delta_task.h) over the pulled bodies (views, not copies: at 8B and 1 % they are
+// ~0.3 GB, whose copy into fresh pages took longer than the kernel), which the device uploads into
+// one buffer and runs
 // with one kernel (cuda::DeviceDelta, gpu_refit.h): every changed element of the staging image is
 // overwritten with its new value, and the kernel sums per tensor the digest terms of the old and of
 // the stored values, so the staging image's digest after the delta is predicted without reading the
@@ -17,6 +19,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,7 +37,12 @@ struct DeviceDeltaTable {
   std::vector<cuda::internal::DeltaPieceDesc> pieces;
   std::vector<cuda::internal::DeltaOwnedBox> owned;
   std::vector<cuda::internal::DeltaTask> tasks;
-  std::vector<std::byte> bodies;      // every pulled tile body of the rank, shard after shard
+  // Every pulled tile body of the rank, shard after shard: views of the DeltaStaged's shard bodies
+  // (the DeltaStaged must outlive the table). A task's `body` is an offset into their
+  // concatenation, body_bytes long: what the device's bodies buffer holds.
+  std::vector<std::span<const std::byte>> bodies;
+  std::vector<uint64_t> body_begin;   // per view: its offset in the concatenation
+  uint64_t body_bytes = 0;
   std::vector<uint32_t> task_piece;   // per task: index into the DeltaStaged's pieces (for messages)
   std::vector<std::string> tensors;   // per output slot: its tensor (the DeltaStaged's tensors)
   uint64_t changed_in_tasks = 0;      // changed elements of the tiles the tasks decode
@@ -53,6 +61,10 @@ std::string DeviceDeltaIneligibility(const DeltaStaged& staged, const refit::Man
 [[nodiscard]] Result<DeviceDeltaTable> BuildDeviceDeltaTable(const DeltaStaged& staged, const refit::Manifest& manifest,
                                                              size_t rank, const refit::Capture& capture,
                                                              const refit::DestinationBuffers& image);
+
+// The body of task `task` of `table`: bytes [body, body + bytes) of the concatenation; empty when
+// they do not lie inside one view.
+std::span<const std::byte> TaskBody(const DeviceDeltaTable& table, const cuda::internal::DeltaTask& task);
 
 // What the kernel (or its host evaluation) found: per slot the sums of old and new terms, writes
 // and owned counts, and the first task (in task order) that failed, if any, with its error code.

@@ -317,7 +317,7 @@ Result<DeviceStageReport> DeviceReceiver::StageDeltaOnDevice(const DeviceStageRe
   din.pieces = table.pieces;
   din.owned = table.owned;
   din.tasks = table.tasks;
-  din.bodies = table.bodies;
+  din.bodies = table.bodies;  // views of the pulled shard bodies (uploaded, not copied here first)
   din.slots = table.tensors.size();
   RC_ASSIGN_OR_RETURN(cuda::DeviceDeltaOutput out, cuda::RunDeltaOnDevice(device_, din));
   report.stage_ms["upload"] = out.upload_ms;
