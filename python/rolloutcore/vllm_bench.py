@@ -591,6 +591,20 @@ def native_check(v: Vllm, trainer: Trainer, durl: str, model: str, ver: str) -> 
                              "reload_state": state.get("after"), "check_ms": (time.perf_counter() - c0) * 1e3}}
 
 
+def publish_parts(trainer: Any, reports: Any) -> Optional[Dict[str, Any]]:
+    """Where a trainer.publish went, ms summed over its ranks (they publish one after the other in
+    the trainer's process): add_shard calls, the shards' registration with the transport, their
+    digests (one GPU launch per device for CUDA shards), and the directory's publish; None when the
+    trainer reports nothing."""
+    if not isinstance(reports, list) or not all(isinstance(r, dict) for r in reports):
+        return None
+    parts: Dict[str, Any] = {"add_shards": getattr(trainer, "add_shards_ms", None)}
+    for key, name in (("register_ms", "register"), ("digest_ms", "digest"), ("publish_ms", "directory")):
+        vals = [r.get(key) for r in reports]
+        parts[name] = round(sum(vals), 3) if vals and all(x is not None for x in vals) else None
+    return parts
+
+
 def versus_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str,
                   own_label: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     """``a.cycles`` pairs, each a rolloutcore hot cycle of version rc<k> and then vLLM's own ipc
@@ -623,11 +637,11 @@ def versus_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str,
             torch.cuda.synchronize()
             t_ready = time.perf_counter()
             if path == "rolloutcore":
-                trainer.publish(ver)
+                reports = trainer.publish(ver)
                 publish_ms = (time.perf_counter() - t_ready) * 1e3
                 row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label, t_ready=t_ready,
                                         window=window_of(a, k))
-                row.update(path=path, publish_ms=publish_ms)
+                row.update(path=path, publish_ms=publish_ms, publish_parts_ms=publish_parts(trainer, reports))
             else:
                 try:
                     row = native_cycle(v, tensors, ver, via_sleep, own_label, gpu_uuid, t_ready)
@@ -690,10 +704,19 @@ def versus_summary(rc_rows: List[Dict[str, Any]], native_rows: List[Dict[str, An
             by_window[w] = {"n": len(kept), "median_ms": m,
                             "rolloutcore_over_native": {k: round(x / med["native"][k], 3) for k, x in m.items()
                                                         if med["native"].get(k)}}
+    # Where rolloutcore's "serving" part of ready -> serving goes: the trainer's publish and the
+    # receiver's stage, step by step (medians over the measured cycles).
+    parts: Dict[str, Dict[str, float]] = {}
+    for name, key in (("publish", "publish_parts_ms"), ("stage", "stage_parts_ms")):
+        kept = [r.get(key) or {} for r in (rc_rows[warmup:] or rc_rows)]
+        steps = list(dict.fromkeys(k for p in kept for k in p))
+        parts[name] = {k: median([p[k] for p in kept if p.get(k) is not None]) for k in steps
+                       if any(p.get(k) is not None for p in kept)}
     return {
         "warmup_cycles_left_out": warmup,
         "measured_cycles": {"rolloutcore": len(rc_rows[warmup:]), "native": len(native_rows[warmup:])},
         "median_ms": med,
+        "rolloutcore_parts_ms": parts,
         "rolloutcore_over_native": ratio,
         "rolloutcore_by_window": by_window,
         "rolloutcore_proved": {
@@ -741,6 +764,10 @@ def versus_table(vs: Dict[str, Any]) -> List[str]:
             lines.append(f"  {variant:<28} n={x['n']:<3} window {_fmt(m.get('pause_window_ms'), 2):>8} "
                          f"({_fmt(r.get('pause_window_ms'), 3)})  ready->serving "
                          f"{_fmt(m.get('ready_to_serving_ms'), 2):>8} ({_fmt(r.get('ready_to_serving_ms'), 3)})")
+    for name, steps in (vs.get("rolloutcore_parts_ms") or {}).items():
+        if steps:
+            lines.append(f"rolloutcore {name}, ms (medians): " +
+                         ", ".join(f"{k} {_fmt(x, 2)}" for k, x in steps.items()))
     mem = vs["gpu_memory"]
     staging = vs.get("rolloutcore_staging_bytes")
     lines.append(f"{'GPU MiB: staging kept between updates':<{w}} {_fmt(staging and staging / 2**20):>12} {'-':>12}")
@@ -812,8 +839,10 @@ def delta_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str, own_label:
         trainer.make_changed(ver, f"v{k - 1}", a.delta, seed=k)
         t_ready = time.perf_counter()
         pub = trainer.publish(ver)
+        publish_ms = (time.perf_counter() - t_ready) * 1e3
         row = rolloutcore_cycle(v, a, model, durl, ver, via_sleep, own_label, t_ready=t_ready, delta_policy=policy)
-        row.update(policy=policy, delta_published=sum(r.get("delta_changed", 0) for r in pub),
+        row.update(policy=policy, publish_ms=publish_ms, publish_parts_ms=publish_parts(trainer, pub),
+                   delta_published=sum(r.get("delta_changed", 0) for r in pub),
                    delta_bytes_published=sum(r.get("delta_bytes", 0) for r in pub))
         assert row["digest_equals_manifest"], row
         rows.append(row)

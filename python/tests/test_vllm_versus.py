@@ -264,6 +264,9 @@ class FakeTrainer:
 
     def publish(self, version):
         self.published.append(version)
+        self.add_shards_ms = 2.0
+        return [{"register_ms": 1.0, "digest_ms": 3.0, "publish_ms": 4.0},
+                {"register_ms": 1.5, "digest_ms": 3.0, "publish_ms": 5.0}]
 
     def release(self, version):
         self.alive.remove(version)
@@ -426,6 +429,24 @@ def test_versus_alternates_in_vllms_order_and_checks_the_native_weights(fakes):
     assert trainer.published == ["rc1", "ipc1", "rc2", "ipc2", "rc3", "ipc3"]
     assert trainer.most_alive == 2
     assert vs["rolloutcore_staging_bytes"] == 192 and vs["data_ptrs_stable"] is True
+    # Where the publish and the stage went: per row, summed over the trainer's ranks; medians.
+    parts = {"add_shards": 2.0, "register": 2.5, "digest": 6.0, "directory": 9.0}
+    assert all(r["publish_parts_ms"] == parts for r in rows)
+    assert vs["rolloutcore_parts_ms"] == {"publish": parts, "stage": {"total": 1.0}}
+    table = vb.versus_table(vs)
+    assert "rolloutcore publish, ms (medians): add_shards 2.00, register 2.50, digest 6.00, directory 9.00" in table
+    assert "rolloutcore stage, ms (medians): total 1.00" in table
+
+
+def test_publish_parts_sum_the_ranks_and_say_none_when_a_part_is_missing():
+    class T:
+        add_shards_ms = 7.0
+
+    reports = [{"register_ms": 1.0, "digest_ms": 2.0, "publish_ms": 3.0},
+               {"register_ms": 4.0, "digest_ms": None, "publish_ms": 5.0}]
+    assert vb.publish_parts(T(), reports) == {"add_shards": 7.0, "register": 5.0, "digest": None, "directory": 8.0}
+    assert vb.publish_parts(T(), None) is None  # a trainer that reports nothing
+    assert vb.publish_parts(object(), [])["add_shards"] is None
 
 
 def test_a_failed_native_update_stops_the_alternation_and_leaves_vllm_serving(fakes):
@@ -487,6 +508,8 @@ def test_delta_alternates_pinned_policies_then_auto_and_sums_up_per_mode(fakes):
     assert [r["mode"] for r in rows] == ["full", "delta", "full", "delta", "full", "delta"]
     assert rows[0]["warmup"] and all(r["digest_equals_manifest"] for r in rows)
     assert rows[1]["delta_published"] == 11 and rows[1]["delta_bytes_published"] == 84
+    assert rows[1]["publish_parts_ms"] == {"add_shards": 2.0, "register": None, "digest": None, "directory": None}
+    assert rows[1]["ready_to_serving_ms"] >= rows[1]["publish_ms"] >= 0
     # Every cycle is a whole rolloutcore cycle (stage while serving, install while paused, resume).
     assert v.calls.count("rc_install") == len(rows) and v.calls.count("/resume") == len(rows)
     assert trainer.most_alive <= 2  # the base and the next version, no more
