@@ -92,7 +92,8 @@ Result<refit::DestinationBuffers> BuffersFrom(const py::handle& buffers, const c
       if (t.size() != 2) {
         return InvalidArgument(fmt::format("{}: entry {} is not (address, bytes)", what, py::str(k).cast<std::string>()));
       }
-      auto* p = reinterpret_cast<std::byte*>(t[0].cast<uintptr_t>());
+      // A device address Python passes as an int (torch data_ptr()): the cast is the interface.
+      auto* p = reinterpret_cast<std::byte*>(t[0].cast<uintptr_t>());  // NOLINT(performance-no-int-to-ptr)
       out.emplace(k.cast<std::string>(), std::span<std::byte>(p, t[1].cast<uint64_t>()));
     }
     return out;
@@ -215,6 +216,7 @@ class PyDeviceStager final : public receiver::DeviceLiveWeights {
     out["descriptors"] = r.descriptors;
     out["reads"] = r.reads;
     out["plan_cached"] = r.plan_cached;
+    out["digest_table_cached"] = r.digest_table_cached;
     out["staged_digest"] = r.staged_digest.ToHex();
     out["manifest_digest"] = r.manifest_digest.ToHex();
     out["published"] = DigestsDict(r.published);
@@ -293,7 +295,8 @@ void RegisterDeviceStager(py::module_& m) {
         Result<double> r = Result<double>(0.0);
         {
           py::gil_scoped_release nogil;
-          r = cuda::TimedReadSweep(reinterpret_cast<const void*>(address), nbytes, device);
+          r = cuda::TimedReadSweep(reinterpret_cast<const void*>(address), nbytes,  // NOLINT(performance-no-int-to-ptr)
+                                   device);  // a device address from Python (data_ptr())
         }
         if (!r.ok()) Raise(r.status());
         return *r;

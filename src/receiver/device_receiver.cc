@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -68,6 +70,31 @@ uint64_t InstallKey(const refit::DestinationBuffers& staging, const refit::Desti
   return BuffersKey(staging) * 31 + BuffersKey(live);
 }
 
+// Device digest tables kept while their buffers are unchanged (BuffersKey): the last two buffer
+// sets, most recently used last (an exchange install alternates two storages, for the live
+// weights and for the staging image alike).
+class DigestTables {
+ public:
+  // The table of `buffers` under `capture` and `regions`, built when not kept; *cached says which.
+  Result<cuda::DeviceDigest*> Get(const refit::Capture& capture, const refit::DestinationBuffers& buffers,
+                                  std::span<const refit::DigestRegion> regions, int device, bool* cached) {
+    const uint64_t key = BuffersKey(buffers);
+    auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.first == key; });
+    *cached = it != entries_.end();
+    if (*cached) {
+      std::rotate(it, it + 1, entries_.end());
+    } else {
+      RC_ASSIGN_OR_RETURN(cuda::DeviceDigest digest, cuda::DeviceDigest::ForInstalled(capture, buffers, regions, device));
+      if (entries_.size() >= 2) entries_.erase(entries_.begin());
+      entries_.emplace_back(key, std::make_unique<cuda::DeviceDigest>(std::move(digest)));
+    }
+    return entries_.back().second.get();
+  }
+
+ private:
+  std::vector<std::pair<uint64_t, std::unique_ptr<cuda::DeviceDigest>>> entries_;
+};
+
 }  // namespace
 
 struct DeviceReceiver::State {
@@ -78,9 +105,10 @@ struct DeviceReceiver::State {
   // The pipeline's caches (pipeline.h, source_imports.h), keyed by the stage topology.
   internal::RankPlans plans;
   SourceImports sources;
-  // Device tables kept while their buffers are unchanged: the live digest's for the last two live
-  // buffer sets (most recent last; an exchange install alternates two), the fused install's.
-  std::vector<std::pair<uint64_t, std::unique_ptr<cuda::DeviceDigest>>> live_digests;
+  // Device tables kept while their buffers are unchanged: the live digest's, the staging digest's
+  // (a full stage's check) and the fused install's.
+  DigestTables live_digests;
+  DigestTables staging_digest_tables;
   std::unique_ptr<cuda::DeviceInstall> install;
   uint64_t install_key = 0;
   // What the staging image holds, proven by the last successful stage into the same buffers (a
@@ -231,10 +259,12 @@ Result<DeviceStageReport> DeviceReceiver::StageFull(const DeviceStageRequest& re
   report.stage_ms["wire"] = MsSince(t);
 
   t = std::chrono::steady_clock::now();
-  RC_ASSIGN_OR_RETURN(cuda::DeviceDigest digest,
-                      cuda::DeviceDigest::ForInstalled(st.staging, staging, st.staging_regions, device_));
-  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, digest.Run());
+  bool table_cached = false;
+  RC_ASSIGN_OR_RETURN(cuda::DeviceDigest* const digest,
+                      st.staging_digest_tables.Get(st.staging, staging, st.staging_regions, device_, &table_cached));
+  RC_ASSIGN_OR_RETURN(refit::TensorDigests got, digest->Run());
   report.stage_ms["digest"] = MsSince(t);
+  report.digest_table_cached = table_cached;
   // The engine loads a subset of the manifest's tensors when it ignores some (e.g. a tied
   // lm_head): compare what it staged; the caller reports what it did not load.
   RC_RETURN_IF_ERROR(internal::CheckStagedDigests(got, resolved.published, req.model, req.version, /*subset=*/true));
@@ -360,19 +390,10 @@ Result<DeviceDigestReport> DeviceReceiver::DigestLive(const refit::DestinationBu
   State& st = *state_;
   DeviceDigestReport report;
   const auto t0 = std::chrono::steady_clock::now();
-  const uint64_t key = BuffersKey(live);
-  auto it = std::find_if(st.live_digests.begin(), st.live_digests.end(), [&](const auto& e) { return e.first == key; });
-  report.table_cached = it != st.live_digests.end();
-  if (report.table_cached) {
-    std::rotate(it, it + 1, st.live_digests.end());  // most recently used last
-  } else {
-    auto digest = cuda::DeviceDigest::ForInstalled(st.live, live, st.live_regions, device_);
-    if (!digest.ok()) return digest.status().WithContext("live digest");
-    if (st.live_digests.size() >= 2) st.live_digests.erase(st.live_digests.begin());
-    st.live_digests.emplace_back(key, std::make_unique<cuda::DeviceDigest>(std::move(*digest)));
-  }
+  auto digest = st.live_digests.Get(st.live, live, st.live_regions, device_, &report.table_cached);
+  if (!digest.ok()) return digest.status().WithContext("live digest");
   if (run) {
-    auto tensors = st.live_digests.back().second->Run(&report.kernel_ms);
+    auto tensors = (*digest)->Run(&report.kernel_ms);
     if (!tensors.ok()) return tensors.status().WithContext("live digest");
     report.tensors = std::move(*tensors);
     report.content_digest = ContentDigest(refit::CombineTensorDigests(report.tensors));

@@ -334,6 +334,7 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   auto s0 = r.Stage(request(0, DeltaPolicy::kAlways));
   ASSERT_TRUE(s0.ok()) << s0.status().ToString();
   EXPECT_EQ(s0->mode, "full");
+  EXPECT_FALSE(s0->digest_table_cached) << "the first stage builds the staging digest's table";
   expect_staging(0);
   publish(1);
   auto s1 = r.Stage(request(1, DeltaPolicy::kAlways));
@@ -360,6 +361,7 @@ TEST(DeviceReceiverTest, StagesADeltaOnTheGpuStagingImage) {
   EXPECT_EQ(s2->mode, "full");
   ASSERT_TRUE(s2->delta_choice.has_value());
   EXPECT_FALSE(s2->delta_choice->delta);
+  EXPECT_TRUE(s2->digest_table_cached) << "the same staging buffers: the table is kept";
   expect_staging(2);
 
   // A wrong delta value: the prediction refuses it (DataLoss), the staging image is unproven, and
@@ -521,6 +523,7 @@ TEST(DeviceReceiverTest, ExchangesTheStagedSlabsForTheLiveParameters) {
   publish(2);
   auto s2 = stage(2);
   ASSERT_TRUE(s2.ok()) << s2.status().ToString();
+  EXPECT_FALSE(s2->digest_table_cached) << "other storages than v1's stage: another table";
   expect_live(1);
   ASSERT_TRUE(r.PrepareExchange(w.SlabSpans()).value().ok);
   w.Exchange();
@@ -533,6 +536,14 @@ TEST(DeviceReceiverTest, ExchangesTheStagedSlabsForTheLiveParameters) {
   ASSERT_TRUE(reread.ok());
   EXPECT_TRUE(reread->table_cached);
   EXPECT_EQ(reread->content_digest, s2->manifest_digest);
+  // v3 stages into v1's storages again: both staging tables are kept, and the digest still holds
+  // the staged bytes to the manifest.
+  publish(3);
+  auto s3 = stage(3);
+  ASSERT_TRUE(s3.ok()) << s3.status().ToString();
+  EXPECT_TRUE(s3->digest_table_cached);
+  EXPECT_EQ(s3->staged_digest, s3->manifest_digest);
+  expect_live(2);
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ struct DeviceStageReport {
   std::string transport;
   uint64_t bytes_needed = 0, bytes_planned = 0, bytes_pulled = 0, descriptors = 0, reads = 0;
   bool plan_cached = false;
+  bool digest_table_cached = false;  // full: the staging digest's device table was kept (same buffers)
   ContentDigest staged_digest;    // combined digest of what was staged (the tensors the engine loads)
   ContentDigest manifest_digest;  // the manifest's content digest
   refit::TensorDigests published;  // every tensor of the manifest (the caller reports what it did not load)
