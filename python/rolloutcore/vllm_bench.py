@@ -934,6 +934,12 @@ def main(argv=None) -> int:
         ap.error("--versus native drives both paths from here, call by call: not with --controller")
     if a.versus and a.quantization:
         ap.error("--versus native compares bf16 updates: not with --quantization")
+    if a.cycles < 1:
+        ap.error(f"--cycles must be at least 1, got {a.cycles}")
+    if not 0 <= a.port <= 65535:
+        ap.error(f"--port must be in [0, 65535], got {a.port}")
+    if a.gpu_util is not None and not 0 < a.gpu_util <= 1:
+        ap.error(f"--gpu-util is vLLM's --gpu-memory-utilization, in (0, 1], got {a.gpu_util}")
     if a.delta is not None and not 0 < a.delta < 1:
         ap.error(f"--delta is a change fraction in (0, 1), got {a.delta}")
     if a.delta is not None and (a.versus or a.controller or a.quantization):

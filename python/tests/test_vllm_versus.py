@@ -522,7 +522,7 @@ def test_delta_alternates_pinned_policies_then_auto_and_sums_up_per_mode(fakes):
 
 
 def test_main_checks_the_delta_arguments(capsys):
-    for argv in (["--delta", "1.5"], ["--delta", "0"], ["--delta", "0.01", "--controller"],
+    for argv in (["--delta", "1.5"], ["--delta", "0"], ["--delta", "nan"], ["--delta", "0.01", "--controller"],
                  ["--delta", "0.01", "--quantization", "fp8_per_block"]):
         with pytest.raises(SystemExit) as e:
             vb.main(argv + ["--dry-run"])
@@ -675,3 +675,15 @@ def test_find_key_reads_the_install_path_out_of_an_update_record():
         {"ok": True, "install_path": "exchange", "exchange_refused": None}]}}}
     assert vb.find_key(ev, "install_path") == "exchange"
     assert vb.find_key(ev, "exchange_refused") is None and vb.find_key(None, "x") is None
+
+
+def test_main_refuses_counts_ports_and_fractions_out_of_range(capsys):
+    for argv, says in ((["--cycles", "0"], "--cycles must be at least 1, got 0"),
+                       (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+                       (["--gpu-util", "1.5"], "--gpu-util is vLLM's --gpu-memory-utilization, in (0, 1], got 1.5"),
+                       (["--gpu-util", "nan"], "got nan")):
+        with pytest.raises(SystemExit) as e:
+            vb.main(argv + ["--dry-run"])
+        assert e.value.code == 2, argv
+        assert says in capsys.readouterr().err, argv
+    assert vb.main(["--cycles", "1", "--port", "0", "--gpu-util", "0.5", "--dry-run"]) == 0

@@ -808,8 +808,8 @@ void AddCommon(CLI::App* cmd, BenchCycleOptions* o) {
   cmd->add_option("--model", o->model, "Preset: tiny or qwen3-0.6b (the ~0.5B one)")
       ->check(CLI::IsMember({"tiny", "tiny-llama", "tiny-qwen2", "qwen3-0.6b"}))
       ->capture_default_str();
-  cmd->add_option("--tp", o->tp, "Engine tensor-parallel size")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--restarts", o->restarts, "Cold restarts to time")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--tp", o->tp, "Engine tensor-parallel size")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--restarts", o->restarts, "Cold restarts to time")->check(CLI::Range(1, 10000))->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a JSON report instead of the table");
 }
 
@@ -830,7 +830,7 @@ void RegisterBenchCycleCommands(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cycle->add_option("--cycles", o->cycles, "Warm update cycles to time (after one cold one)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cycle
       ->add_option("--engine", o->engine,

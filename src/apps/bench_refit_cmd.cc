@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/cli_checks.h"
 #include "apps/bench_util.h"
 #ifdef ROLLOUTCORE_WITH_CUDA
 #include "apps/bench_gpu_refit.h"
@@ -212,14 +213,17 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
 #endif
   cmd->add_option("--model", o->model, "Refit preset for the trainer (tiny, qwen3-0.6b, ...)")->capture_default_str();
   cmd->add_option("--engine-model", o->engine_model, "Engine preset of the same geometry (default: matching)");
-  cmd->add_option("--trainer-ranks", o->ranks, "Trainer ranks (fsdp:N)")->capture_default_str();
-  cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")->capture_default_str();
-  cmd->add_option("--repeats", o->repeats, "Stages to time")->capture_default_str();
+  cmd->add_option("--trainer-ranks", o->ranks, "Trainer ranks (fsdp:N)")->check(CLI::Range(1, 65536))->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "Stages to time")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a JSON report");
   cmd->add_flag("--delta", o->delta,
                 "Full and sparse delta refit side by side: per --change-fractions F, refit v0 in full, then v1 as a "
                 "delta on v0 (bytes on the wire, stage, install, verify, pause; docs/refit.md)");
   cmd->add_option("--change-fractions", o->change_fractions, "With --delta: the trainer's change fractions")
+      ->check(FiniteNumber(0, 1))
       ->capture_default_str();
   cmd->add_option("--source", o->source, "Trainer layout (default fsdp:<trainer-ranks>)");
   cmd->add_option("--target", o->target,
@@ -229,7 +233,9 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--device", o->device, "GPU transports: the receiver's CUDA device")->capture_default_str();
   cmd->add_option("--owner-device", o->owner_device, "GPU transports: the trainer's CUDA device")->capture_default_str();
   cmd->add_option("--seed", o->seed, "GPU transports: seed of the weights")->capture_default_str();
-  cmd->add_option("--timeout-ms", o->timeout_ms, "GPU transports: deadline of one stage")->capture_default_str();
+  cmd->add_option("--timeout-ms", o->timeout_ms, "GPU transports: deadline of one stage")
+      ->check(CLI::Range(int64_t{1}, int64_t{86'400'000}))
+      ->capture_default_str();
   cmd->add_flag("--kill-owner-mid-transfer", o->kill_owner_mid_transfer,
                 "GPU transports: finally SIGKILL the owner during a stage and check the failure is detected in time");
   cmd->add_option("--json-out", o->json_out, "GPU transports and --gpu: also write the JSON report to this file");

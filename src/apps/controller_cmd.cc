@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/server_flags.h"
 #include "rolloutcore/adapters/registry.h"
@@ -79,7 +80,7 @@ void AddEngineFlags(CLI::App* serve, ServeOptions* o) {
       ->check(CLI::IsMember({"auto", "dummy"}))
       ->capture_default_str();
   serve->add_option("--embedded-tp", o->embedded_tp, "Embedded engine: tensor-parallel size")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   serve->add_option("--embedded-seed", o->embedded_seed, "Embedded engine: seed for dummy weights");
   serve->add_option("--embedded-weight-version", o->embedded_label, "Embedded engine: label of the loaded weights")
@@ -91,10 +92,11 @@ void AddServiceFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)");
   serve->add_option("--state-dir", o->state_dir, "Where the journals and the trajectory store live")->required();
   serve->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
-  serve->add_option("--port", o->port, "Port to listen on (0: any free port)");
+  serve->add_option("--port", o->port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
   serve->add_flag("--auto-update", o->auto_update, "Follow new committed versions of --model in the directory");
   serve->add_option("--model", o->model, "Directory model name (for --auto-update and the engines' staging)");
-  serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")->check(CLI::PositiveNumber);
+  serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")
+      ->check(CLI::Range(1, 1 << 20));
 }
 
 // The lifecycle policy: drain, identity checks, recovery, leases, pause and update modes, staleness,
@@ -106,7 +108,7 @@ void AddPolicyFlags(CLI::App* serve, ServeOptions* o) {
                     "Identity check of every READY engine every N ms (boot id, label, install generation, cached "
                     "digest vs what was verified and committed; a mismatch taints the engine); 0: only after "
                     "updates and on every completion")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}))
       ->capture_default_str();
   serve->add_flag("--auto-recover", o->auto_recover,
                   "After an identity mismatch taints an engine, recover it to the committed version right away "
@@ -120,7 +122,7 @@ void AddPolicyFlags(CLI::App* serve, ServeOptions* o) {
                     "Seconds a lease (POST /v1/rollouts:admit) may stay open without a finish or a heartbeat "
                     "(POST /v1/rollouts/{id}:heartbeat) before it is recorded expired and stops holding a drain; "
                     "0: never")
-      ->check(CLI::NonNegativeNumber)
+      ->check(FiniteNumber(0, 1e9))
       ->capture_default_str();
   serve
       ->add_option("--pause-mode", o->pause_mode,
@@ -148,6 +150,7 @@ void AddPolicyFlags(CLI::App* serve, ServeOptions* o) {
                    "Replay validation (docs/lifecycle.md): the largest |engine - trainer| log-probability difference "
                    "accepted on a version's probes; < 0 (default): the engine's own bound (rolloutcore engines, "
                    "f32: 1e-4)")
+      ->check(FiniteNumber())
       ->capture_default_str();
   serve->add_flag("--no-prefetch", o->no_prefetch,
                   "Do not stage the new version while the engine still serves. vLLM engines then stage inside the "
@@ -199,7 +202,7 @@ void AddVllmFlags(CLI::App* serve, ServeOptions* o) {
       ->add_option("--vllm-reset-attempts", o->vllm_reset_attempts,
                    "vLLM engines: /reset_prefix_cache calls per reset while it answers success:false (backoff 10 ms, "
                    "doubling); the controller retries refused resets within --reset-deadline-ms on top")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   serve->add_flag("--vllm-allow-untested-version", o->vllm_allow_untested_version,
                   "vLLM engines: start even when GET /version names a release other than 0.26.x or 0.33.x (refused "
@@ -207,15 +210,17 @@ void AddVllmFlags(CLI::App* serve, ServeOptions* o) {
                   "journals vllm_version_untested");
 }
 
-// The Runner's deadline of each lifecycle step.
+// The Runner's deadline of each lifecycle step: 1 ms to a day (a deadline of 0 or less would fail
+// every update at once).
 void AddDeadlineFlags(CLI::App* serve, ServeOptions* o) {
-  serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)");
-  serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)");
-  serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)");
-  serve->add_option("--install-deadline-ms", o->install_ms, "Install deadline (ms)");
-  serve->add_option("--reset-deadline-ms", o->reset_ms, "Cache-reset deadline (ms)");
-  serve->add_option("--validate-deadline-ms", o->validate_ms, "Validation (label + digest) deadline (ms)");
-  serve->add_option("--resume-deadline-ms", o->resume_ms, "Resume deadline (ms)");
+  const CLI::Range deadline_ms(int64_t{1}, int64_t{86'400'000});
+  serve->add_option("--drain-deadline-ms", o->drain_ms, "Drain deadline (ms)")->check(deadline_ms)->capture_default_str();
+  serve->add_option("--stage-deadline-ms", o->stage_ms, "Staging (prefetch) deadline (ms)")->check(deadline_ms)->capture_default_str();
+  serve->add_option("--pause-deadline-ms", o->pause_ms, "Pause deadline (ms)")->check(deadline_ms)->capture_default_str();
+  serve->add_option("--install-deadline-ms", o->install_ms, "Install deadline (ms)")->check(deadline_ms)->capture_default_str();
+  serve->add_option("--reset-deadline-ms", o->reset_ms, "Cache-reset deadline (ms)")->check(deadline_ms)->capture_default_str();
+  serve->add_option("--validate-deadline-ms", o->validate_ms, "Validation (label + digest) deadline (ms)")->check(deadline_ms)->capture_default_str();
+  serve->add_option("--resume-deadline-ms", o->resume_ms, "Resume deadline (ms)")->check(deadline_ms)->capture_default_str();
 }
 
 // The checks of the flags that need no engine: the server's key and bind address, and the vLLM

@@ -19,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "apps/cli_checks.h"
 #include "apps/child_process.h"
 #include "apps/commands.h"
 #include "apps/stop_signals.h"
@@ -63,7 +64,7 @@ class Demo {
   void Say(const std::string& s) {
     if (!o_.quiet && !o_.json) std::cout << fmt::format("[{:6.1f}s] {}", Elapsed(), s) << std::endl;
   }
-  double Elapsed() const { return (SystemClock::Default()->NowNs() - start_ns_) / 1e9; }
+  double Elapsed() const { return static_cast<double>(SystemClock::Default()->NowNs() - start_ns_) / 1e9; }
   void AddCheck(const std::string& name, bool ok, const std::string& detail) { checks_.push_back({name, ok, detail}); }
 
   Result<std::unique_ptr<ChildProcess>> Start(const std::string& name, const std::vector<std::string>& args) {
@@ -240,6 +241,7 @@ void Demo::Clients() {
     prompts.push_back(ids);
   }
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(o_.clients));
   for (int c = 0; c < o_.clients; ++c) {
     threads.emplace_back([this, c, prompts] {
       httplib::Client cli("127.0.0.1", ctl_port_);
@@ -450,12 +452,16 @@ void RegisterDemoCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<DemoOptions>();
   cmd->add_option("--workdir", o->workdir, "Where logs, journals and trajectories go (default: a new /tmp folder)");
   cmd->add_option("--model", o->model, "Model preset or config.json for the trainer")->capture_default_str();
-  cmd->add_option("--versions", o->versions, "Versions the trainer publishes after v0")->capture_default_str();
-  cmd->add_option("--clients", o->clients, "Concurrent rollout clients")->capture_default_str();
-  cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")->capture_default_str();
-  cmd->add_option("--trainer-ranks", o->ranks, "Trainer ranks (fsdp:N)")->capture_default_str();
+  cmd->add_option("--versions", o->versions, "Versions the trainer publishes after v0")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  cmd->add_option("--clients", o->clients, "Concurrent rollout clients")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", o->tp, "Engine tensor-parallel ranks")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--trainer-ranks", o->ranks, "Trainer ranks (fsdp:N)")->check(CLI::Range(1, 65536))->capture_default_str();
   cmd->add_option("--transport", o->transport, "shm or ucx")->check(CLI::IsMember({"shm", "ucx"}))->capture_default_str();
-  cmd->add_option("--max-tokens", o->max_tokens, "Tokens per rollout")->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "Tokens per rollout")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a machine-readable report instead of the table");
   cmd->add_flag("--keep", o->keep, "Keep everything in the work dir");
   cmd->callback([o, exit_code] {

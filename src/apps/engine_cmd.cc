@@ -4,6 +4,7 @@
 #include <csignal>
 #include <iostream>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/server_flags.h"
 #include "apps/stop_signals.h"
@@ -102,10 +103,12 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   auto* serve = engine->add_subcommand("serve", "Serve a model over the vLLM-compatible HTTP API.");
   serve->add_option("--model", flags->model, "Preset name (tiny, qwen3-0.6b-like, ...) or Hugging Face folder");
   serve->add_option("--host", flags->host, "Address to bind")->capture_default_str();
-  serve->add_option("--port", flags->port, "Port (0: any free port)")->capture_default_str();
-  serve->add_option("--max-model-len", flags->max_model_len, "Context length (default: the model's)");
+  serve->add_option("--port", flags->port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  serve->add_option("--max-model-len", flags->max_model_len, "Context length (default: the model's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   serve->add_option("--block-size", flags->block_size, "KV block size in tokens")->capture_default_str();
-  serve->add_option("--num-kv-blocks", flags->num_kv_blocks, "KV blocks in the pool (default: sized from limits)");
+  serve->add_option("--num-kv-blocks", flags->num_kv_blocks, "KV blocks in the pool (default: sized from limits)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   serve->add_option("--max-num-seqs", flags->max_num_seqs, "Max running requests")->capture_default_str();
   serve->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens, "Token budget per step")
       ->capture_default_str();
@@ -126,7 +129,7 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();
   serve->add_option("--weight-version", flags->weight_version, "Initial weight version label")->capture_default_str();
   serve->add_option("--served-model-name", flags->served_model_name, "Model name in responses");
-  serve->add_option("--threads", flags->threads, "Compute threads (0: all cores)");
+  serve->add_option("--threads", flags->threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 4096));
   serve->add_flag("--enable-fault-injection", flags->enable_fault_injection,
                   "Tests only: enable POST /rc/fault (delays and refusals, docs/engine.md); never in production");
   serve->add_option("--directory", flags->directory,

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/server_flags.h"
 #include "apps/stop_signals.h"
@@ -255,10 +256,10 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--directory", so->directory_url, "Directory URL, e.g. http://127.0.0.1:7470")->required();
   serve->add_option("--transport", so->transport, "shm | ucx | local")->capture_default_str();
   serve->add_option("--seed", so->seed, "Seed of the weights")->capture_default_str();
-  serve->add_option("--lr", so->lr, "Step size of the synthetic update")->capture_default_str();
+  serve->add_option("--lr", so->lr, "Step size of the synthetic update")->check(FiniteNumber())->capture_default_str();
   serve->add_option("--change-fraction", so->change_fraction,
                     "Fraction of elements a step updates, clustered per tensor (1: all; docs/trainer.md)")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(FiniteNumber(0, 1))
       ->capture_default_str();
   serve->add_flag("--delta", so->delta,
                   "Publish each version with per-shard sparse deltas against the previous committed one (the full "
@@ -281,7 +282,8 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   serve->add_option("--publish-outcome-timeout-ms", so->publish_outcome_timeout_ms,
                     "How long a rank whose publish went unanswered asks the directory for the outcome, keeping its "
                     "buffers (then the step fails with the outcome unknown and the buffers stay registered)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}))
+      ->capture_default_str();
   serve->add_option("--lease-ttl-ms", so->lease_ttl_ms, "Lease of each rank's publishes (renewed every third)")
       ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}))
       ->capture_default_str();
@@ -331,9 +333,9 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   auto* ex = tr->add_subcommand("export", "Write version vK of the synthetic trainer as a HF folder.");
   ex->add_option("--model", eo->model, "Refit preset or config.json / model folder")->required();
   ex->add_option("--seed", eo->seed, "Seed of the weights")->capture_default_str();
-  ex->add_option("--lr", eo->lr, "Step size of the synthetic update")->capture_default_str();
+  ex->add_option("--lr", eo->lr, "Step size of the synthetic update")->check(FiniteNumber())->capture_default_str();
   ex->add_option("--change-fraction", eo->change_fraction, "Fraction of elements a step updates (as in serve)")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(FiniteNumber(0, 1))
       ->capture_default_str();
   ex->add_option("--version", eo->version, "Version label v<k>")->required();
   ex->add_option("--out", eo->out, "Output folder")->required();

@@ -1,0 +1,64 @@
+// FiniteNumber (cli_checks.h): what CLI::Range lets through (NaN, infinities) is refused with the
+// value named, bounds hold, and a vector option checks every element.
+#include "apps/cli_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace rc::apps {
+namespace {
+
+// The parse error's message, or "" when the arguments parse.
+std::string Parse(CLI::App& app, std::vector<std::string> args) {
+  std::vector<const char*> argv{"prog"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CliChecksTest, FiniteNumberRefusesNanAndInfinitiesAndKeepsItsBounds) {
+  double x = -1;
+  CLI::App app;
+  app.add_option("--x", x)->check(FiniteNumber(0, 1));
+  EXPECT_EQ(Parse(app, {"--x", "0.25"}), "");
+  EXPECT_EQ(x, 0.25);
+  EXPECT_EQ(Parse(app, {"--x", "1"}), "");
+  for (const char* bad : {"nan", "NaN", "inf", "-inf", "1e400"}) {
+    const std::string why = Parse(app, {"--x", bad});
+    EXPECT_NE(why.find("is not a finite number"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find(bad), std::string::npos) << "names the value: " << why;
+  }
+  const std::string out = Parse(app, {"--x", "1.5"});
+  EXPECT_NE(out.find("Value 1.5 is not in [0, 1]"), std::string::npos) << out;
+  EXPECT_NE(Parse(app, {"--x", "-0.01"}), "");
+  EXPECT_NE(Parse(app, {"--x", "half"}).find("is not a number"), std::string::npos);
+}
+
+TEST(CliChecksTest, UnboundedFiniteNumberTakesAnyFiniteValue) {
+  double x = 0;
+  CLI::App app;
+  app.add_option("--x", x)->check(FiniteNumber());
+  EXPECT_EQ(Parse(app, {"--x", "-1e300"}), "");
+  EXPECT_EQ(x, -1e300);
+  EXPECT_NE(Parse(app, {"--x", "nan"}), "");
+}
+
+TEST(CliChecksTest, AVectorOptionChecksEveryElement) {
+  std::vector<double> xs;
+  CLI::App app;
+  app.add_option("--xs", xs)->check(FiniteNumber(0, 1));
+  EXPECT_EQ(Parse(app, {"--xs", "0.01", "0.1"}), "");
+  EXPECT_EQ(xs, (std::vector<double>{0.01, 0.1}));
+  xs.clear();
+  const std::string why = Parse(app, {"--xs", "0.01", "nan"});
+  EXPECT_NE(why.find("nan"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace rc::apps
