@@ -191,6 +191,19 @@ def test_shm_refuses_ordinary_memory_and_says_what_to_do(pub):
         pub.add_shard("vx", "w", np.zeros((4, 4), dtype=np.float32))
 
 
+def test_labels_and_urls_the_directory_refuses_are_refused_before_anything_is_staged(cluster, pub):
+    with pytest.raises(errors.InvalidArgumentError, match=r"directory URL 'localhost:7470' must start with http://"):
+        rolloutcore.Publisher("localhost:7470", MODEL)
+    with pytest.raises(errors.InvalidArgumentError, match=r"Publisher: model: character 0x2f is not allowed"):
+        rolloutcore.Publisher(cluster.directory_url, "org/model")
+    with pytest.raises(errors.InvalidArgumentError, match=r"Publisher: model: must not be empty"):
+        rolloutcore.Publisher(cluster.directory_url, "")
+    a = rolloutcore.Publisher.allocate([4, 4], "f32")
+    with pytest.raises(errors.InvalidArgumentError, match=r"version: character 0x2f is not allowed"):
+        pub.add_shard("step/1", "w", a)
+    assert "step/1" not in pub.versions()
+
+
 def test_state_errors(pub):
     with pytest.raises(errors.NotFoundError, match=r"no shards staged for version v-none"):
         pub.publish("v-none")

@@ -152,6 +152,12 @@ class PyPublisher {
     if (rank < 0 || rank >= world_size) {
       Raise(InvalidArgument(fmt::format("rank {} is not a rank of world size {}", rank, world_size)));
     }
+    Check(directory::ValidateName(model_, "Publisher: model"));
+    if (!directory.starts_with("http://") && !directory.starts_with("https://")) {
+      Raise(InvalidArgument(fmt::format("Publisher: directory URL '{}' must start with http:// or https:// "
+                                        "(e.g. http://127.0.0.1:7470)",
+                                        directory)));
+    }
     transport_ = Unwrap(transport::CreateTransport(transport));
     directory_ = std::make_unique<directory::DirectoryClient>(std::move(directory));
     trainer::PublisherOptions options;

@@ -9,6 +9,7 @@
 
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
+#include "rolloutcore/directory/types.h"
 #include "rolloutcore/refit/digest.h"
 
 namespace rc::trainer {
@@ -71,6 +72,9 @@ std::string_view Publisher::StateWord(VersionEntry::State state) {
 
 Status Publisher::CheckNewShard(std::string_view version, const VersionEntry& entry, const ShardSource& s) const {
   const std::string what = fmt::format("shard of tensor {} on rank {} for version {}", s.name, rank_, version);
+  // The labels the directory will refuse at publish are refused here, before any shard is staged.
+  RC_RETURN_IF_ERROR(directory::ValidateName(model_, fmt::format("rank {}: model", rank_)));
+  RC_RETURN_IF_ERROR(directory::ValidateName(version, fmt::format("rank {}: version", rank_)));
   if (s.name.empty()) return InvalidArgument(fmt::format("shard on rank {} for version {}: empty tensor name", rank_, version));
   RC_RETURN_IF_ERROR(refit::ValidateShape(s.global_shape, what + ": global shape"));
   RC_RETURN_IF_ERROR(refit::ValidateShape(s.local_shape, what + ": local shape"));

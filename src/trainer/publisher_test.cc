@@ -334,6 +334,24 @@ TEST_F(PublisherTest, GeometryErrorsNameTensorRankAndVersion) {
   EXPECT_EQ(p.AddShard("v3", bad_rank).code(), StatusCode::kInvalidArgument);
 }
 
+// A label the directory would refuse at publish is refused at the first add_shard, before anything
+// of that version is staged.
+TEST_F(PublisherTest, LabelsTheDirectoryRefusesAreRefusedAtAddShard) {
+  const std::vector<uint16_t> d = Pattern(32, 1);
+  Publisher p(transport_.get(), store_.get(), "m", 0, 1);
+  for (const char* version : {"", "v/1", "v 1", "..", "v?1"}) {
+    Status s = p.AddShard(version, Rows("w", {8, 4}, 0, 8, d.data()));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << version;
+    EXPECT_NE(s.message().find("version"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(p.Publish("v/1").status().code(), StatusCode::kNotFound) << "nothing was staged under it";
+  Publisher bad_model(transport_.get(), store_.get(), "m/x", 0, 1);
+  Status s = bad_model.AddShard("v1", Rows("w", {8, 4}, 0, 8, d.data()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("model: character 0x2f"), std::string::npos) << s.message();
+  EXPECT_TRUE(p.AddShard("v1.0-rc+2", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+}
+
 TEST_F(PublisherTest, StateErrors) {
   const std::vector<uint16_t> d = Pattern(32, 1);
   Publisher p(transport_.get(), store_.get(), "m", 0, 1);
