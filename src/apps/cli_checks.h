@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <string_view>
 
 namespace rc::apps {
 
@@ -26,6 +27,20 @@ inline CLI::Validator FiniteNumber(double lo = std::numeric_limits<double>::lowe
         return "";
       },
       bounded ? fmt::format("FLOAT in [{}, {}]", lo, hi) : std::string("FLOAT (finite)"));
+}
+
+// A base URL of an HTTP service: http://HOST[:PORT] or https://... (a URL without a scheme would be
+// taken as a host name and fail only at the first call, as a connection error).
+inline CLI::Validator HttpUrl() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        for (const char* scheme : {"http://", "https://"}) {
+          const std::string_view s(scheme);
+          if (text.size() > s.size() && text.compare(0, s.size(), s) == 0) return "";
+        }
+        return fmt::format("'{}' is not an http:// or https:// URL (e.g. http://127.0.0.1:7470)", text);
+      },
+      "URL");
 }
 
 }  // namespace rc::apps

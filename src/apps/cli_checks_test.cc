@@ -1,5 +1,5 @@
-// FiniteNumber (cli_checks.h): what CLI::Range lets through (NaN, infinities) is refused with the
-// value named, bounds hold, and a vector option checks every element.
+// cli_checks.h: FiniteNumber refuses what CLI::Range lets through (NaN, infinities), naming the
+// value, keeps its bounds and checks every element of a vector option; HttpUrl wants a scheme.
 #include "apps/cli_checks.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +58,18 @@ TEST(CliChecksTest, AVectorOptionChecksEveryElement) {
   xs.clear();
   const std::string why = Parse(app, {"--xs", "0.01", "nan"});
   EXPECT_NE(why.find("nan"), std::string::npos) << why;
+}
+
+TEST(CliChecksTest, HttpUrlWantsASchemeAndAHost) {
+  std::string url;
+  CLI::App app;
+  app.add_option("--url", url)->check(HttpUrl());
+  EXPECT_EQ(Parse(app, {"--url", "http://127.0.0.1:7470"}), "");
+  EXPECT_EQ(Parse(app, {"--url", "https://dir.example:443"}), "");
+  for (const char* bad : {"127.0.0.1:7470", "localhost", "http://", "ftp://x", ""}) {
+    const std::string why = Parse(app, {"--url", bad});
+    EXPECT_NE(why.find("is not an http:// or https:// URL"), std::string::npos) << bad << ": " << why;
+  }
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ void AddEngineFlags(CLI::App* serve, ServeOptions* o) {
 
 // The directory, the state, the address and the service's update flags.
 void AddServiceFlags(CLI::App* serve, ServeOptions* o) {
-  serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)");
+  serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)")->check(HttpUrl());
   serve->add_option("--state-dir", o->state_dir, "Where the journals and the trajectory store live")->required();
   serve->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
   serve->add_option("--port", o->port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));

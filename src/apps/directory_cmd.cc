@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/server_flags.h"
 #include "apps/stop_signals.h"
@@ -105,7 +106,7 @@ void RegisterDirectoryCommand(CLI::App& app, int* exit_code) {
       "mark-unavailable",
       "Record that a version's sources are gone: COMMITTED becomes UNAVAILABLE (refused by get), STAGING ABANDONED.");
   for (CLI::App* c : {list, get, release, mark}) {
-    c->add_option("--url", copts->url, "Directory URL")->capture_default_str();
+    c->add_option("--url", copts->url, "Directory URL")->check(HttpUrl())->capture_default_str();
     c->add_option("--model", copts->model, "Model name")->required();
   }
   for (CLI::App* c : {get, release, mark}) c->add_option("--version", copts->version, "Version label")->required();

@@ -134,7 +134,8 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
                   "Tests only: enable POST /rc/fault (delays and refusals, docs/engine.md); never in production");
   serve->add_option("--directory", flags->directory,
                     "The only directory POST /rc/refit/stage may pull from (default: any directory on this host, "
-                    "i.e. a loopback URL)");
+                    "i.e. a loopback URL)")
+      ->check(HttpUrl());
   serve->add_option("--full-verify-every", flags->full_verify_every,
                     "Delta refit anchor check: a full digest of the live weights after every N-th consecutive delta "
                     "install (0: never; full installs always digest everything; docs/refit.md)")

@@ -253,7 +253,9 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
       ->required();
   serve->add_option("--name", so->name, "Model name in the directory (default: the preset name)");
   serve->add_option("--layout", so->layout, "fsdp:N | tp:N | replicated[:N]")->capture_default_str();
-  serve->add_option("--directory", so->directory_url, "Directory URL, e.g. http://127.0.0.1:7470")->required();
+  serve->add_option("--directory", so->directory_url, "Directory URL, e.g. http://127.0.0.1:7470")
+      ->required()
+      ->check(HttpUrl());
   serve->add_option("--transport", so->transport, "shm | ucx | local")->capture_default_str();
   serve->add_option("--seed", so->seed, "Seed of the weights")->capture_default_str();
   serve->add_option("--lr", so->lr, "Step size of the synthetic update")->check(FiniteNumber())->capture_default_str();
