@@ -11,7 +11,7 @@ namespace rc::apps {
 namespace {
 
 // The parse error's message, or "" when the arguments parse.
-std::string Parse(CLI::App& app, std::vector<std::string> args) {
+std::string Parse(CLI::App& app, const std::vector<std::string>& args) {
   std::vector<const char*> argv{"prog"};
   for (const std::string& a : args) argv.push_back(a.c_str());
   try {
