@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "rolloutcore/base/json.h"
@@ -93,9 +95,11 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const By
   RC_ASSIGN_OR_RETURN(s.max_tokens, GetInt(j, "max_tokens", "", 16));
   if (s.max_tokens < 1) return InvalidArgument("max_tokens: must be at least 1, got " + std::to_string(s.max_tokens));
   RC_ASSIGN_OR_RETURN(s.temperature, GetDouble(j, "temperature", "", 1.0));
-  if (!(s.temperature >= 0) || s.temperature > 1e6) return InvalidArgument("temperature: must be >= 0");
+  if (!(s.temperature >= 0) || s.temperature > 1e6) {
+    return InvalidArgument(fmt::format("temperature: must be in [0, 1e6], got {}", s.temperature));
+  }
   RC_ASSIGN_OR_RETURN(s.top_p, GetDouble(j, "top_p", "", 1.0));
-  if (!(s.top_p > 0 && s.top_p <= 1)) return InvalidArgument("top_p: must be in (0, 1]");
+  if (!(s.top_p > 0 && s.top_p <= 1)) return InvalidArgument(fmt::format("top_p: must be in (0, 1], got {}", s.top_p));
   RC_ASSIGN_OR_RETURN(s.top_k, GetInt(j, "top_k", "", -1));
   if (s.top_k < -1) return InvalidArgument("top_k: must be -1 (disabled), 0 (disabled) or positive");
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {

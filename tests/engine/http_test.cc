@@ -140,7 +140,9 @@ TEST_F(HttpTest, BadInputGets400NamingTheField) {
       {R"({"prompt":[1,2],"logprobs":99})", "logprobs"},
       {R"({"prompt":[1,2],"cache_salt":""})", "cache_salt"},
       {R"({"prompt":[1,2],"stop_token_ids":[1,-2]})", "stop_token_ids[1]"},
-      {R"({"prompt":[1,2],"top_p":0})", "top_p"},
+      {R"({"prompt":[1,2],"top_p":0})", "top_p: must be in (0, 1], got 0"},
+      {R"({"prompt":[1,2],"temperature":1e300})", "temperature: must be in [0, 1e6], got 1e+300"},
+      {R"({"prompt":[1,2],"temperature":-0.5})", "temperature: must be in [0, 1e6], got -0.5"},
       {R"({"prompt":[1,2],"n":0})", "n"},
       {R"({"prompt":[1,99999]})", "prompt[1]"},
   };
