@@ -2,10 +2,45 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "apps/commands.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/version.h"
+
+namespace {
+
+// "rolloutcore nosuch" or "rolloutcore bench nosuch": CLI11 answers "A subcommand is required",
+// which does not say that the word was not understood. The words up to the first option are walked
+// down the command tree; the first that names no command of a group is reported with the group's
+// commands. Empty when every word is a command (or the walk reaches a command that takes
+// positional arguments).
+std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path = "rolloutcore";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return "";
+    const std::vector<CLI::App*> subs = at->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subs) {
+      if (sub->get_name() == word) next = sub;
+      if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (next == nullptr) {
+      return "unknown command '" + word + "' for `" + path + "`; its commands are: " + names +
+             " (`" + path + " --help` says what each does)";
+    }
+    at = next;
+    path += " " + word;
+  }
+  return "";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   rc::InitLoggingFromEnv();
@@ -36,6 +71,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (const std::string why = UnknownCommand(app, argc, argv); !why.empty() && e.get_exit_code() != 0) {
+      std::cerr << why << std::endl;
+      return e.get_exit_code();
+    }
     return app.exit(e);
   }
   return exit_code;
