@@ -1,5 +1,6 @@
 // The `rolloutcore` command line: one binary, one subcommand per job.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <iostream>
 #include <string>
@@ -31,8 +32,8 @@ std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
       if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
     }
     if (next == nullptr) {
-      return "unknown command '" + word + "' for `" + path + "`; its commands are: " + names +
-             " (`" + path + " --help` says what each does)";
+      return fmt::format("unknown command '{}' for `{}`; its commands are: {} (`{} --help` says what each does)", word,
+                         path, names, path);
     }
     at = next;
     path += " " + word;
