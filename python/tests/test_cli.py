@@ -42,6 +42,8 @@ def test_an_unknown_command_is_named_with_the_commands_there_are(args, says):
     (["bench", "refit", "--repeats", "0"], "--repeats: Value 0 not in range 1 to 100000"),
     (["bench", "refit", "--delta", "--change-fractions", "0.01", "nan"], "--change-fractions: Value nan is not a finite"),
     (["demo", "--versions", "0"], "--versions: Value 0 not in range 1 to 10000"),
+    (["plan", "--model", "tiny", "--source", "fsdp:2", "--target", "tp:2", "--budget", "-3"],
+     "--budget: Value -3 not in range 0 to"),
     (["trainer", "export", "--model", "tiny", "--version", "v1", "--out", "unused", "--lr", "inf"],
      "--lr: Value inf is not a finite number"),
 ])

@@ -220,7 +220,9 @@ void RegisterPlanFleetCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--wire-dtype", f->wire_dtype,
                   "Dtype the trainer publishes (default: the checkpoint's, bf16), e.g. f8_e4m3 for a trainer that "
                   "quantizes before sending; pair it with an engine @f8_e4m3");
-  cmd->add_option("--budget", f->budget, "Descriptor budget per copy")->capture_default_str();
+  cmd->add_option("--budget", f->budget, "Descriptor budget per copy")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   cmd->add_flag("--every-receiver", f->every, "Build every receiver's plan instead of one per distinct class");
   cmd->add_flag("--json", f->json, "Print JSON (with per-rank and per-link vectors)");
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });

@@ -275,12 +275,14 @@ void RegisterPlanCommand(CLI::App& app, int* exit_code) {
   auto* source = cmd->add_option("--source", f->source, "Trainer layout: fsdp:N, tp:N or replicated[:N]");
   auto* target = cmd->add_option("--target", f->target, "Engine layout: tp:N, ep:M or tp:N+ep:M, optional @dtype");
   auto* spec = cmd->add_option("--spec", f->spec, "JSON plan spec with arbitrary layouts (see docs/refit.md)");
-  cmd->add_option("--rank", f->rank, "Plan only this engine rank (default: every rank)");
+  cmd->add_option("--rank", f->rank, "Plan only this engine rank (default: every rank)")->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--verify", f->verify,
                 "Fill seeded random shards, execute through the local transport, compare every destination byte "
                 "with a direct load and the content digests (small models only)");
   cmd->add_flag("--json", f->json, "Print JSON");
-  cmd->add_option("--budget", f->budget, "Descriptor budget per copy")->capture_default_str();
+  cmd->add_option("--budget", f->budget, "Descriptor budget per copy")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed for --verify")->capture_default_str();
   cmd->add_option("--layers", f->layers, "Partial refit: only layers FIRST:LAST");
   cmd->add_option("--experts", f->experts, "Partial refit: only these expert ids (comma-separated)");
