@@ -44,6 +44,12 @@ class JsonHttp:
     """
 
     def __init__(self, base_url: str, timeout_s: float = 30.0, api_key: Optional[str] = None) -> None:
+        parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            # Without a scheme urllib would fail at the first call ("unknown url type"), far from the cause.
+            raise ValueError(f"{base_url!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8300)")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")

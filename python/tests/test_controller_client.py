@@ -53,3 +53,14 @@ def test_wait_update_rides_out_a_full_long_poll_pool(fake_controller: str) -> No
     rec = client.wait_update("u-1", timeout_s=10)
     assert rec["done"] and rec["outcome"] == "committed"
     assert [("wait_ms" in p) for p in _FakeController.seen] == [True, False, True]
+
+
+@pytest.mark.parametrize("make", [rolloutcore.ControllerClient, rolloutcore.DirectoryClient, rolloutcore.EngineClient])
+def test_clients_refuse_a_url_without_a_scheme_and_a_bad_timeout_when_made(make) -> None:
+    for url in ("127.0.0.1:8300", "localhost", "ftp://x", "http://", ""):
+        with pytest.raises(ValueError, match="is not an http:// or https:// URL"):
+            make(url)
+    for timeout in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout_s must be a positive number of seconds"):
+            make("http://127.0.0.1:8300", timeout_s=timeout)
+    assert make("https://controller.example:8443/").url.endswith(":8443")
