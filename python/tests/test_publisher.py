@@ -198,6 +198,12 @@ def test_labels_and_urls_the_directory_refuses_are_refused_before_anything_is_st
         rolloutcore.Publisher(cluster.directory_url, "org/model")
     with pytest.raises(errors.InvalidArgumentError, match=r"Publisher: model: must not be empty"):
         rolloutcore.Publisher(cluster.directory_url, "")
+    for kw, says in (({"lease_ttl_ms": 0}, r"lease_ttl_ms must be in \[1, 86400000\], got 0"),
+                     ({"lease_ttl_ms": 10**15}, r"lease_ttl_ms must be in"),
+                     ({"keepalive_interval_ms": -1}, r"keepalive_interval_ms must be in \[0, lease_ttl_ms\)"),
+                     ({"lease_ttl_ms": 1000, "keepalive_interval_ms": 1000}, r"got 1000 with lease_ttl_ms 1000")):
+        with pytest.raises(errors.InvalidArgumentError, match=says):
+            rolloutcore.Publisher(cluster.directory_url, MODEL, **kw)
     a = rolloutcore.Publisher.allocate([4, 4], "f32")
     with pytest.raises(errors.InvalidArgumentError, match=r"version: character 0x2f is not allowed"):
         pub.add_shard("step/1", "w", a)

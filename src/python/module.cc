@@ -153,6 +153,16 @@ class PyPublisher {
       Raise(InvalidArgument(fmt::format("rank {} is not a rank of world size {}", rank, world_size)));
     }
     Check(directory::ValidateName(model_, "Publisher: model"));
+    // What the directory would refuse at the first publish, refused here.
+    if (lease_ttl_ms < 1 || lease_ttl_ms > directory::kMaxLeaseTtlMs) {
+      Raise(InvalidArgument(fmt::format("Publisher: lease_ttl_ms must be in [1, {}], got {}", directory::kMaxLeaseTtlMs,
+                                        lease_ttl_ms)));
+    }
+    if (keepalive_interval_ms < 0 || keepalive_interval_ms >= lease_ttl_ms) {
+      Raise(InvalidArgument(fmt::format("Publisher: keepalive_interval_ms must be in [0, lease_ttl_ms) (0: a third of "
+                                        "the lease), got {} with lease_ttl_ms {}",
+                                        keepalive_interval_ms, lease_ttl_ms)));
+    }
     if (!directory.starts_with("http://") && !directory.starts_with("https://")) {
       Raise(InvalidArgument(fmt::format("Publisher: directory URL '{}' must start with http:// or https:// "
                                         "(e.g. http://127.0.0.1:7470)",
