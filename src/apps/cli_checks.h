@@ -10,7 +10,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
-#include <string_view>
+
+#include "rolloutcore/net/http.h"
 
 namespace rc::apps {
 
@@ -34,10 +35,7 @@ inline CLI::Validator FiniteNumber(double lo = std::numeric_limits<double>::lowe
 inline CLI::Validator HttpUrl() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        for (const char* scheme : {"http://", "https://"}) {
-          const std::string_view s(scheme);
-          if (text.size() > s.size() && text.compare(0, s.size(), s) == 0) return "";
-        }
+        if (net::IsHttpUrl(text)) return "";
         return fmt::format("'{}' is not an http:// or https:// URL (e.g. http://127.0.0.1:7470)", text);
       },
       "URL");

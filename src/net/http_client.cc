@@ -142,4 +142,11 @@ httplib::Result ClientPool::Request(const std::string& method, const std::string
   }
 }
 
+bool IsHttpUrl(std::string_view url) {
+  for (const std::string_view scheme : {std::string_view("http://"), std::string_view("https://")}) {
+    if (url.size() > scheme.size() && url.substr(0, scheme.size()) == scheme) return true;
+  }
+  return false;
+}
+
 }  // namespace rc::net

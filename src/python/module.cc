@@ -31,6 +31,7 @@
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/types.h"
+#include "rolloutcore/net/http.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/refit/layouts.h"
@@ -163,7 +164,7 @@ class PyPublisher {
                                         "the lease), got {} with lease_ttl_ms {}",
                                         keepalive_interval_ms, lease_ttl_ms)));
     }
-    if (!directory.starts_with("http://") && !directory.starts_with("https://")) {
+    if (!net::IsHttpUrl(directory)) {
       Raise(InvalidArgument(fmt::format("Publisher: directory URL '{}' must start with http:// or https:// "
                                         "(e.g. http://127.0.0.1:7470)",
                                         directory)));

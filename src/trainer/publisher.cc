@@ -72,9 +72,6 @@ std::string_view Publisher::StateWord(VersionEntry::State state) {
 
 Status Publisher::CheckNewShard(std::string_view version, const VersionEntry& entry, const ShardSource& s) const {
   const std::string what = fmt::format("shard of tensor {} on rank {} for version {}", s.name, rank_, version);
-  // The labels the directory will refuse at publish are refused here, before any shard is staged.
-  RC_RETURN_IF_ERROR(directory::ValidateName(model_, fmt::format("rank {}: model", rank_)));
-  RC_RETURN_IF_ERROR(directory::ValidateName(version, fmt::format("rank {}: version", rank_)));
   if (s.name.empty()) return InvalidArgument(fmt::format("shard on rank {} for version {}: empty tensor name", rank_, version));
   RC_RETURN_IF_ERROR(refit::ValidateShape(s.global_shape, what + ": global shape"));
   RC_RETURN_IF_ERROR(refit::ValidateShape(s.local_shape, what + ": local shape"));
@@ -116,6 +113,12 @@ Status Publisher::AddShard(std::string_view version, ShardSource shard) {
   if (it != versions_.end() && it->second.state != VersionEntry::State::kStaged) {
     return FailedPrecondition(fmt::format("rank {} cannot add tensor {} to version {} of model {}: it is already {}",
                                           rank_, shard.name, version, model_, StateWord(it->second.state)));
+  }
+  if (it == versions_.end()) {
+    // The first shard of a version: the labels the directory would refuse at publish are refused
+    // now, before anything of it is staged (once per version, not per shard).
+    RC_RETURN_IF_ERROR(directory::ValidateName(model_, fmt::format("rank {}: model", rank_)));
+    RC_RETURN_IF_ERROR(directory::ValidateName(version, fmt::format("rank {}: version", rank_)));
   }
   static const VersionEntry kEmpty;
   RC_RETURN_IF_ERROR(CheckNewShard(version, it == versions_.end() ? kEmpty : it->second, shard));

@@ -212,6 +212,11 @@ void SetClientTimeouts(httplib::Client& client, int64_t connect_ms, int64_t read
 // (the server never saw it). `prepare` sets per-call options (timeouts) on the client before it
 // sends. At most max_idle clients are kept.
 // Thread safety: any thread; each client is used by one request at a time.
+// True when `url` is a base URL of an HTTP service: http:// or https:// followed by at least a host.
+// (cpp-httplib takes a URL without a scheme as a host name, so a missing scheme would surface only
+// as a connection error at the first call.)
+bool IsHttpUrl(std::string_view url);
+
 class ClientPool {
  public:
   explicit ClientPool(std::string base_url, ClientConfig config = ClientConfig::Default(), int64_t max_idle_ms = 1000,
