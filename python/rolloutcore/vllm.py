@@ -708,12 +708,40 @@ def _engine_core_of(worker: Any) -> Tuple[Optional[Any], str]:
                   "did not come through collective_rpc")
 
 
+# vLLM's scheduler queues of waiting requests, any of which may hold a request that already ran:
+# ``waiting`` (both releases; a preempted request goes back to its head), ``skipped_waiting`` (0.26:
+# requests the scheduling scan skipped, or enqueued blocked on a grammar, remote KV or a streamed input;
+# v1/core/sched/scheduler.py:185, :1056-1057, :1962-1974) and ``kv_holding_waiting`` (0.33: waiting
+# requests that hold KV blocks, scheduler.py:236). 0.33's ``deferred_waiting`` is a set of requests
+# that are also in one of these two queues (scheduler.py:1056, :2709-2715), not a queue of its own.
+_WAITING_QUEUES = ("waiting", "skipped_waiting", "kv_holding_waiting")
+
+
+def _request_started(r: Any) -> bool:
+    """Whether a waiting request already ran on the weights now live: it has computed tokens (holding
+    KV, a chunked prefill), produced output tokens, or was preempted. Preemption sets
+    num_computed_tokens back to 0 and puts the request back in ``waiting`` (0.26 scheduler.py:1225,
+    :1233; 0.33 :1822, :1842) but keeps its output tokens (Request.num_output_tokens /
+    output_token_ids) and counts num_preemptions (0.26 v1/request.py:275, :195; 0.33 :303, :216).
+    0.26's /pause?mode=keep with clear_cache=true preempts every running request so (v1/engine/core.py
+    :847 -> reset_prefix_cache(reset_running_requests=True), scheduler.py:2336-2346)."""
+    if int(getattr(r, "num_computed_tokens", 0) or 0) > 0:
+        return True
+    if int(getattr(r, "num_output_tokens", 0) or 0) > 0 or len(getattr(r, "output_token_ids", None) or ()) > 0:
+        return True
+    return int(getattr(r, "num_preemptions", 0) or 0) > 0
+
+
 def _engine_busy(core: Any) -> Optional[str]:
-    """Why the engine core has work that an install now would split across two versions (None when
-    it has none): a running request, a waiting one that already computed tokens (preempted, or
-    holding KV), or a step in flight. A request queued and never started is not: it runs after
-    this call, on the new weights. (vLLM's own count is not used: under a keep pause it answers 0
-    with frozen requests running.)"""
+    """Why the engine core has work that an install now would split across two versions, or why it
+    cannot tell (None when it has none): a running request; a request in any of the scheduler's
+    waiting queues (``waiting``, and 0.26's ``skipped_waiting`` or 0.33's ``kv_holding_waiting``,
+    whichever exist) that already started: computed tokens, output tokens, or a preemption
+    (``_request_started``); a scheduler with ``running`` but none of those queues (a layout this
+    check does not know, so its waiting requests cannot be read: refused, not skipped); or a step in
+    flight (the batch queue). A request queued and never started is not: it runs after this call, on
+    the new weights. (vLLM's own count is not used: under a keep pause it answers 0 with frozen
+    requests running.)"""
     sched = core.scheduler
     running = getattr(sched, "running", None)
     if running is None:  # another scheduler: its own count
@@ -725,12 +753,20 @@ def _engine_busy(core: Any) -> Optional[str]:
     else:
         if len(running):
             return f"{len(running)} request(s) in flight (running)"
+        queues = [(name, getattr(sched, name)) for name in _WAITING_QUEUES if getattr(sched, name, None) is not None]
+        if not queues:
+            return (f"cannot tell: the scheduler ({type(sched).__name__}) has none of the waiting queues "
+                    f"{', '.join(_WAITING_QUEUES)} (vLLM 0.26 / 0.33), so its waiting requests cannot be checked")
         started = 0
-        for queue in (getattr(sched, "waiting", None), getattr(sched, "kv_holding_waiting", None)):
-            for r in list(queue or []):
-                started += int(getattr(r, "num_computed_tokens", 0) or 0) > 0
+        where = []
+        for name, queue in queues:
+            n = sum(1 for r in list(queue) if _request_started(r))
+            if n:
+                started += n
+                where.append(name)
         if started:
-            return f"{started} request(s) in flight (waiting with computed tokens: preempted or holding KV)"
+            return (f"{started} request(s) in flight (waiting after they started: tokens computed, output "
+                    f"produced or preempted; in {', '.join(where)})")
     if getattr(core, "batch_queue", None):
         return "an engine step is in flight (batch queue)"
     return None
@@ -1555,7 +1591,10 @@ class Extension:
         * ``atomic=True``: in the same call, vLLM's prefix, multimodal and encoder caches are reset
           and vLLM's own weight version set, on the engine core's thread between two steps, so no
           pause is needed (docs/vllm.md "Atomic install"). Refused untouched unless the engine core
-          runs this worker in its thread and has no request in flight (a queued, never-started one runs after).
+          runs this worker in its thread and has no request in flight: none running, none waiting
+          after it started (tokens computed, output produced or preempted; every waiting queue of
+          0.26 / 0.33 read, and a scheduler with none of them refused), no step in the batch queue.
+          A queued, never-started request runs after, on the new weights (``_engine_busy``).
         """
         torch = _torch()
         st = self._rc_state()

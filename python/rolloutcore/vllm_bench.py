@@ -51,6 +51,10 @@ timed window, that the live weights are the trainer's (the extension's fresh rc_
 manifest digest of the same tensors, published only for that check): native_weights_correct. Prints
 a side-by-side table of medians (the first cycle of each path is a warm-up, left out) and writes it
 under "versus_native" in $OUT/bench_vllm_<shape>.json.
+
+With --quantization (vLLM 0.33 only: the extension's FP8 layout is checked against 0.33 alone)
+vLLM serves FP8 quantized from the trainer's bf16. Both refusals are checked before vLLM starts
+(the release in $VLLM_SITE, else $VLLM_KIT) and again on the release the server reports.
 """
 
 from __future__ import annotations
@@ -441,6 +445,27 @@ def native_unavailable(release: str) -> Optional[str]:
                 f"'{IPC_TRANSFER_CONFIG}' fails at start-up with ModuleNotFoundError. Run it against vLLM 0.33 "
                 "(VLLM_KIT=0.33), whose ipc_engine.py imports neither ray nor requests.")
     return None
+
+
+def quantization_unavailable(release: str) -> Optional[str]:
+    """Why --quantization cannot run against vLLM ``release`` ("0.26.0", "0.33", ...), or None: the
+    worker extension's FP8 layout (_rc_fp8_target, rc_fp8_image) is checked against vLLM 0.33 only."""
+    if release.startswith("0.33"):
+        return None
+    return (f"--quantization: vLLM {release or '(release unknown)'} is not checked for the worker extension's "
+            "FP8 install: the layout it reads from vLLM's FP8 layers (_rc_fp8_target, rc_fp8_image; "
+            "docs/fp8.md) is checked against vLLM 0.33 only, and the GPU tests tests/vllm/test_fp8_vllm_*.py "
+            "skip any other release. Run it against vLLM 0.33 (VLLM_KIT=0.33).")
+
+
+def release_refusal(a, release: str) -> Optional[str]:
+    """Why this bench's arguments ``a`` cannot run against vLLM ``release`` (--versus native, then
+    --quantization), or None. Checked before vLLM starts (the site's release, else $VLLM_KIT) and
+    again on the release the started server reports (GET /version)."""
+    why = native_unavailable(release) if getattr(a, "versus", None) == "native" else None
+    if why is None and getattr(a, "quantization", None):
+        why = quantization_unavailable(release)
+    return why
 
 
 def ipc_update_info(items: Iterable[Tuple[str, Any]], handle_of: Callable[[Any], Any], gpu_uuid: str) -> Dict[str, Any]:
@@ -900,7 +925,8 @@ def main(argv=None) -> int:
                          "(0.26 cannot load its ipc backend); not with --controller or --quantization")
     ap.add_argument("--quantization", choices=["fp8_per_tensor", "fp8_per_channel", "fp8_per_block"], default=None,
                     help="vLLM serves FP8 weights quantized from the trainer's bf16 (vLLM 0.33's --quantization; "
-                         "docs/fp8.md): each install stages bf16, quantizes on the GPU and proves the FP8 image")
+                         "docs/fp8.md): each install stages bf16, quantizes on the GPU and proves the FP8 image. "
+                         "vLLM 0.33 only (the extension's FP8 layout is checked against 0.33 alone)")
     ap.add_argument("--compare-bf16", action="store_true",
                     help="with --quantization: run the same cycles on bf16 vLLM first, then on FP8, in this one "
                          "call, and print the two side by side (COMPARE line, $OUT/bench_vllm_<shape>_fp8_vs_bf16.json)")
@@ -959,11 +985,10 @@ def main(argv=None) -> int:
     if a.pause_call is None:
         a.pause_call = ("pause" if (a.versus or a.delta is not None) else
                         "sleep" if a.window != "serial:copy" else "both")
-    if a.versus == "native":
-        why = native_unavailable(site_version(VLLM_SITE) or VLLM_KIT)
-        if why is not None:
-            print(why, file=sys.stderr)
-            return 2
+    why = release_refusal(a, site_version(VLLM_SITE) or VLLM_KIT)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 2
     if a.dry_run:
         print(json.dumps({**vars(a), "make_tiny": MAKE_TINY, "out": str(OUT),
                           "rolloutcore_bin": os.environ.get("ROLLOUTCORE_BIN")}, sort_keys=True))
@@ -1029,12 +1054,11 @@ def run(a) -> dict:
                                f"{IPC_TRANSFER_CONFIG}: {e}") from e
         raise
     vllm_version = v.version()
-    if a.versus == "native":
-        why = native_unavailable(vllm_version)
-        if why is not None:
-            v.stop()
-            d.stop()
-            raise SystemExit(why)
+    why = release_refusal(a, vllm_version)
+    if why is not None:
+        v.stop()
+        d.stop()
+        raise SystemExit(why)
     # 0.33 has its own weight label (GET /weight_info, POST /update_weight_version); a control plane
     # sets it inside the pause after every install (the controller does), so the cycle does too.
     own_label = v.is_033()

@@ -433,6 +433,94 @@ def test_atomic_install_is_refused_untouched_when_busy_or_out_of_reach(rig):
     assert not r["ok"] and "does not run this worker" in r["error"], r
 
 
+class Request:
+    """vLLM's v1 Request as the idle check reads it (0.26 and 0.33 v1/request.py alike): computed
+    tokens, output tokens behind the num_output_tokens property, and the preemption count."""
+
+    def __init__(self, num_computed_tokens: int = 0, outputs: int = 0, num_preemptions: int = 0) -> None:
+        self.num_computed_tokens = num_computed_tokens
+        self._output_token_ids = list(range(outputs))
+        self.output_token_ids = tuple(self._output_token_ids)
+        self.num_preemptions = num_preemptions
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+
+def preempt(sched, r: Request) -> None:
+    """vLLM's Scheduler._preempt_request (0.26 scheduler.py:1212-1234, 0.33 :1822-1842): computed
+    tokens back to 0, one more preemption, back to the head of ``waiting``; the output stays."""
+    r.num_computed_tokens = 0
+    r.num_preemptions += 1
+    sched.waiting.insert(0, r)
+
+
+def untouched(rig, before) -> bool:
+    return all(p.data_ptr() == before[n][0] and torch.equal(p, before[n][1]) for n, p in rig.params.items())
+
+
+def test_atomic_install_reads_026s_skipped_waiting_queue(rig):
+    """0.26 has no kv_holding_waiting: a request blocked while waiting (grammar, remote KV, streamed
+    input) or skipped by the scan sits in skipped_waiting (0.26 scheduler.py:185, :1962-1974)."""
+    stage(rig, "v1", 12)
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in rig.params.items()}
+    core = EngineCore(rig.w)
+    core.scheduler = types.SimpleNamespace(running=[], waiting=[], skipped_waiting=[Request(num_computed_tokens=16)])
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and r["outcome"] == "refused_untouched", r
+    assert "1 request(s) in flight" in r["error"] and "skipped_waiting" in r["error"], r
+    assert core.events == [] and untouched(rig, before)
+    # Never started, in either queue: runs after the install, on the new weights.
+    core.scheduler.skipped_waiting = [Request()]
+    core.scheduler.waiting.append(Request())
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert r["ok"] and r["verified"], r
+    assert core.version == "v1"
+
+
+@pytest.mark.parametrize("shape", ["0.26", "0.33"])
+def test_atomic_install_counts_a_preempted_request_as_started(rig, shape):
+    """Preemption sets num_computed_tokens back to 0 and requeues the request in waiting, where it
+    looks fresh by that count alone; its output tokens and preemption count still say it ran on the
+    old weights (/pause?mode=keep with clear_cache=true preempts frozen requests on 0.26)."""
+    stage(rig, "v1", 13)
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in rig.params.items()}
+    core = EngineCore(rig.w)
+    queues = {"skipped_waiting": []} if shape == "0.26" else {"kv_holding_waiting": []}
+    core.scheduler = types.SimpleNamespace(running=[], waiting=[], **queues)
+    r0 = Request(num_computed_tokens=40, outputs=3)
+    preempt(core.scheduler, r0)
+    assert r0.num_computed_tokens == 0 and r0.num_output_tokens == 3 and r0.num_preemptions == 1
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and "preempted" in r["error"] and "in waiting" in r["error"], r
+    # Each sign alone: output tokens (the property, or only output_token_ids), or a preemption
+    # before any output (preempted during its prefill).
+    for started in (Request(outputs=2), types.SimpleNamespace(num_computed_tokens=0, output_token_ids=[7]),
+                    Request(num_preemptions=1)):
+        core.scheduler.waiting[:] = [Request(), started]
+        (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+        assert not r["ok"] and "1 request(s) in flight" in r["error"], (started, r)
+    assert core.events == [] and untouched(rig, before)
+    core.scheduler.waiting[:] = [Request(), types.SimpleNamespace(num_computed_tokens=0)]  # never started
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert r["ok"] and r["verified"], r
+
+
+def test_atomic_install_refuses_a_scheduler_without_a_known_waiting_queue(rig):
+    """A scheduler with running but none of waiting / skipped_waiting / kv_holding_waiting (a release
+    whose layout the check does not know): its waiting requests cannot be read, so it is refused."""
+    stage(rig, "v1", 14)
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in rig.params.items()}
+    core = EngineCore(rig.w)
+    core.scheduler = types.SimpleNamespace(running=[], pending_queue=[Request(num_computed_tokens=9)])
+    (r,) = core.collective_rpc("rc_install", {"version": "v1", "atomic": True})
+    assert not r["ok"] and r["outcome"] == "refused_untouched", r
+    assert "none of the waiting queues waiting, skipped_waiting, kv_holding_waiting" in r["error"], r
+    assert core.events == [] and untouched(rig, before)
+    assert "cannot tell" in ext._engine_busy(types.SimpleNamespace(scheduler=core.scheduler, batch_queue=None))
+
+
 def test_atomic_install_whose_cache_reset_fails_is_failed_after_mutation(rig):
     core = EngineCore(rig.w, reset_ok=False)
     stage(rig, "v1", 10)

@@ -107,6 +107,82 @@ def test_main_refuses_native_with_the_controller_or_fp8():
         assert e.value.code == 2
 
 
+def test_quantization_is_refused_off_033():
+    """The extension's FP8 layout (_rc_fp8_target, rc_fp8_image) is checked against vLLM 0.33 only."""
+    for release in ("0.26.0", "0.26", "0.34.0", ""):
+        why = vb.quantization_unavailable(release)
+        assert why is not None and "--quantization" in why and "0.33 only" in why and "VLLM_KIT=0.33" in why
+    assert "vLLM 0.26.0 is not checked" in vb.quantization_unavailable("0.26.0")
+    assert vb.quantization_unavailable("0.33.0") is None and vb.quantization_unavailable("0.33") is None
+
+
+def test_main_refuses_quantization_on_a_026_site(tmp_path, monkeypatch, capsys):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text("__version__ = version = '0.26.0'\n")
+    monkeypatch.setattr(vb, "VLLM_SITE", str(tmp_path))
+    for extra in ([], ["--compare-bf16"], ["--dry-run"]):
+        assert vb.main(["--quantization", "fp8_per_block", "--shape", "8b", *extra]) == 2
+        assert "--quantization: vLLM 0.26.0 is not checked" in capsys.readouterr().err
+    assert vb.main(["--dry-run"]) == 0  # bf16 on 0.26 stays allowed
+    capsys.readouterr()
+    # No release in the site: the kit's name decides.
+    monkeypatch.setattr(vb, "VLLM_SITE", str(tmp_path / "none"))
+    monkeypatch.setattr(vb, "VLLM_KIT", "0.26")
+    assert vb.main(["--quantization", "fp8_per_tensor", "--dry-run"]) == 2
+    assert "vLLM 0.26 is not checked" in capsys.readouterr().err
+    monkeypatch.setattr(vb, "VLLM_KIT", "0.33")
+    assert vb.main(["--quantization", "fp8_per_tensor", "--dry-run"]) == 0
+    assert '"quantization": "fp8_per_tensor"' in capsys.readouterr().out
+
+
+def test_run_refuses_quantization_on_a_server_reporting_026(tmp_path, monkeypatch):
+    """The site may say one release and the server run another: run() checks GET /version's answer
+    too, and stops vLLM and the directory before any cycle."""
+    import argparse
+
+    from rolloutcore import cluster
+
+    stopped = []
+
+    class FakeServer:
+        def __init__(self, name, *a, **k):
+            self.name = name
+
+        def wait_url(self, timeout_s):
+            return "http://127.0.0.1:1"
+
+        def stop(self):
+            stopped.append(self.name)
+
+    class FakeVllm:
+        def __init__(self, cfg, port, name, extra=(), **k):
+            self.extra = list(extra)
+
+        def wait_healthy(self, timeout_s):
+            return 1.0
+
+        def version(self):
+            return "0.26.0"
+
+        def stop(self):
+            stopped.append("vllm")
+
+        def is_033(self):
+            raise AssertionError("run() went on past the release check")
+
+    monkeypatch.setattr(cluster, "Server", FakeServer)
+    monkeypatch.setattr(cluster, "find_binary", lambda: "rolloutcore")
+    monkeypatch.setattr(vb, "Vllm", FakeVllm)
+    monkeypatch.setattr(vb, "OUT", tmp_path)
+    monkeypatch.setattr(vb.subprocess, "run", lambda *a, **k: None)
+    a = argparse.Namespace(shape="tiny", quantization="fp8_per_channel", delta=None, windows=[("serial", "copy")],
+                           versus=None, port=0, gpu_util=None, controller=False)
+    with pytest.raises(SystemExit) as e:
+        vb.run(a)
+    assert "--quantization: vLLM 0.26.0 is not checked" in str(e.value.code)
+    assert stopped == ["vllm", "directory"]
+
+
 def test_versus_pauses_with_pause_unless_told(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(vb, "VLLM_SITE", str(tmp_path))  # no release there: the kit's name decides
     monkeypatch.setattr(vb, "VLLM_KIT", "0.33")
