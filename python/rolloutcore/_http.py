@@ -17,12 +17,14 @@ from .errors import DeadlineExceededError, UnavailableError, from_http
 def _error_message(body: Any, raw: str) -> tuple:
     """(code, message) from the error shapes the servers use.
 
-    Controller and engine: ``{"error": msg, "code": Name}``; trainer: ``{"error": {"code", "message"}}``.
+    Controller: ``{"error": msg, "code": Name}``; trainer: ``{"error": {"code": Name, "message"}}``;
+    engine (vLLM's shape): ``{"error": {"message", "type", "param", "code": HTTP status}}``.
     """
     if isinstance(body, dict):
         err = body.get("error")
         if isinstance(err, dict):
-            return err.get("code"), str(err.get("message", raw))
+            code = err.get("code")
+            return (code if isinstance(code, str) else None), str(err.get("message", raw))
         if err is not None:
             code = body.get("code")  # the engine sends its HTTP status here, the controller a name
             return (code if isinstance(code, str) else None), str(err)

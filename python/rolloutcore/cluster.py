@@ -44,7 +44,11 @@ def find_binary() -> str:
     on_path = shutil.which("rolloutcore")
     if on_path:
         candidates.append(Path(on_path))
-    for root in (here.parent.parent, here.parent.parent.parent):  # python/rolloutcore or build/X/python/rolloutcore
+    # A package inside a build tree (build/X/python/rolloutcore, what PYTHONPATH=build/X/python
+    # gives): that tree's binary first. Then the trees of the checkout: python/rolloutcore, or
+    # build/X/python/rolloutcore, lives two or four levels below its root.
+    candidates.append(here.parent.parent / "src" / "apps" / "rolloutcore")
+    for root in (here.parent.parent, here.parent.parent.parent.parent):
         for preset in ("dev", "release"):
             candidates.append(root / "build" / preset / "src" / "apps" / "rolloutcore")
     for c in candidates:

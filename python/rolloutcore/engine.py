@@ -54,11 +54,38 @@ class EngineClient:
         return self._http.request("POST", "/v1/completions", body)
 
     def metrics(self, name: Optional[str] = None) -> Any:
-        """Prometheus text, or the value of one un-labelled series when ``name`` is given."""
+        """Prometheus text, or one series' value when ``name`` is given.
+
+        ``name`` is a metric name (``"vllm:generation_tokens_total"``: the sum of its samples over
+        their labels, e.g. the engine's ``model_name``), optionally with labels that the samples
+        must carry (``'vllm:request_success_total{finished_reason="stop"}'``). None when no sample
+        matches.
+        """
         text = self._http.request("GET", "/metrics", raw=True)
         if name is None:
             return text
+        want_name, _, want_labels = name.partition("{")
+        want = _labels(want_labels.rstrip("}"))
+        total, found = 0.0, False
         for line in text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return None
+            if not line or line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            metric, _, labels = series.partition("{")
+            if metric != want_name:
+                continue
+            have = _labels(labels.rstrip("}"))
+            if all(have.get(k) == v for k, v in want.items()):
+                total += float(value)
+                found = True
+        return total if found else None
+
+
+def _labels(text: str) -> Dict[str, str]:
+    """``a="x",b="y"`` -> {"a": "x", "b": "y"} (label values without commas or escaped quotes)."""
+    out: Dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().strip('"')
+    return out

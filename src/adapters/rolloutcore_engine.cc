@@ -117,7 +117,7 @@ class RolloutcoreEngine final : public BlockingEngine {
     e.outcome = *outcome;
     e.detail = j;
     if (*outcome != InstallOutcome::kInstalled) {
-      e.error = where + ": " + j.value("error", resp->body);
+      e.error = where + ": " + internal::ErrorMessage(resp->body);
       return e;
     }
     if (resp->status != 200) return Internal(where + " says installed but is not a 200: " + resp->body);

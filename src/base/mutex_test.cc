@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <chrono>
 #include <thread>
 
@@ -70,4 +72,32 @@ TEST(MutexTest, AdoptedLockIsReleasedAtScopeEnd) {
 }
 
 }  // namespace
+TEST(MutexTest, APriorityLockGetsInBetweenTwoIterationsOfALoopThatReTakesTheMutex) {
+  rc::Mutex mu;
+  rc::Turnstile turnstile;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> iterations{0};
+  std::thread looper([&] {
+    while (!stop.load()) {
+      turnstile.YieldToWaiters();
+      rc::MutexLock l(mu);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a step's work, lock held
+      iterations.fetch_add(1);
+    }
+  });
+  while (iterations.load() < 3) std::this_thread::yield();
+  for (int round = 0; round < 20; ++round) {
+    const int64_t before = iterations.load();
+    {
+      rc::PriorityLock l(mu, turnstile);
+      // At most the iteration that held the mutex when this lock was asked for finished.
+      EXPECT_LE(iterations.load() - before, 1) << "round " << round;
+      EXPECT_EQ(turnstile.waiting(), 0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  looper.join();
+}
+
 }  // namespace rc

@@ -27,6 +27,42 @@ Result<std::vector<int32_t>> TokenList(const Json& j, const std::string& field) 
   return out;
 }
 
+// vLLM sampling fields the embedded engine does not implement. Each is accepted only at its
+// neutral value (what leaves sampling unchanged), so a request that asks for one is refused
+// rather than silently answered as if it had not.
+Status RefuseUnsupportedSampling(const Json& j) {
+  auto unsupported = [](std::string_view field, const Json& got, std::string_view neutral) {
+    return InvalidArgument(fmt::format("{}: not supported by the embedded engine (got {}; only {} is accepted)", field,
+                                       got.dump(-1, ' ', false, Json::error_handler_t::replace), neutral));
+  };
+  auto present = [&](const char* field) -> const Json* {
+    auto it = j.find(field);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const Json* v = present("stop"); v != nullptr && !((v->is_string() && v->get<std::string>().empty()) ||
+                                                         (v->is_array() && v->empty()))) {
+    return unsupported("stop", *v, "an empty stop list; use stop_token_ids");
+  }
+  const struct {
+    const char* field;
+    double neutral;
+  } numbers[] = {{"min_tokens", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1},
+                 {"min_p", 0}};
+  for (const auto& f : numbers) {
+    const Json* v = present(f.field);
+    if (v != nullptr && !(v->is_number() && v->get<double>() == f.neutral)) {
+      return unsupported(f.field, *v, fmt::format("{}", f.neutral));
+    }
+  }
+  for (const char* field : {"logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "guided_json",
+                            "guided_regex", "guided_choice", "guided_grammar", "response_format"}) {
+    const Json* v = present(field);
+    if (v != nullptr && !((v->is_object() || v->is_array()) && v->empty())) return unsupported(field, *v, "an empty value");
+  }
+  if (const Json* v = present("prompt_logprobs")) return unsupported("prompt_logprobs", *v, "null");
+  return OkStatus();
+}
+
 }  // namespace
 
 Status ValidateRequestId(std::string_view id, std::string_view field) {
@@ -144,6 +180,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const By
   if (auto it = j.find("echo"); it != j.end() && it->is_boolean() && it->get<bool>()) {
     return InvalidArgument("echo: not supported by the embedded engine");
   }
+  RC_RETURN_IF_ERROR(RefuseUnsupportedSampling(j));
   return r;
 }
 

@@ -199,7 +199,7 @@ int64_t Engine::WeightBytes() const { return model_->WeightBytes(); }
 DType Engine::weight_dtype() const { return model_->weight_dtype(); }
 
 Status Engine::WriteLiveForTesting(int rank, const std::function<Status(ParameterStore*)>& write) {
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   if (rank < 0 || rank >= options_.tensor_parallel_size) {
     return InvalidArgument("rank " + std::to_string(rank) + " is not a tensor-parallel rank");
   }
@@ -217,18 +217,18 @@ Status Engine::WriteLiveForTesting(int rank, const std::function<Status(Paramete
   return model_->Quantize();
 }
 
-Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
+Status Engine::CheckRequest(const GenerateRequest& req, std::string_view prompt_field) const {
   const ModelSpec& s = model_->spec();
-  if (req.prompt.empty()) return InvalidArgument("prompt: must contain at least one token");
+  if (req.prompt.empty()) return InvalidArgument(std::string(prompt_field) + ": must contain at least one token");
   for (size_t i = 0; i < req.prompt.size(); ++i) {
     if (req.prompt[i] < 0 || req.prompt[i] >= s.vocab_size) {
-      return InvalidArgument("prompt[" + std::to_string(i) + "]: token id " + std::to_string(req.prompt[i]) +
+      return InvalidArgument(std::string(prompt_field) + "[" + std::to_string(i) + "]: token id " + std::to_string(req.prompt[i]) +
                              " is outside the vocabulary [0, " + std::to_string(s.vocab_size) + ")");
     }
   }
   const auto plen = static_cast<int64_t>(req.prompt.size());
   if (plen >= max_model_len_) {
-    return InvalidArgument("prompt: " + std::to_string(plen) + " tokens do not fit max_model_len " +
+    return InvalidArgument(std::string(prompt_field) + ": " + std::to_string(plen) + " tokens do not fit max_model_len " +
                            std::to_string(max_model_len_) + " (at least one token must be generated)");
   }
   const SamplingParams& p = req.sampling;
@@ -248,6 +248,11 @@ Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
                              std::to_string(s.vocab_size) + ")");
     }
   }
+  return OkStatus();
+}
+
+Result<std::shared_ptr<RequestStream>> Engine::AddRequest(GenerateRequest req) {
+  RC_RETURN_IF_ERROR(CheckRequest(req));
   auto seq = std::make_unique<Sequence>();
   auto stream = std::make_shared<RequestStream>();
   seq->prompt_len = req.prompt.size();
@@ -326,7 +331,7 @@ void Engine::ResetForRecomputeLocked(Sequence* seq) {
 }
 
 int64_t Engine::Abort(const std::vector<std::string>& ids) {
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   rc::MutexLock l(mu_);
   const std::set<std::string> want(ids.begin(), ids.end());
   auto match = [&](const Sequence& s) { return want.empty() || want.count(s.request_id) != 0; };
@@ -371,6 +376,9 @@ void Engine::Notify() {
 }
 
 bool Engine::Step() {
+  // Abort, reset, pause, install and a pre-replay's forward go first (base/mutex.h, Turnstile):
+  // std::mutex would let this loop re-take step_mu_ for seconds while they wait.
+  step_turnstile_.YieldToWaiters();
   rc::MutexLock sl(step_mu_);
   std::vector<Sequence*> batch;
   {
@@ -507,8 +515,12 @@ void Engine::ApplyOutputsLocked(const std::vector<Sequence*>& batch, const std::
     FinishReason reason = FinishReason::kNone;
     const bool is_eos = std::find(eos.begin(), eos.end(), r.token) != eos.end();
     const auto& stops = s->params.stop_token_ids;
-    if ((is_eos && !s->params.ignore_eos) || std::find(stops.begin(), stops.end(), r.token) != stops.end()) {
+    if (is_eos && !s->params.ignore_eos) {
       reason = FinishReason::kStop;
+    } else if (std::find(stops.begin(), stops.end(), r.token) != stops.end()) {
+      reason = FinishReason::kStop;
+      rc::MutexLock sl(s->stream->mu_);
+      s->stream->data_.stop_token = r.token;
     } else if (static_cast<int64_t>(s->output_len()) >= s->params.max_tokens ||
                static_cast<int64_t>(s->tokens.size()) >= max_model_len_) {
       reason = FinishReason::kLength;
@@ -541,12 +553,15 @@ Status Engine::Pause(PauseMode mode, InFlightKv kv) {
     pause_ = PauseStateOnRequest(pause_, mode);
     if (PauseWaitsForDrain(pause_)) {
       // Draining: running requests finish, none is admitted (or another pause pauses at once).
-      drain_cv_.wait(l, [&]() REQUIRES(mu_) { return running_.empty() || pause_ == PauseState::kPaused; });
+      drain_cv_.wait(l, [&]() REQUIRES(mu_) { return running_.empty() || pause_ != PauseState::kDraining; });
       pause_ = PauseStateOnDrained(pause_);
+      if (pause_ == PauseState::kUnpaused) {
+        return Aborted("pause (wait): resumed before the running requests finished; the engine is not paused");
+      }
     }
   }
   // Wait for an in-flight step; from here on no step runs until Resume.
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   if (PauseAbortsRequests(mode)) {
     rc::MutexLock l(mu_);
     auto by_pause = [](Sequence* s) {
@@ -576,6 +591,7 @@ void Engine::Resume() {
     notified_ = true;
   }
   work_cv_.notify_all();
+  drain_cv_.notify_all();  // a Pause(kWait) still draining ends (Aborted): the Resume wins
 }
 
 bool Engine::IsPaused() const {
@@ -583,8 +599,13 @@ bool Engine::IsPaused() const {
   return pause_ == PauseState::kPaused;
 }
 
+bool Engine::IsPausedOrDraining() const {
+  rc::MutexLock l(mu_);
+  return pause_ != PauseState::kUnpaused;
+}
+
 KvResetEvidence Engine::ResetPrefixCache(bool reset_running_requests) {
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   rc::MutexLock l(mu_);
   if (reset_running_requests && pause_ == PauseState::kPaused && pause_kv_ == InFlightKv::kKeep) {
     // Paused to keep in-flight KV across an install: the frozen requests keep their blocks, and
@@ -646,7 +667,7 @@ void Engine::SetWeightVersion(const std::string& label) {
 
 Status Engine::InstallWeights(const WeightFill& fill, const std::string& label, int64_t generation,
                               bool reset_prefix_cache, InstallWrites writes) {
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   {
     rc::MutexLock l(mu_);
     if (pause_ != PauseState::kPaused) return FailedPrecondition("weights can be installed only while the engine is paused");

@@ -80,7 +80,7 @@ Json Fp8ImageReport::ToJson() const {
 }
 
 Result<Fp8ImageReport> Engine::Fp8Digests() {
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   const Fp8Weights* fp8 = model_->fp8();
   if (fp8 == nullptr) return FailedPrecondition("the engine does not serve FP8 (no --quantization)");
   const auto t0 = std::chrono::steady_clock::now();
@@ -104,7 +104,7 @@ Result<Fp8ImageReport> Engine::Fp8Digests() {
 }
 
 Status Engine::SetFp8FaultForTesting(Fp8Fault fault) {
-  rc::MutexLock sl(step_mu_);
+  rc::PriorityLock sl(step_mu_, step_turnstile_);
   if (model_->fp8() == nullptr && fault != Fp8Fault::kNone) {
     return FailedPrecondition("fp8 fault " + std::string(Fp8FaultName(fault)) +
                               ": the engine does not serve FP8 (no --quantization)");

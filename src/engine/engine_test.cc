@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include <cmath>
 #include <thread>
 
@@ -429,4 +431,39 @@ TEST(EngineTest, AdmissionRefusesOverflowOutOfVocabStopIdsAndDuplicateIds) {
 }
 
 }  // namespace
+TEST(EngineTest, AResumeThatOvertakesAPauseWaitWins) {
+  auto e = MakeEngine();
+  auto s = *e->AddRequest(Greedy(Prompt(11), 40));
+  ASSERT_TRUE(e->Step());  // running; no loop, so it stays running until stepped
+  auto pause = std::async(std::launch::async, [&] { return e->Pause(PauseMode::kWait); });
+  for (int i = 0; i < 1000 && !e->IsPausedOrDraining(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(e->IsPausedOrDraining());  // vLLM's /is_paused while draining
+  EXPECT_FALSE(e->IsPaused());           // but no install may begin
+  e->Resume();
+  const Status st = pause.get();
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  EXPECT_FALSE(e->IsPausedOrDraining());
+  // Serving goes on, and new requests are admitted.
+  auto later = *e->AddRequest(Greedy(Prompt(4), 3));
+  RunToCompletion(e.get());
+  EXPECT_EQ(s->Wait().finish, FinishReason::kLength);
+  EXPECT_EQ(later->Wait().finish, FinishReason::kLength);
+}
+
+TEST(EngineTest, AbortGetsInWhileTheLoopSteps) {
+  auto e = MakeEngine();
+  EngineLoop loop(e.get());
+  loop.Start();
+  for (int round = 0; round < 5; ++round) {
+    auto r = Greedy(Prompt(7, round), e->max_model_len() - 7, -1);
+    r.request_id = "long-" + std::to_string(round);
+    auto s = *e->AddRequest(r);
+    s->WaitFrom(0, std::chrono::seconds(10));  // generating
+    // The abort takes step_mu_ between two steps (a PriorityLock), not after the request ended.
+    EXPECT_EQ(e->Abort({r.request_id}), 1) << round;
+    EXPECT_EQ(s->Wait().finish, FinishReason::kAbort) << round;
+  }
+  loop.Stop();
+}
+
 }  // namespace rc::engine

@@ -55,6 +55,24 @@ Result<PauseQuery> ParsePauseQuery(const QueryParams& params) {
   return out;
 }
 
+Result<SleepQuery> ParseSleepQuery(const QueryParams& params) {
+  SleepQuery out;
+  if (HasParam(params, "level")) {
+    const std::string level = ParamValue(params, "level");
+    if (level != "0" && level != "1" && level != "2") {
+      return InvalidArgument("level: expected 0, 1 or 2, got '" + level + "'");
+    }
+    out.level = level[0] - '0';
+  }
+  if (out.level == 2) {
+    return InvalidArgument(
+        "level: 2 (discard the weights) is not supported by the embedded engine, which does not reload "
+        "them on wake_up; use level 0 (pause) or 1 (pause and drop the prefix cache)");
+  }
+  RC_ASSIGN_OR_RETURN(out.pause, ParsePauseQuery(params));
+  return out;
+}
+
 Result<bool> ParseResetPrefixCacheQuery(const QueryParams& params) {
   RC_ASSIGN_OR_RETURN(std::optional<bool> running, BoolParam(params, "reset_running_requests"));
   return running.value_or(false);

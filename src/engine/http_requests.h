@@ -38,6 +38,15 @@ struct PauseQuery {
 };
 Result<PauseQuery> ParsePauseQuery(const QueryParams& params);
 
+// POST /sleep?level=0|1|2&mode=abort|wait|keep (vLLM's defaults: level 1, mode abort; the
+// pause's own parameters, inflight_kv included, as for /pause). Level 2 (vLLM discards the
+// weights) is refused: the embedded engine would not reload them on wake_up.
+struct SleepQuery {
+  int level = 1;
+  PauseQuery pause;
+};
+Result<SleepQuery> ParseSleepQuery(const QueryParams& params);
+
 // POST /reset_prefix_cache?reset_running_requests=bool (default false).
 Result<bool> ParseResetPrefixCacheQuery(const QueryParams& params);
 // GET /rc/weights/digest?fresh=bool (default false).

@@ -15,11 +15,6 @@ using http::HttpStatus;
 using http::SendError;
 using http::SendJson;
 
-Json EngineServer::Impl::ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index,
-                                    size_t from, const CompletionRequest& cr, bool final_chunk) const {
-  return CompletionChoiceJson(tokenizer_, stream, snap, index, from, cr, final_chunk);
-}
-
 void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
   auto parsed = ParseCompletionRequest(req.body, tokenizer_);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
@@ -29,8 +24,13 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     return SendError(res, 404, "model: '" + cr->model + "' is not served here (this engine serves '" +
                                    options_.model_name + "')");
   }
-  const std::string id = cr->request_id.empty() ? "cmpl-" + std::to_string(next_id_++) : cr->request_id;
-  if (!Claim(id)) {
+  std::string id = cr->request_id;
+  if (id.empty()) {
+    // The server's own ids carry a random part (as vLLM's do) and skip any a client has taken.
+    do {
+      id = "cmpl-" + id_prefix_ + std::to_string(next_id_++);
+    } while (!Claim(id));
+  } else if (!Claim(id)) {
     return SendError(res, 409, "request_id: '" + id + "' is already in use by a live completion");
   }
   if (!cr->stream) {
@@ -40,34 +40,24 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     if (!out.ok()) return SendError(res, HttpStatus(out.status()), out.status().message());
     return SendJson(res, 200, *out);
   }
-  std::vector<GenerateRequest> requests;
   std::vector<std::string> ids;
-  for (size_t p = 0; p < cr->prompts.size(); ++p) {
-    for (int64_t k = 0; k < cr->n; ++k) {
-      requests.push_back(CompletionGenerateRequest(*cr, id, p, k));
-      ids.push_back(requests.back().request_id);
-    }
-  }
+  std::vector<GenerateRequest> requests = CompletionGenerateRequests(*cr, id, &ids);
   Track(id, ids);  // before admission, so an abort by completion id always finds them
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (auto& g : requests) {
-    auto s = engine_->AddRequest(std::move(g));
-    if (!s.ok()) {
-      engine_->Abort(ids);
-      Untrack(id);
-      return SendError(res, HttpStatus(s.status()), s.status().message());
-    }
-    streams.push_back(*s);
+  auto admitted = AdmitCompletion(engine_, *cr, std::move(requests), ids);
+  if (!admitted.ok()) {
+    Untrack(id);
+    return SendError(res, HttpStatus(admitted.status()), admitted.status().message());
   }
+  std::vector<std::shared_ptr<RequestStream>> streams = std::move(admitted).value();
   const std::string model = options_.model_name;
-  auto usage_json = [](const std::vector<std::shared_ptr<RequestStream>>& ss) { return CompletionUsageJson(ss); };
   // Server-sent events: one chunk per new output of any choice, then [DONE].
   auto seen = std::make_shared<std::vector<size_t>>(streams.size(), 0);
+  auto text_sent = std::make_shared<std::vector<size_t>>(streams.size(), 0);
   auto done = std::make_shared<std::vector<bool>>(streams.size(), false);
   Engine* engine = engine_;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, cr, streams, seen, done, id, model, usage_json](size_t, httplib::DataSink& sink) -> bool {
+      [this, cr, streams, seen, text_sent, done, id, model](size_t, httplib::DataSink& sink) -> bool {
         for (;;) {
           bool all_done = true;
           bool wrote = false;
@@ -75,9 +65,11 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
             if ((*done)[i]) continue;
             auto snap = streams[i]->WaitFrom((*seen)[i], std::chrono::milliseconds(wrote ? 0 : 20));
             if (snap.tokens.size() > (*seen)[i] || snap.finished) {
+              Json choice = CompletionChoiceJson(tokenizer_, *streams[i], snap, i, (*seen)[i], *cr, true,
+                                                 &(*text_sent)[i]);
               Json chunk = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
                             {"model", model},
-                            {"choices", Json::array({ChoiceJson(*streams[i], snap, i, (*seen)[i], *cr, true)})},
+                            {"choices", Json::array({std::move(choice)})},
                             {"rolloutcore", CompletionIdentityJson(*engine_)}};
               (*seen)[i] = snap.tokens.size();
               if (snap.finished) (*done)[i] = true;
@@ -90,7 +82,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
           if (all_done) {
             if (cr->include_usage) {
               Json u = {{"id", id}, {"object", "text_completion"}, {"created", WallTimeMs() / 1000},
-                        {"model", model}, {"choices", Json::array()}, {"usage", usage_json(streams)}};
+                        {"model", model}, {"choices", Json::array()}, {"usage", CompletionUsageJson(streams, cr->n)}};
               const std::string line = "data: " + Dump(u) + "\n\n";
               if (!sink.write(line.data(), line.size())) return false;
             }
@@ -196,8 +188,31 @@ void EngineServer::Impl::VllmRoutes() {
     Delay(faults_.resume_delay_ms);
     SendJson(r, 200, {{"status", "resumed"}});
   }));
+  // vLLM's sleep: level 0 pauses scheduling; level 1 also drops the KV cache (vLLM frees the GPU
+  // memory of weights and KV; the embedded engine keeps its weights in host memory, so only the
+  // cache goes). wake_up resumes whatever its tags (no weights are asleep to wake one by one).
+  svr.Post("/sleep", Guard([this](const httplib::Request& q, httplib::Response& r) {
+    auto p = ParseSleepQuery(q.params);
+    if (!p.ok()) return SendError(r, 400, p.status().message());
+    Status st = engine_->Pause(p->pause.mode, p->pause.inflight_kv);
+    if (!st.ok()) return SendError(r, HttpStatus(st), st.message());
+    Json out = {{"status", "sleeping"}, {"level", p->level}, {"mode", p->pause.mode_name}};
+    if (p->level >= 1 || p->pause.clear_cache) {
+      KvResetEvidence ev = engine_->ResetPrefixCache(false);
+      out["cache_reset"] = {{"success", ev.success}, {"freed_blocks", ev.freed_blocks},
+                            {"blocks_in_use", ev.blocks_in_use}};
+    }
+    SendJson(r, 200, out);
+  }));
+  svr.Post("/wake_up", Guard([this](const httplib::Request&, httplib::Response& r) {
+    engine_->Resume();
+    SendJson(r, 200, {{"status", "resumed"}});
+  }));
+  svr.Get("/is_sleeping", Guard([this](const httplib::Request&, httplib::Response& r) {
+    SendJson(r, 200, {{"is_sleeping", engine_->IsPausedOrDraining()}});
+  }));
   svr.Get("/is_paused", Guard([this](const httplib::Request&, httplib::Response& r) {
-    SendJson(r, 200, {{"is_paused", engine_->IsPaused()}});
+    SendJson(r, 200, {{"is_paused", engine_->IsPausedOrDraining()}});
   }));
   svr.Post("/abort_requests", Guard([this](const httplib::Request& q, httplib::Response& r) {
     auto body = ParseAbortRequestsBody(q.body);

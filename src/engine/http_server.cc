@@ -23,8 +23,19 @@ Json ErrorJson(int status, const std::string& message) {
                      : status == 404 ? "NotFoundError"
                      : status == 405 ? "MethodNotAllowedError"
                      : status == 409 ? "ConflictError"
+                     : status == 413 ? "PayloadTooLargeError"
+                     : status == 431 ? "RequestHeaderFieldsTooLargeError"
+                     : status == 501 ? "NotImplementedError"
+                     : status == 503 ? "ServiceUnavailableError"
+                     : status == 504 ? "GatewayTimeoutError"
                                      : "InternalServerError";
-  return {{"object", "error"}, {"error", message}, {"message", message}, {"type", type}, {"code", status}};
+  // vLLM's ErrorResponse, {"error": {message, type, param, code}}, plus the same three at the top
+  // level (what rolloutcore's own clients read).
+  return {{"object", "error"},
+          {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", status}}},
+          {"message", message},
+          {"type", type},
+          {"code", status}};
 }
 
 void SendError(httplib::Response& res, int status, const std::string& message) {
@@ -75,13 +86,17 @@ Json CompletionIdentityJson(const Engine& engine) {
               {"install_generation", st.install_generation}};
 }
 
-Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& ss) {
+Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& ss, int64_t n) {
+  // Streams are prompt-major, n samples per prompt: a prompt (and its cached part) counts once, as
+  // vLLM counts it, and every sample's output counts.
   int64_t prompt = 0, completion = 0, cached = 0;
-  for (const auto& s : ss) {
-    auto snap = s->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0));
-    prompt += static_cast<int64_t>(s->prompt().size());
+  for (size_t i = 0; i < ss.size(); ++i) {
+    auto snap = ss[i]->WaitFrom(SIZE_MAX, std::chrono::milliseconds(0));
+    if (n <= 1 || i % static_cast<size_t>(n) == 0) {
+      prompt += static_cast<int64_t>(ss[i]->prompt().size());
+      cached += snap.cached_tokens;
+    }
     completion += static_cast<int64_t>(snap.tokens.size());
-    cached += snap.cached_tokens;
   }
   return Json{{"prompt_tokens", prompt},
               {"completion_tokens", completion},
@@ -89,60 +104,93 @@ Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& ss) 
               {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const CompletionRequest& cr,
-                           const std::string& id, const std::string& model,
-                           const std::function<void(const std::vector<std::string>&)>& on_admitted) {
-  // The engine request ids are known before admission; publishing them first means an abort by
-  // completion id that arrives while requests are being queued (or already run) finds them.
+std::vector<GenerateRequest> CompletionGenerateRequests(const CompletionRequest& cr, const std::string& id,
+                                                        std::vector<std::string>* ids) {
   std::vector<GenerateRequest> requests;
-  std::vector<std::string> ids;
   for (size_t p = 0; p < cr.prompts.size(); ++p) {
     for (int64_t k = 0; k < cr.n; ++k) {
       requests.push_back(CompletionGenerateRequest(cr, id, p, k));
-      ids.push_back(requests.back().request_id);
+      ids->push_back(requests.back().request_id);
     }
   }
-  if (on_admitted) on_admitted(ids);
+  return requests;
+}
+
+Result<std::vector<std::shared_ptr<RequestStream>>> AdmitCompletion(Engine* engine, const CompletionRequest& cr,
+                                                                    std::vector<GenerateRequest> requests,
+                                                                    const std::vector<std::string>& ids) {
+  // Every prompt is checked before any is queued: a bad one refuses the whole completion with
+  // nothing run (no tokens counted, no abort), and the message names it.
+  const size_t n = static_cast<size_t>(std::max<int64_t>(1, cr.n));
+  for (size_t i = 0; i < requests.size(); i += n) {
+    const std::string field = cr.prompts.size() == 1 ? "prompt" : "prompt[" + std::to_string(i / n) + "]";
+    RC_RETURN_IF_ERROR(engine->CheckRequest(requests[i], field));
+  }
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (auto& g : requests) {
     auto s = engine->AddRequest(std::move(g));
-    if (!s.ok()) {
+    if (!s.ok()) {  // a request id taken meanwhile, or the engine refusing while paused
       engine->Abort(ids);
       return s.status();
     }
     streams.push_back(*s);
   }
+  return streams;
+}
+
+Result<Json> RunCompletion(Engine* engine, const ByteTokenizer& tokenizer, const CompletionRequest& cr,
+                           const std::string& id, const std::string& model,
+                           const std::function<void(const std::vector<std::string>&)>& on_admitted) {
+  // The engine request ids are known before admission; publishing them first means an abort by
+  // completion id that arrives while requests are being queued (or already run) finds them.
+  std::vector<std::string> ids;
+  std::vector<GenerateRequest> requests = CompletionGenerateRequests(cr, id, &ids);
+  if (on_admitted) on_admitted(ids);
+  RC_ASSIGN_OR_RETURN(auto streams, AdmitCompletion(engine, cr, std::move(requests), ids));
   Json choices = Json::array();
   for (size_t i = 0; i < streams.size(); ++i) {
     auto snap = streams[i]->Wait();
     choices.push_back(CompletionChoiceJson(tokenizer, *streams[i], snap, i, 0, cr, true));
   }
   return Json{{"id", id},         {"object", "text_completion"}, {"created", WallTimeMs() / 1000}, {"model", model},
-              {"choices", choices}, {"usage", CompletionUsageJson(streams)},
+              {"choices", choices}, {"usage", CompletionUsageJson(streams, cr.n)},
               {"rolloutcore", CompletionIdentityJson(*engine)}};
 }
 
 
-Json CompletionChoiceJson(const ByteTokenizer& tokenizer_, const RequestStream& stream,
+Json CompletionChoiceJson(const ByteTokenizer& tokenizer, const RequestStream& stream,
                           const RequestStream::Snapshot& snap, size_t index, size_t from, const CompletionRequest& cr,
-                          bool final_chunk) {
+                          bool final_chunk, size_t* text_sent) {
   std::vector<int32_t> toks(snap.tokens.begin() + static_cast<long>(from), snap.tokens.end());
   Json c;
   c["index"] = index;
-  c["text"] = tokenizer_.Decode(toks);
+  // Bytes of the output so far; a stream sends what ends on a character boundary and keeps the
+  // start of an unfinished character for the next chunk (the last chunk sends everything).
+  const std::string all = tokenizer.Decode(snap.tokens);
+  if (text_sent == nullptr) {
+    c["text"] = tokenizer.Decode(toks);
+  } else {
+    const bool last = final_chunk && snap.finished;
+    const size_t cut = std::max(*text_sent, last ? all.size() : ByteTokenizer::CompleteTextBytes(all));
+    c["text"] = all.substr(*text_sent, cut - *text_sent);
+    *text_sent = cut;
+  }
   if (cr.sampling.num_logprobs >= 0) {
     Json lp;
     Json tokens = Json::array(), token_lp = Json::array(), top = Json::array(), offs = Json::array();
-    size_t offset = 0;
+    // text_offset: characters of the output's text before the token (what a stream has shown by
+    // then), counted from the first output token in every chunk, as vLLM counts them.
+    size_t bytes_before = tokenizer.Decode({snap.tokens.begin(), snap.tokens.begin() + static_cast<long>(from)}).size();
     for (size_t i = from; i < snap.tokens.size() && i < snap.logprobs.size(); ++i) {
-      tokens.push_back(tokenizer_.TokenString(snap.tokens[i]));
+      tokens.push_back(tokenizer.TokenString(snap.tokens[i]));
       token_lp.push_back(snap.logprobs[i]);
       Json t = Json::object();
-      for (const auto& [id, v] : snap.top_logprobs[i]) t[tokenizer_.TokenString(id)] = v;
-      t[tokenizer_.TokenString(snap.tokens[i])] = snap.logprobs[i];
+      for (const auto& [id, v] : snap.top_logprobs[i]) t[tokenizer.TokenString(id)] = v;
+      t[tokenizer.TokenString(snap.tokens[i])] = snap.logprobs[i];
       top.push_back(t);
-      offs.push_back(offset);
-      offset += tokenizer_.Decode({snap.tokens[i]}).size();
+      const std::string_view before = std::string_view(all).substr(0, bytes_before);
+      offs.push_back(ByteTokenizer::TextLength(before.substr(0, ByteTokenizer::CompleteTextBytes(before))));
+      bytes_before += tokenizer.Decode({snap.tokens[i]}).size();
     }
     lp["tokens"] = tokens;
     lp["token_logprobs"] = token_lp;
@@ -157,7 +205,7 @@ Json CompletionChoiceJson(const ByteTokenizer& tokenizer_, const RequestStream& 
   } else {
     c["finish_reason"] = nullptr;
   }
-  c["stop_reason"] = nullptr;
+  c["stop_reason"] = final_chunk && snap.finished && snap.stop_token ? Json(*snap.stop_token) : Json(nullptr);
   if (cr.return_token_ids) {
     c["token_ids"] = toks;
     if (from == 0) c["prompt_token_ids"] = stream.prompt();
@@ -170,7 +218,7 @@ Json CompletionChoiceJson(const ByteTokenizer& tokenizer_, const RequestStream& 
 }
 
 void EngineServer::Impl::Routes() {
-  server_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+  server_.set_exception_handler([](const httplib::Request&, httplib::Response& res, const std::exception_ptr&) {
     http::SendError(res, 500, "internal error");
   });
   VllmRoutes();

@@ -65,6 +65,7 @@ class EngineServer::Impl {
   receiver::RefitReceiver receiver_;
   net::HttpServer server_{http::EngineHttpOptions(options_)};
   std::atomic<int64_t> next_id_{1};
+  const std::string id_prefix_ = engine_->boot_id().substr(0, 8) + "-";  // server-made completion ids
   // Completion id -> the engine request ids it runs as ("<id>-<k>" for each prompt x n).
   rc::Mutex live_mu_;
   std::map<std::string, std::vector<std::string>> live_ GUARDED_BY(live_mu_);
@@ -81,12 +82,18 @@ class EngineServer::Impl {
     rc::MutexLock l(live_mu_);
     live_.erase(id);
   }
+  // The engine requests that /abort_requests ids name: a live completion's id stands for its own
+  // requests only (so aborting completion "x-0" never hits request 0 of completion "x"); any
+  // other id is taken as an engine request id.
   std::vector<std::string> Expand(const std::vector<std::string>& ids) {
     rc::MutexLock l(live_mu_);
     std::vector<std::string> out;
     for (const auto& i : ids) {
-      out.push_back(i);
-      if (auto it = live_.find(i); it != live_.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+      if (auto it = live_.find(i); it != live_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+      } else {
+        out.push_back(i);
+      }
     }
     return out;
   }
@@ -130,8 +137,6 @@ class EngineServer::Impl {
   // POST /rc/validate/replay (docs/engine.md, docs/lifecycle.md "Replay validation"): Engine::Replay.
   void Replay(const httplib::Request& req, httplib::Response& res);
   void Completions(const httplib::Request& req, httplib::Response& res);
-  Json ChoiceJson(const RequestStream& stream, const RequestStream::Snapshot& snap, size_t index, size_t from,
-                  const CompletionRequest& cr, bool final_chunk) const;
   std::string Metrics() const;
 
   template <typename F>

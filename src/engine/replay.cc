@@ -59,11 +59,12 @@ constexpr bool kPreReplayBatched = true;
 // its KV blocks hold (computed), and its output so far. `why` says what stopped the run.
 class PreReplayRun {
  public:
-  PreReplayRun(Model* model, rc::Mutex* step_mu, ThreadPool* pool, const WeightBinding& binding,
+  PreReplayRun(Model* model, rc::Mutex* step_mu, rc::Turnstile* step_turnstile, ThreadPool* pool, const WeightBinding& binding,
                const std::vector<ReplayProbeRequest>& probes, const std::vector<std::vector<int32_t>>& blocks,
                std::chrono::steady_clock::time_point deadline, std::vector<float>* logits, PreReplayReport* rep)
       : model_(model),
         step_mu_(step_mu),
+        step_turnstile_(step_turnstile),
         pool_(pool),
         binding_(binding),
         spec_(model->spec()),
@@ -105,6 +106,7 @@ class PreReplayRun {
 
   Model* model_;  // touched only under step_mu_
   rc::Mutex* step_mu_;
+  rc::Turnstile* step_turnstile_;
   ThreadPool* pool_;
   const WeightBinding& binding_;
   const ModelSpec& spec_;
@@ -139,7 +141,7 @@ bool PreReplayRun::Forward(const std::string& what, const std::vector<size_t>& w
   logits.clear();  // keeps its capacity
   Status st;
   {
-    rc::MutexLock sl(*step_mu_);
+    rc::PriorityLock sl(*step_mu_, *step_turnstile_);
     st = model_->Forward(binding_, batch, &logits);
   }
   ++rep_->forwards;
@@ -260,7 +262,7 @@ Result<ReplayOutput> Engine::Replay(const std::vector<int32_t>& prompt, int64_t 
   RC_RETURN_IF_ERROR(CheckReplayArgs(s, max_model_len_, prompt, steps, top_k));
   const auto plen = static_cast<int64_t>(prompt.size());
 
-  rc::MutexLock sl(step_mu_);  // no Step, install or reset runs meanwhile
+  rc::PriorityLock sl(step_mu_, step_turnstile_);  // no Step, install or reset runs meanwhile
   std::vector<int32_t> blocks;
   {
     rc::MutexLock l(mu_);
@@ -356,7 +358,7 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
   }
   WeightBinding binding;
   {
-    rc::MutexLock sl(step_mu_);  // model_ is touched only under step_mu_
+    rc::PriorityLock sl(step_mu_, step_turnstile_);  // model_ is touched only under step_mu_
     auto b = model_->BindImage(image);
     if (!b.ok()) return not_run("staged image: " + std::string(b.status().message()));
     binding = std::move(b).value();
@@ -393,7 +395,7 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
   }
 
   // Teacher-forced probes first, then decoding; step_mu_ is held for each forward only.
-  PreReplayRun run(model_.get(), &step_mu_, pool_.get(), binding, probes, blocks, deadline, &logits, &rep);
+  PreReplayRun run(model_.get(), &step_mu_, &step_turnstile_, pool_.get(), binding, probes, blocks, deadline, &logits, &rep);
   const bool ok = run.TeacherForce() && run.Decode();
   {
     rc::MutexLock l(mu_);
@@ -413,7 +415,7 @@ PreReplayReport Engine::PreReplay(const WeightImage& image, uint64_t image_id,
 }
 
 bool Engine::AdoptPreReplay(uint64_t image_id, int64_t generation) {
-  rc::MutexLock sl(step_mu_);  // the live binding changes only under step_mu_
+  rc::PriorityLock sl(step_mu_, step_turnstile_);  // the live binding changes only under step_mu_
   rc::MutexLock l(mu_);
   const bool ok = image_id != 0 && prereplay_.image_id == image_id && !prereplay_.entries.empty() &&
                   !prereplay_.adopted && generation == generation_ && prereplay_.image != nullptr &&

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "rolloutcore/base/hash.h"
@@ -36,7 +37,7 @@ SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
   std::vector<float> lp;
   if (want_lp) lp = LogSoftmax(logits);
 
-  if (params.temperature <= 0.0) {
+  if (params.temperature < kGreedyBelowTemperature) {
     int64_t best = 0;
     for (int64_t i = 1; i < v; ++i)
       if (logits[i] > logits[best]) best = i;
@@ -52,7 +53,7 @@ SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
     }
     idx.resize(static_cast<size_t>(keep));
     const double inv_t = 1.0 / params.temperature;
-    double mx = -INFINITY;
+    double mx = -std::numeric_limits<double>::infinity();
     for (int32_t i : idx) mx = std::max(mx, logits[i] * inv_t);
     std::vector<double> p(idx.size());
     double sum = 0;

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <future>
 
 #include <thread>
 
@@ -53,6 +55,23 @@ class HttpTest : public ::testing::Test {
     auto res = client_->Get("/metrics");
     return res ? res->body : "";
   }
+  // The JSON chunks of a streamed completion (the [DONE] line left out).
+  std::vector<Json> Stream(const std::string& body) {
+    std::vector<Json> out;
+    auto res = client_->Post("/v1/completions", body, "application/json");
+    EXPECT_TRUE(res && res->status == 200) << body;
+    if (!res) return out;
+    for (size_t pos = 0; (pos = res->body.find("data: ", pos)) != std::string::npos;) {
+      const size_t end = res->body.find("\n\n", pos);
+      const std::string payload = res->body.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (payload == "[DONE]") break;
+      auto j = ParseJson(payload);
+      EXPECT_TRUE(j.ok()) << payload;
+      if (j.ok()) out.push_back(*j);
+    }
+    return out;
+  }
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<EngineServer> server_;
   std::unique_ptr<httplib::Client> client_;
@@ -93,7 +112,8 @@ TEST_F(HttpTest, SeveralPromptsAndNChoices) {
   EXPECT_EQ(j["choices"][2]["prompt_token_ids"], Json::array({4, 5}));
   // Greedy: both choices of one prompt agree.
   EXPECT_EQ(j["choices"][0]["token_ids"], j["choices"][1]["token_ids"]);
-  EXPECT_EQ(j["usage"]["prompt_tokens"], 10);
+  // Each prompt counts once, however many samples it has (as vLLM counts it): 3 + 2.
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(j["usage"]["completion_tokens"], 12);
 }
 
@@ -403,6 +423,132 @@ TEST_F(HttpTest, FaultDelaysAreBounded) {
   EXPECT_EQ(ok->status, 200) << ok->body;
   c.Post("/rc/fault", "{}", "application/json");
   faulty.Stop();
+}
+
+// Characters in UTF-8 text (bytes that do not continue a character).
+int64_t Chars(const std::string& s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+TEST_F(HttpTest, StreamedTextJoinsToTheNonStreamedTextAndOffsetsRunOn) {
+  // 150 greedy tokens of the tiny model's 256-byte vocabulary hold multi-byte characters that
+  // chunks split: a stream must not turn each half into U+FFFD.
+  const std::string base = R"({"prompt":[1,2,3],"max_tokens":150,"temperature":0,"logprobs":0,"ignore_eos":true)";
+  Json full = Post("/v1/completions", base + "}");
+  const std::string text = full["choices"][0]["text"];
+  std::string joined;
+  size_t tokens = 0;
+  for (const Json& chunk : Stream(base + R"(,"stream":true})")) {
+    const Json& c = chunk["choices"][0];
+    for (const Json& off : c["logprobs"]["text_offset"]) {
+      // Each token's offset counts the characters sent before it, across chunks.
+      EXPECT_LE(off.get<int64_t>(), Chars(joined + c["text"].get<std::string>()));
+      EXPECT_GE(off.get<int64_t>(), Chars(joined)) << "chunk offsets restart";
+      ++tokens;
+    }
+    joined += c["text"].get<std::string>();
+  }
+  EXPECT_EQ(tokens, 150u);
+  EXPECT_EQ(joined, text);
+  // The non-streamed offsets are the same characters: the last is within the text.
+  const Json& offs = full["choices"][0]["logprobs"]["text_offset"];
+  ASSERT_EQ(offs.size(), 150u);
+  EXPECT_EQ(offs[0], 0);
+  EXPECT_LE(offs.back().get<int64_t>(), Chars(text));
+  for (size_t i = 1; i < offs.size(); ++i) EXPECT_GE(offs[i].get<int64_t>(), offs[i - 1].get<int64_t>());
+}
+
+TEST_F(HttpTest, StopReasonIsTheStopTokenAndSubnormalTemperatureIsGreedy) {
+  Json greedy = Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":4,"temperature":0,"return_token_ids":true})");
+  const int32_t first = greedy["choices"][0]["token_ids"][0];
+  EXPECT_TRUE(greedy["choices"][0]["stop_reason"].is_null());
+  Json stopped = Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":4,"temperature":0,"stop_token_ids":[)" +
+                                             std::to_string(first) + "]}");
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped["choices"][0]["stop_reason"], first);
+  // 1 / 5e-324 is infinite: below vLLM's 1e-5 a temperature samples greedily.
+  for (const char* t : {"5e-324", "1e-6"}) {
+    Json tiny_t = Post("/v1/completions", std::string(R"({"prompt":[1,2,3],"max_tokens":4,"return_token_ids":true,"temperature":)") + t + "}");
+    EXPECT_EQ(tiny_t["choices"][0]["token_ids"], greedy["choices"][0]["token_ids"]) << t;
+  }
+}
+
+TEST_F(HttpTest, SamplingFieldsTheEngineDoesNotImplementAreRefusedUnlessNeutral) {
+  for (const char* extra : {R"("stop":"x")", R"("stop":["a","b"])", R"("min_tokens":3)", R"("presence_penalty":0.5)",
+                            R"("frequency_penalty":-1)", R"("repetition_penalty":1.2)", R"("min_p":0.1)",
+                            R"("logit_bias":{"5":10})", R"("prompt_logprobs":1)", R"("response_format":{"type":"json_object"})"}) {
+    const std::string body = std::string(R"({"prompt":[1,2],"max_tokens":2,)") + extra + "}";
+    Json j = Post("/v1/completions", body, 400);
+    const std::string field = std::string(extra).substr(1, std::string(extra).find('"', 1) - 1);
+    EXPECT_EQ(j["error"]["message"].get<std::string>().rfind(field + ": not supported", 0), 0u) << j.dump();
+  }
+  // Their neutral values change nothing and are accepted (TRL and vLLM clients send them).
+  Post("/v1/completions", R"({"prompt":[1,2],"max_tokens":2,"stop":[],"min_tokens":0,"presence_penalty":0,)"
+                          R"("frequency_penalty":0,"repetition_penalty":1,"min_p":0,"logit_bias":{},"stop":null})");
+}
+
+TEST_F(HttpTest, ErrorsHaveVllmsShapeAndABadPromptOfSeveralRunsNothing) {
+  const std::string before = Metrics();
+  Json j = Post("/v1/completions", R"({"prompt":[[1,2,3],[1,9999,2]],"max_tokens":2})", 400);
+  ASSERT_TRUE(j["error"].is_object()) << j.dump();
+  EXPECT_EQ(j["error"]["type"], "BadRequestError");
+  EXPECT_EQ(j["error"]["code"], 400);
+  EXPECT_TRUE(j["error"].contains("param"));
+  EXPECT_EQ(j["error"]["message"].get<std::string>().rfind("prompt[1][1]: token id 9999", 0), 0u) << j.dump();
+  EXPECT_EQ(j["message"], j["error"]["message"]);
+  // Nothing was admitted: no prompt tokens, no abort.
+  auto counter = [](const std::string& m, const std::string& name) {
+    const size_t at = m.find(name + "{");
+    return at == std::string::npos ? std::string() : m.substr(at, m.find('\n', at) - at);
+  };
+  const std::string after = Metrics();
+  EXPECT_EQ(counter(after, "vllm:prompt_tokens_total"), counter(before, "vllm:prompt_tokens_total"));
+  EXPECT_EQ(counter(after, "vllm:request_success_total"), counter(before, "vllm:request_success_total"));
+}
+
+TEST_F(HttpTest, SleepWakeUpAndIsSleepingAsVllm) {
+  EXPECT_EQ(Get("/is_sleeping")["is_sleeping"], false);
+  Json s = Post("/sleep?level=0", "");
+  EXPECT_EQ(s["status"], "sleeping");
+  EXPECT_EQ(s["level"], 0);
+  EXPECT_EQ(Get("/is_sleeping")["is_sleeping"], true);
+  EXPECT_EQ(Get("/is_paused")["is_paused"], true);
+  Post("/wake_up?tags=scheduling", "");
+  EXPECT_EQ(Get("/is_sleeping")["is_sleeping"], false);
+  // Level 1 (vLLM's default) also drops the prefix cache.
+  Post("/v1/completions", R"({"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"max_tokens":2})");
+  Json l1 = Post("/sleep", "");
+  EXPECT_EQ(l1["level"], 1);
+  EXPECT_EQ(l1["cache_reset"]["success"], true) << l1.dump();
+  Post("/wake_up", "");
+  EXPECT_EQ(Get("/is_paused")["is_paused"], false);
+  Json l2 = Post("/sleep?level=2", "", 400);
+  EXPECT_NE(l2["message"].get<std::string>().find("level: 2"), std::string::npos) << l2.dump();
+  Post("/sleep?level=x", "", 400);
+  Post("/sleep?mode=bogus", "", 400);
+  EXPECT_EQ(Get("/is_paused")["is_paused"], false);
+}
+
+TEST_F(HttpTest, AbortByCompletionIdHitsOnlyThatCompletion) {
+  ASSERT_TRUE(engine_->Pause(PauseMode::kKeep).ok());  // both stay queued while the ids are aborted
+  auto send = [&](const std::string& id) {
+    return std::async(std::launch::async, [this, id] {
+      httplib::Client c("127.0.0.1", server_->port());
+      c.set_read_timeout(60, 0);
+      auto r = c.Post("/v1/completions", R"({"prompt":[1,2],"max_tokens":3,"request_id":")" + id + R"("})",
+                      "application/json");
+      return r ? ParseJson(r->body).value_or(Json()) : Json();
+    });
+  };
+  auto x = send("x");
+  auto x0 = send("x-0");  // also the engine id of completion x's first request
+  for (int i = 0; i < 500 && engine_->State().num_waiting < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(engine_->State().num_waiting, 2);
+  Json a = Post("/abort_requests", R"({"request_ids":["x-0"]})");
+  EXPECT_EQ(a["aborted"], 1);
+  engine_->Resume();
+  EXPECT_EQ(x0.get()["choices"][0]["finish_reason"], "abort");
+  EXPECT_EQ(x.get()["choices"][0]["finish_reason"], "length");
 }
 
 }  // namespace

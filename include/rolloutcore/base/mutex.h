@@ -22,9 +22,11 @@
 // std::scoped_lock-style generic code.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #if defined(__clang__) && !defined(SWIG)
 #define RC_THREAD_ANNOTATION_(x) __attribute__((x))
@@ -179,6 +181,47 @@ class CondVar {
     std::unique_lock<std::mutex> lock;
   };
   std::condition_variable cv_;
+};
+
+// A mutex that one thread re-takes in a loop (the engine's step) is not fair: std::mutex lets the
+// thread that just unlocked lock again at once, so another caller can wait for seconds. Callers
+// that must get in between two iterations take the mutex through PriorityLock, which counts them
+// in a Turnstile; the looping thread calls YieldToWaiters() before each lock and steps aside
+// while any is counted. A waiter stops being counted once it holds the mutex.
+class Turnstile {
+ public:
+  // Returns once no PriorityLock is waiting for the mutex: yields at first, then sleeps in short
+  // naps (a waiter may wait long behind another holder).
+  void YieldToWaiters() const {
+    for (int spins = 0; waiting_.load(std::memory_order_acquire) > 0; ++spins) {
+      if (spins < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+  int waiting() const { return waiting_.load(std::memory_order_acquire); }
+
+ private:
+  friend class PriorityLock;
+  std::atomic<int> waiting_{0};
+};
+
+// Holds a Mutex for its scope, as MutexLock does, announced in `turnstile` while it waits.
+class SCOPED_CAPABILITY PriorityLock {
+ public:
+  PriorityLock(Mutex& mu, Turnstile& turnstile) ACQUIRE(mu) : mu_(mu) {
+    turnstile.waiting_.fetch_add(1, std::memory_order_acq_rel);
+    mu_.lock();
+    turnstile.waiting_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  ~PriorityLock() RELEASE() { mu_.unlock(); }
+  PriorityLock(const PriorityLock&) = delete;
+  PriorityLock& operator=(const PriorityLock&) = delete;
+
+ private:
+  Mutex& mu_;
 };
 
 }  // namespace rc

@@ -164,6 +164,9 @@ class RequestStream {
     std::vector<VersionSpan> spans;
     // Set when a pause in abort mode (not an abort by id) ended the request.
     bool aborted_by_pause = false;
+    // The token of stop_token_ids that ended the request (vLLM's stop_reason); not set for an
+    // end-of-sequence token or any other finish.
+    std::optional<int32_t> stop_token;
   };
   // Returns once more than `seen` tokens exist or the request finished, or at the deadline.
   Snapshot WaitFrom(size_t seen, std::chrono::milliseconds timeout);
@@ -261,6 +264,9 @@ class Engine : public receiver::LiveWeights {
   // request_id is still running or waiting (ids must be unique among live requests, or an
   // abort by id would hit both).
   Result<std::shared_ptr<RequestStream>> AddRequest(GenerateRequest request);
+  // What AddRequest checks before it queues anything (InvalidArgument naming the field; the
+  // prompt as `prompt_field`, e.g. "prompt[2]" for one prompt of several).
+  Status CheckRequest(const GenerateRequest& request, std::string_view prompt_field = "prompt") const;
   // Aborts the named requests (all when empty); returns how many were live.
   int64_t Abort(const std::vector<std::string>& request_ids);
 
@@ -274,9 +280,14 @@ class Engine : public receiver::LiveWeights {
   Status Pause(PauseMode mode);
   // Pause plus what the installs made before the next Resume do with in-flight KV (Resume
   // restores kRecompute). Pause(mode) is Pause(mode, InFlightKv::kRecompute).
+  // A Pause(kWait) that a Resume overtakes while it waits for running requests ends Aborted
+  // (409 over HTTP) with the engine unpaused: the Resume wins, as on vLLM.
   Status Pause(PauseMode mode, InFlightKv kv);
   void Resume();
+  // Paused: no step runs and weights may be installed (draining is not paused).
   bool IsPaused() const override;
+  // vLLM's /is_paused: any state but unpaused, draining included.
+  bool IsPausedOrDraining() const;
 
   // Drops the prefix cache. Without reset_running_requests it refuses while any block is in
   // use; with it, running requests are preempted first (they recompute after resume).
@@ -427,6 +438,7 @@ class Engine : public receiver::LiveWeights {
   Status QuantizeAfterInstall() REQUIRES(step_mu_);
 
   mutable rc::Mutex step_mu_;
+  mutable rc::Turnstile step_turnstile_;  // every step_mu_ holder but Step() takes it through a PriorityLock
   Fp8Fault fp8_fault_ GUARDED_BY(step_mu_) = Fp8Fault::kNone;
   bool fp8_expected_from_live_ GUARDED_BY(step_mu_) = false;  // kSelfConsistentWrongScale, until the next install
   mutable rc::Mutex mu_;

@@ -57,10 +57,20 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const By
 // The engine request for prompt `prompt`, sample `k` of a completion with id `id`.
 GenerateRequest CompletionGenerateRequest(const CompletionRequest& cr, const std::string& id, size_t prompt,
                                           int64_t k);
-// One OpenAI choice object for tokens [from, end) of a stream's snapshot.
+// Every engine request of a completion (prompt-major, n per prompt); their ids into *ids.
+std::vector<GenerateRequest> CompletionGenerateRequests(const CompletionRequest& cr, const std::string& id,
+                                                        std::vector<std::string>* ids);
+// Checks every prompt (Engine::CheckRequest, naming "prompt[i]" when there are several), then
+// queues all the requests; if one is refused after others were queued they are aborted.
+Result<std::vector<std::shared_ptr<RequestStream>>> AdmitCompletion(Engine* engine, const CompletionRequest& cr,
+                                                                    std::vector<GenerateRequest> requests,
+                                                                    const std::vector<std::string>& ids);
+// One OpenAI choice object for tokens [from, end) of a stream's snapshot. A stream passes
+// text_sent (the bytes of text its earlier chunks sent): the text is then what follows them up to
+// the last whole character (all of it in the last chunk), and text_sent moves on.
 Json CompletionChoiceJson(const ByteTokenizer& tokenizer, const RequestStream& stream,
                           const RequestStream::Snapshot& snap, size_t index, size_t from, const CompletionRequest& cr,
-                          bool final_chunk);
+                          bool final_chunk, size_t* text_sent = nullptr);
 // A request's version spans as each choice reports them ("version_spans": [{from_token, to_token,
 // label, install_generation, kv}], output token indices, the last span ends at the last token).
 Json VersionSpansJson(const std::vector<VersionSpan>& spans);
@@ -69,8 +79,9 @@ Json VersionSpansJson(const std::vector<VersionSpan>& spans);
 // weight_version and install_generation (at admission) a controller can tell whether the
 // completion ran on the engine, label and weights it bound the rollout to (docs/engine.md).
 Json CompletionIdentityJson(const Engine& engine);
-// The usage object (prompt, completion, cached tokens) of finished streams.
-Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& streams);
+// The usage object (prompt, completion, cached tokens) of finished streams, n samples per prompt
+// (each prompt counted once).
+Json CompletionUsageJson(const std::vector<std::shared_ptr<RequestStream>>& streams, int64_t n);
 // Runs a non-streaming completion to the end and returns the response body; errors of admission
 // (InvalidArgument naming the field, Unavailable while paused in abort mode...) as statuses.
 // on_admitted (optional) sees the engine request ids before any is queued (so aborts by

@@ -1,6 +1,6 @@
 // Sampler: turns one row of logits into a token and its log-probabilities.
 //
-// Greedy (temperature 0) is argmax with the lowest token id winning ties. Otherwise the logits
+// Greedy (temperature below kGreedyBelowTemperature, 0 included) is argmax with the lowest token id winning ties. Otherwise the logits
 // are divided by the temperature, restricted by top-k then top-p (nucleus), and a token is
 // drawn with the request's own random stream (SplitMix64-based, seeded by the request's seed or
 // by the engine), so a seeded request is reproducible independent of batching. Reported
@@ -17,6 +17,10 @@
 #include <vector>
 
 namespace rc::engine {
+
+// Temperatures below this sample greedily, as vLLM's (its _SAMPLING_EPS): dividing the logits by
+// a smaller one overflows (1 / 5e-324 is infinite) and would pick a token at random.
+inline constexpr double kGreedyBelowTemperature = 1e-5;
 
 struct SamplingParams {
   double temperature = 1.0;

@@ -59,10 +59,13 @@ std::string_view PauseStateName(PauseState s);  // unpaused | draining | paused
 // The pause state machine, pure. PauseStateOnRequest: the state Pause(mode) moves to before it
 // waits (kWait from kUnpaused or kDraining: kDraining; a kWait on a paused engine changes nothing;
 // kAbort, kKeep: kPaused). PauseStateOnDrained: where a waiting Pause(kWait) ends once no request
-// runs (or another pause paused the engine): kPaused. PauseAbortsRequests: whether Pause(mode)
+// runs, another pause paused the engine, or a Resume unpaused it: kPaused, except after the Resume
+// (kUnpaused stays: the Resume wins, as on vLLM). PauseAbortsRequests: whether Pause(mode)
 // finishes the running and waiting requests with "abort" once no step is in flight.
 PauseState PauseStateOnRequest(PauseState current, PauseMode mode);
-inline PauseState PauseStateOnDrained(PauseState) { return PauseState::kPaused; }
+inline PauseState PauseStateOnDrained(PauseState current) {
+  return current == PauseState::kUnpaused ? PauseState::kUnpaused : PauseState::kPaused;
+}
 inline bool PauseWaitsForDrain(PauseState after_request) { return after_request == PauseState::kDraining; }
 inline bool PauseAbortsRequests(PauseMode mode) { return mode == PauseMode::kAbort; }
 // Whether a step could run anything: not paused, and a running request or (unless draining) a

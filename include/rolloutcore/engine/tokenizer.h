@@ -27,6 +27,14 @@ class ByteTokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
   std::string TokenString(int32_t id) const;
 
+  // Text as a stream shows it (decoded bytes that may end inside a character):
+  // CompleteTextBytes is how many leading bytes end on a character boundary, leaving out a
+  // trailing sequence that the next bytes could still complete (so no chunk splits a character
+  // into two U+FFFD); TextLength is how many characters the JSON rendering of the bytes has
+  // (each invalid sequence one U+FFFD, as rc::net::DumpJson writes it): the unit of text_offset.
+  static size_t CompleteTextBytes(std::string_view bytes);
+  static int64_t TextLength(std::string_view bytes);
+
  private:
   int64_t vocab_size_;
 };
