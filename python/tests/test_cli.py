@@ -52,3 +52,33 @@ def test_out_of_range_flags_are_refused_before_anything_starts(tmp_path, args, s
     assert out.returncode != 0
     assert says in out.stderr, out.stderr
     assert not (tmp_path / "unused").exists() and not os.path.exists("unused")
+
+
+def test_a_preset_runs_with_the_default_load_format_and_safetensors_names_the_folder(tmp_path):
+    """`engine serve --model tiny` (README, engine.md: --load-format defaults to auto) serves the
+    preset's seeded random weights; --load-format safetensors needs a folder and says so."""
+    from pathlib import Path
+    from rolloutcore.cluster import Server
+    binary = os.environ.get("ROLLOUTCORE_BIN") or rolloutcore.find_binary()
+    s = Server("engine", ["engine", "serve", "--model", "tiny", "--port", "0", "--threads", "1"],
+               Path(tmp_path) / "engine.log", binary)
+    try:
+        url = s.wait_url(60)
+        out = rolloutcore.EngineClient(url).completions(prompt=[1, 2, 3], max_tokens=2)
+        assert len(out["choices"][0]["text"]) >= 1 or out["choices"][0]["finish_reason"] in ("length", "stop")
+        assert "is a preset (no folder of that name): serving seeded random weights" in s.log_tail()
+    finally:
+        s.stop()
+    refused = run("engine", "serve", "--model", "tiny", "--load-format", "safetensors", "--port", "0")
+    assert refused.returncode != 0
+    assert "--load-format safetensors needs a model folder" in refused.stderr + refused.stdout
+
+
+def test_change_fractions_take_a_comma_list_as_the_docs_write_it():
+    """performance.md and refit.md write `--change-fractions 0.01,0.1`; a bad element is named."""
+    out = run("bench", "refit", "--delta", "--change-fractions", "0.01,nan")
+    assert out.returncode != 0 and "--change-fractions: Value nan is not a finite" in out.stderr, out.stderr
+    out = run("bench", "refit", "--delta", "--model", "tiny", "--change-fractions", "0.01,0.1", "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+    assert [r["change_fraction"] for r in json.loads(out.stdout)["rows"]] == [0.01, 0.1]

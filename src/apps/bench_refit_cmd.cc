@@ -222,7 +222,9 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--delta", o->delta,
                 "Full and sparse delta refit side by side: per --change-fractions F, refit v0 in full, then v1 as a "
                 "delta on v0 (bytes on the wire, stage, install, verify, pause; docs/refit.md)");
-  cmd->add_option("--change-fractions", o->change_fractions, "With --delta: the trainer's change fractions")
+  cmd->add_option("--change-fractions", o->change_fractions,
+                  "With --delta: the trainer's change fractions (space or comma separated: 0.01,0.1)")
+      ->delimiter(',')
       ->check(FiniteNumber(0, 1))
       ->capture_default_str();
   cmd->add_option("--source", o->source, "Trainer layout (default fsdp:<trainer-ranks>)");

@@ -1,5 +1,6 @@
 // `rolloutcore controller serve`: the controller service over HTTP engines and a directory.
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <iostream>
 #include <optional>
@@ -76,13 +77,15 @@ void AddEngineFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--embedded-model", o->embedded_model, "Embedded engine: preset name or Hugging Face folder")
       ->capture_default_str();
   serve->add_option("--embedded-load-format", o->embedded_load_format,
-                    "Embedded engine: auto (safetensors folder) or dummy (seeded random)")
+                    "Embedded engine: auto (a folder's safetensors; a preset's seeded random weights) or dummy "
+                    "(seeded random)")
       ->check(CLI::IsMember({"auto", "dummy"}))
       ->capture_default_str();
   serve->add_option("--embedded-tp", o->embedded_tp, "Embedded engine: tensor-parallel size")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  serve->add_option("--embedded-seed", o->embedded_seed, "Embedded engine: seed for dummy weights");
+  serve->add_option("--embedded-seed", o->embedded_seed, "Embedded engine: seed for dummy weights")
+      ->capture_default_str();
   serve->add_option("--embedded-weight-version", o->embedded_label, "Embedded engine: label of the loaded weights")
       ->capture_default_str();
 }
@@ -92,18 +95,22 @@ void AddServiceFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--directory", o->directory, "Directory base URL (http://127.0.0.1:8200)")->check(HttpUrl());
   serve->add_option("--state-dir", o->state_dir, "Where the journals and the trajectory store live")->required();
   serve->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
-  serve->add_option("--port", o->port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
+  serve->add_option("--port", o->port, "Port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   serve->add_flag("--auto-update", o->auto_update, "Follow new committed versions of --model in the directory");
   serve->add_option("--model", o->model, "Directory model name (for --auto-update and the engines' staging)");
   serve->add_option("--max-updating", o->max_updating, "How many engines may update at once")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
 }
 
 // The lifecycle policy: drain, identity checks, recovery, leases, pause and update modes, staleness,
 // replay tolerance, prefetch.
 void AddPolicyFlags(CLI::App* serve, ServeOptions* o) {
   serve->add_option("--drain-policy", o->drain_policy, "After the drain deadline: wait | abort | cancel")
-      ->check(CLI::IsMember({"wait", "abort", "cancel"}));
+      ->check(CLI::IsMember({"wait", "abort", "cancel"}))
+      ->capture_default_str();
   serve->add_option("--verify-interval-ms", o->verify_interval_ms,
                     "Identity check of every READY engine every N ms (boot id, label, install generation, cached "
                     "digest vs what was verified and committed; a mismatch taints the engine); 0: only after "
@@ -277,7 +284,8 @@ controller::ServiceOptions ServiceOptionsFor(const ServeOptions& o) {
   so.model = o.model;
   so.verify_interval_ms = o.verify_interval_ms;
   so.auto_recover = o.auto_recover;
-  so.lease_timeout_ms = static_cast<int64_t>(o.lease_timeout_s * 1000.0);
+  // Rounded up to whole ms: 0.0009 s is 1 ms, never 0 (which means "never expire").
+  so.lease_timeout_ms = o.lease_timeout_s > 0 ? static_cast<int64_t>(std::ceil(o.lease_timeout_s * 1000.0)) : 0;
   so.runner.drain_policy = *lifecycle::DrainPolicyFromName(o.drain_policy);
   so.runner.pause_mode = o.pause_mode == "abort"  ? lifecycle::PauseMode::kAbort
                          : o.pause_mode == "keep" ? lifecycle::PauseMode::kKeep

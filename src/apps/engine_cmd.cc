@@ -101,7 +101,8 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
   engine->require_subcommand(1);
   auto flags = std::make_shared<ServeFlags>();
   auto* serve = engine->add_subcommand("serve", "Serve a model over the vLLM-compatible HTTP API.");
-  serve->add_option("--model", flags->model, "Preset name (tiny, qwen3-0.6b-like, ...) or Hugging Face folder");
+  serve->add_option("--model", flags->model, "Preset name (tiny, qwen3-0.6b-like, ...) or Hugging Face folder")
+      ->capture_default_str();
   serve->add_option("--host", flags->host, "Address to bind")->capture_default_str();
   serve->add_option("--port", flags->port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   serve->add_option("--max-model-len", flags->max_model_len, "Context length (default: the model's)")
@@ -124,7 +125,10 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
                     "vLLM 0.33's online method of that name does (docs/fp8.md): fp8_per_tensor, fp8_per_channel (per "
                     "channel) or fp8_per_block (128 x 128). Default: none")
       ->check(CLI::IsMember({"fp8_per_tensor", "fp8_per_channel", "fp8_per_block"}));
-  serve->add_option("--load-format", flags->load_format, "auto (safetensors folder) or dummy (seeded random)")
+  serve->add_option("--load-format", flags->load_format,
+                    "auto (a folder's safetensors; a preset's seeded random weights), safetensors (a folder only) "
+                    "or dummy (seeded random)")
+      ->check(CLI::IsMember({"auto", "safetensors", "dummy"}))
       ->capture_default_str();
   serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();
   serve->add_option("--weight-version", flags->weight_version, "Initial weight version label")->capture_default_str();

@@ -130,10 +130,16 @@ std::optional<Result<std::string>> UpdateOrchestrator::ExistingOpLocked(const st
                                                                         std::set<size_t>* already_live) {
   // The same version requested again while an update to it is still running (or queued):
   // one cycle, one id.
-  const OpRecord* latest = nullptr;
+  const OpRecord* latest = nullptr;  // the newest update (or recovery) that committed this version
   for (const auto& [id, rec] : ops_) {
-    if (rec.recovery || rec.model != model || rec.version != version) continue;
-    if (!OpJson(rec)["done"].get<bool>()) {
+    if (rec.model != model || rec.version != version) continue;
+    const Json op = OpJson(rec);
+    if (op["done"].get<bool>() && op["outcome"] == "committed" &&
+        (latest == nullptr || OpNumber(id) > OpNumber(latest->id))) {
+      latest = &rec;
+    }
+    if (rec.recovery) continue;
+    if (!op["done"].get<bool>()) {
       DropPrefetchLocked(version);
       if (rec.mode != mode) {
         // The caller asked for a mode that would not run: say so rather than hand out an id
@@ -146,7 +152,6 @@ std::optional<Result<std::string>> UpdateOrchestrator::ExistingOpLocked(const st
       }
       return Result<std::string>(id);
     }
-    if (latest == nullptr || OpNumber(id) > OpNumber(latest->id)) latest = &rec;
   }
   for (const auto& slot : core_->engines) {
     const auto& c = *slot->controller;
@@ -180,6 +185,12 @@ Result<std::string> UpdateOrchestrator::Enqueue(const std::string& model, const 
                                                 bool retry_failed) {
   if (core_->versions == nullptr) {
     return FailedPrecondition("controller has no directory (--directory) to resolve versions");
+  }
+  if (!core_->options.model.empty() && model != core_->options.model) {
+    // Its engines stage --model: another model's version would be resolved here and then staged
+    // as a version of --model.
+    return InvalidArgument("model: this controller updates '" + core_->options.model + "' (--model), not '" + model +
+                           "'");
   }
   if (mode != lifecycle::PolicyMode::kStrict) {
     for (const auto& slot : core_->engines) {

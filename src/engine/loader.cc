@@ -2,6 +2,8 @@
 // resolution live in interim_loader.cc until the refit loaders land.
 #include "rolloutcore/engine/loader.h"
 
+#include "rolloutcore/base/log.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include "engine/model.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/base/log.h"
 #include "rolloutcore/engine/sampler.h"
 
 namespace rc::engine {
@@ -209,16 +212,26 @@ Status WriteModelFolder(const std::string& dir, const ModelSpec& spec, TensorSou
 Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const EngineOptions& options) {
   RC_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(load.model));
   WeightFill fill;
-  if (load.load_format == "dummy") {
+  std::error_code dir_ec;
+  const bool is_folder = std::filesystem::is_directory(load.model, dir_ec);
+  // auto: a folder's safetensors, or a preset's seeded random weights (a preset has no files).
+  const bool dummy = load.load_format == "dummy" || (load.load_format == "auto" && !is_folder);
+  if (dummy) {
+    if (load.load_format == "auto") {
+      RC_LOG_WARN("--model '{}' is a preset (no folder of that name): serving seeded random weights (seed {}), as "
+                  "--load-format dummy does",
+                  load.model, load.seed);
+    }
     const uint64_t seed = load.seed;
     fill = MakeWeightFill(spec, [spec, seed]() -> Result<std::unique_ptr<TensorSource>> {
       return MakeDummySource(spec, seed);
     });
   } else if (load.load_format == "auto" || load.load_format == "safetensors") {
     std::error_code ec;
-    if (!std::filesystem::is_directory(load.model, ec)) {
+    if (!is_folder) {
       return InvalidArgument("--model '" + load.model +
-                             "' is a preset, not a folder: use --load-format dummy to run it with random weights");
+                             "' is a preset, not a folder: --load-format safetensors needs a model folder (auto or "
+                             "dummy run a preset with seeded random weights)");
     }
     const std::string dir = load.model;
     // What the files can hold: every parameter takes at least 2 bytes (BF16 / F16), so a
@@ -248,7 +261,7 @@ Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const
   if (load.weight_dtype == "f32") {
     o.weight_dtype = DType::kF32;
   } else if (load.weight_dtype == "auto") {
-    if (load.load_format == "dummy") {
+    if (dummy) {
       o.weight_dtype = DType::kBF16;  // the dummy source's tensors are BF16
     } else {
       RC_ASSIGN_OR_RETURN(auto source, OpenFolderSource(load.model));

@@ -85,7 +85,11 @@ TEST(LoaderTest, ErrorsNameTheTensor) {
   EXPECT_NE(e.status().message().find("tensor 'model."), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("missing"), std::string::npos) << e.status().message();
   EXPECT_FALSE(ResolveModel("no-such-model").ok());
-  EXPECT_FALSE(CreateEngine({"tiny", "auto", 0}, {}).ok());  // a preset needs --load-format dummy
+  // safetensors needs a folder; auto runs a preset (no folder) on its seeded random weights.
+  auto preset = CreateEngine({"tiny", "safetensors", 0}, {});
+  ASSERT_FALSE(preset.ok());
+  EXPECT_NE(preset.status().message().find("needs a model folder"), std::string::npos) << preset.status().message();
+  EXPECT_TRUE(CreateEngine({"tiny", "auto", 0}, {}).ok());
 }
 
 TEST(LoaderTest, TensorParallelLayoutErrors) {

@@ -662,8 +662,12 @@ Status HttpServer::Start() {
   // cpp-httplib listens with its compiled-in backlog (5); the listening socket is taken here and
   // listen() called again with ours (Linux applies a new backlog to a listening socket).
   auto listen_fd = std::make_shared<std::atomic<int>>(-1);
+  // Not cpp-httplib's default options: they set SO_REUSEPORT as well, with which a second server
+  // of the same user binds a port that is in use, and the kernel splits the connections between
+  // the two. SO_REUSEADDR alone still rebinds a port whose old connections are in TIME_WAIT.
   http_->set_socket_options([listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_fd->store(sock);
   });
   if (options_.port == 0) {

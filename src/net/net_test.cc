@@ -556,6 +556,22 @@ TEST(HttpServerTest, ListenBacklogIsRaised) {
   EXPECT_EQ(send_q, 777) << line;
 }
 
+TEST(HttpServerTest, APortInUseIsRefused) {
+  TestServer first(Options());
+  ASSERT_TRUE(first.http.Start().ok());
+  HttpServerOptions o = Options();
+  o.port = first.http.port();
+  TestServer second(o);
+  const Status st = second.http.Start();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("(in use?)"), std::string::npos) << st.ToString();
+  // Stopped, its port can be bound again at once (SO_REUSEADDR).
+  const int port = first.http.port();
+  first.http.Stop();
+  TestServer again(o);
+  EXPECT_TRUE(again.http.Start().ok()) << port;
+}
+
 namespace fs = std::filesystem;
 
 // A self-signed certificate for 127.0.0.1 made with the openssl tool.

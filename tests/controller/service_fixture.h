@@ -56,6 +56,7 @@ class StaticVersions : public VersionSource {
 struct Engines {
   std::vector<std::unique_ptr<rc::testing::FakeEngine>> fakes;
   std::vector<std::unique_ptr<rc::testing::FaultInjectingAdapter>> faulty;
+  std::vector<rc::testing::FaultInjectingAdapter*> wrappers;  // each handle's fault wrapper (owned by the handle)
 
   // Engines serving `label` with digest "d-<label>" (a restarted controller's engines keep theirs).
   std::vector<EngineHandle> Make(int n, const std::string& start_label = "v0") {
@@ -68,6 +69,7 @@ struct Engines {
       h.name = "fake-" + std::to_string(i);
       // The handle owns a fault wrapper around the fake (the fake outlives the service).
       auto wrapper = std::make_unique<rc::testing::FaultInjectingAdapter>(fake);
+      wrappers.push_back(wrapper.get());
       faulty.push_back(nullptr);
       h.adapter = std::move(wrapper);
       h.complete = [shared, fake](const Json& body) -> Result<Json> {

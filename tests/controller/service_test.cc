@@ -412,6 +412,36 @@ TEST(ControllerIdentityTest, RecoverOnAReadyEngineIsRefused) {
   fs::remove_all(dir);
 }
 
+// A request for a version that is live again answers the update that committed it, not an older
+// one that failed on it; and a controller with --model refuses another model's versions (its
+// engines would stage them as versions of --model).
+TEST(ControllerServiceTest, ARepeatedRequestAnswersTheUpdateThatCommittedTheVersion) {
+  auto dir = TempDir("repeat_committed");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.model = "m";
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  e.wrappers[0]->Set("install", rc::testing::Fault{rc::testing::Fault::Kind::kFailAfter});
+  const std::string failed = svc->RequestUpdate("m", "v1").value();
+  auto f = svc->WaitForUpdate(failed, 10000);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_NE((*f)["outcome"], "committed") << f->dump();
+  e.wrappers[0]->Set("install", rc::testing::Fault{});
+  auto recovery = svc->RequestRecovery("m", "v1");
+  ASSERT_TRUE(recovery.ok()) << recovery.status().ToString();
+  auto r = svc->WaitForUpdate(*recovery, 10000);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ((*r)["outcome"], "committed") << r->dump();
+  auto again = svc->RequestUpdate("m", "v1");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *recovery) << "answered " << *again << ", the update that failed was " << failed;
+  auto other = svc->RequestUpdate("other", "v1");
+  EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("'m' (--model), not 'other'"), std::string::npos) << other.status().ToString();
+  fs::remove_all(dir);
+}
+
 // --auto-recover: an identity taint is followed by a recovery to the committed version.
 TEST(ControllerIdentityTest, AutoRecoverReinstallsTheCommittedVersion) {
   auto dir = TempDir("id_auto");
