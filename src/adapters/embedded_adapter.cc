@@ -237,6 +237,7 @@ class EmbeddedEngineAdapter final : public lifecycle::EngineAdapter {
       e.boot_id = s->engine->boot_id();
       e.label = st.weight_version;
       e.install_generation = st.install_generation;
+      e.paused = s->engine->IsPausedOrDraining();
       return e;
     });
   }

@@ -71,6 +71,7 @@ Result<lifecycle::IdentityEvidence> IdentityFromJson(const Json& j, const char* 
   if (j.contains("content_digest") && !j["content_digest"].is_null()) {
     RC_ASSIGN_OR_RETURN(e.content_digest, GetString(j, "content_digest", where));
   }
+  if (j.contains("paused") && j["paused"].is_boolean()) e.paused = j["paused"].get<bool>();
   return e;
 }
 

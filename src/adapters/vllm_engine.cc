@@ -1590,6 +1590,9 @@ Result<IdentityEvidence> VllmEngine::ProbeIdentity() {
       first.label = first.label + " (vLLM's own label, GET /weight_info: '" + info + "')";
     }
   }
+  // Whether it is paused (a READY engine that is hangs every rollout); an engine that cannot say
+  // leaves it unknown rather than failing the identity it did report.
+  if (auto paused = IsPaused(); paused.ok()) first.paused = *paused;
   return first;
 }
 

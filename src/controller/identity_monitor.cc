@@ -43,7 +43,14 @@ Status IdentityMonitor::InitEngine(EngineSlot* slot, bool must_exist) {
                 slot->handle.name, path, lifecycle::StateName(summary.state_now),
                 lifecycle::StateName(summary.state_at_crash), summary.interrupted.size());
     if (summary.state_now == State::kReady && summary.engine_may_be_paused) {
-      slot->runner->ResumeBestEffort("controller restarted while the engine may have been paused");
+      // Resumed and answered before the check below, which taints an engine still paused.
+      auto resumed = AwaitPending(slot->handle.adapter->Resume(),
+                                  std::max<int64_t>(core_->options.runner.deadlines.resume_ms, 1),
+                                  "resuming " + slot->handle.name + " (it may have been paused at the crash)");
+      if (!resumed.ok() || resumed->paused_after) {
+        RC_LOG_WARN("engine {}: the resume after the restart {}", slot->handle.name,
+                    resumed.ok() ? std::string("left it paused") : resumed.status().ToString());
+      }
     }
   }
   // Nothing is admitted before the engine was checked against what the journal claims (label and
@@ -106,6 +113,11 @@ void IdentityMonitor::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim
   }
   std::vector<std::string> why;
   if (!quantized_why.empty()) why.push_back(quantized_why);
+  // Paused while READY (a pause behind the controller's back, or one that landed after its update
+  // was given up): every rollout admitted would hang. Only while still READY (TaintIfReady below):
+  // an update that began meanwhile pauses the engine itself.
+  const bool paused = e.paused.value_or(false);
+  if (paused) why.push_back("the engine reports itself paused while READY: every rollout admitted to it would hang");
   if (e.label != committed.label) {
     why.push_back("the engine reports label '" + e.label + "', the committed version is '" + committed.label + "'");
   }
@@ -152,19 +164,25 @@ void IdentityMonitor::VerifyIdentity(EngineSlot* slot, bool after_op, bool claim
                                    (committed_id.content_digest.empty() ? "unknown" : committed_id.content_digest) +
                                    ") but " + Join(why)
                              : "identity check: " + Join(why);
-  TaintForIdentity(slot, reason);
+  TaintForIdentity(slot, reason, /*ready_only=*/true, /*only_paused=*/paused && why.size() == 1);
   if (after_op) slot->settling = false;
 }
 
-void IdentityMonitor::TaintForIdentity(EngineSlot* slot, const std::string& reason) {
-  RC_LOG_ERROR("engine {}: {}", slot->handle.name, reason);
-  Status s = slot->controller->Taint(reason);
+void IdentityMonitor::TaintForIdentity(EngineSlot* slot, const std::string& reason, bool ready_only,
+                                       bool only_paused) {
+  // A check of a READY engine taints only from READY: an update that began since the probe (and
+  // paused the engine, or changes its label) is not what the probe saw.
+  Status s = ready_only ? slot->controller->TaintIfReady(reason) : slot->controller->Taint(reason);
   if (!s.ok()) {
-    // Not READY (an update runs, or already TAINTED): the check after the operation decides.
+    // Not READY (an update runs, or already TAINTED): the check after the operation decides. A
+    // pause is not kept as a suspicion: the update that began paused the engine itself.
+    RC_LOG_WARN("engine {}: {} (not tainted: {})", slot->handle.name, reason, s.message());
+    if (only_paused) return;
     rc::MutexLock lock(slot->id_mu);
     if (slot->id.suspect.empty()) slot->id.suspect = reason;
     return;
   }
+  RC_LOG_ERROR("engine {}: {}", slot->handle.name, reason);
   if (!core_->options.auto_recover) return;
   if (core_->versions == nullptr || core_->options.model.empty()) {
     RC_LOG_WARN("engine {}: --auto-recover needs --directory and --model; the engine stays TAINTED", slot->handle.name);

@@ -31,9 +31,11 @@ class IdentityMonitor {
   // one may move the install generation; a committed recovery may also change the boot id).
   // claim: the first check of a (re)started controller, reading the digest when none is cached.
   void VerifyIdentity(EngineSlot* slot, bool after_op, bool claim);
-  // Taints a READY engine for `reason` (or records it as suspect when the state does not allow
-  // it) and, with auto_recover, queues a recovery to the committed version.
-  void TaintForIdentity(EngineSlot* slot, const std::string& reason);
+  // Taints the engine for `reason` (ready_only: only from READY) or, when the state does not allow
+  // it, records the reason as suspect for the check after the operation (not when the only reason
+  // was a pause: only_paused); with auto_recover, queues a recovery to the committed version.
+  void TaintForIdentity(EngineSlot* slot, const std::string& reason, bool ready_only = false,
+                        bool only_paused = false);
   // The verified identity as /v1/status shows it ("engine_identity").
   static Json IdentityJson(const EngineSlot& slot);
 

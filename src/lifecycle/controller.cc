@@ -918,6 +918,10 @@ Status Controller::RecordStageEvidence(const StageEvidence& stage) {
 
 Status Controller::Taint(const std::string& reason) {
   rc::MutexLock lock(mu_);
+  return TaintLocked(reason);
+}
+
+Status Controller::TaintLocked(const std::string& reason) {
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kTaint));
   Json detail{{"reason", reason}};
   std::vector<std::string> ends;
@@ -942,6 +946,14 @@ Status Controller::Taint(const std::string& reason) {
   RC_RETURN_IF_ERROR(TransitionLocked(Event::kTaint, detail));
   ended_by_last_taint_ = std::move(ends);
   return OkStatus();
+}
+
+Status Controller::TaintIfReady(const std::string& reason) {
+  rc::MutexLock lock(mu_);
+  if (state_ != State::kReady) {
+    return FailedPrecondition("not READY but " + std::string(StateName(state_)) + ": " + reason);
+  }
+  return TaintLocked(reason);
 }
 
 std::vector<std::string> Controller::EndedByLastTaint() const {

@@ -146,16 +146,73 @@ void Runner::Finish() {
 }
 
 void Runner::RejectAndResume(const std::string& reason, bool install_refused) {
-  Status s = controller_->RejectBeforeMutation(reason, install_refused);
+  const bool paused = phase_ != Phase::kDraining;
+  reject_reason_ = reason;
+  reject_install_refused_ = install_refused;
+  if (!paused || (phase_ == Phase::kInstalling && !install_refused)) {
+    // Not paused yet: READY at once. (From UPDATING without a refusal the controller refuses
+    // READY and FinishReject taints: nothing proves the install did not mutate.)
+    return FinishReject(std::nullopt);
+  }
+  Note("giving up before mutation: " + reason + "; resuming the engine before READY");
+  phase_ = Phase::kRejectResuming;
+  reject_resumed_ = false;
+  // A pause that overran its deadline is still in flight and may land after the resume: it gets
+  // one more pause deadline, and if it answers, the engine is resumed again after it.
+  if (pause_call_.active()) pause_call_.deadline_ms = Now() + options_.deadlines.pause_ms;
+  resume_call_.Start(adapter_->Resume(), Now() + options_.deadlines.resume_ms);
+  StepRejectResuming();
+}
+
+void Runner::StepRejectResuming() {
+  const int64_t now = Now();
+  if (resume_call_.active()) {
+    if (!resume_call_.pending->Ready()) {
+      if (now <= resume_call_.deadline_ms) return;
+      resume_call_.Clear();
+      return FinishReject("the resume overran its " + std::to_string(options_.deadlines.resume_ms) + " ms deadline");
+    }
+    auto r = resume_call_.pending->Get();
+    resume_call_.Clear();
+    if (!r.ok()) return FinishReject("the resume failed: " + r.status().ToString());
+    if (r->paused_after) return FinishReject("the engine still reports itself paused after the resume");
+    reject_resumed_ = true;
+  }
+  if (!reject_resumed_) return;
+  if (pause_call_.active()) {
+    if (!pause_call_.pending->Ready()) {
+      if (now <= pause_call_.deadline_ms) return;
+      // It may never land; if it does, the identity check of READY engines finds it paused.
+      pause_call_.Clear();
+      Note("the pause given up at its deadline never answered");
+      return FinishReject(std::nullopt);
+    }
+    pause_call_.Clear();
+    Note("the pause given up at its deadline answered after all: resuming again after it");
+    reject_resumed_ = false;
+    resume_call_.Start(adapter_->Resume(), now + options_.deadlines.resume_ms);
+    return;
+  }
+  FinishReject(std::nullopt);
+}
+
+void Runner::FinishReject(const std::optional<std::string>& taint_why) {
+  const std::string reason = reject_reason_;
+  Status s = controller_->RejectBeforeMutation(reason, reject_install_refused_);
   if (!s.ok()) {
     // Only possible if the state moved under us; taint is the safe answer after an install.
     Note("reject failed: " + s.ToString());
     if (phase_ == Phase::kInstalling) (void)controller_->Taint(reason + "; " + s.message());
   }
-  bool paused = phase_ != Phase::kDraining;
   Note("rejected before mutation: " + reason);
+  if (s.ok() && taint_why) {
+    // READY was true of the weights; the engine may still be paused, which would hang every
+    // rollout admitted to it: tainted, so none is, until a recovery resumes it.
+    Status t = controller_->Taint("after the update was given up (" + reason + "): " + *taint_why);
+    if (!t.ok()) Note("taint failed: " + t.ToString());
+    Note("tainted: " + *taint_why);
+  }
   Finish();
-  if (paused) ResumeBestEffort("update rejected before mutation");
 }
 
 Status Runner::JournalHeldInstall() {
@@ -240,6 +297,7 @@ bool Runner::Poll() {
       case Phase::kRecoverResetting: StepResetting(true); break;
       case Phase::kRecoverValidating: StepValidating(true); break;
       case Phase::kRecoverResuming: StepResuming(true); break;
+      case Phase::kRejectResuming: StepRejectResuming(); break;
     }
     if (phase_ == before) break;
   }
@@ -505,9 +563,10 @@ void Runner::StepPausing(bool recovery) {
   const int64_t now = Now();
   if (!pause_call_.pending->Ready()) {
     if (now > pause_call_.deadline_ms) {
-      pause_call_.Clear();
       std::string why = "pause overran its " + std::to_string(options_.deadlines.pause_ms) + " ms deadline";
-      return recovery ? TaintWith("recovery: " + why) : RejectAndResume(why, false);
+      if (!recovery) return RejectAndResume(why, false);  // keeps the pause call: it may still land
+      pause_call_.Clear();
+      return TaintWith("recovery: " + why);
     }
     if (drained_ && now - pause_issued_ms_ >= options_.group_commit_window_ms) {
       // A pause that takes longer than the group-commit window: journal QUIESCED on its own now

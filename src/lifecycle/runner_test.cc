@@ -201,8 +201,52 @@ TEST_F(RunnerTest, HungPauseIsRejectedNotTainted) {
   int64_t elapsed = Run();
   EXPECT_EQ(c_->state(), State::kReady);
   EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
-  EXPECT_LE(elapsed, 300 + 100);
+  // The pause deadline, then one more for the hung pause to land (resumed again if it does).
+  EXPECT_LE(elapsed, 2 * 300 + 100);
   EXPECT_TRUE(engine_->mutation_windows().empty());
+  EXPECT_FALSE(engine_->paused());
+}
+
+// Given up after the pause: READY only once a resume answered that the engine runs again. A
+// resume that fails leaves it paused, which READY would hide (every rollout admitted would hang):
+// READY (the weights were never touched), then TAINTED naming why.
+TEST_F(RunnerTest, AGivenUpUpdateIsReadyOnlyAfterTheResumeAnswered) {
+  Build(With("install", "fail_before_mutation", 10));
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_FALSE(engine_->paused()) << "READY on a paused engine";
+}
+
+TEST_F(RunnerTest, AGivenUpUpdateWhoseResumeFailsIsTaintedNotLeftReadyAndPaused) {
+  ScriptedEngineConfig c = With("install", "fail_before_mutation", 10);
+  c.ops["resume"] = {OpScript{5, "fail", 0}};
+  Build(c);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kTainted);
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_TRUE(engine_->paused());
+  bool named = false;
+  for (const auto& n : runner_->notes()) named = named || n.find("tainted: the resume failed") != std::string::npos;
+  EXPECT_TRUE(named) << "the taint names the failed resume";
+}
+
+// A pause that lands after its deadline (and after the resume that followed it) would leave the
+// engine paused while READY: the runner waits one more pause deadline for it and resumes again.
+TEST_F(RunnerTest, APauseThatLandsAfterItsDeadlineIsResumedAgainBeforeReady) {
+  RunnerOptions o;
+  o.deadlines.pause_ms = 200;
+  Build(With("pause", "ok", 250), o);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run();
+  EXPECT_EQ(c_->state(), State::kReady);
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kRejected);
+  EXPECT_FALSE(engine_->paused()) << "READY on an engine the late pause paused";
+  bool again = false;
+  for (const auto& n : runner_->notes()) again = again || n.find("resuming again after it") != std::string::npos;
+  EXPECT_TRUE(again);
 }
 
 TEST_F(RunnerTest, StagingFailureRejectsWhileServing) {

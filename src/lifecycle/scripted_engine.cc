@@ -295,7 +295,7 @@ Pending<IdentityEvidence> ScriptedEngine::ProbeIdentity() {
   const OpScript& s = ScriptFor("identity");
   return Schedule<IdentityEvidence>(s, [this, b = s.behavior]() -> Result<IdentityEvidence> {
     if (b == "fail") return Unavailable("engine state: connection refused");
-    return IdentityEvidence{"boot-" + std::to_string(boots_), label_, install_generation_, digest_};
+    return IdentityEvidence{"boot-" + std::to_string(boots_), label_, install_generation_, digest_, paused_};
   });
 }
 

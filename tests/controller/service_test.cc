@@ -319,6 +319,28 @@ TEST(ControllerIdentityTest, PeriodicCheckTaintsARestartedEngine) {
   fs::remove_all(dir);
 }
 
+// Paused behind the controller's back (or by a pause that landed after its update was given up):
+// READY would admit rollouts that hang. The periodic check taints it.
+TEST(ControllerIdentityTest, PeriodicCheckTaintsAnEnginePausedWhileReady) {
+  auto dir = TempDir("id_paused");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 20;
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
+  // Checks of a READY, running engine find nothing.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(svc->StatusJson()["engines"][0]["state"], "READY") << svc->StatusJson().dump();
+  auto paused = e.fakes[0]->Pause(lifecycle::PauseMode::kAbort);  // not through the controller
+  ASSERT_TRUE(paused.WaitFor(std::chrono::seconds(5)));
+  ASSERT_TRUE(paused.Get().ok());
+  ASSERT_TRUE(WaitForState(svc.get(), "TAINTED", 2000)) << svc->StatusJson().dump();
+  const std::string why = LastTaintReason(svc.get());
+  EXPECT_NE(why.find("paused while READY"), std::string::npos) << why;
+  fs::remove_all(dir);
+}
+
 // Weights installed behind the controller's back, with the label faked to the committed one:
 // the install generation (and the cached digest) give it away at the next check.
 TEST(ControllerIdentityTest, InstallBehindTheBackWithAFakedLabelIsDetected) {

@@ -207,7 +207,7 @@ class FakeEngine final : public EngineAdapter {
   Pending<IdentityEvidence> ProbeIdentity() override {
     return Async<IdentityEvidence>([s = s_]() -> Result<IdentityEvidence> {
       std::lock_guard<std::mutex> lock(s->mu);
-      return IdentityEvidence{s->boot_id, s->label, s->install_generation, s->digest};
+      return IdentityEvidence{s->boot_id, s->label, s->install_generation, s->digest, s->paused};
     });
   }
 

@@ -224,6 +224,9 @@ class Controller {
   // "update_tainted"): they were frozen on an engine whose weights are now unproven; the runner
   // then aborts them on the engine, and a recovery does not wait for them.
   Status Taint(const std::string& reason);
+  // Taint, only from READY (FailedPrecondition otherwise, nothing recorded): for what a check of
+  // a READY engine found, which means nothing once an update has begun (e.g. paused by it).
+  Status TaintIfReady(const std::string& reason);
   // The rollouts Taint ended for the update it closed (empty unless the last taint did).
   std::vector<std::string> EndedByLastTaint() const;
 
@@ -261,6 +264,7 @@ class Controller {
   Result<Json> ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                                      bool digest_offered, const ReplayOutcome& replay) const REQUIRES(mu_);
   Status CheckLegalLocked(Event event) const REQUIRES(mu_);
+  Status TaintLocked(const std::string& reason) REQUIRES(mu_);
   // Appends rec (AppendRecordsLocked: recs, in order), together with the held records
   // (deferred_) in one batch, and applies the held ones; the caller applies rec. On error nothing
   // was appended or applied.

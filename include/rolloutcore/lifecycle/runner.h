@@ -112,7 +112,7 @@ class Runner {
  private:
   enum class Phase { kIdle, kDraining, kInFlightAborting, kPausing, kInstalling, kResetting, kValidating, kResuming,
                      kRecoverPausing, kRecoverInstalling, kRecoverResetting, kRecoverValidating,
-                     kRecoverResuming };
+                     kRecoverResuming, kRejectResuming };
   template <typename T>
   struct Call {
     std::optional<Pending<T>> pending;
@@ -130,10 +130,22 @@ class Runner {
   };
 
   int64_t Now() const { return clock_->NowMs(); }
+  std::string reject_reason_;          // kRejectResuming: why the update was given up
+  bool reject_install_refused_ = false;  // kRejectResuming: the install refused before mutation
+  bool reject_resumed_ = false;          // kRejectResuming: a resume answered that the engine runs
   // True when a call in flight has answered (no lock, no wait).
   bool AnyAnswered() const;
   void Finish();
+  // An update given up before any weight changed. Before the engine was paused: back to READY
+  // at once. After (or during) the pause: kRejectResuming resumes and goes back to READY only once
+  // the resume answered that the engine is not paused; a pause given up at its deadline gets one
+  // more pause deadline to land, and if it does the engine is resumed again after it. A resume
+  // that fails, overruns or leaves it paused gives READY, then TAINTED naming why (READY while the
+  // engine stays paused would hang every rollout admitted).
   void RejectAndResume(const std::string& reason, bool install_refused);
+  void StepRejectResuming();
+  // Journals the rejection (READY), then, when `taint_why` is set, the taint that follows it.
+  void FinishReject(const std::optional<std::string>& taint_why);
   void TaintWith(const std::string& reason);
   // Journals the held install_complete on its own (the group-commit window passed, or a taint
   // follows); OK when none is held.

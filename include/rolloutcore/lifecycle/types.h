@@ -228,6 +228,9 @@ struct IdentityEvidence {
   std::string label;               // the label the engine reports now
   int64_t install_generation = -1; // -1: the engine reports none
   std::string content_digest;      // the engine's cached digest of the live weights; empty: none cached
+  // Whether the engine is paused now (draining included); nullopt: it does not say. A READY
+  // engine that is paused hangs every rollout admitted to it.
+  std::optional<bool> paused;
 };
 
 struct ResumeEvidence {
