@@ -188,13 +188,37 @@ void IdentityMonitor::TaintForIdentity(EngineSlot* slot, const std::string& reas
     RC_LOG_WARN("engine {}: --auto-recover needs --directory and --model; the engine stays TAINTED", slot->handle.name);
     return;
   }
+  QueueAutoRecovery(slot);
+}
+
+void IdentityMonitor::QueueAutoRecovery(EngineSlot* slot) {
   const std::string label = slot->controller->version().label;
   auto id = recover_(core_->options.model, label, slot->index);
   if (!id.ok()) {
-    RC_LOG_WARN("engine {}: auto-recovery to {}: {}", slot->handle.name, label, id.status().ToString());
+    // Refused for now (rollouts still active on the engine, which a recovery waits out): asked
+    // again by the driver (RetryAutoRecovery) until it is queued or the engine is not TAINTED.
+    RC_LOG_WARN("engine {}: auto-recovery to {}: {}; asking again in {} ms", slot->handle.name, label,
+                id.status().ToString(), kAutoRecoverRetryMs);
+    slot->auto_recover_retry_ms = SteadyMs() + kAutoRecoverRetryMs;
   } else {
+    slot->auto_recover_retry_ms = -1;
     RC_LOG_WARN("engine {}: auto-recovery {} to {} queued", slot->handle.name, *id, label);
   }
+}
+
+void IdentityMonitor::RetryAutoRecovery(EngineSlot* slot) {
+  const int64_t due = slot->auto_recover_retry_ms.load();
+  if (due < 0 || SteadyMs() < due) return;
+  if (slot->controller->state() != State::kTainted) {
+    slot->auto_recover_retry_ms = -1;  // recovered (or recovering) by other means
+    return;
+  }
+  if (slot->controller->active_count() > 0) {
+    // Still refused: asked again later, without queueing (and journaling) a recovery each time.
+    slot->auto_recover_retry_ms = SteadyMs() + kAutoRecoverRetryMs;
+    return;
+  }
+  QueueAutoRecovery(slot);
 }
 
 Json IdentityMonitor::IdentityJson(const EngineSlot& slot) {

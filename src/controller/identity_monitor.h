@@ -36,10 +36,15 @@ class IdentityMonitor {
   // was a pause: only_paused); with auto_recover, queues a recovery to the committed version.
   void TaintForIdentity(EngineSlot* slot, const std::string& reason, bool ready_only = false,
                         bool only_paused = false);
+  // --auto-recover: a recovery that was refused when queued (rollouts still active) is asked for
+  // again once due, while the engine is TAINTED; the driver calls this on every pass.
+  void RetryAutoRecovery(EngineSlot* slot);
+  static constexpr int64_t kAutoRecoverRetryMs = 50;
   // The verified identity as /v1/status shows it ("engine_identity").
   static Json IdentityJson(const EngineSlot& slot);
 
  private:
+  void QueueAutoRecovery(EngineSlot* slot);
   ServiceCore* const core_;
   const RecoveryQueue recover_;
 };

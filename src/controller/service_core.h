@@ -84,6 +84,9 @@ struct EngineSlot {
   // The operation's place among --max-updating, held from its start until it settled (the
   // engine admits nothing before that, so it counts as out of service).
   bool holds_update_place = false;            // guarded by ServiceCore::mu
+  // --auto-recover: when a queued recovery was refused (rollouts still active on the engine), the
+  // steady-clock ms at which the driver asks again; -1: none pending.
+  std::atomic<int64_t> auto_recover_retry_ms{-1};
   mutable rc::Mutex id_mu;
   VerifiedIdentity id GUARDED_BY(id_mu);                        // guarded by id_mu
   std::thread driver;

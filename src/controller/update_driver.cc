@@ -104,6 +104,7 @@ bool UpdateOrchestrator::EndRunningOp(EngineSlot* slot) {
 }
 
 void UpdateOrchestrator::VerifyIfDue(EngineSlot* slot, bool just_ended) {
+  identity_->RetryAutoRecovery(slot);
   // The identity check right after every operation (the install generation may have moved),
   // periodically while READY, and until a (re)started controller verified the engine.
   const int64_t interval = core_->options.verify_interval_ms;
@@ -175,6 +176,11 @@ void UpdateOrchestrator::StartOp(EngineSlot* slot, const Op& op) {
     j = JournalOpLocked("update_started", Json{{"id", op.id}, {"engine", slot->index}, {"ordinal", started->ordinal}});
   } else {
     ops_[op.id].errors[slot->index] = started.status().ToString();
+    if (op.recovery && core_->options.auto_recover && started.status().code() == StatusCode::kFailedPrecondition &&
+        slot->controller->state() == State::kTainted) {
+      // Refused for now (rollouts still active on the engine): --auto-recover asks again.
+      slot->auto_recover_retry_ms = SteadyMs() + IdentityMonitor::kAutoRecoverRetryMs;
+    }
     slot->running_op.clear();
     slot->holds_update_place = false;
     --updating_;
@@ -196,8 +202,10 @@ void UpdateOrchestrator::StopOpIfTaintedLocked(EngineSlot* slot, const std::stri
   if (!u || u->outcome != UpdateOutcome::kTainted) return;
   // The new version's own evidence failed (label, digest or replay read while paused): the
   // version is what is wrong, not this engine's call, so no engine gets it (issue 36 #4). Any
-  // other taint stops this update too (a canary that failed), without marking the version.
-  const bool validation = u->tainted_from == lifecycle::StateName(State::kValidating);
+  // other taint stops this update too (a canary that failed), without marking the version: one
+  // from VALIDATING whose read failed or overran (the engine died or hung) included.
+  const bool validation =
+      u->tainted_from == lifecycle::StateName(State::kValidating) && !u->taint_call_failed;
   const std::string why = fmt::format("update {} stopped: engine {} was tainted {}: {}", op_id, slot->handle.name,
                                       validation ? "in validation" : "from " + u->tainted_from, u->reason);
   rec.stopped = why;

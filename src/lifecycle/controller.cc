@@ -31,7 +31,8 @@ Json ToJson(const UpdateRecord& u) {
               {"requested_ms", u.requested_ms},
               {"ended_ms", u.ended_ms},
               {"evidence", u.evidence},
-              {"tainted_from", u.tainted_from.empty() ? Json() : Json(u.tainted_from)}};
+              {"tainted_from", u.tainted_from.empty() ? Json() : Json(u.tainted_from)},
+              {"taint_call_failed", u.taint_call_failed}};
 }
 
 Json ToJson(const Counters& c) {
@@ -369,6 +370,9 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
     case Event::kTaint:
       // An in-flight update tainted after its pause: the frozen rollouts it ends (Taint).
       apply_abort_list();
+      if (UpdateRecord* u = current(); u != nullptr && r.detail.is_object() && r.detail.value("call_failed", false)) {
+        u->taint_call_failed = true;
+      }
       close(UpdateOutcome::kTainted, r.detail.value("reason", ""));
       return;
     case Event::kBeginInstall:
@@ -916,14 +920,15 @@ Status Controller::RecordStageEvidence(const StageEvidence& stage) {
   return OkStatus();
 }
 
-Status Controller::Taint(const std::string& reason) {
+Status Controller::Taint(const std::string& reason, bool call_failed) {
   rc::MutexLock lock(mu_);
-  return TaintLocked(reason);
+  return TaintLocked(reason, call_failed);
 }
 
-Status Controller::TaintLocked(const std::string& reason) {
+Status Controller::TaintLocked(const std::string& reason, bool call_failed) {
   RC_RETURN_IF_ERROR(CheckLegalLocked(Event::kTaint));
   Json detail{{"reason", reason}};
+  if (call_failed) detail["call_failed"] = true;
   std::vector<std::string> ends;
   // An in-flight update paused with rollouts frozen inside the engine: nothing will resume them
   // on proven weights, so the taint ends them (the runner aborts them on the engine) instead of

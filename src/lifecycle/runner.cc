@@ -222,7 +222,7 @@ Status Runner::JournalHeldInstall() {
   return controller_->InstallComplete(held, install_done_ms_);
 }
 
-void Runner::TaintWith(const std::string& reason) {
+void Runner::TaintWith(const std::string& reason, bool call_failed) {
   if (install_held_) {
     // The install answered installed and that is not journaled yet: record it first (at the time
     // it answered), so the journal says what happened before the taint. Evidence the controller
@@ -244,7 +244,7 @@ void Runner::TaintWith(const std::string& reason) {
     Status recorded = controller_->CachesReset(results, description_.caches, resets_done_ms_);
     if (!recorded.ok()) Note("recording the held cache resets failed: " + recorded.ToString());
   }
-  Status s = controller_->Taint(reason);
+  Status s = controller_->Taint(reason, call_failed);
   if (!s.ok()) Note("taint failed: " + s.ToString());
   Note("tainted: " + reason);
   if (s.ok()) {
@@ -732,24 +732,24 @@ void Runner::StepValidating(bool recovery) {
     if (call->pending->Ready()) {
       auto r = call->pending->Get();
       call->Clear();
-      if (!r.ok()) return TaintWith("reading the label failed: " + r.status().ToString());
+      if (!r.ok()) return TaintWith("reading the label failed: " + r.status().ToString(), /*call_failed=*/true);
       label_evidence_ = *r;
     } else if (now > call->deadline_ms) {
       call->Clear();
       return TaintWith("reading the label overran its " + std::to_string(options_.deadlines.validate_ms) +
-                       " ms deadline");
+                       " ms deadline", /*call_failed=*/true);
     }
   }
   if (digest_call_.active()) {
     if (digest_call_.pending->Ready()) {
       auto r = digest_call_.pending->Get();
       digest_call_.Clear();
-      if (!r.ok()) return TaintWith("reading the content digest failed: " + r.status().ToString());
+      if (!r.ok()) return TaintWith("reading the content digest failed: " + r.status().ToString(), /*call_failed=*/true);
       digest_evidence_ = *r;
     } else if (now > digest_call_.deadline_ms) {
       digest_call_.Clear();
       return TaintWith("reading the content digest overran its " + std::to_string(options_.deadlines.validate_ms) +
-                       " ms deadline");
+                       " ms deadline", /*call_failed=*/true);
     }
   }
   if (!recovery && install_held_ && now - install_done_ms_ >= options_.group_commit_window_ms) {
@@ -847,14 +847,14 @@ bool Runner::StepReplay() {
       if (now > replay_call_.deadline_ms) {
         replay_call_.Clear();
         TaintWith("replaying probe " + name + " overran its " + std::to_string(options_.deadlines.validate_ms) +
-                  " ms deadline");
+                  " ms deadline", /*call_failed=*/true);
       }
       return false;
     }
     auto r = replay_call_.pending->Get();
     replay_call_.Clear();
     if (!r.ok()) {
-      TaintWith("replaying probe " + name + " failed: " + r.status().ToString());
+      TaintWith("replaying probe " + name + " failed: " + r.status().ToString(), /*call_failed=*/true);
       return false;
     }
     replay_evidence_.push_back(std::move(*r));

@@ -464,6 +464,57 @@ TEST(ControllerServiceTest, ARepeatedRequestAnswersTheUpdateThatCommittedTheVers
   fs::remove_all(dir);
 }
 
+// A read that fails in VALIDATING (the engine died or hung while its digest was read) taints the
+// engine but says nothing against the version: it is not marked failed, and can be requested again.
+TEST(ControllerServiceTest, AFailedDigestReadInValidationDoesNotMarkTheVersionFailed) {
+  auto dir = TempDir("validate_call_failed");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.model = "m";
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  e.wrappers[0]->Set("digest", rc::testing::Fault{rc::testing::Fault::Kind::kFailBefore});
+  auto f = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_EQ((*f)["outcome"], "tainted") << f->dump();
+  EXPECT_EQ((*f)["engines"][0]["phase"], "TAINTED");
+  e.wrappers[0]->Set("digest", rc::testing::Fault{});
+  auto rec = svc->WaitForUpdate(svc->RequestRecovery("m", "v0").value(), 10000);
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ((*rec)["outcome"], "committed") << rec->dump();
+  auto again = svc->RequestUpdate("m", "v1");
+  ASSERT_TRUE(again.ok()) << "the version was marked failed for the engine's fault: " << again.status().ToString();
+  auto done = svc->WaitForUpdate(*again, 10000);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ((*done)["outcome"], "committed") << done->dump();
+  fs::remove_all(dir);
+}
+
+// --auto-recover with a rollout still active on the tainted engine: the recovery is refused while
+// it is (a recovery waits for nothing), and asked for again until it is queued.
+TEST(ControllerIdentityTest, AutoRecoverIsAskedAgainOnceTheActiveRolloutsEnded) {
+  auto dir = TempDir("id_auto_active");
+  StaticVersions versions;
+  Engines e;
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 20;
+  o.auto_recover = true;
+  o.model = "m";
+  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
+  ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
+  auto lease = svc->Admit("held");
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  e.fakes[0]->Restart();
+  ASSERT_TRUE(WaitForState(svc.get(), "TAINTED", 2000)) << svc->StatusJson().dump();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // several refusals meanwhile
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "TAINTED");
+  (void)svc->FinishLease("held", Json{{"output_token_ids", {1}}, {"finish_reason", "stop"}});
+  ASSERT_TRUE(WaitForState(svc.get(), "READY", 5000)) << svc->StatusJson().dump();
+  EXPECT_EQ(svc->controller(0)->counters().recoveries, 1);
+  EXPECT_EQ(svc->StatusJson()["engines"][0]["label"], "v1");
+  fs::remove_all(dir);
+}
+
 // --auto-recover: an identity taint is followed by a recovery to the committed version.
 TEST(ControllerIdentityTest, AutoRecoverReinstallsTheCommittedVersion) {
   auto dir = TempDir("id_auto");

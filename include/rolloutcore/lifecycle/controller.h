@@ -66,6 +66,9 @@ struct UpdateRecord {
   // For a tainted update: the state it was tainted from ("VALIDATING": the new version's evidence
   // failed — its label, digest or replay — not the call that carried it).
   std::string tainted_from;
+  // Tainted because a call failed or overran (the engine, not the version's evidence): e.g. the
+  // digest read overran in VALIDATING. Such a taint says nothing against the version.
+  bool taint_call_failed = false;
 };
 Json ToJson(const UpdateRecord& u);
 
@@ -223,7 +226,9 @@ class Controller {
   // record, every active rollout it had not ended yet (aborted_at_update, reason
   // "update_tainted"): they were frozen on an engine whose weights are now unproven; the runner
   // then aborts them on the engine, and a recovery does not wait for them.
-  Status Taint(const std::string& reason);
+  // call_failed: the taint comes from a call that failed or overran (an engine fault), not from
+  // evidence that contradicts the version (UpdateRecord::taint_call_failed).
+  Status Taint(const std::string& reason, bool call_failed = false);
   // Taint, only from READY (FailedPrecondition otherwise, nothing recorded): for what a check of
   // a READY engine found, which means nothing once an update has begun (e.g. paused by it).
   Status TaintIfReady(const std::string& reason);
@@ -264,7 +269,7 @@ class Controller {
   Result<Json> ValidatedDetailLocked(const LabelEvidence& label, const std::optional<DigestEvidence>& digest,
                                      bool digest_offered, const ReplayOutcome& replay) const REQUIRES(mu_);
   Status CheckLegalLocked(Event event) const REQUIRES(mu_);
-  Status TaintLocked(const std::string& reason) REQUIRES(mu_);
+  Status TaintLocked(const std::string& reason, bool call_failed = false) REQUIRES(mu_);
   // Appends rec (AppendRecordsLocked: recs, in order), together with the held records
   // (deferred_) in one batch, and applies the held ones; the caller applies rec. On error nothing
   // was appended or applied.

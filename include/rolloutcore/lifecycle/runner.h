@@ -146,7 +146,8 @@ class Runner {
   void StepRejectResuming();
   // Journals the rejection (READY), then, when `taint_why` is set, the taint that follows it.
   void FinishReject(const std::optional<std::string>& taint_why);
-  void TaintWith(const std::string& reason);
+  // call_failed: a call failed or overran (Controller::Taint); not evidence against the version.
+  void TaintWith(const std::string& reason, bool call_failed = false);
   // Journals the held install_complete on its own (the group-commit window passed, or a taint
   // follows); OK when none is held.
   Status JournalHeldInstall();
