@@ -57,6 +57,9 @@ class RolloutAdmission {
     int64_t expires_ms = 0;  // steady clock; 0: never
     bool row_written = false;  // the trajectory row exists; only the finish record is missing
     lifecycle::RolloutBinding binding;  // as admitted (the row of a lease the drain aborted needs it)
+    // The engine's taint count (Counters::taints) read before the admission: a finish that finds
+    // it moved knows the engine was tainted while the lease was open.
+    int64_t taints_at_admission = 0;
   };
   // Leases closed for the client but not yet recorded (row + finish), retried by the driver.
   struct Closing {

@@ -28,10 +28,15 @@ Result<Json> RolloutAdmission::Admit(const std::string& rollout_id_in) {
       return AlreadyExists("rollout " + rollout_id + " is already active");
     }
   }
+  // Read before the admission, so a taint after it is never missed (one in between can only make
+  // the finish say "tainted during the lease" of a lease admitted after a recovery: the safe side).
+  std::vector<int64_t> taints;
+  for (const auto& slot : core_->engines) taints.push_back(slot->controller->counters().taints);
   RC_ASSIGN_OR_RETURN(auto admitted, AdmitSomewhere(rollout_id, /*lease=*/true));
   auto [index, binding] = admitted;
   Lease lease;
   lease.engine = index;
+  lease.taints_at_admission = taints[index];
   lease.admitted_wall_ms = WallTimeMs();
   lease.binding = binding;
   if (core_->options.lease_timeout_ms > 0) lease.expires_ms = SteadyMs() + core_->options.lease_timeout_ms;
@@ -87,7 +92,14 @@ Status RolloutAdmission::FinishLease(const std::string& rollout_id, const Json& 
     rc::MutexLock lock(core_->mu);
     if (auto closed = ClosedLeaseStatusLocked(rollout_id)) return *closed;
     auto it = leases_.find(rollout_id);
-    if (it == leases_.end()) return NotFound("no lease for rollout '" + rollout_id + "'");
+    if (it == leases_.end()) {
+      for (const auto& slot : core_->engines) {
+        if (auto why = slot->controller->WhyNotActive(rollout_id)) {
+          return NotFound("no lease for rollout '" + rollout_id + "' (on " + slot->handle.name + ": " + *why + ")");
+        }
+      }
+      return NotFound("no lease for rollout '" + rollout_id + "'");
+    }
     // Taken out while it is finished: a concurrent finish, the expiry or an update's end cannot
     // write a second row.
     lease = it->second;
@@ -131,6 +143,36 @@ Status RolloutAdmission::FinishLease(const std::string& rollout_id, const Json& 
   t.extra = body.value("extra", Json::object());
   if (!t.extra.is_object()) t.extra = Json{{"client_extra", t.extra}};
   Json finish_detail{{"lease", true}, {"finish_reason", t.finish_reason}};
+  if (const int64_t taints = slot->controller->counters().taints; taints > lease.taints_at_admission) {
+    // The engine was tainted while the client generated (an identity check found other weights,
+    // a restart, a pause behind the controller's back): its output is not bound to the version it
+    // was admitted under. Recorded as a proxied rollout's mismatch is, never as a clean row.
+    const std::string why = "engine " + slot->handle.name + " was tainted while the lease was open (" +
+                            std::to_string(taints - lease.taints_at_admission) + " taint(s) since the admission; now " +
+                            std::string(lifecycle::StateName(slot->controller->state())) + ")";
+    t.extra["client_finish_reason"] = t.finish_reason;
+    t.extra["identity_mismatch"] = why;
+    t.finish_reason = "identity_mismatch";
+    finish_detail["finish_reason"] = t.finish_reason;
+    finish_detail["error"] = "identity mismatch";
+    finish_detail["identity_mismatch"] = why;
+    if (!lease.row_written) {
+      if (Status stored = core_->trajectories->Insert(t); !stored.ok()) {
+        put_back(false);
+        return stored.WithContext("lease " + rollout_id + ": the trajectory was not stored; retry the finish");
+      }
+    }
+    if (Status finished = slot->controller->Finish(rollout_id, finish_detail); !finished.ok()) {
+      if (slot->controller->Binding(rollout_id)) put_back(true);
+      return finished.WithContext("lease " + rollout_id + ": the finish was not journaled; retry the finish");
+    }
+    {
+      rc::MutexLock lock(core_->mu);
+      PublishLeaseCountsLocked();
+    }
+    return FailedPrecondition("rollout " + rollout_id + " is not bound to " + binding->version.label + ": " + why +
+                              "; it is recorded with finish_reason identity_mismatch; admit a new rollout");
+  }
   if (Status spans = AddLeaseSpans(slot, rollout_id, *binding, body, &t, &finish_detail); !spans.ok()) {
     put_back(lease.row_written);
     return spans;

@@ -45,6 +45,7 @@ Json ToJson(const Counters& c) {
          {"updates_rejected", c.updates_rejected},
          {"updates_tainted", c.updates_tainted},
          {"recoveries", c.recoveries},
+         {"taints", c.taints},
          {"inflight_spans", c.inflight_spans},
          {"aborted_at_update", c.aborted_at_update}};
   Json by_mode = Json::object();
@@ -368,6 +369,7 @@ void Controller::ApplyTransitionLocked(const JournalRecord& r, RecordEvent type)
       close(UpdateOutcome::kRejected, r.detail.value("reason", ""));
       return;
     case Event::kTaint:
+      ++counters_.taints;
       // An in-flight update tainted after its pause: the frozen rollouts it ends (Taint).
       apply_abort_list();
       if (UpdateRecord* u = current(); u != nullptr && r.detail.is_object() && r.detail.value("call_failed", false)) {
@@ -559,17 +561,18 @@ Result<RolloutBinding> Controller::Admit(const std::string& rollout_id, bool lea
   return active_.at(id);
 }
 
-Status Controller::Finish(const std::string& rollout_id, const Json& detail) {
+std::optional<std::string> Controller::WhyNotActive(const std::string& rollout_id) const {
   rc::MutexLock lock(mu_);
-  if (!active_.count(rollout_id)) {
-    if (interrupted_.count(rollout_id)) {
-      return NotFound("rollout " + rollout_id + " is not active: it was recorded interrupted at a controller restart");
-    }
-    if (aborted_.count(rollout_id)) {
-      return NotFound("rollout " + rollout_id + " is not active: the drain policy aborted it");
-    }
-    return NotFound("rollout " + rollout_id + " is not active");
-  }
+  if (active_.count(rollout_id)) return std::nullopt;
+  if (interrupted_.count(rollout_id)) return "it was recorded interrupted at a controller restart";
+  if (aborted_.count(rollout_id)) return "the drain policy aborted it";
+  return std::nullopt;
+}
+
+Status Controller::Finish(const std::string& rollout_id, const Json& detail) {
+  if (auto why = WhyNotActive(rollout_id)) return NotFound("rollout " + rollout_id + " is not active: " + *why);
+  rc::MutexLock lock(mu_);
+  if (!active_.count(rollout_id)) return NotFound("rollout " + rollout_id + " is not active");
   JournalRecord rec;
   rec.t_ms = clock_->NowMs();
   rec.event = std::string(RecordEventName(Kind(RecordKind::kFinish)));

@@ -139,6 +139,10 @@ TEST(ControllerServiceTest, LeaseModeAndRestartKeepState) {
   bool interrupted = false;
   for (const auto& r : journal["records"]) interrupted = interrupted || (r["event"] == "interrupted" && r["rollout"] == "lease-3");
   EXPECT_TRUE(interrupted);
+  // Its client finishing it now is told why there is no lease (lifecycle.md), not only that.
+  const Status late = svc->FinishLease("lease-3", Json{{"token_ids", {1}}});
+  EXPECT_EQ(late.code(), StatusCode::kNotFound);
+  EXPECT_NE(late.message().find("recorded interrupted at a controller restart"), std::string::npos) << late.ToString();
   fs::remove_all(dir);
 }
 
@@ -508,7 +512,13 @@ TEST(ControllerIdentityTest, AutoRecoverIsAskedAgainOnceTheActiveRolloutsEnded) 
   ASSERT_TRUE(WaitForState(svc.get(), "TAINTED", 2000)) << svc->StatusJson().dump();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // several refusals meanwhile
   EXPECT_EQ(svc->StatusJson()["engines"][0]["state"], "TAINTED");
-  (void)svc->FinishLease("held", Json{{"output_token_ids", {1}}, {"finish_reason", "stop"}});
+  // Tainted while the lease was open: its output is not bound to v1, and is not stored as if it were.
+  const Status finished = svc->FinishLease("held", Json{{"token_ids", {1}}, {"finish_reason", "stop"}});
+  EXPECT_EQ(finished.code(), StatusCode::kFailedPrecondition) << finished.ToString();
+  EXPECT_NE(finished.message().find("was tainted while the lease was open"), std::string::npos) << finished.ToString();
+  auto rows = svc->trajectories()->List("v1").value();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].finish_reason, "identity_mismatch");
   ASSERT_TRUE(WaitForState(svc.get(), "READY", 5000)) << svc->StatusJson().dump();
   EXPECT_EQ(svc->controller(0)->counters().recoveries, 1);
   EXPECT_EQ(svc->StatusJson()["engines"][0]["label"], "v1");

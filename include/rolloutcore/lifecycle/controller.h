@@ -82,6 +82,7 @@ struct Counters {
   int64_t updates_rejected = 0;
   int64_t updates_tainted = 0;
   int64_t recoveries = 0;
+  int64_t taints = 0;  // every move to TAINTED (an update's, a recovery's, an identity check's)
   std::map<std::string, int64_t> updates_by_mode;   // committed updates by PolicyModeName
   // Outcomes, counted from finish records (what the trajectory rows say), never from an update's
   // intent: a rollout the update meant to end may have finished first (issue 36 #6).
@@ -150,6 +151,9 @@ class Controller {
   Result<RolloutBinding> Admit(const std::string& rollout_id, bool lease = false);
   // Ends a binding. NotFound for an unknown (or interrupted) rollout.
   Status Finish(const std::string& rollout_id, const Json& detail = Json::object());
+  // Why a rollout this controller admitted is no longer active (recorded interrupted at a restart,
+  // aborted by the drain policy); nullopt when it is active or unknown here.
+  std::optional<std::string> WhyNotActive(const std::string& rollout_id) const;
   // Ends bindings because the drain policy aborted them on the engine (DRAINING only).
   Status AbortForDrain(const std::vector<std::string>& rollout_ids, const AbortEvidence& evidence);
 
