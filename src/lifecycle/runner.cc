@@ -199,6 +199,14 @@ void Runner::StepRejectResuming() {
 void Runner::FinishReject(const std::optional<std::string>& taint_why) {
   const std::string reason = reject_reason_;
   Status s = controller_->RejectBeforeMutation(reason, reject_install_refused_);
+  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) {
+    const bool refused = reject_install_refused_;
+    return RetryRecordLater("the rejection (" + reason + ")", [this, reason, refused, taint_why]() -> Status {
+      if (controller_->state() != State::kReady) RC_RETURN_IF_ERROR(controller_->RejectBeforeMutation(reason, refused));
+      if (!taint_why) return OkStatus();
+      return controller_->Taint("after the update was given up (" + reason + "): " + *taint_why);
+    }, /*taints=*/taint_why.has_value());
+  }
   if (!s.ok()) {
     // Only possible if the state moved under us; taint is the safe answer after an install.
     Note("reject failed: " + s.ToString());
@@ -245,18 +253,62 @@ void Runner::TaintWith(const std::string& reason, bool call_failed) {
     if (!recorded.ok()) Note("recording the held cache resets failed: " + recorded.ToString());
   }
   Status s = controller_->Taint(reason, call_failed);
+  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) {
+    return RetryRecordLater("the taint (" + reason + ")",
+                            [this, reason, call_failed] { return controller_->Taint(reason, call_failed); },
+                            /*taints=*/true);
+  }
   if (!s.ok()) Note("taint failed: " + s.ToString());
   Note("tainted: " + reason);
-  if (s.ok()) {
-    // The rollouts frozen inside the engine that the taint ended (an in-flight update): abort
-    // them now so their proxies are answered, instead of at a call timeout (issue 36 #2).
-    std::vector<std::string> ended = controller_->EndedByLastTaint();
-    if (!ended.empty()) {
-      Note("aborting the " + std::to_string(ended.size()) + " frozen rollouts the taint ended");
-      background_aborts_.push_back(adapter_->AbortRequests(ended));
-    }
+  if (!s.ok()) return Finish();
+  AfterTaint();
+}
+
+void Runner::AfterTaint() {
+  // The rollouts frozen inside the engine that the taint ended (an in-flight update): abort
+  // them now so their proxies are answered, instead of at a call timeout (issue 36 #2).
+  std::vector<std::string> ended = controller_->EndedByLastTaint();
+  if (!ended.empty()) {
+    Note("aborting the " + std::to_string(ended.size()) + " frozen rollouts the taint ended");
+    background_aborts_.push_back(adapter_->AbortRequests(ended));
   }
   Finish();
+}
+
+void Runner::RetryRecordLater(const std::string& what, std::function<Status()> record, bool taints) {
+  phase_ = Phase::kRecordRetrying;
+  record_taints_ = taints;
+  record_what_ = what;
+  record_ = std::move(record);
+  record_attempts_ = 1;
+  record_next_ms_ = Now() + kRecordRetryMs;
+  RC_LOG_ERROR("engine '{}': the journal refused {}; the state stays as it is (nothing is admitted) and the record "
+               "is written again every {} ms",
+               description_.name, what, kRecordRetryMs);
+  Note("the journal refused " + what + "; retrying");
+}
+
+void Runner::StepRecordRetrying() {
+  if (Now() < record_next_ms_) return;
+  ++record_attempts_;
+  Status s = record_();
+  if (s.ok()) {
+    RC_LOG_WARN("engine '{}': {} recorded after {} attempts", description_.name, record_what_, record_attempts_);
+    Note(record_what_ + " recorded after " + std::to_string(record_attempts_) + " attempts");
+    record_ = nullptr;
+    return record_taints_ ? AfterTaint() : Finish();
+  }
+  if (s.code() == StatusCode::kFailedPrecondition) {
+    RC_LOG_ERROR("engine '{}': {} can no longer be recorded: {}", description_.name, record_what_, s.ToString());
+    Note(record_what_ + " not recorded: " + s.ToString());
+    record_ = nullptr;
+    return Finish();
+  }
+  if (record_attempts_ % 50 == 0) {
+    RC_LOG_ERROR("engine '{}': the journal still refuses {} ({} attempts): {}", description_.name, record_what_,
+                 record_attempts_, s.ToString());
+  }
+  record_next_ms_ = Now() + kRecordRetryMs;
 }
 
 bool Runner::Poll() {
@@ -298,6 +350,7 @@ bool Runner::Poll() {
       case Phase::kRecoverValidating: StepValidating(true); break;
       case Phase::kRecoverResuming: StepResuming(true); break;
       case Phase::kRejectResuming: StepRejectResuming(); break;
+      case Phase::kRecordRetrying: StepRecordRetrying(); break;
     }
     if (phase_ == before) break;
   }

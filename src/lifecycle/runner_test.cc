@@ -177,6 +177,29 @@ TEST_F(RunnerTest, HungInstallTaintsWithinDeadlinePlus100) {
   EXPECT_NE(u->reason.find("mutation may have begun"), std::string::npos);
 }
 
+// The journal refuses the taint (disk full, read-only): the state does not move (nothing is
+// admitted), and the taint is written again until the journal takes it, not dropped.
+TEST_F(RunnerTest, ATaintTheJournalRefusesIsWrittenAgainUntilItIsRecorded) {
+  RunnerOptions o;
+  o.deadlines.install_ms = 200;
+  Build(With("install", "hang"), o);
+  ASSERT_TRUE(runner_->StartUpdate(Target()).ok());
+  Run(100);  // UPDATING, the install hanging
+  ASSERT_EQ(c_->state(), State::kUpdating);
+  journal_.FailAfter(0);  // every append fails from here
+  Run(1000);
+  EXPECT_EQ(c_->state(), State::kUpdating) << "the state moved without its record";
+  EXPECT_TRUE(runner_->busy()) << "the taint was dropped";
+  journal_.FailAfter(-1);  // writable again
+  Run();
+  EXPECT_EQ(c_->state(), State::kTainted);
+  EXPECT_FALSE(runner_->busy());
+  EXPECT_EQ(c_->Update(1)->outcome, UpdateOutcome::kTainted);
+  bool retried = false;
+  for (const auto& n : runner_->notes()) retried = retried || n.find("recorded after") != std::string::npos;
+  EXPECT_TRUE(retried);
+}
+
 TEST_F(RunnerTest, InstallRefusedBeforeMutationReturnsToOldVersion) {
   Build(With("install", "fail_before_mutation", 10));
   ASSERT_TRUE(runner_->StartUpdate(Target()).ok());

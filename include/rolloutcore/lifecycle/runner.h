@@ -41,6 +41,7 @@
 #include <chrono>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,7 +113,7 @@ class Runner {
  private:
   enum class Phase { kIdle, kDraining, kInFlightAborting, kPausing, kInstalling, kResetting, kValidating, kResuming,
                      kRecoverPausing, kRecoverInstalling, kRecoverResetting, kRecoverValidating,
-                     kRecoverResuming, kRejectResuming };
+                     kRecoverResuming, kRejectResuming, kRecordRetrying };
   template <typename T>
   struct Call {
     std::optional<Pending<T>> pending;
@@ -144,6 +145,21 @@ class Runner {
   // engine stays paused would hang every rollout admitted).
   void RejectAndResume(const std::string& reason, bool install_refused);
   void StepRejectResuming();
+  // The journal refused the record that ends the operation (the taint, the rejection): the disk
+  // is full or read-only. The state has not moved (the journal comes first), so nothing is
+  // admitted meanwhile; kRecordRetrying writes it again every kRecordRetryMs, logging an error,
+  // until the journal takes it (or the state no longer allows it).
+  // taints: the record ends in a taint (AfterTaint follows it).
+  void RetryRecordLater(const std::string& what, std::function<Status()> record, bool taints);
+  void StepRecordRetrying();
+  // After a taint was recorded: aborts the frozen rollouts it ended, then Finish.
+  void AfterTaint();
+  static constexpr int64_t kRecordRetryMs = 100;
+  std::string record_what_;
+  std::function<Status()> record_;
+  int64_t record_next_ms_ = 0;
+  int64_t record_attempts_ = 0;
+  bool record_taints_ = false;
   // Journals the rejection (READY), then, when `taint_why` is set, the taint that follows it.
   void FinishReject(const std::optional<std::string>& taint_why);
   // call_failed: a call failed or overran (Controller::Taint); not evidence against the version.
