@@ -143,9 +143,17 @@ int Serve(const ServeOptions& o) {
     }
     owned = std::move(created).value();
     auto first = owned->Step();
-    PrintStep(first);
+    const bool taken = !first.ok() && first.status().code() == StatusCode::kFailedPrecondition &&
+                       owned->versions().empty();
+    if (first.ok() || !(auto_step && taken && attempt < 64)) {
+      PrintStep(first);
+    } else {
+      // Expected with --first-step auto (a released label is invisible to the directory's list):
+      // said as what it is, not as a failed step.
+      fmt::print("trainer: --first-step auto: label v{} is taken ({}); trying v{}\n", options.first_step,
+                 first.status().message(), options.first_step + 1);
+    }
     if (first.ok()) break;
-    const bool taken = first.status().code() == StatusCode::kFailedPrecondition && owned->versions().empty();
     (void)owned->Shutdown(!o.keep_on_exit);
     if (!(auto_step && taken && attempt < 64)) return 1;
     ++options.first_step;

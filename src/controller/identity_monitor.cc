@@ -39,7 +39,8 @@ Status IdentityMonitor::InitEngine(EngineSlot* slot, bool must_exist) {
     identity.checkpoint = "initial";
     RC_RETURN_IF_ERROR(slot->controller->Initialize({label.label, 0}, identity));
   } else {
-    RC_LOG_WARN("engine {}: restored from {} in {} (was {} at the crash; {} rollouts recorded interrupted)",
+    RC_LOG_WARN("engine {}: restored from {} in {} (was {} when the previous controller stopped; {} rollouts "
+                "recorded interrupted)",
                 slot->handle.name, path, lifecycle::StateName(summary.state_now),
                 lifecycle::StateName(summary.state_at_crash), summary.interrupted.size());
     if (summary.state_now == State::kReady && summary.engine_may_be_paused) {

@@ -494,18 +494,26 @@ TEST(ControllerServiceTest, AFailedDigestReadInValidationDoesNotMarkTheVersionFa
   fs::remove_all(dir);
 }
 
+// A service with --auto-recover and a 20 ms identity check over `n` engines, updated to v1.
+std::unique_ptr<ControllerService> AutoRecoverOnV1(Engines& e, StaticVersions& versions, const std::string& dir,
+                                                   int n) {
+  ServiceOptions o = Options(dir);
+  o.verify_interval_ms = 20;
+  o.auto_recover = true;
+  o.model = "m";
+  auto svc = std::move(ControllerService::Create(e.Make(n), &versions, o)).value();
+  auto up = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
+  EXPECT_TRUE(up.ok() && (*up)["outcome"] == "committed") << (up.ok() ? up->dump() : up.status().ToString());
+  return svc;
+}
+
 // --auto-recover with a rollout still active on the tainted engine: the recovery is refused while
 // it is (a recovery waits for nothing), and asked for again until it is queued.
 TEST(ControllerIdentityTest, AutoRecoverIsAskedAgainOnceTheActiveRolloutsEnded) {
   auto dir = TempDir("id_auto_active");
   StaticVersions versions;
   Engines e;
-  ServiceOptions o = Options(dir);
-  o.verify_interval_ms = 20;
-  o.auto_recover = true;
-  o.model = "m";
-  auto svc = std::move(ControllerService::Create(e.Make(1), &versions, o)).value();
-  ASSERT_TRUE(svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000).ok());
+  auto svc = AutoRecoverOnV1(e, versions, dir, 1);
   auto lease = svc->Admit("held");
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   e.fakes[0]->Restart();
@@ -530,14 +538,7 @@ TEST(ControllerIdentityTest, AutoRecoverReinstallsTheCommittedVersion) {
   auto dir = TempDir("id_auto");
   StaticVersions versions;
   Engines e;
-  ServiceOptions o = Options(dir);
-  o.verify_interval_ms = 20;
-  o.auto_recover = true;
-  o.model = "m";
-  auto svc = std::move(ControllerService::Create(e.Make(2), &versions, o)).value();
-  auto up = svc->WaitForUpdate(svc->RequestUpdate("m", "v1").value(), 10000);
-  ASSERT_TRUE(up.ok());
-  ASSERT_EQ((*up)["outcome"], "committed") << up->dump();
+  auto svc = AutoRecoverOnV1(e, versions, dir, 2);
   e.fakes[0]->Restart();  // only engine 0
   auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < end && svc->controller(0)->counters().recoveries == 0) {
