@@ -391,6 +391,10 @@ TEST_F(EmbeddedAdapterTest, AKeepUpdateThatFailsValidationEndsItsFrozenRolloutsA
     engines.push_back(std::move(h));
     controller::ServiceOptions so;
     so.state_dir = state_dir_;
+    // The test freezes the engine itself (pause keep) while the controller is READY: the periodic
+    // identity check would rightly taint an engine paused behind its back. Off; the post-op check
+    // still runs.
+    so.verify_interval_ms = 0;
     auto s = controller::ControllerService::Create(std::move(engines), versions_.get(), so);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(s).value();
@@ -573,7 +577,10 @@ namespace {
 TEST_F(EmbeddedAdapterTest, RecomputeUpdateUnderARunningRolloutThroughTheInProcessAdapter) {
   Step();
   trainer::VersionStatus v1 = Step();
-  StartService();
+  // The test freezes the engine itself (pause keep) before it asks for the update: a periodic
+  // identity check in that window would rightly taint an engine paused behind the controller's
+  // back, so it is off (the check after each operation still runs).
+  StartService(/*verify_interval_ms=*/0);
   engine::Engine* e = engine_->engine();
   const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
   constexpr int kTokens = 200;
@@ -602,7 +609,15 @@ TEST_F(EmbeddedAdapterTest, RecomputeUpdateUnderARunningRolloutThroughTheInProce
       ASSERT_TRUE(requested.ok()) << requested.status().ToString();
       id = *requested;
     }
-    out = reply.get_future().get();
+    // Bounded: were the update never to resume the frozen rollout, the test fails here (naming
+    // the controller's state) instead of hanging until ctest's timeout.
+    auto answered = reply.get_future();
+    if (answered.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      ADD_FAILURE() << "the frozen rollout was not answered within 60 s; controller state "
+                    << lifecycle::StateName(service_->controller(0)->state());
+      e->Resume();  // let the client thread finish so the test can end
+    }
+    out = answered.get();
     client.join();
   }
   ASSERT_TRUE(held) << "the rollout finished before it could be frozen, 5 times";
