@@ -15,6 +15,14 @@ using http::HttpStatus;
 using http::SendError;
 using http::SendJson;
 
+namespace {
+// A prefix-cache reset's evidence as vLLM-shaped JSON (/reset_prefix_cache's body, and the
+// cache_reset of /pause and /sleep).
+Json KvResetJson(const KvResetEvidence& ev) {
+  return {{"success", ev.success}, {"freed_blocks", ev.freed_blocks}, {"blocks_in_use", ev.blocks_in_use}};
+}
+}  // namespace
+
 void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
   auto parsed = ParseCompletionRequest(req.body, tokenizer_);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
@@ -177,9 +185,7 @@ void EngineServer::Impl::VllmRoutes() {
     Delay(faults_.pause_delay_ms);
     Json out = {{"status", "paused"}, {"mode", p->mode_name}, {"inflight_kv", InFlightKvName(p->inflight_kv)}};
     if (p->clear_cache) {
-      KvResetEvidence ev = engine_->ResetPrefixCache(false);
-      out["cache_reset"] = {{"success", ev.success}, {"freed_blocks", ev.freed_blocks},
-                            {"blocks_in_use", ev.blocks_in_use}};
+      out["cache_reset"] = KvResetJson(engine_->ResetPrefixCache(false));
     }
     SendJson(r, 200, out);
   }));
@@ -198,9 +204,7 @@ void EngineServer::Impl::VllmRoutes() {
     if (!st.ok()) return SendError(r, HttpStatus(st), st.message());
     Json out = {{"status", "sleeping"}, {"level", p->level}, {"mode", p->pause.mode_name}};
     if (p->level >= 1 || p->pause.clear_cache) {
-      KvResetEvidence ev = engine_->ResetPrefixCache(false);
-      out["cache_reset"] = {{"success", ev.success}, {"freed_blocks", ev.freed_blocks},
-                            {"blocks_in_use", ev.blocks_in_use}};
+      out["cache_reset"] = KvResetJson(engine_->ResetPrefixCache(false));
     }
     SendJson(r, 200, out);
   }));
@@ -227,7 +231,7 @@ void EngineServer::Impl::VllmRoutes() {
     if (!running.ok()) return SendError(r, 400, running.status().message());
     KvResetEvidence ev = engine_->ResetPrefixCache(*running);
     Delay(faults_.reset_delay_ms);
-    SendJson(r, 200, {{"success", ev.success}, {"freed_blocks", ev.freed_blocks}, {"blocks_in_use", ev.blocks_in_use}});
+    SendJson(r, 200, KvResetJson(ev));
   }));
   for (const char* path : {"/reset_mm_cache", "/reset_encoder_cache"}) {
     svr.Post(path, Guard([](const httplib::Request&, httplib::Response& r) { SendJson(r, 200, {{"success", true}}); }));
