@@ -90,7 +90,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
   constexpr int64_t kDefaultMaxModelLen = 4096;
   e->max_model_len_ = o.max_model_len > 0 ? o.max_model_len
                                           : std::min(spec.max_position_embeddings, kDefaultMaxModelLen);
-  if (e->max_model_len_ <= 1) return InvalidArgument("max-model-len must be at least 2");
+  if (e->max_model_len_ <= 1) {
+    return InvalidArgument(o.max_model_len > 0 ? "max-model-len must be at least 2"
+                                               : "the model's max_position_embeddings " +
+                                                     std::to_string(spec.max_position_embeddings) +
+                                                     " leaves no room for a prompt and a token (at least 2)");
+  }
+  if (o.max_model_len > spec.max_position_embeddings) {
+    // As vLLM: positions past what the model was trained on are not served by default.
+    return InvalidArgument("max-model-len " + std::to_string(o.max_model_len) +
+                           " exceeds the model's max_position_embeddings " +
+                           std::to_string(spec.max_position_embeddings));
+  }
   if (o.num_kv_blocks <= 0) {
     // Room for up to 8 full-length sequences, within a 1 GiB KV budget, never less than one.
     constexpr int64_t kKvBudgetBytes = int64_t{1} << 30;

@@ -8,6 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "engine/model.h"
 #include "rolloutcore/base/hash.h"
@@ -209,11 +213,58 @@ Status WriteModelFolder(const std::string& dir, const ModelSpec& spec, TensorSou
   return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
+Status CheckFolderTensors(const ModelSpec& spec, const SafetensorsFolder& folder) {
+  for (const std::string& path : folder.left_out()) {
+    RC_LOG_WARN("{}: not named by {}/model.safetensors.index.json; left out", path, folder.dir());
+  }
+  std::set<std::string> used;
+  for (const auto& d : HfTensorDecls(spec)) used.insert(d.name);
+  std::vector<std::string> unknown;
+  for (const std::string& name : folder.Names()) {
+    if (used.count(name)) continue;
+    // Older checkpoints carry RoPE's inverse frequencies, which every loader recomputes.
+    if (name.size() > 20 && name.ends_with(".rotary_emb.inv_freq")) continue;
+    if (name == "lm_head.weight" && spec.tie_word_embeddings) {
+      // Tied: vLLM and Transformers skip it; its shape must still be the embedding's.
+      RC_ASSIGN_OR_RETURN(auto loc, folder.Find(name));
+      const std::vector<int64_t> want = {spec.vocab_size, spec.hidden_size};
+      if (loc.entry->shape != want) {
+        return InvalidArgument(fmt::format("tensor 'lm_head.weight' in '{}' has shape [{}] but tie_word_embeddings is "
+                                           "true and the embedding is [{}]",
+                                           folder.dir(), fmt::join(loc.entry->shape, ", "), fmt::join(want, ", ")));
+      }
+      RC_LOG_WARN("'{}' holds lm_head.weight but config.json ties it to the embedding (tie_word_embeddings true): "
+                  "lm_head.weight is ignored, as vLLM and Transformers do",
+                  folder.dir());
+      continue;
+    }
+    unknown.push_back(name);
+  }
+  if (unknown.empty()) return OkStatus();
+  const size_t shown = std::min<size_t>(unknown.size(), 5);
+  return InvalidArgument(fmt::format(
+      "'{}' holds {} tensor(s) that its config.json ({}, num_hidden_layers {}) does not use: {}{}; the config does not "
+      "describe this checkpoint",
+      folder.dir(), unknown.size(), ArchitectureName(spec.arch), spec.num_layers,
+      fmt::join(unknown.begin(), unknown.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      unknown.size() > shown ? ", ..." : ""));
+}
+
 Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const EngineOptions& options) {
-  RC_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(load.model));
-  WeightFill fill;
   std::error_code dir_ec;
   const bool is_folder = std::filesystem::is_directory(load.model, dir_ec);
+  const bool is_file = !is_folder && std::filesystem::exists(load.model, dir_ec);
+  // A path to a config.json (not its folder): serving it would mean random weights under the
+  // name of a checkpoint that has real ones. Only --load-format dummy asks for that.
+  if (is_file && load.load_format != "dummy") {
+    const std::string parent = std::filesystem::path(load.model).parent_path().string();
+    return InvalidArgument("--model '" + load.model + "' is a file: pass the model folder ('" +
+                           (parent.empty() ? std::string(".") : parent) +
+                           "') to serve its safetensors, or add --load-format dummy to serve seeded random weights "
+                           "of this config");
+  }
+  RC_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(load.model));
+  WeightFill fill;
   // auto: a folder's safetensors, or a preset's seeded random weights (a preset has no files).
   const bool dummy = load.load_format == "dummy" || (load.load_format == "auto" && !is_folder);
   if (dummy) {
@@ -252,6 +303,10 @@ Result<std::unique_ptr<Engine>> CreateEngine(const ModelLoadOptions& load, const
                              ") describe " + std::to_string(spec.NumParameters()) + " parameters, at least " +
                              std::to_string(need) + " bytes of weights, but the folder's *.safetensors files hold " +
                              std::to_string(file_bytes) + " bytes");
+    }
+    {
+      RC_ASSIGN_OR_RETURN(auto folder, SafetensorsFolder::Open(dir));
+      RC_RETURN_IF_ERROR(CheckFolderTensors(spec, *folder));
     }
     fill = MakeWeightFill(spec, [dir]() { return OpenFolderSource(dir); });
   } else {

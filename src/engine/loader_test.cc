@@ -205,5 +205,175 @@ TEST(LoaderTest, ConfigSizesAreBoundedByTheFilesAndTheMachine) {
   EXPECT_NE(e.status().message().find("this machine has"), std::string::npos) << e.status().message();
 }
 
+// The tiny folder's tensors, as written (bytes copied), plus `extra` tensors.
+void RewriteWith(const std::string& dir, const std::vector<std::pair<std::string, std::vector<int64_t>>>& extra) {
+  auto folder = SafetensorsFolder::Open(dir).value();
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorToWrite> tensors;
+  for (const auto& n : folder->Names()) {
+    auto loc = folder->Find(n).value();
+    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
+    tensors.push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
+  }
+  folder.reset();
+  for (const auto& [name, shape] : extra) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    storage.emplace_back(n * 4, uint8_t{0});
+    tensors.push_back({name, DType::kF32, shape, std::span<const uint8_t>(storage.back())});
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, {}).ok());
+}
+
+void EditConfig(const std::string& dir, const std::string& key, const Json& value) {
+  Json cfg = ReadJsonFile(dir + "/config.json").value();
+  cfg[key] = value;
+  std::ofstream(dir + "/config.json", std::ios::trunc) << cfg.dump(2);
+}
+
+// A checkpoint with tensors its config.json does not describe would be served as another model
+// (fewer layers, q/k norms dropped under model_type llama, a stray tensor): refused, naming them.
+TEST(LoaderTest, TensorsTheConfigDoesNotUseAreRefused) {
+  EngineOptions o;
+  o.num_threads = 1;
+  {
+    const std::string dir = WriteTinyFolder("model_extra");
+    RewriteWith(dir, {{"model.layers.7.mlp.up_proj.weight", {128, 64}}});
+    auto e = CreateEngine({dir, "auto", 0}, o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("model.layers.7.mlp.up_proj.weight"), std::string::npos)
+        << e.status().message();
+  }
+  {
+    const std::string dir = WriteTinyFolder("model_fewer_layers");
+    EditConfig(dir, "num_hidden_layers", 1);
+    auto e = CreateEngine({dir, "auto", 0}, o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("model.layers.1."), std::string::npos) << e.status().message();
+    EXPECT_NE(e.status().message().find("num_hidden_layers 1"), std::string::npos) << e.status().message();
+  }
+  {
+    const std::string dir = WriteTinyFolder("model_llama_qk_norm");  // tiny is qwen3: q_norm / k_norm
+    EditConfig(dir, "model_type", "llama");
+    EditConfig(dir, "architectures", Json::array({"LlamaForCausalLM"}));
+    auto e = CreateEngine({dir, "auto", 0}, o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("q_norm"), std::string::npos) << e.status().message();
+  }
+  {
+    // RoPE's inverse frequencies, carried by older checkpoints, are recomputed: accepted.
+    const std::string dir = WriteTinyFolder("model_inv_freq");
+    RewriteWith(dir, {{"model.layers.0.self_attn.rotary_emb.inv_freq", {8}}});
+    EXPECT_TRUE(CreateEngine({dir, "auto", 0}, o).ok());
+  }
+}
+
+// tie_word_embeddings true with an lm_head.weight present: ignored (as vLLM and Transformers do)
+// when it has the embedding's shape, refused otherwise.
+TEST(LoaderTest, ATiedModelsLmHeadIsIgnoredOnlyWithTheEmbeddingsShape) {
+  EngineOptions o;
+  o.num_threads = 1;
+  const std::string dir = WriteTinyFolder("model_tied_with_lm_head");  // untied: has lm_head.weight
+  auto untied = CreateEngine({dir, "auto", 0}, o);
+  ASSERT_TRUE(untied.ok());
+  const auto untied_tokens = GreedyTokens(untied->get(), {1, 2, 3, 4});
+  EditConfig(dir, "tie_word_embeddings", true);
+  auto tied = CreateEngine({dir, "auto", 0}, o);
+  ASSERT_TRUE(tied.ok()) << tied.status().ToString();
+  EXPECT_NE(GreedyTokens(tied->get(), {1, 2, 3, 4}), untied_tokens) << "tied: the logits come from the embedding";
+
+  const std::string bad = WriteTinyFolder("model_tied_lm_head_wrong_shape");
+  auto folder = SafetensorsFolder::Open(bad).value();
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorToWrite> tensors;
+  for (const auto& n : folder->Names()) {
+    if (n == "lm_head.weight") continue;
+    auto loc = folder->Find(n).value();
+    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
+    tensors.push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
+  }
+  folder.reset();
+  storage.emplace_back(size_t{128} * 128 * 4, uint8_t{0});
+  tensors.push_back({"lm_head.weight", DType::kF32, {128, 128}, std::span<const uint8_t>(storage.back())});
+  ASSERT_TRUE(WriteSafetensors(bad + "/model.safetensors", tensors, {}).ok());
+  EditConfig(bad, "tie_word_embeddings", true);
+  auto e = CreateEngine({bad, "auto", 0}, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("lm_head.weight"), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("[128, 128]"), std::string::npos) << e.status().message();
+}
+
+// --model DIR/config.json is not the checkpoint in DIR: serving it would mean random weights
+// under a checkpoint's name. Refused, naming the folder to pass; --load-format dummy asks for it.
+TEST(LoaderTest, AConfigFileIsNotAModelFolder) {
+  EngineOptions o;
+  o.num_threads = 1;
+  const std::string dir = WriteTinyFolder("model_config_file");
+  auto e = CreateEngine({dir + "/config.json", "auto", 0}, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("is a file: pass the model folder ('" + dir + "')"), std::string::npos)
+      << e.status().message();
+  EXPECT_FALSE(CreateEngine({dir + "/config.json", "safetensors", 0}, o).ok());
+  EXPECT_TRUE(CreateEngine({dir + "/config.json", "dummy", 0}, o).ok());
+}
+
+// A sharded checkpoint: the index names the shards that are read; a missing shard or a tensor
+// mapped to the wrong shard is named, and a stray *.safetensors beside the shards is left out.
+TEST(LoaderTest, AShardedCheckpointIsReadThroughItsIndex) {
+  EngineOptions o;
+  o.num_threads = 1;
+  const std::string whole = WriteTinyFolder("model_whole");
+  auto reference = CreateEngine({whole, "auto", 0}, o);
+  ASSERT_TRUE(reference.ok());
+  const auto want = GreedyTokens(reference->get(), {1, 2, 3, 4});
+
+  const std::string dir = Scratch() / "model_sharded";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(whole + "/config.json", dir + "/config.json");
+  auto folder = SafetensorsFolder::Open(whole).value();
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorToWrite> first, second;
+  Json weight_map = Json::object();
+  for (const auto& n : folder->Names()) {
+    auto loc = folder->Find(n).value();
+    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
+    const bool in_first = n.rfind("model.layers.0.", 0) == 0 || n == "model.embed_tokens.weight";
+    (in_first ? first : second).push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
+    weight_map[n] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model-00001-of-00002.safetensors", first, {}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir + "/model-00002-of-00002.safetensors", second, {}).ok());
+  // A stray file from an older checkpoint, holding a tensor of the same name: not read.
+  ASSERT_TRUE(WriteSafetensors(dir + "/old-model.safetensors", {first[0]}, {}).ok());
+  auto write_index = [&](const Json& map) {
+    std::ofstream(dir + "/model.safetensors.index.json", std::ios::trunc)
+        << Json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump();
+  };
+  write_index(weight_map);
+  auto sharded = CreateEngine({dir, "auto", 0}, o);
+  ASSERT_TRUE(sharded.ok()) << sharded.status().ToString();
+  EXPECT_EQ(GreedyTokens(sharded->get(), {1, 2, 3, 4}), want);
+
+  Json ghost = weight_map;
+  ghost["model.norm.weight"] = "model-00001-of-00002.safetensors";
+  write_index(ghost);
+  auto e = CreateEngine({dir, "auto", 0}, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("maps tensor 'model.norm.weight' to 'model-00001-of-00002.safetensors', but it "
+                                      "is in 'model-00002-of-00002.safetensors'"),
+            std::string::npos)
+      << e.status().message();
+
+  write_index(weight_map);
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  e = CreateEngine({dir, "auto", 0}, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(e.status().message().find("names shard 'model-00002-of-00002.safetensors'"), std::string::npos)
+      << e.status().message();
+}
+
 }  // namespace
 }  // namespace rc::engine

@@ -1,6 +1,7 @@
 #include "rolloutcore/formats/safetensors.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <set>
 
 #include "rolloutcore/base/json.h"
 
@@ -171,7 +174,11 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
     }
     RC_ASSIGN_OR_RETURN(e.begin, GetU64((*off)[0], "safetensors tensor '" + name + "'.data_offsets[0]"));
     RC_ASSIGN_OR_RETURN(e.end, GetU64((*off)[1], "safetensors tensor '" + name + "'.data_offsets[1]"));
-    if (e.begin > e.end || e.end > data_size) {
+    if (e.begin > e.end) {
+      return InvalidArgument("safetensors tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
+                             std::to_string(e.end) + ") end before they begin");
+    }
+    if (e.end > data_size) {
       return InvalidArgument("safetensors tensor '" + name + "': data_offsets [" +
                              std::to_string(e.begin) + ", " + std::to_string(e.end) +
                              ") outside the " + std::to_string(data_size) + "-byte data section");
@@ -191,11 +198,26 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
   std::sort(by_offset.begin(), by_offset.end(), [](const TensorEntry* a, const TensorEntry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+  // As the reference implementation requires: the tensors tile the data section, from its first
+  // byte to the end of the file, with no gap or trailing bytes (either is a truncated header or a
+  // file written wrong).
+  uint64_t at = 0;
+  for (size_t i = 0; i < by_offset.size(); ++i) {
+    if (i > 0 && by_offset[i]->begin < by_offset[i - 1]->end) {
       return InvalidArgument("safetensors: tensors '" + by_offset[i - 1]->name + "' and '" +
                              by_offset[i]->name + "' overlap");
     }
+    if (by_offset[i]->begin != at) {
+      return InvalidArgument("safetensors: " + std::to_string(by_offset[i]->begin - at) +
+                             " bytes of the data section before tensor '" + by_offset[i]->name + "' (offset " +
+                             std::to_string(at) + ") belong to no tensor");
+    }
+    at = by_offset[i]->end;
+  }
+  if (at != data_size) {
+    return InvalidArgument("safetensors: " + std::to_string(data_size - at) + " bytes after the last tensor (offset " +
+                           std::to_string(at) + " of a " + std::to_string(data_size) +
+                           "-byte data section) belong to no tensor");
   }
   return h;
 }
@@ -257,20 +279,68 @@ Result<std::unique_ptr<SafetensorsFolder>> SafetensorsFolder::Open(const std::st
     if (de.path().extension() == ".safetensors") paths.push_back(de.path().string());
   }
   std::sort(paths.begin(), paths.end());
-  if (paths.empty()) return NotFound("model folder '" + dir + "' has no *.safetensors file");
+  // A sharded checkpoint's index (Transformers' model.safetensors.index.json) names the shards:
+  // only those are read (a stray *.safetensors beside them is left out, as vLLM does), each must
+  // exist, and every tensor it maps must be in the shard it names.
+  const std::string index_path = (std::filesystem::path(dir) / "model.safetensors.index.json").string();
+  std::map<std::string, std::string> weight_map;
+  std::set<std::string> weight_map_files;
+  const bool indexed = std::filesystem::exists(index_path, ec);
+  if (indexed) {
+    RC_ASSIGN_OR_RETURN(Json index, ReadJsonFile(index_path));
+    const Json* map = index.is_object() && index.contains("weight_map") ? &index["weight_map"] : nullptr;
+    if (map == nullptr || !map->is_object()) {
+      return InvalidArgument(fmt::format("{}: expected an object with a \"weight_map\" object", index_path));
+    }
+    std::set<std::string>& shards = weight_map_files;
+    for (const auto& [tensor, shard] : map->items()) {
+      if (!shard.is_string()) return InvalidArgument(fmt::format("{}: weight_map.{}: expected a file name", index_path, tensor));
+      const std::string file = shard.get<std::string>();
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+        return InvalidArgument(
+            fmt::format("{}: weight_map.{}: '{}' is not a file name in the folder", index_path, tensor, file));
+      }
+      weight_map[tensor] = file;
+      if (shards.insert(file).second && !std::filesystem::is_regular_file(std::filesystem::path(dir) / file, ec)) {
+        return NotFound(
+            fmt::format("{} names shard '{}' (tensor '{}'), which is missing from '{}'", index_path, file, tensor, dir));
+      }
+    }
+    if (shards.empty()) return InvalidArgument(fmt::format("{}: weight_map is empty", index_path));
+  }
   auto folder = std::make_unique<SafetensorsFolder>();
   folder->dir_ = dir;
+  if (indexed) {
+    std::vector<std::string> listed;
+    for (const auto& p : paths) {
+      (weight_map_files.count(std::filesystem::path(p).filename().string()) ? listed : folder->left_out_).push_back(p);
+    }
+    paths = std::move(listed);
+  }
+  if (paths.empty()) return NotFound(fmt::format("model folder '{}' has no *.safetensors file", dir));
   for (const auto& p : paths) {
     RC_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(p));
     const size_t idx = folder->files_.size();
     for (const auto& e : f->header().tensors) {
       auto [it, inserted] = folder->index_.emplace(e.name, std::make_pair(idx, &e));
       if (!inserted) {
-        return InvalidArgument("tensor '" + e.name + "' appears in both '" +
-                               folder->files_[it->second.first]->path() + "' and '" + p + "'");
+        return InvalidArgument(fmt::format("tensor '{}' appears in both '{}' and '{}'", e.name,
+                                           folder->files_[it->second.first]->path(), p));
       }
     }
     folder->files_.push_back(std::move(f));
+  }
+  for (const auto& [tensor, file] : weight_map) {
+    auto it = folder->index_.find(tensor);
+    const std::string holder =
+        it == folder->index_.end()
+            ? std::string()
+            : std::filesystem::path(folder->files_[it->second.first]->path()).filename().string();
+    if (holder != file) {
+      return InvalidArgument(fmt::format("{} maps tensor '{}' to '{}', but {}", index_path, tensor, file,
+                                         holder.empty() ? std::string("no shard holds it")
+                                                        : fmt::format("it is in '{}'", holder)));
+    }
   }
   return folder;
 }
@@ -296,6 +366,7 @@ std::vector<std::string> SafetensorsFolder::Names() const {
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata) {
   std::vector<const TensorToWrite*> sorted;
+  sorted.reserve(tensors.size());
   for (const auto& t : tensors) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(),
             [](const TensorToWrite* a, const TensorToWrite* b) { return a->name < b->name; });

@@ -46,7 +46,12 @@ TEST(SafetensorsTest, RejectsHostileHeaders) {
       {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,16]}})", 16, "non-negative"},
       {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16, "overflow"},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16, "overlap"},
-      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 16, "outside"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 16, "end before they begin"},
+      // The tensors must tile the data section, as the reference implementation requires.
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12, "4 bytes after the last tensor"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12, "4 bytes of the data section before tensor 'a'"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12,
+       "before tensor 'b' (offset 4)"},
       {R"({"a":{"dtype":"F32","shape":[2]}})", 16, "data_offsets"},
       {R"([1,2])", 0, "expected a JSON object"},
       {R"({"a":)", 0, "malformed"},

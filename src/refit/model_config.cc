@@ -115,8 +115,8 @@ std::vector<ModelConfig> BuildPresets() {
 }
 
 const std::vector<ModelConfig>& Presets() {
-  static const std::vector<ModelConfig> presets = BuildPresets();
-  return presets;
+  static const std::vector<ModelConfig> kPresets = BuildPresets();
+  return kPresets;
 }
 
 Result<Architecture> ArchitectureFromJson(const Json& j, std::string_view what) {
@@ -220,6 +220,11 @@ Status ValidateModelConfig(const ModelConfig& c) {
   RC_RETURN_IF_ERROR(at_most(c.moe_intermediate_size, "moe_intermediate_size", int64_t{1} << 20));
   RC_RETURN_IF_ERROR(at_most(c.num_experts, "num_experts", 1024));
   RC_RETURN_IF_ERROR(at_most(c.max_position_embeddings, "max_position_embeddings", int64_t{1} << 30));
+  if (c.max_position_embeddings < 2) {
+    return InvalidArgument(fmt::format("model {}: max_position_embeddings must be at least 2 (a prompt token and a "
+                                       "generated one), got {}",
+                                       w, c.max_position_embeddings));
+  }
   RC_RETURN_IF_ERROR(at_most(static_cast<int64_t>(c.mlp_only_layers.size()), "mlp_only_layers (count)",
                              kMaxModelLayers));
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
@@ -315,6 +320,34 @@ Result<ModelConfig> ParseModelConfigJson(const Json& j, std::string_view what) {
     auto r = GetBool(j, "attention_bias", p, c.architecture == Architecture::kQwen2);
     if (!r.ok()) return ctx(r.status());
     c.attention_bias = c.architecture == Architecture::kQwen2 ? true : *r;
+  }
+  // What the engines compute is fixed: SiLU-gated MLPs and full causal attention. A config that
+  // asks for another activation, or for a sliding window that is shorter than the context, would
+  // be served as a different model, so it is refused, naming the field.
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidArgument(fmt::format("{}: hidden_act: expected a string", what));
+    const std::string act = it->get<std::string>();
+    if (act != "silu" && act != "swish") {
+      return Unimplemented(fmt::format("{}: hidden_act '{}' is not supported (silu only)", what, act));
+    }
+  }
+  {
+    // Qwen2/3 apply the window only with use_sliding_window true; Mistral whenever sliding_window is set.
+    bool use = c.architecture == Architecture::kLlama;
+    if (auto it = j.find("use_sliding_window"); it != j.end() && !it->is_null()) {
+      auto r = GetBool(j, "use_sliding_window", p, false);
+      if (!r.ok()) return ctx(r.status());
+      use = *r;
+    }
+    if (auto it = j.find("sliding_window"); use && it != j.end() && !it->is_null()) {
+      auto w = GetNonNegativeInt(j, "sliding_window", p, std::nullopt);
+      if (!w.ok()) return ctx(w.status());
+      if (*w < c.max_position_embeddings) {
+        return Unimplemented(fmt::format("{}: sliding_window {} (shorter than max_position_embeddings {}) is not "
+                                         "supported: the engines attend to the whole context",
+                                         what, *w, c.max_position_embeddings));
+      }
+    }
   }
   std::string dtype_name;
   if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) dtype_name = it->get<std::string>();

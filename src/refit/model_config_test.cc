@@ -81,5 +81,33 @@ TEST(ModelConfigTest, RejectsBadConfigsNamingTheField) {
   EXPECT_THAT(ParseModelConfigJson(*j, "cfg").status().message(), HasSubstr("hidden_size"));
 }
 
+// What the engines compute is fixed (SiLU MLPs, full causal attention, at least two positions): a
+// config asking for anything else is refused, naming the field, not served as another model.
+TEST(ModelConfigTest, RefusesWhatTheEnginesDoNotCompute) {
+  auto parse = [](const std::string& extra) {
+    auto j = ParseJson(R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512)" +
+                       extra + "}");
+    EXPECT_TRUE(j.ok());
+    return ParseModelConfigJson(*j, "cfg");
+  };
+  EXPECT_TRUE(parse(R"(, "hidden_act": "silu")").ok());
+  EXPECT_THAT(parse(R"(, "hidden_act": "gelu")").status().message(), HasSubstr("hidden_act 'gelu' is not supported"));
+  // Qwen: the window applies only with use_sliding_window (their configs carry sliding_window).
+  EXPECT_TRUE(parse(R"(, "use_sliding_window": false, "sliding_window": 16)").ok());
+  EXPECT_TRUE(parse(R"(, "use_sliding_window": true, "sliding_window": 512)").ok()) << "as long as the context";
+  EXPECT_THAT(parse(R"(, "use_sliding_window": true, "sliding_window": 16)").status().message(),
+              HasSubstr("sliding_window 16 (shorter than max_position_embeddings 512)"));
+  EXPECT_THAT(parse(R"(, "max_position_embeddings": 1)").status().message(),
+              HasSubstr("max_position_embeddings must be at least 2"));
+  // Mistral (served as llama): the window applies whenever it is set.
+  auto m = ParseJson(R"({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 32768,
+    "sliding_window": 4096})");
+  EXPECT_THAT(ParseModelConfigJson(*m, "mistral").status().message(), HasSubstr("sliding_window 4096"));
+  (*m)["sliding_window"] = nullptr;
+  EXPECT_TRUE(ParseModelConfigJson(*m, "mistral").ok());
+}
+
 }  // namespace
 }  // namespace rc::refit

@@ -1,6 +1,7 @@
 #include "rolloutcore/trainer/export.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -72,9 +73,32 @@ Result<ExportResult> ExportVersion(const refit::ModelConfig& config, const Synth
                                    const std::string& out_dir) {
   if (step < 0) return InvalidArgument(fmt::format("export: step must be >= 0, got {}", step));
   RC_ASSIGN_OR_RETURN(std::vector<refit::TensorSpec> specs, refit::ListSourceTensors(config));
+  // The export holds every tensor (BF16) in memory and writes them to one file: refused before
+  // anything is allocated when either does not fit, instead of growing until the kernel kills the
+  // process (or another one).
+  uint64_t need = 0;
+  for (const refit::TensorSpec& s : specs) {
+    uint64_t n = 2;
+    for (int64_t d : s.shape) n *= static_cast<uint64_t>(d);
+    need += n;
+  }
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double have_memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (have_memory > 0 && static_cast<double>(need) > have_memory) {
+    return InvalidArgument(fmt::format(
+        "export: model {} has {} parameters, {:.1f} GiB as BF16, which the export holds in memory; this machine has "
+        "{:.1f} GiB",
+        config.name, config.num_parameters(), static_cast<double>(need) / kGiB, have_memory / kGiB));
+  }
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return Unavailable(fmt::format("export: cannot create folder {}: {}", out_dir, ec.message()));
+  if (const auto space = std::filesystem::space(out_dir, ec); !ec && space.available < need) {
+    return FailedPrecondition(fmt::format("export: {} needs {:.1f} GiB for model.safetensors but its file system has "
+                                         "{:.1f} GiB free",
+                                         out_dir, static_cast<double>(need) / kGiB,
+                                         static_cast<double>(space.available) / kGiB));
+  }
 
   ExportResult result;
   result.config_path = (std::filesystem::path(out_dir) / "config.json").string();

@@ -1,5 +1,7 @@
 #include "rolloutcore/trainer/synthetic_trainer.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -197,6 +199,30 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::Create(SyntheticTrai
                                        options.layout.ToString()));
   }
   RC_ASSIGN_OR_RETURN(refit::Manifest plan, refit::MakeTrainerManifest(options.config, options.layout));
+  {
+    // Each rank keeps an f32 master of its shards and publishes them in bf16: at least 6 bytes per
+    // shard element (replicas count once per rank). Refused before anything is allocated when that
+    // exceeds the machine's memory, instead of growing until the kernel kills the process.
+    long double elements = 0;
+    for (const auto& t : plan.tables) {
+      for (const auto& sh : t.shards) {
+        long double box = 1;
+        for (int64_t d : sh.shape) box *= static_cast<long double>(d);
+        elements += box;
+      }
+    }
+    const long double need = elements * 6.0L;
+    const long double have =
+        static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
+    constexpr long double kGiB = 1024.0L * 1024.0L * 1024.0L;
+    if (have > 0 && need > have) {
+      return InvalidArgument(fmt::format(
+          "model {} ({} parameters) under layout {} needs at least {:.1f} GiB (an f32 master and a bf16 copy of every "
+          "shard); this machine has {:.1f} GiB",
+          options.model_name, options.config.num_parameters(), options.layout.ToString(),
+          static_cast<double>(need / kGiB), static_cast<double>(have / kGiB)));
+    }
+  }
 
   std::unique_ptr<SyntheticTrainer> t(new SyntheticTrainer(std::move(options), store));
   t->model_name_ = t->options_.model_name;

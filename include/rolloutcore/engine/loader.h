@@ -84,9 +84,16 @@ Result<ModelSpec> SpecFromRefitConfig(const refit::ModelConfig& config);
 // config.json text for a spec (HF field names).
 std::string ModelConfigJson(const ModelSpec& spec);
 
+// Every tensor of a model folder must be one the spec uses (HfTensorDecls): a checkpoint with
+// tensors its config.json does not describe (more layers, q/k norms under model_type llama, a
+// stray tensor) would be served as a different model. Allowed besides: *.rotary_emb.inv_freq
+// (recomputed), and lm_head.weight of a tied model when its shape is the embedding's (ignored,
+// as vLLM and Transformers do; logged). InvalidArgument naming the folder and the first tensors.
+Status CheckFolderTensors(const ModelSpec& spec, const SafetensorsFolder& folder);
+
 // Everything `engine serve` / tests need to build an engine from flags.
 struct ModelLoadOptions {
-  std::string model;          // preset name or folder
+  std::string model;          // preset name or folder (a config.json file only with load_format dummy)
   std::string load_format = "auto";  // "auto" (safetensors) or "dummy"
   uint64_t seed = 0;
   // "auto": the weights' own dtype (WeightDTypeOf; dummy weights are BF16); "f32": always widen

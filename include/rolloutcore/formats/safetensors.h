@@ -80,7 +80,9 @@ class SafetensorsFile {
   size_t size_ = 0;
 };
 
-// All *.safetensors files of a folder, as one name space (a name in two files is an error).
+// All *.safetensors files of a folder, as one name space (a name in two files is an error). With
+// a model.safetensors.index.json, only the shards its weight_map names: each must exist and hold
+// the tensors mapped to it (errors name the index, the shard and the tensor).
 class SafetensorsFolder {
  public:
   static Result<std::unique_ptr<SafetensorsFolder>> Open(const std::string& dir);
@@ -92,9 +94,13 @@ class SafetensorsFolder {
   Result<Located> Find(std::string_view name) const;
   std::vector<std::string> Names() const;
   const std::string& dir() const { return dir_; }
+  // With a model.safetensors.index.json: the *.safetensors files of the folder it does not name
+  // (not read).
+  const std::vector<std::string>& left_out() const { return left_out_; }
 
  private:
   std::string dir_;
+  std::vector<std::string> left_out_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<size_t, const TensorEntry*>, std::less<>> index_;
 };
