@@ -38,7 +38,7 @@ def test_an_unknown_command_is_named_with_the_commands_there_are(args, says):
     (["controller", "serve", "--engine", "embedded", "--state-dir", "unused", "--drain-deadline-ms", "0"],
      "--drain-deadline-ms: Value 0 not in range 1 to 86400000"),
     (["controller", "serve", "--engine", "embedded", "--state-dir", "unused", "--directory", "127.0.0.1:7470"],
-     "--directory: '127.0.0.1:7470' is not an http:// or https:// URL"),
+     "--directory: '127.0.0.1:7470' is not the base URL of a service"),
     (["bench", "refit", "--repeats", "0"], "--repeats: Value 0 not in range 1 to 100000"),
     (["bench", "refit", "--delta", "--change-fractions", "0.01", "nan"], "--change-fractions: Value nan is not a finite"),
     (["demo", "--versions", "0"], "--versions: Value 0 not in range 1 to 10000"),

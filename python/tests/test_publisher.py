@@ -192,7 +192,7 @@ def test_shm_refuses_ordinary_memory_and_says_what_to_do(pub):
 
 
 def test_labels_and_urls_the_directory_refuses_are_refused_before_anything_is_staged(cluster, pub):
-    with pytest.raises(errors.InvalidArgumentError, match=r"directory URL 'localhost:7470' must start with http://"):
+    with pytest.raises(errors.InvalidArgumentError, match=r"directory URL 'localhost:7470' must be http:// or https://"):
         rolloutcore.Publisher("localhost:7470", MODEL)
     with pytest.raises(errors.InvalidArgumentError, match=r"Publisher: model: character 0x2f is not allowed"):
         rolloutcore.Publisher(cluster.directory_url, "org/model")

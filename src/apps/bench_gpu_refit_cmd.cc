@@ -33,6 +33,7 @@
 
 #include "apps/bench_gpu_refit.h"
 #include "apps/child_process.h"
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/stop_signals.h"
 #include "rolloutcore/base/json.h"
@@ -629,7 +630,7 @@ void RegisterBenchGpuOwnerCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--model", o->model, "Model preset or config.json")->capture_default_str();
   cmd->add_option("--layout", o->layout, "Trainer layout (fsdp:N, tp:N, replicated:N)")->capture_default_str();
   cmd->add_option("--device", o->device, "CUDA device")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the weights")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the weights")->check(Unsigned())->capture_default_str();
   cmd->add_option("--manifest-out", o->manifest_out, "Where to write the manifest (JSON)")->required();
   cmd->add_option("--cpu-check-bytes", o->cpu_check_bytes, "Shard bytes to check against the CPU digest")
       ->capture_default_str();

@@ -234,7 +234,7 @@ void RegisterBenchRefitCommand(CLI::App& app, int* exit_code) {
 #ifdef ROLLOUTCORE_WITH_CUDA
   cmd->add_option("--device", o->device, "GPU transports: the receiver's CUDA device")->capture_default_str();
   cmd->add_option("--owner-device", o->owner_device, "GPU transports: the trainer's CUDA device")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "GPU transports: seed of the weights")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "GPU transports: seed of the weights")->check(Unsigned())->capture_default_str();
   cmd->add_option("--timeout-ms", o->timeout_ms, "GPU transports: deadline of one stage")
       ->check(CLI::Range(int64_t{1}, int64_t{86'400'000}))
       ->capture_default_str();

@@ -30,13 +30,27 @@ inline CLI::Validator FiniteNumber(double lo = std::numeric_limits<double>::lowe
       bounded ? fmt::format("FLOAT in [{}, {}]", lo, hi) : std::string("FLOAT (finite)"));
 }
 
+// An unsigned integer option: CLI11 reads "-1" into a uint64_t as 2^64 - 1 without a word.
+inline CLI::Validator Unsigned() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
+          return fmt::format("Value {} is not a non-negative integer", text);
+        }
+        return "";
+      },
+      "UINT");
+}
+
 // A base URL of an HTTP service: http://HOST[:PORT] or https://... (a URL without a scheme would be
 // taken as a host name and fail only at the first call, as a connection error).
 inline CLI::Validator HttpUrl() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         if (net::IsHttpUrl(text)) return "";
-        return fmt::format("'{}' is not an http:// or https:// URL (e.g. http://127.0.0.1:7470)", text);
+        return fmt::format("'{}' is not the base URL of a service: http:// or https://, a host and port, no path "
+                           "(e.g. http://127.0.0.1:7470)",
+                           text);
       },
       "URL");
 }

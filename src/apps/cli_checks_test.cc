@@ -66,9 +66,10 @@ TEST(CliChecksTest, HttpUrlWantsASchemeAndAHost) {
   app.add_option("--url", url)->check(HttpUrl());
   EXPECT_EQ(Parse(app, {"--url", "http://127.0.0.1:7470"}), "");
   EXPECT_EQ(Parse(app, {"--url", "https://dir.example:443"}), "");
-  for (const char* bad : {"127.0.0.1:7470", "localhost", "http://", "ftp://x", ""}) {
+  EXPECT_EQ(Parse(app, {"--url", "http://127.0.0.1:7470/"}), "") << "a trailing slash is dropped where it is used";
+  for (const char* bad : {"127.0.0.1:7470", "localhost", "http://", "ftp://x", "", "http://127.0.0.1:7470/v1"}) {
     const std::string why = Parse(app, {"--url", bad});
-    EXPECT_NE(why.find("is not an http:// or https:// URL"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find("is not the base URL of a service"), std::string::npos) << bad << ": " << why;
   }
 }
 

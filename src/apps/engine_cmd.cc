@@ -8,6 +8,7 @@
 #include "apps/commands.h"
 #include "apps/server_flags.h"
 #include "apps/stop_signals.h"
+#include "rolloutcore/directory/types.h"
 #include "rolloutcore/engine/http_server.h"
 #include "rolloutcore/engine/loader.h"
 #include "rolloutcore/net/http.h"
@@ -58,6 +59,10 @@ int Serve(const ServeFlags& f) {
   o.num_threads = f.threads;
   o.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
   o.quantization = f.quantization;
+  if (Status label = directory::ValidateName(f.weight_version, "--weight-version"); !label.ok()) {
+    std::cerr << "engine serve: " << label.ToString() << "\n";
+    return 2;
+  }
   auto engine = engine::CreateEngine({f.model, f.load_format, f.seed, f.weight_dtype}, o);
   if (!engine.ok()) {
     std::cerr << "engine serve: " << engine.status().ToString() << "\n";
@@ -105,8 +110,10 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   serve->add_option("--host", flags->host, "Address to bind")->capture_default_str();
   serve->add_option("--port", flags->port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
-  serve->add_option("--max-model-len", flags->max_model_len, "Context length (default: the model's)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  serve->add_option("--max-model-len", flags->max_model_len,
+                    "Context length, at most the model's max_position_embeddings (default: the model's, capped at "
+                    "4096)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
   serve->add_option("--block-size", flags->block_size, "KV block size in tokens")->capture_default_str();
   serve->add_option("--num-kv-blocks", flags->num_kv_blocks, "KV blocks in the pool (default: sized from limits)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -130,7 +137,7 @@ void RegisterEngineCommand(CLI::App& app, int* exit_code) {
                     "or dummy (seeded random)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}))
       ->capture_default_str();
-  serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->capture_default_str();
+  serve->add_option("--seed", flags->seed, "Seed for dummy weights and unseeded sampling")->check(Unsigned())->capture_default_str();
   serve->add_option("--weight-version", flags->weight_version, "Initial weight version label")->capture_default_str();
   serve->add_option("--served-model-name", flags->served_model_name, "Model name in responses");
   serve->add_option("--threads", flags->threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 4096));

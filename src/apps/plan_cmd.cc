@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/json.h"
@@ -283,7 +284,7 @@ void RegisterPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--budget", f->budget, "Descriptor budget per copy")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
-  cmd->add_option("--seed", f->seed, "Seed for --verify")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "Seed for --verify")->check(Unsigned())->capture_default_str();
   cmd->add_option("--layers", f->layers, "Partial refit: only layers FIRST:LAST");
   cmd->add_option("--experts", f->experts, "Partial refit: only these expert ids (comma-separated)");
   cmd->add_option("--only", f->only, "Partial refit: only tensors whose name contains this");

@@ -19,6 +19,7 @@
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/mutex.h"
 #include "rolloutcore/directory/client.h"
+#include "rolloutcore/directory/types.h"
 #include "rolloutcore/net/http.h"
 #include "rolloutcore/refit/layouts.h"
 #include "rolloutcore/refit/model_config.h"
@@ -259,13 +260,20 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   auto* serve = tr->add_subcommand("serve", "Run N ranks that publish v0 now and a new version per step (docs/trainer.md).");
   serve->add_option("--model", so->model, "Refit preset (tiny, qwen3-0.6b, ...) or a config.json / model folder")
       ->required();
-  serve->add_option("--name", so->name, "Model name in the directory (default: the preset name)");
+  serve->add_option("--name", so->name, "Model name in the directory (default: the preset name)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            // CLI11 puts "--name: " in front of what this returns.
+            Status s = directory::ValidateName(v, "--name");
+            return s.ok() ? std::string() : s.message().substr(std::string_view("--name: ").size());
+          },
+          "NAME"));
   serve->add_option("--layout", so->layout, "fsdp:N | tp:N | replicated[:N]")->capture_default_str();
   serve->add_option("--directory", so->directory_url, "Directory URL, e.g. http://127.0.0.1:7470")
       ->required()
       ->check(HttpUrl());
   serve->add_option("--transport", so->transport, "shm | ucx | local")->capture_default_str();
-  serve->add_option("--seed", so->seed, "Seed of the weights")->capture_default_str();
+  serve->add_option("--seed", so->seed, "Seed of the weights")->check(Unsigned())->capture_default_str();
   serve->add_option("--lr", so->lr, "Step size of the synthetic update")->check(FiniteNumber())->capture_default_str();
   serve->add_option("--change-fraction", so->change_fraction,
                     "Fraction of elements a step updates, clustered per tensor (1: all; docs/trainer.md)")
@@ -342,7 +350,7 @@ void RegisterTrainerCommand(CLI::App& app, int* exit_code) {
   auto eo = std::make_shared<ExportOptions>();
   auto* ex = tr->add_subcommand("export", "Write version vK of the synthetic trainer as a HF folder.");
   ex->add_option("--model", eo->model, "Refit preset or config.json / model folder")->required();
-  ex->add_option("--seed", eo->seed, "Seed of the weights")->capture_default_str();
+  ex->add_option("--seed", eo->seed, "Seed of the weights")->check(Unsigned())->capture_default_str();
   ex->add_option("--lr", eo->lr, "Step size of the synthetic update")->check(FiniteNumber())->capture_default_str();
   ex->add_option("--change-fraction", eo->change_fraction, "Fraction of elements a step updates (as in serve)")
       ->check(FiniteNumber(0, 1))

@@ -4,7 +4,9 @@
 #include <optional>
 
 #include "rolloutcore/base/json.h"
+#include "rolloutcore/directory/types.h"
 #include "rolloutcore/engine/engine.h"
+#include "rolloutcore/net/http.h"
 
 namespace rc::engine {
 namespace {
@@ -104,15 +106,28 @@ Result<UpdateWeightVersionBody> ParseUpdateWeightVersionBody(std::string_view bo
   RC_ASSIGN_OR_RETURN(Json j, ObjectBody(body));
   UpdateWeightVersionBody out;
   RC_ASSIGN_OR_RETURN(out.new_version, GetString(j, "new_version", ""));
+  // The label rollouts are bound to and version spans carry: a version label of the directory's
+  // form (an empty, multi-line or 100 KB label could never name a published version).
+  RC_RETURN_IF_ERROR(directory::ValidateName(out.new_version, "new_version"));
   return out;
 }
 
 Result<receiver::StageRequest> ParseStageBody(std::string_view body) {
-  RC_ASSIGN_OR_RETURN(Json j, ParseJson(body, "request body"));
+  RC_ASSIGN_OR_RETURN(Json j, ObjectBody(body));
+  // A misspelt field ("timeout" for timeout_ms) would otherwise be dropped without a word.
+  RC_RETURN_IF_ERROR(CheckKnownKeys(j, {"model", "version", "directory", "timeout_ms", "use_relays", "receiver_rank"}, ""));
   receiver::StageRequest req;
   RC_ASSIGN_OR_RETURN(req.model, GetString(j, "model", ""));
   RC_ASSIGN_OR_RETURN(req.version, GetString(j, "version", ""));
   RC_ASSIGN_OR_RETURN(req.directory, GetString(j, "directory", ""));
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"model", &req.model},
+                                     {"version", &req.version}, {"directory", &req.directory}}) {
+    if (value->empty()) return InvalidArgument(std::string(field) + ": must not be empty");
+  }
+  if (!net::IsHttpUrl(req.directory)) {
+    return InvalidArgument("directory: '" + req.directory +
+                           "' is not the base URL of a directory (http:// or https://, a host and port, no path)");
+  }
   RC_ASSIGN_OR_RETURN(int64_t timeout, GetInt(j, "timeout_ms", "", req.timeout_ms));
   if (timeout < 1 || timeout > receiver::kMaxStageTimeoutMs) {
     return InvalidArgument("timeout_ms: must be in [1, " + std::to_string(receiver::kMaxStageTimeoutMs) + "], got " +
@@ -142,6 +157,7 @@ Result<InstallBody> ParseInstallBody(std::string_view body) {
   RC_ASSIGN_OR_RETURN(Json j, ParseJson(body, "request body"));
   InstallBody out;
   RC_ASSIGN_OR_RETURN(out.version, GetString(j, "version", ""));
+  if (out.version.empty()) return InvalidArgument("version: must not be empty");
   RC_ASSIGN_OR_RETURN(out.skip_cache_reset, GetBool(j, "skip_cache_reset", "", false));
   return out;
 }

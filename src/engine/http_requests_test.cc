@@ -76,19 +76,26 @@ TEST(HttpRequestsTest, StageBody) {
   EXPECT_FALSE(s->use_relays);
   EXPECT_EQ(s->receiver_rank, 0);
   auto full = ParseStageBody(
-      R"({"model": "m", "version": "v1", "directory": "d", "timeout_ms": 5, "use_relays": true, "receiver_rank": 3})");
+      R"({"model": "m", "version": "v1", "directory": "http://d:1", "timeout_ms": 5, "use_relays": true, "receiver_rank": 3})");
   ASSERT_TRUE(full.ok()) << Error(full);
   EXPECT_EQ(full->timeout_ms, 5);
   EXPECT_TRUE(full->use_relays);
   EXPECT_EQ(full->receiver_rank, 3);
-  EXPECT_NE(Error(ParseStageBody(R"({"version": "v1", "directory": "d"})")).find("model"), std::string::npos);
-  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "d", "timeout_ms": 0})")),
+  EXPECT_NE(Error(ParseStageBody(R"({"version": "v1", "directory": "http://d:1"})")).find("model"), std::string::npos);
+  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "http://d:1", "timeout_ms": 0})")),
             "timeout_ms: must be in [1, 3600000], got 0");
-  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "d", "receiver_rank": -1})")),
+  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "http://d:1", "receiver_rank": -1})")),
             "receiver_rank: must be in [0, 1000000], got -1");
-  EXPECT_NE(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "d", "use_relays": 1})"))
+  EXPECT_NE(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "http://d:1", "use_relays": 1})"))
                 .find("use_relays"),
             std::string::npos);
+  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "d"})")),
+            "directory: 'd' is not the base URL of a directory (http:// or https://, a host and port, no path)");
+  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "", "directory": "http://d:1"})")),
+            "version: must not be empty");
+  EXPECT_EQ(Error(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "http://d:1", "timeout": 5})")),
+            "timeout: unknown field");
+  EXPECT_TRUE(ParseStageBody(R"({"model": "m", "version": "v1", "directory": "http://d:1/"})").ok());
 }
 
 TEST(HttpRequestsTest, RelayAndInstallBodies) {

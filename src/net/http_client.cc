@@ -40,8 +40,13 @@ void ApplyClientPolicy(httplib::Client& client, const ClientConfig& config) {
   if (!config.tls_ca_file.empty()) client.set_ca_cert_path(config.tls_ca_file);
 }
 
+std::string TrimBaseUrl(std::string_view base_url) {
+  while (base_url.size() > 1 && base_url.back() == '/') base_url.remove_suffix(1);
+  return std::string(base_url);
+}
+
 std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url, const ClientConfig& config) {
-  auto c = std::make_unique<httplib::Client>(base_url);
+  auto c = std::make_unique<httplib::Client>(TrimBaseUrl(base_url));
   ApplyClientPolicy(*c, config);
   return c;
 }
@@ -58,7 +63,7 @@ namespace {
 // cpp-httplib's Client throws for a scheme it does not speak ("ftp://...").
 bool IsValidUrl(const std::string& url) {
   try {
-    return httplib::Client(url).is_valid();
+    return httplib::Client(TrimBaseUrl(url)).is_valid();
   } catch (const std::exception&) {
     return false;
   }
@@ -144,7 +149,13 @@ httplib::Result ClientPool::Request(const std::string& method, const std::string
 
 bool IsHttpUrl(std::string_view url) {
   for (const std::string_view scheme : {std::string_view("http://"), std::string_view("https://")}) {
-    if (url.size() > scheme.size() && url.substr(0, scheme.size()) == scheme) return true;
+    if (url.size() > scheme.size() && url.substr(0, scheme.size()) == scheme) {
+      // A base URL: a host (and port), no path beyond trailing slashes (requests add their own).
+      const std::string_view rest = url.substr(scheme.size());
+      const size_t slash = rest.find('/');
+      if (slash == 0) return false;
+      return slash == std::string_view::npos || rest.find_first_not_of('/', slash) == std::string_view::npos;
+    }
   }
   return false;
 }

@@ -461,7 +461,22 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 }
 
 Status CheckBindSecurity(std::string_view name, std::string_view host, const ServerSecurity& sec) {
-  if (IsLoopbackHost(host) || !sec.api_key.empty()) return OkStatus();
+  if (IsLoopbackHost(host)) return OkStatus();
+  {
+    // A host that names no address would fail at bind anyway: say so first (not "without an API key").
+    addrinfo hints{};
+    hints.ai_flags = AI_PASSIVE;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string h(host);
+    const int rc = ::getaddrinfo(h.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (rc != 0) {
+      return InvalidArgument(fmt::format("{}: --host '{}' is not an address to serve on ({})", name, host,
+                                         ::gai_strerror(rc)));
+    }
+  }
+  if (!sec.api_key.empty()) return OkStatus();
   if (!sec.insecure_no_auth) {
     return FailedPrecondition(
         fmt::format("{}: refusing to serve on {} (not loopback) without an API key: set --api-key-file or {}, or pass "
@@ -609,6 +624,15 @@ httplib::Server::HandlerResponse HttpServer::PreRouting(const httplib::Request& 
     res.set_header("Connection", "close");
     SendBodyTooLarge(res, length);
     return R::Handled;
+  }
+  // Every body here is JSON. `curl -d` labels it application/x-www-form-urlencoded, which
+  // cpp-httplib would parse into query parameters, and refuse over 8 KiB with an empty 413, before
+  // any handler runs: the label is set to what the body is. (The request object is not const;
+  // only the hook's view of it is, and the body is read after this hook.)
+  if (req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0) {
+    auto& headers = const_cast<httplib::Request&>(req).headers;
+    headers.erase("Content-Type");
+    headers.emplace("Content-Type", "application/json");
   }
   Status s = CheckUtf8(req.path, "path");
   for (auto it = req.params.begin(); s.ok() && it != req.params.end(); ++it) {

@@ -445,6 +445,54 @@ TEST(HttpServerTest, BodiesAreBoundedBeforeTheyAreParsed) {
   EXPECT_NE(a.find("a GET request carries no body here"), std::string::npos) << a;
 }
 
+// `curl -d` labels a JSON body application/x-www-form-urlencoded: cpp-httplib would parse it into
+// query parameters and refuse it over 8 KiB with an empty 413 before any handler ran. Every body
+// here is JSON: it reaches the handler whole, at any size under the limit, and adds no parameter.
+TEST(HttpServerTest, AJsonBodyLabelledAsAFormReachesTheHandlerWhole) {
+  HttpServer http(Options());
+  std::atomic<size_t> got{0}, params{0};
+  std::string content_type;
+  http.Post("/echo", [&](const httplib::Request& q, httplib::Response& r) {
+    got = q.body.size();
+    params = q.params.size();
+    content_type = q.get_header_value("Content-Type");
+    r.set_content("{}", "application/json");
+  });
+  ASSERT_TRUE(http.Start().ok());
+  httplib::Client c("127.0.0.1", http.port());
+  const std::string body = R"({"pad": ")" + std::string(12000, 'x') + R"(", "a": 1})";
+  auto r = c.Post("/echo", body, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(got.load(), body.size());
+  EXPECT_EQ(params.load(), 0u);
+  EXPECT_EQ(content_type, "application/json");
+  r = c.Post("/echo", R"({"a=b": "c&d=e"})", "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(params.load(), 0u) << "a small one is not split into form parameters either";
+}
+
+// A base URL with a trailing slash ("http://h:p/", as often pasted) reaches the server; a path
+// beyond it is no base URL.
+TEST(ClientPoolTest, ABaseUrlsTrailingSlashIsDropped) {
+  TestServer s(Options());
+  ASSERT_TRUE(s.http.Start().ok());
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.http.port());
+  for (const std::string& base : {url + "/", url + "//"}) {
+    ClientPool pool(base);
+    auto r = pool.Request("GET", "/thing", "", "", {});
+    ASSERT_TRUE(r) << base << ": " << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+  }
+  EXPECT_EQ(TrimBaseUrl(url + "/"), url);
+  EXPECT_TRUE(IsHttpUrl(url + "/"));
+  EXPECT_TRUE(IsHttpUrl(url));
+  EXPECT_FALSE(IsHttpUrl(url + "/v1"));
+  EXPECT_FALSE(IsHttpUrl("http:///x"));
+  EXPECT_FALSE(IsHttpUrl("ftp://127.0.0.1:1"));
+}
+
 // A chunked body has no Content-Length: it is refused (413) once read, before the handler.
 TEST(HttpServerTest, ChunkedBodyOverTheLimitIs413) {
   HttpServerOptions o = Options();

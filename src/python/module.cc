@@ -165,8 +165,8 @@ class PyPublisher {
                                         keepalive_interval_ms, lease_ttl_ms)));
     }
     if (!net::IsHttpUrl(directory)) {
-      Raise(InvalidArgument(fmt::format("Publisher: directory URL '{}' must start with http:// or https:// "
-                                        "(e.g. http://127.0.0.1:7470)",
+      Raise(InvalidArgument(fmt::format("Publisher: directory URL '{}' must be http:// or https://, a host and "
+                                        "port, no path (e.g. http://127.0.0.1:7470)",
                                         directory)));
     }
     transport_ = Unwrap(transport::CreateTransport(transport));

@@ -485,11 +485,9 @@ Result<StageReport> RefitReceiver::Stage(const StageRequest& req) {
     }
   } clear_running{this};
   rc::MutexLock lock(mu_);
-  // A new stage replaces what was staged: the shadow buffers are about to be overwritten, and a
-  // pre-replay of what they held must never be served again.
-  staged_.reset();
-  delta_staged_.reset();
-  live_->DropPreReplay();
+  // What is staged stays staged until this stage has found its version in the directory
+  // (StageLocked): a refusal before then (unknown version, directory
+  // unreachable or not on this host) leaves it installable.
   StageRequest left = req;  // what is left of the deadline after waiting for the gate and mu_
   left.timeout_ms = std::max<int64_t>(
       1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
@@ -556,6 +554,30 @@ Result<StageReport> RefitReceiver::StageLocked(const StageRequest& req) {
   auto t = std::chrono::steady_clock::now();
   RC_RETURN_IF_ERROR(EnsureCaptures());
   s.stages["source_preparation"] = MsSince(t);
+  {
+    // Every published tensor must be one this engine loads: a version with a tensor the model does
+    // not have (another architecture, more layers, a stray name) is refused now, naming it, not
+    // after every byte has moved (where it would read as a digest mismatch).
+    std::set<std::string, std::less<>> used;
+    for (const refit::Capture& c : captures_) {
+      for (const refit::CapturedCopy& copy : c.copies) used.insert(copy.source);
+    }
+    for (const refit::ShardTable& table : s.manifest.tables) {
+      if (used.count(table.name)) continue;
+      std::string why = "this engine's model has no parameter loaded from it";
+      if (table.name == "lm_head.weight" && used.count("model.embed_tokens.weight")) {
+        why = "this engine ties lm_head to model.embed_tokens.weight (tie_word_embeddings); publish without "
+              "lm_head.weight (named_parameters() leaves it out)";
+      }
+      return InvalidArgument("version " + req.version + " of " + req.model + " publishes tensor " + table.name +
+                             ", which does not fit this engine: " + why);
+    }
+  }
+  // Found and fits: from here on the stage replaces what was staged (the shadow buffers are about
+  // to be overwritten, and a pre-replay of what they held must never be served again).
+  staged_.reset();
+  delta_staged_.reset();
+  live_->DropPreReplay();
 
   // Delta refit (receiver_delta.cc): on a proven base only the changes move; otherwise in full.
   // A version that carries deltas also carries its full shards: the policy (refit_choice.h) says

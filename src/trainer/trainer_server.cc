@@ -50,14 +50,24 @@ std::string TrainerServer::url() const { return impl_->http.url(); }
 Status TrainerServer::Start() {
   if (port_ != 0) return FailedPrecondition("trainer server already started");
   net::HttpServer& http = impl_->http;
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, const std::exception_ptr&) {
     ReplyError(res, Internal("the trainer failed while answering this request"));
   });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, Json{{"ok", true}}); });
   http.Get("/status", [this](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, trainer_->StatusJson());
   });
-  http.Post("/step", [this](const httplib::Request&, httplib::Response& res) {
+  http.Post("/step", [this](const httplib::Request& req, httplib::Response& res) {
+    // /step takes no parameters: an empty body or {}. Anything else is a caller expecting an
+    // option that does not exist (it would otherwise step without a word).
+    if (req.body.find_first_not_of(" \t\r\n") != std::string::npos) {
+      auto body = ParseJson(req.body, "step body");
+      if (!body.ok()) return ReplyError(res, body.status());
+      if (!body->is_null() && (!body->is_object() || !body->empty())) {
+        return ReplyError(res, InvalidArgument("step body: /step takes no parameters (send no body or {}), got " +
+                                               body->dump().substr(0, 200)));
+      }
+    }
     Result<VersionStatus> v = trainer_->Step();
     if (on_step_) on_step_(v);
     if (!v.ok()) return ReplyError(res, v.status());
@@ -67,7 +77,7 @@ Status TrainerServer::Start() {
     auto body = ParseJson(req.body, "release body");
     if (!body.ok()) return ReplyError(res, body.status());
     if (!body->is_object()) return ReplyError(res, InvalidArgument("release body: expected {\"version\": \"v<k>\"}"));
-    auto version = GetString(*body, "version", "version");
+    auto version = GetString(*body, "version", "");
     if (!version.ok()) return ReplyError(res, version.status());
     Status s = trainer_->Release(*version);
     if (!s.ok()) return ReplyError(res, s);
@@ -78,11 +88,11 @@ Status TrainerServer::Start() {
   http.Post("/fault/corrupt", [this](const httplib::Request& req, httplib::Response& res) {
     auto body = ParseJson(req.body, "corrupt body");
     if (!body.ok()) return ReplyError(res, body.status());
-    auto version = GetString(*body, "version", "corrupt");
+    auto version = GetString(*body, "version", "");
     if (!version.ok()) return ReplyError(res, version.status());
-    auto rank = GetNonNegativeInt(*body, "rank", "corrupt", 0);
+    auto rank = GetNonNegativeInt(*body, "rank", "", 0);
     if (!rank.ok()) return ReplyError(res, rank.status());
-    auto byte = GetNonNegativeInt(*body, "byte", "corrupt", 0);
+    auto byte = GetNonNegativeInt(*body, "byte", "", 0);
     if (!byte.ok()) return ReplyError(res, byte.status());
     Status s = trainer_->CorruptByte(*version, static_cast<int32_t>(*rank), static_cast<uint64_t>(*byte));
     if (!s.ok()) return ReplyError(res, s);
@@ -92,11 +102,11 @@ Status TrainerServer::Start() {
   http.Post("/fault/corrupt_delta", [this](const httplib::Request& req, httplib::Response& res) {
     auto body = ParseJson(req.body, "corrupt_delta body");
     if (!body.ok()) return ReplyError(res, body.status());
-    auto version = GetString(*body, "version", "corrupt_delta");
+    auto version = GetString(*body, "version", "");
     if (!version.ok()) return ReplyError(res, version.status());
-    auto rank = GetNonNegativeInt(*body, "rank", "corrupt_delta", 0);
+    auto rank = GetNonNegativeInt(*body, "rank", "", 0);
     if (!rank.ok()) return ReplyError(res, rank.status());
-    auto kind = GetString(*body, "kind", "corrupt_delta");
+    auto kind = GetString(*body, "kind", "");
     if (!kind.ok()) return ReplyError(res, kind.status());
     auto tensor = trainer_->CorruptDelta(*version, static_cast<int32_t>(*rank), *kind);
     if (!tensor.ok()) return ReplyError(res, tensor.status());

@@ -361,6 +361,18 @@ TEST_F(HttpTest, OverflowAndSilentlyIgnoredInputsAreRefused) {
        "timeout_ms"},
       {"/rc/refit/stage", R"({"model":"m","version":"v1","directory":"http://127.0.0.1:1","timeout_ms":0})", 400,
        "timeout_ms"},
+      {"/rc/refit/stage", R"({"model":"","version":"v1","directory":"http://127.0.0.1:1"})", 400,
+       "model: must not be empty"},
+      {"/rc/refit/stage", R"({"model":"m","version":"","directory":"http://127.0.0.1:1"})", 400,
+       "version: must not be empty"},
+      {"/rc/refit/stage", R"({"model":"m","version":"v1","directory":"ftp://127.0.0.1:1"})", 400,
+       "directory: 'ftp://127.0.0.1:1' is not the base URL of a directory"},
+      {"/rc/refit/stage", R"({"model":"m","version":"v1","directory":"http://127.0.0.1:1","timeout":5})", 400,
+       "timeout: unknown field"},
+      {"/rc/refit/stage", R"([1,2])", 400, "body: expected a JSON object"},
+      {"/rc/refit/install", R"({"version":""})", 400, "version: must not be empty"},
+      {"/update_weight_version", R"({"new_version":""})", 400, "new_version: must not be empty"},
+      {"/update_weight_version", R"({"new_version":"two\nlines"})", 400, "new_version: character 0x0a"},
   };
   for (const auto& c : cases) {
     auto res = client_->Post(c.path.c_str(), c.body, "application/json");

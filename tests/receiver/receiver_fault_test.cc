@@ -415,5 +415,44 @@ TEST_F(ReceiverFaultTest, F32EngineWidensAtStageAndStillSwaps) {
   EXPECT_EQ(LiveDigest(), staged->content_digest.ToHex());
 }
 
+// A version with a tensor the engine's model does not have (another architecture, more layers, a
+// stray name) is refused before anything moves, naming the tensor (before: every byte was pulled,
+// then a 500 "staged bytes do not match the published digests"); and a refused stage leaves what
+// was staged installable.
+TEST_F(ReceiverFaultTest, AVersionWithATensorTheModelLacksIsRefusedBeforeThePullAndKeepsTheStaged) {
+  Publish("v1", 1);
+  auto staged = receiver_->Stage(Stage("v1"));
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+
+  test_util::AddWholeModelShards(publisher_.get(), "tiny", "v2", 2, &published_);
+  std::vector<uint16_t> extra(64, 0x3f80);
+  auto buf = std::make_shared<transport::ShmBuffer>(transport::ShmBuffer::Create(extra.size() * 2).value());
+  std::memcpy(buf->data(), extra.data(), extra.size() * 2);
+  trainer::ShardSource s;
+  s.name = "model.layers.7.mlp.up_proj.weight";
+  s.dtype = refit::DType::kBF16;
+  s.global_shape = {64};
+  s.offset = {0};
+  s.local_shape = {64};
+  s.data = buf->data();
+  s.keep_alive = buf;
+  ASSERT_TRUE(publisher_->AddShard("v2", std::move(s)).ok());
+  auto r = publisher_->Publish("v2");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto refused = receiver_->Stage(Stage("v2"));
+  ASSERT_FALSE(refused.ok());
+  // InvalidArgument from the check before the pull (after it, a digest mismatch is DataLoss).
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("publishes tensor model.layers.7.mlp.up_proj.weight"), std::string::npos)
+      << refused.status().message();
+  // Unknown version: refused too. v1 is still what an install takes.
+  EXPECT_EQ(receiver_->Stage(Stage("v9")).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(engine_->Pause(PauseMode::kWait).ok());
+  auto installed = receiver_->Install("v1");
+  engine_->Resume();
+  ASSERT_EQ(installed.outcome, InstallOutcome::kInstalled) << installed.status.ToString();
+  EXPECT_EQ(LiveDigest(), staged->content_digest.ToHex());
+}
+
 }  // namespace
 }  // namespace rc::engine

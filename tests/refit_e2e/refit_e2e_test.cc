@@ -74,7 +74,11 @@ class RefitE2eTest : public testing::E2eProcessFixture {
   Json WaitCommitted(int dir_port, const std::string& model, const std::string& version) {
     httplib::Client cli("127.0.0.1", dir_port);
     for (int i = 0; i < 200; ++i) {
-      auto r = cli.Get(("/v1/models/" + model + "/versions/" + version).c_str());
+      std::string path = "/v1/models/";
+      path += model;
+      path += "/versions/";
+      path += version;
+      auto r = cli.Get(path.c_str());
       if (r && r->status == 200) return Json::parse(r->body)["manifest"];
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -121,6 +125,11 @@ TEST_F(RefitE2eTest, StageInstallVerifyAndMatchAFreshEngine) {
   EXPECT_GT(staged["bytes_pulled"].get<int64_t>(), 0);
   EXPECT_EQ(Call(engine_port, "GET", "/weight_info")["weight_version"], "v0") << "staging touches nothing live";
   Call(engine_port, "POST", "/rc/refit/install", Json{{"version", "v1"}}, 409);
+  // Stages refused before they found a version (unknown version, a directory that does not answer)
+  // leave v1 staged: a typo of one client does not undo another's stage.
+  Call(engine_port, "POST", "/rc/refit/stage", Json{{"model", "m"}, {"version", "v9"}, {"directory", Url(dir_port)}}, 404);
+  Call(engine_port, "POST", "/rc/refit/stage",
+       Json{{"model", "m"}, {"version", "v1"}, {"directory", "http://127.0.0.1:1"}, {"timeout_ms", 2000}}, 503);
   Call(engine_port, "POST", "/pause?mode=wait");
   Json installed = Call(engine_port, "POST", "/rc/refit/install", Json{{"version", "v1"}});
   EXPECT_EQ(installed["weight_version"], "v1");

@@ -194,7 +194,10 @@ class HttpServer {
 
 // Sets the bearer key and, for https, certificate verification against tls_ca_file.
 void ApplyClientPolicy(httplib::Client& client, const ClientConfig& config = ClientConfig::Default());
-// A client for base_url ("http://h:p" or "https://h:p") with the policy applied.
+// base_url without its trailing slashes ("http://h:p/" -> "http://h:p"): cpp-httplib takes a
+// base URL without a path, and paths are joined on with their own leading '/'.
+std::string TrimBaseUrl(std::string_view base_url);
+// A client for base_url ("http://h:p" or "https://h:p"; a trailing '/' is dropped) with the policy applied.
 std::unique_ptr<httplib::Client> MakeClient(const std::string& base_url,
                                             const ClientConfig& config = ClientConfig::Default());
 
@@ -212,7 +215,8 @@ void SetClientTimeouts(httplib::Client& client, int64_t connect_ms, int64_t read
 // (the server never saw it). `prepare` sets per-call options (timeouts) on the client before it
 // sends. At most max_idle clients are kept.
 // Thread safety: any thread; each client is used by one request at a time.
-// True when `url` is a base URL of an HTTP service: http:// or https:// followed by at least a host.
+// True when `url` is a base URL of an HTTP service: http:// or https:// followed by a host (and
+// port), with no path beyond trailing slashes.
 // (cpp-httplib takes a URL without a scheme as a host name, so a missing scheme would surface only
 // as a connection error at the first call.)
 bool IsHttpUrl(std::string_view url);
