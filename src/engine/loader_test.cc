@@ -100,6 +100,26 @@ TEST(LoaderTest, TensorParallelLayoutErrors) {
   EXPECT_NE(e.status().message().find("tensor-parallel-size 3"), std::string::npos);
 }
 
+// A folder's tensors, bytes copied (each span points into its own storage vector, whose buffer
+// stays put when the outer vector grows), to be written again, changed.
+struct FolderTensors {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorToWrite> tensors;
+  void Add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, std::vector<uint8_t> bytes) {
+    storage.push_back(std::move(bytes));
+    tensors.push_back({name, dtype, shape, std::span<const uint8_t>(storage.back())});
+  }
+};
+FolderTensors ReadFolderTensors(const std::string& dir) {
+  FolderTensors out;
+  auto folder = SafetensorsFolder::Open(dir).value();
+  for (const auto& n : folder->Names()) {
+    auto loc = folder->Find(n).value();
+    out.Add(n, loc.entry->dtype, loc.entry->shape, std::vector<uint8_t>(loc.bytes.begin(), loc.bytes.end()));
+  }
+  return out;
+}
+
 // A tiny model folder written from dummy weights, with one tensor's element replaced.
 std::string WriteTinyFolder(const std::string& name, const std::string& tensor = "", size_t element = 0,
                             float value = 0) {
@@ -110,17 +130,11 @@ std::string WriteTinyFolder(const std::string& name, const std::string& tensor =
   EXPECT_TRUE(WriteModelFolder(dir, spec, src.get(), DType::kF32).ok());
   if (tensor.empty()) return dir;
   // Rewrite model.safetensors with the element changed (F32, so any value is representable).
-  auto folder = SafetensorsFolder::Open(dir).value();
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<TensorToWrite> tensors;
-  for (const auto& n : folder->Names()) {
-    auto loc = folder->Find(n).value();
-    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
-    if (n == tensor) std::memcpy(storage.back().data() + 4 * element, &value, 4);
-    tensors.push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
+  FolderTensors f = ReadFolderTensors(dir);
+  for (size_t i = 0; i < f.tensors.size(); ++i) {
+    if (f.tensors[i].name == tensor) std::memcpy(f.storage[i].data() + 4 * element, &value, 4);
   }
-  folder.reset();
-  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, {}).ok());
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", f.tensors, {}).ok());
   return dir;
 }
 
@@ -207,22 +221,13 @@ TEST(LoaderTest, ConfigSizesAreBoundedByTheFilesAndTheMachine) {
 
 // The tiny folder's tensors, as written (bytes copied), plus `extra` tensors.
 void RewriteWith(const std::string& dir, const std::vector<std::pair<std::string, std::vector<int64_t>>>& extra) {
-  auto folder = SafetensorsFolder::Open(dir).value();
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<TensorToWrite> tensors;
-  for (const auto& n : folder->Names()) {
-    auto loc = folder->Find(n).value();
-    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
-    tensors.push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
-  }
-  folder.reset();
+  FolderTensors f = ReadFolderTensors(dir);
   for (const auto& [name, shape] : extra) {
     size_t n = 1;
     for (int64_t d : shape) n *= static_cast<size_t>(d);
-    storage.emplace_back(n * 4, uint8_t{0});
-    tensors.push_back({name, DType::kF32, shape, std::span<const uint8_t>(storage.back())});
+    f.Add(name, DType::kF32, shape, std::vector<uint8_t>(n * 4, 0));
   }
-  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, {}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", f.tensors, {}).ok());
 }
 
 void EditConfig(const std::string& dir, const std::string& key, const Json& value) {
@@ -284,19 +289,10 @@ TEST(LoaderTest, ATiedModelsLmHeadIsIgnoredOnlyWithTheEmbeddingsShape) {
   EXPECT_NE(GreedyTokens(tied->get(), {1, 2, 3, 4}), untied_tokens) << "tied: the logits come from the embedding";
 
   const std::string bad = WriteTinyFolder("model_tied_lm_head_wrong_shape");
-  auto folder = SafetensorsFolder::Open(bad).value();
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<TensorToWrite> tensors;
-  for (const auto& n : folder->Names()) {
-    if (n == "lm_head.weight") continue;
-    auto loc = folder->Find(n).value();
-    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
-    tensors.push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
-  }
-  folder.reset();
-  storage.emplace_back(size_t{128} * 128 * 4, uint8_t{0});
-  tensors.push_back({"lm_head.weight", DType::kF32, {128, 128}, std::span<const uint8_t>(storage.back())});
-  ASSERT_TRUE(WriteSafetensors(bad + "/model.safetensors", tensors, {}).ok());
+  FolderTensors f = ReadFolderTensors(bad);
+  std::erase_if(f.tensors, [](const TensorToWrite& t) { return t.name == "lm_head.weight"; });
+  f.Add("lm_head.weight", DType::kF32, {128, 128}, std::vector<uint8_t>(size_t{128} * 128 * 4, 0));
+  ASSERT_TRUE(WriteSafetensors(bad + "/model.safetensors", f.tensors, {}).ok());
   EditConfig(bad, "tie_word_embeddings", true);
   auto e = CreateEngine({bad, "auto", 0}, o);
   ASSERT_FALSE(e.ok());
@@ -332,16 +328,13 @@ TEST(LoaderTest, AShardedCheckpointIsReadThroughItsIndex) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(whole + "/config.json", dir + "/config.json");
-  auto folder = SafetensorsFolder::Open(whole).value();
-  std::vector<std::vector<uint8_t>> storage;
+  const FolderTensors all = ReadFolderTensors(whole);
   std::vector<TensorToWrite> first, second;
   Json weight_map = Json::object();
-  for (const auto& n : folder->Names()) {
-    auto loc = folder->Find(n).value();
-    storage.emplace_back(loc.bytes.begin(), loc.bytes.end());
-    const bool in_first = n.rfind("model.layers.0.", 0) == 0 || n == "model.embed_tokens.weight";
-    (in_first ? first : second).push_back({n, loc.entry->dtype, loc.entry->shape, std::span<const uint8_t>(storage.back())});
-    weight_map[n] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  for (const TensorToWrite& t : all.tensors) {
+    const bool in_first = t.name.rfind("model.layers.0.", 0) == 0 || t.name == "model.embed_tokens.weight";
+    (in_first ? first : second).push_back(t);
+    weight_map[t.name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   ASSERT_TRUE(WriteSafetensors(dir + "/model-00001-of-00002.safetensors", first, {}).ok());
   ASSERT_TRUE(WriteSafetensors(dir + "/model-00002-of-00002.safetensors", second, {}).ok());
