@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -11,7 +12,18 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, Mapping, Optional
 
-from .errors import DeadlineExceededError, UnavailableError, from_http
+from .errors import DeadlineExceededError, InternalError, InvalidArgumentError, UnavailableError, from_http
+
+
+def _json_default(value: Any) -> Any:
+    """numpy scalars and arrays (a seed from np.int64, token ids from an array) as JSON."""
+    item = getattr(value, "item", None)
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and getattr(value, "ndim", 0) > 0:
+        return tolist()
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _error_message(body: Any, raw: str) -> tuple:
@@ -50,6 +62,13 @@ class JsonHttp:
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             # Without a scheme urllib would fail at the first call ("unknown url type"), far from the cause.
             raise ValueError(f"{base_url!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8300)")
+        try:
+            parts.port  # noqa: B018 - urllib checks the port's range only when asked
+        except ValueError as e:
+            raise ValueError(f"{base_url!r}: {e}") from None
+        if any(c.isspace() for c in base_url) or parts.path.strip("/") or parts.query or parts.fragment:
+            raise ValueError(f"{base_url!r} is not the base URL of a service: http:// or https://, a host and port, "
+                             "no path (e.g. http://127.0.0.1:8300)")
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.base_url = base_url.rstrip("/")
@@ -79,10 +98,17 @@ class JsonHttp:
                 url += "?" + urllib.parse.urlencode(q)
         data = None
         headers: Dict[str, str] = {}
+        if body is not None:
+            try:
+                # allow_nan=False: NaN / Infinity are not JSON, and the server would refuse the body
+                # as unparsable far from the argument that held it.
+                payload = json.dumps(body, allow_nan=False, default=_json_default).encode()
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(f"{method} {path}: the request body cannot be sent as JSON: {e}") from None
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         if body is not None:
-            data = json.dumps(body).encode()
+            data = payload
             headers["Content-Type"] = "application/json"
         elif method in ("POST", "PUT"):
             data = b""
@@ -104,8 +130,15 @@ class JsonHttp:
             if isinstance(e.reason, (socket.timeout, TimeoutError)):
                 raise DeadlineExceededError(f"{method} {url}: no answer within {timeout_s or self.timeout_s} s") from e
             raise UnavailableError(f"{method} {url}: {e.reason}") from e
-        except ConnectionError as e:
-            raise UnavailableError(f"{method} {url}: {e}") from e
+        except (ConnectionError, http.client.HTTPException) as e:
+            # A connection reset, or an answer cut short or garbled (IncompleteRead, BadStatusLine,
+            # RemoteDisconnected): the server went away mid-call.
+            raise UnavailableError(f"{method} {url}: the answer was lost: {type(e).__name__}: {e}") from e
         if raw:
             return text
-        return json.loads(text) if text.strip() else {}
+        if not text.strip():
+            return {}
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise InternalError(f"{method} {url}: the answer is not JSON ({e}): {text[:200]!r}") from None

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -170,6 +171,11 @@ class LocalCluster:
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.servers: List[Server] = []
+        # A cluster that is never closed (a script that ends, an exception outside a with-block)
+        # stops its servers when it is collected or at interpreter exit, instead of leaving them
+        # running without their work directory (which the temporary directory's own finalizer,
+        # created before this one and so run after it, removes).
+        self._finalizer = weakref.finalize(self, LocalCluster._stop_servers, self.servers, self._tmp)
         try:
             d = self._start("directory", ["directory", "serve", "--store", directory_store, "--port", "0"], timeout_s)
             self.directory_url = d.url
@@ -208,16 +214,22 @@ class LocalCluster:
         s.wait_url(timeout_s)
         return s
 
-    def close(self) -> Dict[str, int]:
-        """Stops every server (controller first); returns their exit codes by name."""
+    @staticmethod
+    def _stop_servers(servers: List[Server], tmp: Optional[tempfile.TemporaryDirectory]) -> Dict[str, int]:
         codes = {}
-        for s in reversed(self.servers):
+        for s in reversed(servers):
             codes[s.name] = s.stop()
-        self.servers = []
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        servers.clear()
+        if tmp is not None:
+            tmp.cleanup()
         return codes
+
+    def close(self) -> Dict[str, int]:
+        """Stops every server (controller first); returns their exit codes by name. Also done
+        when the cluster is collected or the interpreter exits without it."""
+        codes = self._finalizer() if self._finalizer.alive else None
+        self._tmp = None
+        return codes or {}
 
     def __enter__(self) -> "LocalCluster":
         return self

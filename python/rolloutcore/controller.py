@@ -26,8 +26,8 @@ class ControllerClient:
     """
 
     def __init__(self, url: str, timeout_s: float = 120.0, api_key: Optional[str] = None) -> None:
-        self.url = url.rstrip("/")
-        self._http = JsonHttp(self.url, timeout_s, api_key)  # api_key None: $ROLLOUTCORE_API_KEY
+        self._http = JsonHttp(url, timeout_s, api_key)  # ValueError naming a URL that is none
+        self.url = self._http.base_url  # api_key None: $ROLLOUTCORE_API_KEY
 
     # ---- rollouts ------------------------------------------------------------------------
 

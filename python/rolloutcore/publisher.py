@@ -23,9 +23,12 @@ Zero-copy rules (docs/python.md):
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .refit import core
+
+_log = logging.getLogger("rolloutcore.publisher")
 
 DTypeLike = Any  # a refit name ("bf16", "f32"), a numpy dtype, or a torch dtype
 
@@ -370,8 +373,13 @@ class Publisher:
         """Deregisters the version's memory and drops the arrays; with ``in_directory`` also
         releases it in the directory first (so no engine discovers it afterwards); without, a
         published version is marked UNAVAILABLE there first (its handles are about to die)."""
-        self._impl.release(version, in_directory)
-        self._staged.pop(version, None)
+        try:
+            self._impl.release(version, in_directory)
+        finally:
+            # The memory is deregistered whenever the version is gone from this rank, even when the
+            # directory call failed (the error says so): the arrays it held go with it.
+            if version not in self._impl.versions():
+                self._staged.pop(version, None)
 
     def shards(self, version: str) -> List[Dict[str, Any]]:
         """This rank's shards of ``version``: ``{name, dtype, global_shape, offset, shape,
@@ -387,15 +395,35 @@ class Publisher:
 
     def close(self, release_in_directory: bool = True) -> None:
         """Releases every version this Publisher holds (in the directory too, by default: their
-        memory is about to go away)."""
+        memory is about to go away). Best effort: every version is released here even when the
+        directory cannot be told (a directory that is down); the first such error is raised after
+        all of them, naming how many failed."""
+        errors: List[BaseException] = []
         for v in self.versions():
-            self.release(v, release_in_directory)
+            try:
+                self.release(v, release_in_directory)
+            except Exception as e:  # noqa: BLE001 - keep releasing the others, raise below
+                errors.append(e)
+        if errors:
+            first = errors[0]
+            if len(errors) > 1:
+                first.args = (f"{first.args[0] if first.args else first} ({len(errors)} versions could not be "
+                              "released in the directory; all were released on this rank)",)
+            raise first
 
     def __enter__(self) -> "Publisher":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # The block raised: that exception goes on; a failure to release is only logged, not put
+        # in its place.
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001
+            _log.warning("Publisher.close after %s: %s", exc_type.__name__, e)
 
     # ---- the explicit copy ---------------------------------------------------------------
 

@@ -4,6 +4,8 @@ rollouts bound to the version, zero-copy evidence, and the errors for bad input.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -286,3 +288,57 @@ def test_controller_client_lease_mode_and_journal(cluster):
         cluster.controller.update("u-999")
     journal = cluster.controller.journal()
     assert journal
+
+
+# ---- cleanup and threads ----------------------------------------------------------------
+
+
+def test_close_releases_every_version_even_when_the_directory_is_down():
+    """close() is best effort: each version's memory is released on this rank even though the
+    directory cannot be told, and the first error is raised after all of them; a with-block's own
+    exception is not replaced by the release's."""
+    p = rolloutcore.Publisher("http://127.0.0.1:1", MODEL)
+    for v in ("v1", "v2"):
+        p.add_shard(v, "model.norm.weight", rolloutcore.Publisher.allocate([64], "bf16"))
+    with pytest.raises(errors.UnavailableError, match="2 versions could not be released in the directory"):
+        p.close()
+    assert p.versions() == []
+    with pytest.raises(KeyError, match="the caller's own"):
+        with rolloutcore.Publisher("http://127.0.0.1:1", MODEL) as q:
+            q.add_shard("v1", "model.norm.weight", rolloutcore.Publisher.allocate([64], "bf16"))
+            raise KeyError("the caller's own")
+    assert q.versions() == []
+
+
+def test_first_allocations_from_several_threads_at_once_do_not_deadlock():
+    """pybind11 2.10 set its numpy API up on first use under a static's guard: the first
+    allocate() calls from several threads at once could deadlock (1 run in 5). Each run is a fresh
+    interpreter (only the first use raced)."""
+    code = (
+        "import threading, rolloutcore\n"
+        "ts = [threading.Thread(target=rolloutcore.Publisher.allocate, args=([256], 'bf16')) for _ in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]; print('ok')\n"
+    )
+    for _ in range(6):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_cluster_never_closed_stops_its_servers_at_exit():
+    """A script that ends without closing its LocalCluster does not leave the directory, engine and
+    controller running without their (removed) work directory."""
+    code = (
+        "import rolloutcore\n"
+        "c = rolloutcore.LocalCluster(model='tiny', engine_model='tiny', engine_threads=1)\n"
+        "print(' '.join(str(s.proc.pid) for s in c.servers), flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pids = [int(x) for x in out.stdout.split()]
+    assert len(pids) == 3, out.stdout
+    for pid in pids:
+        try:
+            state = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"server {pid} still running ({state}) after the script ended"

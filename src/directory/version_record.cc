@@ -90,6 +90,10 @@ Status ValidatePublishRequest(const PublishRequest& r) {
     const refit::ShardTable& t = r.tables[i];
     const std::string path = fmt::format("tensors[{}]", i);
     if (t.name.empty()) return InvalidArgument(path + ".name: must not be empty");
+    if (t.name.size() > kMaxTensorNameLength) {
+      return InvalidArgument(fmt::format("{}.name: {} characters, at most {} allowed", path, t.name.size(),
+                                         kMaxTensorNameLength));
+    }
     if (!IsValidUtf8(t.name)) return InvalidArgument(path + ".name: must be UTF-8");
     if (!names.insert(t.name).second) {
       return InvalidArgument(

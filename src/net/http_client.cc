@@ -154,7 +154,29 @@ bool IsHttpUrl(std::string_view url) {
       const std::string_view rest = url.substr(scheme.size());
       const size_t slash = rest.find('/');
       if (slash == 0) return false;
-      return slash == std::string_view::npos || rest.find_first_not_of('/', slash) == std::string_view::npos;
+      if (slash != std::string_view::npos && rest.find_first_not_of('/', slash) != std::string_view::npos) return false;
+      // host[:port] or [v6][:port]; a port is 1 to 65535.
+      std::string_view authority = rest.substr(0, slash);
+      if (authority.find_first_of(" \t\r\n?#@") != std::string_view::npos) return false;
+      size_t colon = std::string_view::npos;
+      if (authority.front() == '[') {
+        const size_t close = authority.find(']');
+        if (close == std::string_view::npos || close == 1) return false;
+        if (close + 1 < authority.size()) {
+          if (authority[close + 1] != ':') return false;
+          colon = close + 1;
+        }
+      } else {
+        colon = authority.rfind(':');
+        if (colon == 0) return false;
+      }
+      if (colon == std::string_view::npos) return true;
+      const std::string_view port = authority.substr(colon + 1);
+      if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string_view::npos) {
+        return false;
+      }
+      const int n = std::stoi(std::string(port));
+      return n >= 1 && n <= 65535;
     }
   }
   return false;

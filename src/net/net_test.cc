@@ -491,6 +491,13 @@ TEST(ClientPoolTest, ABaseUrlsTrailingSlashIsDropped) {
   EXPECT_FALSE(IsHttpUrl(url + "/v1"));
   EXPECT_FALSE(IsHttpUrl("http:///x"));
   EXPECT_FALSE(IsHttpUrl("ftp://127.0.0.1:1"));
+  EXPECT_FALSE(IsHttpUrl("http://127.0.0.1:99999"));
+  EXPECT_FALSE(IsHttpUrl("http://127.0.0.1:0"));
+  EXPECT_FALSE(IsHttpUrl("http://127.0.0.1:"));
+  EXPECT_FALSE(IsHttpUrl("http://127.0.0.1:1 x"));
+  EXPECT_TRUE(IsHttpUrl("http://[::1]:8080"));
+  EXPECT_TRUE(IsHttpUrl("https://dir.example"));
+  EXPECT_FALSE(IsHttpUrl("http://[::1]x"));
 }
 
 // A chunked body has no Content-Length: it is refused (413) once read, before the handler.

@@ -554,6 +554,11 @@ PYBIND11_MODULE(_core, m) {
   namespace py = pybind11;
   using rc::python::PyPublisher;
   m.doc() = "rolloutcore's compiled core: the trainer Publisher, shared memory, planner statistics, digests.";
+  // pybind11 (2.10, Debian 12) sets up its numpy API in a function-local static on first use,
+  // importing numpy while it holds the static's guard: the first py::array calls from several
+  // threads at once deadlocked (one holds the guard and waits for the GIL, another holds the GIL
+  // and waits for the guard). Set up here, once, at import.
+  py::detail::npy_api::get();
 
   py::class_<PyPublisher>(m, "Publisher")
       .def(py::init<std::string, std::string, int32_t, int32_t, std::string, int64_t, int64_t, bool>(),

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <regex>
 
 #include <fmt/format.h>
 
@@ -52,14 +51,28 @@ std::vector<std::string_view> PartsOf(std::string_view fused) {
 }  // namespace
 
 std::optional<Fp8PartOf> Fp8ParameterOf(std::string_view tensor) {
-  static const std::regex kProj(R"((.*)\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight)");
-  std::match_results<std::string_view::const_iterator> m;
-  if (!std::regex_match(tensor.begin(), tensor.end(), m, kProj)) return std::nullopt;
-  const std::string p = m[3];
-  std::string fused = p;
+  // PREFIX.(self_attn|mlp).(q|k|v|o|gate|up|down)_proj.weight, matched by hand: std::regex recurses
+  // once per character, and a long tensor name (a publish body, 30000 characters) overflowed the
+  // stack of whichever process read it.
+  constexpr std::string_view kSuffix = "_proj.weight";
+  if (tensor.size() <= kSuffix.size() || tensor.substr(tensor.size() - kSuffix.size()) != kSuffix) return std::nullopt;
+  const std::string_view head = tensor.substr(0, tensor.size() - kSuffix.size());  // PREFIX.BLOCK.P
+  const size_t dot_p = head.rfind('.');
+  if (dot_p == std::string_view::npos) return std::nullopt;
+  const std::string_view p = head.substr(dot_p + 1);
+  const bool attn = p == "q" || p == "k" || p == "v" || p == "o";
+  const bool mlp = p == "gate" || p == "up" || p == "down";
+  if (!attn && !mlp) return std::nullopt;
+  const std::string_view rest = head.substr(0, dot_p);  // PREFIX.BLOCK
+  const size_t dot_block = rest.rfind('.');
+  if (dot_block == std::string_view::npos) return std::nullopt;
+  const std::string_view block = rest.substr(dot_block + 1);
+  if (block != "self_attn" && block != "mlp") return std::nullopt;
+  const std::string_view prefix = rest.substr(0, dot_block);  // may be empty, as (.*) allowed
+  std::string fused(p);
   if (p == "q" || p == "k" || p == "v") fused = "qkv";
   if (p == "gate" || p == "up") fused = "gate_up";
-  return Fp8PartOf{fmt::format("{}.{}.{}_proj.weight", m[1].str(), m[2].str(), fused), p};
+  return Fp8PartOf{fmt::format("{}.{}.{}_proj.weight", prefix, block, fused), std::string(p)};
 }
 
 const Fp8Param::Part* Fp8Param::Find(std::string_view tensor) const {

@@ -203,5 +203,30 @@ TEST(Fp8ParametersTest, FusesInVllmOrderAndNamesWhatCannotFuse) {
       << Fp8Parameters(specs).status().ToString();
 }
 
+// The projection a tensor feeds, matched by hand: a 100000-character name (a publish body) is an
+// answer, not a stack overflow (std::regex recursed once per character).
+TEST(Fp8ParametersTest, ParameterOfMatchesTheProjectionNamesAndSurvivesLongNames) {
+  auto q = Fp8ParameterOf("model.layers.3.self_attn.q_proj.weight");
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->param, "model.layers.3.self_attn.qkv_proj.weight");
+  EXPECT_EQ(q->part, "q");
+  auto up = Fp8ParameterOf("model.layers.0.mlp.up_proj.weight");
+  ASSERT_TRUE(up.has_value());
+  EXPECT_EQ(up->param, "model.layers.0.mlp.gate_up_proj.weight");
+  auto down = Fp8ParameterOf("m.mlp.down_proj.weight");
+  ASSERT_TRUE(down.has_value());
+  EXPECT_EQ(down->param, "m.mlp.down_proj.weight");
+  EXPECT_EQ(down->part, "down");
+  for (const char* no : {"model.layers.0.mlp.up_proj.bias", "mlp.up_proj.weight", "model.layers.0.attn.q_proj.weight",
+                         "model.layers.0.self_attn.x_proj.weight", "_proj.weight", "model.norm.weight"}) {
+    EXPECT_FALSE(Fp8ParameterOf(no).has_value()) << no;
+  }
+  const std::string long_name = std::string(100000, 'x') + ".self_attn.o_proj.weight";
+  auto o = Fp8ParameterOf(long_name);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->part, "o");
+  EXPECT_FALSE(Fp8ParameterOf(std::string(100000, 'x')).has_value());
+}
+
 }  // namespace
 }  // namespace rc::refit

@@ -73,6 +73,10 @@ std::string_view Publisher::StateWord(VersionEntry::State state) {
 Status Publisher::CheckNewShard(std::string_view version, const VersionEntry& entry, const ShardSource& s) const {
   const std::string what = fmt::format("shard of tensor {} on rank {} for version {}", s.name, rank_, version);
   if (s.name.empty()) return InvalidArgument(fmt::format("shard on rank {} for version {}: empty tensor name", rank_, version));
+  if (s.name.size() > directory::kMaxTensorNameLength) {
+    return InvalidArgument(fmt::format("shard on rank {} for version {}: tensor name of {} characters (at most {})",
+                                       rank_, version, s.name.size(), directory::kMaxTensorNameLength));
+  }
   RC_RETURN_IF_ERROR(refit::ValidateShape(s.global_shape, what + ": global shape"));
   RC_RETURN_IF_ERROR(refit::ValidateShape(s.local_shape, what + ": local shape"));
   if (s.offset.size() != s.global_shape.size() || s.local_shape.size() != s.global_shape.size()) {

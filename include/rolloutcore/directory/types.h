@@ -47,6 +47,8 @@ std::string_view VersionStateName(VersionState state);
 [[nodiscard]] Result<VersionState> ParseVersionState(std::string_view text);
 
 inline constexpr size_t kMaxNameLength = 128;
+// Longest tensor name a publish may carry (Hugging Face names are well under 200 characters).
+inline constexpr size_t kMaxTensorNameLength = 1024;
 // Longest lease a publish may ask for (one day); leases are meant to be kept alive.
 inline constexpr int64_t kMaxLeaseTtlMs = int64_t{24} * 3600 * 1000;
 // Most ranks one version may expect.
