@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .errors import InvalidArgumentError
 from .refit import core
 
 _log = logging.getLogger("rolloutcore.publisher")
@@ -58,7 +59,7 @@ def refit_dtype_name(dtype: DTypeLike) -> str:
         name = text[len("torch.") :]
         if name in _TORCH_TO_REFIT:
             return _TORCH_TO_REFIT[name]
-        raise ValueError(f"torch dtype {text} has no refit dtype (refit: {', '.join(sorted(set(_TORCH_TO_REFIT.values())))})")
+        raise InvalidArgumentError(f"torch dtype {text} has no refit dtype (refit: {', '.join(sorted(set(_TORCH_TO_REFIT.values())))})")
     import numpy as np
 
     return _TORCH_TO_REFIT.get(np.dtype(dtype).name, np.dtype(dtype).name)
@@ -226,12 +227,12 @@ class Publisher:
 
                 t = array.detach()
                 if t.dtype != torch.bfloat16:
-                    raise ValueError(f"FP8 parts of {name}: the tensor is {t.dtype}; FP8 is quantized from bfloat16")
+                    raise InvalidArgumentError(f"FP8 parts of {name}: the tensor is {t.dtype}; FP8 is quantized from bfloat16")
                 bits = t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
             else:
                 a = np.asarray(array)
                 if a.dtype != np.uint16 or (dtype not in (None, "bf16")):
-                    raise ValueError(f"FP8 parts of {name}: the array is {a.dtype} ({dtype}); FP8 is quantized from "
+                    raise InvalidArgumentError(f"FP8 parts of {name}: the array is {a.dtype} ({dtype}); FP8 is quantized from "
                                      "bf16 bits (uint16)")
                 bits = np.ascontiguousarray(a)
             out.append((name, global_shape, offset, bits))
@@ -294,7 +295,7 @@ class Publisher:
         shard of some part of a fused parameter.
         """
         if delta is not None and bool(delta) != self._delta:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"publish(delta={bool(delta)}) on a Publisher made with delta={self._delta}: delta publishing keeps a "
                 "copy of every shard from one publish to the next, so it is chosen when the Publisher is made"
             )
@@ -305,7 +306,7 @@ class Publisher:
                 if fp8_exchange is not None:
                     amax = fp8_exchange(q, amax)
                 elif partial:
-                    raise ValueError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
+                    raise InvalidArgumentError(f"{partial}: its scale needs the amax of every rank that holds the rest; pass "
                                      "fp8_exchange (e.g. rolloutcore.publisher.torch_amax_exchange(group))")
                 self._attach_fp8(version, shards, q, amax, fp8_model)
         if self._delta:

@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .errors import InvalidArgumentError
 from .publisher import Publisher, refit_dtype_name
 
 try:  # torch >= 2.5
@@ -63,7 +64,7 @@ def shard_geometry(
             offset[d] += start
             local[d] = length
             continue
-        raise ValueError(
+        raise InvalidArgumentError(
             f"placement {p} on mesh dim {mesh_dim} cannot be published: only Shard(dim) and Replicate() "
             "have a box in the global tensor (reduce Partial placements first)"
         )
@@ -116,9 +117,22 @@ def add_tensors(
     ``callable(name) -> name or None`` (None skips the tensor), e.g. to strip FSDP prefixes.
     """
     if replicas not in ("all", "first"):
-        raise ValueError(f"replicas must be 'all' or 'first', got {replicas!r}")
+        raise InvalidArgumentError(f"replicas must be 'all' or 'first', got {replicas!r}")
     target = refit_dtype_name(dtype)
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    # A tensor refused half-way leaves nothing behind that this call staged: a version this call
+    # began is dropped again (a retry would otherwise find the good tensors "already staged").
+    began = version not in publisher.versions()
+    try:
+        return _add_each(publisher, version, items, target, copy, replicas, name_map)
+    except BaseException:
+        if began and version in publisher.versions():
+            publisher.release(version, in_directory=False)
+        raise
+
+
+def _add_each(publisher: Publisher, version: str, items: Iterable[Tuple[str, Any]], target: str,
+              copy: Optional[bool], replicas: str, name_map: Optional[Any]) -> List[Dict[str, Any]]:
     staged: List[Dict[str, Any]] = []
     for name, t in items:
         if name_map is not None:
@@ -127,6 +141,11 @@ def add_tensors(
                 continue
         if isinstance(t, torch.nn.Parameter):
             t = t.data
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(
+                f"tensor {name}: expected a torch.Tensor, got {type(t).__name__} (publish numpy arrays with "
+                "Publisher.add_shard)"
+            )
         t = t.detach()
         if is_dtensor(t):
             if replicas == "first" and not _replica_owner(t):
@@ -134,7 +153,7 @@ def add_tensors(
             offset, local_shape, global_shape = dtensor_geometry(t)
             local = t.to_local()
             if list(local.shape) != local_shape:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"tensor {name}: the local shard has shape {list(local.shape)} but its placements "
                     f"{t.placements} give {local_shape}"
                 )
@@ -150,7 +169,7 @@ def add_tensors(
             or publisher.transport == "shm"
         )
         if needs_copy and copy is False:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"tensor {name}: publishing it needs a copy ({local.device}, {local.dtype}, "
                 f"contiguous={local.is_contiguous()}, transport {publisher.transport}) and copy=False"
             )
@@ -180,6 +199,10 @@ def publish_module(publisher: Publisher, version: str, module: torch.nn.Module, 
     Buffers are not weights and are not published. Tied parameters appear once
     (named_parameters removes duplicates).
     """
+    if not isinstance(module, torch.nn.Module):
+        raise InvalidArgumentError(
+            f"publish_module: expected a torch.nn.Module, got {type(module).__name__} (a state dict goes to publish)"
+        )
     return publish(publisher, version, module.named_parameters(), **kwargs)
 
 

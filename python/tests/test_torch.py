@@ -124,3 +124,19 @@ def test_dtensor_two_ranks_publish_and_engine_installs(cluster, version, tmp_pat
             proc.kill()
             out, _ = proc.communicate()
     assert proc.returncode == 0, out
+
+
+def test_refused_inputs_name_the_tensor_and_leave_nothing_staged():
+    """A numpy array (or a dict for a module) is an InvalidArgumentError naming it, not an
+    AttributeError; a tensor refused half-way drops the tensors this call had staged, so the same
+    call can be made again once the input is fixed."""
+    pub = rolloutcore.Publisher("http://127.0.0.1:1", "m")  # add_tensors does not call the directory
+    good = torch.ones(4, 4, dtype=torch.bfloat16)
+    with pytest.raises(errors.InvalidArgumentError, match=r"tensor b: expected a torch.Tensor, got ndarray"):
+        torch_utils.add_tensors(pub, "v1", [("a", good), ("b", np.ones((4, 4), dtype=np.float32))])
+    assert pub.versions() == [], "the good tensor staged before the refusal was dropped"
+    staged = torch_utils.add_tensors(pub, "v1", [("a", good), ("b", torch.ones(4, 4))])
+    assert [s["name"] for s in staged] == ["a", "b"]
+    with pytest.raises(errors.InvalidArgumentError, match="expected a torch.nn.Module, got dict"):
+        torch_utils.publish_module(pub, "v2", {"a": good})
+    pub.release("v1", in_directory=False)

@@ -33,6 +33,11 @@ Result<Json> DirectoryClient::Call(const std::string& method, const std::string&
     net::SetClientTimeouts(client, options_.connect_timeout_ms, options_.request_timeout_ms + extra_wait_ms);
   });
   if (!res) {
+    if (res.error() == httplib::Error::Connection || res.error() == httplib::Error::ConnectionTimeout) {
+      // connect() failed: nothing was written, so nothing was applied.
+      return Unavailable(fmt::format("{}directory at {} could not be reached for {} {} (connection refused or no route)",
+                                     kNotSentPrefix, base_url_, method, path));
+    }
     return Unavailable(fmt::format("directory at {} did not answer {} {}: {}", base_url_, method, path,
                                    httplib::to_string(res.error())));
   }

@@ -507,6 +507,13 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
       request.lease_id = 0;
       published = store_->Publish(request);
     }
+    if (!published.ok() && directory::NotSent(published.status())) {
+      // The connection was never made: nothing was applied, the version stays staged here.
+      return fail(published.status().WithContext(fmt::format(
+          "rank {} of {} publishing version {} of model {} (nothing was published; publish again once the directory "
+          "is up)",
+          rank_, expected_ranks_, version, model_)));
+    }
     if (!published.ok() && OutcomeUnknown(published.status())) {
       // The directory may have applied it (even committed the version) before the answer was
       // lost: the buffers stay registered until it says.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "rolloutcore/base/clock.h"
+#include "rolloutcore/directory/client.h"
 #include "rolloutcore/directory/memory_store.h"
 #include "rolloutcore/refit/digest.h"
 #include "rolloutcore/trainer/fp8_parts.h"
@@ -158,6 +160,26 @@ TEST_F(PublisherTest, TwoRanksCommitAndShardsReadBackWithTheirDigests) {
   ASSERT_TRUE(digests.ok());
   EXPECT_EQ(digests->at("w"), refit::DigestBlock(DType::kBF16, shape, refit::FullBox(shape), full.data()));
   EXPECT_EQ(m->content_digest, r1->result.content_digest);
+}
+
+// A directory that cannot be reached at all (connection refused): the publish was never sent, so
+// its outcome is known. It fails at once (not after the 30 s outcome inquiry meant for a lost
+// answer), saying nothing was published, and the version stays staged to publish again.
+TEST_F(PublisherTest, ADirectoryThatCannotBeReachedFailsAtOnceAndKeepsTheVersionStaged) {
+  directory::DirectoryClient unreachable("http://127.0.0.1:1");
+  const std::vector<uint16_t> w = Pattern(32, 7);
+  Publisher p(transport_.get(), &unreachable, "m", 0, 1);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, w.data())).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = p.Publish("v0");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("nothing was published"), std::string::npos) << r.status().message();
+  EXPECT_LT(s, 10.0) << "the outcome inquiry is only for an answer that was lost";
+  EXPECT_FALSE(p.IsUnresolved("v0"));
+  EXPECT_FALSE(p.IsPublished("v0"));
+  EXPECT_EQ(p.versions(), std::vector<std::string>{"v0"});
 }
 
 // A transport that takes "device" regions as host memory: the device-shard paths of the Publisher

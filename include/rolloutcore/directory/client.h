@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "rolloutcore/base/mutex.h"
@@ -40,6 +41,14 @@ struct ClientOptions {
   // The API key sent with every request and the CA file for https URLs (rolloutcore/net).
   net::ClientConfig auth = net::ClientConfig::Default();
 };
+
+// The start of the message of an Unavailable that DirectoryClient returns when the connection
+// could not be made: the request was never sent, so nothing changed in the directory (the
+// outcome of a publish is known). Any other Unavailable may have been applied.
+inline constexpr std::string_view kNotSentPrefix = "not sent: ";
+inline bool NotSent(const Status& s) {
+  return s.code() == StatusCode::kUnavailable && s.message().rfind(kNotSentPrefix, 0) == 0;
+}
 
 class DirectoryClient final : public DirectoryStore {
  public:
