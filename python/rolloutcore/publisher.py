@@ -137,7 +137,15 @@ class Publisher:
         # delta=True: keep one copy of every shard as last published (memory: one copy of each
         # shard, where it lives: host shards on the host in the C++ Publisher, CUDA shards on their
         # device here) so that ``publish(version, delta=True)`` can send sparse deltas against it.
-        self._delta = bool(delta)
+        if not isinstance(delta, bool):
+            raise InvalidArgumentError(f"Publisher: delta must be True or False, got {delta!r}")
+        for arg, value, top in (("rank", rank, 2**31), ("world_size", world_size, 2**31),
+                                ("lease_ttl_ms", lease_ttl_ms, 2**63), ("keepalive_interval_ms", keepalive_interval_ms, 2**63)):
+            if isinstance(value, bool) or not isinstance(value, int) or not -top <= value < top:
+                raise InvalidArgumentError(f"Publisher: {arg} must be an integer below {top}, got {value!r}")
+        if not isinstance(transport, str):
+            raise InvalidArgumentError(f"Publisher: transport must be a name (shm, ucx, local...), got {transport!r}")
+        self._delta = delta
         # (name, offset) -> the CUDA tensor as last published (delta publishing of device shards).
         self._previous_device: Dict[Any, Any] = {}
         self._impl = core().Publisher(

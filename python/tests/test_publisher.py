@@ -342,3 +342,10 @@ def test_a_cluster_never_closed_stops_its_servers_at_exit():
         except FileNotFoundError:
             continue
         assert state == "Z", f"server {pid} still running ({state}) after the script ended"
+
+
+def test_constructor_arguments_of_the_wrong_type_are_named():
+    for kwargs, field in (({"delta": "no"}, "delta"), ({"world_size": 2**40}, "world_size"), ({"rank": 1.5}, "rank"),
+                          ({"transport": None}, "transport")):
+        with pytest.raises(errors.InvalidArgumentError, match=f"Publisher: {field}"):
+            rolloutcore.Publisher("http://127.0.0.1:1", MODEL, **kwargs)
