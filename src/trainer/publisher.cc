@@ -286,6 +286,27 @@ bool Publisher::ManifestHoldsOurShards(const refit::Manifest& manifest,
   return ours == theirs;
 }
 
+Result<directory::PublishResult> Publisher::SendPublish(directory::PublishRequest& request, bool resume) {
+  if (resume) return ResolveOutcome(request, Unavailable("an earlier publish of this version was not answered"));
+  Result<directory::PublishResult> published = store_->Publish(request);
+  if (!published.ok() && request.lease_id != 0 && published.status().code() == StatusCode::kNotFound) {
+    // The lease expired between our check and the publish: take a fresh one once.
+    RC_LOG_WARN("rank {}: lease {} is gone; publishing version {} under a new lease", rank_, request.lease_id,
+                request.version);
+    request.lease_id = 0;
+    published = store_->Publish(request);
+  }
+  // Answered, refused, or never sent: the outcome is known.
+  if (published.ok() || directory::NotSent(published.status()) || !OutcomeUnknown(published.status())) {
+    return published;
+  }
+  // The directory may have applied it (even committed the version) before the answer was lost:
+  // the buffers stay registered until it says.
+  RC_LOG_WARN("rank {}: publishing version {} of model {}: {}; asking the directory for the outcome", rank_,
+              request.version, model_, published.status().ToString());
+  return ResolveOutcome(request, published.status());
+}
+
 Result<directory::PublishResult> Publisher::ResolveOutcome(directory::PublishRequest& request, const Status& lost) {
   using Steady = std::chrono::steady_clock;
   const std::string what = fmt::format("version {} of model {}", request.version, model_);
@@ -497,36 +518,15 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
   request.tables = report.tables;
   request.probes = std::move(probes);
   const int64_t t2 = NowNs();
-  Result<directory::PublishResult> published =
-      resume ? ResolveOutcome(request, Unavailable("an earlier publish of this version was not answered"))
-             : store_->Publish(request);
-  if (!resume) {
-    if (!published.ok() && lease != 0 && published.status().code() == StatusCode::kNotFound) {
-      // The lease expired between our check and the publish: take a fresh one once.
-      RC_LOG_WARN("rank {}: lease {} is gone; publishing version {} under a new lease", rank_, lease, version);
-      request.lease_id = 0;
-      published = store_->Publish(request);
-    }
-    if (!published.ok() && directory::NotSent(published.status())) {
-      // The connection was never made: nothing was applied, the version stays staged here.
-      return fail(published.status().WithContext(fmt::format(
-          "rank {} of {} publishing version {} of model {} (nothing was published; publish again once the directory "
-          "is up)",
-          rank_, expected_ranks_, version, model_)));
-    }
-    if (!published.ok() && OutcomeUnknown(published.status())) {
-      // The directory may have applied it (even committed the version) before the answer was
-      // lost: the buffers stay registered until it says.
-      RC_LOG_WARN("rank {}: publishing version {} of model {}: {}; asking the directory for the outcome", rank_,
-                  version, model_, published.status().ToString());
-      published = ResolveOutcome(request, published.status());
-    }
-  }
+  Result<directory::PublishResult> published = SendPublish(request, resume);
   report.publish_ns = NowNs() - t2;
   if (!published.ok()) {
+    // Never sent (the connection was not made): nothing was applied, the version stays staged.
+    const bool not_sent = directory::NotSent(published.status());
     Status s = published.status().WithContext(
-        fmt::format("rank {} of {} publishing version {} of model {}", rank_, expected_ranks_, version, model_));
-    if (OutcomeUnknown(published.status())) {
+        fmt::format("rank {} of {} publishing version {} of model {}{}", rank_, expected_ranks_, version, model_,
+                    not_sent ? " (nothing was published; publish again once the directory is up)" : ""));
+    if (!not_sent && OutcomeUnknown(published.status())) {
       put_back(VersionEntry::State::kUnresolved);
       return s;
     }

@@ -292,6 +292,9 @@ class Publisher {
   void DeregisterAll(std::vector<StagedShard>& shards);
   // Asks the directory what became of a publish whose answer was lost (see the header comment).
   // OK with the directory's result; a definite refusal; or Unavailable "outcome unknown".
+  // Sends the publish (or, resuming, asks for the outcome of the earlier one): a lease that ran
+  // out is replaced once; an answer that was lost starts ResolveOutcome.
+  [[nodiscard]] Result<directory::PublishResult> SendPublish(directory::PublishRequest& request, bool resume);
   [[nodiscard]] Result<directory::PublishResult> ResolveOutcome(directory::PublishRequest& request,
                                                                 const Status& lost);
   // True when `manifest` names exactly `tables`' shards of this rank (boxes, handles, digests).
