@@ -1,5 +1,7 @@
 #include "rolloutcore/base/cpu_features.h"
 
+#include <unistd.h>
+
 namespace rc {
 
 bool CpuHasAvx2() {
@@ -25,6 +27,12 @@ bool CpuHasAvx512() {
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
   return kHas;
+}
+
+double PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
 
 }  // namespace rc

@@ -1,7 +1,6 @@
 #include "rolloutcore/engine/engine.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <limits>
@@ -12,6 +11,7 @@
 
 #include "engine/model.h"
 #include "engine/thread_pool.h"
+#include "rolloutcore/base/cpu_features.h"
 #include "rolloutcore/base/encoding.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
@@ -139,8 +139,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const ModelSpec& spec, const Engi
     const long double kv = static_cast<long double>(o.num_kv_blocks + replay_reserve) *
                            static_cast<long double>(o.block_size) *
                            static_cast<long double>(spec.num_layers * kv_heads_total * spec.head_dim) * 2.0L * 4.0L;
-    const long double have = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) *
-                             static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
+    const long double have = PhysicalMemoryBytes();
     if (have > 0 && params + kv > have) {
       return InvalidArgument(fmt::format(
           "model of {} parameters (num_hidden_layers {}, hidden_size {}, vocab_size {}) needs {:.1f} GiB for its {} "

@@ -27,16 +27,11 @@ std::string UrlHost(std::string_view url) {
   return std::string(rest.substr(0, rest.find(':')));
 }
 
-std::string TrimSlash(std::string s) {
-  while (!s.empty() && s.back() == '/') s.pop_back();
-  return s;
-}
-
 // POST /rc/refit/stage names the directory to pull from; only the engine's own may be used, or
 // (without --directory) one on this host. PermissionDenied names both.
 Status CheckStageDirectory(const std::string& configured, const std::string& requested) {
   if (!configured.empty()) {
-    if (TrimSlash(requested) == TrimSlash(configured)) return OkStatus();
+    if (net::TrimBaseUrl(requested) == net::TrimBaseUrl(configured)) return OkStatus();
     return PermissionDenied("directory: this engine stages only from the directory it was started with (--directory " +
                             configured + "), not '" + requested + "'");
   }

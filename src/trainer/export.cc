@@ -1,7 +1,6 @@
 #include "rolloutcore/trainer/export.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -9,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "rolloutcore/base/cpu_features.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/formats/safetensors.h"
 #include "rolloutcore/refit/digest.h"
@@ -83,7 +83,7 @@ Result<ExportResult> ExportVersion(const refit::ModelConfig& config, const Synth
     need += n;
   }
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  const double have_memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  const double have_memory = PhysicalMemoryBytes();
   if (have_memory > 0 && static_cast<double>(need) > have_memory) {
     return InvalidArgument(fmt::format(
         "export: model {} has {} parameters, {:.1f} GiB as BF16, which the export holds in memory; this machine has "

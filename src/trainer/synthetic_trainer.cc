@@ -1,7 +1,5 @@
 #include "rolloutcore/trainer/synthetic_trainer.h"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "rolloutcore/base/cpu_features.h"
 #include "rolloutcore/base/hash.h"
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
@@ -212,8 +211,7 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::Create(SyntheticTrai
       }
     }
     const long double need = elements * 6.0L;
-    const long double have =
-        static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
+    const long double have = PhysicalMemoryBytes();
     constexpr long double kGiB = 1024.0L * 1024.0L * 1024.0L;
     if (have > 0 && need > have) {
       return InvalidArgument(fmt::format(
