@@ -223,7 +223,7 @@ Status CheckFolderTensors(const ModelSpec& spec, const SafetensorsFolder& folder
   for (const std::string& name : folder.Names()) {
     if (used.count(name)) continue;
     // Older checkpoints carry RoPE's inverse frequencies, which every loader recomputes.
-    if (name.size() > 20 && name.ends_with(".rotary_emb.inv_freq")) continue;
+    if (name.ends_with(".rotary_emb.inv_freq")) continue;
     if (name == "lm_head.weight" && spec.tie_word_embeddings) {
       // Tied: vLLM and Transformers skip it; its shape must still be the embedding's.
       RC_ASSIGN_OR_RETURN(auto loc, folder.Find(name));

@@ -324,11 +324,11 @@ Result<ModelConfig> ParseModelConfigJson(const Json& j, std::string_view what) {
   // What the engines compute is fixed: SiLU-gated MLPs and full causal attention. A config that
   // asks for another activation, or for a sliding window that is shorter than the context, would
   // be served as a different model, so it is refused, naming the field.
-  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
-    if (!it->is_string()) return InvalidArgument(fmt::format("{}: hidden_act: expected a string", what));
-    const std::string act = it->get<std::string>();
-    if (act != "silu" && act != "swish") {
-      return Unimplemented(fmt::format("{}: hidden_act '{}' is not supported (silu only)", what, act));
+  {
+    auto act = GetString(j, "hidden_act", p, std::string("silu"));
+    if (!act.ok()) return ctx(act.status());
+    if (*act != "silu" && *act != "swish") {
+      return Unimplemented(fmt::format("{}: hidden_act '{}' is not supported (silu only)", what, *act));
     }
   }
   {
