@@ -139,6 +139,12 @@ class JsonHttp:
         if not text.strip():
             return {}
         try:
-            return json.loads(text)
+            answer = json.loads(text)
         except ValueError as e:
             raise InternalError(f"{method} {url}: the answer is not JSON ({e}): {text[:200]!r}") from None
+        if not isinstance(answer, dict):
+            # Every rolloutcore (and vLLM) JSON answer is an object; anything else (a list, a bare
+            # string) is not the service asked for, and would fail at the caller as a TypeError.
+            raise InternalError(f"{method} {url}: the answer is a JSON {type(answer).__name__}, not an object: "
+                                f"{text[:200]!r}")
+        return answer

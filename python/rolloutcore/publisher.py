@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .errors import InvalidArgumentError
+from .errors import FailedPreconditionError, InvalidArgumentError
 from .refit import core
 
 _log = logging.getLogger("rolloutcore.publisher")
@@ -153,6 +153,14 @@ class Publisher:
         )
         # version -> [(name, global_shape, offset, array)] of the bf16 shards staged, for FP8 parts.
         self._staged: Dict[str, List[Any]] = {}
+        # close() was called: nothing more is staged or published through this Publisher.
+        self._closed = False
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise FailedPreconditionError(
+                f"Publisher.{what}: this Publisher (model {self.model!r}, rank {self.rank}) is closed; "
+                "its versions were released. Make a new Publisher to publish again")
 
     allocate = staticmethod(allocate)
 
@@ -193,6 +201,7 @@ class Publisher:
         (digested) at :meth:`publish`, not here; a CUDA tensor's digest runs on its GPU, one launch
         for every CUDA shard of the version.
         """
+        self._check_open("add_shard")
         if copy:
             array, dtype = self._copy_to_shared(array, dtype)
         self._impl.add_shard(
@@ -260,6 +269,7 @@ class Publisher:
                    model: Optional[Mapping[str, Sequence[int]]] = None) -> int:
         """Computes and attaches every staged projection's part of the ``quantization`` image from
         the amaxes merged over the trainer's ranks; returns the number of parts attached."""
+        self._check_open("attach_fp8")
         return self._attach_fp8(version, self._fp8_shards(version), quantization, merged, model)
 
     def _attach_fp8(self, version: str, shards: List[Any], quantization: str, merged: Mapping[str, Any],
@@ -302,6 +312,7 @@ class Publisher:
         ``fp8_model`` ({name: global shape} of the model's tensors) is needed when this rank holds no
         shard of some part of a fused parameter.
         """
+        self._check_open("publish")
         if delta is not None and bool(delta) != self._delta:
             raise InvalidArgumentError(
                 f"publish(delta={bool(delta)}) on a Publisher made with delta={self._delta}: delta publishing keeps a "
@@ -372,10 +383,12 @@ class Publisher:
         naming the field (``probes[1].steps[3].top[0].logprob``)."""
         import json
 
+        self._check_open("attach_probes")
         self._impl.attach_probes(version, json.dumps(list(probes)))
 
     def publish_empty(self, version: str) -> Dict[str, Any]:
         """Publishes a rank that owns nothing of ``version`` (its publish still counts)."""
+        self._check_open("publish_empty")
         return self._impl.publish_empty(version)
 
     def release(self, version: str, in_directory: bool = True) -> None:
@@ -406,7 +419,10 @@ class Publisher:
         """Releases every version this Publisher holds (in the directory too, by default: their
         memory is about to go away). Best effort: every version is released here even when the
         directory cannot be told (a directory that is down); the first such error is raised after
-        all of them, naming how many failed."""
+        all of them, naming how many failed. Afterwards the Publisher stages and publishes nothing
+        (FailedPreconditionError); closing again releases what is left, if anything."""
+        self._closed = True
+        self._previous_device = {}
         errors: List[BaseException] = []
         for v in self.versions():
             try:

@@ -68,13 +68,14 @@ def test_clients_refuse_a_url_without_a_scheme_and_a_bad_timeout_when_made(make)
 
 class _Misbehaving(http.server.BaseHTTPRequestHandler):
     """Answers by path: /cut (a body cut short), /garbage (no HTTP status line), /text (200, not
-    JSON), /ok (200, JSON)."""
+    JSON), /list (200, a JSON list), /ok (200, JSON)."""
 
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/garbage":
             self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
             return
-        data = {"/cut": b'{"a": 1, "b": [1, 2, 3', "/text": b"<html>hello</html>", "/ok": b'{"a": 1}'}[self.path]
+        data = {"/cut": b'{"a": 1, "b": [1, 2, 3', "/text": b"<html>hello</html>", "/list": b"[1, 2]",
+                "/ok": b'{"a": 1}'}[self.path]
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data) + (100 if self.path == "/cut" else 0)))
@@ -107,6 +108,10 @@ def test_answers_lost_or_garbled_mid_call_raise_the_documented_classes() -> None
             h.request("GET", "/garbage")
         with pytest.raises(rolloutcore.errors.InternalError, match="not JSON"):
             h.request("GET", "/text")
+        # Every answer of the services is an object: a list would fail later at the caller's
+        # subscript as a TypeError far from the cause.
+        with pytest.raises(rolloutcore.errors.InternalError, match="the answer is a JSON list, not an object"):
+            h.request("GET", "/list")
         # A body that is not JSON is refused before anything is sent, naming why.
         with pytest.raises(rolloutcore.errors.InvalidArgumentError, match="cannot be sent as JSON"):
             h.request("POST", "/ok", {"temperature": float("nan")})

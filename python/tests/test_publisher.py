@@ -310,6 +310,25 @@ def test_close_releases_every_version_even_when_the_directory_is_down():
     assert q.versions() == []
 
 
+def test_a_closed_publisher_stages_and_publishes_nothing(cluster, version):
+    """After close() the Publisher's versions are gone; staging or publishing through it again is
+    refused by name (before, it staged and committed a new version whose memory nothing owned)."""
+    weights = shared_copy(tiny_weights(seed=21))
+    pub, report = publish_all(cluster, version, weights)
+    assert report["state"] == "COMMITTED"
+    pub.close()
+    name, array = next(iter(weights.items()))
+    for call in (lambda: pub.add_shard(version + "-b", name, array, dtype="bf16"),
+                 lambda: pub.add_tensors(version + "-b", weights, dtype="bf16"),
+                 lambda: pub.publish(version + "-b"),
+                 lambda: pub.publish_empty(version + "-b")):
+        with pytest.raises(errors.FailedPreconditionError, match="is closed"):
+            call()
+    assert pub.versions() == []
+    assert version + "-b" not in {v["version"] for v in cluster.directory.list(MODEL)}
+    pub.close()  # closing again is harmless
+
+
 def test_first_allocations_from_several_threads_at_once_do_not_deadlock():
     """pybind11 2.10 set its numpy API up on first use under a static's guard: the first
     allocate() calls from several threads at once could deadlock (1 run in 5). Each run is a fresh
