@@ -81,24 +81,39 @@ MAKE_TINY = os.environ.get("MAKE_TINY") or os.path.join(os.path.dirname(os.path.
 
 
 def shapes_trainer(cfg_dir: str, durl: str, model: str, transport: str = "cuda_ipc", delta: bool = False):
-    """A Trainer whose base tensors are random bf16 on the GPU, named and shaped like HF's Qwen3."""
+    """A Trainer whose base tensors are random bf16, named and shaped like HF's Qwen3. The base is
+    made on the GPU and stays there when the GPU has room for it beside what the bench adds later
+    (two versions the trainer keeps, the engine's staging image, one f32 temporary); otherwise (an
+    8B shape on an 80 GB GPU, with vLLM's share taken) it is kept in host memory and each version is
+    made on the GPU from it (outside every timed window): the same values either way."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(cfg_dir)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    params = list(meta.named_parameters())
+    version_bytes = sum(p.numel() * 2 for _, p in params)
+    largest_f32 = max(p.numel() * 4 for _, p in params)
+    free, _ = torch.cuda.mem_get_info(0)
+    on_device_needs = 4 * version_bytes + largest_f32 + (2 << 30)  # base, 2 versions, staging, f32, margin
+    host_base = free < on_device_needs
+    print(f"trainer: base tensors ({version_bytes / 2**30:.1f} GiB) kept on the "
+          + (f"host (the GPU has {free / 2**30:.1f} GiB free, {on_device_needs / 2**30:.1f} GiB needed to keep them "
+             "there beside two versions and the engine's staging)" if host_base else "GPU"), flush=True)
     t = Trainer.__new__(Trainer)
     t.torch, t.base_dir, t.model, t.device, t.world = torch, cfg_dir, model, 0, 2
+    t.base_on = "host" if host_base else "device"
     g = torch.Generator(device="cuda:0").manual_seed(0)
     t.base = {}
-    for name, p in meta.named_parameters():
+    for name, p in params:
         x = torch.empty(p.shape, dtype=torch.bfloat16, device="cuda:0")
         if p.dim() >= 2:
             x.normal_(0.0, 0.02, generator=g)
         else:
             x.fill_(1.0)
-        t.base[name] = x
+        t.base[name] = x.cpu() if host_base else x
+        del x
     from rolloutcore import Publisher
 
     t.transport = transport
@@ -1130,7 +1145,8 @@ def run(a) -> dict:
         v2.stop()
     hot = [r["hot_cycle_ms"] for r in rows[1:]] or [r["hot_cycle_ms"] for r in rows]
     summary = {
-        "shape": a.shape, "quantization": a.quantization, "bytes": total_bytes, "cycles": a.cycles, "controller": bool(ctl),
+        "shape": a.shape, "quantization": a.quantization, "bytes": total_bytes,
+        "trainer_base": getattr(trainer, "base_on", "device"), "cycles": a.cycles, "controller": bool(ctl),
         "vllm_version": vllm_version,
         "cold_start_s": round(cold_total, 2), "cold_healthy_s": round(cold_healthy, 2),
         "cold_first_token_ms": round(cold_first, 2),

@@ -235,6 +235,7 @@ class Trainer:
         g = torch.Generator(device=f"cuda:{self.device}").manual_seed(seed)
         out = {}
         for name, t in sorted(self.base.items()):
+            t = t.to(f"cuda:{self.device}")  # a base kept in host memory (vllm_bench.shapes_trainer)
             noise = torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32) * scale
             out[name] = (t.float() + noise).to(t.dtype).contiguous()
         self.versions[version] = out
