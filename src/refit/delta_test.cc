@@ -38,7 +38,10 @@ void RoundTrip(DType dtype, const Shape& shape, double fraction, uint32_t seed) 
   std::bernoulli_distribution pick(fraction);
   for (int64_t i = 0; i < n; ++i) {
     if (!pick(rng)) continue;
-    b[static_cast<size_t>(i)] = static_cast<T>(a[static_cast<size_t>(i)] ^ 1u);
+    // Any one bit of the element: the encoder's word-wise compare must see every lane's top and
+    // bottom bits alike.
+    const uint64_t bit = uint64_t{1} << (rng() % (8 * sizeof(T)));
+    b[static_cast<size_t>(i)] = static_cast<T>(static_cast<uint64_t>(a[static_cast<size_t>(i)]) ^ bit);
     want[i] = ElementBits(dtype, &b[static_cast<size_t>(i)]);
   }
   EncodedDelta d = EncodeShardDelta(dtype, shape, a.data(), b.data());
@@ -52,12 +55,16 @@ TEST(DeltaTest, RoundTripsAcrossShapesDtypesAndDensities) {
     RoundTrip<uint16_t>(DType::kF16, {4, 5, 130}, f, 2);
     RoundTrip<uint32_t>(DType::kF32, {1000}, f, 3);
     RoundTrip<uint32_t>(DType::kF32, {}, f, 4);
+    // One- and eight-byte elements, and lengths that end inside a 32-byte compare block.
+    RoundTrip<uint8_t>(DType::kU8, {37, 301}, f, 5);
+    RoundTrip<uint64_t>(DType::kI64, {3, 259}, f, 6);
+    RoundTrip<uint16_t>(DType::kBF16, {7}, f, 7);
   }
 }
 
 TEST(DeltaTest, DenseTilesUseBitmapsSparseTilesVarints) {
   const Shape shape{64, 128};
-  std::vector<uint16_t> a(64 * 128, 0), b = a;
+  std::vector<uint16_t> a(size_t{64} * 128, 0), b = a;
   for (size_t i = 0; i < b.size(); i += 2) b[i] = 1;  // half of every tile changes
   EncodedDelta dense = EncodeShardDelta(DType::kBF16, shape, a.data(), b.data());
   auto table = ParseDeltaTable(DType::kBF16, shape, dense.bytes, dense.bytes.size());
@@ -75,7 +82,7 @@ TEST(DeltaTest, DenseTilesUseBitmapsSparseTilesVarints) {
 TEST(DeltaTest, SizeAtOnePercentIsAFewPercentOfTheShard) {
   const Shape shape{1024, 1024};
   std::mt19937 rng(9);
-  std::vector<uint16_t> a(1024 * 1024), b;
+  std::vector<uint16_t> a(size_t{1024} * 1024), b;
   for (auto& v : a) v = static_cast<uint16_t>(rng());
   b = a;
   std::bernoulli_distribution pick(0.01);
@@ -268,7 +275,7 @@ TEST(DeltaTest, BulkTileDecodeRefusesWhatTheReferenceRefuses) {
         if (e.bytes == 0) continue;
         std::vector<std::byte> body(d.bytes.begin() + static_cast<std::ptrdiff_t>(e.offset),
                                     d.bytes.begin() + static_cast<std::ptrdiff_t>(e.offset + e.bytes));
-        const size_t index_bytes = body.size() - e.changed * 2;
+        const size_t index_bytes = body.size() - size_t{e.changed} * 2;
         switch (trial % 4) {
           case 0:  // a flipped bit in the index part
             if (index_bytes > 0) body[rng() % index_bytes] ^= static_cast<std::byte>(1u << (rng() % 8));

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "rolloutcore/base/log.h"
 #include "rolloutcore/base/mutex.h"
+#include "rolloutcore/base/parallel.h"
 #include "rolloutcore/refit/delta.h"
 #include "rolloutcore/trainer/publisher.h"
 #include "rolloutcore/transport/shm.h"
@@ -60,6 +62,11 @@ Status Publisher::AttachDeltaPayload(std::string_view version, DeltaPayloadSourc
                               payload.tensor, refit::ShapeToString(payload.offset)));
 }
 
+int Publisher::DeltaThreads() const {
+  if (options_.delta_threads > 0) return options_.delta_threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard>& shards, PublishReport* report) {
   const int64_t t0 = NowNs();
   bool computed = false;  // an unresolved version resumed: its deltas exist already
@@ -73,6 +80,7 @@ Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard
       rc::MutexLock lock(mu_);
       base = previous_version_;
       if (base.empty() || base == version) return OkStatus();
+      std::vector<const std::byte*> olds;  // the previous bytes of each host shard in `encoded`
       for (size_t i = 0; i < shards.size(); ++i) {
         const ShardSource& src = shards[i].source;
         auto it = previous_.find(ShardKey(src));
@@ -82,9 +90,15 @@ Status Publisher::AttachDeltas(std::string_view version, std::vector<StagedShard
           continue;
         }
         if (it->second.bytes.size() != src.bytes()) continue;
-        encoded.emplace_back(i, refit::EncodeShardDelta(src.dtype, src.local_shape, it->second.bytes.data(), src.data));
+        encoded.emplace_back(i, refit::EncodedDelta{});
+        olds.push_back(it->second.bytes.data());
         base_digests.push_back(it->second.digest);
       }
+      // Shards in parallel (the copies stay put: mu_ is held until they are encoded).
+      ParallelFor(encoded.size(), DeltaThreads(), [&](size_t k) {
+        const ShardSource& src = shards[encoded[k].first].source;
+        encoded[k].second = refit::EncodeShardDelta(src.dtype, src.local_shape, olds[k], src.data);
+      });
     }
     if (encoded.empty() && attached.empty()) return OkStatus();
     // A delta names a base every receiver can prove it holds: a committed version.
@@ -173,6 +187,7 @@ void Publisher::RememberPublished(std::string_view version, const std::vector<St
   // Called with mu_ held. The copy is taken after the publish, so it holds the bytes whose digest
   // was published (the memory contract forbids changing them until Release).
   previous_.clear();
+  std::vector<std::pair<PreviousShard*, const StagedShard*>> copies;
   for (const StagedShard& s : shards) {
     if (s.source.data == nullptr) continue;
     PreviousShard& p = previous_[ShardKey(s.source)];
@@ -180,10 +195,12 @@ void Publisher::RememberPublished(std::string_view version, const std::vector<St
     p.digest = s.digest;
     // A device shard's bytes stay where they are: its next delta comes from the caller
     // (AttachDeltaPayload); the digest is the base digest that delta names.
-    if (s.source.memory_kind != transport::MemoryKind::kHost) continue;
-    const auto* b = static_cast<const std::byte*>(s.source.data);
-    p.bytes.assign(b, b + s.source.bytes());
+    if (s.source.memory_kind == transport::MemoryKind::kHost) copies.emplace_back(&p, &s);
   }
+  ParallelFor(copies.size(), DeltaThreads(), [&](size_t k) {
+    const auto* b = static_cast<const std::byte*>(copies[k].second->source.data);
+    copies[k].first->bytes.assign(b, b + copies[k].second->source.bytes());
+  });
   previous_version_ = std::string(version);
 }
 

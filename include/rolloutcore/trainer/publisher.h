@@ -117,6 +117,9 @@ struct PublisherOptions {
   // sparse delta against that version when the directory reports it COMMITTED and the shard
   // existed there with the same dtype and box. The full shards are published as before.
   bool delta = false;
+  // Threads that compute those deltas and keep the copies, shards in parallel (0: every hardware
+  // thread; the work is bound by memory bandwidth).
+  int delta_threads = 0;
   // FP8 expected images (docs/fp8.md, "The expected image, from the trainer"): for each of these
   // quantizations (fp8_per_tensor, fp8_per_channel, fp8_per_block) Publish computes every host
   // shard's part (trainer::Fp8ShardParts over the version's shards on this rank) and publishes it
@@ -301,6 +304,8 @@ class Publisher {
   bool ManifestHoldsOurShards(const refit::Manifest& manifest, const std::vector<refit::ShardTable>& tables) const;
   // Delta publishing (publisher_delta.cc): encodes, registers and records each shard's delta
   // against the previous published version when that one is COMMITTED; then the remembered copy.
+  // PublisherOptions::delta_threads, with 0 as every hardware thread.
+  int DeltaThreads() const;
   [[nodiscard]] Status AttachDeltas(std::string_view version, std::vector<StagedShard>& shards, PublishReport* report);
   static Status FillDeltaReport(const std::vector<StagedShard>& shards, PublishReport* report, int64_t t0);
   void RememberPublished(std::string_view version, const std::vector<StagedShard>& shards) REQUIRES(mu_);
