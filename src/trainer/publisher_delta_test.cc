@@ -37,6 +37,27 @@ std::vector<std::byte> Read(transport::Transport& t, const std::string& descript
   return testing::ReadRemote(t, descriptor, offset, bytes);
 }
 
+// The changes a shard's published bf16 delta payload holds, read through the transport: offset -> bits.
+std::map<int64_t, uint16_t> DecodedChanges(transport::Transport& t, const refit::ShardInfo& s, const Shape& shape) {
+  std::map<int64_t, uint16_t> got;
+  std::vector<std::byte> payload = Read(t, s.delta->handle, s.delta->offset, s.delta->bytes);
+  auto tiles = refit::ParseDeltaTable(DType::kBF16, shape, payload, payload.size());
+  EXPECT_TRUE(tiles.ok()) << tiles.status().ToString();
+  if (!tiles.ok()) return got;
+  const refit::DeltaTiling g = refit::TilingFor(shape);
+  for (int64_t k = 0; k < g.tiles(); ++k) {
+    const refit::DeltaTile& e = (*tiles)[static_cast<size_t>(k)];
+    EXPECT_TRUE(refit::DecodeDeltaTile(g, 2, k, e, std::span<const std::byte>(payload).subspan(e.offset, e.bytes),
+                                       [&](int64_t off, const std::byte* v) {
+                                         uint16_t b;
+                                         std::memcpy(&b, v, 2);
+                                         got[off] = b;
+                                       })
+                    .ok());
+  }
+  return got;
+}
+
 class PublisherDeltaTest : public testing::PublisherFixture {};
 
 TEST_F(PublisherDeltaTest, SecondVersionCarriesADeltaThatDecodesToTheChanges) {
@@ -74,23 +95,11 @@ TEST_F(PublisherDeltaTest, SecondVersionCarriesADeltaThatDecodesToTheChanges) {
   EXPECT_LT(s.delta->bytes, 64u * 300u * 2u / 10u) << "about 1 % changed: far below the shard's bytes";
   // Decoding the payload read through the transport gives exactly the changes, and updating the
   // base digest with them gives the published digest.
-  std::vector<std::byte> payload = Read(*transport_, s.delta->handle, s.delta->offset, s.delta->bytes);
-  auto table = refit::ParseDeltaTable(DType::kBF16, shape, payload, payload.size());
-  ASSERT_TRUE(table.ok()) << table.status().ToString();
-  const refit::DeltaTiling g = refit::TilingFor(shape);
-  std::map<int64_t, uint16_t> got;
+  const std::map<int64_t, uint16_t> got = DecodedChanges(*transport_, s, shape);
   uint64_t digest = s.delta->base_digest;
-  for (int64_t t = 0; t < g.tiles(); ++t) {
-    const refit::DeltaTile& e = (*table)[static_cast<size_t>(t)];
-    ASSERT_TRUE(refit::DecodeDeltaTile(g, 2, t, e, std::span<const std::byte>(payload).subspan(e.offset, e.bytes),
-                                       [&](int64_t off, const std::byte* v) {
-                                         uint16_t b;
-                                         std::memcpy(&b, v, 2);
-                                         got[off] = b;
-                                         digest += refit::DigestTerm(static_cast<uint64_t>(off), b) -
-                                                   refit::DigestTerm(static_cast<uint64_t>(off), v0[static_cast<size_t>(off)]);
-                                       })
-                    .ok());
+  for (const auto& [off, b] : got) {
+    digest += refit::DigestTerm(static_cast<uint64_t>(off), b) -
+              refit::DigestTerm(static_cast<uint64_t>(off), v0[static_cast<size_t>(off)]);
   }
   EXPECT_EQ(got, changed);
   EXPECT_EQ(digest, s.digest);
@@ -104,26 +113,10 @@ std::map<std::string, std::map<int64_t, uint16_t>> PublishedChanges(directory::D
   auto m = store.Get("m", version);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return out;
-  const refit::DeltaTiling g = refit::TilingFor(shape);
   for (const auto& table : m->tables) {
     for (const refit::ShardInfo& s : table.shards) {
       EXPECT_TRUE(s.delta.has_value()) << table.name;
-      if (!s.delta) continue;
-      std::vector<std::byte> payload = Read(t, s.delta->handle, s.delta->offset, s.delta->bytes);
-      auto tiles = refit::ParseDeltaTable(DType::kBF16, shape, payload, payload.size());
-      EXPECT_TRUE(tiles.ok()) << tiles.status().ToString();
-      if (!tiles.ok()) continue;
-      auto& got = out[table.name];
-      for (int64_t k = 0; k < g.tiles(); ++k) {
-        const refit::DeltaTile& e = (*tiles)[static_cast<size_t>(k)];
-        EXPECT_TRUE(refit::DecodeDeltaTile(g, 2, k, e, std::span<const std::byte>(payload).subspan(e.offset, e.bytes),
-                                           [&](int64_t off, const std::byte* v) {
-                                             uint16_t b;
-                                             std::memcpy(&b, v, 2);
-                                             got[off] = b;
-                                           })
-                        .ok());
-      }
+      if (s.delta) out[table.name] = DecodedChanges(t, s, shape);
     }
   }
   return out;
