@@ -863,15 +863,18 @@ def delta_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str, own_label:
                  ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     """v1 staged in full (the base, a warm-up), then ``--cycles`` pairs of versions that change
     about ``--delta`` of the elements, staged as a delta (policy always) and in full (never) in
-    turn, each installed and proven like any cycle, and a last one under policy auto. The trainer
-    publishes every version with its delta on the last (over ``--delta-transport``)."""
+    turn, each installed and proven like any cycle, with one under policy auto right after the
+    first pair (the receiver has measured both modes by then; a run cut short by its time limit
+    has still shown the choice). The trainer publishes every version with its delta on the last
+    (over ``--delta-transport``). After every update a ``DELTA_SO_FAR`` line holds the summary of
+    the updates so far."""
     via_sleep = a.pause_call == "sleep"
     trainer.make("v1", seed=1, scale=0.01)
     trainer.publish("v1")
     rows = [dict(rolloutcore_cycle(v, a, model, durl, "v1", via_sleep, own_label, delta_policy="never"),
                  policy="never", warmup=True)]
     print(json.dumps(rows[-1]), flush=True)
-    policies = ["always", "never"] * a.cycles + ["auto"]
+    policies = ["always", "never", "auto"] + ["always", "never"] * (a.cycles - 1)
     for k, policy in enumerate(policies, start=2):
         ver = f"v{k}"
         if k > 2:
@@ -887,6 +890,7 @@ def delta_cycles(a, v: Vllm, trainer: Trainer, model: str, durl: str, own_label:
         assert row["digest_equals_manifest"], row
         rows.append(row)
         print(json.dumps(row), flush=True)
+        print("DELTA_SO_FAR " + json.dumps(delta_summary(a, rows)), flush=True)
     return rows, delta_summary(a, rows)
 
 

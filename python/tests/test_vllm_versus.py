@@ -6,6 +6,7 @@ tensors, a stand-in for reduce_tensor); the cycles themselves run on the GPU mac
 
 import ast
 import base64
+import json
 import os
 import pickle
 
@@ -573,15 +574,21 @@ class FakeDeltaVllm(FakeVllm):
                 "delta_choice": choice, "delta_ineligible": "", "changed": 11 if delta else 0}
 
 
-def test_delta_alternates_pinned_policies_then_auto_and_sums_up_per_mode(fakes):
+def test_delta_alternates_pinned_policies_with_auto_after_the_first_pair_and_sums_up_per_mode(fakes, capsys):
     import argparse
 
     a = argparse.Namespace(cycles=2, pause_call="pause", quantization=None, shape="tiny", delta=0.01,
                            delta_transport="shm")
     v, trainer = FakeDeltaVllm(), FakeDeltaTrainer()
     rows, ds = vb.delta_cycles(a, v, trainer, "m", "http://dir", own_label=True)
-    assert v.policies == ["never", "always", "never", "always", "never", "auto"]
-    assert [r["mode"] for r in rows] == ["full", "delta", "full", "delta", "full", "delta"]
+    # auto right after the first measured pair: a run cut by its time limit has shown the choice.
+    assert v.policies == ["never", "always", "never", "auto", "always", "never"]
+    assert [r["mode"] for r in rows] == ["full", "delta", "full", "delta", "delta", "full"]
+    # A summary of the updates so far after each one, the last equal to the final one.
+    so_far = [json.loads(x.split(" ", 1)[1]) for x in capsys.readouterr().out.splitlines()
+              if x.startswith("DELTA_SO_FAR ")]
+    assert len(so_far) == len(rows) - 1 and so_far[-1] == json.loads(json.dumps(ds))
+    assert so_far[2]["auto"]["mode"] == "delta" and so_far[1].get("auto") is None
     assert rows[0]["warmup"] and all(r["digest_equals_manifest"] for r in rows)
     assert rows[1]["delta_published"] == 11 and rows[1]["delta_bytes_published"] == 84
     assert rows[1]["publish_parts_ms"] == {"add_shards": 2.0, "register": None, "digest": None, "directory": None}
