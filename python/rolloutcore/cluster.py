@@ -165,7 +165,11 @@ class LocalCluster:
         # $ROLLOUTCORE_API_KEY, never on a command line, where `ps` would show it) and every client
         # here sends it; None: whatever $ROLLOUTCORE_API_KEY says.
         self.api_key = api_key
-        self._env = None if api_key is None else {**os.environ, "ROLLOUTCORE_API_KEY": api_key}
+        # The servers stop by themselves once this process is gone, even killed by SIGKILL, when no
+        # finalizer runs (ROLLOUTCORE_EXIT_WITH_PARENT, src/apps/stop_signals.h).
+        self._env = {**os.environ, "ROLLOUTCORE_EXIT_WITH_PARENT": str(os.getpid())}
+        if api_key is not None:
+            self._env["ROLLOUTCORE_API_KEY"] = api_key
         self.binary = binary or find_binary()
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="rolloutcore-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]

@@ -4,6 +4,7 @@ rollouts bound to the version, zero-copy evidence, and the errors for bad input.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -361,6 +362,44 @@ def test_a_cluster_never_closed_stops_its_servers_at_exit():
         except FileNotFoundError:
             continue
         assert state == "Z", f"server {pid} still running ({state}) after the script ended"
+
+
+def test_a_cluster_whose_process_is_killed_stops_its_servers():
+    """SIGKILL runs no finalizer: the servers see their parent gone (ROLLOUTCORE_EXIT_WITH_PARENT)
+    and stop within seconds instead of running on without their work directory."""
+    import signal
+    import time
+
+    code = (
+        "import sys, time, rolloutcore\n"
+        "c = rolloutcore.LocalCluster(model='tiny', engine_model='tiny', engine_threads=1)\n"
+        "print(' '.join(str(s.proc.pid) for s in c.servers), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 3, pids
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+        def running(pid):
+            try:
+                state = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+            except FileNotFoundError:
+                return False
+            return state != "Z"
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(running(p) for p in pids):
+            time.sleep(0.1)
+        left = [p for p in pids if running(p)]
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+        assert not left, f"servers {left} still running 30 s after their parent was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_constructor_arguments_of_the_wrong_type_are_named():

@@ -9,6 +9,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/server_flags.h"
+#include "apps/stop_signals.h"
 #include "rolloutcore/adapters/registry.h"
 #include "rolloutcore/controller/directory_versions.h"
 #include "rolloutcore/controller/http_server.h"
@@ -358,6 +359,7 @@ void RunControllerServe(ServeOptions* o, int* exit_code) {
             << o->host << ":" << server.port() << " (state in " << o->state_dir << ")" << std::endl;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  StopWithParentFromEnv();
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   server.Stop();
   *exit_code = 0;
