@@ -402,6 +402,58 @@ def test_a_cluster_whose_process_is_killed_stops_its_servers():
             proc.kill()
 
 
+def test_ctrl_c_ends_the_outcome_inquiry_of_a_lost_publish_at_once():
+    """A directory that takes every request and never answers: the publish's outcome is unknown and
+    the Publisher asks for it for up to 30 s. Ctrl-C (SIGINT) ends that within a fraction of a
+    second with KeyboardInterrupt, the version unresolved (its buffers registered)."""
+    import signal
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    stop = threading.Event()
+
+    def lose_every_answer():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1.0)
+                try:
+                    conn.recv(1 << 20)  # the request; no answer, the connection just closes
+                except OSError:
+                    pass
+
+    server = threading.Thread(target=lose_every_answer, daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    p = rolloutcore.Publisher(url, MODEL)
+    p.add_shard("v1", "model.norm.weight", rolloutcore.Publisher.allocate([64], "bf16"))
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            p.publish("v1")
+        took = time.monotonic() - t0
+        assert took < 5, f"Ctrl-C took {took:.1f} s to end the publish"
+        assert p.versions() == ["v1"]  # unresolved, kept: publish again to ask again, or release
+    finally:
+        timer.cancel()
+        stop.set()
+        server.join()
+        listener.close()
+        with pytest.raises(errors.UnavailableError, match="not sent"):  # nobody listens now: buffers dropped anyway
+            p.release("v1", in_directory=False)
+        assert p.versions() == []
+
+
 def test_constructor_arguments_of_the_wrong_type_are_named():
     for kwargs, field in (({"delta": "no"}, "delta"), ({"world_size": 2**40}, "world_size"), ({"rank": 1.5}, "rank"),
                           ({"transport": None}, "transport")):

@@ -144,6 +144,10 @@ Result<std::vector<uint64_t>> DigestShardsOnTheirGpus(const std::vector<const tr
 }
 #endif
 
+// The exception a Python signal handler raised during this thread's Publish (PublisherOptions::
+// interrupted), for Publish to raise once the call returns.
+thread_local std::shared_ptr<py::error_already_set> t_interrupt;
+
 class PyPublisher {
  public:
   PyPublisher(std::string directory, std::string model, int32_t rank, int32_t world_size, const std::string& transport,
@@ -179,6 +183,15 @@ class PyPublisher {
     // Device shards are digested at Publish, all of a version in one launch per device.
     options.device_digester = DigestShardsOnTheirGpus;
 #endif
+    // Ctrl-C during a lost publish's outcome inquiry (up to outcome_timeout_ms): the signal's
+    // handler runs here (main thread only, as Python runs them), its exception is kept for
+    // Publish to raise, and the inquiry ends with the version unresolved.
+    options.interrupted = [] {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      t_interrupt = std::make_shared<py::error_already_set>();
+      return true;
+    };
     publisher_ =
         std::make_unique<trainer::Publisher>(transport_.get(), directory_.get(), model_, rank, world_size, options);
   }
@@ -282,6 +295,12 @@ class PyPublisher {
     {
       py::gil_scoped_release nogil;
       report = empty ? publisher_->PublishEmpty(version) : publisher_->Publish(version);
+    }
+    if (t_interrupt) {
+      // The exception a signal handler raised (KeyboardInterrupt for Ctrl-C), not the status.
+      std::shared_ptr<py::error_already_set> e = std::move(t_interrupt);
+      t_interrupt.reset();
+      throw py::error_already_set(*e);
     }
     if (!report.ok()) Raise(report.status());
     py::dict tensors;

@@ -28,6 +28,12 @@ bool OutcomeUnknown(const Status& s) {
          s.code() == StatusCode::kInternal;
 }
 
+// The outcome inquiry was ended by PublisherOptions::interrupted: still unknown.
+constexpr std::string_view kInterruptedPrefix = "interrupted while asking the directory";
+bool Interrupted(const Status& s) {
+  return s.code() == StatusCode::kAborted && std::string_view(s.message()).starts_with(kInterruptedPrefix);
+}
+
 }  // namespace
 
 uint64_t ShardSource::bytes() const {
@@ -314,12 +320,23 @@ Result<directory::PublishResult> Publisher::ResolveOutcome(directory::PublishReq
   int64_t pause_ms = std::max<int64_t>(options_.outcome_retry_ms, 1);
   Status last = lost;
   bool republish_refused = false;  // our re-publish got FailedPrecondition: look once more, then believe it
+  auto interrupted = [&]() -> Status {
+    if (!options_.interrupted || !options_.interrupted()) return OkStatus();
+    return Aborted(fmt::format("{} whether the publish of {} by rank {} took effect (last answer: {}); its "
+                               "buffers stay registered: publish again to ask again, or release it",
+                               kInterruptedPrefix, what, rank_, last.ToString()));
+  };
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0) {
       if (Steady::now() + std::chrono::milliseconds(pause_ms) > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      // The pause in slices, so that an interruption is seen within 100 ms.
+      for (const auto until = Steady::now() + std::chrono::milliseconds(pause_ms); Steady::now() < until;) {
+        RC_RETURN_IF_ERROR(interrupted());
+        std::this_thread::sleep_for(std::min<Steady::duration>(std::chrono::milliseconds(100), until - Steady::now()));
+      }
       pause_ms = std::min<int64_t>(pause_ms * 2, 1000);
     }
+    RC_RETURN_IF_ERROR(interrupted());
     auto info = store_->GetInfo(model_, request.version);
     if (!info.ok()) {
       if (OutcomeUnknown(info.status())) {
@@ -526,7 +543,7 @@ Result<PublishReport> Publisher::PublishImpl(std::string_view version, bool allo
     Status s = published.status().WithContext(
         fmt::format("rank {} of {} publishing version {} of model {}{}", rank_, expected_ranks_, version, model_,
                     not_sent ? " (nothing was published; publish again once the directory is up)" : ""));
-    if (!not_sent && OutcomeUnknown(published.status())) {
+    if (!not_sent && (OutcomeUnknown(published.status()) || Interrupted(published.status()))) {
       put_back(VersionEntry::State::kUnresolved);
       return s;
     }

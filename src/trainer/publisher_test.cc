@@ -585,6 +585,36 @@ TEST_F(PublisherTest, AnUnknownOutcomeKeepsTheBuffersUntilTheDirectoryAnswers) {
   EXPECT_TRUE(p.IsPublished("v0"));
 }
 
+// PublisherOptions::interrupted (Ctrl-C in Python) ends the outcome inquiry long before its
+// timeout, with the outcome still unknown: the buffers stay registered and a later Publish resumes.
+TEST_F(PublisherTest, AnInterruptedOutcomeInquiryKeepsTheVersionUnresolved) {
+  const std::vector<uint16_t> d = Pattern(32, 9);
+  LossyDirectory dir(store_.get());
+  dir.lose_answers = 1;
+  dir.go_down_after_loss = true;
+  std::atomic<int> asked{0};
+  PublisherOptions o;
+  o.outcome_timeout_ms = 60'000;
+  o.outcome_retry_ms = 5;
+  o.interrupted = [&asked] { return ++asked >= 3; };
+  Publisher p(transport_.get(), &dir, "m", 0, 1, o);
+  ASSERT_TRUE(p.AddShard("v0", Rows("w", {8, 4}, 0, 8, d.data())).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = p.Publish("v0");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "not the 60 s timeout";
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kAborted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("interrupted while asking the directory"), std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(asked.load(), 3);
+  EXPECT_TRUE(p.IsUnresolved("v0"));
+  dir.down = false;
+  asked = -1000;  // no more interruptions (the Publisher keeps its copy of the options)
+  auto again = p.Publish("v0");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->result.state, directory::VersionState::kCommitted);
+}
+
 // Sources gone: a publisher dropping the buffers of a committed version (Release without the
 // directory, or its destructor) marks it UNAVAILABLE, so receivers are refused up front.
 TEST_F(PublisherTest, DroppingTheBuffersOfACommittedVersionMarksItUnavailable) {

@@ -112,6 +112,11 @@ struct PublisherOptions {
   int64_t outcome_timeout_ms = 30'000;
   // First pause between those inquiries; doubles up to 1 s.
   int64_t outcome_retry_ms = 50;
+  // Asked before every outcome inquiry and every 100 ms of the pauses between them: true ends the
+  // inquiry with Aborted ("interrupted"), the version staged and its buffers registered as after
+  // the timeout (publish again to ask again, or release). The Python binding asks whether Ctrl-C
+  // is pending. Called on the thread that called Publish.
+  std::function<bool()> interrupted = nullptr;
   // Delta publishing (docs/refit.md "Delta refit"): keep a copy of each host shard's bytes as last
   // published (memory: one copy of every shard), and publish each later version's shards with a
   // sparse delta against that version when the directory reports it COMMITTED and the shard
