@@ -186,6 +186,9 @@ Status Publisher::FillDeltaReport(const std::vector<StagedShard>& shards, Publis
 void Publisher::RememberPublished(std::string_view version, const std::vector<StagedShard>& shards) {
   // Called with mu_ held. The copy is taken after the publish, so it holds the bytes whose digest
   // was published (the memory contract forbids changing them until Release).
+  // The copies of the version before are overwritten in place where the same shard comes again: a
+  // fresh allocation would fault in every page of the copy at every publish.
+  auto before = std::move(previous_);
   previous_.clear();
   std::vector<std::pair<PreviousShard*, const StagedShard*>> copies;
   for (const StagedShard& s : shards) {
@@ -195,8 +198,11 @@ void Publisher::RememberPublished(std::string_view version, const std::vector<St
     p.digest = s.digest;
     // A device shard's bytes stay where they are: its next delta comes from the caller
     // (AttachDeltaPayload); the digest is the base digest that delta names.
-    if (s.source.memory_kind == transport::MemoryKind::kHost) copies.emplace_back(&p, &s);
+    if (s.source.memory_kind != transport::MemoryKind::kHost) continue;
+    if (auto it = before.find(ShardKey(s.source)); it != before.end()) p.bytes = std::move(it->second.bytes);
+    copies.emplace_back(&p, &s);
   }
+  before.clear();  // what no shard took is freed before the copies
   ParallelFor(copies.size(), DeltaThreads(), [&](size_t k) {
     const auto* b = static_cast<const std::byte*>(copies[k].second->source.data);
     copies[k].first->bytes.assign(b, b + copies[k].second->source.bytes());
