@@ -1,8 +1,11 @@
 # Helpers that give every module the same shape: one static target, one gtest binary,
 # one set of warnings. Sources are always listed explicitly (no file(GLOB)).
 
+# GCC 12 at -O3 (the release and cuda presets) reports -Wrestrict inside std::string's own
+# operator+ where no overlap exists (GCC bug 105651): shown, not fatal, in that configuration only.
 set(RC_WARNINGS -Wall -Wextra -Wpedantic -Wnon-virtual-dtor
   $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local>
+  $<$<AND:$<CXX_COMPILER_ID:GNU>,$<CONFIG:Release>>:-Wno-error=restrict>
   $<$<CXX_COMPILER_ID:Clang>:-Wshadow-uncaptured-local>
   $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety>)
 if(ROLLOUTCORE_WERROR)
