@@ -104,9 +104,14 @@ def test_fp8_replay_bound_measured_and_enforced_through_the_controller(tmp_path,
     ctl = ctl2 = None
     try:
         v.wait_healthy()
+        # This controller only commits the three versions the bound is measured on; between them the
+        # test pauses vLLM itself for its replays (replay_paused), behind the controller's back. The
+        # periodic identity check would rightly taint a READY engine it finds paused (every rollout
+        # admitted would hang), so it is off for this controller; ctl2 below runs with the default.
         ctl = Server("controller", ["controller", "serve", "--engine", "vllm+" + v.base, "--directory", durl,
                                     "--model", MODEL, "--state-dir", str(tmp_path / "ctl"), "--port", "0",
-                                    "--install-deadline-ms", "5000", "--stage-deadline-ms", "20000"],
+                                    "--install-deadline-ms", "5000", "--stage-deadline-ms", "20000",
+                                    "--verify-interval-ms", "0"],
                      OUT / f"controller_fp8replay_{scheme}.log", find_binary())
         curl = ctl.wait_url(120)
         rng = random.Random(7)
