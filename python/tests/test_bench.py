@@ -45,3 +45,33 @@ def test_bench_cycle_reports_each_cycle_and_splits_the_controller_overhead(tmp_p
         assert {"pause", "install", "resume", "stage"} <= set(c["calls_ms"])
     assert cycle["served_label_after"] == cycles[-1]["version"]
     assert report["restart"]["ready_ms_median"] > 0
+
+
+def test_publish_bench_alternates_reused_and_fresh_copies(tmp_path) -> None:
+    """`python -m rolloutcore.publish_bench --json`: both publishers published every version, and
+    the reusing one held the released version's buffers spare while the other freed them."""
+    import sys
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(rolloutcore.__file__)))
+    env = {**os.environ, "ROLLOUTCORE_BIN": _bin(),
+           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, "-m", "rolloutcore.publish_bench", "--gb", "0.02", "--tensors", "4",
+                          "--cols", "256", "--versions", "4", "--json"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    report = json.loads(out.stdout)
+    model_bytes = report["model_bytes"]
+    assert model_bytes == 4 * report["shape"][0] * 256 * 2 and report["shape"][1] == 256
+    for mode in ("reuse", "fresh"):
+        rows = report["per_version"][mode]
+        assert len(rows) == 4
+        assert all(r["bytes"] == model_bytes and r["copy_ms"] > 0 and r["publish_ms"] > 0 for r in rows)
+        assert report["median"][mode]["copy_gb_per_s"] > 0
+    # From the second version on, each publish released the one before it (--keep 1).
+    assert [r["spare_after_release"] for r in report["per_version"]["reuse"]] == [0] + [model_bytes] * 3
+    assert [r["spare_after_release"] for r in report["per_version"]["fresh"]] == [0] * 4
+    assert report["copy_reuse_over_fresh"] > 0
+
+    bad = subprocess.run([sys.executable, "-m", "rolloutcore.publish_bench", "--versions", "2"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert bad.returncode == 2 and "--versions must be at least 3, got 2" in bad.stderr

@@ -134,6 +134,90 @@ def test_copy_true_converts_f32_once_into_shared_memory(cluster, version):
     pub.close()
 
 
+def test_bf16_conversion_rounds_to_nearest_even_across_chunks():
+    from rolloutcore.publisher import _bf16_bits
+
+    # (f32 bits, bf16 bits): ties to even both ways, carries into the exponent and to infinity,
+    # signed zeros, subnormals, infinities, and NaNs of both signs made quiet 0x7FC0.
+    table = [(0x3F808000, 0x3F80), (0x3F818000, 0x3F82), (0x3F808001, 0x3F81), (0x3F807FFF, 0x3F80),
+             (0x3FFFFFFF, 0x4000), (0x7F7FFFFF, 0x7F80), (0xFF7FFFFF, 0xFF80), (0x00000000, 0x0000),
+             (0x80000000, 0x8000), (0x00000001, 0x0000), (0x00018000, 0x0002), (0x7F800000, 0x7F80),
+             (0xFF800000, 0xFF80), (0x7F800001, 0x7FC0), (0xFFFFFFFF, 0x7FC0), (0x7FC00000, 0x7FC0)]
+    f = np.array([a for a, _ in table], np.uint32).view(np.float32)
+    assert _bf16_bits(f).tolist() == [b for _, b in table]
+
+    # Random bits over several chunks (many NaNs among them), against the plain 64-bit formula.
+    bits = np.random.default_rng(5).integers(0, 2**32, size=(3, 300_001), dtype=np.uint64)
+    wide = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    f = bits.astype(np.uint32).view(np.float32)
+    want = np.where(np.isnan(f), 0x7FC0, wide).astype(np.uint16)
+    out = rolloutcore.Publisher.allocate(f.shape, "bf16")
+    assert _bf16_bits(f, out=out) is out
+    assert np.array_equal(out, want)
+    with pytest.raises(errors.InvalidArgumentError, match="C-contiguous uint16"):
+        _bf16_bits(f, out=np.empty((3, 2), np.uint16))
+
+
+def test_copy_true_reuses_the_shared_buffers_of_a_released_version(cluster, version):
+    """The copies of the next version go into the buffers a released version's copies used (no
+    fresh memory to fault in), every byte is the new version's, and the engine proves it."""
+    first, second = f"{version}-a", f"{version}-b"
+    pub = rolloutcore.Publisher(cluster.directory_url, MODEL)
+    old = tiny_weights(seed=21)
+    pub.add_tensors(first, old, dtype="bf16", copy=True)
+    assert pub.publish(first)["content_digest"] == expected_digest(old)
+    assert cluster.controller.update_to(MODEL, first)["outcome"] == "committed"
+    used = sorted(s["data_ptr"] for s in pub.shards(first))
+    total = sum(a.nbytes for a in old.values())
+    assert pub.copy_buffers() == {"in_use": len(old), "in_use_bytes": total, "spare": 0, "spare_bytes": 0}
+
+    pub.release(first)  # the engine serves its own copy; nothing reads these buffers any more
+    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": len(old), "spare_bytes": total}
+    new = tiny_weights(seed=22)
+    pub.add_tensors(second, new, dtype="bf16", copy=True)
+    assert sorted(s["data_ptr"] for s in pub.shards(second)) == used
+    assert pub.copy_buffers()["spare"] == 0
+    report = pub.publish(second)
+    assert report["content_digest"] == expected_digest(new) != expected_digest(old)
+    rec = cluster.controller.update_to(MODEL, second)
+    assert rec["outcome"] == "committed", rec
+    assert cluster.engine.weights_digest()["content_digest"] == expected_digest(new)
+    pub.close()
+    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0}
+
+
+def test_copy_buffers_left_spare_are_freed_at_the_next_publish_and_never_kept_without_reuse(cluster, version):
+    weights = tiny_weights(seed=23)
+    name = "model.layers.1.mlp.down_proj.weight"
+    pub = rolloutcore.Publisher(cluster.directory_url, MODEL)
+    pub.add_tensors(f"{version}-a", weights, dtype="bf16", copy=True)
+    pub.publish(f"{version}-a")
+    pub.release(f"{version}-a")
+    assert pub.copy_buffers()["spare"] == len(weights)
+    # A copy whose shard is refused (its box is outside the tensor) gives its buffer back.
+    rows = weights[name].shape[0]
+    with pytest.raises(errors.InvalidArgumentError, match=name):
+        pub.add_shard(f"{version}-b", name, weights[name], offset=[rows, 0], dtype="bf16", copy=True)
+    assert pub.copy_buffers()["spare"] == len(weights)
+    # The next version is published from the caller's own shared memory: no copy takes the spare
+    # buffers, and the publish frees them.
+    pub.add_tensors(f"{version}-b", shared_copy(weights), dtype="bf16")
+    assert pub.copy_buffers()["spare"] == len(weights)
+    pub.publish(f"{version}-b")
+    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0}
+    pub.close()
+
+    plain = rolloutcore.Publisher(cluster.directory_url, MODEL, reuse_copies=False)
+    plain.add_tensors(f"{version}-c", weights, dtype="bf16", copy=True)
+    assert plain.copy_buffers()["in_use"] == len(weights)
+    plain.publish(f"{version}-c")
+    plain.release(f"{version}-c")
+    assert plain.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0}
+    plain.close()
+    with pytest.raises(errors.InvalidArgumentError, match="reuse_copies must be True or False"):
+        rolloutcore.Publisher(cluster.directory_url, MODEL, reuse_copies=1)
+
+
 @pytest.mark.skipif("ucx" not in rolloutcore.transports(), reason="built without UCX")
 def test_ucx_publishes_plain_numpy_memory_in_place(cluster, version):
     weights = tiny_weights(seed=16)  # ordinary numpy arrays, not shared memory
