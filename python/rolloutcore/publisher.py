@@ -199,6 +199,8 @@ class Publisher:
         self._copy_lock = threading.Lock()
         self._copies: Dict[str, List[Tuple[_CopyKey, Any]]] = {}
         self._spare: Dict[_CopyKey, List[Any]] = {}
+        self._copies_reused = 0  # copies that went into a spare buffer, since the Publisher was made
+        self._copies_allocated = 0  # copies that needed a new allocation
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -554,7 +556,9 @@ class Publisher:
         with self._copy_lock:
             spare = self._spare.get(key)
             if spare:
+                self._copies_reused += 1
                 return spare.pop()
+            self._copies_allocated += 1
         return allocate(key[0], key[1])
 
     def _give_back(self, buffers: List[Tuple[_CopyKey, Any]]) -> None:
@@ -573,11 +577,13 @@ class Publisher:
             self._spare = {}
 
     def copy_buffers(self) -> Dict[str, int]:
-        """``{"in_use", "in_use_bytes", "spare", "spare_bytes"}``: the shared buffers
-        ``add_shard(copy=True)`` made that shards of live versions use, and the spare ones of released
-        versions kept for reuse."""
+        """``{"in_use", "in_use_bytes", "spare", "spare_bytes", "reused", "allocated"}``: the shared
+        buffers ``add_shard(copy=True)`` made that shards of live versions use, the spare ones of
+        released versions kept for reuse, and how many copies so far went into a spare buffer or a
+        new one."""
         with self._copy_lock:
             return {"in_use": sum(len(b) for b in self._copies.values()),
                     "spare": sum(len(b) for b in self._spare.values()),
                     "spare_bytes": sum(int(x.nbytes) for b in self._spare.values() for x in b),
-                    "in_use_bytes": sum(int(x.nbytes) for b in self._copies.values() for _, x in b)}
+                    "in_use_bytes": sum(int(x.nbytes) for b in self._copies.values() for _, x in b),
+                    "reused": self._copies_reused, "allocated": self._copies_allocated}

@@ -261,6 +261,7 @@ class RolloutcoreGRPO(TrainerCallback):
         target = refit_dtype_name(self.dtype)
         want = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}.get(target)
         held: List[torch.Tensor] = []
+        reused_before = pub.copy_buffers()["reused"]
         in_place = cast = copied = 0
         staged = 0
         for name, t in params:
@@ -292,8 +293,10 @@ class RolloutcoreGRPO(TrainerCallback):
             staged += 1
         if held:
             self._held[version] = held
+        # host_copy_reused: of the host copies, those made into the shared memory of a released
+        # version (docs/python.md, "The copies reuse the memory of released versions").
         return {"staged": staged, "in_place": in_place, "device_cast": cast, "host_copy": copied,
-                "transport": pub.transport}
+                "host_copy_reused": pub.copy_buffers()["reused"] - reused_before, "transport": pub.transport}
 
     def _release(self, version: str) -> None:
         try:

@@ -169,21 +169,25 @@ def test_copy_true_reuses_the_shared_buffers_of_a_released_version(cluster, vers
     assert cluster.controller.update_to(MODEL, first)["outcome"] == "committed"
     used = sorted(s["data_ptr"] for s in pub.shards(first))
     total = sum(a.nbytes for a in old.values())
-    assert pub.copy_buffers() == {"in_use": len(old), "in_use_bytes": total, "spare": 0, "spare_bytes": 0}
+    assert pub.copy_buffers() == {"in_use": len(old), "in_use_bytes": total, "spare": 0, "spare_bytes": 0,
+                                  "reused": 0, "allocated": len(old)}
 
     pub.release(first)  # the engine serves its own copy; nothing reads these buffers any more
-    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": len(old), "spare_bytes": total}
+    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": len(old), "spare_bytes": total,
+                                  "reused": 0, "allocated": len(old)}
     new = tiny_weights(seed=22)
     pub.add_tensors(second, new, dtype="bf16", copy=True)
     assert sorted(s["data_ptr"] for s in pub.shards(second)) == used
     assert pub.copy_buffers()["spare"] == 0
+    assert pub.copy_buffers()["reused"] == len(new) and pub.copy_buffers()["allocated"] == len(old)
     report = pub.publish(second)
     assert report["content_digest"] == expected_digest(new) != expected_digest(old)
     rec = cluster.controller.update_to(MODEL, second)
     assert rec["outcome"] == "committed", rec
     assert cluster.engine.weights_digest()["content_digest"] == expected_digest(new)
     pub.close()
-    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0}
+    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0,
+                                  "reused": len(new), "allocated": len(old)}
 
 
 def test_copy_buffers_left_spare_are_freed_at_the_next_publish_and_never_kept_without_reuse(cluster, version):
@@ -204,7 +208,8 @@ def test_copy_buffers_left_spare_are_freed_at_the_next_publish_and_never_kept_wi
     pub.add_tensors(f"{version}-b", shared_copy(weights), dtype="bf16")
     assert pub.copy_buffers()["spare"] == len(weights)
     pub.publish(f"{version}-b")
-    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0}
+    assert pub.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0,
+                                  "reused": 1, "allocated": len(weights)}
     pub.close()
 
     plain = rolloutcore.Publisher(cluster.directory_url, MODEL, reuse_copies=False)
@@ -212,7 +217,8 @@ def test_copy_buffers_left_spare_are_freed_at_the_next_publish_and_never_kept_wi
     assert plain.copy_buffers()["in_use"] == len(weights)
     plain.publish(f"{version}-c")
     plain.release(f"{version}-c")
-    assert plain.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0}
+    assert plain.copy_buffers() == {"in_use": 0, "in_use_bytes": 0, "spare": 0, "spare_bytes": 0,
+                                  "reused": 0, "allocated": len(weights)}
     plain.close()
     with pytest.raises(errors.InvalidArgumentError, match="reuse_copies must be True or False"):
         rolloutcore.Publisher(cluster.directory_url, MODEL, reuse_copies=1)

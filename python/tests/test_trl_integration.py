@@ -142,6 +142,10 @@ def test_grpo_generates_bound_to_the_synced_version_and_syncs_every_step(model_d
         assert len({s["update_id"] for s in syncs}) == steps + 1
         for s in syncs:
             assert s["transport"] == "shm" and s["staged"] > 0 and s["host_copy"] == s["staged"]
+        # keep=2: step-0 is released after step-2's publish, so from step-3 on every copy goes into
+        # the shared memory of a released version.
+        assert [s["host_copy_reused"] for s in syncs] == [0, 0, 0] + [s["staged"] for s in syncs[3:]]
+        for s in syncs:
             assert s["pause_ms"] >= 0 and s["update_ms"] >= s["pause_ms"]
             # rolloutcore.trl checked the live digest against the manifest's when the update committed
             assert len(s["content_digest"]) == 16
