@@ -28,6 +28,19 @@ DIR=${OUT:-$ROOT/out-vllm}/compare-vllm
 mkdir -p "$DIR"
 t0=$SECONDS
 rc=0
+# GPU processes that were there before the first run are left alone; any other one still alive
+# after a run (a vLLM server whose bench died, e.g. of an OOM in the trainer) is killed, so that the
+# next run neither lacks its memory nor talks to a server of the other build on the same port.
+gpu_pids() { nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ' | sort -u; }
+before=$(gpu_pids)
+reap_leftovers() {
+  local p left
+  left=$(comm -13 <(echo "$before") <(gpu_pids))
+  [[ -z $left ]] && return
+  echo "  killing GPU processes left by the run: ${left//$'\n'/ }"
+  for p in $left; do kill -9 "$p" 2>/dev/null; done
+  sleep 3
+}
 for ((r = 1; r <= RUNS; r++)); do
   if ((r % 2)); then order=(old new); else order=(new old); fi
   for name in "${order[@]}"; do
@@ -39,6 +52,7 @@ for ((r = 1; r <= RUNS; r++)); do
     RC_BUNDLE=$b OUT="$DIR/$name.$r" CYCLES=${CYCLES:-6} BENCH_ARGS="--no-restart --no-digest-bench ${BENCH_ARGS:-}" \
       "$ROOT/scripts/gpu/run_vllm_bench.sh" "$SHAPE" >"$DIR/$name.$r.log" 2>&1 || rc=1
     echo "  $name run $r: $(grep -c '"hot_cycle_ms"' "$DIR/$name.$r.log") cycles, $((SECONDS - t0)) s"
+    reap_leftovers
   done
 done
 python3 - "$DIR" "$SHAPE" <<'PY'

@@ -208,6 +208,13 @@ class PyPublisher {
                 const py::object& dtype) {
     const std::string what = fmt::format("tensor {} (rank {}, version {})", name, rank_, version);
     ArrayMemory mem = Unwrap(ReadArrayMemory(array, DTypeArg(dtype), what));
+    // Device memory is named as such before the shm check, which would call it process memory.
+    if (mem.device >= 0 && !transport_->capabilities().device_memory) {
+      Raise(InvalidArgument(fmt::format("{}: the tensor is in CUDA device memory (device {}) and transport {} "
+                                        "reads host memory only; pass copy=True (one device-to-host copy into "
+                                        "shared memory) or publish with transport='cuda_ipc'",
+                                        what, mem.device, transport_->name())));
+    }
     if (transport_->name() == "shm" && !InsideSharedAllocation(mem.data, mem.bytes)) {
       Raise(InvalidArgument(fmt::format(
           "{}: the shm transport can only register shared memory, and this array is ordinary process memory. "
@@ -225,11 +232,6 @@ class PyPublisher {
     s.keep_alive = mem.owner;
     if (mem.device >= 0) {
 #ifdef ROLLOUTCORE_WITH_CUDA
-      if (!transport_->capabilities().device_memory) {
-        Raise(InvalidArgument(fmt::format("{}: the tensor is in CUDA device memory (device {}) and transport {} "
-                                          "reads host memory only; publish with transport='cuda_ipc'",
-                                          what, mem.device, transport_->name())));
-      }
       // The digest is computed where the bytes live (no host copy of the model), at Publish, for
       // every device shard of the version at once (DigestShardsOnTheirGpus).
       s.memory_kind = transport::MemoryKind::kDevice;
