@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The trainer's side of a version over shm: ``Publisher.add_shard(copy=True)`` and ``publish``.
 
-    python3 -m rolloutcore.publish_bench [--gb 2] [--tensors 16] [--versions 6] [--source numpy]
+    rolloutcore bench publish [--gb 2] [--tensors 16] [--versions 6] [--source numpy]
+    python3 -m rolloutcore.publish_bench ...          (the same; what the subcommand runs)
 
 A directory is started on loopback (``rolloutcore directory serve``; $ROLLOUTCORE_BIN or the
 package's binary). Two publishers of the same model shape publish ``--versions`` versions each,
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace, directory_url: str) -> Dict[str, Any]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m rolloutcore.publish_bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="rolloutcore bench publish", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=2.0, help="model size in GB (bf16), default 2")
     ap.add_argument("--tensors", type=int, default=16, help="tensors in the model, default 16")

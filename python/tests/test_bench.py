@@ -48,14 +48,15 @@ def test_bench_cycle_reports_each_cycle_and_splits_the_controller_overhead(tmp_p
 
 
 def test_publish_bench_alternates_reused_and_fresh_copies(tmp_path) -> None:
-    """`python -m rolloutcore.publish_bench --json`: both publishers published every version, and
+    """`rolloutcore bench publish --json` (python -m rolloutcore.publish_bench, the package found beside
+    the binary or on PYTHONPATH): both publishers published every version, and
     the reusing one held the released version's buffers spare while the other freed them."""
     import sys
 
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(rolloutcore.__file__)))
-    env = {**os.environ, "ROLLOUTCORE_BIN": _bin(),
+    env = {**os.environ, "ROLLOUTCORE_BIN": _bin(), "RC_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    out = subprocess.run([sys.executable, "-m", "rolloutcore.publish_bench", "--gb", "0.02", "--tensors", "4",
+    out = subprocess.run([_bin(), "bench", "publish", "--gb", "0.02", "--tensors", "4",
                           "--cols", "256", "--versions", "4", "--json"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -72,6 +73,6 @@ def test_publish_bench_alternates_reused_and_fresh_copies(tmp_path) -> None:
     assert [r["spare_after_release"] for r in report["per_version"]["fresh"]] == [0] * 4
     assert report["copy_reuse_over_fresh"] > 0
 
-    bad = subprocess.run([sys.executable, "-m", "rolloutcore.publish_bench", "--versions", "2"],
+    bad = subprocess.run([_bin(), "bench", "publish", "--versions", "2"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert bad.returncode == 2 and "--versions must be at least 3, got 2" in bad.stderr

@@ -76,27 +76,14 @@ struct BenchCycleOptions {
 
 // Replaces this process with the vLLM bench (see the header). Returns only when exec failed.
 int ExecVllmBench(const BenchCycleOptions& o, bool cycles_given, const std::vector<std::string>& extra) {
-  const char* py = std::getenv("RC_PYTHON");
-  std::vector<std::string> args = {py != nullptr && *py != '\0' ? py : "python3", "-m", "rolloutcore.vllm_bench"};
+  std::vector<std::string> args;
   if (cycles_given) {
     args.push_back("--cycles");
     args.push_back(std::to_string(o.cycles));
   }
   args.insert(args.end(), extra.begin(), extra.end());
-  if (std::getenv("ROLLOUTCORE_BIN") == nullptr) {
-    std::error_code ec;
-    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (!ec) ::setenv("ROLLOUTCORE_BIN", self.c_str(), 1);
-  }
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::cout.flush();
-  ::execvp(argv[0], argv.data());
-  std::cerr << "bench cycle --engine vllm: cannot run " << args[0] << " -m rolloutcore.vllm_bench: "
-            << std::strerror(errno) << " (set RC_PYTHON to a Python with torch, vLLM 0.26 and this package)\n";
-  return 127;
+  return ExecPythonModule("rolloutcore.vllm_bench", args, "bench cycle --engine vllm",
+                          "torch, vLLM 0.26 or 0.33 and this package");
 }
 
 std::string EngineModelFor(const std::string& model) { return model == "qwen3-0.6b" ? "qwen3-0.6b-like" : model; }
@@ -859,6 +846,19 @@ void RegisterBenchCycleCommands(CLI::App& app, int* exit_code) {
     Status s = Run(*o, true);
     if (!s.ok()) std::cerr << "bench cycle: " << s.ToString() << "\n";
     *exit_code = s.ok() ? 0 : 1;
+  });
+  // bench publish: the trainer's side in Python (python/rolloutcore/publish_bench.py); every
+  // argument, --help included, goes to it.
+  auto* publish = bench->add_subcommand(
+      "publish",
+      "The trainer's publish over shm from Python: Publisher.add_shard(copy=True) into reused shared memory against "
+      "fresh, alternated (execs `python3 -m rolloutcore.publish_bench`, RC_PYTHON overrides python3; "
+      "`rolloutcore bench publish --help` lists its flags)");
+  publish->set_help_flag();
+  publish->allow_extras();
+  publish->callback([exit_code, publish] {
+    *exit_code = ExecPythonModule("rolloutcore.publish_bench", publish->remaining(), "bench publish",
+                                  "numpy and this package (torch for --source torch|cuda)");
   });
   auto r = std::make_shared<BenchCycleOptions>();
   auto* restart = bench->add_subcommand("restart", "Engine restart on a version exported to disk: cold start to first token.");

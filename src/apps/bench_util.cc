@@ -4,9 +4,14 @@
 
 #include <httplib.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <iostream>
 #include <thread>
 #include <vector>
 
@@ -100,6 +105,36 @@ double MemcpyPairing::CopyMs() {
   }
   for (auto& t : ts) t.join();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int ExecPythonModule(const std::string& module, const std::vector<std::string>& args, const std::string& what,
+                     const std::string& needs) {
+  const char* py = std::getenv("RC_PYTHON");
+  std::vector<std::string> argv_s = {py != nullptr && *py != '\0' ? py : "python3", "-m", module};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    if (std::getenv("ROLLOUTCORE_BIN") == nullptr) ::setenv("ROLLOUTCORE_BIN", self.c_str(), 1);
+    // <build>/src/apps/rolloutcore -> <build>/python; <bundle>/bin/rolloutcore -> <bundle>/python.
+    for (const auto& dir : {self.parent_path().parent_path().parent_path() / "python",
+                            self.parent_path().parent_path() / "python"}) {
+      if (!std::filesystem::exists(dir / "rolloutcore" / "__init__.py", ec)) continue;
+      const char* old = std::getenv("PYTHONPATH");
+      const std::string path = old != nullptr && *old != '\0' ? dir.string() + ":" + old : dir.string();
+      ::setenv("PYTHONPATH", path.c_str(), 1);
+      break;
+    }
+  }
+  std::vector<char*> argv;
+  argv.reserve(argv_s.size() + 1);
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  ::execvp(argv[0], argv.data());
+  std::cerr << what << ": cannot run " << argv_s[0] << " -m " << module << ": " << std::strerror(errno)
+            << " (set RC_PYTHON to a Python with " << needs << ")\n";
+  return 127;
 }
 
 }  // namespace rc::apps

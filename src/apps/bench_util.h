@@ -26,6 +26,13 @@ Result<std::unique_ptr<ChildProcess>> SpawnDeltaTrainer(const std::string& name,
                                                        const std::string& dir_url, const std::string& transport,
                                                        double fraction, const std::string& log_path, int wait_s,
                                                        int* port);
+// Replaces this process with `$RC_PYTHON -m MODULE ARGS...` (RC_PYTHON defaults to python3): the
+// benches written in Python, run as `rolloutcore bench ...`. ROLLOUTCORE_BIN is set to this binary
+// unless set, and the package folder beside it (a build tree's <build>/python, a GPU bundle's
+// <bundle>/python) is put first on PYTHONPATH, so the package matches the binary. Returns 127, with
+// an error naming `what` and `needs` (what that Python must have), only when exec failed.
+int ExecPythonModule(const std::string& module, const std::vector<std::string>& args, const std::string& what,
+                     const std::string& needs);
 // Best of three single-thread memcpy runs over `bytes`, in GB/s.
 double MemcpyGbps(uint64_t bytes);
 // Best of three memcpy runs over `bytes` split evenly over `threads` threads (threads <= 0: all
