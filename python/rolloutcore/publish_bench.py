@@ -100,7 +100,6 @@ def run(args: argparse.Namespace, directory_url: str) -> Dict[str, Any]:
             for mode in (("reuse", "fresh") if v % 2 else ("fresh", "reuse")):  # alternated, both orders
                 pub = pubs[mode]
                 row = _one_version(pub, f"v{v}", names, sources, args.source)
-                row["spare_after_release"] = 0.0
                 published[mode].append(f"v{v}")
                 while len(published[mode]) > args.keep:
                     pub.release(published[mode].pop(0))

@@ -518,39 +518,32 @@ class Publisher:
         """(the copy, its refit dtype, (key, the shared numpy buffer under it)): one copy of ``array``
         into shared memory, a spare buffer of a released version when one has this shape and
         dtype, else a new one."""
-        if _is_torch(array):
-            import torch
-
-            t = array.detach()
-            name = refit_dtype_name(dtype if dtype is not None else t.dtype)
-            key = (tuple(int(d) for d in t.shape), name)
-            buf = self._shared_buffer(key)
-            dst = torch.from_numpy(buf)
-            view = {"bf16": torch.bfloat16, "f8_e4m3": getattr(torch, "float8_e4m3fn", None),
-                    "f8_e5m2": getattr(torch, "float8_e5m2", None)}.get(name)
-            if view is not None:
-                dst = dst.view(view)
-            try:
-                dst.copy_(t)  # device -> host, dtype conversion and strides, in one copy
-            except BaseException:
-                self._give_back([(key, buf)])
-                raise
-            return dst, name, (key, buf)
         import numpy as np
 
-        a = np.asarray(array)
-        name = refit_dtype_name(dtype if dtype is not None else a.dtype)
-        key = (tuple(int(d) for d in a.shape), name)
+        torch_source = _is_torch(array)
+        src = array.detach() if torch_source else np.asarray(array)
+        name = refit_dtype_name(dtype if dtype is not None else src.dtype)
+        key = (tuple(int(d) for d in src.shape), name)
         buf = self._shared_buffer(key)
         try:
-            if name == "bf16" and a.dtype != np.uint16:
-                _bf16_bits(a, out=buf)
+            if torch_source:
+                import torch
+
+                dst = torch.from_numpy(buf)
+                view = {"bf16": torch.bfloat16, "f8_e4m3": getattr(torch, "float8_e4m3fn", None),
+                        "f8_e5m2": getattr(torch, "float8_e5m2", None)}.get(name)
+                if view is not None:
+                    dst = dst.view(view)
+                dst.copy_(src)  # device -> host, dtype conversion and strides, in one copy
+                return dst, name, (key, buf)
+            if name == "bf16" and src.dtype != np.uint16:
+                _bf16_bits(src, out=buf)
             else:
-                np.copyto(buf, a, casting="same_kind")
+                np.copyto(buf, src, casting="same_kind")
+            return buf, name, (key, buf)
         except BaseException:
-            self._give_back([(key, buf)])
+            self._give_back([(key, buf)])  # nothing was staged in it
             raise
-        return buf, name, (key, buf)
 
     def _shared_buffer(self, key: _CopyKey) -> Any:
         with self._copy_lock:

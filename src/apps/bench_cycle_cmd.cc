@@ -38,9 +38,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
